@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# Paths shared by Refract's integration scripts. Source it; it runs nothing.
+#
+#   REFRACT_ROOT      the repository root (found from this file's location)
+#   REFRACT_CACHE     caches kept outside the clone (default ~/.cache/refract)
+#   REFRACT_VENV      the Python virtualenv made by setup.sh
+#   REFRACT_PY        that virtualenv's python
+#   CARGO_TARGET_DIR  exported; defaults to $REFRACT_CACHE/target so builds
+#                     survive fresh clones (CI clones afresh on every run)
+
+REFRACT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REFRACT_CACHE=${REFRACT_CACHE:-$HOME/.cache/refract}
+REFRACT_VENV=${REFRACT_VENV:-$REFRACT_CACHE/venv}
+REFRACT_PY=$REFRACT_VENV/bin/python
+CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REFRACT_CACHE/target}
+export REFRACT_ROOT REFRACT_CACHE REFRACT_VENV REFRACT_PY CARGO_TARGET_DIR
+
+# refract_free_port: prints a TCP port that is free on 127.0.0.1 right now.
+refract_free_port() {
+  "$REFRACT_PY" - <<'PY'
+import socket
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+# refract_wait_for_port PORT PID [SECONDS]: waits until something accepts TCP
+# connections on 127.0.0.1:PORT; fails early if process PID has exited.
+refract_wait_for_port() {
+  local port=$1 pid=$2 limit=${3:-60} waited=0
+  while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "refract (pid $pid) exited before listening on port $port" >&2
+      return 1
+    fi
+    if [ "$waited" -ge $((limit * 10)) ]; then
+      echo "refract did not listen on port $port within ${limit}s" >&2
+      return 1
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+# refract_run_bounded SECONDS COMMAND...: runs COMMAND under timeout(1), which
+# gives it a process group of its own, with stdin from /dev/null. When it has
+# ended, whatever is left of that group (say, a runner started by a killed
+# test) is ended too. Returns COMMAND's status; 124 means it ran out of time.
+# Scripts should `trap 'refract_kill_bounded; exit 130' INT TERM`.
+_refract_bounded_pid=
+refract_run_bounded() {
+  local limit=$1 rc=0
+  shift
+  timeout -k 30 "$limit" "$@" </dev/null &
+  _refract_bounded_pid=$!
+  wait "$_refract_bounded_pid" || rc=$?
+  refract_kill_bounded
+  if [ "$rc" -eq 124 ]; then
+    echo "refract: '$1' ran out of time after ${limit}s and was killed" >&2
+  fi
+  return "$rc"
+}
+
+refract_kill_bounded() {
+  if [ -n "$_refract_bounded_pid" ]; then
+    kill -TERM -- "-$_refract_bounded_pid" 2>/dev/null || true
+    _refract_bounded_pid=
+  fi
+}

@@ -1,0 +1,112 @@
+"""Helpers for Refract's end-to-end tests: free ports, starting and stopping
+refract processes, and waiting until a job service answers."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import grpc
+
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+
+READY_TIMEOUT_S = 60
+
+
+def free_port():
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def stop_process_group(proc, grace_s=10):
+  """Sends SIGTERM to the process's group, then SIGKILL if needed."""
+  if proc.poll() is None:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+      try:
+        os.killpg(proc.pid, sig)
+      except ProcessLookupError:
+        break
+      try:
+        proc.wait(timeout=wait_s)
+        break
+      except subprocess.TimeoutExpired:
+        continue
+  # Leftover children of an exited leader share its group id.
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def wait_until_serving(proc, endpoint, timeout_s=READY_TIMEOUT_S):
+  """Polls GetState until the job service answers with anything but
+  UNAVAILABLE (the readiness probe Beam's own test harness uses)."""
+  deadline = time.monotonic() + timeout_s
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    while True:
+      if proc.poll() is not None:
+        raise RuntimeError(
+            'refract exited with code %s before serving on %s' %
+            (proc.returncode, endpoint))
+      try:
+        stub.GetState(
+            beam_job_api_pb2.GetJobStateRequest(job_id='[fake]'), timeout=2)
+        return
+      except grpc.RpcError as e:
+        if e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                            grpc.StatusCode.DEADLINE_EXCEEDED):
+          return
+      if time.monotonic() > deadline:
+        raise RuntimeError(
+            'refract did not serve on %s within %ss' % (endpoint, timeout_s))
+      time.sleep(0.1)
+
+
+class RefractProcess:
+  """A refract process started by a test, with its log in a file."""
+  def __init__(self, args, log_path):
+    self.args = [str(a) for a in args]
+    self.log_path = str(log_path)
+    self._log = open(self.log_path, 'wb')
+    self.proc = subprocess.Popen(
+        self.args,
+        stdin=subprocess.DEVNULL,
+        stdout=self._log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+  def log_tail(self, max_chars=6000):
+    try:
+      with open(self.log_path, 'rb') as f:
+        text = f.read().decode('utf-8', 'replace')
+    except OSError:
+      return ''
+    return text if len(text) <= max_chars else '...' + text[-max_chars:]
+
+  def stop(self):
+    stop_process_group(self.proc)
+    self._log.close()
+
+
+class RefractServer(RefractProcess):
+  def __init__(self, binary, log_path, port=None, extra_args=None, args=None):
+    self.port = port or free_port()
+    self.endpoint = 'localhost:%d' % self.port
+    if args is None:
+      args = [binary, 'serve', '--job_port', self.port] + list(extra_args or [])
+    super().__init__(args, log_path)
+
+  def wait_ready(self):
+    wait_until_serving(self.proc, self.endpoint)
+    return self
+
+  def portable_args(self, *extra):
+    return [
+        '--runner=PortableRunner',
+        '--job_endpoint=%s' % self.endpoint,
+        '--environment_type=LOOPBACK',
+    ] + list(extra)

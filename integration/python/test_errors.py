@@ -1,0 +1,95 @@
+"""Refract's errors must be clear: each failure names its cause."""
+
+import subprocess
+
+import pytest
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that
+from apache_beam.testing.util import equal_to
+
+MADE_UP_URN = 'refract:test:no_such_transform:v1'
+USER_ERROR = 'refract-e2e: intentional failure in user code 4711'
+
+
+class MadeUpLeaf(beam.PTransform):
+  """A primitive (no subtransforms) whose URN no runner knows."""
+  def expand(self, pcoll):
+    return pvalue.PCollection.from_(pcoll)
+
+  def to_runner_api_parameter(self, unused_context):
+    return MADE_UP_URN, b''
+
+
+def explode(element):
+  raise ValueError('%s (element %r)' % (USER_ERROR, element))
+
+
+def test_unsupported_urn_is_rejected_at_submission(refract_server):
+  p = beam.Pipeline(options=PipelineOptions(refract_server.portable_args()))
+  _ = (
+      p
+      | beam.Create([1, 2, 3])
+      | 'MadeUp' >> MadeUpLeaf()
+      | beam.Map(lambda x: x))
+  try:
+    result = p.run()
+  except Exception as e:  # pylint: disable=broad-except
+    assert MADE_UP_URN in str(e), (
+        'pipeline.run() failed, but its error does not name the unsupported '
+        'URN %s:\n%s' % (MADE_UP_URN, e))
+    return
+  # Accepted: the job must not be left running.
+  try:
+    state = result.wait_until_finish(duration=60 * 1000)
+  except Exception as e:  # pylint: disable=broad-except
+    state = 'failed while running (%s)' % str(e)[:500]
+  finally:
+    try:
+      result.cancel()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  pytest.fail(
+      'pipeline.run() accepted a transform with the unknown URN %s (job: %s); '
+      'it must be rejected at submission' % (MADE_UP_URN, state),
+      pytrace=False)
+
+
+def test_crashing_dofn_error_reaches_the_client(refract_server):
+  with pytest.raises(RuntimeError, match=USER_ERROR):
+    with beam.Pipeline(
+        options=PipelineOptions(refract_server.portable_args())) as p:
+      _ = p | beam.Create([1, 2, 3]) | 'Explode' >> beam.Map(explode)
+
+  # The server outlives a failed job and keeps serving.
+  with beam.Pipeline(
+      options=PipelineOptions(refract_server.portable_args())) as p:
+    assert_that(p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 10),
+                equal_to([10, 20, 30]))
+
+
+def run_cli(refract_bin, *args):
+  return subprocess.run([refract_bin] + list(args),
+                        stdin=subprocess.DEVNULL,
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        check=False)
+
+
+def test_bad_flag_exits_nonzero_with_usage(refract_bin):
+  r = run_cli(refract_bin, '--no_such_flag')
+  output = r.stdout + r.stderr
+  assert r.returncode != 0, output
+  assert 'usage' in output.lower(), output
+  assert 'no_such_flag' in output, output
+
+
+def test_help_exits_zero_with_usage(refract_bin):
+  r = run_cli(refract_bin, '--help')
+  output = r.stdout + r.stderr
+  assert r.returncode == 0, output
+  assert 'usage' in output.lower(), output
+  assert 'job_port' in output, output

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Refract's test command (CI runs it from .ci/run):
+#
+#   integration/test.sh
+#
+# 1. integration/setup.sh (system packages, Rust components, Python venv);
+# 2. cargo build --release --workspace --all-targets, once;
+# 3. cargo test --release --workspace (reuses that build);
+# 4. the Python end-to-end tests in integration/python against the release
+#    binary (wordcount on DirectRunner / PortableRunner / PrismRunner, errors,
+#    command line);
+# 5. Beam's PrismRunnerTest suite via integration/prism_suite.sh, with the
+#    pass bar from integration/prism_suite_bar.
+# It goes on after a failing step 3-5 so one run reports everything, prints
+# each pytest summary and a closing "total: ..." line, and exits non-zero if
+# any step failed.
+#
+# Builds go to $CARGO_TARGET_DIR, by default ~/.cache/refract/target (outside
+# the clone, so that fresh clones reuse them).
+#
+# Environment knobs:
+#   REFRACT_SKIP_CARGO=1   skip steps 2-3 and test $REFRACT_BIN instead
+#   REFRACT_E2E_TIMEOUT    seconds per end-to-end test (default 120)
+#   REFRACT_SUITE_*        see integration/prism_suite.sh
+# shellcheck source-path=SCRIPTDIR
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$here/common.sh"
+cd "$REFRACT_ROOT"
+trap 'refract_kill_bounded; exit 130' INT TERM
+
+"$here/setup.sh"
+
+work=$(mktemp -d -t refract-test.XXXXXX)
+record=$work/counts.jsonl
+failed_steps=()
+
+if [ "${REFRACT_SKIP_CARGO:-0}" = 1 ]; then
+  bin=${REFRACT_BIN:?REFRACT_SKIP_CARGO=1 needs REFRACT_BIN}
+  echo "== skipping cargo build and tests (REFRACT_SKIP_CARGO=1)"
+else
+  echo "== cargo build --release --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+  cargo build --release --workspace --all-targets
+
+  echo "== cargo test --release --workspace"
+  rc=0
+  cargo test --release --workspace 2>&1 | tee "$work/cargo-test.log" || rc=$?
+  # Sum the "test result: ok. N passed; M failed; K ignored; ..." lines.
+  awk '/^test result:/ {
+         for (i = 1; i <= NF; i++) {
+           if ($(i+1) ~ /^passed;?$/)  p += $i
+           if ($(i+1) ~ /^failed;?$/)  f += $i
+           if ($(i+1) ~ /^ignored;?$/) s += $i
+         }
+       }
+       END { printf "{\"label\": \"cargo\", \"passed\": %d, \"failed\": %d, \"skipped\": %d}\n", p, f, s }' \
+    "$work/cargo-test.log" >>"$record"
+  [ "$rc" -eq 0 ] || failed_steps+=("cargo test (exit $rc)")
+  bin=$CARGO_TARGET_DIR/release/refract
+fi
+
+if [ ! -x "$bin" ]; then
+  echo "test.sh: no refract binary at $bin" >&2
+  exit 1
+fi
+bin=$(realpath "$bin")
+
+echo "== Python end-to-end tests (integration/python) against $bin"
+e2e_timeout=${REFRACT_E2E_TIMEOUT:-120}
+rc=0
+(
+  cd "$here/python"
+  REFRACT_BIN=$bin refract_run_bounded 900 \
+    "$REFRACT_PY" -m pytest . \
+    --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 600 \
+    --junitxml "$work/e2e.xml" -v --tb=short -rfE --disable-warnings
+) || rc=$?
+"$REFRACT_PY" "$here/beam_suite/summarize.py" --junit "$work/e2e.xml" \
+  --all-must-pass --pytest-exit "$rc" --label e2e --record "$record" ||
+  failed_steps+=("Python end-to-end tests")
+
+echo "== Beam PrismRunnerTest suite"
+REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/prism-suite \
+  "$here/prism_suite.sh" "$bin" ||
+  failed_steps+=("Beam PrismRunnerTest suite (bar $(cat "$here/prism_suite_bar"))")
+
+echo "== reports in $work"
+if [ "${#failed_steps[@]}" -gt 0 ]; then
+  printf 'integration: FAILED: %s\n' "$(IFS=';'; echo "${failed_steps[*]}")"
+  status=1
+else
+  echo "integration: OK"
+  status=0
+fi
+"$REFRACT_PY" "$here/beam_suite/summarize.py" --total "$record"
+exit "$status"

@@ -1,0 +1,277 @@
+//! Windowed values: the unit of data on the data plane.
+//!
+//! `beam:coder:windowed_value:v1` writes, in order: the timestamp (8 bytes,
+//! shifted), the windows as an iterable (int32 count, then each window), the
+//! pane, and finally the value. A data-plane message is a plain concatenation
+//! of such elements with the value nested, so the runner reads each header,
+//! walks the value with its coder to find where the element ends, and keeps
+//! the element's bytes as zero-copy slices of the message: elements that only
+//! pass through are never re-encoded.
+//!
+//! A window costs at least one byte in every window coder but the global
+//! one, and an element in more global windows than the bytes left in its
+//! buffer is garbage rather than data; such counts are rejected so a few
+//! bytes cannot make the runner allocate gigabytes of windows.
+
+use bytes::Bytes;
+
+use super::iterable::for_each_block;
+use super::primitive::encode_timestamp;
+use super::reader::Reader;
+use super::{Coder, CoderError, PaneInfo, WindowedValueHeader};
+use crate::window::Window;
+
+/// One element of a stream of concatenated nested windowed values: its
+/// header and its value bytes (zero-copy slice of the input). This is what
+/// the engine stores and routes; `encoded` lets it forward the element
+/// unchanged without re-encoding the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedElement {
+    /// Timestamp, windows and pane.
+    pub header: WindowedValueHeader,
+    /// The value, still nested-encoded in the value coder.
+    pub value: Bytes,
+    /// The whole element, header included.
+    pub encoded: Bytes,
+}
+
+impl WindowedValueHeader {
+    /// Reads the header of a windowed value at the start of `buf`; the
+    /// `usize` is the header's length, and the value follows it.
+    pub fn decode(
+        buf: &[u8],
+        window_coder: &Coder,
+    ) -> Result<(WindowedValueHeader, usize), CoderError> {
+        let mut r = Reader::new(buf);
+        let header = read_header(&mut r, window_coder)?;
+        Ok((header, r.pos()))
+    }
+
+    /// Appends this header, so that the runner can emit elements it made
+    /// (grouping output, timers' outputs) or changed. Errors (a window the
+    /// coder cannot encode, more than 2^31 - 1 windows) write nothing.
+    pub fn encode(&self, window_coder: &Coder, out: &mut Vec<u8>) -> Result<(), CoderError> {
+        let mark = out.len();
+        let written = self.write(window_coder, out);
+        if written.is_err() {
+            out.truncate(mark);
+        }
+        written
+    }
+
+    fn write(&self, window_coder: &Coder, out: &mut Vec<u8>) -> Result<(), CoderError> {
+        encode_timestamp(self.timestamp, out);
+        encode_windows(&self.windows, window_coder, out)?;
+        self.pane.encode(out);
+        Ok(())
+    }
+}
+
+/// Splits a data-plane payload (concatenated nested windowed values) into
+/// elements, without copying any bytes. Errors if the payload does not end
+/// exactly at an element boundary.
+pub fn decode_windowed_values(
+    buf: &Bytes,
+    value_coder: &Coder,
+    window_coder: &Coder,
+) -> Result<Vec<DecodedElement>, CoderError> {
+    let mut r = Reader::shared(buf);
+    let mut elements = Vec::new();
+    while !r.is_empty() {
+        let start = r.pos();
+        let header = read_header(&mut r, window_coder)?;
+        let value_start = r.pos();
+        value_coder.skip(&mut r)?;
+        elements.push(DecodedElement {
+            header,
+            value: r.bytes_since(value_start)?,
+            encoded: r.bytes_since(start)?,
+        });
+    }
+    Ok(elements)
+}
+
+/// Appends one nested windowed value made of `header` and `value` (already
+/// nested-encoded in its coder): how the runner writes elements it produced.
+/// On error nothing is written.
+pub fn encode_windowed_value(
+    header: &WindowedValueHeader,
+    window_coder: &Coder,
+    value: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), CoderError> {
+    header.encode(window_coder, out)?;
+    out.extend_from_slice(value);
+    Ok(())
+}
+
+/// Write the known-length iterable prefix (int32 BE count). Grouping writes
+/// `KV<K, Iterable<V>>` by hand (prefix, then the values' bytes), so it needs
+/// the prefix alone; counts beyond `i32::MAX` cannot be written.
+pub fn encode_iterable_len(count: usize, out: &mut Vec<u8>) -> Result<(), CoderError> {
+    let count = i32::try_from(count).map_err(|_| CoderError::Invalid {
+        what: "iterable length",
+        detail: format!("{count} elements do not fit a known-length iterable"),
+    })?;
+    out.extend_from_slice(&count.to_be_bytes());
+    Ok(())
+}
+
+/// Reads a windowed-value header; shared with walking.
+pub(super) fn read_header(
+    r: &mut Reader<'_>,
+    window_coder: &Coder,
+) -> Result<WindowedValueHeader, CoderError> {
+    let timestamp = r.timestamp("windowed value timestamp")?;
+    let windows = read_windows(r, window_coder, "windowed value windows")?;
+    let pane = PaneInfo::read(r)?;
+    Ok(WindowedValueHeader {
+        timestamp,
+        windows,
+        pane,
+    })
+}
+
+/// Reads a list of windows (iterable framing); shared with timers.
+pub(super) fn read_windows(
+    r: &mut Reader<'_>,
+    window_coder: &Coder,
+    what: &'static str,
+) -> Result<Vec<Window>, CoderError> {
+    let mut windows = Vec::new();
+    let token = for_each_block(r, what, |r, n| {
+        let left = r.remaining();
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= left)
+            .ok_or_else(|| CoderError::Invalid {
+                what,
+                detail: format!("{n} windows with only {left} bytes left"),
+            })?;
+        windows.reserve(n);
+        for _ in 0..n {
+            windows.push(window_coder.read_window(r)?);
+        }
+        Ok(())
+    })?;
+    match token {
+        None => Ok(windows),
+        Some(_) => Err(CoderError::Invalid {
+            what,
+            detail: "windows cannot be state-backed".to_string(),
+        }),
+    }
+}
+
+/// Writes a list of windows in the known-length iterable form.
+pub(super) fn encode_windows(
+    windows: &[Window],
+    window_coder: &Coder,
+    out: &mut Vec<u8>,
+) -> Result<(), CoderError> {
+    encode_iterable_len(windows.len(), out)?;
+    windows
+        .iter()
+        .try_for_each(|w| window_coder.encode_window(w, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::coder::primitive::encode_varint_u64;
+    use crate::coder::tests::{arb_header_with, arb_window_coder, hex};
+
+    #[test]
+    fn example_from_the_notes() -> Result<(), CoderError> {
+        let header = WindowedValueHeader {
+            timestamp: 0,
+            windows: vec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        let mut out = Vec::new();
+        encode_windowed_value(&header, &Coder::GlobalWindow, &[0x05], &mut out)?;
+        assert_eq!(out, hex("8000000000000000 00000001 0f 05"));
+        assert_eq!(
+            WindowedValueHeader::decode(&out, &Coder::GlobalWindow),
+            Ok((header, 13))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn iterable_len_prefix() {
+        let mut out = Vec::new();
+        assert_eq!(encode_iterable_len(2, &mut out), Ok(()));
+        assert_eq!(out, [0, 0, 0, 2]);
+        assert!(encode_iterable_len(1 << 31, &mut out).is_err());
+        assert_eq!(out, [0, 0, 0, 2]);
+    }
+
+    #[test]
+    fn encode_errors_write_nothing() {
+        let header = WindowedValueHeader {
+            timestamp: 0,
+            windows: vec![Window::Global, Window::Interval { start: 0, end: 1 }],
+            pane: PaneInfo::NO_FIRING,
+        };
+        let mut out = vec![0xaa];
+        assert!(encode_windowed_value(&header, &Coder::GlobalWindow, &[1], &mut out).is_err());
+        assert_eq!(out, [0xaa]);
+    }
+
+    #[test]
+    fn absurd_window_counts_are_rejected() {
+        // 2^31 - 1 global windows, then a pane and a one-byte value.
+        let buf = Bytes::from(hex("8000000000000000 7fffffff 0f 05"));
+        assert!(matches!(
+            decode_windowed_values(&buf, &Coder::Varint, &Coder::GlobalWindow),
+            Err(CoderError::Invalid { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn streams_round_trip_zero_copy(
+            (window_coder, headers) in arb_window_coder().prop_flat_map(|c| {
+                (Just(c.clone()), proptest::collection::vec(arb_header_with(c), 0..5))
+            }),
+            values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 5),
+        ) {
+            let mut buf = Vec::new();
+            let mut expected = Vec::new();
+            for (header, value) in headers.iter().zip(&values) {
+                let mut nested = Vec::new();
+                encode_varint_u64(value.len() as u64, &mut nested);
+                nested.extend_from_slice(value);
+                let start = buf.len();
+                encode_windowed_value(header, &window_coder, &nested, &mut buf)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                expected.push((header.clone(), nested, buf[start..].to_vec()));
+            }
+            let buf = Bytes::from(buf);
+            let decoded = decode_windowed_values(&buf, &Coder::LengthPrefix, &window_coder)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(decoded.len(), expected.len());
+            for (element, (header, value, encoded)) in decoded.iter().zip(&expected) {
+                prop_assert_eq!(&element.header, header);
+                prop_assert_eq!(&element.value[..], &value[..]);
+                prop_assert_eq!(&element.encoded[..], &encoded[..]);
+                // Zero-copy: the slices point into the input buffer.
+                prop_assert!(buf.as_ptr_range().contains(&element.encoded.as_ptr()) || element.encoded.is_empty());
+                prop_assert_eq!(
+                    WindowedValueHeader::decode(&element.encoded, &window_coder),
+                    Ok((header.clone(), encoded.len() - value.len()))
+                );
+            }
+            // Any cut inside the last element is an error.
+            if let Some((_, _, last)) = expected.last() {
+                for cut in 1..last.len() {
+                    let short = buf.slice(..buf.len() - cut);
+                    prop_assert!(decode_windowed_values(&short, &Coder::LengthPrefix, &window_coder).is_err());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The boundary between the engine and whatever runs SDK stages.
+//!
+//! The engine decides *what* to run and *when*; a [`StageExecutor`] runs one
+//! bundle of one SDK stage somewhere (an SDK harness, in production; a fake
+//! in the engine's tests) and reports what the bundle produced. The engine
+//! then commits the bundle's effects atomically — outputs, state writes,
+//! timers, residuals — or, if the bundle failed, discards all of them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use thiserror::Error;
+
+use crate::plan::{PCollectionIdx, StageIdx};
+use crate::state::BundleState;
+use crate::time::Timestamp;
+
+/// One bundle of work for an SDK stage.
+pub struct BundleInput {
+    /// Which stage.
+    pub stage: StageIdx,
+    /// Unique id of this bundle attempt (never reused).
+    pub bundle_id: String,
+    /// Main-input elements: concatenated nested windowed values in the
+    /// stage's input port coder. Each chunk holds whole elements.
+    pub elements: Vec<Bytes>,
+    /// Timers to deliver, per (transform id, timer family id): concatenated
+    /// nested timer values. Every family of the stage appears, possibly empty.
+    pub timers: Vec<TimerInput>,
+    /// The bundle's view of side inputs and user state; writes are tentative
+    /// until the engine commits the bundle.
+    pub state: Arc<dyn BundleState>,
+}
+
+/// Timers for one (transform, family) pair in a bundle.
+#[derive(Debug, Clone)]
+pub struct TimerInput {
+    /// Transform id in the stage's bundle descriptor.
+    pub transform_id: String,
+    /// Timer family id.
+    pub family_id: String,
+    /// Concatenated nested-encoded timers.
+    pub data: Bytes,
+}
+
+/// What a successful bundle produced.
+#[derive(Debug, Default)]
+pub struct BundleOutput {
+    /// Output elements per PCollection (concatenated nested windowed values,
+    /// in the PCollection's port coder).
+    pub outputs: Vec<(PCollectionIdx, Bytes)>,
+    /// Timers set or cleared by the bundle, per (transform, family).
+    pub timers: Vec<TimerInput>,
+    /// Work the SDK deferred (splittable DoFn self-checkpoints).
+    pub residuals: Vec<Residual>,
+}
+
+/// A deferred piece of a splittable DoFn's work.
+#[derive(Debug, Clone)]
+pub struct Residual {
+    /// The element, as a nested windowed value in the stage's input port coder.
+    pub element: Bytes,
+    /// How long to wait before resuming it, in ms.
+    pub delay_ms: i64,
+    /// The SDK's estimate of the output watermark for this residual.
+    pub watermark: Option<Timestamp>,
+}
+
+/// Why a bundle failed.
+#[derive(Debug, Clone, Error)]
+pub enum ExecError {
+    /// The SDK reported an error processing the bundle (e.g. a DoFn raised);
+    /// the text is the SDK's own (a traceback for Python).
+    #[error("{0}")]
+    Sdk(String),
+    /// The harness could not be reached or died mid-bundle.
+    #[error("SDK harness failure: {0}")]
+    Harness(String),
+    /// The runner could not prepare or read the bundle.
+    #[error("runner error: {0}")]
+    Runner(String),
+}
+
+/// Runs bundles of SDK stages.
+pub trait StageExecutor: Send + Sync {
+    /// Run one bundle to completion. The future must not hold the engine's
+    /// locks; many bundles may be in flight at once.
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>>;
+}

@@ -1,0 +1,465 @@
+//! GroupByKey, done by the runner.
+//!
+//! Elements of a `KV<K, V>` PCollection are exploded into their windows and
+//! buffered per (encoded key, window). Keys are compared as encoded bytes,
+//! which is why key coders must be deterministic and why translation
+//! length-prefixes key coders the runner cannot parse. Merging window
+//! functions (sessions) merge a key's windows as elements arrive. A pane of
+//! a (key, window) fires when the trigger says so — for the default trigger,
+//! once the input watermark passes the end of the window — and is emitted as
+//! `KV<K, Iterable<V>>` in the same window.
+//!
+//! While data is buffered, the stage holds its output watermark at the
+//! timestamp its next pane will carry, so downstream stages never see a
+//! watermark that has passed data still to come.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+
+use crate::coder::{
+    encode_iterable_len, encode_windowed_value, Coder, CoderError, DecodedElement, PaneInfo,
+    PaneTiming, WindowedValueHeader,
+};
+use crate::plan::{
+    AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowingStrategy,
+};
+use crate::time::Timestamp;
+use crate::trigger::{TriggerContext, TriggerState};
+use crate::window::Window;
+
+/// Values buffered for one (key, window), with its trigger.
+#[derive(Debug)]
+struct Pane {
+    /// Nested-encoded values not yet discarded (all values when accumulating).
+    values: Vec<Bytes>,
+    /// Earliest input timestamp among `values`.
+    min_timestamp: Option<Timestamp>,
+    /// Latest input timestamp among `values`.
+    max_timestamp: Option<Timestamp>,
+    /// Data arrived since the last firing.
+    new_data: bool,
+    /// Panes already fired for this window.
+    fired: i64,
+    /// Non-early panes already fired.
+    nonspeculative_fired: i64,
+    /// The trigger's state.
+    trigger: TriggerState,
+}
+
+impl Pane {
+    fn new(trigger: &Trigger) -> Self {
+        Pane {
+            values: Vec::new(),
+            min_timestamp: None,
+            max_timestamp: None,
+            new_data: false,
+            fired: 0,
+            nonspeculative_fired: 0,
+            trigger: TriggerState::new(trigger),
+        }
+    }
+
+    fn add(&mut self, value: Bytes, ts: Timestamp) {
+        self.values.push(value);
+        self.new_data = true;
+        self.min_timestamp = Some(self.min_timestamp.map_or(ts, |m| m.min(ts)));
+        self.max_timestamp = Some(self.max_timestamp.map_or(ts, |m| m.max(ts)));
+    }
+
+    fn absorb(&mut self, other: Pane) {
+        self.values.extend(other.values);
+        self.new_data |= other.new_data;
+        self.fired = self.fired.max(other.fired);
+        self.nonspeculative_fired = self.nonspeculative_fired.max(other.nonspeculative_fired);
+        self.trigger.merge(&other.trigger);
+        for ts in [other.min_timestamp, other.max_timestamp]
+            .into_iter()
+            .flatten()
+        {
+            self.min_timestamp = Some(self.min_timestamp.map_or(ts, |m| m.min(ts)));
+            self.max_timestamp = Some(self.max_timestamp.map_or(ts, |m| m.max(ts)));
+        }
+    }
+}
+
+/// Buffers and fires the panes of one GroupByKey stage.
+#[derive(Debug)]
+pub struct GroupingBuffer {
+    strategy: WindowingStrategy,
+    key_coder_kv: Coder,
+    window_coder: Coder,
+    /// key -> window -> pane.
+    panes: HashMap<Bytes, BTreeMap<Window, Pane>>,
+    /// Elements dropped because they arrived after their window expired.
+    dropped_late: u64,
+}
+
+impl GroupingBuffer {
+    /// A buffer for a GroupByKey whose input elements are `input_value_coder`
+    /// (a `Kv` coder) in windows of `window_coder`.
+    pub fn new(strategy: WindowingStrategy, input_value_coder: Coder, window_coder: Coder) -> Self {
+        GroupingBuffer {
+            strategy,
+            key_coder_kv: input_value_coder,
+            window_coder,
+            panes: HashMap::new(),
+            dropped_late: 0,
+        }
+    }
+
+    /// Number of late elements dropped so far.
+    pub fn dropped_late(&self) -> u64 {
+        self.dropped_late
+    }
+
+    /// Whether nothing is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.panes.is_empty()
+    }
+
+    fn expired(&self, window: &Window, watermark: Timestamp) -> bool {
+        window
+            .max_timestamp()
+            .saturating_add(self.strategy.allowed_lateness)
+            < watermark
+    }
+
+    /// Buffer one input element. Data for windows that already expired at
+    /// `input_watermark` is dropped (and counted).
+    pub fn add(
+        &mut self,
+        element: &DecodedElement,
+        input_watermark: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), CoderError> {
+        let key_len = self.key_coder_kv.kv_key_len(&element.value)?;
+        let key = element.value.slice(..key_len);
+        let value = element.value.slice(key_len..);
+        let ts = element.header.timestamp;
+        for window in &element.header.windows {
+            if self.expired(window, input_watermark) {
+                self.dropped_late += 1;
+                continue;
+            }
+            let ctx = TriggerContext {
+                window_end: window.max_timestamp(),
+                watermark: input_watermark,
+                now,
+            };
+            let trigger = &self.strategy.trigger;
+            let windows = self.panes.entry(key.clone()).or_default();
+            let pane = windows
+                .entry(window.clone())
+                .or_insert_with(|| Pane::new(trigger));
+            if pane.trigger.is_finished() {
+                // A finished trigger starts over for data that still arrives
+                // before the window expires; what it has not fired by then is
+                // emitted when the window closes.
+                pane.trigger = TriggerState::new(trigger);
+            }
+            pane.add(value.clone(), ts);
+            pane.trigger.on_element(&ctx);
+            if self.strategy.window_fn.is_merging() {
+                merge_intervals(windows);
+            }
+        }
+        Ok(())
+    }
+
+    /// The earliest timestamp a pane still buffered here may be emitted at,
+    /// which holds the stage's output watermark.
+    pub fn hold(&self) -> Option<Timestamp> {
+        self.panes
+            .values()
+            .flat_map(|w| w.iter())
+            .filter(|(_, pane)| pane.new_data)
+            .map(|(window, pane)| self.output_timestamp(window, pane))
+            .min()
+    }
+
+    /// The earliest processing time at which some trigger may fire.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.panes
+            .values()
+            .flat_map(|w| w.values())
+            .filter_map(|p| p.trigger.next_deadline())
+            .min()
+    }
+
+    fn output_timestamp(&self, window: &Window, pane: &Pane) -> Timestamp {
+        let end = window.max_timestamp();
+        match self.strategy.output_time {
+            OutputTime::EndOfWindow => end,
+            OutputTime::EarliestInPane => pane.min_timestamp.unwrap_or(end).min(end),
+            OutputTime::LatestInPane => pane.max_timestamp.unwrap_or(end).min(end),
+        }
+    }
+
+    /// Fire every pane whose trigger is ready, and close every window that
+    /// expired (emitting what its trigger left unfired), appending encoded
+    /// `KV<K, Iterable<V>>` windowed values to `out`. Returns the number of
+    /// elements emitted.
+    pub fn evaluate(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, CoderError> {
+        let mut emitted = 0;
+        // Deterministic output order makes tests and debugging simpler.
+        let mut keys: Vec<Bytes> = self.panes.keys().cloned().collect();
+        keys.sort();
+        for key in keys {
+            let Some(mut windows) = self.panes.remove(&key) else {
+                continue;
+            };
+            let mut closed = Vec::new();
+            for (window, pane) in windows.iter_mut() {
+                let ctx = TriggerContext {
+                    window_end: window.max_timestamp(),
+                    watermark: input_watermark,
+                    now,
+                };
+                let expired = self.expired(window, input_watermark);
+                let mut emitted_last = false;
+                if pane.trigger.should_fire(&ctx) {
+                    pane.trigger.on_fire(&ctx);
+                    let last = expired || pane.trigger.is_finished();
+                    let fire_empty = ctx.watermark > ctx.window_end
+                        && pane.nonspeculative_fired == 0
+                        && self.strategy.on_time_behavior == OnTimeBehavior::FireAlways;
+                    if pane.new_data || fire_empty {
+                        emitted += self.emit(&key, window, pane, &ctx, last, out)?;
+                        emitted_last = last;
+                    }
+                }
+                if expired {
+                    let final_pane = pane.new_data
+                        || (self.strategy.closing_behavior == ClosingBehavior::EmitAlways
+                            && pane.fired > 0
+                            && !emitted_last);
+                    if final_pane {
+                        emitted += self.emit(&key, window, pane, &ctx, true, out)?;
+                    }
+                    closed.push(window.clone());
+                }
+            }
+            for w in closed {
+                windows.remove(&w);
+            }
+            if !windows.is_empty() {
+                self.panes.insert(key, windows);
+            }
+        }
+        Ok(emitted)
+    }
+
+    fn emit(
+        &self,
+        key: &Bytes,
+        window: &Window,
+        pane: &mut Pane,
+        ctx: &TriggerContext,
+        is_last: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, CoderError> {
+        let timing = if ctx.watermark <= ctx.window_end {
+            PaneTiming::Early
+        } else if pane.nonspeculative_fired == 0 {
+            PaneTiming::OnTime
+        } else {
+            PaneTiming::Late
+        };
+        let nonspeculative_index = if timing == PaneTiming::Early {
+            -1
+        } else {
+            pane.nonspeculative_fired
+        };
+        let header = WindowedValueHeader {
+            timestamp: self.output_timestamp(window, pane),
+            windows: vec![window.clone()],
+            pane: PaneInfo {
+                is_first: pane.fired == 0,
+                is_last,
+                timing,
+                index: pane.fired,
+                nonspeculative_index,
+            },
+        };
+        let mut value =
+            Vec::with_capacity(key.len() + 4 + pane.values.iter().map(Bytes::len).sum::<usize>());
+        value.extend_from_slice(key);
+        encode_iterable_len(pane.values.len(), &mut value)?;
+        for v in &pane.values {
+            value.extend_from_slice(v);
+        }
+        encode_windowed_value(&header, &self.window_coder, &value, out)?;
+        pane.fired += 1;
+        if timing != PaneTiming::Early {
+            pane.nonspeculative_fired += 1;
+        }
+        pane.new_data = false;
+        if self.strategy.accumulation == AccumulationMode::Discarding {
+            pane.values.clear();
+            pane.min_timestamp = None;
+            pane.max_timestamp = None;
+        }
+        Ok(1)
+    }
+}
+
+/// Merge overlapping interval windows of one key (sessions): a new
+/// element's window `[t, t + gap)` joins every window it overlaps.
+fn merge_intervals(windows: &mut BTreeMap<Window, Pane>) {
+    let mut intervals: Vec<(Timestamp, Timestamp)> = windows
+        .keys()
+        .filter_map(|w| match w {
+            Window::Interval { start, end } => Some((*start, *end)),
+            _ => None,
+        })
+        .collect();
+    if intervals.len() < 2 {
+        return;
+    }
+    intervals.sort();
+    type Interval = (Timestamp, Timestamp);
+    let mut merged: Vec<(Interval, Vec<Interval>)> = Vec::new();
+    for (start, end) in intervals {
+        match merged.last_mut() {
+            Some(((_, cur_end), members)) if start < *cur_end => {
+                *cur_end = (*cur_end).max(end);
+                members.push((start, end));
+            }
+            _ => merged.push(((start, end), vec![(start, end)])),
+        }
+    }
+    for ((start, end), members) in merged {
+        if members.len() == 1 && members[0] == (start, end) {
+            continue;
+        }
+        let mut combined: Option<Pane> = None;
+        for (s, e) in members {
+            if let Some(p) = windows.remove(&Window::Interval { start: s, end: e }) {
+                match combined.as_mut() {
+                    Some(c) => c.absorb(p),
+                    None => combined = Some(p),
+                }
+            }
+        }
+        if let Some(c) = combined {
+            windows.insert(Window::Interval { start, end }, c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::decode_windowed_values;
+    use crate::plan::WindowFn;
+    use crate::time::MAX_TIMESTAMP;
+
+    fn kv_coder() -> Coder {
+        Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
+    }
+
+    fn element(key: &[u8], value: u8, ts: Timestamp, window: Window) -> DecodedElement {
+        let mut v = vec![key.len() as u8];
+        v.extend_from_slice(key);
+        v.push(value);
+        let value = Bytes::from(v);
+        DecodedElement {
+            header: WindowedValueHeader {
+                timestamp: ts,
+                windows: vec![window],
+                pane: PaneInfo::NO_FIRING,
+            },
+            encoded: value.clone(),
+            value,
+        }
+    }
+
+    fn out_coder() -> Coder {
+        Coder::Kv(
+            Box::new(Coder::Bytes),
+            Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+        )
+    }
+
+    #[test]
+    fn groups_by_key_and_fires_at_watermark() {
+        let mut g = GroupingBuffer::new(
+            WindowingStrategy::global_default(),
+            kv_coder(),
+            Coder::GlobalWindow,
+        );
+        g.add(&element(b"a", 1, 0, Window::Global), 0, 0).unwrap();
+        g.add(&element(b"b", 2, 5, Window::Global), 0, 0).unwrap();
+        g.add(&element(b"a", 3, 7, Window::Global), 0, 0).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(g.evaluate(1000, 0, &mut out).unwrap(), 0);
+        assert_eq!(g.hold(), Some(Window::Global.max_timestamp()));
+        assert_eq!(g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap(), 2);
+        assert!(g.is_empty());
+        let decoded =
+            decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::GlobalWindow).unwrap();
+        let values: Vec<Vec<u8>> = decoded.iter().map(|e| e.value.to_vec()).collect();
+        assert_eq!(
+            values,
+            vec![
+                vec![1, b'a', 0, 0, 0, 2, 1, 3],
+                vec![1, b'b', 0, 0, 0, 1, 2]
+            ]
+        );
+        assert!(decoded[0].header.pane.is_first && decoded[0].header.pane.is_last);
+    }
+
+    #[test]
+    fn merges_sessions() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.window_fn = WindowFn::Sessions { gap: 10 };
+        let mut g = GroupingBuffer::new(strategy, kv_coder(), Coder::IntervalWindow);
+        let w = |s| Window::Interval {
+            start: s,
+            end: s + 10,
+        };
+        g.add(&element(b"a", 1, 0, w(0)), 0, 0).unwrap();
+        g.add(&element(b"a", 2, 25, w(25)), 0, 0).unwrap();
+        g.add(&element(b"a", 3, 5, w(5)), 0, 0).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap(), 2);
+        let decoded =
+            decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::IntervalWindow)
+                .unwrap();
+        let windows: Vec<Window> = decoded
+            .iter()
+            .map(|e| e.header.windows[0].clone())
+            .collect();
+        assert_eq!(windows, vec![Window::Interval { start: 0, end: 15 }, w(25)]);
+        assert_eq!(decoded[0].header.timestamp, 14);
+    }
+
+    #[test]
+    fn fires_only_passed_windows() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.window_fn = WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        };
+        let mut g = GroupingBuffer::new(strategy, kv_coder(), Coder::IntervalWindow);
+        let w = |s| Window::Interval {
+            start: s,
+            end: s + 10,
+        };
+        g.add(&element(b"a", 1, 1, w(0)), 0, 0).unwrap();
+        g.add(&element(b"a", 2, 11, w(10)), 0, 0).unwrap();
+        assert_eq!(g.hold(), Some(9));
+        let mut out = Vec::new();
+        assert_eq!(g.evaluate(10, 0, &mut out).unwrap(), 1);
+        assert_eq!(g.hold(), Some(19));
+        // Late data for the fired window is dropped once the window expired.
+        g.add(&element(b"a", 3, 2, w(0)), 10, 0).unwrap();
+        assert_eq!(g.dropped_late(), 1);
+    }
+}

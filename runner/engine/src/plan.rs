@@ -1,0 +1,292 @@
+//! The stage graph the engine executes.
+//!
+//! Translation turns a Beam pipeline into this: PCollections that carry
+//! windowed elements, and stages that consume and produce them. A stage is
+//! either executed by the runner itself (impulse, flatten, group-by-key) or
+//! by an SDK harness (a fused chain of user transforms), through the
+//! [`crate::executor::StageExecutor`] the engine is given. Nothing here refers
+//! to a proto: SDK stages are known to the engine only by index, and their
+//! bundle descriptors live with translation.
+
+use crate::coder::Coder;
+
+/// Index of a PCollection in [`Plan::pcollections`].
+pub type PCollectionIdx = usize;
+/// Index of a stage in [`Plan::stages`].
+pub type StageIdx = usize;
+
+/// A whole job's stage graph.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Every PCollection that crosses a stage boundary.
+    pub pcollections: Vec<PCollection>,
+    /// The stages, in no particular order.
+    pub stages: Vec<Stage>,
+}
+
+/// A PCollection between stages, with the coders the runner uses to read it.
+#[derive(Debug, Clone)]
+pub struct PCollection {
+    /// The pipeline's PCollection id (for logs and metrics).
+    pub id: String,
+    /// Runner-side coder of the element (inside the windowed value).
+    pub value_coder: Coder,
+    /// Coder of its windows (`GlobalWindow`, `IntervalWindow` or `CustomWindow`).
+    pub window_coder: Coder,
+    /// Whether the PCollection is bounded.
+    pub bounded: bool,
+}
+
+/// One stage of the plan.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// Human-readable name (e.g. the fused transforms' names), for logs.
+    pub name: String,
+    /// What the stage does.
+    pub kind: StageKind,
+    /// PCollections whose elements this stage consumes as its main input.
+    /// Empty for sources. More than one only for flattens; a PCollection may
+    /// appear twice (its elements are then consumed twice).
+    pub inputs: Vec<PCollectionIdx>,
+    /// Side inputs the stage reads through the state API.
+    pub side_inputs: Vec<SideInput>,
+    /// PCollections the stage produces.
+    pub outputs: Vec<PCollectionIdx>,
+}
+
+/// What kind of work a stage is.
+#[derive(Debug, Clone)]
+pub enum StageKind {
+    /// Emits one empty-bytes element in the global window at the minimum
+    /// timestamp, then is done.
+    Impulse,
+    /// Copies every input element to its one output (Flatten, Reshuffle).
+    Flatten,
+    /// Groups `KV<K, V>` by encoded key and window per the windowing strategy,
+    /// emitting `KV<K, Iterable<V>>`.
+    GroupByKey(WindowingStrategy),
+    /// A fused chain of SDK transforms, run through the stage executor.
+    Sdk(SdkStage),
+}
+
+/// The engine-relevant facts about an SDK-executed stage.
+#[derive(Debug, Clone, Default)]
+pub struct SdkStage {
+    /// Keyed stateful processing: input is `KV<K, V>`, and user state and
+    /// timers are scoped by key and window. Bundles of one key never overlap.
+    pub stateful: bool,
+    /// Timer families of the stage's transforms.
+    pub timer_families: Vec<TimerFamily>,
+    /// The stage's main input is a splittable DoFn's sized-restriction input:
+    /// residuals returned by the SDK re-enter this stage's input.
+    pub splittable: bool,
+    /// Bundle finalization was requested by some DoFn of the stage.
+    pub requires_finalization: bool,
+}
+
+/// A timer family declared by one transform of an SDK stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerFamily {
+    /// Transform id (inside the stage's bundle descriptor).
+    pub transform_id: String,
+    /// Timer family id (Python: `ts-<name>`).
+    pub family_id: String,
+    /// Event or processing time.
+    pub domain: TimeDomain,
+    /// Runner-side coder of the timer's user key.
+    pub key_coder: Coder,
+    /// Coder of the timer's windows.
+    pub window_coder: Coder,
+}
+
+/// Which clock a timer is set against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeDomain {
+    /// Fires when the input watermark passes the timer's timestamp.
+    EventTime,
+    /// Fires when the runner's clock passes the timer's timestamp.
+    ProcessingTime,
+}
+
+/// A side input of an SDK stage.
+#[derive(Debug, Clone)]
+pub struct SideInput {
+    /// Transform id (in the stage's bundle descriptor) that reads it.
+    pub transform_id: String,
+    /// The side input's local tag (e.g. `side0`).
+    pub tag: String,
+    /// The PCollection read.
+    pub pcollection: PCollectionIdx,
+    /// How the SDK reads it.
+    pub access: SideInputAccess,
+}
+
+/// The side-input access pattern (`beam:side_input:*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideInputAccess {
+    /// All values of a window.
+    Iterable,
+    /// Values by key of a `KV` PCollection.
+    Multimap,
+}
+
+/// How a PCollection is windowed and triggered, for grouping.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowingStrategy {
+    /// How elements were assigned to windows (and whether windows merge).
+    pub window_fn: WindowFn,
+    /// When panes fire.
+    pub trigger: Trigger,
+    /// Whether later panes include earlier panes' elements.
+    pub accumulation: AccumulationMode,
+    /// The timestamp of a grouped output.
+    pub output_time: OutputTime,
+    /// How late (past the end of the window) data is still accepted, in ms.
+    pub allowed_lateness: i64,
+    /// Whether a final pane is emitted when a window closes with no new data.
+    pub closing_behavior: ClosingBehavior,
+    /// Whether an on-time pane is emitted when it would be empty.
+    pub on_time_behavior: OnTimeBehavior,
+}
+
+impl WindowingStrategy {
+    /// Global windows with the default trigger: what an unwindowed pipeline has.
+    pub fn global_default() -> Self {
+        WindowingStrategy {
+            window_fn: WindowFn::Global,
+            trigger: Trigger::Default,
+            accumulation: AccumulationMode::Discarding,
+            output_time: OutputTime::EndOfWindow,
+            allowed_lateness: 0,
+            closing_behavior: ClosingBehavior::EmitIfNonEmpty,
+            on_time_behavior: OnTimeBehavior::FireIfNonEmpty,
+        }
+    }
+}
+
+/// A window function, as far as the runner must know it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WindowFn {
+    /// One global window.
+    Global,
+    /// Fixed windows of `size` ms, shifted by `offset` ms.
+    Fixed {
+        /// Window length.
+        size: i64,
+        /// Offset from the epoch.
+        offset: i64,
+    },
+    /// Sliding windows.
+    Sliding {
+        /// Window length.
+        size: i64,
+        /// Distance between window starts.
+        period: i64,
+        /// Offset from the epoch.
+        offset: i64,
+    },
+    /// Session windows merged by the runner when they are within `gap` ms.
+    Sessions {
+        /// Inactivity gap.
+        gap: i64,
+    },
+    /// A window function the runner cannot evaluate (assigned by the SDK).
+    Custom {
+        /// Whether its windows merge (merging happens in the SDK).
+        merging: bool,
+    },
+}
+
+impl WindowFn {
+    /// Whether windows of this function are merged at grouping time.
+    pub fn is_merging(&self) -> bool {
+        matches!(
+            self,
+            WindowFn::Sessions { .. } | WindowFn::Custom { merging: true }
+        )
+    }
+}
+
+/// A trigger (`beam_runner_api.proto`'s `Trigger`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// Fire once when the watermark passes the end of the window, and for
+    /// every late element after that.
+    Default,
+    /// Fire once the watermark passes the end of the window, with optional
+    /// early and late firings.
+    AfterEndOfWindow {
+        /// Fires before the end of the window.
+        early: Option<Box<Trigger>>,
+        /// Fires after the end of the window.
+        late: Option<Box<Trigger>>,
+    },
+    /// Fire after `count` elements.
+    ElementCount(i64),
+    /// Fire after processing time passes the first element's arrival plus delays.
+    AfterProcessingTime {
+        /// Delay after the first element, in ms (sum of the delay transforms).
+        delay_ms: i64,
+        /// Align to multiples of this period (ms), with this offset, if set.
+        align: Option<(i64, i64)>,
+    },
+    /// Synchronized processing time (treated as processing time).
+    AfterSynchronizedProcessingTime,
+    /// Fire whenever every sub-trigger has fired.
+    AfterAll(Vec<Trigger>),
+    /// Fire whenever any sub-trigger fires.
+    AfterAny(Vec<Trigger>),
+    /// Run sub-triggers in order.
+    AfterEach(Vec<Trigger>),
+    /// Fire for every element.
+    Always,
+    /// Never fire (only the final GC pane).
+    Never,
+    /// Fire on `main`, and finish once `finally` fires.
+    OrFinally {
+        /// The repeating part.
+        main: Box<Trigger>,
+        /// The terminating part.
+        finally: Box<Trigger>,
+    },
+    /// Repeat the sub-trigger forever.
+    Repeat(Box<Trigger>),
+}
+
+/// Whether a later pane includes earlier panes' data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccumulationMode {
+    /// Each pane holds only new data.
+    Discarding,
+    /// Each pane holds all data so far.
+    Accumulating,
+}
+
+/// The timestamp of a grouped output element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputTime {
+    /// The window's max timestamp.
+    EndOfWindow,
+    /// The latest input timestamp in the pane.
+    LatestInPane,
+    /// The earliest input timestamp in the pane.
+    EarliestInPane,
+}
+
+/// Whether a window's closing produces a pane when nothing new arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClosingBehavior {
+    /// Always emit a final pane.
+    EmitAlways,
+    /// Only if there is new data.
+    EmitIfNonEmpty,
+}
+
+/// Whether the on-time pane fires when empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeBehavior {
+    /// Always fire the on-time pane.
+    FireAlways,
+    /// Only if non-empty.
+    FireIfNonEmpty,
+}

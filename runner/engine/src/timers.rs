@@ -1,0 +1,212 @@
+//! Pending timers of a stateful stage.
+//!
+//! The SDK sets and clears timers by writing them to the data channel; the
+//! runner keeps the latest write per (transform, family, key, tag, window)
+//! — a later set overwrites, a clear deletes — and delivers a timer back to
+//! the SDK once its time domain has passed its firing time. A pending timer
+//! holds the stage's output watermark at its hold timestamp, so output the
+//! timer will produce is never late.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::coder::{Coder, TimerValue};
+use crate::plan::TimeDomain;
+use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::window::Window;
+
+/// Identity of a timer: a later write with the same id replaces it.
+type TimerId = (String, String, Bytes, String, Window);
+
+/// A timer ready to be delivered, with where it goes.
+#[derive(Debug, Clone)]
+pub struct FiredTimer {
+    /// Transform id of the timer's ParDo.
+    pub transform_id: String,
+    /// Timer family id.
+    pub family_id: String,
+    /// The timer as it will be sent (one window).
+    pub timer: TimerValue,
+}
+
+/// Timers of one stage.
+#[derive(Debug, Default)]
+pub struct TimerStore {
+    timers: BTreeMap<TimerId, (TimeDomain, TimerValue)>,
+}
+
+impl TimerStore {
+    /// Apply the timer writes of a committed bundle, in order.
+    pub fn apply(
+        &mut self,
+        transform_id: &str,
+        family_id: &str,
+        domain: TimeDomain,
+        writes: Vec<TimerValue>,
+    ) {
+        for timer in writes {
+            for window in &timer.windows {
+                let id = (
+                    transform_id.to_string(),
+                    family_id.to_string(),
+                    timer.user_key.clone(),
+                    timer.dynamic_tag.clone(),
+                    window.clone(),
+                );
+                if timer.clear {
+                    self.timers.remove(&id);
+                } else {
+                    let mut single = timer.clone();
+                    single.windows = vec![window.clone()];
+                    self.timers.insert(id, (domain, single));
+                }
+            }
+        }
+    }
+
+    /// Put back timers of a bundle that failed, unless a newer write replaced them.
+    pub fn restore(&mut self, fired: Vec<(TimeDomain, FiredTimer)>) {
+        for (domain, f) in fired {
+            for window in &f.timer.windows {
+                let id = (
+                    f.transform_id.clone(),
+                    f.family_id.clone(),
+                    f.timer.user_key.clone(),
+                    f.timer.dynamic_tag.clone(),
+                    window.clone(),
+                );
+                self.timers
+                    .entry(id)
+                    .or_insert_with(|| (domain, f.timer.clone()));
+            }
+        }
+    }
+
+    /// The earliest hold of any pending timer.
+    pub fn hold(&self) -> Option<Timestamp> {
+        self.timers.values().map(|(_, t)| t.hold_timestamp).min()
+    }
+
+    /// The earliest firing time of a pending processing-time timer.
+    pub fn next_processing_time(&self) -> Option<Timestamp> {
+        self.timers
+            .values()
+            .filter(|(d, _)| *d == TimeDomain::ProcessingTime)
+            .map(|(_, t)| t.fire_timestamp)
+            .min()
+    }
+
+    /// Whether no timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.timers.is_empty()
+    }
+
+    /// Remove and return the timers that may fire: event-time timers whose
+    /// firing time the input watermark has passed, processing-time timers
+    /// whose time `now` has reached, and every timer once the input is
+    /// complete (`input_watermark` at +∞: a bounded input ends, so
+    /// processing time is treated as having run out too). Ordered by firing time.
+    pub fn take_ready(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+    ) -> Vec<(TimeDomain, FiredTimer)> {
+        let ready: Vec<TimerId> = self
+            .timers
+            .iter()
+            .filter(|(_, (domain, t))| {
+                input_watermark >= MAX_TIMESTAMP
+                    || match domain {
+                        TimeDomain::EventTime => t.fire_timestamp < input_watermark,
+                        TimeDomain::ProcessingTime => t.fire_timestamp <= now,
+                    }
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut fired: Vec<(TimeDomain, FiredTimer)> = ready
+            .into_iter()
+            .filter_map(|id| {
+                self.timers.remove(&id).map(|(domain, timer)| {
+                    (
+                        domain,
+                        FiredTimer {
+                            transform_id: id.0,
+                            family_id: id.1,
+                            timer,
+                        },
+                    )
+                })
+            })
+            .collect();
+        fired.sort_by_key(|(_, f)| f.timer.fire_timestamp);
+        fired
+    }
+
+    /// Encode fired timers of one (transform, family) for the data channel.
+    pub fn encode(
+        fired: &[&FiredTimer],
+        window_coder: &Coder,
+    ) -> Result<Bytes, crate::coder::CoderError> {
+        let mut out = Vec::new();
+        for f in fired {
+            f.timer.encode(window_coder, &mut out)?;
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::PaneInfo;
+
+    fn timer(key: &str, fire: Timestamp, clear: bool) -> TimerValue {
+        TimerValue {
+            user_key: Bytes::copy_from_slice(key.as_bytes()),
+            dynamic_tag: String::new(),
+            windows: vec![Window::Global],
+            clear,
+            fire_timestamp: fire,
+            hold_timestamp: fire,
+            pane: PaneInfo::NO_FIRING,
+        }
+    }
+
+    #[test]
+    fn last_write_wins_and_clear_deletes() {
+        let mut s = TimerStore::default();
+        s.apply(
+            "t",
+            "ts-a",
+            TimeDomain::EventTime,
+            vec![timer("k", 10, false), timer("k", 20, false)],
+        );
+        assert_eq!(s.hold(), Some(20));
+        s.apply(
+            "t",
+            "ts-a",
+            TimeDomain::EventTime,
+            vec![timer("k", 0, true)],
+        );
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn fires_by_domain() {
+        let mut s = TimerStore::default();
+        s.apply("t", "e", TimeDomain::EventTime, vec![timer("a", 10, false)]);
+        s.apply(
+            "t",
+            "p",
+            TimeDomain::ProcessingTime,
+            vec![timer("b", 100, false)],
+        );
+        assert!(s.take_ready(10, 0).is_empty());
+        let fired = s.take_ready(11, 0);
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].1.family_id, "e");
+        assert_eq!(s.take_ready(11, 100).len(), 1);
+        assert!(s.is_empty());
+    }
+}

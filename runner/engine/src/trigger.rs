@@ -1,0 +1,534 @@
+//! Trigger state machines, one per (key, window).
+//!
+//! A trigger decides *when* a window's buffered data is emitted as a pane.
+//! Each node of a [`Trigger`] tree has a little state (a count, a deadline,
+//! whether it has finished) and answers three questions: did an element
+//! arrive (`on_element`), should the pane fire now (`should_fire`), and what
+//! changes once it has fired (`on_fire`). Composite triggers combine their
+//! children's answers. A trigger that has *finished* never fires again; the
+//! window is then closed and further data for it is dropped.
+//!
+//! The "context" a trigger sees is the window's end, the input watermark and
+//! processing time — everything else is the node's own state.
+
+use crate::plan::Trigger;
+use crate::time::Timestamp;
+
+/// What a trigger may look at when deciding.
+#[derive(Debug, Clone, Copy)]
+pub struct TriggerContext {
+    /// The window's max timestamp.
+    pub window_end: Timestamp,
+    /// The grouping stage's input watermark.
+    pub watermark: Timestamp,
+    /// Processing time, in ms.
+    pub now: Timestamp,
+}
+
+impl TriggerContext {
+    fn past_end_of_window(&self) -> bool {
+        self.watermark > self.window_end
+    }
+}
+
+/// The run-time state of a trigger tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggerState {
+    node: Node,
+    finished: bool,
+    children: Vec<TriggerState>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    /// Default: on time, then every late element.
+    Default,
+    /// AfterWatermark with optional early and late children (children[0]
+    /// early, children[1] late, by presence flags).
+    EndOfWindow {
+        has_early: bool,
+        has_late: bool,
+        on_time_fired: bool,
+    },
+    ElementCount {
+        target: i64,
+        seen: i64,
+    },
+    ProcessingTime {
+        delay: i64,
+        align: Option<(i64, i64)>,
+        deadline: Option<Timestamp>,
+    },
+    All,
+    Any,
+    Each {
+        current: usize,
+    },
+    Always {
+        pending: bool,
+    },
+    Never,
+    OrFinally,
+    Repeat,
+}
+
+impl TriggerState {
+    /// Fresh state for `trigger`.
+    pub fn new(trigger: &Trigger) -> Self {
+        let (node, children) = match trigger {
+            Trigger::Default => (Node::Default, vec![]),
+            Trigger::AfterEndOfWindow { early, late } => {
+                let mut children = Vec::new();
+                if let Some(e) = early {
+                    children.push(TriggerState::new(e));
+                }
+                if let Some(l) = late {
+                    children.push(TriggerState::new(l));
+                }
+                (
+                    Node::EndOfWindow {
+                        has_early: early.is_some(),
+                        has_late: late.is_some(),
+                        on_time_fired: false,
+                    },
+                    children,
+                )
+            }
+            Trigger::ElementCount(n) => (
+                Node::ElementCount {
+                    target: (*n).max(1),
+                    seen: 0,
+                },
+                vec![],
+            ),
+            Trigger::AfterProcessingTime { delay_ms, align } => (
+                Node::ProcessingTime {
+                    delay: *delay_ms,
+                    align: *align,
+                    deadline: None,
+                },
+                vec![],
+            ),
+            Trigger::AfterSynchronizedProcessingTime => (
+                Node::ProcessingTime {
+                    delay: 0,
+                    align: None,
+                    deadline: None,
+                },
+                vec![],
+            ),
+            Trigger::AfterAll(subs) => (Node::All, subs.iter().map(TriggerState::new).collect()),
+            Trigger::AfterAny(subs) => (Node::Any, subs.iter().map(TriggerState::new).collect()),
+            Trigger::AfterEach(subs) => (
+                Node::Each { current: 0 },
+                subs.iter().map(TriggerState::new).collect(),
+            ),
+            Trigger::Always => (Node::Always { pending: false }, vec![]),
+            Trigger::Never => (Node::Never, vec![]),
+            Trigger::OrFinally { main, finally } => (
+                Node::OrFinally,
+                vec![TriggerState::new(main), TriggerState::new(finally)],
+            ),
+            Trigger::Repeat(sub) => (Node::Repeat, vec![TriggerState::new(sub)]),
+        };
+        TriggerState {
+            node,
+            finished: false,
+            children,
+        }
+    }
+
+    /// Whether this trigger will never fire again.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    fn early(&mut self) -> Option<&mut TriggerState> {
+        match self.node {
+            Node::EndOfWindow {
+                has_early: true, ..
+            } => self.children.first_mut(),
+            _ => None,
+        }
+    }
+
+    fn late(&mut self) -> Option<&mut TriggerState> {
+        match self.node {
+            Node::EndOfWindow {
+                has_early,
+                has_late: true,
+                ..
+            } => self.children.get_mut(usize::from(has_early)),
+            _ => None,
+        }
+    }
+
+    /// An element arrived in the window.
+    pub fn on_element(&mut self, ctx: &TriggerContext) {
+        if self.finished {
+            return;
+        }
+        match &mut self.node {
+            Node::ElementCount { seen, .. } => *seen += 1,
+            Node::ProcessingTime {
+                delay,
+                align,
+                deadline,
+            } => {
+                if deadline.is_none() {
+                    let mut at = ctx.now.saturating_add(*delay);
+                    if let Some((period, offset)) = align {
+                        if *period > 0 {
+                            let rem = (at - *offset).rem_euclid(*period);
+                            if rem != 0 {
+                                at += *period - rem;
+                            }
+                        }
+                    }
+                    *deadline = Some(at);
+                }
+            }
+            Node::Always { pending } => *pending = true,
+            Node::EndOfWindow { on_time_fired, .. } => {
+                let fired = *on_time_fired;
+                if !ctx.past_end_of_window() || !fired {
+                    if let Some(e) = self.early() {
+                        e.on_element(ctx);
+                    }
+                } else if let Some(l) = self.late() {
+                    l.on_element(ctx);
+                }
+            }
+            Node::Each { current } => {
+                let c = *current;
+                if let Some(child) = self.children.get_mut(c) {
+                    child.on_element(ctx);
+                }
+            }
+            _ => {
+                for c in &mut self.children {
+                    c.on_element(ctx);
+                }
+            }
+        }
+    }
+
+    /// Merge another window's trigger state into this one (merging windows).
+    pub fn merge(&mut self, other: &TriggerState) {
+        self.finished = self.finished && other.finished;
+        match (&mut self.node, &other.node) {
+            (Node::ElementCount { seen, .. }, Node::ElementCount { seen: s2, .. }) => *seen += s2,
+            (Node::ProcessingTime { deadline, .. }, Node::ProcessingTime { deadline: d2, .. }) => {
+                *deadline = match (*deadline, *d2) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+            (Node::Always { pending }, Node::Always { pending: p2 }) => *pending |= p2,
+            (
+                Node::EndOfWindow { on_time_fired, .. },
+                Node::EndOfWindow {
+                    on_time_fired: o2, ..
+                },
+            ) => *on_time_fired &= o2,
+            _ => {}
+        }
+        for (c, o) in self.children.iter_mut().zip(other.children.iter()) {
+            c.merge(o);
+        }
+    }
+
+    /// Whether the pane should fire now.
+    pub fn should_fire(&self, ctx: &TriggerContext) -> bool {
+        if self.finished {
+            return false;
+        }
+        match &self.node {
+            Node::Default => ctx.past_end_of_window(),
+            Node::EndOfWindow {
+                has_early,
+                has_late,
+                on_time_fired,
+            } => {
+                if !on_time_fired {
+                    if ctx.past_end_of_window() {
+                        return true;
+                    }
+                    *has_early && self.children[0].should_fire(ctx)
+                } else {
+                    *has_late && self.children[usize::from(*has_early)].should_fire(ctx)
+                }
+            }
+            Node::ElementCount { target, seen } => seen >= target,
+            Node::ProcessingTime { deadline, .. } => deadline.is_some_and(|d| ctx.now >= d),
+            Node::All => self
+                .children
+                .iter()
+                .all(|c| c.finished || c.should_fire(ctx)),
+            Node::Any => self.children.iter().any(|c| c.should_fire(ctx)),
+            Node::Each { current } => self
+                .children
+                .get(*current)
+                .is_some_and(|c| c.should_fire(ctx)),
+            Node::Always { pending } => *pending,
+            Node::Never => false,
+            Node::OrFinally => {
+                self.children[0].should_fire(ctx) || self.children[1].should_fire(ctx)
+            }
+            Node::Repeat => self.children[0].should_fire(ctx),
+        }
+    }
+
+    /// The pane fired: advance the state.
+    pub fn on_fire(&mut self, ctx: &TriggerContext) {
+        if self.finished {
+            return;
+        }
+        match &mut self.node {
+            Node::Default => {}
+            Node::EndOfWindow {
+                has_early,
+                has_late,
+                on_time_fired,
+            } => {
+                let (early, late) = (*has_early, *has_late);
+                if !*on_time_fired {
+                    if ctx.past_end_of_window() {
+                        *on_time_fired = true;
+                        if !late {
+                            self.finished = true;
+                        }
+                    } else if early {
+                        let e = &mut self.children[0];
+                        e.on_fire(ctx);
+                        // Early firings repeat until the end of the window.
+                        if e.finished {
+                            e.reset();
+                        }
+                    }
+                } else if late {
+                    let l = &mut self.children[usize::from(early)];
+                    l.on_fire(ctx);
+                    if l.finished {
+                        l.reset();
+                    }
+                }
+            }
+            Node::ElementCount { .. } | Node::ProcessingTime { .. } => self.finished = true,
+            Node::All | Node::Any => {
+                for c in &mut self.children {
+                    c.finished = true;
+                }
+                self.finished = true;
+            }
+            Node::Each { current } => {
+                let c = *current;
+                if let Some(child) = self.children.get_mut(c) {
+                    child.on_fire(ctx);
+                    if child.finished {
+                        let next = c + 1;
+                        if next >= self.children.len() {
+                            self.finished = true;
+                        } else if let Node::Each { current } = &mut self.node {
+                            *current = next;
+                        }
+                    }
+                }
+            }
+            Node::Always { pending } => *pending = false,
+            Node::Never => {}
+            Node::OrFinally => {
+                if self.children[1].should_fire(ctx) {
+                    self.finished = true;
+                } else {
+                    self.children[0].on_fire(ctx);
+                    if self.children[0].finished {
+                        self.finished = true;
+                    }
+                }
+            }
+            Node::Repeat => {
+                let child = &mut self.children[0];
+                child.on_fire(ctx);
+                if child.finished {
+                    child.reset();
+                }
+            }
+        }
+    }
+
+    /// Back to the initial state (for repeated sub-triggers).
+    fn reset(&mut self) {
+        self.finished = false;
+        match &mut self.node {
+            Node::ElementCount { seen, .. } => *seen = 0,
+            Node::ProcessingTime { deadline, .. } => *deadline = None,
+            Node::Each { current } => *current = 0,
+            Node::Always { pending } => *pending = false,
+            Node::EndOfWindow { on_time_fired, .. } => *on_time_fired = false,
+            _ => {}
+        }
+        for c in &mut self.children {
+            c.reset();
+        }
+    }
+
+    /// The earliest processing time at which this trigger could fire, so the
+    /// engine knows when to wake up.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        if self.finished {
+            return None;
+        }
+        let own = match &self.node {
+            Node::ProcessingTime { deadline, .. } => *deadline,
+            _ => None,
+        };
+        self.children
+            .iter()
+            .filter_map(TriggerState::next_deadline)
+            .chain(own)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(watermark: Timestamp, now: Timestamp) -> TriggerContext {
+        TriggerContext {
+            window_end: 9,
+            watermark,
+            now,
+        }
+    }
+
+    #[test]
+    fn default_fires_at_end_of_window_and_repeats() {
+        let mut t = TriggerState::new(&Trigger::Default);
+        t.on_element(&ctx(0, 0));
+        assert!(!t.should_fire(&ctx(9, 0)));
+        assert!(t.should_fire(&ctx(10, 0)));
+        t.on_fire(&ctx(10, 0));
+        assert!(!t.is_finished());
+    }
+
+    #[test]
+    fn element_count_fires_once() {
+        let mut t = TriggerState::new(&Trigger::ElementCount(2));
+        t.on_element(&ctx(0, 0));
+        assert!(!t.should_fire(&ctx(0, 0)));
+        t.on_element(&ctx(0, 0));
+        assert!(t.should_fire(&ctx(0, 0)));
+        t.on_fire(&ctx(0, 0));
+        assert!(t.is_finished());
+    }
+
+    #[test]
+    fn repeatedly_resets_its_child() {
+        let mut t = TriggerState::new(&Trigger::Repeat(Box::new(Trigger::ElementCount(2))));
+        for round in 0..3 {
+            t.on_element(&ctx(0, 0));
+            assert!(!t.should_fire(&ctx(0, 0)), "round {round}");
+            t.on_element(&ctx(0, 0));
+            assert!(t.should_fire(&ctx(0, 0)));
+            t.on_fire(&ctx(0, 0));
+            assert!(!t.is_finished());
+        }
+    }
+
+    #[test]
+    fn after_watermark_with_early_and_late_firings() {
+        let trig = Trigger::AfterEndOfWindow {
+            early: Some(Box::new(Trigger::ElementCount(1))),
+            late: Some(Box::new(Trigger::ElementCount(1))),
+        };
+        let mut t = TriggerState::new(&trig);
+        t.on_element(&ctx(0, 0));
+        assert!(t.should_fire(&ctx(0, 0)));
+        t.on_fire(&ctx(0, 0));
+        assert!(!t.should_fire(&ctx(0, 0)));
+        t.on_element(&ctx(0, 0));
+        assert!(t.should_fire(&ctx(0, 0)), "early firings repeat");
+        t.on_fire(&ctx(0, 0));
+        assert!(t.should_fire(&ctx(10, 0)), "on time");
+        t.on_fire(&ctx(10, 0));
+        assert!(!t.should_fire(&ctx(11, 0)));
+        t.on_element(&ctx(11, 0));
+        assert!(t.should_fire(&ctx(11, 0)), "late");
+        t.on_fire(&ctx(11, 0));
+        assert!(!t.is_finished());
+    }
+
+    #[test]
+    fn after_watermark_without_late_finishes_on_time() {
+        let mut t = TriggerState::new(&Trigger::AfterEndOfWindow {
+            early: None,
+            late: None,
+        });
+        assert!(t.should_fire(&ctx(10, 0)));
+        t.on_fire(&ctx(10, 0));
+        assert!(t.is_finished());
+    }
+
+    #[test]
+    fn processing_time_deadline_and_alignment() {
+        let mut t = TriggerState::new(&Trigger::AfterProcessingTime {
+            delay_ms: 5,
+            align: Some((10, 0)),
+        });
+        t.on_element(&ctx(0, 1));
+        assert_eq!(t.next_deadline(), Some(10));
+        assert!(!t.should_fire(&ctx(0, 9)));
+        assert!(t.should_fire(&ctx(0, 10)));
+    }
+
+    #[test]
+    fn composites() {
+        let two = || Box::new(Trigger::ElementCount(2));
+        let mut each = TriggerState::new(&Trigger::AfterEach(vec![
+            Trigger::ElementCount(1),
+            Trigger::ElementCount(2),
+        ]));
+        each.on_element(&ctx(0, 0));
+        assert!(each.should_fire(&ctx(0, 0)));
+        each.on_fire(&ctx(0, 0));
+        each.on_element(&ctx(0, 0));
+        assert!(!each.should_fire(&ctx(0, 0)));
+        each.on_element(&ctx(0, 0));
+        assert!(each.should_fire(&ctx(0, 0)));
+        each.on_fire(&ctx(0, 0));
+        assert!(each.is_finished());
+
+        let mut or = TriggerState::new(&Trigger::OrFinally {
+            main: Box::new(Trigger::Repeat(two())),
+            finally: Box::new(Trigger::ElementCount(3)),
+        });
+        or.on_element(&ctx(0, 0));
+        or.on_element(&ctx(0, 0));
+        or.on_fire(&ctx(0, 0));
+        assert!(!or.is_finished());
+        or.on_element(&ctx(0, 0));
+        assert!(or.should_fire(&ctx(0, 0)));
+        or.on_fire(&ctx(0, 0));
+        assert!(or.is_finished());
+
+        let mut all = TriggerState::new(&Trigger::AfterAll(vec![
+            Trigger::ElementCount(1),
+            Trigger::ElementCount(2),
+        ]));
+        all.on_element(&ctx(0, 0));
+        assert!(!all.should_fire(&ctx(0, 0)));
+        all.on_element(&ctx(0, 0));
+        assert!(all.should_fire(&ctx(0, 0)));
+
+        let mut any = TriggerState::new(&Trigger::AfterAny(vec![
+            Trigger::ElementCount(3),
+            Trigger::Default,
+        ]));
+        any.on_element(&ctx(0, 0));
+        assert!(any.should_fire(&ctx(10, 0)));
+        any.on_fire(&ctx(10, 0));
+        assert!(any.is_finished());
+    }
+}

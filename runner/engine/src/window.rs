@@ -1,0 +1,44 @@
+//! Windows as the runner sees them.
+//!
+//! Windows are assigned by the SDK (`WindowInto` runs in the harness); the
+//! runner reads them from element headers to group by (key, window), to know
+//! when a window's end has passed the watermark, and to merge sessions.
+
+use bytes::Bytes;
+
+use crate::time::{Timestamp, GLOBAL_WINDOW_MAX_TIMESTAMP};
+
+/// One window of an element.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Window {
+    /// The single global window.
+    Global,
+    /// `[start, end)` in milliseconds.
+    Interval {
+        /// Inclusive start.
+        start: Timestamp,
+        /// Exclusive end.
+        end: Timestamp,
+    },
+    /// A window of a coder the runner does not understand, prefixed by its
+    /// max timestamp (`beam:coder:custom_window:v1`). `encoded` holds the
+    /// window's own length-prefixed bytes (without the timestamp prefix).
+    Custom {
+        /// The window's max timestamp, as written by the SDK.
+        max_timestamp: Timestamp,
+        /// The length-prefixed window bytes.
+        encoded: Bytes,
+    },
+}
+
+impl Window {
+    /// The largest timestamp an element in this window may have; the window
+    /// is complete once the watermark passes it.
+    pub fn max_timestamp(&self) -> Timestamp {
+        match self {
+            Window::Global => GLOBAL_WINDOW_MAX_TIMESTAMP,
+            Window::Interval { end, .. } => end.saturating_sub(1),
+            Window::Custom { max_timestamp, .. } => *max_timestamp,
+        }
+    }
+}

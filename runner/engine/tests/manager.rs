@@ -1,0 +1,341 @@
+//! Engine tests with no SDK: a fake executor plays the SDK stages, so that
+//! scheduling, watermarks, grouping, side inputs, timers and bundle
+//! transactions are checked on their own, under several bundle shapes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use refract_engine::coder::{
+    decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder, PaneInfo,
+    WindowedValueHeader,
+};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::manager::{Engine, EngineConfig, EngineError};
+use refract_engine::plan::{
+    PCollection, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageKind, WindowFn,
+    WindowingStrategy,
+};
+use refract_engine::state::StateKey;
+use refract_engine::window::Window;
+use tokio::sync::watch;
+
+fn kv_bytes_varint() -> Coder {
+    Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
+}
+
+fn pc(id: &str, value: Coder, window: Coder) -> PCollection {
+    PCollection {
+        id: id.into(),
+        value_coder: value,
+        window_coder: window,
+        bounded: true,
+    }
+}
+
+fn sdk_stage(name: &str, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
+    Stage {
+        name: name.into(),
+        kind: StageKind::Sdk(SdkStage::default()),
+        inputs,
+        side_inputs: vec![],
+        outputs,
+    }
+}
+
+/// What each fake SDK stage does with a bundle.
+type StageFn = Arc<dyn Fn(&BundleInput) -> Result<BundleOutput, ExecError> + Send + Sync>;
+
+struct FakeExecutor {
+    stages: BTreeMap<usize, StageFn>,
+    bundles: AtomicUsize,
+}
+
+impl StageExecutor for FakeExecutor {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        self.bundles.fetch_add(1, Ordering::SeqCst);
+        let f = self.stages.get(&input.stage).cloned();
+        async move {
+            match f {
+                Some(f) => f(&input),
+                None => Err(ExecError::Runner("no such stage".into())),
+            }
+        }
+        .boxed()
+    }
+}
+
+fn encode_kv(key: &str, value: i64, ts: i64, window: &Window, wcoder: &Coder, out: &mut Vec<u8>) {
+    let mut v = Vec::new();
+    v.push(key.len() as u8);
+    v.extend_from_slice(key.as_bytes());
+    encode_varint_i64(value, &mut v);
+    let header = WindowedValueHeader {
+        timestamp: ts,
+        windows: vec![window.clone()],
+        pane: PaneInfo::NO_FIRING,
+    };
+    encode_windowed_value(&header, wcoder, &v, out).unwrap();
+}
+
+/// Groups seen by the fake sink: (key, encoded iterable of values, window).
+type Records = Arc<Mutex<Vec<(String, Vec<u8>, Window)>>>;
+
+/// Impulse -> "source" (emits KVs into fixed windows) -> GBK -> "sink" (records groups).
+fn gbk_pipeline(records: Records, fail_first_sink_bundle: bool) -> (Plan, FakeExecutor) {
+    let grouped = Coder::Kv(
+        Box::new(Coder::Bytes),
+        Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+    );
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("grouped", grouped.clone(), Coder::IntervalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "impulse".into(),
+                kind: StageKind::Impulse,
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            sdk_stage("source", vec![0], vec![1]),
+            Stage {
+                name: "gbk".into(),
+                kind: StageKind::GroupByKey(WindowingStrategy {
+                    window_fn: WindowFn::Fixed {
+                        size: 10,
+                        offset: 0,
+                    },
+                    ..WindowingStrategy::global_default()
+                }),
+                inputs: vec![1],
+                side_inputs: vec![],
+                outputs: vec![2],
+            },
+            sdk_stage("sink", vec![2], vec![]),
+        ],
+    };
+    let source: StageFn = Arc::new(|_input| {
+        let mut out = Vec::new();
+        for (i, key) in ["a", "b", "a", "c", "a", "b"].iter().enumerate() {
+            let ts = (i as i64) * 4;
+            let start = ts - ts % 10;
+            let w = Window::Interval {
+                start,
+                end: start + 10,
+            };
+            encode_kv(key, i as i64, ts, &w, &Coder::IntervalWindow, &mut out);
+        }
+        Ok(BundleOutput {
+            outputs: vec![(1, Bytes::from(out))],
+            ..Default::default()
+        })
+    });
+    let failed = Arc::new(AtomicUsize::new(0));
+    let sink: StageFn = Arc::new(move |input| {
+        if fail_first_sink_bundle && failed.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ExecError::Sdk(
+                "Traceback: boom [while running 'sink']".into(),
+            ));
+        }
+        for chunk in &input.elements {
+            for e in decode_windowed_values(chunk, &grouped, &Coder::IntervalWindow).unwrap() {
+                let key_len = grouped.kv_key_len(&e.value).unwrap();
+                let key = String::from_utf8(e.value[1..key_len].to_vec()).unwrap();
+                records.lock().push((
+                    key,
+                    e.value[key_len..].to_vec(),
+                    e.header.windows[0].clone(),
+                ));
+            }
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(1, source), (3, sink)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    (plan, exec)
+}
+
+fn config(max_bundle_elements: usize) -> EngineConfig {
+    EngineConfig {
+        max_bundle_elements,
+        ..EngineConfig::default()
+    }
+}
+
+async fn run(plan: Plan, exec: FakeExecutor, cfg: EngineConfig) -> Result<usize, EngineError> {
+    let exec = Arc::new(exec);
+    let (_tx, rx) = watch::channel(false);
+    let engine = Engine::new(plan, exec.clone(), cfg, "test", Arc::new(|| 0))?;
+    engine.run(rx).await?;
+    Ok(exec.bundles.load(Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn groups_by_key_and_window_under_every_bundle_shape() {
+    let mut results = Vec::new();
+    for shape in [1, 2, 100_000] {
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let (plan, exec) = gbk_pipeline(records.clone(), false);
+        run(plan, exec, config(shape)).await.unwrap();
+        let mut r = records.lock().clone();
+        r.sort();
+        results.push(r);
+    }
+    let w = |s| Window::Interval {
+        start: s,
+        end: s + 10,
+    };
+    // a@0,a@8 in [0,10); b@4 in [0,10); c@12 in [10,20); a@16 in [10,20); b@20 in [20,30).
+    assert_eq!(
+        results[0],
+        vec![
+            ("a".to_string(), vec![0, 0, 0, 1, 4], w(10)),
+            ("a".to_string(), vec![0, 0, 0, 2, 0, 2], w(0)),
+            ("b".to_string(), vec![0, 0, 0, 1, 1], w(0)),
+            ("b".to_string(), vec![0, 0, 0, 1, 5], w(20)),
+            ("c".to_string(), vec![0, 0, 0, 1, 3], w(10)),
+        ]
+    );
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
+}
+
+#[tokio::test]
+async fn a_failed_bundle_fails_the_run_with_the_sdk_text() {
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let (plan, exec) = gbk_pipeline(records.clone(), true);
+    let err = run(plan, exec, config(1)).await.unwrap_err();
+    assert_eq!(err.to_string(), "Traceback: boom [while running 'sink']");
+}
+
+#[tokio::test]
+async fn side_input_is_complete_before_its_consumer_runs() {
+    // impulse -> main (emits 1 element) ; impulse -> side (emits 3 values) ; consumer reads side.
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("main", Coder::Varint, Coder::GlobalWindow),
+            pc("side", Coder::Varint, Coder::GlobalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "impulse".into(),
+                kind: StageKind::Impulse,
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            sdk_stage("main", vec![0], vec![1]),
+            sdk_stage("side", vec![0], vec![2]),
+            Stage {
+                side_inputs: vec![SideInput {
+                    transform_id: "consumer".into(),
+                    tag: "s".into(),
+                    pcollection: 2,
+                    access: SideInputAccess::Iterable,
+                }],
+                ..sdk_stage("consumer", vec![1], vec![])
+            },
+        ],
+    };
+    let emit = |pcoll: usize, values: Vec<i64>| -> StageFn {
+        Arc::new(move |_| {
+            let mut out = Vec::new();
+            for v in &values {
+                let mut b = Vec::new();
+                encode_varint_i64(*v, &mut b);
+                let header = WindowedValueHeader {
+                    timestamp: 0,
+                    windows: vec![Window::Global],
+                    pane: PaneInfo::NO_FIRING,
+                };
+                encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
+            }
+            Ok(BundleOutput {
+                outputs: vec![(pcoll, Bytes::from(out))],
+                ..Default::default()
+            })
+        })
+    };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let consumer: StageFn = Arc::new(move |input| {
+        let key = StateKey::IterableSideInput {
+            transform_id: "consumer".into(),
+            side_input_id: "s".into(),
+            window: Bytes::new(),
+        };
+        let page = input
+            .state
+            .get(&key, None)
+            .map_err(|e| ExecError::Sdk(e.to_string()))?;
+        seen2.lock().push(page.data.to_vec());
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [
+            (1, emit(1, vec![7])),
+            (2, emit(2, vec![1, 2, 3])),
+            (3, consumer),
+        ]
+        .into_iter()
+        .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    assert_eq!(*seen.lock(), vec![vec![1, 2, 3]]);
+}
+
+#[tokio::test]
+async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("flat", Coder::Bytes, Coder::GlobalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "impulse".into(),
+                kind: StageKind::Impulse,
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            Stage {
+                name: "flatten".into(),
+                kind: StageKind::Flatten,
+                inputs: vec![0, 0],
+                side_inputs: vec![],
+                outputs: vec![1],
+            },
+            sdk_stage("count", vec![1], vec![]),
+        ],
+    };
+    let count = Arc::new(AtomicUsize::new(0));
+    let c2 = count.clone();
+    let counter: StageFn = Arc::new(move |input| {
+        for chunk in &input.elements {
+            let n = decode_windowed_values(chunk, &Coder::Bytes, &Coder::GlobalWindow)
+                .unwrap()
+                .len();
+            c2.fetch_add(n, Ordering::SeqCst);
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(2, counter)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}

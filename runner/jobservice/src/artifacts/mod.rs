@@ -1,0 +1,262 @@
+//! The artifacts staged for one job, and how environments' dependency lists
+//! map onto them.
+
+mod writer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use refract_proto::pipeline::{
+    ArtifactFilePayload, ArtifactInformation, ArtifactUrlPayload, Environment,
+};
+use refract_proto::prost::Message;
+use refract_proto::urns;
+
+pub(crate) use writer::{ArtifactWriter, StagedFile};
+
+/// Artifacts are identified the way the SDK declared them: by type and type
+/// payload. Roles do not matter for the bytes, so one artifact listed by two
+/// environments (or with two roles) is fetched once.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ArtifactKey {
+    type_urn: String,
+    type_payload: Vec<u8>,
+}
+
+impl ArtifactKey {
+    fn of(artifact: &ArtifactInformation) -> Self {
+        Self {
+            type_urn: artifact.type_urn.clone(),
+            type_payload: artifact.type_payload.clone(),
+        }
+    }
+}
+
+/// The files staged for one job, in a directory of their own under the
+/// service's staging root. Shared by the staging service (which fills it)
+/// and the runner (which serves the files to SDK harnesses).
+#[derive(Debug)]
+pub struct ArtifactStore {
+    dir: PathBuf,
+    declared: BTreeMap<String, Vec<ArtifactInformation>>,
+    staged: Mutex<HashMap<ArtifactKey, StagedFile>>,
+    next_partial: AtomicU64,
+}
+
+impl ArtifactStore {
+    /// A store in `dir` (created on first write) for the dependencies the
+    /// pipeline's environments declare.
+    pub(crate) fn new(dir: PathBuf, environments: &HashMap<String, Environment>) -> Self {
+        let declared = environments
+            .iter()
+            .map(|(id, env)| (id.clone(), env.dependencies.clone()))
+            .collect();
+        Self {
+            dir,
+            declared,
+            staged: Mutex::new(HashMap::new()),
+            next_partial: AtomicU64::new(0),
+        }
+    }
+
+    /// The directory holding this job's files, so the runner can tell where
+    /// they live (e.g. for logs); it may not exist when nothing was staged.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Finds the staged bytes for an artifact of an environment's dependency
+    /// list, by (type_urn, type_payload) as the SDK declared it, so the
+    /// runner's artifact retrieval service can serve it. `None` if it was not
+    /// staged (yet).
+    pub fn path_for(&self, artifact: &ArtifactInformation) -> Option<PathBuf> {
+        self.staged
+            .lock()
+            .get(&ArtifactKey::of(artifact))
+            .map(|f| f.path.clone())
+    }
+
+    /// The environment's dependencies after staging, each rewritten to
+    /// `beam:artifact:type:file:v1` pointing at the stored file (with its
+    /// SHA-256) and its role kept, for `ProvisionInfo.dependencies`.
+    /// Dependencies that were not staged are returned as declared, so a
+    /// harness can still try to fetch them itself. Unknown environments have
+    /// none.
+    pub fn resolved_dependencies(&self, environment_id: &str) -> Vec<ArtifactInformation> {
+        let Some(declared) = self.declared.get(environment_id) else {
+            return Vec::new();
+        };
+        let staged = self.staged.lock();
+        declared
+            .iter()
+            .map(|dep| match staged.get(&ArtifactKey::of(dep)) {
+                Some(file) => ArtifactInformation {
+                    type_urn: urns::artifact::FILE.to_string(),
+                    type_payload: ArtifactFilePayload {
+                        path: file.path.to_string_lossy().into_owned(),
+                        sha256: file.sha256.clone(),
+                    }
+                    .encode_to_vec(),
+                    role_urn: dep.role_urn.clone(),
+                    role_payload: dep.role_payload.clone(),
+                },
+                None => dep.clone(),
+            })
+            .collect()
+    }
+
+    /// Every distinct declared dependency not staged yet, in a stable order
+    /// (by environment id, then declaration order).
+    pub(crate) fn pending(&self) -> Vec<ArtifactInformation> {
+        let staged = self.staged.lock();
+        let mut seen = std::collections::HashSet::new();
+        self.declared
+            .values()
+            .flatten()
+            .filter(|dep| {
+                let key = ArtifactKey::of(dep);
+                !staged.contains_key(&key) && seen.insert(key)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Opens a writer for the next incoming artifact.
+    pub(crate) async fn writer(&self) -> std::io::Result<ArtifactWriter> {
+        let seq = self.next_partial.fetch_add(1, Ordering::Relaxed);
+        ArtifactWriter::create(&self.dir, seq).await
+    }
+
+    /// Records where a declared artifact's bytes were stored.
+    pub(crate) fn record(&self, artifact: &ArtifactInformation, file: StagedFile) {
+        self.staged.lock().insert(ArtifactKey::of(artifact), file);
+    }
+
+    /// Deletes this job's directory and forgets what was staged.
+    pub(crate) fn remove_files(&self) {
+        self.staged.lock().clear();
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => tracing::debug!(dir = %self.dir.display(), "removed staged artifacts"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "could not remove staged artifacts")
+            }
+        }
+    }
+}
+
+/// The SHA-256 the SDK declared for an artifact, if any, so staging can
+/// verify what it received.
+pub(crate) fn declared_sha256(artifact: &ArtifactInformation) -> Option<String> {
+    let sha = match artifact.type_urn.as_str() {
+        urns::artifact::FILE => {
+            ArtifactFilePayload::decode(artifact.type_payload.as_slice())
+                .ok()?
+                .sha256
+        }
+        urns::artifact::URL => {
+            ArtifactUrlPayload::decode(artifact.type_payload.as_slice())
+                .ok()?
+                .sha256
+        }
+        _ => return None,
+    };
+    (!sha.is_empty()).then(|| sha.to_ascii_lowercase())
+}
+
+/// A short human description of an artifact for logs and errors (its path or
+/// URL when the type is known), never used as a file name.
+pub(crate) fn describe(artifact: &ArtifactInformation) -> String {
+    let location = match artifact.type_urn.as_str() {
+        urns::artifact::FILE => ArtifactFilePayload::decode(artifact.type_payload.as_slice())
+            .ok()
+            .map(|p| p.path),
+        urns::artifact::URL => ArtifactUrlPayload::decode(artifact.type_payload.as_slice())
+            .ok()
+            .map(|p| p.url),
+        _ => None,
+    };
+    match location {
+        Some(location) => format!("{} {location:?}", artifact.type_urn),
+        None => artifact.type_urn.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_artifact(path: &str, role: &str) -> ArtifactInformation {
+        ArtifactInformation {
+            type_urn: urns::artifact::FILE.into(),
+            type_payload: ArtifactFilePayload {
+                path: path.into(),
+                sha256: String::new(),
+            }
+            .encode_to_vec(),
+            role_urn: role.into(),
+            role_payload: vec![1, 2],
+        }
+    }
+
+    fn env(deps: Vec<ArtifactInformation>) -> Environment {
+        Environment {
+            dependencies: deps,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn pending_dedups_and_resolution_rewrites_staged_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = file_artifact("/tmp/a", "r1");
+        let a_other_role = file_artifact("/tmp/a", "r2");
+        let b = file_artifact("/tmp/b", "r1");
+        let envs: HashMap<String, Environment> = [
+            ("e1".to_string(), env(vec![a.clone(), b.clone()])),
+            ("e2".to_string(), env(vec![a_other_role.clone()])),
+        ]
+        .into();
+        let store = ArtifactStore::new(dir.path().join("job"), &envs);
+        assert_eq!(store.pending(), vec![a.clone(), b.clone()]);
+
+        let mut w = store.writer().await.unwrap();
+        w.write(b"A").await.unwrap();
+        let file = w.finish().await.unwrap();
+        store.record(&a, file.clone());
+        assert_eq!(store.pending(), vec![b.clone()]);
+        assert_eq!(store.path_for(&a_other_role), Some(file.path.clone()));
+        assert_eq!(store.path_for(&b), None);
+
+        let resolved = store.resolved_dependencies("e1");
+        assert_eq!(resolved.len(), 2);
+        assert_eq!(resolved[0].type_urn, urns::artifact::FILE);
+        let payload = ArtifactFilePayload::decode(resolved[0].type_payload.as_slice()).unwrap();
+        assert_eq!(PathBuf::from(payload.path), file.path);
+        assert_eq!(payload.sha256, file.sha256);
+        assert_eq!(resolved[0].role_urn, "r1");
+        assert_eq!(resolved[0].role_payload, vec![1, 2]);
+        assert_eq!(resolved[1], b);
+        assert_eq!(store.resolved_dependencies("e2")[0].role_urn, "r2");
+        assert!(store.resolved_dependencies("nope").is_empty());
+
+        store.remove_files();
+        assert!(!store.dir().exists());
+        assert_eq!(store.path_for(&a), None);
+    }
+
+    #[test]
+    fn declared_sha_is_read_from_file_and_url_payloads() {
+        let mut a = file_artifact("/x", "r");
+        assert_eq!(declared_sha256(&a), None);
+        a.type_payload = ArtifactFilePayload {
+            path: "/x".into(),
+            sha256: "ABC".into(),
+        }
+        .encode_to_vec();
+        assert_eq!(declared_sha256(&a).as_deref(), Some("abc"));
+        assert_eq!(describe(&a), format!("{} \"/x\"", urns::artifact::FILE));
+    }
+}

@@ -1,0 +1,57 @@
+//! Settings of the job service.
+
+use std::path::PathBuf;
+
+use refract_proto::job_api::PipelineOptionDescriptor;
+
+/// How [`crate::serve`] runs. Construct with [`JobServiceConfig::new`] or
+/// [`Default`] and override fields; all of them have working defaults.
+#[derive(Debug, Clone)]
+pub struct JobServiceConfig {
+    /// Root under which each job gets its own directory of staged artifacts.
+    /// Created if missing. Only directories named after job ids are ever
+    /// created or removed inside it.
+    pub staging_dir: PathBuf,
+    /// Largest gRPC message accepted or sent, in bytes. Pipelines with many
+    /// transforms and artifact chunks can exceed tonic's 4 MiB default.
+    pub max_message_bytes: usize,
+    /// Host put into `PrepareJobResponse.artifact_staging_endpoint`. `None`
+    /// uses the listener's address, or `localhost` when the listener is bound
+    /// to a wildcard address such as `0.0.0.0`.
+    pub advertised_host: Option<String>,
+    /// Keep a job's staged artifacts after it reaches a terminal state
+    /// (useful for debugging); by default they are deleted then, so CI runs of
+    /// hundreds of jobs do not fill the disk.
+    pub retain_artifacts: bool,
+    /// How many messages and state events each job keeps for late
+    /// subscribers of `GetMessageStream`; older ones are dropped. Bounds
+    /// memory for long jobs whose harness logs join the message stream.
+    pub max_retained_events: usize,
+    /// Runner-specific pipeline options announced by
+    /// `DescribePipelineOptions`; the Python SDK adds them as command-line
+    /// flags. Empty by default, which clients accept.
+    pub pipeline_options: Vec<PipelineOptionDescriptor>,
+}
+
+impl JobServiceConfig {
+    /// A configuration staging under `staging_dir`, everything else default.
+    pub fn new(staging_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            staging_dir: staging_dir.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for JobServiceConfig {
+    fn default() -> Self {
+        Self {
+            staging_dir: std::env::temp_dir().join("refract-staging"),
+            max_message_bytes: 512 * 1024 * 1024,
+            advertised_host: None,
+            retain_artifacts: false,
+            max_retained_events: 100_000,
+            pipeline_options: Vec::new(),
+        }
+    }
+}

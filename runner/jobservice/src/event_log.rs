@@ -1,0 +1,287 @@
+//! A job's ordered history of state changes and messages, with wakeups for
+//! the streams that follow it.
+//!
+//! State changes and messages share one sequence so that a follower sees them
+//! in the order they happened; that is what lets a failing job's ERROR
+//! message reach the client before the FAILED state that ends the stream.
+
+use std::collections::VecDeque;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+use refract_proto::job_api::{job_message::MessageImportance, JobMessage, JobStateEvent};
+use refract_proto::prost_types::Timestamp;
+use tokio::sync::watch;
+
+use crate::job_state::{is_terminal, transition_allowed, JobState};
+
+/// One entry of the history.
+#[derive(Debug, Clone)]
+pub(crate) enum Event {
+    /// A message for the job's message stream.
+    Message(JobMessage),
+    /// A state change.
+    State(JobStateEvent),
+}
+
+/// A state change the state machine does not allow (including any change
+/// after a terminal state); it was not recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IllegalTransition {
+    pub from: JobState,
+    pub to: JobState,
+}
+
+/// The history plus the current state. All mutation happens under one lock,
+/// so a combined "message then state" append is atomic.
+pub(crate) struct EventLog {
+    inner: Mutex<Inner>,
+    /// Carries the sequence number one past the newest event, so followers
+    /// can sleep until something is appended.
+    appended: watch::Sender<u64>,
+}
+
+struct Inner {
+    state: JobStateEvent,
+    events: VecDeque<Event>,
+    /// Sequence number of `events[0]`.
+    first_seq: u64,
+    next_message_id: u64,
+    max_retained: usize,
+}
+
+impl Inner {
+    fn end_seq(&self) -> u64 {
+        self.first_seq + self.events.len() as u64
+    }
+
+    fn push(&mut self, event: Event) {
+        self.events.push_back(event);
+        // Always keep the newest event: it may be the terminal state that
+        // ends every stream.
+        while self.events.len() > self.max_retained.max(1) {
+            self.events.pop_front();
+            self.first_seq += 1;
+        }
+    }
+
+    fn push_message(&mut self, importance: MessageImportance, text: String) {
+        let message_id = self.next_message_id.to_string();
+        self.next_message_id += 1;
+        self.push(Event::Message(JobMessage {
+            message_id,
+            time: Timestamp::from(SystemTime::now()).to_string(),
+            importance: importance as i32,
+            message_text: text,
+        }));
+    }
+
+    fn push_state(&mut self, to: JobState) -> Result<JobStateEvent, IllegalTransition> {
+        let from = self.state.state();
+        if !transition_allowed(from, to) {
+            return Err(IllegalTransition { from, to });
+        }
+        let event = state_event(to);
+        self.state = event;
+        self.push(Event::State(event));
+        Ok(event)
+    }
+}
+
+fn state_event(state: JobState) -> JobStateEvent {
+    JobStateEvent {
+        state: state as i32,
+        timestamp: Some(Timestamp::from(SystemTime::now())),
+    }
+}
+
+/// What a follower gets when it reads past its cursor.
+pub(crate) struct ReadOutcome {
+    /// Events from the cursor (or the oldest retained one) to the end.
+    pub events: Vec<Event>,
+    /// Where to continue reading.
+    pub next: u64,
+    /// Events that were dropped before the follower read them.
+    pub missed: u64,
+}
+
+impl EventLog {
+    /// A log whose job starts in `STOPPED`, keeping at most `max_retained`
+    /// events for late subscribers.
+    pub(crate) fn new(max_retained: usize) -> Self {
+        let initial = state_event(JobState::Stopped);
+        let mut events = VecDeque::new();
+        events.push_back(Event::State(initial));
+        let (appended, _) = watch::channel(1);
+        Self {
+            inner: Mutex::new(Inner {
+                state: initial,
+                events,
+                first_seq: 0,
+                next_message_id: 1,
+                max_retained,
+            }),
+            appended,
+        }
+    }
+
+    /// The current state with the time it was entered.
+    pub(crate) fn current(&self) -> JobStateEvent {
+        self.inner.lock().state
+    }
+
+    /// The current state and the sequence number just past the newest event,
+    /// read together so that a follower starting there misses no change.
+    pub(crate) fn current_with_cursor(&self) -> (JobStateEvent, u64) {
+        let inner = self.inner.lock();
+        (inner.state, inner.end_seq())
+    }
+
+    /// Sequence number of the oldest retained event.
+    pub(crate) fn oldest_seq(&self) -> u64 {
+        self.inner.lock().first_seq
+    }
+
+    /// Records a state change if the state machine allows it.
+    pub(crate) fn set_state(&self, to: JobState) -> Result<JobStateEvent, IllegalTransition> {
+        let result = {
+            let mut inner = self.inner.lock();
+            let result = inner.push_state(to);
+            (result, inner.end_seq())
+        };
+        if result.0.is_ok() {
+            self.appended.send_replace(result.1);
+        }
+        result.0
+    }
+
+    /// Records `expected → to` only if the job is currently in `expected`
+    /// (a compare-and-set, so Run and Cancel cannot race past each other).
+    /// `Err` carries the actual current state.
+    pub(crate) fn set_state_if(&self, expected: JobState, to: JobState) -> Result<(), JobState> {
+        let end = {
+            let mut inner = self.inner.lock();
+            let current = inner.state.state();
+            if current != expected {
+                return Err(current);
+            }
+            inner.push_state(to).map_err(|illegal| illegal.from)?;
+            inner.end_seq()
+        };
+        self.appended.send_replace(end);
+        Ok(())
+    }
+
+    /// Records a message unless the job is already terminal (its streams have
+    /// ended, so nobody could see it). Returns whether it was recorded.
+    pub(crate) fn message(&self, importance: MessageImportance, text: String) -> bool {
+        let end = {
+            let mut inner = self.inner.lock();
+            if is_terminal(inner.state.state()) {
+                return false;
+            }
+            inner.push_message(importance, text);
+            inner.end_seq()
+        };
+        self.appended.send_replace(end);
+        true
+    }
+
+    /// Records an ERROR message and then `FAILED`, atomically, unless the job
+    /// is already terminal. Returns the new state event if it was recorded.
+    pub(crate) fn fail(&self, text: String) -> Result<JobStateEvent, IllegalTransition> {
+        let (event, end) = {
+            let mut inner = self.inner.lock();
+            let from = inner.state.state();
+            if !transition_allowed(from, JobState::Failed) {
+                return Err(IllegalTransition {
+                    from,
+                    to: JobState::Failed,
+                });
+            }
+            inner.push_message(MessageImportance::JobMessageError, text);
+            let event = inner.push_state(JobState::Failed)?;
+            (event, inner.end_seq())
+        };
+        self.appended.send_replace(end);
+        Ok(event)
+    }
+
+    /// Events from sequence number `from` on.
+    pub(crate) fn read_from(&self, from: u64) -> ReadOutcome {
+        let inner = self.inner.lock();
+        let start = from.max(inner.first_seq);
+        let skip = usize::try_from(start - inner.first_seq).unwrap_or(usize::MAX);
+        let events: Vec<Event> = inner.events.iter().skip(skip).cloned().collect();
+        ReadOutcome {
+            next: start + events.len() as u64,
+            missed: start - from,
+            events,
+        }
+    }
+
+    /// A receiver that changes whenever an event is appended.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.appended.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Message(m) => format!("msg:{}", m.message_text),
+                Event::State(s) => format!("state:{:?}", s.state()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fail_records_error_before_failed() {
+        let log = EventLog::new(100);
+        log.set_state(JobState::Running).unwrap();
+        log.fail("boom".into()).unwrap();
+        let read = log.read_from(0);
+        assert_eq!(
+            kinds(&read.events),
+            ["state:Stopped", "state:Running", "msg:boom", "state:Failed"]
+        );
+        assert_eq!(read.next, 4);
+        // Terminal is final: neither messages nor states are recorded.
+        assert!(!log.message(MessageImportance::JobMessageBasic, "late".into()));
+        assert!(log.set_state(JobState::Done).is_err());
+        assert!(log.fail("again".into()).is_err());
+        assert_eq!(log.read_from(0).events.len(), 4);
+    }
+
+    #[test]
+    fn retention_drops_oldest_and_reports_missed() {
+        let log = EventLog::new(2);
+        for i in 0..5 {
+            assert!(log.message(MessageImportance::JobMessageBasic, i.to_string()));
+        }
+        let read = log.read_from(0);
+        assert_eq!(kinds(&read.events), ["msg:3", "msg:4"]);
+        assert_eq!(read.missed, 4);
+        assert_eq!(read.next, 6);
+        assert_eq!(log.oldest_seq(), 4);
+    }
+
+    #[test]
+    fn illegal_transition_is_rejected() {
+        let log = EventLog::new(10);
+        log.set_state(JobState::Running).unwrap();
+        assert_eq!(
+            log.set_state(JobState::Starting),
+            Err(IllegalTransition {
+                from: JobState::Running,
+                to: JobState::Starting
+            })
+        );
+        assert_eq!(log.current().state(), JobState::Running);
+    }
+}

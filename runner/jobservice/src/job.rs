@@ -1,0 +1,296 @@
+//! One submitted job: what was submitted, where it is in its lifecycle, and
+//! the channels between the job service and the runner executing it.
+
+use std::path::PathBuf;
+
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::job_api::JobStateEvent;
+use refract_proto::pipeline::Pipeline;
+use refract_proto::prost_types;
+use tokio::sync::watch;
+
+use crate::artifacts::ArtifactStore;
+use crate::event_log::{EventLog, ReadOutcome};
+use crate::job_state::{is_terminal, JobState};
+use crate::metrics::JobMetrics;
+
+/// Progress of artifact staging for a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StagingStatus {
+    /// No client has offered artifacts yet.
+    NotStarted,
+    /// A reverse retrieval stream is transferring artifacts.
+    InProgress,
+    /// Every declared dependency was stored.
+    Done,
+    /// Staging failed with this text (the job is failed too).
+    Failed(String),
+}
+
+/// Everything [`Job::new`] needs besides the submission itself.
+pub(crate) struct JobSettings {
+    /// This job's own artifact directory.
+    pub artifact_dir: PathBuf,
+    /// Events kept for late message-stream subscribers.
+    pub max_retained_events: usize,
+    /// Keep staged files after the job ends.
+    pub retain_artifacts: bool,
+}
+
+/// One submitted job, shared between the job service and the runner. The
+/// runner drives it with [`Job::set_state`], [`Job::message`], [`Job::fail`]
+/// and [`Job::metrics`]; clients observe it through the Job API.
+pub struct Job {
+    id: String,
+    name: String,
+    pipeline: Pipeline,
+    options: prost_types::Struct,
+    artifacts: ArtifactStore,
+    metrics: JobMetrics,
+    log: EventLog,
+    cancel: watch::Sender<bool>,
+    staging: watch::Sender<StagingStatus>,
+    retain_artifacts: bool,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// A job in state `STOPPED`, as Prepare creates it.
+    pub(crate) fn new(
+        id: String,
+        name: String,
+        pipeline: Pipeline,
+        options: prost_types::Struct,
+        settings: JobSettings,
+    ) -> Self {
+        let artifacts = match pipeline.components.as_ref() {
+            Some(components) => ArtifactStore::new(settings.artifact_dir, &components.environments),
+            None => ArtifactStore::new(settings.artifact_dir, &Default::default()),
+        };
+        Self {
+            id,
+            name,
+            pipeline,
+            options,
+            artifacts,
+            metrics: JobMetrics::default(),
+            log: EventLog::new(settings.max_retained_events),
+            cancel: watch::channel(false).0,
+            staging: watch::channel(StagingStatus::NotStarted).0,
+            retain_artifacts: settings.retain_artifacts,
+        }
+    }
+
+    /// The job id, which is also its preparation id and staging token, so
+    /// clients may use the id Prepare returned everywhere.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The job name the client gave in Prepare.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pipeline as submitted (dependencies as the SDK declared them; use
+    /// [`ArtifactStore::resolved_dependencies`] for the staged files).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// The pipeline options as sent in Prepare (keys `beam:option:<name>:v1`).
+    pub fn options(&self) -> &prost_types::Struct {
+        &self.options
+    }
+
+    /// What was staged for this job, for provisioning SDK harnesses.
+    pub fn artifacts(&self) -> &ArtifactStore {
+        &self.artifacts
+    }
+
+    /// The current lifecycle state.
+    pub fn state(&self) -> JobState {
+        self.log.current().state()
+    }
+
+    /// Moves the job to `state` if the state machine allows it
+    /// (`STOPPED → STARTING → RUNNING → DONE | FAILED | CANCELLING →
+    /// CANCELLED …`, optional steps may be skipped). Illegal moves, and any
+    /// move after a terminal state, are logged and ignored, so a late report
+    /// from a worker cannot resurrect a finished job. For failures prefer
+    /// [`Job::fail`], which also tells the client why.
+    pub fn set_state(&self, state: JobState) {
+        match self.log.set_state(state) {
+            Ok(_) => self.on_state_changed(state),
+            Err(illegal) => tracing::warn!(
+                job_id = %self.id,
+                from = ?illegal.from,
+                to = ?illegal.to,
+                "ignoring illegal job state transition"
+            ),
+        }
+    }
+
+    /// Posts a message to the job's message stream (e.g. a harness log line
+    /// or a runner notice). Ignored once the job is terminal, because its
+    /// streams have ended.
+    pub fn message(&self, importance: MessageImportance, text: impl Into<String>) {
+        let text = text.into();
+        tracing::debug!(job_id = %self.id, ?importance, %text, "job message");
+        if !self.log.message(importance, text) {
+            tracing::debug!(job_id = %self.id, "dropping message for a finished job");
+        }
+    }
+
+    /// Fails the job: posts `error_text` as a `JOB_MESSAGE_ERROR`, then moves
+    /// to `FAILED`, atomically and in that order, so clients that stop at the
+    /// FAILED state have already received the text (the Python SDK raises
+    /// with the last ERROR message). Pass the SDK's error unabridged. Ignored,
+    /// with a log line, if the job is already terminal.
+    pub fn fail(&self, error_text: impl Into<String>) {
+        let text = error_text.into();
+        match self.log.fail(text.clone()) {
+            Ok(_) => {
+                tracing::info!(job_id = %self.id, error = %text, "job failed");
+                self.on_state_changed(JobState::Failed);
+            }
+            Err(illegal) => tracing::warn!(
+                job_id = %self.id,
+                state = ?illegal.from,
+                error = %text,
+                "ignoring failure of a job that already ended"
+            ),
+        }
+    }
+
+    /// Becomes `true` when a client cancels the job. The runner should watch
+    /// it (`rx.wait_for(|c| *c)` also sees a request made before the call),
+    /// stop the work, and then `set_state(CANCELLED)`; the job is already in
+    /// `CANCELLING` by then.
+    pub fn cancel_requested(&self) -> watch::Receiver<bool> {
+        self.cancel.subscribe()
+    }
+
+    /// The job's committed metrics; the runner commits each successful
+    /// bundle's MonitoringInfos here.
+    pub fn metrics(&self) -> &JobMetrics {
+        &self.metrics
+    }
+
+    /// The current state with the time it was entered, for `GetState`.
+    pub(crate) fn state_event(&self) -> JobStateEvent {
+        self.log.current()
+    }
+
+    /// The current state event and the history cursor just past it.
+    pub(crate) fn state_with_cursor(&self) -> (JobStateEvent, u64) {
+        self.log.current_with_cursor()
+    }
+
+    /// Cursor of the oldest retained history event.
+    pub(crate) fn oldest_event(&self) -> u64 {
+        self.log.oldest_seq()
+    }
+
+    /// History from `cursor` on.
+    pub(crate) fn read_events(&self, cursor: u64) -> ReadOutcome {
+        self.log.read_from(cursor)
+    }
+
+    /// Wakes whenever history is appended.
+    pub(crate) fn watch_events(&self) -> watch::Receiver<u64> {
+        self.log.subscribe()
+    }
+
+    /// Moves `STOPPED → STARTING` for Run; `Err(current state)` if the job
+    /// is not `STOPPED` (already run, cancelled or failed).
+    pub(crate) fn begin_run(&self) -> Result<(), JobState> {
+        self.transition_from(JobState::Stopped, JobState::Starting)
+    }
+
+    /// Handles a Cancel request and returns the resulting state: a job that
+    /// never ran is cancelled at once; a running one gets its cancel flag
+    /// raised and moves to `CANCELLING`; a finished one is left alone.
+    pub(crate) fn request_cancel(&self) -> JobState {
+        if self
+            .transition_from(JobState::Stopped, JobState::Cancelled)
+            .is_ok()
+        {
+            return JobState::Cancelled;
+        }
+        let current = self.state();
+        if is_terminal(current) {
+            return current;
+        }
+        self.cancel.send_replace(true);
+        if current != JobState::Cancelling {
+            self.set_state(JobState::Cancelling);
+        }
+        self.state()
+    }
+
+    fn transition_from(&self, expected: JobState, to: JobState) -> Result<(), JobState> {
+        match self.log.set_state_if(expected, to) {
+            Ok(()) => {
+                self.on_state_changed(to);
+                Ok(())
+            }
+            Err(current) => Err(current),
+        }
+    }
+
+    fn on_state_changed(&self, state: JobState) {
+        tracing::info!(job_id = %self.id, ?state, "job state changed");
+        if is_terminal(state) && !self.retain_artifacts {
+            self.artifacts.remove_files();
+        }
+    }
+
+    /// Claims artifact staging for one reverse retrieval stream. Fails with
+    /// the reason if another stream is staging or the job already ended.
+    pub(crate) fn begin_staging(&self) -> Result<(), String> {
+        let state = self.state();
+        if is_terminal(state) {
+            return Err(format!("job {} already ended in state {state:?}", self.id));
+        }
+        let mut claimed = false;
+        self.staging.send_if_modified(|status| {
+            if *status == StagingStatus::InProgress {
+                return false;
+            }
+            *status = StagingStatus::InProgress;
+            claimed = true;
+            true
+        });
+        if claimed {
+            Ok(())
+        } else {
+            Err(format!(
+                "artifacts of job {} are already being staged",
+                self.id
+            ))
+        }
+    }
+
+    /// Records the outcome of staging.
+    pub(crate) fn finish_staging(&self, outcome: Result<(), String>) {
+        self.staging.send_replace(match outcome {
+            Ok(()) => StagingStatus::Done,
+            Err(text) => StagingStatus::Failed(text),
+        });
+    }
+
+    /// Follows staging progress (Run waits for an in-flight transfer).
+    pub(crate) fn watch_staging(&self) -> watch::Receiver<StagingStatus> {
+        self.staging.subscribe()
+    }
+}

@@ -1,0 +1,34 @@
+//! Beam's Job API for Refract.
+//!
+//! This crate owns everything a Beam SDK talks to before and around execution:
+//! the `JobService` (prepare, run, state and message streams, cancel, metrics)
+//! and the `ArtifactStagingService` (the server-driven reverse retrieval
+//! protocol), both served by [`serve`] on one port. Execution itself lives
+//! elsewhere: the runner implements [`JobRunner`] and drives each submitted
+//! [`Job`] through its state machine, posts its messages and commits its
+//! metrics.
+
+#![warn(missing_docs)]
+
+mod artifacts;
+mod config;
+mod error;
+mod event_log;
+mod job;
+mod job_state;
+mod metrics;
+mod registry;
+mod runner;
+mod server;
+mod service;
+mod staging;
+mod streams;
+
+pub use artifacts::ArtifactStore;
+pub use config::JobServiceConfig;
+pub use error::JobServiceError;
+pub use job::Job;
+pub use job_state::{is_terminal, JobState};
+pub use metrics::JobMetrics;
+pub use runner::JobRunner;
+pub use server::serve;

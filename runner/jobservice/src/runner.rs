@@ -1,0 +1,26 @@
+//! The seam between the job service and execution.
+
+use std::sync::Arc;
+
+use refract_proto::{pipeline::Pipeline, prost_types};
+
+use crate::Job;
+
+/// Implemented by the runner: the job service handles the Job API and calls
+/// into this trait for everything that needs knowledge of execution.
+pub trait JobRunner: Send + Sync + 'static {
+    /// Called in Prepare, so unsupported pipelines are rejected before the
+    /// client stages artifacts. `Err(text)` makes Prepare fail with
+    /// `INVALID_ARGUMENT` carrying that text, which the Python SDK raises
+    /// from `pipeline.run()`; make it name what is unsupported and where
+    /// (e.g. `unsupported transform URN beam:transform:foo:v1 (transform 'X')`).
+    /// Runs on a blocking thread, so it may take a while on large pipelines.
+    fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String>;
+
+    /// Called in Run after the job moved to `STARTING`; must return promptly
+    /// (spawn the work) because Run answers only after it returns. The runner
+    /// then drives the job through [`Job`]'s methods: `set_state(RUNNING)`,
+    /// `message`, `metrics().commit`, and finally `set_state(DONE)`,
+    /// `fail(text)`, or `set_state(CANCELLED)` after a cancel request.
+    fn start(&self, job: Arc<Job>);
+}

@@ -1,0 +1,262 @@
+//! `JobService`: the Job API methods, translating between gRPC and [`Job`].
+
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use refract_proto::job_api::job_service_server::JobService;
+use refract_proto::job_api::{
+    CancelJobRequest, CancelJobResponse, DescribePipelineOptionsRequest,
+    DescribePipelineOptionsResponse, DrainJobRequest, DrainJobResponse, GetJobMetricsRequest,
+    GetJobMetricsResponse, GetJobPipelineRequest, GetJobPipelineResponse, GetJobStateRequest,
+    GetJobsRequest, GetJobsResponse, JobInfo, JobMessagesRequest, JobMessagesResponse,
+    JobStateEvent, PipelineOptionDescriptor, PrepareJobRequest, PrepareJobResponse, RunJobRequest,
+    RunJobResponse,
+};
+use refract_proto::pipeline::ApiServiceDescriptor;
+use refract_proto::tonic::{self, Request, Response, Status};
+use tokio::sync::watch;
+
+use crate::job::{Job, StagingStatus};
+use crate::registry::JobRegistry;
+use crate::streams::{message_stream, state_stream};
+use crate::JobRunner;
+
+/// Job name used when a client sends none.
+const DEFAULT_JOB_NAME: &str = "job";
+
+/// The Job API implementation.
+pub(crate) struct JobServiceImpl {
+    registry: Arc<JobRegistry>,
+    runner: Arc<dyn JobRunner>,
+    /// `host:port` clients should stage artifacts to (this server).
+    staging_endpoint: String,
+    pipeline_options: Vec<PipelineOptionDescriptor>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl JobServiceImpl {
+    pub(crate) fn new(
+        registry: Arc<JobRegistry>,
+        runner: Arc<dyn JobRunner>,
+        staging_endpoint: String,
+        pipeline_options: Vec<PipelineOptionDescriptor>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            registry,
+            runner,
+            staging_endpoint,
+            pipeline_options,
+            shutdown,
+        }
+    }
+
+    // Handlers must return `Status` by value (tonic's signature), so boxing
+    // it here would only move the allocation.
+    #[allow(clippy::result_large_err)]
+    fn job(&self, method: &str, id: &str) -> Result<Arc<Job>, Status> {
+        self.registry
+            .get(id)
+            .ok_or_else(|| reject(method, Status::not_found(format!("no job with id {id:?}"))))
+    }
+}
+
+/// Logs a refused request and passes its status through.
+fn reject(method: &str, status: Status) -> Status {
+    tracing::info!(method, code = ?status.code(), message = status.message(), "rejected job service request");
+    status
+}
+
+#[tonic::async_trait]
+impl JobService for JobServiceImpl {
+    async fn prepare(
+        &self,
+        request: Request<PrepareJobRequest>,
+    ) -> Result<Response<PrepareJobResponse>, Status> {
+        let request = request.into_inner();
+        let Some(pipeline) = request.pipeline else {
+            return Err(reject(
+                "Prepare",
+                Status::invalid_argument("PrepareJobRequest has no pipeline"),
+            ));
+        };
+        let options = request.pipeline_options.unwrap_or_default();
+        let name = if request.job_name.is_empty() {
+            DEFAULT_JOB_NAME.to_string()
+        } else {
+            request.job_name
+        };
+
+        // Validation may plan the whole pipeline: keep it off the reactor.
+        let runner = Arc::clone(&self.runner);
+        let (pipeline, options, verdict) = tokio::task::spawn_blocking(move || {
+            let verdict = runner.validate(&pipeline, &options);
+            (pipeline, options, verdict)
+        })
+        .await
+        .map_err(|e| {
+            reject(
+                "Prepare",
+                Status::internal(format!("pipeline validation crashed: {e}")),
+            )
+        })?;
+        if let Err(text) = verdict {
+            return Err(reject("Prepare", Status::invalid_argument(text)));
+        }
+
+        let job = self.registry.create(name, pipeline, options);
+        tracing::info!(job_id = %job.id(), name = %job.name(), "prepared job");
+        Ok(Response::new(PrepareJobResponse {
+            preparation_id: job.id().to_string(),
+            artifact_staging_endpoint: Some(ApiServiceDescriptor {
+                url: self.staging_endpoint.clone(),
+                ..Default::default()
+            }),
+            staging_session_token: job.id().to_string(),
+        }))
+    }
+
+    async fn run(
+        &self,
+        request: Request<RunJobRequest>,
+    ) -> Result<Response<RunJobResponse>, Status> {
+        let id = request.into_inner().preparation_id;
+        let job = self.job("Run", &id)?;
+
+        // A transfer still in flight finishes first, so the runner sees every
+        // staged file.
+        let mut staging = job.watch_staging();
+        let status = staging
+            .wait_for(|s| *s != StagingStatus::InProgress)
+            .await
+            .map(|s| s.clone())
+            .unwrap_or(StagingStatus::NotStarted);
+        match status {
+            StagingStatus::Failed(text) => {
+                return Err(reject("Run", Status::failed_precondition(text)))
+            }
+            StagingStatus::NotStarted if !job.artifacts().pending().is_empty() => {
+                tracing::warn!(job_id = %id, "running a job whose dependencies were never staged");
+            }
+            _ => {}
+        }
+
+        if let Err(state) = job.begin_run() {
+            return Err(reject(
+                "Run",
+                Status::failed_precondition(format!(
+                    "job {id} is {state:?}; only a prepared (STOPPED) job can be run"
+                )),
+            ));
+        }
+        let runner = Arc::clone(&self.runner);
+        let started = Arc::clone(&job);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || runner.start(started)))
+            .is_err()
+        {
+            job.fail("the runner crashed while starting the job");
+        }
+        Ok(Response::new(RunJobResponse { job_id: id }))
+    }
+
+    async fn get_jobs(
+        &self,
+        _request: Request<GetJobsRequest>,
+    ) -> Result<Response<GetJobsResponse>, Status> {
+        let job_info = self
+            .registry
+            .all()
+            .iter()
+            .map(|job| JobInfo {
+                job_id: job.id().to_string(),
+                job_name: job.name().to_string(),
+                pipeline_options: Some(job.options().clone()),
+                state: job.state() as i32,
+            })
+            .collect();
+        Ok(Response::new(GetJobsResponse { job_info }))
+    }
+
+    async fn get_state(
+        &self,
+        request: Request<GetJobStateRequest>,
+    ) -> Result<Response<JobStateEvent>, Status> {
+        let job = self.job("GetState", &request.into_inner().job_id)?;
+        Ok(Response::new(job.state_event()))
+    }
+
+    async fn get_pipeline(
+        &self,
+        request: Request<GetJobPipelineRequest>,
+    ) -> Result<Response<GetJobPipelineResponse>, Status> {
+        let job = self.job("GetPipeline", &request.into_inner().job_id)?;
+        Ok(Response::new(GetJobPipelineResponse {
+            pipeline: Some(job.pipeline().clone()),
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<CancelJobRequest>,
+    ) -> Result<Response<CancelJobResponse>, Status> {
+        let job = self.job("Cancel", &request.into_inner().job_id)?;
+        let state = job.request_cancel();
+        tracing::info!(job_id = %job.id(), ?state, "cancel requested");
+        Ok(Response::new(CancelJobResponse {
+            state: state as i32,
+        }))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<DrainJobRequest>,
+    ) -> Result<Response<DrainJobResponse>, Status> {
+        let job = self.job("Drain", &request.into_inner().job_id)?;
+        Err(reject(
+            "Drain",
+            Status::failed_precondition(format!(
+                "drain is not supported yet (job {}); cancel the job instead",
+                job.id()
+            )),
+        ))
+    }
+
+    type GetStateStreamStream = BoxStream<'static, Result<JobStateEvent, Status>>;
+
+    async fn get_state_stream(
+        &self,
+        request: Request<GetJobStateRequest>,
+    ) -> Result<Response<Self::GetStateStreamStream>, Status> {
+        let job = self.job("GetStateStream", &request.into_inner().job_id)?;
+        Ok(Response::new(state_stream(job, self.shutdown.clone())))
+    }
+
+    type GetMessageStreamStream = BoxStream<'static, Result<JobMessagesResponse, Status>>;
+
+    async fn get_message_stream(
+        &self,
+        request: Request<JobMessagesRequest>,
+    ) -> Result<Response<Self::GetMessageStreamStream>, Status> {
+        let job = self.job("GetMessageStream", &request.into_inner().job_id)?;
+        Ok(Response::new(message_stream(job, self.shutdown.clone())))
+    }
+
+    async fn get_job_metrics(
+        &self,
+        request: Request<GetJobMetricsRequest>,
+    ) -> Result<Response<GetJobMetricsResponse>, Status> {
+        let job = self.job("GetJobMetrics", &request.into_inner().job_id)?;
+        Ok(Response::new(GetJobMetricsResponse {
+            metrics: Some(job.metrics().snapshot()),
+        }))
+    }
+
+    async fn describe_pipeline_options(
+        &self,
+        _request: Request<DescribePipelineOptionsRequest>,
+    ) -> Result<Response<DescribePipelineOptionsResponse>, Status> {
+        Ok(Response::new(DescribePipelineOptionsResponse {
+            options: self.pipeline_options.clone(),
+        }))
+    }
+}

@@ -1,0 +1,137 @@
+//! `GetStateStream` and `GetMessageStream`: follow a job's history until it
+//! ends.
+//!
+//! Both streams end right after the terminal state, which is what lets SDK
+//! clients finish without waiting on a timeout; both end with `UNAVAILABLE`
+//! when the server shuts down, so a graceful shutdown is not held up by
+//! subscribers of jobs that are still running.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use refract_proto::job_api::{job_messages_response, JobMessagesResponse, JobStateEvent};
+use refract_proto::tonic::Status;
+use tokio::sync::watch;
+
+use crate::event_log::Event;
+use crate::job::Job;
+use crate::job_state::is_terminal;
+
+/// The current state immediately, then each change, ending after a terminal
+/// state.
+pub(crate) fn state_stream(
+    job: Arc<Job>,
+    shutdown: watch::Receiver<bool>,
+) -> BoxStream<'static, Result<JobStateEvent, Status>> {
+    let (current, cursor) = job.state_with_cursor();
+    let first = stream::once(futures::future::ready(Ok(current)));
+    if is_terminal(current.state()) {
+        return first.boxed();
+    }
+    let follower = Follower::new(job, cursor, shutdown);
+    let rest = stream::unfold(Some(follower), |follower| async move {
+        let mut follower = follower?;
+        loop {
+            match follower.next().await {
+                Ok(Event::State(event)) => {
+                    let next = (!is_terminal(event.state())).then_some(follower);
+                    return Some((Ok(event), next));
+                }
+                Ok(Event::Message(_)) => continue,
+                Err(status) => return Some((Err(status), None)),
+            }
+        }
+    });
+    first.chain(rest).boxed()
+}
+
+/// The retained history of messages and state changes, then live ones,
+/// ending after a terminal state (which comes after a failure's ERROR
+/// message).
+pub(crate) fn message_stream(
+    job: Arc<Job>,
+    shutdown: watch::Receiver<bool>,
+) -> BoxStream<'static, Result<JobMessagesResponse, Status>> {
+    let cursor = job.oldest_event();
+    let follower = Follower::new(job, cursor, shutdown);
+    stream::unfold(Some(follower), |follower| async move {
+        let mut follower = follower?;
+        match follower.next().await {
+            Ok(Event::Message(message)) => Some((
+                Ok(JobMessagesResponse {
+                    response: Some(job_messages_response::Response::MessageResponse(message)),
+                }),
+                Some(follower),
+            )),
+            Ok(Event::State(event)) => {
+                let next = (!is_terminal(event.state())).then_some(follower);
+                Some((
+                    Ok(JobMessagesResponse {
+                        response: Some(job_messages_response::Response::StateResponse(event)),
+                    }),
+                    next,
+                ))
+            }
+            Err(status) => Some((Err(status), None)),
+        }
+    })
+    .boxed()
+}
+
+/// Reads a job's history in order from a cursor, sleeping while there is
+/// nothing new.
+struct Follower {
+    job: Arc<Job>,
+    cursor: u64,
+    wake: watch::Receiver<u64>,
+    shutdown: watch::Receiver<bool>,
+    buffered: VecDeque<Event>,
+}
+
+impl Follower {
+    fn new(job: Arc<Job>, cursor: u64, shutdown: watch::Receiver<bool>) -> Self {
+        let wake = job.watch_events();
+        Self {
+            job,
+            cursor,
+            wake,
+            shutdown,
+            buffered: VecDeque::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Result<Event, Status> {
+        loop {
+            if let Some(event) = self.buffered.pop_front() {
+                return Ok(event);
+            }
+            // Mark the wakeup as seen before reading, so an append between
+            // the read and the wait still wakes us.
+            self.wake.borrow_and_update();
+            let read = self.job.read_events(self.cursor);
+            if read.missed > 0 {
+                tracing::warn!(
+                    job_id = %self.job.id(),
+                    missed = read.missed,
+                    "slow job stream subscriber missed events beyond the retention limit"
+                );
+            }
+            self.cursor = read.next;
+            if !read.events.is_empty() {
+                self.buffered.extend(read.events);
+                continue;
+            }
+            tokio::select! {
+                changed = self.wake.changed() => {
+                    if changed.is_err() {
+                        return Err(Status::aborted("job history closed"));
+                    }
+                }
+                _ = self.shutdown.wait_for(|stop| *stop) => {
+                    return Err(Status::unavailable("job service is shutting down"));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! Job API behaviour: options, validation, lifecycle, streams, cancel,
+//! metrics, and the error statuses of malformed or unknown requests.
+
+use std::collections::HashMap;
+
+use refract_proto::job_api::job_state::Enum as State;
+use refract_proto::job_api::{
+    CancelJobRequest, DescribePipelineOptionsRequest, DrainJobRequest, GetJobMetricsRequest,
+    GetJobPipelineRequest, GetJobStateRequest, GetJobsRequest, JobMessagesRequest,
+    PrepareJobRequest, RunJobRequest,
+};
+use refract_proto::tonic::Code;
+
+use crate::harness::*;
+
+fn decode_varints(mut bytes: &[u8]) -> Vec<u64> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let mut v = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = bytes[0];
+            bytes = &bytes[1..];
+            v |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        out.push(v);
+    }
+    out
+}
+
+#[tokio::test]
+async fn options_probe_and_malformed_requests_get_statuses() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+
+    let options = jobs
+        .describe_pipeline_options(DescribePipelineOptionsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(options.options.is_empty());
+
+    // The Python test harness's readiness probe.
+    let probe = jobs
+        .get_state(GetJobStateRequest {
+            job_id: "[fake]".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(probe.code(), Code::NotFound);
+
+    let no_pipeline = jobs
+        .prepare(PrepareJobRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(no_pipeline.code(), Code::InvalidArgument);
+
+    let unsupported = jobs
+        .prepare(prepare_request(pipeline(vec![], UNSUPPORTED_URN), "done"))
+        .await
+        .unwrap_err();
+    assert_eq!(unsupported.code(), Code::InvalidArgument);
+    assert!(
+        unsupported
+            .message()
+            .contains("unsupported transform URN beam:transform:foo:v1 (transform 'Outer/X'"),
+        "{}",
+        unsupported.message()
+    );
+
+    for code in [
+        jobs.run(RunJobRequest {
+            preparation_id: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        jobs.cancel(CancelJobRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        jobs.get_job_metrics(GetJobMetricsRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        jobs.get_state_stream(GetJobStateRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        jobs.get_message_stream(JobMessagesRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .unwrap_err()
+        .code(),
+    ] {
+        assert_eq!(code, Code::NotFound);
+    }
+
+    let prepared = jobs
+        .prepare(prepare_request(
+            pipeline(vec![], "beam:transform:impulse:v1"),
+            "done",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let drain = jobs
+        .drain(DrainJobRequest {
+            job_id: prepared.preparation_id,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(drain.code(), Code::FailedPrecondition);
+    assert!(drain.message().contains("drain is not supported yet"));
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn successful_job_streams_states_messages_and_metrics() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let submitted = pipeline(vec![("py", vec![])], "beam:transform:impulse:v1");
+    let prepared = jobs
+        .prepare(prepare_request(submitted.clone(), "done"))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = prepared.preparation_id.clone();
+    assert_eq!(prepared.staging_session_token, id);
+    assert_eq!(
+        prepared.artifact_staging_endpoint.unwrap().url,
+        server.addr.to_string()
+    );
+
+    // Nothing to stage: the server closes the stream at once.
+    let mut staging = server.staging(&server.addr.to_string()).await;
+    let offered = offer_artifacts(&mut staging, &id, &HashMap::new(), 1024)
+        .await
+        .unwrap();
+    assert!(offered.requested.is_empty());
+
+    // Subscribed with the preparation id before Run, as the Python SDK does.
+    let mut states = jobs
+        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = states.message().await.unwrap().unwrap();
+    assert_eq!(first.state(), State::Stopped);
+    let mut messages = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+
+    let run = jobs
+        .run(RunJobRequest {
+            preparation_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(run.job_id, id);
+
+    let rest: Vec<State> = drain(&mut states)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state())
+        .collect();
+    assert_eq!(rest, [State::Starting, State::Running, State::Done]);
+    let messages = describe_messages(&drain(&mut messages).await.unwrap());
+    assert_eq!(
+        messages,
+        [
+            "state Stopped",
+            "state Starting",
+            "state Running",
+            "JobMessageBasic: hello from the runner",
+            "state Done",
+        ]
+    );
+
+    let state = jobs
+        .get_state(GetJobStateRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state.state(), State::Done);
+    assert!(state.timestamp.is_some());
+
+    // Late subscribers get the final state / the history, then the end.
+    let mut late = jobs
+        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let late: Vec<State> = drain(&mut late)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state())
+        .collect();
+    assert_eq!(late, [State::Done]);
+    let mut late = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        describe_messages(&drain(&mut late).await.unwrap()),
+        messages
+    );
+
+    let listed = jobs.get_jobs(GetJobsRequest {}).await.unwrap().into_inner();
+    assert_eq!(listed.job_info.len(), 1);
+    assert_eq!(listed.job_info[0].job_id, id);
+    assert_eq!(listed.job_info[0].state(), State::Done);
+    assert_eq!(listed.job_info[0].pipeline_options, Some(options("done")));
+
+    let fetched = jobs
+        .get_pipeline(GetJobPipelineRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fetched.pipeline, Some(submitted));
+
+    let again = jobs
+        .run(RunJobRequest {
+            preparation_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition);
+
+    let metrics = jobs
+        .get_job_metrics(GetJobMetricsRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .metrics
+        .unwrap();
+    assert_eq!(metrics.committed, metrics.attempted);
+    let mut by_name: HashMap<String, (String, Vec<u64>)> = HashMap::new();
+    for info in &metrics.committed {
+        assert!(info.urn.starts_with("beam:metric:user:"), "{}", info.urn);
+        by_name.insert(
+            info.labels["NAME"].clone(),
+            (
+                info.labels["PTRANSFORM"].clone(),
+                decode_varints(&info.payload),
+            ),
+        );
+    }
+    assert_eq!(by_name.len(), 2);
+    // Counter: 1 + 2, relabelled to the unique name.
+    assert_eq!(by_name["counter"], ("count1".to_string(), vec![3]));
+    // Distribution: {3} merged with {1, 5}; no name mapping for this id.
+    assert_eq!(
+        by_name["distribution"],
+        ("ref_dist_7".to_string(), vec![3, 9, 1, 5])
+    );
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_job_sends_error_text_before_failed() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let id = jobs
+        .prepare(prepare_request(
+            pipeline(vec![], "beam:transform:impulse:v1"),
+            "fail",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .preparation_id;
+    let mut messages = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let items = drain(&mut messages).await.unwrap();
+    assert_eq!(
+        describe_messages(&items),
+        [
+            "state Stopped",
+            "state Starting",
+            "state Running",
+            "JobMessageBasic: about to fail",
+            "JobMessageError: ValueError: boom [while running 'StageC']",
+            "state Failed",
+        ]
+    );
+    // The whole traceback survives, not just its last line.
+    use refract_proto::job_api::job_messages_response::Response;
+    let error = items
+        .iter()
+        .find_map(|i| match i.response.as_ref() {
+            Some(Response::MessageResponse(m)) if m.importance == 5 => Some(m.message_text.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(error, FAILURE_TEXT);
+
+    let state = jobs
+        .get_state(GetJobStateRequest { job_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state.state(), State::Failed);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancel_running_and_prepared_jobs() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+
+    let id = jobs
+        .prepare(prepare_request(
+            pipeline(vec![], "beam:transform:impulse:v1"),
+            "cancel",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .preparation_id;
+    let mut states = jobs
+        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Wait until the runner reports RUNNING, then cancel.
+    loop {
+        let event = states.message().await.unwrap().unwrap();
+        if event.state() == State::Running {
+            break;
+        }
+    }
+    let cancelled = jobs
+        .cancel(CancelJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        matches!(cancelled.state(), State::Cancelling | State::Cancelled),
+        "{:?}",
+        cancelled.state()
+    );
+    let rest: Vec<State> = drain(&mut states)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state())
+        .collect();
+    assert_eq!(rest, [State::Cancelling, State::Cancelled]);
+    // Cancelling a finished job reports its final state.
+    let again = jobs
+        .cancel(CancelJobRequest { job_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.state(), State::Cancelled);
+
+    // A job that was never run is cancelled at once and cannot run later.
+    let id = jobs
+        .prepare(prepare_request(
+            pipeline(vec![], "beam:transform:impulse:v1"),
+            "done",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .preparation_id;
+    let cancelled = jobs
+        .cancel(CancelJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cancelled.state(), State::Cancelled);
+    let run = jobs
+        .run(RunJobRequest {
+            preparation_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(run.code(), Code::FailedPrecondition);
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_ends_streams_of_running_jobs() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let id = jobs
+        .prepare(prepare_request(
+            pipeline(vec![], "beam:transform:impulse:v1"),
+            "hang",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .preparation_id;
+    let mut messages = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let reader = tokio::spawn(async move { drain(&mut messages).await });
+    // Let the stream reach the live part.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    server.shutdown().await.unwrap();
+    let ended = reader.await.unwrap();
+    assert_eq!(ended.unwrap_err().code(), Code::Unavailable);
+}

@@ -1,0 +1,175 @@
+//! Command-line flags.
+//!
+//! Beam's SDKs start a Prism binary with Go-style flags (`-job_port=8073`,
+//! `--serve_http=false`), and Beam's test suites start it as
+//! `BIN --job_port N` with no subcommand. Refract accepts all of those
+//! spellings so that it can stand in for Prism unchanged; `serve` is the
+//! explicit form of the same thing.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Refract: a portable Apache Beam runner.
+#[derive(Debug, Parser)]
+#[command(name = "refract", version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Flags of `serve`, accepted without the subcommand as Beam launches Prism.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the Beam Job API and run submitted pipelines.
+    Serve(ServeArgs),
+}
+
+/// Flags of the job server.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Port of the Job API (and artifact staging); 0 picks a free port.
+    #[arg(long = "job_port", default_value_t = 8073)]
+    pub job_port: u16,
+    /// Address to listen on. Anyone who can reach the job port can run code
+    /// on this machine: keep the default unless the network is trusted.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Log level: debug, info, warn or error.
+    #[arg(long = "log_level", default_value = "info")]
+    pub log_level: LogLevel,
+    /// Log format: text, json, dev or console.
+    #[arg(long = "log_kind", default_value = "text")]
+    pub log_kind: LogKind,
+    /// Serve the web UI (accepted for Prism compatibility; no UI yet).
+    #[arg(long = "serve_http", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub serve_http: bool,
+    /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
+    #[arg(long = "idle_shutdown_timeout", default_value = "0")]
+    pub idle_shutdown_timeout: String,
+    /// Where staged artifacts are kept (default: a temporary directory).
+    #[arg(long = "staging_dir")]
+    pub staging_dir: Option<PathBuf>,
+}
+
+/// Log verbosity, as Beam's PrismRunner names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogLevel {
+    /// Everything.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Problems only.
+    Warn,
+    /// Failures only.
+    Error,
+}
+
+/// Log format, as Beam's PrismRunner names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogKind {
+    /// Human-readable lines.
+    Text,
+    /// Human-readable, with colours.
+    Dev,
+    /// Same as text.
+    Console,
+    /// JSON lines.
+    Json,
+}
+
+/// Turn Go-style single-dash long flags (`-job_port=1`) into `--job_port=1`.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let single_dash_long = i > 0
+                && a.len() > 2
+                && a.starts_with('-')
+                && !a.starts_with("--")
+                && a[1..].chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+            if single_dash_long {
+                format!("-{a}")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+/// Parse a Go duration such as `90s`, `5m`, `1h30m` or `250ms` (0 = none).
+pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    if s == "0" || s.is_empty() {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("duration '{s}' lacks a unit (ns, us, ms, s, m, h)"))?;
+        let value: f64 = rest[..num_end]
+            .parse()
+            .map_err(|_| format!("invalid duration '{s}'"))?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            other => return Err(format!("unknown unit '{other}' in duration '{s}'")),
+        };
+        total += value * scale;
+        rest = &rest[unit_end..];
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(normalize_args(args.iter().map(|s| s.to_string())))
+    }
+
+    #[test]
+    fn accepts_prism_style_flags() {
+        let cli = parse(&["refract", "-job_port=9000", "-serve_http=false", "-idle_shutdown_timeout=5m"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.serve.job_port, 9000);
+        assert!(!cli.serve.serve_http);
+        let cli = parse(&[
+            "refract", "--job_port", "9001", "--log_level", "warn", "--log_kind", "json", "--serve_http=false",
+        ])
+        .unwrap();
+        assert_eq!(cli.serve.job_port, 9001);
+        let cli = parse(&["refract", "serve", "--job_port", "9002"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Serve(ServeArgs { job_port: 9002, .. }))));
+    }
+
+    #[test]
+    fn rejects_unknown_flags() {
+        assert!(parse(&["refract", "--no_such_flag"]).is_err());
+        assert!(parse(&["refract", "--log_level", "loud"]).is_err());
+    }
+
+    #[test]
+    fn parses_go_durations() {
+        assert_eq!(parse_go_duration("0").unwrap().as_secs(), 0);
+        assert_eq!(parse_go_duration("1h30m").unwrap().as_secs(), 5400);
+        assert_eq!(parse_go_duration("250ms").unwrap().as_millis(), 250);
+        assert!(parse_go_duration("5").is_err());
+        assert!(parse_go_duration("5y").is_err());
+    }
+}

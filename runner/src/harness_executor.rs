@@ -1,0 +1,167 @@
+//! Runs the engine's SDK-stage bundles on SDK harness workers.
+//!
+//! The engine hands over a proto-free [`BundleInput`]; this adapter turns it
+//! into a Fn API bundle on a worker of the stage's environment (using the
+//! bundle descriptor translation built), and turns the worker's answer back
+//! into a [`BundleOutput`]. Metrics of successful bundles are folded into
+//! the job's committed metrics here; a failed bundle's are dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use refract_engine::executor::{
+    BundleInput, BundleOutput, ExecError, Residual, StageExecutor, TimerInput,
+};
+use refract_engine::plan::StageIdx;
+use refract_jobservice::Job;
+use refract_sdk_harness::{BundleError, BundleRequest, Worker};
+use refract_translate::SdkStageDescriptor;
+use tracing::warn;
+
+use crate::state_bridge::StateBridge;
+
+/// Workers of one environment, used round-robin.
+pub struct WorkerSet {
+    workers: Vec<Arc<Worker>>,
+    next: AtomicUsize,
+}
+
+impl WorkerSet {
+    /// A set over already started workers.
+    pub fn new(workers: Vec<Arc<Worker>>) -> Self {
+        WorkerSet {
+            workers,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn pick(&self) -> Option<Arc<Worker>> {
+        if self.workers.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        Some(self.workers[i].clone())
+    }
+
+    /// Every worker, for shutdown.
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+}
+
+/// A [`StageExecutor`] backed by SDK harness workers.
+pub struct HarnessExecutor {
+    stages: HashMap<StageIdx, Arc<SdkStageDescriptor>>,
+    workers: HashMap<String, Arc<WorkerSet>>,
+    job: Arc<Job>,
+}
+
+impl HarnessExecutor {
+    /// An executor for one job's SDK stages and the workers of their environments.
+    pub fn new(
+        stages: HashMap<StageIdx, Arc<SdkStageDescriptor>>,
+        workers: HashMap<String, Arc<WorkerSet>>,
+        job: Arc<Job>,
+    ) -> Self {
+        HarnessExecutor {
+            stages,
+            workers,
+            job,
+        }
+    }
+}
+
+impl StageExecutor for HarnessExecutor {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let Some(stage) = self.stages.get(&input.stage).cloned() else {
+            let msg = format!("no bundle descriptor for stage {}", input.stage);
+            return async move { Err(ExecError::Runner(msg)) }.boxed();
+        };
+        let Some(worker) = self
+            .workers
+            .get(&stage.environment_id)
+            .and_then(|set| set.pick())
+        else {
+            let msg = format!("no worker for environment '{}'", stage.environment_id);
+            return async move { Err(ExecError::Runner(msg)) }.boxed();
+        };
+        let job = self.job.clone();
+        async move {
+            let inputs = match &stage.input_transform_id {
+                Some(t) => vec![(t.clone(), input.elements)],
+                None => Vec::new(),
+            };
+            let request = BundleRequest {
+                instruction_id: input.bundle_id.clone(),
+                descriptor_id: stage.descriptor.id.clone(),
+                inputs,
+                timers: input
+                    .timers
+                    .into_iter()
+                    .map(|t| (t.transform_id, t.family_id, t.data))
+                    .collect(),
+                expected_sinks: stage.outputs.iter().map(|(sink, _)| sink.clone()).collect(),
+                expected_timer_families: stage.timer_families.clone(),
+                state: Arc::new(StateBridge::new(input.state)),
+            };
+            let result = worker.process_bundle(request).await.map_err(|e| match e {
+                BundleError::Sdk(text) => ExecError::Sdk(text),
+                other => ExecError::Harness(other.to_string()),
+            })?;
+            job.metrics().commit(&result.response.monitoring_infos);
+            let mut outputs = Vec::with_capacity(stage.outputs.len());
+            let mut results = result.outputs;
+            for (sink, pcoll) in &stage.outputs {
+                if let Some(bytes) = results.remove(sink) {
+                    outputs.push((*pcoll, bytes));
+                }
+            }
+            let timers = result
+                .timers
+                .into_iter()
+                .map(|((transform_id, family_id), data)| TimerInput {
+                    transform_id,
+                    family_id,
+                    data,
+                })
+                .collect();
+            let residuals = result
+                .response
+                .residual_roots
+                .iter()
+                .filter_map(|r| {
+                    let app = r.application.as_ref()?;
+                    let delay_ms = r
+                        .requested_time_delay
+                        .as_ref()
+                        .map(|d| d.seconds * 1000 + i64::from(d.nanos) / 1_000_000)
+                        .unwrap_or(0);
+                    let watermark = app
+                        .output_watermarks
+                        .values()
+                        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+                        .min();
+                    Some(Residual {
+                        element: bytes::Bytes::copy_from_slice(&app.element),
+                        delay_ms,
+                        watermark,
+                    })
+                })
+                .collect();
+            if result.response.requires_finalization {
+                if let Err(e) = worker.finalize_bundle(&input.bundle_id).await {
+                    warn!(bundle = %input.bundle_id, error = %e, "bundle finalization failed");
+                }
+            }
+            Ok(BundleOutput {
+                outputs,
+                timers,
+                residuals,
+            })
+        }
+        .boxed()
+    }
+}

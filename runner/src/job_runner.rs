@@ -1,0 +1,215 @@
+//! Executes submitted jobs: the runner half of the Job API.
+//!
+//! For each job: translate the pipeline into a stage plan, start SDK
+//! workers for the environments its stages use, run the engine, and report
+//! the outcome through the job's state and message streams. A failure of
+//! any kind ends as FAILED with the reason as the last ERROR message — for a
+//! failing DoFn, the SDK's own traceback text.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use refract_engine::manager::{Engine, EngineConfig, EngineError};
+use refract_jobservice::{Job, JobRunner};
+use refract_proto::fn_api::ProvisionInfo;
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::job_api::job_state;
+use refract_proto::pipeline::{ArtifactInformation, Pipeline};
+use refract_proto::prost_types;
+use refract_sdk_harness::{ArtifactSource, FnApiServer, LogSink, WorkerConfig};
+use refract_translate::{translate, validate, TranslateOptions};
+use thiserror::Error;
+use tracing::{error, info, Instrument};
+
+use crate::harness_executor::{HarnessExecutor, WorkerSet};
+
+/// Why a job could not run.
+#[derive(Debug, Error)]
+enum JobError {
+    #[error("{0}")]
+    Translate(#[from] refract_translate::TranslateError),
+    #[error("{0}")]
+    Harness(#[from] refract_sdk_harness::HarnessError),
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+}
+
+/// The [`JobRunner`] of the `refract` binary.
+pub struct RefractRunner {
+    fn_server: Arc<FnApiServer>,
+    engine_config: EngineConfig,
+}
+
+impl RefractRunner {
+    /// A runner whose SDK workers talk to `fn_server`.
+    pub fn new(fn_server: Arc<FnApiServer>) -> Self {
+        RefractRunner {
+            fn_server,
+            engine_config: EngineConfig::default(),
+        }
+    }
+}
+
+impl JobRunner for RefractRunner {
+    fn validate(&self, pipeline: &Pipeline, _options: &prost_types::Struct) -> Result<(), String> {
+        validate(pipeline).map_err(|e| e.to_string())
+    }
+
+    fn start(&self, job: Arc<Job>) {
+        let fn_server = self.fn_server.clone();
+        let config = self.engine_config.clone();
+        let span = tracing::info_span!("job", id = %job.id());
+        tokio::spawn(
+            async move {
+                job.set_state(job_state::Enum::Running);
+                let outcome = run_job(job.clone(), fn_server, config).await;
+                match outcome {
+                    Ok(()) => {
+                        info!("job done");
+                        job.set_state(job_state::Enum::Done);
+                    }
+                    Err(JobError::Engine(EngineError::Cancelled)) => {
+                        info!("job cancelled");
+                        job.set_state(job_state::Enum::Cancelled);
+                    }
+                    Err(e) => {
+                        error!(error = %e, "job failed");
+                        job.fail(e.to_string());
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+fn option_bool(options: &prost_types::Struct, name: &str) -> bool {
+    use prost_types::value::Kind;
+    let key = format!("beam:option:{name}:v1");
+    match options.fields.get(&key).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::BoolValue(b)) => *b,
+        Some(Kind::StringValue(s)) => s == "true" || s == "True",
+        _ => false,
+    }
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+struct JobArtifacts(Arc<Job>);
+
+impl ArtifactSource for JobArtifacts {
+    fn open(&self, a: &ArtifactInformation) -> Option<std::path::PathBuf> {
+        self.0.artifacts().path_for(a)
+    }
+}
+
+struct JobLogs(Arc<Job>);
+
+impl LogSink for JobLogs {
+    fn log(&self, worker_id: &str, entry: refract_proto::fn_api::LogEntry) {
+        use refract_proto::fn_api::log_entry::severity::Enum as Severity;
+        let severity = Severity::try_from(entry.severity).unwrap_or(Severity::Info);
+        let text = if entry.trace.is_empty() {
+            entry.message.clone()
+        } else {
+            format!("{}\n{}", entry.message, entry.trace)
+        };
+        match severity {
+            Severity::Error | Severity::Critical => {
+                tracing::error!(worker = worker_id, transform = %entry.transform_id, "{text}")
+            }
+            Severity::Warn => tracing::warn!(worker = worker_id, transform = %entry.transform_id, "{text}"),
+            Severity::Notice | Severity::Info => {
+                tracing::info!(worker = worker_id, transform = %entry.transform_id, "{text}")
+            }
+            _ => tracing::debug!(worker = worker_id, transform = %entry.transform_id, "{text}"),
+        }
+        let importance = match severity {
+            Severity::Error | Severity::Critical => Some(MessageImportance::JobMessageWarning),
+            Severity::Warn => Some(MessageImportance::JobMessageWarning),
+            _ => None,
+        };
+        if let Some(importance) = importance {
+            self.0.message(importance, format!("[{worker_id}] {text}"));
+        }
+    }
+}
+
+async fn run_job(job: Arc<Job>, fn_server: Arc<FnApiServer>, config: EngineConfig) -> Result<(), JobError> {
+    let streaming = option_bool(job.options(), "streaming");
+    let translated = translate(
+        job.pipeline(),
+        &TranslateOptions {
+            fn_api_url: fn_server.url(),
+            descriptor_id_prefix: job.id().to_string(),
+            streaming,
+        },
+    )?;
+    job.metrics().set_transform_names(translated.unique_names.clone());
+    let mut stages = HashMap::new();
+    let mut environments: HashSet<String> = HashSet::new();
+    for (idx, stage) in translated.sdk_stages {
+        fn_server.register_descriptor(stage.descriptor.clone());
+        environments.insert(stage.environment_id.clone());
+        stages.insert(idx, Arc::new(stage));
+    }
+    let mut workers = HashMap::new();
+    let mut started: Vec<Arc<WorkerSet>> = Vec::new();
+    let mut env_ids: Vec<String> = environments.into_iter().collect();
+    env_ids.sort();
+    let result = async {
+        for (n, env_id) in env_ids.iter().enumerate() {
+            let Some(environment) = translated.environments.get(env_id) else {
+                continue;
+            };
+            let provision = ProvisionInfo {
+                pipeline_options: Some(job.options().clone()),
+                retrieval_token: job.id().to_string(),
+                dependencies: job.artifacts().resolved_dependencies(env_id),
+                metadata: [
+                    ("job_id".to_string(), job.id().to_string()),
+                    ("job_name".to_string(), job.name().to_string()),
+                ]
+                .into_iter()
+                .collect(),
+                ..Default::default()
+            };
+            let worker = fn_server
+                .start_worker(WorkerConfig {
+                    worker_id: format!("{}-w{n}", job.id()),
+                    environment: environment.clone(),
+                    provision,
+                    artifacts: Arc::new(JobArtifacts(job.clone())),
+                    logs: Arc::new(JobLogs(job.clone())),
+                })
+                .await?;
+            let set = Arc::new(WorkerSet::new(vec![worker]));
+            started.push(set.clone());
+            workers.insert(env_id.clone(), set);
+        }
+        let executor = Arc::new(HarnessExecutor::new(stages, workers, job.clone()));
+        let engine = Engine::new(
+            translated.plan,
+            executor,
+            config,
+            job.id().to_string(),
+            Arc::new(now_millis),
+        )?;
+        let summary = engine.run(job.cancel_requested()).await?;
+        info!(bundles = summary.bundles, dropped_late = summary.dropped_late, "engine finished");
+        Ok::<(), JobError>(())
+    }
+    .await;
+    for set in started {
+        for w in set.workers() {
+            w.stop().await;
+        }
+    }
+    result
+}

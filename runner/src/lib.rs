@@ -1,0 +1,8 @@
+//! The `refract` runner: the glue between the Job API, translation, the
+//! engine and the SDK harnesses. The binary in `main.rs` is a thin shell
+//! over this library so that integration tests can run the same code.
+
+pub mod cli;
+mod harness_executor;
+pub mod job_runner;
+mod state_bridge;

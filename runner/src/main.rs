@@ -1,0 +1,87 @@
+//! The `refract` binary: parses flags, starts the Fn API and Job API
+//! servers, and runs until interrupted (or idle for too long).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use refract::cli::{normalize_args, parse_go_duration, Cli, Command, LogKind, LogLevel, ServeArgs};
+use refract::job_runner::RefractRunner;
+use refract_jobservice::{serve, JobServiceConfig};
+use refract_sdk_harness::FnApiServer;
+use tracing::info;
+
+fn init_logging(args: &ServeArgs) {
+    let level = match args.log_level {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Warn => "warn",
+        LogLevel::Error => "error",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REFRACT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_kind {
+        LogKind::Json => builder.json().init(),
+        LogKind::Dev => builder.init(),
+        LogKind::Text | LogKind::Console => builder.with_ansi(false).init(),
+    }
+}
+
+async fn run_server(args: ServeArgs) -> Result<()> {
+    let idle = parse_go_duration(&args.idle_shutdown_timeout)
+        .map_err(anyhow::Error::msg)
+        .context("--idle_shutdown_timeout")?;
+    let fn_server = FnApiServer::start(&args.host)
+        .await
+        .context("starting the Fn API server")?;
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
+        .await
+        .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
+    let local = listener.local_addr()?;
+    let staging_dir = match &args.staging_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("refract-staging-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&staging_dir)
+        .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
+    info!(job_endpoint = %local, fn_api = %fn_server.url(), "refract is serving");
+    let runner = Arc::new(RefractRunner::new(fn_server));
+    let config = JobServiceConfig {
+        staging_dir,
+        ..JobServiceConfig::default()
+    };
+    let shutdown = async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        if idle.is_zero() {
+            ctrl_c.await;
+        } else {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = tokio::time::sleep(idle) => {}
+            }
+        }
+    };
+    serve(listener, runner, config, shutdown)
+        .await
+        .context("job service")?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse_from(normalize_args(std::env::args()));
+    let args = match cli.command {
+        Some(Command::Serve(args)) => args,
+        None => cli.serve,
+    };
+    init_logging(&args);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run_server(args))
+}

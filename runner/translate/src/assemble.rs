@@ -1,0 +1,146 @@
+//! Puts the pieces together: fused groups become the engine's stages and
+//! PCollections, and SDK groups get their bundle descriptors.
+
+use std::collections::HashMap;
+
+use refract_engine::plan::{PCollection, Plan, SideInput, Stage, StageKind};
+use refract_proto::pipeline as pb;
+
+use crate::error::TranslateError;
+use crate::fuse::{self, Group};
+use crate::graph::{Graph, NodeKind};
+use crate::rewrite::{self, window_coder_of};
+use crate::{descriptor, windowing, TranslateOptions, Translated};
+
+/// Fuses `graph`, rewrites its coders and builds the plan and descriptors.
+pub(crate) fn assemble(mut graph: Graph, opts: &TranslateOptions) -> Result<Translated, TranslateError> {
+    let groups = fuse::fuse(&graph.nodes);
+    let bounds = rewrite::boundaries(&graph, &groups);
+    rewrite::rewrite(&mut graph, &groups, &bounds)?;
+
+    let mut plan = Plan::default();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for pcoll in &bounds.pcolls {
+        let referrer = format!("PCollection '{pcoll}'");
+        let pc = graph
+            .components
+            .pcollections
+            .get(pcoll)
+            .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))?;
+        let value_coder = graph.coders.engine(&pc.coder_id, &referrer)?;
+        let bounded = pc.is_bounded != pb::is_bounded::Enum::Unbounded as i32;
+        let window = window_coder_of(&graph, pcoll)?;
+        let window = graph.coders.safe_window(&window, &referrer)?;
+        let window_coder = graph.coders.engine(&window, &referrer)?;
+        index.insert(pcoll.clone(), plan.pcollections.len());
+        plan.pcollections.push(PCollection {
+            id: pcoll.clone(),
+            value_coder,
+            window_coder,
+            bounded,
+        });
+    }
+    let lookup = |index: &HashMap<String, usize>, pcoll: &String| -> Result<usize, TranslateError> {
+        index
+            .get(pcoll)
+            .copied()
+            .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
+    };
+
+    let mut sdk_stages = HashMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        let stage = match group {
+            Group::Runner(i) => {
+                let node = &graph.nodes[*i];
+                let kind = match node.kind {
+                    NodeKind::Impulse => StageKind::Impulse,
+                    NodeKind::Flatten => StageKind::Flatten,
+                    NodeKind::GroupByKey => {
+                        let input = node.inputs.first().ok_or_else(|| {
+                            TranslateError::Invalid(format!("GroupByKey '{}' has no input", node.name))
+                        })?;
+                        let pc = graph.components.pcollections.get(input).ok_or_else(|| {
+                            TranslateError::missing("PCollection", input, format!("transform '{}'", node.name))
+                        })?;
+                        StageKind::GroupByKey(windowing::convert(
+                            &graph.components,
+                            &pc.windowing_strategy_id,
+                            &format!("PCollection '{input}'"),
+                        )?)
+                    }
+                    NodeKind::Sdk => {
+                        return Err(TranslateError::Invalid(format!(
+                            "SDK transform '{}' was not fused into a stage",
+                            node.name
+                        )))
+                    }
+                };
+                Stage {
+                    name: node.name.clone(),
+                    kind,
+                    inputs: node
+                        .inputs
+                        .iter()
+                        .map(|p| lookup(&index, p))
+                        .collect::<Result<_, _>>()?,
+                    side_inputs: Vec::new(),
+                    outputs: node
+                        .outputs
+                        .iter()
+                        .map(|p| lookup(&index, p))
+                        .collect::<Result<_, _>>()?,
+                }
+            }
+            Group::Sdk(s) => {
+                let sinks = bounds.sinks.get(g).map(Vec::as_slice).unwrap_or_default();
+                let built = descriptor::build(&mut graph, s, g, sinks, &index, opts)?;
+                let name = s
+                    .nodes
+                    .iter()
+                    .map(|&i| graph.nodes[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+");
+                let side_inputs = built
+                    .side_inputs
+                    .into_iter()
+                    .map(|(transform_id, tag, pcoll, access)| {
+                        Ok(SideInput {
+                            transform_id,
+                            tag,
+                            pcollection: lookup(&index, &pcoll)?,
+                            access,
+                        })
+                    })
+                    .collect::<Result<_, TranslateError>>()?;
+                let inputs = match &s.input {
+                    Some(p) => vec![lookup(&index, p)?],
+                    None => Vec::new(),
+                };
+                let outputs = built.descriptor.outputs.iter().map(|(_, idx)| *idx).collect();
+                graph.unique_names.extend(built.synthetic_names);
+                sdk_stages.insert(g, built.descriptor);
+                Stage {
+                    name,
+                    kind: StageKind::Sdk(built.stage),
+                    inputs,
+                    side_inputs,
+                    outputs,
+                }
+            }
+        };
+        plan.stages.push(stage);
+    }
+    tracing::debug!(
+        stages = plan.stages.len(),
+        sdk_stages = sdk_stages.len(),
+        pcollections = plan.pcollections.len(),
+        streaming = opts.streaming,
+        "translated pipeline"
+    );
+    Ok(Translated {
+        plan,
+        sdk_stages,
+        unique_names: graph.unique_names,
+        environments: graph.components.environments,
+    })
+}

@@ -1,0 +1,135 @@
+//! Combiner lifting (fn-api-notes §6.5).
+//!
+//! Python pre-lifts `combine_per_key` in batch; streaming pipelines and Java
+//! submit the composite unlifted. When the input's trigger allows it (it
+//! must not need to observe every element), the composite becomes:
+//! `Precombine` (SDK, fused with the producer: partial combining before the
+//! shuffle) → `Group` (the runner's GroupByKey) → `Merge` and
+//! `ExtractOutputs` (SDK, after the shuffle). All three SDK steps carry the
+//! composite's CombinePayload. Otherwise the composite's own subtransforms
+//! are executed.
+
+use refract_proto::pipeline as pb;
+use refract_proto::urns::{coder as c, transform as t};
+
+use crate::error::TranslateError;
+use crate::graph::{decode_combine, name_of, Builder, Node, NodeKind};
+use crate::windowing;
+
+/// The lifted nodes of combine_per_key `id`, or `None` when it must run
+/// unlifted (incompatible trigger, non-KV input, or no environment).
+pub(crate) fn lift(
+    b: &mut Builder,
+    id: &str,
+    transform: &pb::PTransform,
+) -> Result<Option<Vec<Node>>, TranslateError> {
+    let name = name_of(id, transform);
+    let referrer = format!("transform '{name}'");
+    let payload = decode_combine(transform, &name)?;
+    if transform.environment_id.is_empty() || transform.inputs.len() != 1 || transform.outputs.len() != 1 {
+        return Ok(None);
+    }
+    let (Some(input_id), Some(output_id)) =
+        (transform.inputs.values().next(), transform.outputs.values().next())
+    else {
+        return Ok(None);
+    };
+    let input = b.pcollection(input_id, &referrer)?.clone();
+    let output = b.pcollection(output_id, &referrer)?.clone();
+    let ws = b
+        .components
+        .windowing_strategies
+        .get(&input.windowing_strategy_id)
+        .ok_or_else(|| {
+            TranslateError::missing(
+                "windowing strategy",
+                &input.windowing_strategy_id,
+                format!("PCollection '{input_id}'"),
+            )
+        })?;
+    if !windowing::allows_combiner_lifting(ws.trigger.as_ref()) {
+        return Ok(None);
+    }
+    if b.coders.urn(&input.coder_id, &referrer)? != c::KV {
+        return Ok(None);
+    }
+    let Ok(kv) = b.coders.components_of(&input.coder_id, c::KV, &referrer) else {
+        return Ok(None);
+    };
+    let accumulator = payload.accumulator_coder_id.clone();
+    b.coders.get(&accumulator, &referrer)?;
+    let key = kv[0].clone();
+
+    let key_acc = b.coders.add(&format!("{accumulator}_keyed"), c::KV, vec![key.clone(), accumulator.clone()]);
+    let acc_iter = b.coders.add(&format!("{accumulator}_iterable"), c::ITERABLE, vec![accumulator.clone()]);
+    let key_acc_iter = b.coders.add(&format!("{acc_iter}_keyed"), c::KV, vec![key, acc_iter]);
+
+    let pcoll = |suffix: &str, coder_id: &str, like: &pb::PCollection| pb::PCollection {
+        unique_name: format!("{name}/{suffix}.out"),
+        coder_id: coder_id.to_string(),
+        ..like.clone()
+    };
+    let precombined = b.add_pcollection(&format!("{id}/Precombine.out"), pcoll("Precombine", &key_acc, &input));
+    let grouped = b.add_pcollection(&format!("{id}/Group.out"), pcoll("Group", &key_acc_iter, &output));
+    let merged = b.add_pcollection(&format!("{id}/Merge.out"), pcoll("Merge", &key_acc, &output));
+
+    let single = |tag: &str, pcoll: &str| [(tag.to_string(), pcoll.to_string())].into_iter().collect();
+    let step = |suffix: &str, urn: &str, inputs, outputs, env: &str, with_payload: bool| pb::PTransform {
+        unique_name: format!("{name}/{suffix}"),
+        spec: Some(pb::FunctionSpec {
+            urn: urn.to_string(),
+            payload: if with_payload {
+                transform.spec.as_ref().map(|s| s.payload.clone()).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+        }),
+        subtransforms: Vec::new(),
+        inputs,
+        outputs,
+        display_data: Vec::new(),
+        environment_id: env.to_string(),
+        annotations: transform.annotations.clone(),
+    };
+    let env = transform.environment_id.as_str();
+    let steps = [
+        (
+            "Precombine",
+            step("Precombine", t::COMBINE_PER_KEY_PRECOMBINE, transform.inputs.clone(), single("out", &precombined), env, true),
+        ),
+        (
+            "Group",
+            step("Group", t::GROUP_BY_KEY, single("in", &precombined), single("out", &grouped), "", false),
+        ),
+        (
+            "Merge",
+            step("Merge", t::COMBINE_PER_KEY_MERGE_ACCUMULATORS, single("in", &grouped), single("out", &merged), env, true),
+        ),
+        (
+            "ExtractOutputs",
+            step("ExtractOutputs", t::COMBINE_PER_KEY_EXTRACT_OUTPUTS, single("in", &merged), transform.outputs.clone(), env, true),
+        ),
+    ];
+    let mut nodes = Vec::with_capacity(steps.len());
+    for (suffix, step) in steps {
+        let step_id = b.add_transform(&format!("{id}/{suffix}"), step.clone());
+        if suffix == "Group" {
+            nodes.push(Node {
+                id: step_id,
+                name: step.unique_name.clone(),
+                kind: NodeKind::GroupByKey,
+                inputs: vec![precombined.clone()],
+                side_inputs: Vec::new(),
+                outputs: vec![grouped.clone()],
+                env: String::new(),
+                stateful: false,
+                splittable: false,
+                finalization: false,
+                transform: step,
+            });
+        } else {
+            nodes.push(b.sdk_node(&step_id, step)?);
+        }
+    }
+    Ok(Some(nodes))
+}

@@ -1,0 +1,259 @@
+//! ProcessBundleDescriptors for fused SDK stages (fn-api-notes §3.1–3.6).
+//!
+//! A descriptor holds the stage's leaf transforms under their original ids
+//! (the SDK's metrics labels, state keys and residuals use them), a data
+//! source for the stage's main input, a data sink for every PCollection the
+//! runner must receive, and everything those refer to: PCollections (with
+//! their rewritten coders), windowing strategies, the transitively closed
+//! coders and the environments. Ports carry explicit
+//! `windowed_value[element, window]` coders.
+
+use std::collections::{BTreeSet, HashMap};
+
+use refract_engine::plan::{SdkStage, SideInputAccess, TimeDomain, TimerFamily};
+use refract_proto::fn_api;
+use refract_proto::pipeline as pb;
+use refract_proto::prost::Message;
+use refract_proto::urns::transform as t;
+
+use crate::coders::unique_id;
+use crate::error::TranslateError;
+use crate::fuse::SdkGroup;
+use crate::graph::{decode_combine, decode_pardo, state_coders, Graph, COMBINE_STEPS, PARDO_LIKE};
+use crate::rewrite::{coder_of, window_coder_of};
+use crate::{SdkStageDescriptor, TranslateOptions};
+
+/// A built SDK stage: its descriptor and the engine's facts about it.
+pub(crate) struct BuiltStage {
+    /// The descriptor and its port ids.
+    pub descriptor: SdkStageDescriptor,
+    /// Engine facts (state, timers, splitting).
+    pub stage: SdkStage,
+    /// Side inputs, with PCollection ids still to be mapped to plan indices.
+    pub side_inputs: Vec<(String, String, String, SideInputAccess)>,
+    /// Data source and sink ids → their unique names.
+    pub synthetic_names: Vec<(String, String)>,
+}
+
+/// Builds the descriptor of `group` (stage `stage_idx`). `sinks` are the
+/// PCollections the stage must send to the runner, and `pcoll_index` maps
+/// plan PCollections to their engine index.
+pub(crate) fn build(
+    graph: &mut Graph,
+    group: &SdkGroup,
+    stage_idx: usize,
+    sinks: &[String],
+    pcoll_index: &HashMap<String, usize>,
+    opts: &TranslateOptions,
+) -> Result<BuiltStage, TranslateError> {
+    let id = format!("{}-{}", opts.descriptor_id_prefix, stage_idx);
+    let location = format!("stage {id}");
+    let endpoint = pb::ApiServiceDescriptor {
+        url: opts.fn_api_url.clone(),
+        ..Default::default()
+    };
+    let mut transforms: HashMap<String, pb::PTransform> = HashMap::new();
+    let mut coder_roots: BTreeSet<String> = BTreeSet::new();
+    let (mut uses_state, mut uses_timers) = (false, false);
+    let mut stage = SdkStage::default();
+    let mut timer_ids = Vec::new();
+    let mut side_inputs = Vec::new();
+
+    for &i in &group.nodes {
+        let node = &graph.nodes[i];
+        let urn = node.transform.spec.as_ref().map_or("", |s| s.urn.as_str());
+        if PARDO_LIKE.contains(&urn) {
+            let payload = decode_pardo(&node.transform, &node.name)?;
+            if !payload.restriction_coder_id.is_empty() {
+                coder_roots.insert(payload.restriction_coder_id.clone());
+            }
+            for spec in payload.state_specs.values() {
+                uses_state = true;
+                if let Some(kind) = &spec.spec {
+                    coder_roots.extend(state_coders(kind).into_iter().cloned());
+                }
+            }
+            let mut families: Vec<(&String, &pb::TimerFamilySpec)> =
+                payload.timer_family_specs.iter().collect();
+            families.sort_by(|a, b| a.0.cmp(b.0));
+            for (family, spec) in families {
+                uses_timers = true;
+                let (key, window) = timer_parts(graph, &spec.timer_family_coder_id, &node.name)?;
+                coder_roots.insert(spec.timer_family_coder_id.clone());
+                stage.timer_families.push(TimerFamily {
+                    transform_id: node.id.clone(),
+                    family_id: family.clone(),
+                    domain: if spec.time_domain == pb::time_domain::Enum::ProcessingTime as i32 {
+                        TimeDomain::ProcessingTime
+                    } else {
+                        TimeDomain::EventTime
+                    },
+                    key_coder: key,
+                    window_coder: window,
+                });
+                timer_ids.push((node.id.clone(), family.clone()));
+            }
+        } else if COMBINE_STEPS.contains(&urn) {
+            coder_roots.insert(decode_combine(&node.transform, &node.name)?.accumulator_coder_id);
+        }
+        for side in &node.side_inputs {
+            uses_state = true;
+            side_inputs.push((node.id.clone(), side.tag.clone(), side.pcoll.clone(), side.access));
+        }
+        stage.requires_finalization |= node.finalization;
+        transforms.insert(node.id.clone(), node.transform.clone());
+    }
+    if let Some(&root) = group.nodes.first() {
+        // Only the first transform of a stage may be stateful or splittable:
+        // keyed routing and splits happen at the stage's input.
+        let root = &graph.nodes[root];
+        stage.stateful = root.stateful;
+        stage.splittable = root.splittable;
+    }
+
+    let mut synthetic_names = Vec::new();
+    let mut port_transform = |graph: &mut Graph,
+                              transforms: &mut HashMap<String, pb::PTransform>,
+                              coder_roots: &mut BTreeSet<String>,
+                              pcoll: &str,
+                              source: bool|
+     -> Result<String, TranslateError> {
+        let elem = coder_of(graph, pcoll)?;
+        let window = window_coder_of(graph, pcoll)?;
+        let window = graph
+            .coders
+            .safe_window(&window, &format!("PCollection '{pcoll}'"))?;
+        let port_coder = graph.coders.windowed(&elem, &window);
+        coder_roots.insert(port_coder.clone());
+        let base = format!("{pcoll}/{}", if source { "Source" } else { "Sink" });
+        let port_id = unique_id(&base, |c| {
+            transforms.contains_key(c) || graph.components.transforms.contains_key(c)
+        });
+        let port = fn_api::RemoteGrpcPort {
+            api_service_descriptor: Some(endpoint.clone()),
+            coder_id: port_coder,
+        };
+        let local = [(if source { "out" } else { "in" }.to_string(), pcoll.to_string())]
+            .into_iter()
+            .collect();
+        let (inputs, outputs) = if source {
+            (HashMap::new(), local)
+        } else {
+            (local, HashMap::new())
+        };
+        transforms.insert(
+            port_id.clone(),
+            pb::PTransform {
+                unique_name: port_id.clone(),
+                spec: Some(pb::FunctionSpec {
+                    urn: if source { t::DATA_SOURCE } else { t::DATA_SINK }.to_string(),
+                    payload: port.encode_to_vec(),
+                }),
+                inputs,
+                outputs,
+                ..Default::default()
+            },
+        );
+        synthetic_names.push((port_id.clone(), port_id.clone()));
+        Ok(port_id)
+    };
+
+    let input_transform_id = match &group.input {
+        Some(pcoll) => Some(port_transform(graph, &mut transforms, &mut coder_roots, pcoll, true)?),
+        None => None,
+    };
+    let mut outputs = Vec::with_capacity(sinks.len());
+    for pcoll in sinks {
+        let sink = port_transform(graph, &mut transforms, &mut coder_roots, pcoll, false)?;
+        let idx = *pcoll_index
+            .get(pcoll)
+            .ok_or_else(|| TranslateError::missing("PCollection", pcoll, location.clone()))?;
+        outputs.push((sink, idx));
+    }
+
+    let mut pcollections = HashMap::new();
+    let mut windowing_strategies = HashMap::new();
+    let mut environments = HashMap::new();
+    let mut env_ids: BTreeSet<String> = BTreeSet::new();
+    for transform in transforms.values() {
+        if !transform.environment_id.is_empty() {
+            env_ids.insert(transform.environment_id.clone());
+        }
+        for pcoll in transform.inputs.values().chain(transform.outputs.values()) {
+            if pcollections.contains_key(pcoll) {
+                continue;
+            }
+            let pc = graph
+                .components
+                .pcollections
+                .get(pcoll)
+                .ok_or_else(|| TranslateError::missing("PCollection", pcoll, location.clone()))?;
+            coder_roots.insert(pc.coder_id.clone());
+            let ws = graph
+                .components
+                .windowing_strategies
+                .get(&pc.windowing_strategy_id)
+                .ok_or_else(|| {
+                    TranslateError::missing(
+                        "windowing strategy",
+                        &pc.windowing_strategy_id,
+                        format!("PCollection '{pcoll}'"),
+                    )
+                })?;
+            coder_roots.insert(ws.window_coder_id.clone());
+            if !ws.environment_id.is_empty() {
+                env_ids.insert(ws.environment_id.clone());
+            }
+            windowing_strategies.insert(pc.windowing_strategy_id.clone(), ws.clone());
+            pcollections.insert(pcoll.clone(), pc.clone());
+        }
+    }
+    for env in env_ids {
+        let environment = graph
+            .components
+            .environments
+            .get(&env)
+            .ok_or_else(|| TranslateError::missing("environment", &env, location.clone()))?;
+        environments.insert(env, environment.clone());
+    }
+    let coders = graph.coders.closure(&coder_roots, &location)?;
+
+    let descriptor = fn_api::ProcessBundleDescriptor {
+        id,
+        transforms,
+        pcollections,
+        windowing_strategies,
+        coders,
+        environments,
+        state_api_service_descriptor: uses_state.then(|| endpoint.clone()),
+        timer_api_service_descriptor: uses_timers.then(|| endpoint.clone()),
+    };
+    Ok(BuiltStage {
+        descriptor: SdkStageDescriptor {
+            descriptor,
+            environment_id: group.env.clone(),
+            input_transform_id,
+            outputs,
+            timer_families: timer_ids,
+        },
+        stage,
+        side_inputs,
+        synthetic_names,
+    })
+}
+
+/// The engine's key and window coders of a (rewritten) timer family coder.
+fn timer_parts(
+    graph: &Graph,
+    timer_coder: &str,
+    transform: &str,
+) -> Result<(refract_engine::coder::Coder, refract_engine::coder::Coder), TranslateError> {
+    let location = format!("timer coder of transform '{transform}'");
+    let parts = graph
+        .coders
+        .components_of(timer_coder, refract_proto::urns::coder::TIMER, &location)?;
+    Ok((
+        graph.coders.engine(&parts[0], &location)?,
+        graph.coders.engine(&parts[1], &location)?,
+    ))
+}

@@ -1,0 +1,661 @@
+//! The pipeline as Refract executes it: a topologically sorted list of leaf
+//! nodes, each either runner-executed (impulse, flatten, group-by-key) or an
+//! SDK transform.
+//!
+//! Composites are structure only and are walked through, with three
+//! exceptions (fn-api-notes §6.4–6.6): Reshuffle and Redistribute become one
+//! identity flatten (a fusion break) and their insides are skipped;
+//! `combine_per_key` composites that the SDK did not pre-lift are lifted here
+//! when the trigger allows it; and splittable ParDos are expanded into their
+//! pair / split / process steps.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use refract_engine::plan::SideInputAccess;
+use refract_proto::pipeline as pb;
+use refract_proto::prost::Message;
+use refract_proto::urns::{self, transform as t};
+
+use crate::coders::{unique_id, Coders};
+use crate::error::TranslateError;
+use crate::{combine, sdf};
+
+/// Who executes a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// The runner emits the impulse element.
+    Impulse,
+    /// The runner copies its inputs to its output (Flatten, Reshuffle).
+    Flatten,
+    /// The runner groups by key and window.
+    GroupByKey,
+    /// An SDK harness runs it, fused with its neighbours.
+    Sdk,
+}
+
+/// A side input of an SDK node.
+#[derive(Debug, Clone)]
+pub(crate) struct SideIn {
+    /// Local input tag.
+    pub tag: String,
+    /// PCollection id.
+    pub pcoll: String,
+    /// Access pattern.
+    pub access: SideInputAccess,
+}
+
+/// One executed leaf transform.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    /// Transform id (kept in bundle descriptors).
+    pub id: String,
+    /// Unique name, for stage names and errors.
+    pub name: String,
+    /// Who executes it.
+    pub kind: NodeKind,
+    /// The transform as it goes into a bundle descriptor (SDK nodes).
+    pub transform: pb::PTransform,
+    /// Main-input PCollections, in local-name order (a flatten may list one twice).
+    pub inputs: Vec<String>,
+    /// Side inputs (SDK nodes).
+    pub side_inputs: Vec<SideIn>,
+    /// Output PCollections, in local-name order.
+    pub outputs: Vec<String>,
+    /// Environment id (SDK nodes).
+    pub env: String,
+    /// Has user state or timers: must be the first transform of its stage.
+    pub stateful: bool,
+    /// A splittable DoFn's process step: must be the first transform of its stage.
+    pub splittable: bool,
+    /// Requests bundle finalization.
+    pub finalization: bool,
+}
+
+impl Node {
+    /// Whether the node must start its own stage.
+    pub(crate) fn forced_root(&self) -> bool {
+        self.stateful || self.splittable
+    }
+}
+
+/// The executable graph, with the (mutable) components it refers to.
+pub(crate) struct Graph {
+    /// The pipeline's components, plus what lifting and SDF expansion added.
+    /// Coders live in `coders` instead.
+    pub components: pb::Components,
+    /// All coders.
+    pub coders: Coders,
+    /// Leaf nodes in topological order.
+    pub nodes: Vec<Node>,
+    /// Transform id → unique name, for every transform.
+    pub unique_names: HashMap<String, String>,
+}
+
+/// URNs whose ParDoPayload carries side inputs, state and timers.
+pub(crate) const PARDO_LIKE: &[&str] = &[
+    t::PAR_DO,
+    t::SDF_PAIR_WITH_RESTRICTION,
+    t::SDF_SPLIT_AND_SIZE_RESTRICTIONS,
+    t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
+    t::SDF_TRUNCATE_SIZED_RESTRICTIONS,
+];
+
+/// Combine steps whose payload is a CombinePayload.
+pub(crate) const COMBINE_STEPS: &[&str] = &[
+    t::COMBINE_PER_KEY_PRECOMBINE,
+    t::COMBINE_PER_KEY_MERGE_ACCUMULATORS,
+    t::COMBINE_PER_KEY_EXTRACT_OUTPUTS,
+    t::COMBINE_PER_KEY_CONVERT_TO_ACCUMULATORS,
+    t::COMBINE_GROUPED_VALUES,
+];
+
+/// Other leaf URNs an SDK executes.
+const OTHER_SDK_LEAVES: &[&str] = &[
+    t::ASSIGN_WINDOWS,
+    t::TO_STRING,
+    t::MERGE_WINDOWS,
+    t::MAP_WINDOWS,
+    t::DATA_SOURCE,
+    t::DATA_SINK,
+];
+
+/// Composites executed as an identity flatten.
+const IDENTITY_COMPOSITES: &[&str] = &[
+    t::RESHUFFLE,
+    t::REDISTRIBUTE_BY_KEY,
+    t::REDISTRIBUTE_ARBITRARILY,
+];
+
+/// Composite URNs that may legitimately arrive without subtransforms when
+/// they only pass their input through.
+const PASS_THROUGH_COMPOSITES: &[&str] = &[
+    t::GENERIC_COMPOSITE,
+    t::PICKLED_PYTHON,
+    t::COMBINE_GLOBALLY,
+];
+
+fn urn_of(transform: &pb::PTransform) -> &str {
+    transform.spec.as_ref().map_or("", |s| s.urn.as_str())
+}
+
+/// A transform's unique name, or its id when it has none.
+pub(crate) fn name_of(id: &str, transform: &pb::PTransform) -> String {
+    if transform.unique_name.is_empty() {
+        id.to_string()
+    } else {
+        transform.unique_name.clone()
+    }
+}
+
+/// Sorts `(local name, value)` pairs by local name, numerically when the
+/// names are numbers (Flatten's "0", "1", ..., "10").
+pub(crate) fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> =
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    entries.sort_by(|a, b| match (a.0.parse::<u64>(), b.0.parse::<u64>()) {
+        (Ok(x), Ok(y)) => x.cmp(&y),
+        _ => a.0.cmp(&b.0),
+    });
+    entries
+}
+
+/// Walks the pipeline's transforms into an executable graph.
+pub(crate) fn build(pipeline: &pb::Pipeline) -> Result<Graph, TranslateError> {
+    let mut components = pipeline
+        .components
+        .clone()
+        .ok_or_else(|| TranslateError::Invalid("the pipeline has no components".into()))?;
+    let coders = Coders::new(
+        std::mem::take(&mut components.coders),
+        &components.environments,
+    );
+    let unique_names = components
+        .transforms
+        .iter()
+        .map(|(id, tr)| (id.clone(), name_of(id, tr)))
+        .collect();
+    let mut builder = Builder {
+        components,
+        coders,
+        nodes: Vec::new(),
+        unique_names,
+        visited: HashSet::new(),
+    };
+    for root in &pipeline.root_transform_ids {
+        builder.visit(root, "the pipeline's root transforms")?;
+    }
+    let nodes = topo_sort(builder.nodes)?;
+    Ok(Graph {
+        components: builder.components,
+        coders: builder.coders,
+        nodes,
+        unique_names: builder.unique_names,
+    })
+}
+
+/// Collects leaf nodes while walking composites.
+pub(crate) struct Builder {
+    pub components: pb::Components,
+    pub coders: Coders,
+    nodes: Vec<Node>,
+    pub unique_names: HashMap<String, String>,
+    visited: HashSet<String>,
+}
+
+impl Builder {
+    fn visit(&mut self, id: &str, referrer: &str) -> Result<(), TranslateError> {
+        if !self.visited.insert(id.to_string()) {
+            return Err(TranslateError::Invalid(format!(
+                "transform '{id}' appears more than once in the transform hierarchy"
+            )));
+        }
+        let transform = self
+            .components
+            .transforms
+            .get(id)
+            .cloned()
+            .ok_or_else(|| TranslateError::missing("transform", id, referrer))?;
+        let name = name_of(id, &transform);
+        let urn = urn_of(&transform).to_string();
+        if IDENTITY_COMPOSITES.contains(&urn.as_str()) {
+            return self.identity(id, &transform, &name);
+        }
+        if urn == t::COMBINE_PER_KEY && !self.is_prelifted(&transform) {
+            if let Some(nodes) = combine::lift(self, id, &transform)? {
+                for node in nodes {
+                    self.push(node)?;
+                }
+                return Ok(());
+            }
+            if transform.subtransforms.is_empty() {
+                return Err(TranslateError::unsupported(
+                    "combine_per_key that cannot be lifted (its trigger, input coder or payload \
+                     does not allow it) and has no subtransforms",
+                    format!("transform '{name}'"),
+                ));
+            }
+        }
+        if !transform.subtransforms.is_empty() {
+            let referrer = format!("transform '{name}'");
+            for sub in &transform.subtransforms {
+                self.visit(sub, &referrer)?;
+            }
+            return Ok(());
+        }
+        self.leaf(id, transform, &name, &urn)
+    }
+
+    /// Whether a combine_per_key composite's subtransforms are already the
+    /// lifted precombine / group / merge / extract steps.
+    fn is_prelifted(&self, transform: &pb::PTransform) -> bool {
+        let mut stack: Vec<&String> = transform.subtransforms.iter().collect();
+        let mut seen = HashSet::new();
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            if let Some(sub) = self.components.transforms.get(id) {
+                if urn_of(sub) == t::COMBINE_PER_KEY_PRECOMBINE {
+                    return true;
+                }
+                stack.extend(sub.subtransforms.iter());
+            }
+        }
+        false
+    }
+
+    fn identity(&mut self, id: &str, transform: &pb::PTransform, name: &str) -> Result<(), TranslateError> {
+        if transform.inputs.len() != 1 || transform.outputs.len() != 1 {
+            return Err(TranslateError::Invalid(format!(
+                "'{}' transform '{name}' must have one input and one output, has {} and {}",
+                urn_of(transform),
+                transform.inputs.len(),
+                transform.outputs.len()
+            )));
+        }
+        let node = Node {
+            id: id.to_string(),
+            name: name.to_string(),
+            kind: NodeKind::Flatten,
+            transform: transform.clone(),
+            inputs: transform.inputs.values().cloned().collect(),
+            side_inputs: Vec::new(),
+            outputs: transform.outputs.values().cloned().collect(),
+            env: String::new(),
+            stateful: false,
+            splittable: false,
+            finalization: false,
+        };
+        self.push(node)
+    }
+
+    fn leaf(
+        &mut self,
+        id: &str,
+        transform: pb::PTransform,
+        name: &str,
+        urn: &str,
+    ) -> Result<(), TranslateError> {
+        let runner_node = |kind: NodeKind, transform: pb::PTransform| Node {
+            id: id.to_string(),
+            name: name.to_string(),
+            kind,
+            inputs: sorted_by_tag(&transform.inputs).into_iter().map(|(_, p)| p).collect(),
+            side_inputs: Vec::new(),
+            outputs: sorted_by_tag(&transform.outputs).into_iter().map(|(_, p)| p).collect(),
+            env: String::new(),
+            stateful: false,
+            splittable: false,
+            finalization: false,
+            transform,
+        };
+        let count_check = |inputs: Option<usize>, outputs: usize| -> Result<(), TranslateError> {
+            if inputs.is_some_and(|n| n != transform.inputs.len()) || transform.outputs.len() != outputs
+            {
+                return Err(TranslateError::Invalid(format!(
+                    "'{urn}' transform '{name}' has {} inputs and {} outputs",
+                    transform.inputs.len(),
+                    transform.outputs.len()
+                )));
+            }
+            Ok(())
+        };
+        match urn {
+            t::IMPULSE => {
+                count_check(Some(0), 1)?;
+                self.push(runner_node(NodeKind::Impulse, transform))
+            }
+            t::FLATTEN => {
+                count_check(None, 1)?;
+                self.push(runner_node(NodeKind::Flatten, transform))
+            }
+            t::GROUP_BY_KEY => {
+                count_check(Some(1), 1)?;
+                self.push(runner_node(NodeKind::GroupByKey, transform))
+            }
+            t::TEST_STREAM => Err(TranslateError::TestStreamUnsupported {
+                transform: name.to_string(),
+            }),
+            t::PAR_DO => {
+                let payload = decode_pardo(&transform, name)?;
+                if payload.restriction_coder_id.is_empty() {
+                    let node = self.sdk_node(id, transform)?;
+                    self.push(node)
+                } else {
+                    for node in sdf::expand(self, id, &transform, &payload)? {
+                        self.push(node)?;
+                    }
+                    Ok(())
+                }
+            }
+            u if PARDO_LIKE.contains(&u)
+                || COMBINE_STEPS.contains(&u)
+                || OTHER_SDK_LEAVES.contains(&u) =>
+            {
+                let node = self.sdk_node(id, transform)?;
+                self.push(node)
+            }
+            "" if transform.spec.as_ref().is_none_or(|s| s.payload.is_empty()) => {
+                // An empty composite: structure only, nothing to execute. If
+                // something consumes its outputs, sorting reports that they
+                // have no producer.
+                Ok(())
+            }
+            "" => Err(TranslateError::Invalid(format!(
+                "transform '{name}' has a payload but no URN and no subtransforms"
+            ))),
+            u if PASS_THROUGH_COMPOSITES.contains(&u) && passes_through(&transform) => Ok(()),
+            other => Err(TranslateError::UnsupportedTransform {
+                urn: other.to_string(),
+                transform: name.to_string(),
+            }),
+        }
+    }
+
+    /// Builds the node of an SDK-executed transform (with its ParDo facts).
+    pub(crate) fn sdk_node(&self, id: &str, transform: pb::PTransform) -> Result<Node, TranslateError> {
+        let name = name_of(id, &transform);
+        let urn = urn_of(&transform).to_string();
+        let env = transform.environment_id.clone();
+        if env.is_empty() {
+            return Err(TranslateError::Invalid(format!(
+                "transform '{name}' ('{urn}') must run in an SDK but has no environment"
+            )));
+        }
+        if !self.components.environments.contains_key(&env) {
+            return Err(TranslateError::missing(
+                "environment",
+                &env,
+                format!("transform '{name}'"),
+            ));
+        }
+        let mut side_inputs = Vec::new();
+        let (mut stateful, mut finalization) = (false, false);
+        if PARDO_LIKE.contains(&urn.as_str()) {
+            let payload = decode_pardo(&transform, &name)?;
+            self.check_pardo(&payload, &name)?;
+            for (tag, spec) in sorted_side_inputs(&payload) {
+                let pcoll = transform.inputs.get(&tag).cloned().ok_or_else(|| {
+                    TranslateError::Invalid(format!(
+                        "transform '{name}' declares side input '{tag}' but has no such input"
+                    ))
+                })?;
+                let access_urn = spec.access_pattern.as_ref().map_or("", |a| a.urn.as_str());
+                let access = match access_urn {
+                    urns::side_input::ITERABLE => SideInputAccess::Iterable,
+                    urns::side_input::MULTIMAP => SideInputAccess::Multimap,
+                    other => {
+                        return Err(TranslateError::unsupported(
+                            format!("side input access pattern '{other}'"),
+                            format!("side input '{tag}' of transform '{name}'"),
+                        ))
+                    }
+                };
+                side_inputs.push(SideIn { tag, pcoll, access });
+            }
+            stateful = (!payload.state_specs.is_empty() || !payload.timer_family_specs.is_empty())
+                && (urn == t::PAR_DO || urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS);
+            finalization = payload.requests_finalization;
+        } else if COMBINE_STEPS.contains(&urn.as_str()) {
+            let payload = decode_combine(&transform, &name)?;
+            self.coders
+                .get(&payload.accumulator_coder_id, &format!("transform '{name}'"))?;
+        }
+        let side_tags: HashSet<&str> = side_inputs.iter().map(|s| s.tag.as_str()).collect();
+        let inputs: Vec<String> = sorted_by_tag(&transform.inputs)
+            .into_iter()
+            .filter(|(tag, _)| !side_tags.contains(tag.as_str()))
+            .map(|(_, p)| p)
+            .collect();
+        if inputs.len() > 1 {
+            return Err(TranslateError::Invalid(format!(
+                "transform '{name}' ('{urn}') has {} main inputs; SDK transforms take at most one",
+                inputs.len()
+            )));
+        }
+        Ok(Node {
+            id: id.to_string(),
+            name,
+            kind: NodeKind::Sdk,
+            inputs,
+            side_inputs,
+            outputs: sorted_by_tag(&transform.outputs).into_iter().map(|(_, p)| p).collect(),
+            env,
+            stateful,
+            splittable: urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
+            finalization,
+            transform,
+        })
+    }
+
+    /// Rejects ParDo features Refract does not implement.
+    fn check_pardo(&self, payload: &pb::ParDoPayload, name: &str) -> Result<(), TranslateError> {
+        let location = format!("transform '{name}'");
+        if payload.requires_time_sorted_input {
+            return Err(TranslateError::unsupported(
+                format!("time-sorted input ('{}')", urns::requirement::TIME_SORTED_INPUT),
+                location,
+            ));
+        }
+        if !payload.on_window_expiration_timer_family_spec.is_empty() {
+            return Err(TranslateError::unsupported(
+                format!(
+                    "on-window-expiration timer ('{}')",
+                    urns::requirement::ON_WINDOW_EXPIRATION
+                ),
+                location,
+            ));
+        }
+        for (state_id, spec) in &payload.state_specs {
+            let spec_location = format!("state '{state_id}' of transform '{name}'");
+            let protocol = spec.protocol.as_ref().map_or("", |p| p.urn.as_str());
+            if !matches!(
+                protocol,
+                "" | urns::user_state::BAG | urns::user_state::MULTIMAP | urns::user_state::ORDERED_LIST
+            ) {
+                return Err(TranslateError::unsupported(
+                    format!("user state protocol '{protocol}'"),
+                    spec_location,
+                ));
+            }
+            let Some(kind) = &spec.spec else {
+                return Err(TranslateError::Invalid(format!("{spec_location} has no spec")));
+            };
+            for coder in state_coders(kind) {
+                self.coders.get(coder, &spec_location)?;
+            }
+        }
+        for (family, spec) in &payload.timer_family_specs {
+            let spec_location = format!("timer family '{family}' of transform '{name}'");
+            match pb::time_domain::Enum::try_from(spec.time_domain) {
+                Ok(pb::time_domain::Enum::EventTime | pb::time_domain::Enum::ProcessingTime) => {}
+                _ => {
+                    return Err(TranslateError::unsupported(
+                        format!("timer time domain {}", spec.time_domain),
+                        spec_location,
+                    ))
+                }
+            }
+            self.coders
+                .components_of(&spec.timer_family_coder_id, urns::coder::TIMER, &spec_location)?;
+        }
+        if !payload.restriction_coder_id.is_empty() {
+            self.coders.get(&payload.restriction_coder_id, &location)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a PCollection under an id derived from `base`.
+    pub(crate) fn add_pcollection(&mut self, base: &str, pcoll: pb::PCollection) -> String {
+        let id = unique_id(base, |c| self.components.pcollections.contains_key(c));
+        self.components.pcollections.insert(id.clone(), pcoll);
+        id
+    }
+
+    /// Adds a transform under an id derived from `base`, recording its name.
+    pub(crate) fn add_transform(&mut self, base: &str, transform: pb::PTransform) -> String {
+        let id = unique_id(base, |c| self.components.transforms.contains_key(c));
+        self.unique_names.insert(id.clone(), name_of(&id, &transform));
+        self.components.transforms.insert(id.clone(), transform);
+        id
+    }
+
+    /// A PCollection, or an error naming `referrer`.
+    pub(crate) fn pcollection(&self, id: &str, referrer: &str) -> Result<&pb::PCollection, TranslateError> {
+        self.components
+            .pcollections
+            .get(id)
+            .ok_or_else(|| TranslateError::missing("PCollection", id, referrer))
+    }
+
+    fn push(&mut self, node: Node) -> Result<(), TranslateError> {
+        let referrer = format!("transform '{}'", node.name);
+        for pcoll in node
+            .inputs
+            .iter()
+            .chain(node.outputs.iter())
+            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+        {
+            let pc = self.pcollection(pcoll, &referrer)?;
+            self.coders.get(&pc.coder_id, &format!("PCollection '{pcoll}'"))?;
+            if !self
+                .components
+                .windowing_strategies
+                .contains_key(&pc.windowing_strategy_id)
+            {
+                return Err(TranslateError::missing(
+                    "windowing strategy",
+                    &pc.windowing_strategy_id,
+                    format!("PCollection '{pcoll}'"),
+                ));
+            }
+        }
+        self.nodes.push(node);
+        Ok(())
+    }
+}
+
+/// Whether every output of a transform is also one of its inputs.
+fn passes_through(transform: &pb::PTransform) -> bool {
+    let inputs: HashSet<&String> = transform.inputs.values().collect();
+    transform.outputs.values().all(|o| inputs.contains(o))
+}
+
+/// Decodes a ParDo-like transform's payload.
+pub(crate) fn decode_pardo(transform: &pb::PTransform, name: &str) -> Result<pb::ParDoPayload, TranslateError> {
+    let bytes = transform.spec.as_ref().map_or(&[][..], |s| s.payload.as_slice());
+    pb::ParDoPayload::decode(bytes)
+        .map_err(|e| TranslateError::bad_payload("ParDoPayload", format!("transform '{name}'"), e))
+}
+
+/// Decodes a combine step's payload.
+pub(crate) fn decode_combine(
+    transform: &pb::PTransform,
+    name: &str,
+) -> Result<pb::CombinePayload, TranslateError> {
+    let bytes = transform.spec.as_ref().map_or(&[][..], |s| s.payload.as_slice());
+    pb::CombinePayload::decode(bytes)
+        .map_err(|e| TranslateError::bad_payload("CombinePayload", format!("transform '{name}'"), e))
+}
+
+/// Side inputs sorted by tag, for a deterministic plan.
+fn sorted_side_inputs(payload: &pb::ParDoPayload) -> Vec<(String, pb::SideInput)> {
+    let mut entries: Vec<(String, pb::SideInput)> = payload
+        .side_inputs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries
+}
+
+/// The coder ids a state spec refers to.
+pub(crate) fn state_coders(spec: &pb::state_spec::Spec) -> Vec<&String> {
+    use pb::state_spec::Spec;
+    match spec {
+        Spec::ReadModifyWriteSpec(s) => vec![&s.coder_id],
+        Spec::BagSpec(s) => vec![&s.element_coder_id],
+        Spec::CombiningSpec(s) => vec![&s.accumulator_coder_id],
+        Spec::MapSpec(s) => vec![&s.key_coder_id, &s.value_coder_id],
+        Spec::SetSpec(s) => vec![&s.element_coder_id],
+        Spec::OrderedListSpec(s) => vec![&s.element_coder_id],
+        Spec::MultimapSpec(s) => vec![&s.key_coder_id, &s.value_coder_id],
+    }
+}
+
+/// Orders nodes so that every PCollection's producer comes before its
+/// consumers, keeping the pipeline's own order where it is free.
+fn topo_sort(nodes: Vec<Node>) -> Result<Vec<Node>, TranslateError> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        for out in &node.outputs {
+            if let Some(other) = producer.insert(out.as_str(), i) {
+                return Err(TranslateError::Invalid(format!(
+                    "PCollection '{out}' is produced by both '{}' and '{}'",
+                    nodes[other].name, node.name
+                )));
+            }
+        }
+    }
+    let mut indegree = vec![0usize; nodes.len()];
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        for input in node.inputs.iter().chain(node.side_inputs.iter().map(|s| &s.pcoll)) {
+            let Some(&p) = producer.get(input.as_str()) else {
+                return Err(TranslateError::Invalid(format!(
+                    "PCollection '{input}' consumed by '{}' has no producer",
+                    node.name
+                )));
+            };
+            indegree[i] += 1;
+            consumers[p].push(i);
+        }
+    }
+    let mut ready: BinaryHeap<Reverse<usize>> = indegree
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| **d == 0)
+        .map(|(i, _)| Reverse(i))
+        .collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(Reverse(i)) = ready.pop() {
+        order.push(i);
+        for &c in &consumers[i] {
+            indegree[c] -= 1;
+            if indegree[c] == 0 {
+                ready.push(Reverse(c));
+            }
+        }
+    }
+    if order.len() != nodes.len() {
+        return Err(TranslateError::Invalid(
+            "the pipeline's transforms form a cycle".into(),
+        ));
+    }
+    let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
+    Ok(order
+        .into_iter()
+        .filter_map(|i| slots.get_mut(i).and_then(Option::take))
+        .collect())
+}

@@ -1,0 +1,104 @@
+//! Translation from Beam's pipeline proto to Refract's stage plan.
+//!
+//! This crate is the only place where Beam pipeline protos become the
+//! engine's proto-free [`Plan`]. It
+//! 1. validates what the pipeline asks for ([`validate`]);
+//! 2. walks composites down to leaves, turning Reshuffle into an identity
+//!    flatten, lifting unlifted combiners and expanding splittable DoFns
+//!    (`graph`, `combine`, `sdf`);
+//! 3. fuses SDK transforms greedily into stages (`fuse`);
+//! 4. rewrites the coders of every PCollection that crosses a stage boundary
+//!    so the runner can walk their bytes (`coders`, `rewrite`);
+//! 5. builds a ProcessBundleDescriptor per SDK stage (`descriptor`) and the
+//!    engine's stages and PCollections (`assemble`).
+//!
+//! See `fn-api-notes.md` §3 and §6 for the protocol facts this follows.
+
+mod assemble;
+mod coders;
+mod combine;
+mod descriptor;
+mod error;
+mod fuse;
+mod graph;
+mod rewrite;
+mod sdf;
+mod validate;
+mod windowing;
+
+use std::collections::HashMap;
+
+use refract_engine::plan::{PCollectionIdx, Plan, StageIdx};
+use refract_proto::{fn_api, pipeline};
+
+pub use error::TranslateError;
+
+/// What translation needs to know about the job and the runner.
+#[derive(Debug, Clone)]
+pub struct TranslateOptions {
+    /// "host:port" of the runner's Fn API server, for RemoteGrpcPort.api_service_descriptor, state and timer descriptors.
+    pub fn_api_url: String,
+    /// Prefix for bundle-descriptor ids so they are unique across jobs (e.g. the job id).
+    pub descriptor_id_prefix: String,
+    /// Whether the job runs in streaming mode. The plan's shape does not
+    /// depend on it (combiners are lifted in both modes when the trigger
+    /// allows, as Prism does); it is recorded in the translation log.
+    pub streaming: bool,
+}
+
+/// A translated pipeline: the engine's plan plus what the SDK side needs.
+#[derive(Debug, Clone)]
+pub struct Translated {
+    /// The proto-free stage graph the engine executes.
+    pub plan: Plan,
+    /// For every stage whose kind is StageKind::Sdk, keyed by StageIdx.
+    pub sdk_stages: HashMap<StageIdx, SdkStageDescriptor>,
+    /// transform id -> unique_name for every transform (metrics labels and error text use unique names).
+    pub unique_names: HashMap<String, String>,
+    /// The pipeline's environments by id, for starting SDK workers.
+    pub environments: HashMap<String, pipeline::Environment>,
+}
+
+/// The Fn API side of one SDK stage.
+#[derive(Debug, Clone)]
+pub struct SdkStageDescriptor {
+    /// The bundle descriptor: fully built, coders transitively closed,
+    /// environments included.
+    pub descriptor: fn_api::ProcessBundleDescriptor,
+    /// The environment whose workers run the stage.
+    pub environment_id: String,
+    /// Data-source transform id in the descriptor for the stage's main input (the engine's Stage.inputs[0]); None if the stage has no main input.
+    pub input_transform_id: Option<String>,
+    /// (sink transform id, engine PCollection index) for every output in Stage.outputs.
+    pub outputs: Vec<(String, PCollectionIdx)>,
+    /// (transform id, timer family id) of every timer family in the descriptor (the engine's SdkStage.timer_families, same order).
+    pub timer_families: Vec<(String, String)>,
+}
+
+/// Check a pipeline at submission: every leaf transform URN, every
+/// `requirements` entry, every environment URN, windowing strategies (window
+/// fns incl. pickled/custom allowed; merge status), state/timer specs. The
+/// error names what is unsupported and where, so a job is rejected at
+/// `Prepare` rather than failing mid-run.
+pub fn validate(pipeline: &pipeline::Pipeline) -> Result<(), TranslateError> {
+    prepare(pipeline).map(|_| ())
+}
+
+/// Translates a pipeline into the engine's plan and the SDK stages' bundle
+/// descriptors. Runs every check of [`validate`] first.
+pub fn translate(
+    pipeline: &pipeline::Pipeline,
+    opts: &TranslateOptions,
+) -> Result<Translated, TranslateError> {
+    assemble::assemble(prepare(pipeline)?, opts)
+}
+
+/// The checks shared by [`validate`] and [`translate`], and the executable
+/// graph they produce.
+fn prepare(pipeline: &pipeline::Pipeline) -> Result<graph::Graph, TranslateError> {
+    validate::requirements(pipeline)?;
+    validate::environments(pipeline)?;
+    let graph = graph::build(pipeline)?;
+    validate::windowing_strategies(&graph)?;
+    Ok(graph)
+}

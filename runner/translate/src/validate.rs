@@ -1,0 +1,102 @@
+//! Submission-time checks: what a pipeline asks of the runner that Refract
+//! cannot give is rejected at `Prepare`, with the URN and the place named,
+//! instead of failing (or silently misbehaving) mid-job.
+//!
+//! Transform URNs, ParDo state and timer specs, side-input access patterns
+//! and payloads are checked while the executable graph is built
+//! ([`crate::graph::build`]); this module checks the rest.
+
+use std::collections::HashSet;
+
+use refract_proto::pipeline as pb;
+use refract_proto::urns::{env, requirement};
+
+use crate::error::TranslateError;
+use crate::graph::Graph;
+use crate::windowing;
+
+/// Requirements Refract honours. Stable input holds because a bundle's input
+/// stays committed until the bundle succeeds and is replayed on retry.
+const SUPPORTED_REQUIREMENTS: &[&str] = &[
+    requirement::STATEFUL,
+    requirement::SPLITTABLE_DOFN,
+    requirement::FINALIZATION,
+    requirement::STABLE_INPUT,
+];
+
+/// Rejects `Pipeline.requirements` entries Refract cannot honour.
+pub(crate) fn requirements(pipeline: &pb::Pipeline) -> Result<(), TranslateError> {
+    match pipeline
+        .requirements
+        .iter()
+        .find(|r| !SUPPORTED_REQUIREMENTS.contains(&r.as_str()))
+    {
+        Some(unsupported) => Err(TranslateError::UnsupportedRequirement(unsupported.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Rejects environments Refract cannot start.
+pub(crate) fn environments(pipeline: &pb::Pipeline) -> Result<(), TranslateError> {
+    let Some(components) = &pipeline.components else {
+        return Ok(());
+    };
+    let mut ids: Vec<&String> = components.environments.keys().collect();
+    ids.sort();
+    for id in ids {
+        let Some(environment) = components.environments.get(id) else { continue };
+        match environment.urn.as_str() {
+            env::EXTERNAL | env::DOCKER | env::PROCESS => {}
+            env::EMBEDDED_PYTHON | env::EMBEDDED_PYTHON_GRPC | env::EMBEDDED_PYTHON_LOOPBACK => {
+                return Err(TranslateError::EmbeddedEnvironment {
+                    urn: environment.urn.clone(),
+                    id: id.clone(),
+                })
+            }
+            other => {
+                return Err(TranslateError::UnsupportedEnvironment {
+                    urn: other.to_string(),
+                    id: id.clone(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the windowing strategy of every PCollection an executed transform
+/// reads or writes converts for the engine (window function, merge status,
+/// trigger tree, accumulation and timing enums).
+pub(crate) fn windowing_strategies(graph: &Graph) -> Result<(), TranslateError> {
+    let mut checked = HashSet::new();
+    for node in &graph.nodes {
+        for pcoll in node
+            .inputs
+            .iter()
+            .chain(&node.outputs)
+            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+        {
+            let Some(pc) = graph.components.pcollections.get(pcoll) else {
+                return Err(TranslateError::missing(
+                    "PCollection",
+                    pcoll,
+                    format!("transform '{}'", node.name),
+                ));
+            };
+            if checked.insert(pc.windowing_strategy_id.clone()) {
+                windowing::convert(
+                    &graph.components,
+                    &pc.windowing_strategy_id,
+                    &format!("PCollection '{pcoll}'"),
+                )?;
+                if let Some(ws) = graph.components.windowing_strategies.get(&pc.windowing_strategy_id) {
+                    graph.coders.get(
+                        &ws.window_coder_id,
+                        &format!("windowing strategy '{}'", pc.windowing_strategy_id),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}

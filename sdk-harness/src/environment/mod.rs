@@ -1,0 +1,82 @@
+//! Starting and stopping SDK harness workers, per environment URN.
+
+mod child;
+mod docker;
+mod external;
+mod process;
+
+use std::time::Duration;
+
+use refract_proto::pipeline::Environment;
+use refract_proto::urns;
+use tokio::sync::watch;
+
+pub(crate) use child::ExitReport;
+
+use crate::error::HarnessError;
+
+/// A started worker, as far as its environment is concerned.
+pub(crate) enum Launched {
+    /// Started through a worker pool (EXTERNAL, LOOPBACK).
+    External(external::ExternalWorker),
+    /// A process we spawned (PROCESS, or the `docker run` client for DOCKER).
+    Child(Box<child::ChildWorker>),
+}
+
+impl Launched {
+    /// Reports a process exit, for environments that have a process.
+    pub(crate) fn exit_watch(&self) -> Option<watch::Receiver<Option<ExitReport>>> {
+        match self {
+            Launched::External(_) => None,
+            Launched::Child(c) => Some(c.exit_watch()),
+        }
+    }
+
+    /// Stops the worker: StopWorker for a pool, kill for a process.
+    pub(crate) async fn stop(self) {
+        match self {
+            Launched::External(w) => w.stop().await,
+            Launched::Child(c) => c.stop().await,
+        }
+    }
+}
+
+/// Starts a worker for `environment` that connects to `url` as `worker_id`.
+/// `timeout` bounds the calls made here (not the wait for the connection).
+pub(crate) async fn launch(
+    environment: &Environment,
+    worker_id: &str,
+    url: &str,
+    timeout: Duration,
+) -> Result<Launched, HarnessError> {
+    let urn = environment.urn.as_str();
+    match urn {
+        urns::env::EXTERNAL => external::start(&environment.payload, worker_id, url, timeout)
+            .await
+            .map(Launched::External),
+        urns::env::PROCESS => process::start(&environment.payload, worker_id, url)
+            .map(|c| Launched::Child(Box::new(c))),
+        urns::env::DOCKER => docker::start(&environment.payload, worker_id, url)
+            .await
+            .map(|c| Launched::Child(Box::new(c))),
+        urns::env::EMBEDDED_PYTHON
+        | urns::env::EMBEDDED_PYTHON_GRPC
+        | urns::env::EMBEDDED_PYTHON_LOOPBACK => Err(HarnessError::EmbeddedEnvironment {
+            urn: urn.to_string(),
+        }),
+        _ => Err(HarnessError::UnsupportedEnvironment {
+            urn: urn.to_string(),
+        }),
+    }
+}
+
+/// The standard flags a Beam boot program takes to find the runner.
+pub(crate) fn boot_flags(worker_id: &str, url: &str) -> Vec<String> {
+    vec![
+        format!("--id={worker_id}"),
+        format!("--provision_endpoint={url}"),
+        format!("--logging_endpoint={url}"),
+        format!("--artifact_endpoint={url}"),
+        format!("--control_endpoint={url}"),
+    ]
+}

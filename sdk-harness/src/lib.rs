@@ -1,0 +1,35 @@
+//! The runner's side of Beam's Fn API.
+//!
+//! One gRPC server ([`FnApiServer`]) on one port serves BeamFnControl,
+//! BeamFnData, BeamFnState, BeamFnLogging, ProvisionService and
+//! ArtifactRetrievalService for every worker of every job, routing each call
+//! by its `worker_id` metadata header. [`FnApiServer::start_worker`] starts
+//! workers for EXTERNAL (and LOOPBACK), PROCESS and DOCKER environments;
+//! [`Worker::process_bundle`] runs bundles on them.
+//!
+//! This crate knows the Fn API protocol and nothing about pipelines: the
+//! engine decides what runs, this crate only moves bytes and instructions.
+
+#![warn(missing_docs)]
+
+mod bundle;
+mod collector;
+mod config;
+mod environment;
+mod error;
+mod framing;
+mod hub;
+mod inflight;
+mod link;
+mod server;
+mod services;
+mod worker;
+
+pub use bundle::{BundleRequest, BundleResult, StateHandler};
+pub use config::{ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig};
+pub use error::{BundleError, HarnessError};
+pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT};
+pub use worker::Worker;
+
+/// The gRPC metadata key that names the calling worker.
+pub const WORKER_ID_HEADER: &str = hub::WORKER_ID_HEADER;

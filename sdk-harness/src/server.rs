@@ -1,0 +1,236 @@
+//! The shared Fn API server: one port serving Control, Data, State, Logging,
+//! Provision and ArtifactRetrieval for all workers of all jobs, plus worker
+//! start-up.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use refract_proto::fn_api::beam_fn_control_server::BeamFnControlServer;
+use refract_proto::fn_api::beam_fn_data_server::BeamFnDataServer;
+use refract_proto::fn_api::beam_fn_logging_server::BeamFnLoggingServer;
+use refract_proto::fn_api::beam_fn_state_server::BeamFnStateServer;
+use refract_proto::fn_api::provision_service_server::ProvisionServiceServer;
+use refract_proto::fn_api::ProcessBundleDescriptor;
+use refract_proto::job_api::artifact_retrieval_service_server::ArtifactRetrievalServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::WorkerConfig;
+use crate::environment::{self, ExitReport, Launched};
+use crate::error::HarnessError;
+use crate::hub::Hub;
+use crate::link::{LinkStatus, WorkerLink};
+use crate::services::{
+    artifact::ArtifactService, control::ControlService, data::DataService, logging::LoggingService,
+    provision::ProvisionServiceImpl, state::StateService,
+};
+use crate::worker::Worker;
+
+/// Default wait for a new worker's control stream. Boot programs may install
+/// packages or pull images first, so this is generous.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// HTTP/2 flow-control windows: bundles move megabytes per message.
+const STREAM_WINDOW_BYTES: u32 = 16 << 20;
+const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
+
+/// The runner's Fn API endpoint, shared by every worker of every job.
+pub struct FnApiServer {
+    hub: Arc<Hub>,
+    url: String,
+    connect_timeout_ms: AtomicU64,
+    shutdown: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl FnApiServer {
+    /// Binds `bind_host:0` and serves all Fn API services on that port, with
+    /// unlimited message sizes (SDKs send unlimited ones).
+    pub async fn start(bind_host: &str) -> Result<Arc<FnApiServer>, HarnessError> {
+        let bind_error = |source| HarnessError::Bind {
+            host: bind_host.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind((bind_host, 0))
+            .await
+            .map_err(bind_error)?;
+        let url = listener.local_addr().map_err(bind_error)?.to_string();
+        let hub = Arc::new(Hub::default());
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .add_service(
+                BeamFnControlServer::new(ControlService::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                BeamFnDataServer::new(DataService::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                BeamFnStateServer::new(StateService::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                BeamFnLoggingServer::new(LoggingService::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                ProvisionServiceServer::new(ProvisionServiceImpl::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            )
+            .add_service(
+                ArtifactRetrievalServiceServer::new(ArtifactService::new(Arc::clone(&hub)))
+                    .max_decoding_message_size(usize::MAX)
+                    .max_encoding_message_size(usize::MAX),
+            );
+        let serve_url = url.clone();
+        tokio::spawn(async move {
+            let incoming = TcpListenerStream::new(listener);
+            let stopped = async {
+                let _ = shutdown_rx.await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+                tracing::error!(url = %serve_url, error = %e, "Fn API server failed");
+            }
+        });
+        tracing::info!(%url, "Fn API server listening");
+        Ok(Arc::new(FnApiServer {
+            hub,
+            url,
+            connect_timeout_ms: AtomicU64::new(millis(DEFAULT_CONNECT_TIMEOUT)),
+            shutdown: Mutex::new(Some(shutdown_tx)),
+        }))
+    }
+
+    /// `host:port` of the server, for every ApiServiceDescriptor we hand out.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Makes a bundle descriptor available to GetProcessBundleDescriptor.
+    /// Ids must be globally unique: SDKs cache descriptors by id forever.
+    pub fn register_descriptor(&self, d: ProcessBundleDescriptor) {
+        self.hub.register_descriptor(d);
+    }
+
+    /// Frees a descriptor once no worker can ask for it again (its job ended).
+    pub fn forget_descriptor(&self, id: &str) {
+        self.hub.forget_descriptor(id);
+    }
+
+    /// Sets how long `start_worker` waits for a worker's control stream.
+    pub fn set_connect_timeout(&self, timeout: Duration) {
+        self.connect_timeout_ms
+            .store(millis(timeout), Ordering::Relaxed);
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Starts one worker for an environment and waits until its control
+    /// stream is connected, so that bundles can be sent to it.
+    pub async fn start_worker(
+        self: &Arc<Self>,
+        cfg: WorkerConfig,
+    ) -> Result<Arc<Worker>, HarnessError> {
+        let timeout = self.connect_timeout();
+        let link = WorkerLink::new(&cfg, &self.url);
+        self.hub.add(Arc::clone(&link))?;
+        let launched =
+            match environment::launch(&cfg.environment, &cfg.worker_id, &self.url, timeout).await {
+                Ok(launched) => launched,
+                Err(e) => {
+                    self.abandon(&link, &e);
+                    return Err(e);
+                }
+            };
+        if let Err(e) = wait_connected(&link, &launched, timeout).await {
+            self.abandon(&link, &e);
+            launched.stop().await;
+            return Err(e);
+        }
+        tracing::info!(worker_id = %cfg.worker_id, urn = %cfg.environment.urn, "worker connected");
+        Ok(Arc::new(Worker::new(Arc::clone(self), link, launched)))
+    }
+
+    fn abandon(&self, link: &Arc<WorkerLink>, error: &HarnessError) {
+        link.close(&error.to_string());
+        self.hub.remove(link);
+    }
+
+    /// Removes a worker from routing (it was stopped or dropped).
+    pub(crate) fn unregister(&self, link: &Arc<WorkerLink>) {
+        self.hub.remove(link);
+    }
+}
+
+impl Drop for FnApiServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.lock().take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Waits for the control stream, a process exit or the timeout, whichever
+/// comes first.
+async fn wait_connected(
+    link: &WorkerLink,
+    launched: &Launched,
+    timeout: Duration,
+) -> Result<(), HarnessError> {
+    let worker_id = link.id().to_string();
+    let mut status = link.subscribe();
+    let connected = async {
+        loop {
+            let current = status.borrow_and_update().clone();
+            if current != LinkStatus::Waiting {
+                return current;
+            }
+            if status.changed().await.is_err() {
+                return LinkStatus::Closed("the worker link was dropped".to_string());
+            }
+        }
+    };
+    let exit_watch = launched.exit_watch();
+    let exited = async move {
+        let Some(mut exit) = exit_watch else {
+            return std::future::pending::<ExitReport>().await;
+        };
+        loop {
+            if let Some(report) = exit.borrow_and_update().clone() {
+                return report;
+            }
+            if exit.changed().await.is_err() {
+                return std::future::pending::<ExitReport>().await;
+            }
+        }
+    };
+    tokio::select! {
+        status = connected => match status {
+            LinkStatus::Connected | LinkStatus::Waiting => Ok(()),
+            LinkStatus::Closed(reason) => Err(HarnessError::StartupDisconnect { worker_id, reason }),
+        },
+        report = exited => Err(HarnessError::WorkerExited {
+            worker_id,
+            status: report.status,
+            stderr_tail: report.stderr_tail,
+        }),
+        _ = tokio::time::sleep(timeout) => Err(HarnessError::ConnectTimeout { worker_id, waited: timeout }),
+    }
+}
