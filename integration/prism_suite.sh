@@ -71,7 +71,7 @@ PYTHONPATH="$here/beam_suite${PYTHONPATH:+:$PYTHONPATH}" \
   --session-timeout "$session_timeout" \
   --junitxml "$report_dir/junit.xml" \
   -o junit_logging=all -o junit_log_passing_tests=false \
-  -v --tb=short --show-capture=no -rfE --disable-warnings \
+  -v --tb=native --show-capture=no -rfE --disable-warnings \
   "$@" || rc=$?
 
 "$REFRACT_PY" "$here/beam_suite/summarize.py" \

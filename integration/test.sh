@@ -75,7 +75,7 @@ rc=0
   REFRACT_BIN=$bin refract_run_bounded 900 \
     "$REFRACT_PY" -m pytest . \
     --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 600 \
-    --junitxml "$work/e2e.xml" -v --tb=short -rfE --disable-warnings
+    --junitxml "$work/e2e.xml" -v --tb=native -rfE --disable-warnings
 ) || rc=$?
 "$REFRACT_PY" "$here/beam_suite/summarize.py" --junit "$work/e2e.xml" \
   --all-must-pass --pytest-exit "$rc" --label e2e --record "$record" ||

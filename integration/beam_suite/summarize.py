@@ -23,6 +23,7 @@ failures there).
 
 import argparse
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -30,17 +31,46 @@ _TIMEOUT_MARK = 'from pytest-timeout'
 _CRASH_MARK = 'Subprocess terminated unexpectedly'
 
 
-def _first_line(text, limit=160):
+_EXC_LINE = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*')
+
+
+def _clip(line, limit=200):
+  return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def _first_line(text, limit=200):
   for line in (text or '').splitlines():
     line = line.strip()
     if line:
-      return line if len(line) <= limit else line[:limit - 3] + '...'
+      return _clip(line, limit)
   return ''
+
+
+def _reason(message):
+  """One line saying why a test failed: the first line of the failure, and
+  when that only opens a traceback (a remote SDK error), the innermost
+  exception line of that traceback."""
+  first = _first_line(message)
+  if not first.endswith('Traceback (most recent call last):'):
+    return first
+  lines = (message or '').splitlines()
+  inner = [l.strip() for l in lines[1:] if _EXC_LINE.match(l)]
+  head = first[:-len('Traceback (most recent call last):')].rstrip()
+  return _clip('%s ... %s' % (head, inner[-1])) if inner else first
 
 
 def _short_name(case):
   cls = case.get('classname', '').rsplit('.', 1)[-1]
   return '%s::%s' % (cls, case.get('name')) if cls else case.get('name')
+
+
+def _full_message(attr, text):
+  """pytest cuts long failure messages in the attribute and points to the
+  element text, which holds the whole report; rebuild the whole message."""
+  if 'full report in element text]' not in attr:
+    return attr or text
+  start = text.find(attr.splitlines()[0])
+  return text[start:] if start >= 0 else attr + '\n' + text
 
 
 def read_junit(path):
@@ -52,9 +82,7 @@ def read_junit(path):
       child = case.find(tag)
       if child is not None:
         outcome = {'failure': 'failed', 'error': 'error'}.get(tag, tag)
-        message = child.get('message') or child.text or ''
-        if tag != 'skipped' and child.text:
-          message = message + '\n' + child.text
+        message = _full_message(child.get('message') or '', child.text or '')
         break
     cases.append((_short_name(case), outcome, message))
   return cases
@@ -108,7 +136,7 @@ def main(argv=None):
   if bad:
     print('Failed tests (%d):' % len(bad))
     for name, outcome, message in bad:
-      reason = _first_line(message)
+      reason = _reason(message)
       print('  %-6s %s: %s' % (outcome.upper(), name, reason))
   for title, found in (('Runner crashes', crashes), ('Timeouts', timeouts)):
     if found:

@@ -1,5 +1,7 @@
 """The command lines Beam uses to start a runner binary must work as-is."""
 
+import os
+
 import pytest
 
 from refract_testlib import RefractServer
@@ -43,10 +45,20 @@ def test_job_service_starts(request, refract_bin, tmp_path, flags):
     server.stop()
 
 
-def _listening_addresses(port):
-  """Local addresses with a TCP socket listening on `port`, from /proc."""
+def _listening_sockets(pid):
+  """(hex local address, port) of every TCP socket process `pid` listens on,
+  read from /proc (so no traffic is sent anywhere)."""
+  inodes = set()
+  fd_dir = '/proc/%d/fd' % pid
+  for fd in os.listdir(fd_dir):
+    try:
+      target = os.readlink(os.path.join(fd_dir, fd))
+    except OSError:
+      continue
+    if target.startswith('socket:['):
+      inodes.add(target[len('socket:['):-1])
   found = []
-  for path, width in (('/proc/net/tcp', 8), ('/proc/net/tcp6', 32)):
+  for path in ('/proc/net/tcp', '/proc/net/tcp6'):
     try:
       with open(path) as f:
         lines = f.readlines()[1:]
@@ -54,10 +66,10 @@ def _listening_addresses(port):
       continue
     for line in lines:
       fields = line.split()
-      local, state = fields[1], fields[3]
-      addr, port_hex = local.split(':')
-      if state == '0A' and int(port_hex, 16) == port and len(addr) == width:
-        found.append(addr)
+      local, state, inode = fields[1], fields[3], fields[9]
+      if state == '0A' and inode in inodes:  # 0A: LISTEN
+        addr, port_hex = local.split(':')
+        found.append((addr, int(port_hex, 16)))
   return found
 
 
@@ -68,8 +80,14 @@ _LOOPBACK = {
 }
 
 
-def test_job_port_listens_on_loopback_only(refract_server):
-  addrs = _listening_addresses(refract_server.port)
-  assert addrs, 'nothing listens on port %d' % refract_server.port
-  assert set(addrs) <= _LOOPBACK, (
-      'the job port listens beyond loopback: %s (/proc/net/tcp* hex)' % addrs)
+def test_ports_listen_on_loopback_only(refract_server):
+  """The job port and the Fn API port are reachable from this machine only
+  (README, Security)."""
+  sockets = _listening_sockets(refract_server.proc.pid)
+  assert refract_server.port in [port for _, port in sockets], (
+      'refract (pid %d) does not itself listen on the job port %d: %s' %
+      (refract_server.proc.pid, refract_server.port, sockets))
+  exposed = [(a, p) for a, p in sockets if a not in _LOOPBACK]
+  assert not exposed, (
+      'refract listens beyond loopback on %s (/proc/net/tcp hex addresses)' %
+      exposed)

@@ -143,6 +143,10 @@ impl LogSink for JobLogs {
 
 async fn run_job(job: Arc<Job>, fn_server: Arc<FnApiServer>, config: EngineConfig) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
+    let config = EngineConfig {
+        streaming,
+        ..config
+    };
     let translated = translate(
         job.pipeline(),
         &TranslateOptions {

@@ -235,9 +235,12 @@ impl GroupingBuffer {
                     }
                 }
                 if expired {
+                    // A finished trigger closed the window: nothing more is
+                    // owed. Otherwise EMIT_ALWAYS asks for a final pane.
                     let final_pane = pane.new_data
                         || (self.strategy.closing_behavior == ClosingBehavior::EmitAlways
                             && pane.fired > 0
+                            && !pane.trigger.is_finished()
                             && !emitted_last);
                     if final_pane {
                         emitted += self.emit(&key, window, pane, &ctx, true, out)?;
@@ -295,6 +298,7 @@ impl GroupingBuffer {
             value.extend_from_slice(v);
         }
         encode_windowed_value(&header, &self.window_coder, &value, out)?;
+        tracing::debug!(?window, values = pane.values.len(), pane = ?header.pane, "pane fired");
         pane.fired += 1;
         if timing != PaneTiming::Early {
             pane.nonspeculative_fired += 1;
@@ -461,5 +465,99 @@ mod tests {
         // Late data for the fired window is dropped once the window expired.
         g.add(&element(b"a", 3, 2, w(0)), 10, 0).unwrap();
         assert_eq!(g.dropped_late(), 1);
+    }
+}
+
+#[cfg(test)]
+mod trigger_tests {
+    use super::*;
+    use crate::coder::decode_windowed_values;
+    use crate::plan::WindowFn;
+    use crate::time::MAX_TIMESTAMP;
+
+    fn element(key: &[u8], value: u8, ts: Timestamp) -> DecodedElement {
+        let mut v = vec![key.len() as u8];
+        v.extend_from_slice(key);
+        v.push(value);
+        let value = Bytes::from(v);
+        let start = ts - ts.rem_euclid(10);
+        DecodedElement {
+            header: WindowedValueHeader {
+                timestamp: ts,
+                windows: vec![Window::Interval {
+                    start,
+                    end: start + 10,
+                }],
+                pane: PaneInfo::NO_FIRING,
+            },
+            encoded: value.clone(),
+            value,
+        }
+    }
+
+    /// (key, values, is_last) of every pane emitted.
+    fn panes(out: Vec<u8>) -> Vec<(u8, Vec<u8>, bool)> {
+        let coder = Coder::Kv(
+            Box::new(Coder::Bytes),
+            Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+        );
+        decode_windowed_values(&Bytes::from(out), &coder, &Coder::IntervalWindow)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.value[1], e.value[6..].to_vec(), e.header.pane.is_last))
+            .collect()
+    }
+
+    fn after_count(per_element: bool) -> Vec<(u8, Vec<u8>, bool)> {
+        let strategy = WindowingStrategy {
+            window_fn: WindowFn::Fixed { size: 10, offset: 0 },
+            trigger: Trigger::ElementCount(3),
+            closing_behavior: ClosingBehavior::EmitAlways,
+            ..WindowingStrategy::global_default()
+        };
+        let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint));
+        let mut g = GroupingBuffer::new(strategy, kv, Coder::IntervalWindow);
+        let mut out = Vec::new();
+        for t in [1u8, 2, 3, 4, 5, 10, 11] {
+            for (k, v) in [(b'A', t), (b'B', t + 5)] {
+                g.add(&element(&[k], v, i64::from(v)), 0, 0).unwrap();
+                if per_element {
+                    g.evaluate(0, 0, &mut out).unwrap();
+                }
+            }
+        }
+        g.evaluate(0, 0, &mut out).unwrap();
+        g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap();
+        let mut p = panes(out);
+        p.sort();
+        p
+    }
+
+    #[test]
+    fn after_count_fires_per_element_in_streaming() {
+        assert_eq!(
+            after_count(true),
+            vec![
+                (b'A', vec![1, 2, 3], true),
+                (b'A', vec![4, 5], true),
+                (b'A', vec![10, 11], true),
+                (b'B', vec![6, 7, 8], true),
+                (b'B', vec![9], true),
+                (b'B', vec![10, 15, 16], true),
+            ]
+        );
+    }
+
+    #[test]
+    fn after_count_fires_per_batch_when_evaluated_per_batch() {
+        assert_eq!(
+            after_count(false),
+            vec![
+                (b'A', vec![1, 2, 3, 4, 5], true),
+                (b'A', vec![10, 11], true),
+                (b'B', vec![6, 7, 8, 9], true),
+                (b'B', vec![10, 15, 16], true),
+            ]
+        );
     }
 }

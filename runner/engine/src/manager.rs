@@ -676,7 +676,10 @@ impl Engine {
                     break;
                 }
                 let now = (self.clock)();
-                let fired = if families.is_empty() {
+                // Elements that already arrived are processed before any
+                // timer fires, so a timer cannot overtake data that would
+                // have reset or cleared it.
+                let fired = if families.is_empty() || !s.pending.is_empty() {
                     Vec::new()
                 } else {
                     s.timers.take_ready(s.input_wm, now)

@@ -13,7 +13,10 @@ use crate::rewrite::{self, window_coder_of};
 use crate::{descriptor, windowing, TranslateOptions, Translated};
 
 /// Fuses `graph`, rewrites its coders and builds the plan and descriptors.
-pub(crate) fn assemble(mut graph: Graph, opts: &TranslateOptions) -> Result<Translated, TranslateError> {
+pub(crate) fn assemble(
+    mut graph: Graph,
+    opts: &TranslateOptions,
+) -> Result<Translated, TranslateError> {
     let groups = fuse::fuse(&graph.nodes);
     let bounds = rewrite::boundaries(&graph, &groups);
     rewrite::rewrite(&mut graph, &groups, &bounds)?;
@@ -40,12 +43,13 @@ pub(crate) fn assemble(mut graph: Graph, opts: &TranslateOptions) -> Result<Tran
             bounded,
         });
     }
-    let lookup = |index: &HashMap<String, usize>, pcoll: &String| -> Result<usize, TranslateError> {
-        index
-            .get(pcoll)
-            .copied()
-            .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
-    };
+    let lookup =
+        |index: &HashMap<String, usize>, pcoll: &String| -> Result<usize, TranslateError> {
+            index
+                .get(pcoll)
+                .copied()
+                .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
+        };
 
     let mut sdk_stages = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
@@ -57,10 +61,17 @@ pub(crate) fn assemble(mut graph: Graph, opts: &TranslateOptions) -> Result<Tran
                     NodeKind::Flatten => StageKind::Flatten,
                     NodeKind::GroupByKey => {
                         let input = node.inputs.first().ok_or_else(|| {
-                            TranslateError::Invalid(format!("GroupByKey '{}' has no input", node.name))
+                            TranslateError::Invalid(format!(
+                                "GroupByKey '{}' has no input",
+                                node.name
+                            ))
                         })?;
                         let pc = graph.components.pcollections.get(input).ok_or_else(|| {
-                            TranslateError::missing("PCollection", input, format!("transform '{}'", node.name))
+                            TranslateError::missing(
+                                "PCollection",
+                                input,
+                                format!("transform '{}'", node.name),
+                            )
                         })?;
                         StageKind::GroupByKey(windowing::convert(
                             &graph.components,
@@ -116,7 +127,12 @@ pub(crate) fn assemble(mut graph: Graph, opts: &TranslateOptions) -> Result<Tran
                     Some(p) => vec![lookup(&index, p)?],
                     None => Vec::new(),
                 };
-                let outputs = built.descriptor.outputs.iter().map(|(_, idx)| *idx).collect();
+                let outputs = built
+                    .descriptor
+                    .outputs
+                    .iter()
+                    .map(|(_, idx)| *idx)
+                    .collect();
                 graph.unique_names.extend(built.synthetic_names);
                 sdk_stages.insert(g, built.descriptor);
                 Stage {

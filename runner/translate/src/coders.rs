@@ -152,35 +152,41 @@ impl Coders {
     /// Adds a coder with this content (or returns an existing identical one),
     /// under an id derived from `base`.
     pub(crate) fn add(&mut self, base: &str, urn: &str, components: Vec<String>) -> String {
-        let coder = pb::Coder {
-            spec: Some(pb::FunctionSpec {
-                urn: urn.to_string(),
-                payload: Vec::new(),
-            }),
-            component_coder_ids: components,
-        };
+        self.intern(
+            base,
+            pb::Coder {
+                spec: Some(pb::FunctionSpec {
+                    urn: urn.to_string(),
+                    payload: Vec::new(),
+                }),
+                component_coder_ids: components,
+            },
+        )
+    }
+
+    /// Adds a copy of coder `id` with other components.
+    fn add_like(
+        &mut self,
+        id: &str,
+        base: &str,
+        components: Vec<String>,
+    ) -> Result<String, TranslateError> {
+        let mut coder = self.get(id, "a coder rewrite")?.clone();
+        coder.component_coder_ids = components;
+        Ok(self.intern(base, coder))
+    }
+
+    /// The id of a coder identical to `coder`, adding it under an id derived
+    /// from `base` if there is none.
+    fn intern(&mut self, base: &str, coder: pb::Coder) -> String {
         let key = key_of(&coder);
-        if let Some(id) = self.index.get(&key) {
-            return id.clone();
+        if let Some(existing) = self.index.get(&key) {
+            return existing.clone();
         }
         let id = unique_id(base, |candidate| self.map.contains_key(candidate));
         self.map.insert(id.clone(), coder);
         self.index.insert(key, id.clone());
         id
-    }
-
-    /// Adds a copy of coder `id` with other components.
-    fn add_like(&mut self, id: &str, base: &str, components: Vec<String>) -> Result<String, TranslateError> {
-        let mut coder = self.get(id, "a coder rewrite")?.clone();
-        coder.component_coder_ids = components;
-        let key = key_of(&coder);
-        if let Some(existing) = self.index.get(&key) {
-            return Ok(existing.clone());
-        }
-        let new_id = unique_id(base, |candidate| self.map.contains_key(candidate));
-        self.map.insert(new_id.clone(), coder);
-        self.index.insert(key, new_id.clone());
-        Ok(new_id)
     }
 
     /// The length-prefix-safe version of coder `id` (see the module docs).
@@ -231,7 +237,11 @@ impl Coders {
                 self.add_like(id, &format!("{id}_safe"), components)?
             }
         } else {
-            self.add(&format!("{id}_length_prefixed"), c::LENGTH_PREFIX, vec![id.to_string()])
+            self.add(
+                &format!("{id}_length_prefixed"),
+                c::LENGTH_PREFIX,
+                vec![id.to_string()],
+            )
         };
         visiting.remove(id);
         self.safe_memo.insert(id.to_string(), result.clone());
@@ -242,7 +252,11 @@ impl Coders {
     /// The runner-readable version of window coder `id`: global and (if
     /// known) interval windows stay; any other window coder becomes
     /// `custom_window[length_prefix(id)]`.
-    pub(crate) fn safe_window(&mut self, id: &str, referrer: &str) -> Result<String, TranslateError> {
+    pub(crate) fn safe_window(
+        &mut self,
+        id: &str,
+        referrer: &str,
+    ) -> Result<String, TranslateError> {
         if let Some(done) = self.window_memo.get(id) {
             return Ok(done.clone());
         }
@@ -275,7 +289,11 @@ impl Coders {
         if is_lp {
             id.to_string()
         } else {
-            self.add(&format!("{id}_length_prefixed"), c::LENGTH_PREFIX, vec![id.to_string()])
+            self.add(
+                &format!("{id}_length_prefixed"),
+                c::LENGTH_PREFIX,
+                vec![id.to_string()],
+            )
         }
     }
 
@@ -294,7 +312,12 @@ impl Coders {
         self.engine_inner(id, referrer, 0)
     }
 
-    fn engine_inner(&self, id: &str, referrer: &str, depth: usize) -> Result<Coder, TranslateError> {
+    fn engine_inner(
+        &self,
+        id: &str,
+        referrer: &str,
+        depth: usize,
+    ) -> Result<Coder, TranslateError> {
         if depth > 64 {
             return Err(TranslateError::Invalid(format!(
                 "coder '{id}' (used by {referrer}) is nested too deeply"
@@ -429,7 +452,10 @@ mod tests {
         let mut t = table(&[env(&[c::VARINT])]);
         let safe = t.safe("tuple", "test").unwrap();
         assert_eq!(t.urn(&safe, "test").unwrap(), c::LENGTH_PREFIX);
-        assert_eq!(t.get(&safe, "test").unwrap().component_coder_ids, vec!["tuple"]);
+        assert_eq!(
+            t.get(&safe, "test").unwrap().component_coder_ids,
+            vec!["tuple"]
+        );
         assert_eq!(t.engine(&safe, "test").unwrap(), Coder::LengthPrefix);
         // Idempotent.
         assert_eq!(t.safe(&safe, "test").unwrap(), safe);

@@ -9,11 +9,14 @@
 //! composite's CombinePayload. Otherwise the composite's own subtransforms
 //! are executed.
 
+use std::collections::HashMap;
+
 use refract_proto::pipeline as pb;
 use refract_proto::urns::{coder as c, transform as t};
 
 use crate::error::TranslateError;
-use crate::graph::{decode_combine, name_of, Builder, Node, NodeKind};
+use crate::graph::{name_of, Builder, Node, NodeKind};
+use crate::payloads::decode_combine;
 use crate::windowing;
 
 /// The lifted nodes of combine_per_key `id`, or `None` when it must run
@@ -26,12 +29,16 @@ pub(crate) fn lift(
     let name = name_of(id, transform);
     let referrer = format!("transform '{name}'");
     let payload = decode_combine(transform, &name)?;
-    if transform.environment_id.is_empty() || transform.inputs.len() != 1 || transform.outputs.len() != 1 {
+    if transform.environment_id.is_empty()
+        || transform.inputs.len() != 1
+        || transform.outputs.len() != 1
+    {
         return Ok(None);
     }
-    let (Some(input_id), Some(output_id)) =
-        (transform.inputs.values().next(), transform.outputs.values().next())
-    else {
+    let (Some(input_id), Some(output_id)) = (
+        transform.inputs.values().next(),
+        transform.outputs.values().next(),
+    ) else {
         return Ok(None);
     };
     let input = b.pcollection(input_id, &referrer)?.clone();
@@ -60,75 +67,99 @@ pub(crate) fn lift(
     b.coders.get(&accumulator, &referrer)?;
     let key = kv[0].clone();
 
-    let key_acc = b.coders.add(&format!("{accumulator}_keyed"), c::KV, vec![key.clone(), accumulator.clone()]);
-    let acc_iter = b.coders.add(&format!("{accumulator}_iterable"), c::ITERABLE, vec![accumulator.clone()]);
-    let key_acc_iter = b.coders.add(&format!("{acc_iter}_keyed"), c::KV, vec![key, acc_iter]);
+    let key_acc = b.coders.add(
+        &format!("{accumulator}_keyed"),
+        c::KV,
+        vec![key.clone(), accumulator.clone()],
+    );
+    let acc_iter = b.coders.add(
+        &format!("{accumulator}_iterable"),
+        c::ITERABLE,
+        vec![accumulator.clone()],
+    );
+    let key_acc_iter = b
+        .coders
+        .add(&format!("{acc_iter}_keyed"), c::KV, vec![key, acc_iter]);
 
     let pcoll = |suffix: &str, coder_id: &str, like: &pb::PCollection| pb::PCollection {
         unique_name: format!("{name}/{suffix}.out"),
         coder_id: coder_id.to_string(),
         ..like.clone()
     };
-    let precombined = b.add_pcollection(&format!("{id}/Precombine.out"), pcoll("Precombine", &key_acc, &input));
-    let grouped = b.add_pcollection(&format!("{id}/Group.out"), pcoll("Group", &key_acc_iter, &output));
-    let merged = b.add_pcollection(&format!("{id}/Merge.out"), pcoll("Merge", &key_acc, &output));
+    let precombined = b.add_pcollection(
+        &format!("{id}/Precombine.out"),
+        pcoll("Precombine", &key_acc, &input),
+    );
+    let grouped = b.add_pcollection(
+        &format!("{id}/Group.out"),
+        pcoll("Group", &key_acc_iter, &output),
+    );
+    let merged = b.add_pcollection(
+        &format!("{id}/Merge.out"),
+        pcoll("Merge", &key_acc, &output),
+    );
 
-    let single = |tag: &str, pcoll: &str| [(tag.to_string(), pcoll.to_string())].into_iter().collect();
-    let step = |suffix: &str, urn: &str, inputs, outputs, env: &str, with_payload: bool| pb::PTransform {
-        unique_name: format!("{name}/{suffix}"),
-        spec: Some(pb::FunctionSpec {
-            urn: urn.to_string(),
-            payload: if with_payload {
-                transform.spec.as_ref().map(|s| s.payload.clone()).unwrap_or_default()
-            } else {
-                Vec::new()
-            },
-        }),
-        subtransforms: Vec::new(),
-        inputs,
-        outputs,
-        display_data: Vec::new(),
-        environment_id: env.to_string(),
-        annotations: transform.annotations.clone(),
+    let single = |tag: &str, pcoll: &str| -> HashMap<String, String> {
+        [(tag.to_string(), pcoll.to_string())].into_iter().collect()
     };
-    let env = transform.environment_id.as_str();
+    let payload = transform
+        .spec
+        .as_ref()
+        .map(|s| s.payload.clone())
+        .unwrap_or_default();
+    // (name suffix, URN, inputs, outputs); the Group step is the runner's.
     let steps = [
         (
             "Precombine",
-            step("Precombine", t::COMBINE_PER_KEY_PRECOMBINE, transform.inputs.clone(), single("out", &precombined), env, true),
+            t::COMBINE_PER_KEY_PRECOMBINE,
+            transform.inputs.clone(),
+            single("out", &precombined),
         ),
         (
             "Group",
-            step("Group", t::GROUP_BY_KEY, single("in", &precombined), single("out", &grouped), "", false),
+            t::GROUP_BY_KEY,
+            single("in", &precombined),
+            single("out", &grouped),
         ),
         (
             "Merge",
-            step("Merge", t::COMBINE_PER_KEY_MERGE_ACCUMULATORS, single("in", &grouped), single("out", &merged), env, true),
+            t::COMBINE_PER_KEY_MERGE_ACCUMULATORS,
+            single("in", &grouped),
+            single("out", &merged),
         ),
         (
             "ExtractOutputs",
-            step("ExtractOutputs", t::COMBINE_PER_KEY_EXTRACT_OUTPUTS, single("in", &merged), transform.outputs.clone(), env, true),
+            t::COMBINE_PER_KEY_EXTRACT_OUTPUTS,
+            single("in", &merged),
+            transform.outputs.clone(),
         ),
     ];
     let mut nodes = Vec::with_capacity(steps.len());
-    for (suffix, step) in steps {
+    for (suffix, urn, inputs, outputs) in steps {
+        let sdk = urn != t::GROUP_BY_KEY;
+        let step = pb::PTransform {
+            unique_name: format!("{name}/{suffix}"),
+            spec: Some(pb::FunctionSpec {
+                urn: urn.to_string(),
+                payload: if sdk { payload.clone() } else { Vec::new() },
+            }),
+            subtransforms: Vec::new(),
+            inputs,
+            outputs,
+            display_data: Vec::new(),
+            environment_id: if sdk {
+                transform.environment_id.clone()
+            } else {
+                String::new()
+            },
+            annotations: transform.annotations.clone(),
+        };
         let step_id = b.add_transform(&format!("{id}/{suffix}"), step.clone());
-        if suffix == "Group" {
-            nodes.push(Node {
-                id: step_id,
-                name: step.unique_name.clone(),
-                kind: NodeKind::GroupByKey,
-                inputs: vec![precombined.clone()],
-                side_inputs: Vec::new(),
-                outputs: vec![grouped.clone()],
-                env: String::new(),
-                stateful: false,
-                splittable: false,
-                finalization: false,
-                transform: step,
-            });
-        } else {
+        if sdk {
             nodes.push(b.sdk_node(&step_id, step)?);
+        } else {
+            let name = step.unique_name.clone();
+            nodes.push(Node::runner(&step_id, &name, NodeKind::GroupByKey, step));
         }
     }
     Ok(Some(nodes))

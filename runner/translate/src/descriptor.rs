@@ -19,7 +19,8 @@ use refract_proto::urns::transform as t;
 use crate::coders::unique_id;
 use crate::error::TranslateError;
 use crate::fuse::SdkGroup;
-use crate::graph::{decode_combine, decode_pardo, state_coders, Graph, COMBINE_STEPS, PARDO_LIKE};
+use crate::graph::Graph;
+use crate::payloads::{decode_combine, decode_pardo, state_coders, COMBINE_STEPS, PARDO_LIKE};
 use crate::rewrite::{coder_of, window_coder_of};
 use crate::{SdkStageDescriptor, TranslateOptions};
 
@@ -54,7 +55,7 @@ pub(crate) fn build(
     };
     let mut transforms: HashMap<String, pb::PTransform> = HashMap::new();
     let mut coder_roots: BTreeSet<String> = BTreeSet::new();
-    let (mut uses_state, mut uses_timers) = (false, false);
+    let mut uses_timers = false;
     let mut stage = SdkStage::default();
     let mut timer_ids = Vec::new();
     let mut side_inputs = Vec::new();
@@ -68,7 +69,6 @@ pub(crate) fn build(
                 coder_roots.insert(payload.restriction_coder_id.clone());
             }
             for spec in payload.state_specs.values() {
-                uses_state = true;
                 if let Some(kind) = &spec.spec {
                     coder_roots.extend(state_coders(kind).into_iter().cloned());
                 }
@@ -97,8 +97,12 @@ pub(crate) fn build(
             coder_roots.insert(decode_combine(&node.transform, &node.name)?.accumulator_coder_id);
         }
         for side in &node.side_inputs {
-            uses_state = true;
-            side_inputs.push((node.id.clone(), side.tag.clone(), side.pcoll.clone(), side.access));
+            side_inputs.push((
+                node.id.clone(),
+                side.tag.clone(),
+                side.pcoll.clone(),
+                side.access,
+            ));
         }
         stage.requires_finalization |= node.finalization;
         transforms.insert(node.id.clone(), node.transform.clone());
@@ -133,9 +137,12 @@ pub(crate) fn build(
             api_service_descriptor: Some(endpoint.clone()),
             coder_id: port_coder,
         };
-        let local = [(if source { "out" } else { "in" }.to_string(), pcoll.to_string())]
-            .into_iter()
-            .collect();
+        let local = [(
+            if source { "out" } else { "in" }.to_string(),
+            pcoll.to_string(),
+        )]
+        .into_iter()
+        .collect();
         let (inputs, outputs) = if source {
             (HashMap::new(), local)
         } else {
@@ -159,7 +166,13 @@ pub(crate) fn build(
     };
 
     let input_transform_id = match &group.input {
-        Some(pcoll) => Some(port_transform(graph, &mut transforms, &mut coder_roots, pcoll, true)?),
+        Some(pcoll) => Some(port_transform(
+            graph,
+            &mut transforms,
+            &mut coder_roots,
+            pcoll,
+            true,
+        )?),
         None => None,
     };
     let mut outputs = Vec::with_capacity(sinks.len());
@@ -183,11 +196,10 @@ pub(crate) fn build(
             if pcollections.contains_key(pcoll) {
                 continue;
             }
-            let pc = graph
-                .components
-                .pcollections
-                .get(pcoll)
-                .ok_or_else(|| TranslateError::missing("PCollection", pcoll, location.clone()))?;
+            let pc =
+                graph.components.pcollections.get(pcoll).ok_or_else(|| {
+                    TranslateError::missing("PCollection", pcoll, location.clone())
+                })?;
             coder_roots.insert(pc.coder_id.clone());
             let ws = graph
                 .components
@@ -225,7 +237,8 @@ pub(crate) fn build(
         windowing_strategies,
         coders,
         environments,
-        state_api_service_descriptor: uses_state.then(|| endpoint.clone()),
+        // Always set: the Python harness dials whatever is here, even when unused.
+        state_api_service_descriptor: Some(endpoint.clone()),
         timer_api_service_descriptor: uses_timers.then(|| endpoint.clone()),
     };
     Ok(BuiltStage {
@@ -249,9 +262,10 @@ fn timer_parts(
     transform: &str,
 ) -> Result<(refract_engine::coder::Coder, refract_engine::coder::Coder), TranslateError> {
     let location = format!("timer coder of transform '{transform}'");
-    let parts = graph
-        .coders
-        .components_of(timer_coder, refract_proto::urns::coder::TIMER, &location)?;
+    let parts =
+        graph
+            .coders
+            .components_of(timer_coder, refract_proto::urns::coder::TIMER, &location)?;
     Ok((
         graph.coders.engine(&parts[0], &location)?,
         graph.coders.engine(&parts[1], &location)?,

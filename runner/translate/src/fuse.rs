@@ -75,7 +75,11 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
     let mut ancestors: Vec<Bits> = Vec::with_capacity(n);
     for node in nodes {
         let mut bits = Bits::new(n);
-        for input in node.inputs.iter().chain(node.side_inputs.iter().map(|s| &s.pcoll)) {
+        for input in node
+            .inputs
+            .iter()
+            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+        {
             if let Some(&p) = producer.get(input.as_str()) {
                 bits.set(p);
                 if let Some(a) = ancestors.get(p) {
@@ -109,10 +113,14 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
             }
             candidates.extend(readers.get(main).into_iter().flatten().copied());
             chosen = candidates.into_iter().find(|&g| {
-                let Group::Sdk(group) = &groups[g] else { return false };
+                let Group::Sdk(group) = &groups[g] else {
+                    return false;
+                };
                 group.env == node.env
                     && node.side_inputs.iter().all(|side| {
-                        let Some(&p) = producer.get(side.pcoll.as_str()) else { return true };
+                        let Some(&p) = producer.get(side.pcoll.as_str()) else {
+                            return true;
+                        };
                         !members[g].get(p) && !ancestors[p].intersects(&members[g])
                     })
             });
@@ -143,4 +151,114 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
         }
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use refract_engine::plan::SideInputAccess;
+    use refract_proto::pipeline as pb;
+
+    use super::*;
+    use crate::graph::SideIn;
+
+    fn node(id: &str, kind: NodeKind, env: &str, inputs: &[&str], outputs: &[&str]) -> Node {
+        Node {
+            id: id.to_string(),
+            name: id.to_string(),
+            kind,
+            transform: pb::PTransform::default(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            side_inputs: Vec::new(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            env: env.to_string(),
+            stateful: false,
+            splittable: false,
+            finalization: false,
+        }
+    }
+
+    fn sdk_groups(groups: &[Group]) -> Vec<(Vec<usize>, Option<String>)> {
+        groups
+            .iter()
+            .filter_map(|g| match g {
+                Group::Sdk(s) => Some((s.nodes.clone(), s.input.clone())),
+                Group::Runner(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chains_fuse_and_environments_split() {
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            node("a", NodeKind::Sdk, "py", &["p0"], &["p1"]),
+            node("b", NodeKind::Sdk, "py", &["p1"], &["p2"]),
+            node("c", NodeKind::Sdk, "java", &["p2"], &["p3"]),
+        ];
+        let groups = fuse(&nodes);
+        assert_eq!(
+            sdk_groups(&groups),
+            vec![
+                (vec![1, 2], Some("p0".into())),
+                (vec![3], Some("p2".into()))
+            ]
+        );
+    }
+
+    #[test]
+    fn consumers_of_a_runner_output_share_one_source() {
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            node("a", NodeKind::Sdk, "py", &["p0"], &["p1"]),
+            node("b", NodeKind::Sdk, "py", &["p0"], &["p2"]),
+        ];
+        assert_eq!(
+            sdk_groups(&fuse(&nodes)),
+            vec![(vec![1, 2], Some("p0".into()))]
+        );
+    }
+
+    #[test]
+    fn forced_roots_start_their_own_stage() {
+        let mut stateful = node("s", NodeKind::Sdk, "py", &["p1"], &["p2"]);
+        stateful.stateful = true;
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            node("a", NodeKind::Sdk, "py", &["p0"], &["p1"]),
+            stateful,
+            node("after", NodeKind::Sdk, "py", &["p2"], &["p3"]),
+            node("other", NodeKind::Sdk, "py", &["p1"], &["p4"]),
+        ];
+        assert_eq!(
+            sdk_groups(&fuse(&nodes)),
+            vec![
+                (vec![1, 4], Some("p0".into())),
+                (vec![2, 3], Some("p1".into()))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_side_input_computed_downstream_breaks_fusion() {
+        // a → p1 → b(main p1, side p3) where p3 = c(p1).
+        let mut b = node("b", NodeKind::Sdk, "py", &["p1"], &["p2"]);
+        b.side_inputs.push(SideIn {
+            tag: "side".into(),
+            pcoll: "p3".into(),
+            access: SideInputAccess::Iterable,
+        });
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            node("a", NodeKind::Sdk, "py", &["p0"], &["p1"]),
+            node("c", NodeKind::Sdk, "py", &["p1"], &["p3"]),
+            b,
+        ];
+        assert_eq!(
+            sdk_groups(&fuse(&nodes)),
+            vec![
+                (vec![1, 2], Some("p0".into())),
+                (vec![3], Some("p1".into()))
+            ]
+        );
+    }
 }

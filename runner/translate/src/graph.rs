@@ -14,11 +14,11 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use refract_engine::plan::SideInputAccess;
 use refract_proto::pipeline as pb;
-use refract_proto::prost::Message;
-use refract_proto::urns::{self, transform as t};
+use refract_proto::urns::transform as t;
 
 use crate::coders::{unique_id, Coders};
 use crate::error::TranslateError;
+use crate::payloads::{self, decode_combine, decode_pardo, COMBINE_STEPS, PARDO_LIKE};
 use crate::{combine, sdf};
 
 /// Who executes a node.
@@ -73,6 +73,23 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// A runner-executed node for `transform`.
+    pub(crate) fn runner(id: &str, name: &str, kind: NodeKind, transform: pb::PTransform) -> Node {
+        Node {
+            id: id.to_string(),
+            name: name.to_string(),
+            kind,
+            inputs: values_by_tag(&transform.inputs),
+            side_inputs: Vec::new(),
+            outputs: values_by_tag(&transform.outputs),
+            env: String::new(),
+            stateful: false,
+            splittable: false,
+            finalization: false,
+            transform,
+        }
+    }
+
     /// Whether the node must start its own stage.
     pub(crate) fn forced_root(&self) -> bool {
         self.stateful || self.splittable
@@ -91,24 +108,6 @@ pub(crate) struct Graph {
     /// Transform id → unique name, for every transform.
     pub unique_names: HashMap<String, String>,
 }
-
-/// URNs whose ParDoPayload carries side inputs, state and timers.
-pub(crate) const PARDO_LIKE: &[&str] = &[
-    t::PAR_DO,
-    t::SDF_PAIR_WITH_RESTRICTION,
-    t::SDF_SPLIT_AND_SIZE_RESTRICTIONS,
-    t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
-    t::SDF_TRUNCATE_SIZED_RESTRICTIONS,
-];
-
-/// Combine steps whose payload is a CombinePayload.
-pub(crate) const COMBINE_STEPS: &[&str] = &[
-    t::COMBINE_PER_KEY_PRECOMBINE,
-    t::COMBINE_PER_KEY_MERGE_ACCUMULATORS,
-    t::COMBINE_PER_KEY_EXTRACT_OUTPUTS,
-    t::COMBINE_PER_KEY_CONVERT_TO_ACCUMULATORS,
-    t::COMBINE_GROUPED_VALUES,
-];
 
 /// Other leaf URNs an SDK executes.
 const OTHER_SDK_LEAVES: &[&str] = &[
@@ -129,11 +128,8 @@ const IDENTITY_COMPOSITES: &[&str] = &[
 
 /// Composite URNs that may legitimately arrive without subtransforms when
 /// they only pass their input through.
-const PASS_THROUGH_COMPOSITES: &[&str] = &[
-    t::GENERIC_COMPOSITE,
-    t::PICKLED_PYTHON,
-    t::COMBINE_GLOBALLY,
-];
+const PASS_THROUGH_COMPOSITES: &[&str] =
+    &[t::GENERIC_COMPOSITE, t::PICKLED_PYTHON, t::COMBINE_GLOBALLY];
 
 fn urn_of(transform: &pb::PTransform) -> &str {
     transform.spec.as_ref().map_or("", |s| s.urn.as_str())
@@ -150,7 +146,7 @@ pub(crate) fn name_of(id: &str, transform: &pb::PTransform) -> String {
 
 /// Sorts `(local name, value)` pairs by local name, numerically when the
 /// names are numbers (Flatten's "0", "1", ..., "10").
-pub(crate) fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, String)> {
+fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, String)> {
     let mut entries: Vec<(String, String)> =
         map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     entries.sort_by(|a, b| match (a.0.parse::<u64>(), b.0.parse::<u64>()) {
@@ -158,6 +154,11 @@ pub(crate) fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, Strin
         _ => a.0.cmp(&b.0),
     });
     entries
+}
+
+/// The values of a local-name map, in [`sorted_by_tag`] order.
+pub(crate) fn values_by_tag(map: &HashMap<String, String>) -> Vec<String> {
+    sorted_by_tag(map).into_iter().map(|(_, v)| v).collect()
 }
 
 /// Walks the pipeline's transforms into an executable graph.
@@ -265,7 +266,12 @@ impl Builder {
         false
     }
 
-    fn identity(&mut self, id: &str, transform: &pb::PTransform, name: &str) -> Result<(), TranslateError> {
+    fn identity(
+        &mut self,
+        id: &str,
+        transform: &pb::PTransform,
+        name: &str,
+    ) -> Result<(), TranslateError> {
         if transform.inputs.len() != 1 || transform.outputs.len() != 1 {
             return Err(TranslateError::Invalid(format!(
                 "'{}' transform '{name}' must have one input and one output, has {} and {}",
@@ -274,19 +280,7 @@ impl Builder {
                 transform.outputs.len()
             )));
         }
-        let node = Node {
-            id: id.to_string(),
-            name: name.to_string(),
-            kind: NodeKind::Flatten,
-            transform: transform.clone(),
-            inputs: transform.inputs.values().cloned().collect(),
-            side_inputs: Vec::new(),
-            outputs: transform.outputs.values().cloned().collect(),
-            env: String::new(),
-            stateful: false,
-            splittable: false,
-            finalization: false,
-        };
+        let node = Node::runner(id, name, NodeKind::Flatten, transform.clone());
         self.push(node)
     }
 
@@ -297,21 +291,10 @@ impl Builder {
         name: &str,
         urn: &str,
     ) -> Result<(), TranslateError> {
-        let runner_node = |kind: NodeKind, transform: pb::PTransform| Node {
-            id: id.to_string(),
-            name: name.to_string(),
-            kind,
-            inputs: sorted_by_tag(&transform.inputs).into_iter().map(|(_, p)| p).collect(),
-            side_inputs: Vec::new(),
-            outputs: sorted_by_tag(&transform.outputs).into_iter().map(|(_, p)| p).collect(),
-            env: String::new(),
-            stateful: false,
-            splittable: false,
-            finalization: false,
-            transform,
-        };
+        let runner_node = |kind, transform| Node::runner(id, name, kind, transform);
         let count_check = |inputs: Option<usize>, outputs: usize| -> Result<(), TranslateError> {
-            if inputs.is_some_and(|n| n != transform.inputs.len()) || transform.outputs.len() != outputs
+            if inputs.is_some_and(|n| n != transform.inputs.len())
+                || transform.outputs.len() != outputs
             {
                 return Err(TranslateError::Invalid(format!(
                     "'{urn}' transform '{name}' has {} inputs and {} outputs",
@@ -374,7 +357,11 @@ impl Builder {
     }
 
     /// Builds the node of an SDK-executed transform (with its ParDo facts).
-    pub(crate) fn sdk_node(&self, id: &str, transform: pb::PTransform) -> Result<Node, TranslateError> {
+    pub(crate) fn sdk_node(
+        &self,
+        id: &str,
+        transform: pb::PTransform,
+    ) -> Result<Node, TranslateError> {
         let name = name_of(id, &transform);
         let urn = urn_of(&transform).to_string();
         let env = transform.environment_id.clone();
@@ -393,34 +380,17 @@ impl Builder {
         let mut side_inputs = Vec::new();
         let (mut stateful, mut finalization) = (false, false);
         if PARDO_LIKE.contains(&urn.as_str()) {
-            let payload = decode_pardo(&transform, &name)?;
-            self.check_pardo(&payload, &name)?;
-            for (tag, spec) in sorted_side_inputs(&payload) {
-                let pcoll = transform.inputs.get(&tag).cloned().ok_or_else(|| {
-                    TranslateError::Invalid(format!(
-                        "transform '{name}' declares side input '{tag}' but has no such input"
-                    ))
-                })?;
-                let access_urn = spec.access_pattern.as_ref().map_or("", |a| a.urn.as_str());
-                let access = match access_urn {
-                    urns::side_input::ITERABLE => SideInputAccess::Iterable,
-                    urns::side_input::MULTIMAP => SideInputAccess::Multimap,
-                    other => {
-                        return Err(TranslateError::unsupported(
-                            format!("side input access pattern '{other}'"),
-                            format!("side input '{tag}' of transform '{name}'"),
-                        ))
-                    }
-                };
-                side_inputs.push(SideIn { tag, pcoll, access });
-            }
-            stateful = (!payload.state_specs.is_empty() || !payload.timer_family_specs.is_empty())
+            let facts = payloads::pardo_facts(&transform, &name, &self.coders)?;
+            side_inputs = facts.side_inputs;
+            stateful = facts.keyed_state
                 && (urn == t::PAR_DO || urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS);
-            finalization = payload.requests_finalization;
+            finalization = facts.finalization;
         } else if COMBINE_STEPS.contains(&urn.as_str()) {
             let payload = decode_combine(&transform, &name)?;
-            self.coders
-                .get(&payload.accumulator_coder_id, &format!("transform '{name}'"))?;
+            self.coders.get(
+                &payload.accumulator_coder_id,
+                &format!("transform '{name}'"),
+            )?;
         }
         let side_tags: HashSet<&str> = side_inputs.iter().map(|s| s.tag.as_str()).collect();
         let inputs: Vec<String> = sorted_by_tag(&transform.inputs)
@@ -440,70 +410,13 @@ impl Builder {
             kind: NodeKind::Sdk,
             inputs,
             side_inputs,
-            outputs: sorted_by_tag(&transform.outputs).into_iter().map(|(_, p)| p).collect(),
+            outputs: values_by_tag(&transform.outputs),
             env,
             stateful,
             splittable: urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
             finalization,
             transform,
         })
-    }
-
-    /// Rejects ParDo features Refract does not implement.
-    fn check_pardo(&self, payload: &pb::ParDoPayload, name: &str) -> Result<(), TranslateError> {
-        let location = format!("transform '{name}'");
-        if payload.requires_time_sorted_input {
-            return Err(TranslateError::unsupported(
-                format!("time-sorted input ('{}')", urns::requirement::TIME_SORTED_INPUT),
-                location,
-            ));
-        }
-        if !payload.on_window_expiration_timer_family_spec.is_empty() {
-            return Err(TranslateError::unsupported(
-                format!(
-                    "on-window-expiration timer ('{}')",
-                    urns::requirement::ON_WINDOW_EXPIRATION
-                ),
-                location,
-            ));
-        }
-        for (state_id, spec) in &payload.state_specs {
-            let spec_location = format!("state '{state_id}' of transform '{name}'");
-            let protocol = spec.protocol.as_ref().map_or("", |p| p.urn.as_str());
-            if !matches!(
-                protocol,
-                "" | urns::user_state::BAG | urns::user_state::MULTIMAP | urns::user_state::ORDERED_LIST
-            ) {
-                return Err(TranslateError::unsupported(
-                    format!("user state protocol '{protocol}'"),
-                    spec_location,
-                ));
-            }
-            let Some(kind) = &spec.spec else {
-                return Err(TranslateError::Invalid(format!("{spec_location} has no spec")));
-            };
-            for coder in state_coders(kind) {
-                self.coders.get(coder, &spec_location)?;
-            }
-        }
-        for (family, spec) in &payload.timer_family_specs {
-            let spec_location = format!("timer family '{family}' of transform '{name}'");
-            match pb::time_domain::Enum::try_from(spec.time_domain) {
-                Ok(pb::time_domain::Enum::EventTime | pb::time_domain::Enum::ProcessingTime) => {}
-                _ => {
-                    return Err(TranslateError::unsupported(
-                        format!("timer time domain {}", spec.time_domain),
-                        spec_location,
-                    ))
-                }
-            }
-            self.coders
-                .components_of(&spec.timer_family_coder_id, urns::coder::TIMER, &spec_location)?;
-        }
-        if !payload.restriction_coder_id.is_empty() {
-            self.coders.get(&payload.restriction_coder_id, &location)?;
-        }
-        Ok(())
     }
 
     /// Adds a PCollection under an id derived from `base`.
@@ -516,13 +429,18 @@ impl Builder {
     /// Adds a transform under an id derived from `base`, recording its name.
     pub(crate) fn add_transform(&mut self, base: &str, transform: pb::PTransform) -> String {
         let id = unique_id(base, |c| self.components.transforms.contains_key(c));
-        self.unique_names.insert(id.clone(), name_of(&id, &transform));
+        self.unique_names
+            .insert(id.clone(), name_of(&id, &transform));
         self.components.transforms.insert(id.clone(), transform);
         id
     }
 
     /// A PCollection, or an error naming `referrer`.
-    pub(crate) fn pcollection(&self, id: &str, referrer: &str) -> Result<&pb::PCollection, TranslateError> {
+    pub(crate) fn pcollection(
+        &self,
+        id: &str,
+        referrer: &str,
+    ) -> Result<&pb::PCollection, TranslateError> {
         self.components
             .pcollections
             .get(id)
@@ -538,7 +456,8 @@ impl Builder {
             .chain(node.side_inputs.iter().map(|s| &s.pcoll))
         {
             let pc = self.pcollection(pcoll, &referrer)?;
-            self.coders.get(&pc.coder_id, &format!("PCollection '{pcoll}'"))?;
+            self.coders
+                .get(&pc.coder_id, &format!("PCollection '{pcoll}'"))?;
             if !self
                 .components
                 .windowing_strategies
@@ -562,48 +481,6 @@ fn passes_through(transform: &pb::PTransform) -> bool {
     transform.outputs.values().all(|o| inputs.contains(o))
 }
 
-/// Decodes a ParDo-like transform's payload.
-pub(crate) fn decode_pardo(transform: &pb::PTransform, name: &str) -> Result<pb::ParDoPayload, TranslateError> {
-    let bytes = transform.spec.as_ref().map_or(&[][..], |s| s.payload.as_slice());
-    pb::ParDoPayload::decode(bytes)
-        .map_err(|e| TranslateError::bad_payload("ParDoPayload", format!("transform '{name}'"), e))
-}
-
-/// Decodes a combine step's payload.
-pub(crate) fn decode_combine(
-    transform: &pb::PTransform,
-    name: &str,
-) -> Result<pb::CombinePayload, TranslateError> {
-    let bytes = transform.spec.as_ref().map_or(&[][..], |s| s.payload.as_slice());
-    pb::CombinePayload::decode(bytes)
-        .map_err(|e| TranslateError::bad_payload("CombinePayload", format!("transform '{name}'"), e))
-}
-
-/// Side inputs sorted by tag, for a deterministic plan.
-fn sorted_side_inputs(payload: &pb::ParDoPayload) -> Vec<(String, pb::SideInput)> {
-    let mut entries: Vec<(String, pb::SideInput)> = payload
-        .side_inputs
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    entries
-}
-
-/// The coder ids a state spec refers to.
-pub(crate) fn state_coders(spec: &pb::state_spec::Spec) -> Vec<&String> {
-    use pb::state_spec::Spec;
-    match spec {
-        Spec::ReadModifyWriteSpec(s) => vec![&s.coder_id],
-        Spec::BagSpec(s) => vec![&s.element_coder_id],
-        Spec::CombiningSpec(s) => vec![&s.accumulator_coder_id],
-        Spec::MapSpec(s) => vec![&s.key_coder_id, &s.value_coder_id],
-        Spec::SetSpec(s) => vec![&s.element_coder_id],
-        Spec::OrderedListSpec(s) => vec![&s.element_coder_id],
-        Spec::MultimapSpec(s) => vec![&s.key_coder_id, &s.value_coder_id],
-    }
-}
-
 /// Orders nodes so that every PCollection's producer comes before its
 /// consumers, keeping the pipeline's own order where it is free.
 fn topo_sort(nodes: Vec<Node>) -> Result<Vec<Node>, TranslateError> {
@@ -621,7 +498,11 @@ fn topo_sort(nodes: Vec<Node>) -> Result<Vec<Node>, TranslateError> {
     let mut indegree = vec![0usize; nodes.len()];
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
-        for input in node.inputs.iter().chain(node.side_inputs.iter().map(|s| &s.pcoll)) {
+        for input in node
+            .inputs
+            .iter()
+            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+        {
             let Some(&p) = producer.get(input.as_str()) else {
                 return Err(TranslateError::Invalid(format!(
                     "PCollection '{input}' consumed by '{}' has no producer",
@@ -658,4 +539,19 @@ fn topo_sort(nodes: Vec<Node>) -> Result<Vec<Node>, TranslateError> {
         .into_iter()
         .filter_map(|i| slots.get_mut(i).and_then(Option::take))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_sort_numerically_when_numeric() {
+        let map: HashMap<String, String> = [("10", "c"), ("2", "b"), ("1", "a")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let values: Vec<String> = sorted_by_tag(&map).into_iter().map(|(_, v)| v).collect();
+        assert_eq!(values, vec!["a", "b", "c"]);
+    }
 }

@@ -5,7 +5,8 @@
 //! 1. validates what the pipeline asks for ([`validate`]);
 //! 2. walks composites down to leaves, turning Reshuffle into an identity
 //!    flatten, lifting unlifted combiners and expanding splittable DoFns
-//!    (`graph`, `combine`, `sdf`);
+//!    (`graph`, `payloads`, `combine`, `sdf`; windowing strategies in
+//!    `windowing`);
 //! 3. fuses SDK transforms greedily into stages (`fuse`);
 //! 4. rewrites the coders of every PCollection that crosses a stage boundary
 //!    so the runner can walk their bytes (`coders`, `rewrite`);
@@ -21,6 +22,7 @@ mod descriptor;
 mod error;
 mod fuse;
 mod graph;
+mod payloads;
 mod rewrite;
 mod sdf;
 mod validate;
@@ -79,9 +81,16 @@ pub struct SdkStageDescriptor {
 /// `requirements` entry, every environment URN, windowing strategies (window
 /// fns incl. pickled/custom allowed; merge status), state/timer specs. The
 /// error names what is unsupported and where, so a job is rejected at
-/// `Prepare` rather than failing mid-run.
+/// `Prepare` rather than failing mid-run. It runs the whole translation
+/// (with placeholder options) and discards the result, so a pipeline that
+/// validates also translates.
 pub fn validate(pipeline: &pipeline::Pipeline) -> Result<(), TranslateError> {
-    prepare(pipeline).map(|_| ())
+    let opts = TranslateOptions {
+        fn_api_url: String::new(),
+        descriptor_id_prefix: String::new(),
+        streaming: false,
+    };
+    translate(pipeline, &opts).map(|_| ())
 }
 
 /// Translates a pipeline into the engine's plan and the SDK stages' bundle
@@ -93,8 +102,7 @@ pub fn translate(
     assemble::assemble(prepare(pipeline)?, opts)
 }
 
-/// The checks shared by [`validate`] and [`translate`], and the executable
-/// graph they produce.
+/// The checks that need no fusion, and the executable graph they produce.
 fn prepare(pipeline: &pipeline::Pipeline) -> Result<graph::Graph, TranslateError> {
     validate::requirements(pipeline)?;
     validate::environments(pipeline)?;

@@ -21,7 +21,8 @@ use refract_proto::urns::coder as c;
 
 use crate::error::TranslateError;
 use crate::fuse::Group;
-use crate::graph::{decode_pardo, Graph, NodeKind};
+use crate::graph::{Graph, NodeKind};
+use crate::payloads::decode_pardo;
 
 /// The PCollections of the plan and the sinks of each stage.
 pub(crate) struct Boundaries {
@@ -50,7 +51,11 @@ pub(crate) fn boundaries(graph: &Graph, groups: &[Group]) -> Boundaries {
     let mut consumer_groups: HashMap<&str, HashSet<usize>> = HashMap::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let g = group_of.get(&i).copied().unwrap_or(usize::MAX);
-        for input in node.inputs.iter().chain(node.side_inputs.iter().map(|s| &s.pcoll)) {
+        for input in node
+            .inputs
+            .iter()
+            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+        {
             consumer_groups.entry(input.as_str()).or_default().insert(g);
         }
     }
@@ -141,10 +146,16 @@ pub(crate) fn window_coder_of(graph: &Graph, pcoll: &str) -> Result<String, Tran
 
 /// Rewrites the coders of boundary PCollections, runner-produced
 /// PCollections and timer families (see the module docs).
-pub(crate) fn rewrite(graph: &mut Graph, groups: &[Group], bounds: &Boundaries) -> Result<(), TranslateError> {
+pub(crate) fn rewrite(
+    graph: &mut Graph,
+    groups: &[Group],
+    bounds: &Boundaries,
+) -> Result<(), TranslateError> {
     for pcoll in &bounds.pcolls {
         let coder = coder_of(graph, pcoll)?;
-        let safe = graph.coders.safe(&coder, &format!("PCollection '{pcoll}'"))?;
+        let safe = graph
+            .coders
+            .safe(&coder, &format!("PCollection '{pcoll}'"))?;
         set_coder(graph, pcoll, safe)?;
     }
     runner_outputs(graph)?;
@@ -172,25 +183,34 @@ fn runner_outputs(graph: &mut Graph) -> Result<(), TranslateError> {
             NodeKind::Sdk => {}
             NodeKind::Impulse => fixed.extend(node.outputs.iter().cloned()),
             NodeKind::GroupByKey => {
-                let (Some(input), Some(output)) = (node.inputs.first(), node.outputs.first()) else {
+                let (Some(input), Some(output)) = (node.inputs.first(), node.outputs.first())
+                else {
                     continue;
                 };
                 let in_coder = coder_of(graph, input)?;
-                let kv = graph
-                    .coders
-                    .components_of(&in_coder, c::KV, &format!("the input of GroupByKey {location}"))?;
-                let values = graph
-                    .coders
-                    .add(&format!("{}_iterable", kv[1]), c::ITERABLE, vec![kv[1].clone()]);
-                let grouped = graph
-                    .coders
-                    .add(&format!("{in_coder}_grouped"), c::KV, vec![kv[0].clone(), values]);
+                let kv = graph.coders.components_of(
+                    &in_coder,
+                    c::KV,
+                    &format!("the input of GroupByKey {location}"),
+                )?;
+                let values = graph.coders.add(
+                    &format!("{}_iterable", kv[1]),
+                    c::ITERABLE,
+                    vec![kv[1].clone()],
+                );
+                let grouped = graph.coders.add(
+                    &format!("{in_coder}_grouped"),
+                    c::KV,
+                    vec![kv[0].clone(), values],
+                );
                 set_coder(graph, output, grouped)?;
                 fixed.insert(input.clone());
                 fixed.insert(output.clone());
             }
             NodeKind::Flatten => {
-                let Some(output) = node.outputs.first() else { continue };
+                let Some(output) = node.outputs.first() else {
+                    continue;
+                };
                 let mut chosen: Option<(String, String)> = None; // (pcoll, coder)
                 for input in node.inputs.iter().filter(|p| fixed.contains(*p)) {
                     let coder = coder_of(graph, input)?;
@@ -238,9 +258,19 @@ fn timer_coders(graph: &mut Graph, root: usize, input: &str) -> Result<(), Trans
     if payload.timer_family_specs.is_empty() {
         return Ok(());
     }
-    let timer = graph
-        .coders
-        .add(&format!("{}_timer", kv[0]), c::TIMER, vec![kv[0].clone(), window]);
+    let timer = graph.coders.add(
+        &format!("{}_timer", kv[0]),
+        c::TIMER,
+        vec![kv[0].clone(), window],
+    );
+    if payload
+        .timer_family_specs
+        .values()
+        .all(|spec| spec.timer_family_coder_id == timer)
+    {
+        // Keep the SDK's payload bytes when nothing changes.
+        return Ok(());
+    }
     for spec in payload.timer_family_specs.values_mut() {
         spec.timer_family_coder_id = timer.clone();
     }

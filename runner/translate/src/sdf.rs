@@ -90,7 +90,11 @@ pub(crate) fn expand(
             annotations: transform.annotations.clone(),
         }
     };
-    let out = |pcoll: &str| [("out".to_string(), pcoll.to_string())].into_iter().collect();
+    let out = |pcoll: &str| {
+        [("out".to_string(), pcoll.to_string())]
+            .into_iter()
+            .collect()
+    };
 
     let pair = step(
         "PairWithRestriction",

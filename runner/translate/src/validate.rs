@@ -44,7 +44,9 @@ pub(crate) fn environments(pipeline: &pb::Pipeline) -> Result<(), TranslateError
     let mut ids: Vec<&String> = components.environments.keys().collect();
     ids.sort();
     for id in ids {
-        let Some(environment) = components.environments.get(id) else { continue };
+        let Some(environment) = components.environments.get(id) else {
+            continue;
+        };
         match environment.urn.as_str() {
             env::EXTERNAL | env::DOCKER | env::PROCESS => {}
             env::EMBEDDED_PYTHON | env::EMBEDDED_PYTHON_GRPC | env::EMBEDDED_PYTHON_LOOPBACK => {
@@ -89,7 +91,11 @@ pub(crate) fn windowing_strategies(graph: &Graph) -> Result<(), TranslateError> 
                     &pc.windowing_strategy_id,
                     &format!("PCollection '{pcoll}'"),
                 )?;
-                if let Some(ws) = graph.components.windowing_strategies.get(&pc.windowing_strategy_id) {
+                if let Some(ws) = graph
+                    .components
+                    .windowing_strategies
+                    .get(&pc.windowing_strategy_id)
+                {
                     graph.coders.get(
                         &ws.window_coder_id,
                         &format!("windowing strategy '{}'", pc.windowing_strategy_id),

@@ -62,8 +62,9 @@ fn window_fn(ws: &pb::WindowingStrategy, location: &str) -> Result<WindowFn, Tra
     Ok(match spec.urn.as_str() {
         urns::window_fn::GLOBAL => WindowFn::Global,
         urns::window_fn::FIXED => {
-            let p = pb::FixedWindowsPayload::decode(spec.payload.as_slice())
-                .map_err(|e| TranslateError::bad_payload("FixedWindowsPayload", what("payload"), e))?;
+            let p = pb::FixedWindowsPayload::decode(spec.payload.as_slice()).map_err(|e| {
+                TranslateError::bad_payload("FixedWindowsPayload", what("payload"), e)
+            })?;
             WindowFn::Fixed {
                 size: duration_ms(p.size.as_ref()),
                 offset: timestamp_ms(p.offset.as_ref()),
@@ -94,19 +95,17 @@ fn window_fn(ws: &pb::WindowingStrategy, location: &str) -> Result<WindowFn, Tra
 }
 
 fn duration_ms(d: Option<&prost_types::Duration>) -> i64 {
-    d.map_or(0, |d| {
-        d.seconds
-            .saturating_mul(1000)
-            .saturating_add(i64::from(d.nanos) / 1_000_000)
-    })
+    d.map_or(0, |d| millis(d.seconds, d.nanos))
 }
 
 fn timestamp_ms(t: Option<&prost_types::Timestamp>) -> i64 {
-    t.map_or(0, |t| {
-        t.seconds
-            .saturating_mul(1000)
-            .saturating_add(i64::from(t.nanos) / 1_000_000)
-    })
+    t.map_or(0, |t| millis(t.seconds, t.nanos))
+}
+
+fn millis(seconds: i64, nanos: i32) -> i64 {
+    seconds
+        .saturating_mul(1000)
+        .saturating_add(i64::from(nanos) / 1_000_000)
 }
 
 /// Converts a trigger tree. Sub-triggers that the proto marks required must be
@@ -120,14 +119,15 @@ pub(crate) fn trigger(t: &pb::Trigger, location: &str) -> Result<Trigger, Transl
     let all = |subs: &[pb::Trigger]| -> Result<Vec<Trigger>, TranslateError> {
         subs.iter().map(|s| trigger(s, location)).collect()
     };
-    let required = |sub: Option<&pb::Trigger>, what: &str| -> Result<Box<Trigger>, TranslateError> {
-        match sub {
-            Some(s) => Ok(Box::new(trigger(s, location)?)),
-            None => Err(TranslateError::Invalid(format!(
-                "{location} has a {what} trigger without its sub-trigger"
-            ))),
-        }
-    };
+    let required =
+        |sub: Option<&pb::Trigger>, what: &str| -> Result<Box<Trigger>, TranslateError> {
+            match sub {
+                Some(s) => Ok(Box::new(trigger(s, location)?)),
+                None => Err(TranslateError::Invalid(format!(
+                    "{location} has a {what} trigger without its sub-trigger"
+                ))),
+            }
+        };
     Ok(match kind {
         PbTrigger::AfterAll(a) => Trigger::AfterAll(all(&a.subtriggers)?),
         PbTrigger::AfterAny(a) => Trigger::AfterAny(all(&a.subtriggers)?),
@@ -264,7 +264,10 @@ pub(crate) fn allows_combiner_lifting(t: Option<&pb::Trigger>) -> bool {
             allows_combiner_lifting(a.early_firings.as_deref())
                 && allows_combiner_lifting(a.late_firings.as_deref())
         }
-        Some(PbTrigger::AfterAny(a)) => a.subtriggers.iter().all(|s| allows_combiner_lifting(Some(s))),
+        Some(PbTrigger::AfterAny(a)) => a
+            .subtriggers
+            .iter()
+            .all(|s| allows_combiner_lifting(Some(s))),
         Some(PbTrigger::Repeat(r)) => allows_combiner_lifting(r.subtrigger.as_deref()),
         Some(_) => false,
     }
@@ -275,19 +278,25 @@ mod tests {
     use super::*;
 
     fn t(kind: PbTrigger) -> pb::Trigger {
-        pb::Trigger { trigger: Some(kind) }
+        pb::Trigger {
+            trigger: Some(kind),
+        }
     }
 
     #[test]
     fn converts_nested_triggers() {
-        let early = t(PbTrigger::AfterProcessingTime(pb::trigger::AfterProcessingTime {
-            timestamp_transforms: vec![pb::TimestampTransform {
-                timestamp_transform: Some(pb::timestamp_transform::TimestampTransform::Delay(
-                    pb::timestamp_transform::Delay { delay_millis: 10 },
-                )),
-            }],
+        let early = t(PbTrigger::AfterProcessingTime(
+            pb::trigger::AfterProcessingTime {
+                timestamp_transforms: vec![pb::TimestampTransform {
+                    timestamp_transform: Some(pb::timestamp_transform::TimestampTransform::Delay(
+                        pb::timestamp_transform::Delay { delay_millis: 10 },
+                    )),
+                }],
+            },
+        ));
+        let late = t(PbTrigger::ElementCount(pb::trigger::ElementCount {
+            element_count: 2,
         }));
-        let late = t(PbTrigger::ElementCount(pb::trigger::ElementCount { element_count: 2 }));
         let tree = t(PbTrigger::Repeat(Box::new(pb::trigger::Repeat {
             subtrigger: Some(Box::new(t(PbTrigger::AfterEndOfWindow(Box::new(
                 pb::trigger::AfterEndOfWindow {
@@ -314,7 +323,9 @@ mod tests {
     fn rejects_empty_trigger_and_missing_subtrigger() {
         let err = trigger(&pb::Trigger { trigger: None }, "windowing strategy 'w'").unwrap_err();
         assert!(err.to_string().contains("windowing strategy 'w'"), "{err}");
-        let repeat = t(PbTrigger::Repeat(Box::new(pb::trigger::Repeat { subtrigger: None })));
+        let repeat = t(PbTrigger::Repeat(Box::new(pb::trigger::Repeat {
+            subtrigger: None,
+        })));
         assert!(trigger(&repeat, "w").is_err());
     }
 
@@ -328,13 +339,19 @@ mod tests {
             pb::trigger::ElementCount { element_count: 1 }
         )))));
         assert!(!allows_combiner_lifting(Some(&t(PbTrigger::AfterAll(
-            pb::trigger::AfterAll { subtriggers: vec![] }
+            pb::trigger::AfterAll {
+                subtriggers: vec![]
+            }
         )))));
     }
 
     #[test]
     fn retracting_is_unsupported() {
-        let err = accumulation(pb::accumulation_mode::Enum::Retracting as i32, "ws 'x'").unwrap_err();
-        assert_eq!(err.to_string(), "unsupported accumulation mode RETRACTING in ws 'x'");
+        let err =
+            accumulation(pb::accumulation_mode::Enum::Retracting as i32, "ws 'x'").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unsupported accumulation mode RETRACTING in ws 'x'"
+        );
     }
 }

@@ -85,15 +85,28 @@ pub fn stage_with(t: &Translated, unique_name: &str) -> usize {
     let found: Vec<usize> = t
         .sdk_stages
         .iter()
-        .filter(|(_, d)| d.descriptor.transforms.values().any(|tr| tr.unique_name == unique_name))
+        .filter(|(_, d)| {
+            d.descriptor
+                .transforms
+                .values()
+                .any(|tr| tr.unique_name == unique_name)
+        })
         .map(|(i, _)| *i)
         .collect();
-    assert_eq!(found.len(), 1, "'{unique_name}' in stages {found:?}\n{}", describe(t));
+    assert_eq!(
+        found.len(),
+        1,
+        "'{unique_name}' in stages {found:?}\n{}",
+        describe(t)
+    );
     found[0]
 }
 
 /// The transform with this unique name in a descriptor.
-pub fn transform<'a>(d: &'a SdkStageDescriptor, unique_name: &str) -> (&'a String, &'a pb::PTransform) {
+pub fn transform<'a>(
+    d: &'a SdkStageDescriptor,
+    unique_name: &str,
+) -> (&'a String, &'a pb::PTransform) {
     d.descriptor
         .transforms
         .iter()
@@ -113,7 +126,11 @@ fn is_port(t: &pb::PTransform) -> bool {
 
 /// The RemoteGrpcPort of a source or sink transform.
 pub fn port(t: &pb::PTransform) -> fn_api::RemoteGrpcPort {
-    let payload = t.spec.as_ref().map(|s| s.payload.as_slice()).unwrap_or_default();
+    let payload = t
+        .spec
+        .as_ref()
+        .map(|s| s.payload.as_slice())
+        .unwrap_or_default();
     fn_api::RemoteGrpcPort::decode(payload).expect("a RemoteGrpcPort")
 }
 
@@ -136,7 +153,11 @@ const RUNNER_READABLE: &[&str] = &[
 ];
 
 fn urn_of(coders: &HashMap<String, pb::Coder>, id: &str) -> String {
-    coders[id].spec.as_ref().map(|s| s.urn.clone()).unwrap_or_default()
+    coders[id]
+        .spec
+        .as_ref()
+        .map(|s| s.urn.clone())
+        .unwrap_or_default()
 }
 
 /// Checks that everything the runner reads with `coder` is walkable: every
@@ -144,13 +165,20 @@ fn urn_of(coders: &HashMap<String, pb::Coder>, id: &str) -> String {
 /// (custom windows only look at their length-prefixed inner coder).
 pub fn assert_runner_readable(coders: &HashMap<String, pb::Coder>, coder: &str, what: &str) {
     let urn = urn_of(coders, coder);
-    assert!(RUNNER_READABLE.contains(&urn.as_str()), "{what}: coder '{coder}' has URN {urn}");
+    assert!(
+        RUNNER_READABLE.contains(&urn.as_str()),
+        "{what}: coder '{coder}' has URN {urn}"
+    );
     if urn == urns::coder::LENGTH_PREFIX {
         return;
     }
     if urn == urns::coder::CUSTOM_WINDOW {
         let inner = &coders[coder].component_coder_ids[0];
-        assert_eq!(urn_of(coders, inner), urns::coder::LENGTH_PREFIX, "{what}: custom window inner");
+        assert_eq!(
+            urn_of(coders, inner),
+            urns::coder::LENGTH_PREFIX,
+            "{what}: custom window inner"
+        );
         return;
     }
     for c in &coders[coder].component_coder_ids {
@@ -164,10 +192,16 @@ pub fn check_invariants(t: &Translated) {
     let mut ids = HashSet::new();
     for (i, stage) in plan.stages.iter().enumerate() {
         let StageKind::Sdk(sdk) = &stage.kind else {
-            assert!(!t.sdk_stages.contains_key(&i), "runner stage {i} has a descriptor");
+            assert!(
+                !t.sdk_stages.contains_key(&i),
+                "runner stage {i} has a descriptor"
+            );
             continue;
         };
-        let d = t.sdk_stages.get(&i).unwrap_or_else(|| panic!("SDK stage {i} has no descriptor"));
+        let d = t
+            .sdk_stages
+            .get(&i)
+            .unwrap_or_else(|| panic!("SDK stage {i} has no descriptor"));
         let pbd = &d.descriptor;
         assert_eq!(pbd.id, format!("job-{i}"));
         assert!(ids.insert(pbd.id.clone()));
@@ -177,14 +211,25 @@ pub fn check_invariants(t: &Translated) {
         // Coders are closed under components.
         for (id, coder) in &pbd.coders {
             for c in &coder.component_coder_ids {
-                assert!(pbd.coders.contains_key(c), "{}: coder {id} needs missing {c}", pbd.id);
+                assert!(
+                    pbd.coders.contains_key(c),
+                    "{}: coder {id} needs missing {c}",
+                    pbd.id
+                );
             }
         }
         // PCollections, windowing strategies and their coders are present.
         for transform in pbd.transforms.values() {
-            assert!(transform.subtransforms.is_empty(), "composite in {}", pbd.id);
+            assert!(
+                transform.subtransforms.is_empty(),
+                "composite in {}",
+                pbd.id
+            );
             for p in transform.inputs.values().chain(transform.outputs.values()) {
-                let pc = pbd.pcollections.get(p).unwrap_or_else(|| panic!("{}: missing pcoll {p}", pbd.id));
+                let pc = pbd
+                    .pcollections
+                    .get(p)
+                    .unwrap_or_else(|| panic!("{}: missing pcoll {p}", pbd.id));
                 assert!(pbd.coders.contains_key(&pc.coder_id));
                 let ws = &pbd.windowing_strategies[&pc.windowing_strategy_id];
                 assert!(pbd.coders.contains_key(&ws.window_coder_id));
@@ -201,16 +246,26 @@ pub fn check_invariants(t: &Translated) {
                 continue;
             }
             let port = port(transform);
-            assert_eq!(port.api_service_descriptor.as_ref().map(|a| a.url.as_str()), Some(URL));
+            assert_eq!(
+                port.api_service_descriptor.as_ref().map(|a| a.url.as_str()),
+                Some(URL)
+            );
             let wv = &pbd.coders[&port.coder_id];
-            assert_eq!(urn_of(&pbd.coders, &port.coder_id), urns::coder::WINDOWED_VALUE, "{id}");
+            assert_eq!(
+                urn_of(&pbd.coders, &port.coder_id),
+                urns::coder::WINDOWED_VALUE,
+                "{id}"
+            );
             let pcoll = transform
                 .inputs
                 .values()
                 .chain(transform.outputs.values())
                 .next()
                 .expect("a port has one PCollection");
-            assert_eq!(wv.component_coder_ids[0], pbd.pcollections[pcoll].coder_id, "{id}: port element coder");
+            assert_eq!(
+                wv.component_coder_ids[0], pbd.pcollections[pcoll].coder_id,
+                "{id}: port element coder"
+            );
             assert_runner_readable(&pbd.coders, &port.coder_id, id);
             let urn = transform.spec.as_ref().map_or("", |s| s.urn.as_str());
             if urn == urns::transform::DATA_SOURCE {
@@ -225,16 +280,26 @@ pub fn check_invariants(t: &Translated) {
         expected.sort();
         sinks.sort();
         assert_eq!(sinks, expected, "{}", pbd.id);
-        assert_eq!(d.outputs.iter().map(|(_, p)| *p).collect::<Vec<_>>(), stage.outputs);
+        assert_eq!(
+            d.outputs.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+            stage.outputs
+        );
         // Side inputs are in the descriptor, readable by the runner, and have no source.
         for side in &stage.side_inputs {
             let id = &plan.pcollections[side.pcollection].id;
-            let pc = pbd.pcollections.get(id).expect("side input PCollection in the descriptor");
+            let pc = pbd
+                .pcollections
+                .get(id)
+                .expect("side input PCollection in the descriptor");
             assert_runner_readable(&pbd.coders, &pc.coder_id, id);
             assert!(pbd.transforms.contains_key(&side.transform_id));
         }
         if !stage.side_inputs.is_empty() || sdk.stateful {
-            assert!(pbd.state_api_service_descriptor.is_some(), "{}: no state endpoint", pbd.id);
+            assert!(
+                pbd.state_api_service_descriptor.is_some(),
+                "{}: no state endpoint",
+                pbd.id
+            );
         }
         // Timer families agree with the engine's list.
         let families: Vec<(String, String)> = sdk

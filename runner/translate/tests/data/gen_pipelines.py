@@ -13,7 +13,12 @@ combiners in batch). The environment is EXTERNAL, which is what a LOOPBACK
 job looks like by the time the runner sees it. Each proto is written to
 `<name>.pb` next to this script with `SerializeToString()`.
 
-Nothing is executed: building the pipeline graph is enough.
+Nothing is executed: building the pipeline graph is enough. Pickled payloads
+differ from run to run, so regenerated files always show as changed; the
+tests rely only on the pipelines' structure (transform names, URNs, coders).
+
+`check_descriptors.py` (next to this script) feeds the descriptors Refract
+builds from these pipelines back into the Python SDK harness.
 """
 
 import os
