@@ -38,6 +38,7 @@ test_timeout=${REFRACT_SUITE_TEST_TIMEOUT:-120}
 session_timeout=${REFRACT_SUITE_SESSION_TIMEOUT:-1200}
 report_dir=${REFRACT_REPORT_DIR:-$(mktemp -d -t refract-prism-suite.XXXXXX)}
 mkdir -p "$report_dir"
+report_dir=$(realpath "$report_dir")
 
 if [ ! -x "$REFRACT_PY" ]; then
   echo "prism_suite.sh: no virtualenv at $REFRACT_VENV; run integration/setup.sh" >&2

@@ -31,7 +31,6 @@ class _Health:
   def __init__(self):
     self.events = []  # dicts: nodeid, kind ('crash' | 'timeout'), detail
     self.collected = 0
-    self.stop_reason = None
 
   def add(self, item, kind, detail):
     for e in self.events:
@@ -125,19 +124,18 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-  _health.stop_reason = session.shouldstop or session.shouldfail or None
+  stop_reason = session.shouldstop or session.shouldfail or None
   path = os.environ.get('REFRACT_SUITE_EVENTS')
-  if path:
-    with open(path, 'w', encoding='utf-8') as f:
-      json.dump({
-          'collected': _health.collected,
-          'stop_reason': str(_health.stop_reason)
-          if _health.stop_reason else None,
-          'exitstatus': int(exitstatus),
-          'events': _health.events,
-      },
-                f,
-                indent=1)
+  if not path:
+    return
+  summary = {
+      'collected': _health.collected,
+      'stop_reason': str(stop_reason) if stop_reason else None,
+      'exitstatus': int(exitstatus),
+      'events': _health.events,
+  }
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(summary, f, indent=1)
 
 
 def pytest_terminal_summary(terminalreporter):

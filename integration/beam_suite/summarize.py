@@ -171,8 +171,10 @@ def main(argv=None):
     print('%s gate FAILED: %s' % (args.label, '; '.join(problems)))
   else:
     print(
-        '%s gate OK: %d passed (bar %d), no crashes, no timeouts' %
-        (args.label, counts['passed'], args.bar))
+        '%s gate OK: %d passed (%s), no crashes, no timeouts' % (
+            args.label,
+            counts['passed'],
+            'none failed' if args.all_must_pass else 'bar %d' % args.bar))
   print(
       '%s: %d passed, %d failed, %d skipped, %d errors' % (
           args.label,

@@ -129,6 +129,25 @@ impl Coders {
     }
 
     /// The components of coder `id`, checked to be `urn` with `n` components.
+    /// Whether two coder ids describe the same encoding (same URNs,
+    /// payloads and, recursively, components), whatever their ids.
+    pub(crate) fn same_encoding(&self, a: &str, b: &str) -> bool {
+        if a == b {
+            return true;
+        }
+        let (Some(x), Some(y)) = (self.map.get(a), self.map.get(b)) else {
+            return false;
+        };
+        let (kx, ky) = (key_of(x), key_of(y));
+        kx.0 == ky.0
+            && kx.1 == ky.1
+            && x.component_coder_ids.len() == y.component_coder_ids.len()
+            && x.component_coder_ids
+                .iter()
+                .zip(&y.component_coder_ids)
+                .all(|(ca, cb)| self.same_encoding(ca, cb))
+    }
+
     pub(crate) fn components_of(
         &self,
         id: &str,

@@ -146,7 +146,7 @@ pub(crate) fn name_of(id: &str, transform: &pb::PTransform) -> String {
 
 /// Sorts `(local name, value)` pairs by local name, numerically when the
 /// names are numbers (Flatten's "0", "1", ..., "10").
-fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, String)> {
+pub(crate) fn sorted_by_tag(map: &HashMap<String, String>) -> Vec<(String, String)> {
     let mut entries: Vec<(String, String)> =
         map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     entries.sort_by(|a, b| match (a.0.parse::<u64>(), b.0.parse::<u64>()) {

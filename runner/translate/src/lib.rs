@@ -25,6 +25,7 @@ mod graph;
 mod payloads;
 mod rewrite;
 mod sdf;
+mod transcode;
 mod validate;
 mod windowing;
 
@@ -106,7 +107,8 @@ pub fn translate(
 fn prepare(pipeline: &pipeline::Pipeline) -> Result<graph::Graph, TranslateError> {
     validate::requirements(pipeline)?;
     validate::environments(pipeline)?;
-    let graph = graph::build(pipeline)?;
+    let mut graph = graph::build(pipeline)?;
     validate::windowing_strategies(&graph)?;
+    transcode::flatten_inputs(&mut graph);
     Ok(graph)
 }

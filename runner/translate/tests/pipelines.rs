@@ -452,7 +452,8 @@ fn flatten_keeps_duplicate_inputs_and_unifies_coders() {
     for &input in &stage.inputs {
         assert_eq!(t.plan.pcollections[input].value_coder, out.value_coder);
     }
-    // The producers' descriptors write the output's coder.
+    // The producers' descriptors write the output's coder (through an SDK
+    // transcoding step where the element coders differ).
     let out_coder = &t.sdk_stages[&stage_with(&t, "Print")]
         .descriptor
         .pcollections[&out.id]
@@ -469,18 +470,23 @@ fn flatten_keeps_duplicate_inputs_and_unifies_coders() {
 }
 
 #[test]
-fn flatten_of_a_group_by_key_output_takes_the_runner_coder() {
+fn flatten_of_a_group_by_key_output_is_transcoded_to_the_output_coder() {
     let t = translated("flatten_gbk_output");
     let f = stage_named(&t, "Flatten");
     let stage = &t.plan.stages[f];
     let gbk = stage_named(&t, "Group");
     let grouped = t.plan.stages[gbk].outputs[0];
-    assert!(stage.inputs.contains(&grouped));
-    let expected = &t.plan.pcollections[grouped].value_coder;
-    assert!(matches!(expected, Coder::Kv(_, v) if matches!(**v, Coder::Iterable(_))));
-    for &p in stage.inputs.iter().chain(&stage.outputs) {
+    let expected = &t.plan.pcollections[stage.outputs[0]].value_coder;
+    for &p in &stage.inputs {
         assert_eq!(&t.plan.pcollections[p].value_coder, expected);
     }
+    // The grouped PCollection keeps the runner's KV<K, Iterable<V>> coder and
+    // reaches the Flatten through an SDK transcoding stage.
+    let grouped_coder = &t.plan.pcollections[grouped].value_coder;
+    assert!(matches!(grouped_coder, Coder::Kv(_, v) if matches!(**v, Coder::Iterable(_))));
+    let transcode = stage_with(&t, "Flatten/Transcode/0");
+    assert_eq!(t.plan.stages[transcode].inputs, vec![grouped]);
+    assert!(stage.inputs.contains(&t.plan.stages[transcode].outputs[0]));
 }
 
 #[test]
