@@ -12,7 +12,12 @@ use clap::{Args, Parser, Subcommand};
 
 /// Refract: a portable Apache Beam runner.
 #[derive(Debug, Parser)]
-#[command(name = "refract", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "refract",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     /// What to do (default: serve).
     #[command(subcommand)]
@@ -91,7 +96,10 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
                 && a.len() > 2
                 && a.starts_with('-')
                 && !a.starts_with("--")
-                && a[1..].chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+                && a[1..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic());
             if single_dash_long {
                 format!("-{a}")
             } else {
@@ -145,17 +153,33 @@ mod tests {
 
     #[test]
     fn accepts_prism_style_flags() {
-        let cli = parse(&["refract", "-job_port=9000", "-serve_http=false", "-idle_shutdown_timeout=5m"]).unwrap();
+        let cli = parse(&[
+            "refract",
+            "-job_port=9000",
+            "-serve_http=false",
+            "-idle_shutdown_timeout=5m",
+        ])
+        .unwrap();
         assert!(cli.command.is_none());
         assert_eq!(cli.serve.job_port, 9000);
         assert!(!cli.serve.serve_http);
         let cli = parse(&[
-            "refract", "--job_port", "9001", "--log_level", "warn", "--log_kind", "json", "--serve_http=false",
+            "refract",
+            "--job_port",
+            "9001",
+            "--log_level",
+            "warn",
+            "--log_kind",
+            "json",
+            "--serve_http=false",
         ])
         .unwrap();
         assert_eq!(cli.serve.job_port, 9001);
         let cli = parse(&["refract", "serve", "--job_port", "9002"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Serve(ServeArgs { job_port: 9002, .. }))));
+        assert!(matches!(
+            cli.command,
+            Some(Command::Serve(ServeArgs { job_port: 9002, .. }))
+        ));
     }
 
     #[test]

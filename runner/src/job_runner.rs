@@ -35,10 +35,51 @@ enum JobError {
     Engine(#[from] EngineError),
 }
 
+/// Counts running jobs, so that an idle server can shut itself down
+/// (`--idle_shutdown_timeout`, which Beam's SDKs pass to a Prism binary
+/// they start, so that it does not outlive them).
+#[derive(Debug)]
+pub struct Activity {
+    running: parking_lot::Mutex<(usize, std::time::Instant)>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            running: parking_lot::Mutex::new((0, std::time::Instant::now())),
+        }
+    }
+}
+
+impl Activity {
+    fn job_started(&self) {
+        let mut r = self.running.lock();
+        r.0 += 1;
+        r.1 = std::time::Instant::now();
+    }
+
+    fn job_ended(&self) {
+        let mut r = self.running.lock();
+        r.0 = r.0.saturating_sub(1);
+        r.1 = std::time::Instant::now();
+    }
+
+    /// How long no job has been running (zero while one is).
+    pub fn idle_for(&self) -> std::time::Duration {
+        let r = self.running.lock();
+        if r.0 > 0 {
+            std::time::Duration::ZERO
+        } else {
+            r.1.elapsed()
+        }
+    }
+}
+
 /// The [`JobRunner`] of the `refract` binary.
 pub struct RefractRunner {
     fn_server: Arc<FnApiServer>,
     engine_config: EngineConfig,
+    activity: Arc<Activity>,
 }
 
 impl RefractRunner {
@@ -47,7 +88,13 @@ impl RefractRunner {
         RefractRunner {
             fn_server,
             engine_config: EngineConfig::default(),
+            activity: Arc::default(),
         }
+    }
+
+    /// The job activity tracker, for idle shutdown.
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
     }
 }
 
@@ -60,10 +107,13 @@ impl JobRunner for RefractRunner {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
         let span = tracing::info_span!("job", id = %job.id());
+        let activity = self.activity.clone();
+        activity.job_started();
         tokio::spawn(
             async move {
                 job.set_state(job_state::Enum::Running);
                 let outcome = run_job(job.clone(), fn_server, config).await;
+                activity.job_ended();
                 match outcome {
                     Ok(()) => {
                         info!("job done");
@@ -124,15 +174,20 @@ impl LogSink for JobLogs {
             Severity::Error | Severity::Critical => {
                 tracing::error!(worker = worker_id, transform = %entry.transform_id, "{text}")
             }
-            Severity::Warn => tracing::warn!(worker = worker_id, transform = %entry.transform_id, "{text}"),
+            Severity::Warn => {
+                tracing::warn!(worker = worker_id, transform = %entry.transform_id, "{text}")
+            }
             Severity::Notice | Severity::Info => {
                 tracing::info!(worker = worker_id, transform = %entry.transform_id, "{text}")
             }
             _ => tracing::debug!(worker = worker_id, transform = %entry.transform_id, "{text}"),
         }
+        // INFO and above reach the job's message stream (the SDK client
+        // prints them); DEBUG and TRACE stay in the runner's log.
         let importance = match severity {
-            Severity::Error | Severity::Critical => Some(MessageImportance::JobMessageWarning),
+            Severity::Error | Severity::Critical => Some(MessageImportance::JobMessageError),
             Severity::Warn => Some(MessageImportance::JobMessageWarning),
+            Severity::Notice | Severity::Info => Some(MessageImportance::JobMessageBasic),
             _ => None,
         };
         if let Some(importance) = importance {
@@ -141,7 +196,11 @@ impl LogSink for JobLogs {
     }
 }
 
-async fn run_job(job: Arc<Job>, fn_server: Arc<FnApiServer>, config: EngineConfig) -> Result<(), JobError> {
+async fn run_job(
+    job: Arc<Job>,
+    fn_server: Arc<FnApiServer>,
+    config: EngineConfig,
+) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
     let config = EngineConfig {
         streaming,
@@ -155,7 +214,8 @@ async fn run_job(job: Arc<Job>, fn_server: Arc<FnApiServer>, config: EngineConfi
             streaming,
         },
     )?;
-    job.metrics().set_transform_names(translated.unique_names.clone());
+    job.metrics()
+        .set_transform_names(translated.unique_names.clone());
     let mut stages = HashMap::new();
     let mut environments: HashSet<String> = HashSet::new();
     for (idx, stage) in translated.sdk_stages {
@@ -206,7 +266,11 @@ async fn run_job(job: Arc<Job>, fn_server: Arc<FnApiServer>, config: EngineConfi
             Arc::new(now_millis),
         )?;
         let summary = engine.run(job.cancel_requested()).await?;
-        info!(bundles = summary.bundles, dropped_late = summary.dropped_late, "engine finished");
+        info!(
+            bundles = summary.bundles,
+            dropped_late = summary.dropped_late,
+            "engine finished"
+        );
         Ok::<(), JobError>(())
     }
     .await;

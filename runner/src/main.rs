@@ -49,6 +49,7 @@ async fn run_server(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
     info!(job_endpoint = %local, fn_api = %fn_server.url(), "refract is serving");
     let runner = Arc::new(RefractRunner::new(fn_server));
+    let activity = runner.activity();
     let config = JobServiceConfig {
         staging_dir,
         ..JobServiceConfig::default()
@@ -60,9 +61,18 @@ async fn run_server(args: ServeArgs) -> Result<()> {
         if idle.is_zero() {
             ctrl_c.await;
         } else {
+            let idle_long_enough = async {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    if activity.idle_for() >= idle {
+                        info!(timeout = ?idle, "no job for the idle shutdown timeout; exiting");
+                        return;
+                    }
+                }
+            };
             tokio::select! {
                 _ = ctrl_c => {}
-                _ = tokio::time::sleep(idle) => {}
+                _ = idle_long_enough => {}
             }
         }
     };

@@ -88,7 +88,10 @@ impl StateHandler for StateBridge {
                         .then_some(get.continuation_token.as_slice());
                     let page = self.state.get(&key, token)?;
                     Ok(state_response::Response::Get(StateGetResponse {
-                        continuation_token: page.continuation.map(|b| b.to_vec()).unwrap_or_default(),
+                        continuation_token: page
+                            .continuation
+                            .map(|b| b.to_vec())
+                            .unwrap_or_default(),
                         data: page.data.to_vec(),
                     }))
                 }
@@ -101,7 +104,9 @@ impl StateHandler for StateBridge {
                     self.state.clear(&key)?;
                     Ok(state_response::Response::Clear(StateClearResponse {}))
                 }
-                None => Err(StateError("state request without get, append or clear".into())),
+                None => Err(StateError(
+                    "state request without get, append or clear".into(),
+                )),
             }
         })();
         match result {

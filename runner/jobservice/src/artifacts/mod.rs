@@ -71,10 +71,22 @@ impl ArtifactStore {
     /// list, by (type_urn, type_payload) as the SDK declared it, so the
     /// runner's artifact retrieval service can serve it. `None` if it was not
     /// staged (yet).
+    ///
+    /// Artifacts in the form [`ArtifactStore::resolved_dependencies`] hands
+    /// out (a file artifact naming a stored file) resolve too, since that is
+    /// what a harness asks for after provisioning. No other path is served.
     pub fn path_for(&self, artifact: &ArtifactInformation) -> Option<PathBuf> {
-        self.staged
-            .lock()
-            .get(&ArtifactKey::of(artifact))
+        let staged = self.staged.lock();
+        if let Some(f) = staged.get(&ArtifactKey::of(artifact)) {
+            return Some(f.path.clone());
+        }
+        if artifact.type_urn != urns::artifact::FILE {
+            return None;
+        }
+        let payload = ArtifactFilePayload::decode(artifact.type_payload.as_slice()).ok()?;
+        staged
+            .values()
+            .find(|f| f.path.to_string_lossy() == payload.path)
             .map(|f| f.path.clone())
     }
 
@@ -239,6 +251,9 @@ mod tests {
         assert_eq!(resolved[0].role_urn, "r1");
         assert_eq!(resolved[0].role_payload, vec![1, 2]);
         assert_eq!(resolved[1], b);
+        // What provisioning hands out resolves back to the stored file.
+        assert_eq!(store.path_for(&resolved[0]), Some(file.path.clone()));
+        assert_eq!(store.path_for(&file_artifact("/etc/passwd", "r1")), None);
         assert_eq!(store.resolved_dependencies("e2")[0].role_urn, "r2");
         assert!(store.resolved_dependencies("nope").is_empty());
 
