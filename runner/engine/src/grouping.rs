@@ -510,7 +510,10 @@ mod trigger_tests {
 
     fn after_count(per_element: bool) -> Vec<(u8, Vec<u8>, bool)> {
         let strategy = WindowingStrategy {
-            window_fn: WindowFn::Fixed { size: 10, offset: 0 },
+            window_fn: WindowFn::Fixed {
+                size: 10,
+                offset: 0,
+            },
             trigger: Trigger::ElementCount(3),
             closing_behavior: ClosingBehavior::EmitAlways,
             ..WindowingStrategy::global_default()
