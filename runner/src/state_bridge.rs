@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use refract_engine::state::{BundleState, StateError, StateKey};
+use refract_engine::state::{BundleState, SortKeyRange, StateError, StateKey};
 use refract_proto::fn_api::{
     state_key, state_request, state_response, StateAppendResponse, StateClearResponse,
     StateGetResponse, StateRequest, StateResponse,
@@ -26,6 +26,10 @@ impl StateBridge {
     }
 }
 
+/// Maps a proto `StateKey` to the engine's. Kinds Refract does not serve
+/// (runner-token keys, multimap keys-values side inputs) are a state error,
+/// which the SDK raises in the DoFn (or, for keys-values side inputs, answers
+/// by falling back to per-key lookups).
 fn engine_key(key: &refract_proto::fn_api::StateKey) -> Result<StateKey, StateError> {
     let bytes = |b: &Vec<u8>| Bytes::copy_from_slice(b);
     match &key.r#type {
@@ -51,7 +55,40 @@ fn engine_key(key: &refract_proto::fn_api::StateKey) -> Result<StateKey, StateEr
             window: bytes(&k.window),
             key: bytes(&k.key),
         }),
-        Some(other) => Err(StateError(format!(
+        Some(state_key::Type::OrderedListUserState(k)) => Ok(StateKey::OrderedListUserState {
+            transform_id: k.transform_id.clone(),
+            state_id: k.user_state_id.clone(),
+            window: bytes(&k.window),
+            key: bytes(&k.key),
+            range: k.range.as_ref().map(|r| SortKeyRange {
+                start: r.start,
+                end: r.end,
+            }),
+        }),
+        Some(state_key::Type::MultimapUserState(k)) => Ok(StateKey::MultimapUserState {
+            transform_id: k.transform_id.clone(),
+            state_id: k.user_state_id.clone(),
+            window: bytes(&k.window),
+            key: bytes(&k.key),
+            map_key: bytes(&k.map_key),
+        }),
+        Some(state_key::Type::MultimapKeysUserState(k)) => Ok(StateKey::MultimapKeysUserState {
+            transform_id: k.transform_id.clone(),
+            state_id: k.user_state_id.clone(),
+            window: bytes(&k.window),
+            key: bytes(&k.key),
+        }),
+        Some(state_key::Type::MultimapEntriesUserState(k)) => {
+            Ok(StateKey::MultimapEntriesUserState {
+                transform_id: k.transform_id.clone(),
+                state_id: k.user_state_id.clone(),
+                window: bytes(&k.window),
+                key: bytes(&k.key),
+            })
+        }
+        Some(
+            other @ (state_key::Type::Runner(_) | state_key::Type::MultimapKeysValuesSideInput(_)),
+        ) => Err(StateError(format!(
             "state key kind {} is not supported by Refract yet",
             kind_name(other)
         ))),
@@ -121,5 +158,190 @@ impl StateHandler for StateBridge {
                 response: None,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parking_lot::Mutex;
+    use refract_engine::state::{decode_ordered_entries, encode_ordered_entry};
+    use refract_engine::store::{BundleOverlay, SideInputStore, UserStateStore};
+    use refract_proto::fn_api::{
+        state_key, OrderedListRange, StateAppendRequest, StateClearRequest, StateGetRequest,
+        StateKey as ProtoKey,
+    };
+
+    fn bridge() -> (StateBridge, Arc<BundleOverlay>) {
+        let overlay = Arc::new(BundleOverlay::new(
+            Arc::new(Mutex::new(SideInputStore::default())),
+            Arc::new(Mutex::new(UserStateStore::default())),
+        ));
+        (StateBridge::new(overlay.clone()), overlay)
+    }
+
+    fn ordered(range: Option<(i64, i64)>) -> ProtoKey {
+        ProtoKey {
+            r#type: Some(state_key::Type::OrderedListUserState(
+                state_key::OrderedListUserState {
+                    transform_id: "t".into(),
+                    user_state_id: "s".into(),
+                    window: vec![],
+                    key: b"\x01k".to_vec(),
+                    range: range.map(|(start, end)| OrderedListRange { start, end }),
+                },
+            )),
+        }
+    }
+
+    fn multimap(map_key: &[u8]) -> ProtoKey {
+        ProtoKey {
+            r#type: Some(state_key::Type::MultimapUserState(
+                state_key::MultimapUserState {
+                    transform_id: "t".into(),
+                    user_state_id: "m".into(),
+                    window: vec![],
+                    key: b"\x01k".to_vec(),
+                    map_key: map_key.to_vec(),
+                },
+            )),
+        }
+    }
+
+    fn multimap_keys() -> ProtoKey {
+        ProtoKey {
+            r#type: Some(state_key::Type::MultimapKeysUserState(
+                state_key::MultimapKeysUserState {
+                    transform_id: "t".into(),
+                    user_state_id: "m".into(),
+                    window: vec![],
+                    key: b"\x01k".to_vec(),
+                },
+            )),
+        }
+    }
+
+    fn request(id: &str, key: ProtoKey, request: state_request::Request) -> StateRequest {
+        StateRequest {
+            id: id.into(),
+            instruction_id: "b1".into(),
+            state_key: Some(key),
+            request: Some(request),
+        }
+    }
+
+    fn get() -> state_request::Request {
+        state_request::Request::Get(StateGetRequest {
+            continuation_token: vec![],
+        })
+    }
+
+    fn get_data(b: &StateBridge, id: &str, key: ProtoKey) -> Vec<u8> {
+        let resp = b.handle(&request(id, key, get()));
+        assert_eq!(resp.id, id);
+        assert_eq!(resp.error, "");
+        match resp.response {
+            Some(state_response::Response::Get(g)) => {
+                assert!(g.continuation_token.is_empty());
+                g.data
+            }
+            other => panic!("expected a get response, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ordered_list_requests_map_to_engine_state() {
+        let (b, overlay) = bridge();
+        let mut data = Vec::new();
+        encode_ordered_entry(7, b"late", &mut data);
+        encode_ordered_entry(-2, b"early", &mut data);
+        let resp = b.handle(&request(
+            "1",
+            ordered(None),
+            state_request::Request::Append(StateAppendRequest { data }),
+        ));
+        assert_eq!(resp.error, "");
+        assert!(matches!(
+            resp.response,
+            Some(state_response::Response::Append(_))
+        ));
+        let page = get_data(&b, "2", ordered(Some((i64::MIN, i64::MAX))));
+        let entries = decode_ordered_entries(&Bytes::from(page)).unwrap();
+        assert_eq!(
+            entries,
+            vec![
+                (-2, Bytes::from_static(b"early")),
+                (7, Bytes::from_static(b"late"))
+            ]
+        );
+        let resp = b.handle(&request(
+            "3",
+            ordered(Some((0, 10))),
+            state_request::Request::Clear(StateClearRequest {}),
+        ));
+        assert_eq!(resp.error, "");
+        let page = get_data(&b, "4", ordered(Some((i64::MIN, i64::MAX))));
+        assert_eq!(
+            decode_ordered_entries(&Bytes::from(page)).unwrap(),
+            vec![(-2, Bytes::from_static(b"early"))]
+        );
+        assert_eq!(overlay.take_writes().ordered_lists.len(), 1);
+    }
+
+    #[test]
+    fn errors_come_back_in_the_response_with_the_request_id() {
+        let (b, _) = bridge();
+        let resp = b.handle(&request(
+            "9",
+            ordered(None),
+            state_request::Request::Append(StateAppendRequest {
+                data: vec![0x02, 0x05, b'a'],
+            }),
+        ));
+        assert_eq!(resp.id, "9");
+        assert!(resp.error.contains("malformed ordered list entry"));
+        assert!(resp.response.is_none());
+        let resp = b.handle(&request("10", ordered(None), get()));
+        assert!(resp.error.contains("range"), "{}", resp.error);
+        let runner = ProtoKey {
+            r#type: Some(state_key::Type::Runner(state_key::Runner { key: vec![1] })),
+        };
+        let resp = b.handle(&request("11", runner, get()));
+        assert_eq!(resp.id, "11");
+        assert!(resp.error.contains("runner"), "{}", resp.error);
+    }
+
+    #[test]
+    fn multimap_requests_map_to_engine_state() {
+        let (b, _) = bridge();
+        for (id, map_key, values) in [
+            ("1", &b"\x01a"[..], &b"\x01x"[..]),
+            ("2", b"\x01b", b"\x01y"),
+        ] {
+            let resp = b.handle(&request(
+                id,
+                multimap(map_key),
+                state_request::Request::Append(StateAppendRequest {
+                    data: values.to_vec(),
+                }),
+            ));
+            assert_eq!(resp.error, "");
+        }
+        assert_eq!(get_data(&b, "3", multimap(b"\x01a")), b"\x01x");
+        assert_eq!(get_data(&b, "4", multimap_keys()), b"\x01a\x01b");
+        let resp = b.handle(&request(
+            "5",
+            multimap(b"\x01a"),
+            state_request::Request::Clear(StateClearRequest {}),
+        ));
+        assert_eq!(resp.error, "");
+        assert_eq!(get_data(&b, "6", multimap_keys()), b"\x01b");
+        let resp = b.handle(&request(
+            "7",
+            multimap_keys(),
+            state_request::Request::Clear(StateClearRequest {}),
+        ));
+        assert_eq!(resp.error, "");
+        assert!(get_data(&b, "8", multimap_keys()).is_empty());
     }
 }

@@ -29,7 +29,9 @@ use crate::coder::{
 };
 use crate::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
 use crate::grouping::GroupingBuffer;
-use crate::plan::{PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TimeDomain};
+use crate::plan::{
+    PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
+};
 use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
 use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
@@ -132,6 +134,10 @@ struct StageRt {
     input_wm: Timestamp,
     output_wm: Timestamp,
     impulse_done: bool,
+    /// TestStream: index of the next event to apply.
+    stream_cursor: usize,
+    /// TestStream: the watermark its events advanced to.
+    stream_wm: Timestamp,
 }
 
 /// Where elements of a PCollection go.
@@ -172,6 +178,8 @@ pub struct Engine {
     bundle_prefix: String,
     summary: RunSummary,
     clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Processing time advanced by TestStream events, added to `clock`.
+    clock_offset: i64,
 }
 
 impl Engine {
@@ -254,6 +262,8 @@ impl Engine {
                 input_wm: MIN_TIMESTAMP,
                 output_wm: MIN_TIMESTAMP,
                 impulse_done: false,
+                stream_cursor: 0,
+                stream_wm: MIN_TIMESTAMP,
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
@@ -272,6 +282,7 @@ impl Engine {
             bundle_prefix: bundle_prefix.into(),
             summary: RunSummary::default(),
             clock,
+            clock_offset: 0,
         })
     }
 
@@ -287,6 +298,9 @@ impl Engine {
             }
             self.advance()?;
             self.schedule(&tx)?;
+            if self.in_flight.is_empty() && self.step_test_streams()? {
+                continue;
+            }
             if self.in_flight.is_empty() && self.all_done() {
                 self.summary.dropped_late = self
                     .stages
@@ -341,13 +355,63 @@ impl Engine {
             })
             .min()
             .map(|deadline| {
-                let wait = deadline.saturating_sub((self.clock)()).max(0);
+                let wait = deadline.saturating_sub(self.now()).max(0);
                 Instant::now() + Duration::from_millis(wait as u64)
             });
         match (delayed, processing) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Processing time, in ms: the clock plus what TestStreams advanced it by.
+    fn now(&self) -> Timestamp {
+        (self.clock)().saturating_add(self.clock_offset)
+    }
+
+    /// Apply the next event of the first TestStream that has one left.
+    /// Called only when nothing else can run, so every event sees the
+    /// pipeline quiescent. Returns whether an event was applied.
+    fn step_test_streams(&mut self) -> Result<bool, EngineError> {
+        for i in 0..self.topo.len() {
+            let idx = self.topo[i];
+            let StageKind::TestStream(events) = &self.plan.stages[idx].kind else {
+                continue;
+            };
+            let Some(event) = events.get(self.stages[idx].stream_cursor).cloned() else {
+                continue;
+            };
+            self.stages[idx].stream_cursor += 1;
+            match event {
+                TestStreamEvent::Elements { output, elements } => {
+                    let pc = &self.plan.pcollections[output];
+                    let mut bytes = Vec::new();
+                    for (value, timestamp) in &elements {
+                        let header = WindowedValueHeader {
+                            timestamp: *timestamp,
+                            windows: vec![Window::Global],
+                            pane: PaneInfo::NO_FIRING,
+                        };
+                        encode_windowed_value(&header, &pc.window_coder, value, &mut bytes)
+                            .map_err(|source| EngineError::Decode {
+                                pcollection: pc.id.clone(),
+                                source,
+                            })?;
+                    }
+                    self.route(output, Bytes::from(bytes))?;
+                }
+                TestStreamEvent::Watermark(wm) => {
+                    let s = &mut self.stages[idx];
+                    s.stream_wm = s.stream_wm.max(wm);
+                }
+                TestStreamEvent::ProcessingTime(ms) => {
+                    self.clock_offset = self.clock_offset.saturating_add(ms.max(0));
+                }
+            }
+            debug!(stage = %self.plan.stages[idx].name, "applied a TestStream event");
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     fn all_done(&self) -> bool {
@@ -445,7 +509,7 @@ impl Engine {
                     }
                     StageKind::GroupByKey(_) => {
                         let mut out = Vec::new();
-                        let now = (self.clock)();
+                        let now = self.now();
                         let fired = match self.stages[idx].grouping.as_mut() {
                             Some(g) => g.evaluate(input_wm, now, &mut out).map_err(|source| {
                                 EngineError::Decode {
@@ -466,7 +530,7 @@ impl Engine {
                             changed = true;
                         }
                     }
-                    StageKind::Sdk(_) => {}
+                    StageKind::Sdk(_) | StageKind::TestStream(_) => {}
                 }
                 let out_wm = self.output_watermark(idx, input_wm);
                 let s = &mut self.stages[idx];
@@ -514,12 +578,22 @@ impl Engine {
 
     fn output_watermark(&self, idx: StageIdx, input_wm: Timestamp) -> Timestamp {
         let s = &self.stages[idx];
-        if let StageKind::Impulse = self.plan.stages[idx].kind {
-            return if s.impulse_done {
-                MAX_TIMESTAMP
-            } else {
-                MIN_TIMESTAMP
-            };
+        match &self.plan.stages[idx].kind {
+            StageKind::Impulse => {
+                return if s.impulse_done {
+                    MAX_TIMESTAMP
+                } else {
+                    MIN_TIMESTAMP
+                };
+            }
+            StageKind::TestStream(events) => {
+                return if s.stream_cursor >= events.len() {
+                    MAX_TIMESTAMP
+                } else {
+                    s.stream_wm
+                };
+            }
+            _ => {}
         }
         let holds = [
             s.pending_holds.min(),
@@ -607,7 +681,7 @@ impl Engine {
         }
         for &stage in &self.consumers[pcoll].stages.clone() {
             let input_wm = self.stages[stage].input_wm;
-            let now = (self.clock)();
+            let now = self.now();
             let streaming = self.config.streaming;
             let s = &mut self.stages[stage];
             match s.grouping.as_mut() {
@@ -645,12 +719,23 @@ impl Engine {
         Ok(())
     }
 
-    fn side_inputs_ready(&self, idx: StageIdx) -> bool {
-        self.plan.stages[idx].side_inputs.iter().all(|si| {
-            self.producers[si.pcollection]
-                .map(|p| self.stages[p].output_wm >= MAX_TIMESTAMP)
-                .unwrap_or(true)
-        })
+    /// The watermark of a stage's side inputs: the minimum of their
+    /// producers' output watermarks (+∞ when it has none). A main-input
+    /// element may be processed once this has passed its timestamp, so the
+    /// side input it reads is complete up to that time; in batch that means
+    /// the side input is complete, in streaming that later elements see
+    /// later side-input data (a slowly updating side input).
+    fn side_input_watermark(&self, idx: StageIdx) -> Timestamp {
+        self.plan.stages[idx]
+            .side_inputs
+            .iter()
+            .map(|si| {
+                self.producers[si.pcollection]
+                    .map(|p| self.stages[p].output_wm)
+                    .unwrap_or(MAX_TIMESTAMP)
+            })
+            .min()
+            .unwrap_or(MAX_TIMESTAMP)
     }
 
     /// Start every bundle that may run now.
@@ -662,10 +747,18 @@ impl Engine {
             };
             let stateful = sdk.stateful;
             let families = sdk.timer_families.clone();
-            if !self.side_inputs_ready(idx) {
+            let side_wm = self.side_input_watermark(idx);
+            if side_wm <= MIN_TIMESTAMP {
                 continue;
             }
+            if !self.plan.stages[idx].side_inputs.is_empty() {
+                let mut store = self.side_inputs.lock();
+                for si in &self.plan.stages[idx].side_inputs {
+                    store.mark_ready(&si.transform_id, &si.tag);
+                }
+            }
             loop {
+                let now = self.now();
                 let s = &mut self.stages[idx];
                 let limit = if stateful || !families.is_empty() {
                     1
@@ -675,7 +768,6 @@ impl Engine {
                 if s.in_flight >= limit {
                     break;
                 }
-                let now = (self.clock)();
                 // Elements that already arrived are processed before any
                 // timer fires, so a timer cannot overtake data that would
                 // have reset or cleared it.
@@ -687,8 +779,29 @@ impl Engine {
                 if s.pending.is_empty() && fired.is_empty() {
                     break;
                 }
-                let take = s.pending.len().min(self.config.max_bundle_elements);
-                let elements: Vec<DecodedElement> = s.pending.drain(..take).collect();
+                let elements: Vec<DecodedElement> = if side_wm >= MAX_TIMESTAMP {
+                    let take = s.pending.len().min(self.config.max_bundle_elements);
+                    s.pending.drain(..take).collect()
+                } else {
+                    // Only elements the side inputs' watermark has passed.
+                    let mut ready = Vec::new();
+                    let mut waiting = VecDeque::with_capacity(s.pending.len());
+                    for e in s.pending.drain(..) {
+                        if e.header.timestamp < side_wm
+                            && ready.len() < self.config.max_bundle_elements
+                        {
+                            ready.push(e);
+                        } else {
+                            waiting.push_back(e);
+                        }
+                    }
+                    s.pending = waiting;
+                    ready
+                };
+                let take = elements.len();
+                if elements.is_empty() && fired.is_empty() {
+                    break;
+                }
                 let mut holds = Vec::with_capacity(elements.len() + fired.len());
                 for e in &elements {
                     s.pending_holds.remove(e.header.timestamp);

@@ -67,6 +67,28 @@ pub enum StageKind {
     GroupByKey(WindowingStrategy),
     /// A fused chain of SDK transforms, run through the stage executor.
     Sdk(SdkStage),
+    /// Replays a scripted stream of elements, watermark advances and
+    /// processing-time advances (`beam:transform:teststream:v1`). Each event
+    /// is applied only once the rest of the pipeline has nothing left to do,
+    /// so tests see deterministic results.
+    TestStream(Vec<TestStreamEvent>),
+}
+
+/// One scripted event of a TestStream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TestStreamEvent {
+    /// Emit elements (nested-encoded values in the output's coder, with
+    /// their timestamps) into one output, in the global window.
+    Elements {
+        /// The output PCollection.
+        output: PCollectionIdx,
+        /// (value bytes, event time) pairs.
+        elements: Vec<(bytes::Bytes, crate::time::Timestamp)>,
+    },
+    /// Advance the TestStream's output watermark.
+    Watermark(crate::time::Timestamp),
+    /// Advance the runner's processing-time clock by this many ms.
+    ProcessingTime(i64),
 }
 
 /// The engine-relevant facts about an SDK-executed stage.

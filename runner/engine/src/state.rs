@@ -2,9 +2,53 @@
 //! engine terms: side inputs (read-only, materialized by the runner once
 //! their window is complete) and keyed user state (read-your-writes within a
 //! bundle, committed only when the bundle succeeds).
+//!
+//! User state comes in three shapes, each named by the same
+//! (transform, state id, window, key) cell:
+//!
+//! * **bags** — opaque concatenations of nested values (Python's Bag, Set,
+//!   Combining and ReadModifyWrite state all map here);
+//! * **ordered lists** — entries with a signed 64-bit sort key, read back
+//!   sorted and by half-open sort-key range (see [`decode_ordered_entries`]
+//!   for the wire format);
+//! * **multimaps** — map keys (opaque nested bytes, compared bytewise) each
+//!   with a bag of values; Java's Map, Set and Multimap state use these.
 
 use bytes::Bytes;
 use thiserror::Error;
+
+use crate::coder::{decode_varint_u64, encode_varint_i64, encode_varint_u64};
+
+/// A half-open range `[start, end)` of ordered-list sort keys.
+///
+/// Sort keys are whatever the SDK chose (Python: microseconds, Java:
+/// milliseconds); the runner only compares them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SortKeyRange {
+    /// First sort key included.
+    pub start: i64,
+    /// First sort key excluded.
+    pub end: i64,
+}
+
+impl SortKeyRange {
+    /// Every sort key an SDK can read back: SDKs read `[i64::MIN, i64::MAX)`,
+    /// so this is also the range of a full clear.
+    pub const ALL: SortKeyRange = SortKeyRange {
+        start: i64::MIN,
+        end: i64::MAX,
+    };
+
+    /// Whether `key` lies in the range.
+    pub fn contains(&self, key: i64) -> bool {
+        self.start <= key && key < self.end
+    }
+
+    /// Whether no key lies in the range (`start >= end`).
+    pub fn is_empty(&self) -> bool {
+        self.start >= self.end
+    }
+}
 
 /// What the SDK asks for, with every id already resolved by the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -49,6 +93,61 @@ pub enum StateKey {
         /// Nested-encoded user key.
         key: Bytes,
     },
+    /// An ordered list of user state. Appends carry their own sort keys (the
+    /// range is ignored); gets and clears act on `range` only.
+    OrderedListUserState {
+        /// Transform id.
+        transform_id: String,
+        /// State id.
+        state_id: String,
+        /// Encoded window.
+        window: Bytes,
+        /// Nested-encoded user key.
+        key: Bytes,
+        /// Sort keys a get or clear covers; `None` when the SDK sent no range
+        /// (normal for appends, an error for gets and clears).
+        range: Option<SortKeyRange>,
+    },
+    /// The values of one map key of a multimap user state: get, append, clear.
+    MultimapUserState {
+        /// Transform id.
+        transform_id: String,
+        /// State id.
+        state_id: String,
+        /// Encoded window.
+        window: Bytes,
+        /// Nested-encoded user key.
+        key: Bytes,
+        /// Nested-encoded map key; map keys are compared by these bytes.
+        map_key: Bytes,
+    },
+    /// The map keys of a multimap user state: get (concatenated nested map
+    /// keys) and clear (removes every map key).
+    MultimapKeysUserState {
+        /// Transform id.
+        transform_id: String,
+        /// State id.
+        state_id: String,
+        /// Encoded window.
+        window: Bytes,
+        /// Nested-encoded user key.
+        key: Bytes,
+    },
+    /// All entries of a multimap user state: get, as concatenated
+    /// `KV<K, Iterable<V>>` (map key bytes, int32 big-endian value count,
+    /// the values), which is what Java's harness decodes; clear removes
+    /// every map key. Counting values needs the state's value coder (see
+    /// `UserStateStore::set_multimap_value_coder`).
+    MultimapEntriesUserState {
+        /// Transform id.
+        transform_id: String,
+        /// State id.
+        state_id: String,
+        /// Encoded window.
+        window: Bytes,
+        /// Nested-encoded user key.
+        key: Bytes,
+    },
 }
 
 /// Why a state request failed; the text reaches the SDK (and the user).
@@ -70,8 +169,108 @@ pub struct StatePage {
 pub trait BundleState: Send + Sync {
     /// Read a page of `key`.
     fn get(&self, key: &StateKey, continuation: Option<&[u8]>) -> Result<StatePage, StateError>;
-    /// Append concatenated nested values to a bag.
+    /// Append to user state: concatenated nested values for bags and
+    /// multimap keys, concatenated entries for ordered lists.
     fn append(&self, key: &StateKey, data: Bytes) -> Result<(), StateError>;
-    /// Clear a bag.
+    /// Clear user state: a bag, a range of an ordered list, one map key or a
+    /// whole multimap.
     fn clear(&self, key: &StateKey) -> Result<(), StateError>;
+}
+
+/// Splits an ordered-list append payload into `(sort key, value)` entries,
+/// in payload order.
+///
+/// Each entry is what Python's `TupleCoder([VarIntCoder(),
+/// LengthPrefixCoder(value_coder)])` and Java's `KvCoder<VarLong,
+/// LengthPrefix<V>>` write: the sort key as a signed varint (two's
+/// complement, ten bytes when negative), then a varint length, then that
+/// many value bytes. The values are slices of `data`, not copies. The bytes
+/// come from the SDK, so any malformation is an error, never a panic.
+pub fn decode_ordered_entries(data: &Bytes) -> Result<Vec<(i64, Bytes)>, StateError> {
+    let mut entries = Vec::new();
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let entry_start = pos;
+        let bad = |what: &str, detail: String| {
+            StateError(format!(
+                "malformed ordered list entry at byte {entry_start} of a {}-byte append: {what}: {detail}",
+                data.len()
+            ))
+        };
+        let (sort_key, n) =
+            decode_varint_u64(&data[pos..]).map_err(|e| bad("sort key", e.to_string()))?;
+        pos += n;
+        let (len, n) =
+            decode_varint_u64(&data[pos..]).map_err(|e| bad("value length", e.to_string()))?;
+        pos += n;
+        let remaining = data.len() - pos;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|l| *l <= remaining)
+            .ok_or_else(|| {
+                bad(
+                    "value",
+                    format!("length {len} exceeds the {remaining} bytes left"),
+                )
+            })?;
+        entries.push((sort_key as i64, data.slice(pos..pos + len)));
+        pos += len;
+    }
+    Ok(entries)
+}
+
+/// Appends one ordered-list entry in the format [`decode_ordered_entries`]
+/// reads, so that pages the runner serves decode with the SDK's own coder.
+pub fn encode_ordered_entry(sort_key: i64, value: &[u8], out: &mut Vec<u8>) {
+    encode_varint_i64(sort_key, out);
+    encode_varint_u64(value.len() as u64, out);
+    out.extend_from_slice(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_entries_round_trip_including_negative_keys() {
+        let mut buf = Vec::new();
+        encode_ordered_entry(-1, b"neg", &mut buf);
+        encode_ordered_entry(1_700_000_000_000_000, b"", &mut buf);
+        encode_ordered_entry(i64::MIN, b"min", &mut buf);
+        // A negative sort key takes ten varint bytes, as Python writes it.
+        assert_eq!(buf.len(), (10 + 1 + 3) + (8 + 1) + (10 + 1 + 3));
+        let entries = decode_ordered_entries(&Bytes::from(buf)).unwrap();
+        assert_eq!(
+            entries,
+            vec![
+                (-1, Bytes::from_static(b"neg")),
+                (1_700_000_000_000_000, Bytes::new()),
+                (i64::MIN, Bytes::from_static(b"min")),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_ordered_entries_are_errors() {
+        for bad in [
+            &b"\x80"[..],              // truncated sort key
+            &b"\x02"[..],              // no length
+            &b"\x02\x05abc"[..],       // value shorter than its length
+            &b"\x02\x01a\x04\x80"[..], // second entry truncated
+            &[0xff; 11][..],           // varint longer than 64 bits
+        ] {
+            let err = decode_ordered_entries(&Bytes::copy_from_slice(bad)).unwrap_err();
+            assert!(err.0.contains("malformed ordered list entry"), "{err}");
+        }
+        assert!(decode_ordered_entries(&Bytes::new()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn sort_key_ranges_are_half_open() {
+        let r = SortKeyRange { start: -5, end: 5 };
+        assert!(r.contains(-5) && r.contains(4) && !r.contains(5));
+        assert!(SortKeyRange { start: 3, end: 3 }.is_empty());
+        assert!(SortKeyRange { start: 4, end: 3 }.is_empty());
+        assert!(!SortKeyRange::ALL.contains(i64::MAX));
+    }
 }

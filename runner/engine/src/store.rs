@@ -1,20 +1,24 @@
 //! In-memory homes for the state the SDK reads and writes.
 //!
 //! [`SideInputStore`] holds materialized side inputs by (consumer transform,
-//! tag, window); [`UserStateStore`] holds bags of user state by
-//! (transform, state id, window, key). A bundle never writes to either
-//! directly: it writes to a [`BundleOverlay`], which reads through to the
-//! stores and is applied by the engine only when the bundle succeeded. That
-//! is what makes a bundle a transaction: a failed bundle's state writes are
-//! simply dropped with its overlay.
+//! tag, window); [`UserStateStore`] holds user state — bags, ordered lists
+//! and multimaps — by (transform, state id, window, key). A bundle never
+//! writes to either directly: it writes to a [`BundleOverlay`], which reads
+//! through to the stores and is applied by the engine only when the bundle
+//! succeeded. That is what makes a bundle a transaction: a failed bundle's
+//! state writes are simply dropped with its overlay.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::state::{BundleState, StateError, StateKey, StatePage};
+use crate::coder::Coder;
+use crate::state::{
+    decode_ordered_entries, encode_ordered_entry, BundleState, SortKeyRange, StateError, StateKey,
+    StatePage,
+};
 
 /// (consumer transform, side input tag, encoded window).
 type SideInputWindow = (String, String, Bytes);
@@ -114,43 +118,127 @@ impl SideInputStore {
                     .map(|(keys, _)| keys.clone())
                     .unwrap_or_default())
             }
-            StateKey::BagUserState { .. } => Err(StateError(
+            StateKey::BagUserState { .. }
+            | StateKey::OrderedListUserState { .. }
+            | StateKey::MultimapUserState { .. }
+            | StateKey::MultimapKeysUserState { .. }
+            | StateKey::MultimapEntriesUserState { .. } => Err(StateError(
                 "user state requested from the side-input store".into(),
             )),
         }
     }
 }
 
-/// Identifies one bag of user state.
-pub type BagId = (String, String, Bytes, Bytes);
+/// Identifies one cell of user state of any kind: (transform id, state id,
+/// encoded window, nested-encoded user key).
+pub type CellId = (String, String, Bytes, Bytes);
 
-fn bag_id(key: &StateKey) -> Option<BagId> {
-    match key {
+/// Identifies one bag of user state (a [`CellId`]; the name predates the
+/// other kinds of user state).
+pub type BagId = CellId;
+
+/// Committed ordered list: values by sort key, equal keys in append order.
+type OrderedList = BTreeMap<i64, Vec<Bytes>>;
+
+/// Committed multimap: appended value chunks by map key. A map key is
+/// present while it has at least one chunk, even an empty one (Java's
+/// `SetState` stores `Void` values, which encode to nothing).
+type Multimap = BTreeMap<Bytes, Vec<Bytes>>;
+
+/// The kind of user state a [`StateKey`] addresses, with its cell.
+enum UserKey<'a> {
+    Bag(CellId),
+    OrderedList(CellId, Option<SortKeyRange>),
+    MultimapValues(CellId, &'a Bytes),
+    MultimapKeys(CellId),
+    MultimapEntries(CellId),
+}
+
+fn cell(transform_id: &str, state_id: &str, window: &Bytes, key: &Bytes) -> CellId {
+    (
+        transform_id.to_string(),
+        state_id.to_string(),
+        window.clone(),
+        key.clone(),
+    )
+}
+
+/// `None` for side-input keys.
+fn user_key(key: &StateKey) -> Option<UserKey<'_>> {
+    Some(match key {
         StateKey::BagUserState {
             transform_id,
             state_id,
             window,
             key,
-        } => Some((
-            transform_id.clone(),
-            state_id.clone(),
-            window.clone(),
-            key.clone(),
-        )),
-        _ => None,
+        } => UserKey::Bag(cell(transform_id, state_id, window, key)),
+        StateKey::OrderedListUserState {
+            transform_id,
+            state_id,
+            window,
+            key,
+            range,
+        } => UserKey::OrderedList(cell(transform_id, state_id, window, key), *range),
+        StateKey::MultimapUserState {
+            transform_id,
+            state_id,
+            window,
+            key,
+            map_key,
+        } => UserKey::MultimapValues(cell(transform_id, state_id, window, key), map_key),
+        StateKey::MultimapKeysUserState {
+            transform_id,
+            state_id,
+            window,
+            key,
+        } => UserKey::MultimapKeys(cell(transform_id, state_id, window, key)),
+        StateKey::MultimapEntriesUserState {
+            transform_id,
+            state_id,
+            window,
+            key,
+        } => UserKey::MultimapEntries(cell(transform_id, state_id, window, key)),
+        StateKey::IterableSideInput { .. }
+        | StateKey::MultimapSideInput { .. }
+        | StateKey::MultimapKeysSideInput { .. } => return None,
+    })
+}
+
+/// Gets and clears of an ordered list must say which sort keys they cover.
+fn required_range(range: Option<SortKeyRange>, op: &str) -> Result<SortKeyRange, StateError> {
+    range.ok_or_else(|| {
+        StateError(format!(
+            "ordered list user state {op} without a sort key range (the range is required \
+             for gets and clears)"
+        ))
+    })
+}
+
+/// Removes every sort key in `range` from `list`.
+fn remove_range(list: &mut OrderedList, range: SortKeyRange) {
+    if range.is_empty() {
+        return;
     }
+    let mut tail = list.split_off(&range.start);
+    let mut after = tail.split_off(&range.end);
+    list.append(&mut after);
 }
 
 /// Committed user state of one job.
 #[derive(Debug, Default)]
 pub struct UserStateStore {
     bags: HashMap<BagId, Vec<Bytes>>,
+    ordered_lists: HashMap<CellId, OrderedList>,
+    multimaps: HashMap<CellId, Multimap>,
+    /// (transform id, state id) -> the multimap's value coder, needed only to
+    /// count values when serving multimap entries.
+    multimap_value_coders: HashMap<(String, String), Coder>,
 }
 
 impl UserStateStore {
     /// Apply a committed bundle's writes.
-    pub fn apply(&mut self, writes: HashMap<BagId, BagWrite>) {
-        for (id, write) in writes {
+    pub fn apply(&mut self, writes: UserStateWrites) {
+        for (id, write) in writes.bags {
             let bag = self.bags.entry(id.clone()).or_default();
             if write.cleared {
                 bag.clear();
@@ -160,26 +248,75 @@ impl UserStateStore {
                 self.bags.remove(&id);
             }
         }
+        for (id, write) in writes.ordered_lists {
+            let list = self.ordered_lists.entry(id.clone()).or_default();
+            for op in write.ops {
+                match op {
+                    OrderedListOp::Clear(range) => remove_range(list, range),
+                    OrderedListOp::Append(entries) => {
+                        for (sort_key, value) in entries {
+                            list.entry(sort_key).or_default().push(value);
+                        }
+                    }
+                }
+            }
+            if list.is_empty() {
+                self.ordered_lists.remove(&id);
+            }
+        }
+        for (id, write) in writes.multimaps {
+            let map = self.multimaps.entry(id.clone()).or_default();
+            if write.cleared {
+                map.clear();
+            }
+            for (map_key, w) in write.keys {
+                if w.cleared {
+                    map.remove(&map_key);
+                }
+                if !w.appended.is_empty() {
+                    map.entry(map_key).or_default().extend(w.appended);
+                }
+            }
+            if map.is_empty() {
+                self.multimaps.remove(&id);
+            }
+        }
     }
 
-    /// Drop all state of windows whose expiry has passed (`expired` decides
-    /// from the encoded window).
+    /// Tell the store the value coder of a multimap user state.
+    ///
+    /// Serving `multimap_entries_user_state` means writing each map key's
+    /// value *count*, and values are appended as opaque concatenations, so
+    /// the store must walk them with their coder. Without a registered coder
+    /// (or with one the runner cannot walk) entries requests fail with a
+    /// state error; every other multimap request works without it.
+    pub fn set_multimap_value_coder(&mut self, transform_id: &str, state_id: &str, coder: Coder) {
+        self.multimap_value_coders
+            .insert((transform_id.to_string(), state_id.to_string()), coder);
+    }
+
+    /// Drop all state (of every kind) of windows whose expiry has passed:
+    /// `keep` decides from the encoded window.
     pub fn retain_windows(&mut self, mut keep: impl FnMut(&Bytes) -> bool) {
         self.bags.retain(|(_, _, window, _), _| keep(window));
+        self.ordered_lists
+            .retain(|(_, _, window, _), _| keep(window));
+        self.multimaps.retain(|(_, _, window, _), _| keep(window));
     }
 
-    /// Number of non-empty bags, for tests and metrics.
+    /// Number of non-empty state cells (bags, ordered lists and multimaps),
+    /// for tests and metrics.
     pub fn len(&self) -> usize {
-        self.bags.len()
+        self.bags.len() + self.ordered_lists.len() + self.multimaps.len()
     }
 
     /// Whether no state is held.
     pub fn is_empty(&self) -> bool {
-        self.bags.is_empty()
+        self.len() == 0
     }
 }
 
-/// A bundle's tentative writes to one bag.
+/// A bundle's tentative writes to one bag (or to one map key of a multimap).
 #[derive(Debug, Default, Clone)]
 pub struct BagWrite {
     /// The bag was cleared (before `appended`).
@@ -188,15 +325,65 @@ pub struct BagWrite {
     pub appended: Vec<Bytes>,
 }
 
-/// Maximum bytes returned in one page of a state read.
+/// One change to an ordered list, kept in request order because a clear
+/// only removes what was there before it.
+#[derive(Debug, Clone)]
+pub enum OrderedListOp {
+    /// Remove every entry whose sort key is in the range.
+    Clear(SortKeyRange),
+    /// Add `(sort key, value)` entries, in append order.
+    Append(Vec<(i64, Bytes)>),
+}
+
+/// A bundle's tentative writes to one ordered list.
+#[derive(Debug, Default, Clone)]
+pub struct OrderedListWrite {
+    /// Clears and appends in the order the SDK sent them.
+    pub ops: Vec<OrderedListOp>,
+}
+
+/// A bundle's tentative writes to one multimap.
+#[derive(Debug, Default, Clone)]
+pub struct MultimapWrite {
+    /// Every map key was removed (before the writes in `keys`).
+    pub cleared: bool,
+    /// Per map key: removed (`cleared`) and/or values appended since.
+    pub keys: BTreeMap<Bytes, BagWrite>,
+}
+
+/// All tentative user-state writes of one bundle, applied together by
+/// [`UserStateStore::apply`] when the bundle succeeds.
+#[derive(Debug, Default, Clone)]
+pub struct UserStateWrites {
+    /// Writes to bags.
+    pub bags: HashMap<BagId, BagWrite>,
+    /// Writes to ordered lists.
+    pub ordered_lists: HashMap<CellId, OrderedListWrite>,
+    /// Writes to multimaps.
+    pub multimaps: HashMap<CellId, MultimapWrite>,
+}
+
+impl UserStateWrites {
+    /// Whether the bundle wrote no user state.
+    pub fn is_empty(&self) -> bool {
+        self.bags.is_empty() && self.ordered_lists.is_empty() && self.multimaps.is_empty()
+    }
+}
+
+/// Maximum bytes returned in one page of a state read (unless one unit —
+/// a value chunk, entry or key — is larger on its own).
 const PAGE_BYTES: usize = 4 << 20;
 
 /// One bundle's view of state: reads see committed state plus the bundle's
 /// own writes; writes stay here until [`BundleOverlay::take_writes`].
+///
+/// The overlay never holds its own lock and the store's at the same time,
+/// so a read racing the engine's commit cannot deadlock.
 pub struct BundleOverlay {
     side_inputs: Arc<Mutex<SideInputStore>>,
     user_state: Arc<Mutex<UserStateStore>>,
-    writes: Mutex<HashMap<BagId, BagWrite>>,
+    writes: Mutex<UserStateWrites>,
+    page_bytes: usize,
 }
 
 impl BundleOverlay {
@@ -208,80 +395,344 @@ impl BundleOverlay {
         BundleOverlay {
             side_inputs,
             user_state,
-            writes: Mutex::new(HashMap::new()),
+            writes: Mutex::new(UserStateWrites::default()),
+            page_bytes: PAGE_BYTES,
         }
     }
 
+    /// The same overlay with a different page size (at least one unit is
+    /// always returned per page), so tests can exercise paging cheaply.
+    pub fn with_page_bytes(mut self, page_bytes: usize) -> Self {
+        self.page_bytes = page_bytes;
+        self
+    }
+
     /// The bundle's writes, to be applied on commit.
-    pub fn take_writes(&self) -> HashMap<BagId, BagWrite> {
+    pub fn take_writes(&self) -> UserStateWrites {
         std::mem::take(&mut *self.writes.lock())
     }
 
+    /// Everything `key` currently holds, as whole units that a page may not
+    /// split (value chunks, encoded entries, map keys).
     fn read_all(&self, key: &StateKey) -> Result<Vec<Bytes>, StateError> {
-        let Some(id) = bag_id(key) else {
+        let Some(user) = user_key(key) else {
             return self.side_inputs.lock().read(key);
         };
-        let writes = self.writes.lock();
-        let write = writes.get(&id);
-        let mut chunks = if write.is_some_and(|w| w.cleared) {
-            Vec::new()
+        match user {
+            UserKey::Bag(id) => {
+                let write = self.writes.lock().bags.get(&id).cloned();
+                let mut chunks = if write.as_ref().is_some_and(|w| w.cleared) {
+                    Vec::new()
+                } else {
+                    self.user_state
+                        .lock()
+                        .bags
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                if let Some(w) = write {
+                    chunks.extend(w.appended);
+                }
+                Ok(chunks)
+            }
+            UserKey::OrderedList(id, range) => {
+                let range = required_range(range, "get")?;
+                let ops = self
+                    .writes
+                    .lock()
+                    .ordered_lists
+                    .get(&id)
+                    .map(|w| w.ops.clone())
+                    .unwrap_or_default();
+                let mut view: OrderedList = if range.is_empty() {
+                    OrderedList::new()
+                } else {
+                    self.user_state
+                        .lock()
+                        .ordered_lists
+                        .get(&id)
+                        .map(|list| {
+                            list.range(range.start..range.end)
+                                .map(|(k, v)| (*k, v.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                for op in ops {
+                    match op {
+                        OrderedListOp::Clear(cleared) => remove_range(
+                            &mut view,
+                            SortKeyRange {
+                                start: cleared.start.max(range.start),
+                                end: cleared.end.min(range.end),
+                            },
+                        ),
+                        OrderedListOp::Append(entries) => {
+                            for (sort_key, value) in entries {
+                                if range.contains(sort_key) {
+                                    view.entry(sort_key).or_default().push(value);
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut units = Vec::new();
+                for (sort_key, values) in view {
+                    for value in values {
+                        let mut entry = Vec::with_capacity(value.len() + 20);
+                        encode_ordered_entry(sort_key, &value, &mut entry);
+                        units.push(Bytes::from(entry));
+                    }
+                }
+                Ok(units)
+            }
+            UserKey::MultimapValues(id, map_key) => {
+                let (multimap_cleared, write) = {
+                    let writes = self.writes.lock();
+                    let w = writes.multimaps.get(&id);
+                    (
+                        w.is_some_and(|w| w.cleared),
+                        w.and_then(|w| w.keys.get(map_key)).cloned(),
+                    )
+                };
+                let mut chunks = if multimap_cleared || write.as_ref().is_some_and(|w| w.cleared) {
+                    Vec::new()
+                } else {
+                    self.user_state
+                        .lock()
+                        .multimaps
+                        .get(&id)
+                        .and_then(|m| m.get(map_key))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                if let Some(w) = write {
+                    chunks.extend(w.appended);
+                }
+                Ok(chunks)
+            }
+            UserKey::MultimapKeys(id) => {
+                Ok(self.multimap_view(&id).into_keys().collect::<Vec<Bytes>>())
+            }
+            UserKey::MultimapEntries(id) => {
+                let coder = self
+                    .user_state
+                    .lock()
+                    .multimap_value_coders
+                    .get(&(id.0.clone(), id.1.clone()))
+                    .cloned()
+                    .ok_or_else(|| {
+                        StateError(format!(
+                            "multimap entries of state '{}' of transform '{}' are not available: \
+                             the runner does not know the state's value coder, so it cannot \
+                             count values",
+                            id.1, id.0
+                        ))
+                    })?;
+                let mut units = Vec::new();
+                for (map_key, chunks) in self.multimap_view(&id) {
+                    let mut count = 0usize;
+                    for chunk in &chunks {
+                        count += count_values(&coder, chunk).map_err(|detail| {
+                            StateError(format!(
+                                "multimap entries of state '{}' of transform '{}': {detail}",
+                                id.1, id.0
+                            ))
+                        })?;
+                    }
+                    let count = i32::try_from(count).map_err(|_| {
+                        StateError(format!(
+                            "multimap entries of state '{}' of transform '{}': a map key has \
+                             {count} values, more than an iterable can carry",
+                            id.1, id.0
+                        ))
+                    })?;
+                    let len = map_key.len() + 4 + chunks.iter().map(Bytes::len).sum::<usize>();
+                    let mut entry = Vec::with_capacity(len);
+                    entry.extend_from_slice(&map_key);
+                    entry.extend_from_slice(&count.to_be_bytes());
+                    for chunk in &chunks {
+                        entry.extend_from_slice(chunk);
+                    }
+                    units.push(Bytes::from(entry));
+                }
+                Ok(units)
+            }
+        }
+    }
+
+    /// A multimap as this bundle sees it: present map keys (bytewise order)
+    /// with their value chunks.
+    fn multimap_view(&self, id: &CellId) -> Multimap {
+        let write = self.writes.lock().multimaps.get(id).cloned();
+        let mut view = if write.as_ref().is_some_and(|w| w.cleared) {
+            Multimap::new()
         } else {
             self.user_state
                 .lock()
-                .bags
-                .get(&id)
+                .multimaps
+                .get(id)
                 .cloned()
                 .unwrap_or_default()
         };
         if let Some(w) = write {
-            chunks.extend(w.appended.iter().cloned());
+            for (map_key, kw) in w.keys {
+                if kw.cleared {
+                    view.remove(&map_key);
+                }
+                if !kw.appended.is_empty() {
+                    view.entry(map_key).or_default().extend(kw.appended);
+                }
+            }
         }
-        Ok(chunks)
+        view
+    }
+}
+
+/// How many nested values of `coder` a chunk of concatenated values holds.
+fn count_values(coder: &Coder, chunk: &[u8]) -> Result<usize, String> {
+    let mut pos = 0usize;
+    let mut count = 0usize;
+    while pos < chunk.len() {
+        let len = coder
+            .nested_len(&chunk[pos..])
+            .map_err(|e| format!("values do not decode with the value coder: {e}"))?;
+        if len == 0 {
+            return Err("the value coder writes zero-byte values, which cannot be counted".into());
+        }
+        pos += len;
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn read_only(key: &StateKey) -> StateError {
+    match key {
+        StateKey::MultimapKeysUserState { .. } => {
+            StateError("multimap keys user state supports only get and clear".into())
+        }
+        StateKey::MultimapEntriesUserState { .. } => {
+            StateError("multimap entries user state supports only get and clear".into())
+        }
+        _ => StateError("side inputs are read-only".into()),
     }
 }
 
 impl BundleState for BundleOverlay {
     fn get(&self, key: &StateKey, continuation: Option<&[u8]>) -> Result<StatePage, StateError> {
-        let chunks = self.read_all(key)?;
+        let units = self.read_all(key)?;
         let start = match continuation {
             None => 0,
             Some(token) => std::str::from_utf8(token)
                 .ok()
                 .and_then(|s| s.parse::<usize>().ok())
+                .filter(|i| *i <= units.len())
                 .ok_or_else(|| StateError("invalid continuation token".into()))?,
         };
         let mut data = Vec::new();
         let mut next = start;
-        while next < chunks.len() {
-            if !data.is_empty() && data.len() + chunks[next].len() > PAGE_BYTES {
+        while next < units.len() {
+            if !data.is_empty() && data.len() + units[next].len() > self.page_bytes {
                 break;
             }
-            data.extend_from_slice(&chunks[next]);
+            data.extend_from_slice(&units[next]);
             next += 1;
         }
         Ok(StatePage {
             data: Bytes::from(data),
-            continuation: (next < chunks.len()).then(|| Bytes::from(next.to_string())),
+            continuation: (next < units.len()).then(|| Bytes::from(next.to_string())),
         })
     }
 
     fn append(&self, key: &StateKey, data: Bytes) -> Result<(), StateError> {
-        let id = bag_id(key).ok_or_else(|| StateError("side inputs are read-only".into()))?;
-        self.writes
-            .lock()
-            .entry(id)
-            .or_default()
-            .appended
-            .push(data);
+        match user_key(key) {
+            Some(UserKey::Bag(id)) => {
+                self.writes
+                    .lock()
+                    .bags
+                    .entry(id)
+                    .or_default()
+                    .appended
+                    .push(data);
+            }
+            Some(UserKey::OrderedList(id, _)) => {
+                // Parse before touching the overlay: a malformed append
+                // changes nothing.
+                let entries = decode_ordered_entries(&data)?;
+                if entries.is_empty() {
+                    return Ok(());
+                }
+                let mut writes = self.writes.lock();
+                let ops = &mut writes.ordered_lists.entry(id).or_default().ops;
+                match ops.last_mut() {
+                    Some(OrderedListOp::Append(prev)) => prev.extend(entries),
+                    _ => ops.push(OrderedListOp::Append(entries)),
+                }
+            }
+            Some(UserKey::MultimapValues(id, map_key)) => {
+                self.writes
+                    .lock()
+                    .multimaps
+                    .entry(id)
+                    .or_default()
+                    .keys
+                    .entry(map_key.clone())
+                    .or_default()
+                    .appended
+                    .push(data);
+            }
+            Some(UserKey::MultimapKeys(_) | UserKey::MultimapEntries(_)) | None => {
+                return Err(read_only(key))
+            }
+        }
         Ok(())
     }
 
     fn clear(&self, key: &StateKey) -> Result<(), StateError> {
-        let id = bag_id(key).ok_or_else(|| StateError("side inputs are read-only".into()))?;
-        let mut writes = self.writes.lock();
-        let w = writes.entry(id).or_default();
-        w.cleared = true;
-        w.appended.clear();
+        match user_key(key) {
+            Some(UserKey::Bag(id)) => {
+                let mut writes = self.writes.lock();
+                let w = writes.bags.entry(id).or_default();
+                w.cleared = true;
+                w.appended.clear();
+            }
+            Some(UserKey::OrderedList(id, range)) => {
+                let range = required_range(range, "clear")?;
+                if range.is_empty() {
+                    return Ok(());
+                }
+                self.writes
+                    .lock()
+                    .ordered_lists
+                    .entry(id)
+                    .or_default()
+                    .ops
+                    .push(OrderedListOp::Clear(range));
+            }
+            Some(UserKey::MultimapValues(id, map_key)) => {
+                self.writes
+                    .lock()
+                    .multimaps
+                    .entry(id)
+                    .or_default()
+                    .keys
+                    .insert(
+                        map_key.clone(),
+                        BagWrite {
+                            cleared: true,
+                            appended: Vec::new(),
+                        },
+                    );
+            }
+            Some(UserKey::MultimapKeys(id) | UserKey::MultimapEntries(id)) => {
+                let mut writes = self.writes.lock();
+                let w = writes.multimaps.entry(id).or_default();
+                w.cleared = true;
+                w.keys.clear();
+            }
+            None => return Err(read_only(key)),
+        }
         Ok(())
     }
 }
@@ -299,10 +750,104 @@ mod tests {
         }
     }
 
+    fn ordered(range: Option<(i64, i64)>) -> StateKey {
+        StateKey::OrderedListUserState {
+            transform_id: "t".into(),
+            state_id: "ol".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+            range: range.map(|(start, end)| SortKeyRange { start, end }),
+        }
+    }
+
+    fn all() -> StateKey {
+        ordered(Some((i64::MIN, i64::MAX)))
+    }
+
+    fn mm_values(map_key: &str) -> StateKey {
+        StateKey::MultimapUserState {
+            transform_id: "t".into(),
+            state_id: "mm".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+            map_key: nested(map_key),
+        }
+    }
+
+    fn mm_keys() -> StateKey {
+        StateKey::MultimapKeysUserState {
+            transform_id: "t".into(),
+            state_id: "mm".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+        }
+    }
+
+    fn mm_entries() -> StateKey {
+        StateKey::MultimapEntriesUserState {
+            transform_id: "t".into(),
+            state_id: "mm".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+        }
+    }
+
+    /// A string as Beam's string coder nests it: varint length, bytes.
+    fn nested(s: &str) -> Bytes {
+        let mut out = vec![s.len() as u8];
+        out.extend_from_slice(s.as_bytes());
+        Bytes::from(out)
+    }
+
+    fn nested_all(values: &[&str]) -> Bytes {
+        Bytes::from(
+            values
+                .iter()
+                .flat_map(|v| nested(v).to_vec())
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    fn entries(items: &[(i64, &str)]) -> Bytes {
+        let mut out = Vec::new();
+        for (k, v) in items {
+            encode_ordered_entry(*k, v.as_bytes(), &mut out);
+        }
+        Bytes::from(out)
+    }
+
+    fn stores() -> (Arc<Mutex<SideInputStore>>, Arc<Mutex<UserStateStore>>) {
+        (Arc::default(), Arc::default())
+    }
+
+    fn read(o: &BundleOverlay, key: &StateKey) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut token: Option<Bytes> = None;
+        loop {
+            let page = o.get(key, token.as_deref()).unwrap();
+            out.extend_from_slice(&page.data);
+            match page.continuation {
+                Some(t) => token = Some(t),
+                None => return out,
+            }
+        }
+    }
+
+    fn read_ordered(o: &BundleOverlay, key: &StateKey) -> Vec<(i64, String)> {
+        decode_ordered_entries(&Bytes::from(read(o, key)))
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.to_vec()).unwrap()))
+            .collect()
+    }
+
+    fn owned(items: &[(i64, &str)]) -> Vec<(i64, String)> {
+        items.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    }
+
     #[test]
     fn overlay_reads_its_own_writes_and_commits_only_when_applied() {
-        let si = Arc::new(Mutex::new(SideInputStore::default()));
-        let us = Arc::new(Mutex::new(UserStateStore::default()));
+        let (si, us) = stores();
         let o = BundleOverlay::new(si.clone(), us.clone());
         o.append(&bag("k"), Bytes::from_static(b"\x01a")).unwrap();
         assert_eq!(&o.get(&bag("k"), None).unwrap().data[..], b"\x01a");
@@ -332,5 +877,271 @@ mod tests {
         assert!(o.get(&key, None).is_err());
         si.lock().mark_ready("t", "s");
         assert_eq!(&o.get(&key, None).unwrap().data[..], b"\x01");
+        assert!(o.append(&key, Bytes::new()).is_err());
+        assert!(o.clear(&key).is_err());
+    }
+
+    #[test]
+    fn ordered_list_sorts_stably_reads_its_writes_and_commits_on_apply() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        o.append(
+            &ordered(None),
+            entries(&[(5, "a"), (-3, "neg"), (5, "b"), (1, "one")]),
+        )
+        .unwrap();
+        o.append(&ordered(None), entries(&[(5, "c"), (i64::MIN, "min")]))
+            .unwrap();
+        let expected = owned(&[
+            (i64::MIN, "min"),
+            (-3, "neg"),
+            (1, "one"),
+            (5, "a"),
+            (5, "b"),
+            (5, "c"),
+        ]);
+        assert_eq!(read_ordered(&o, &all()), expected);
+        assert!(us.lock().is_empty(), "nothing is committed before apply");
+        us.lock().apply(o.take_writes());
+        assert_eq!(us.lock().len(), 1);
+
+        // Committed entries come before a later bundle's equal sort keys.
+        let o2 = BundleOverlay::new(si.clone(), us.clone());
+        o2.append(&ordered(None), entries(&[(5, "d"), (0, "zero")]))
+            .unwrap();
+        assert_eq!(
+            read_ordered(&o2, &ordered(Some((0, 6)))),
+            owned(&[
+                (0, "zero"),
+                (1, "one"),
+                (5, "a"),
+                (5, "b"),
+                (5, "c"),
+                (5, "d")
+            ])
+        );
+        drop(o2); // failed bundle
+        let o3 = BundleOverlay::new(si, us);
+        assert_eq!(read_ordered(&o3, &all()), expected);
+    }
+
+    #[test]
+    fn ordered_list_ranges_and_clears_follow_request_order() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        o.append(
+            &ordered(None),
+            entries(&[(1, "a"), (2, "b"), (3, "c"), (4, "d"), (10, "e")]),
+        )
+        .unwrap();
+        us.lock().apply(o.take_writes());
+
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        assert_eq!(
+            read_ordered(&o, &ordered(Some((2, 4)))),
+            owned(&[(2, "b"), (3, "c")])
+        );
+        assert!(read_ordered(&o, &ordered(Some((4, 4)))).is_empty());
+        assert!(read_ordered(&o, &ordered(Some((9, 2)))).is_empty());
+        // Clear [2, 4), then re-add 3: the re-added entry survives the clear.
+        o.clear(&ordered(Some((2, 4)))).unwrap();
+        o.append(&ordered(None), entries(&[(3, "c2"), (2, "b2")]))
+            .unwrap();
+        o.clear(&ordered(Some((2, 3)))).unwrap();
+        // An empty or inverted range clears nothing.
+        o.clear(&ordered(Some((10, 10)))).unwrap();
+        o.clear(&ordered(Some((11, 0)))).unwrap();
+        let expected = owned(&[(1, "a"), (3, "c2"), (4, "d"), (10, "e")]);
+        assert_eq!(read_ordered(&o, &all()), expected);
+        assert_eq!(
+            read_ordered(&o, &ordered(Some((3, 5)))),
+            owned(&[(3, "c2"), (4, "d")])
+        );
+        us.lock().apply(o.take_writes());
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        assert_eq!(read_ordered(&o, &all()), expected);
+
+        // A full clear empties the list, and the store drops it on commit.
+        o.clear(&all()).unwrap();
+        assert!(read_ordered(&o, &all()).is_empty());
+        us.lock().apply(o.take_writes());
+        assert!(us.lock().is_empty());
+    }
+
+    #[test]
+    fn ordered_list_pages_never_split_an_entry() {
+        let (si, us) = stores();
+        let items: Vec<(i64, String)> = (0..50)
+            .map(|i| ((i * 7919) % 101 - 50, format!("value-{i}")))
+            .collect();
+        let o = BundleOverlay::new(si, us).with_page_bytes(40);
+        let refs: Vec<(i64, &str)> = items.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        o.append(&ordered(None), entries(&refs)).unwrap();
+        let mut pages = 0;
+        let mut got = Vec::new();
+        let mut token: Option<Bytes> = None;
+        loop {
+            let page = o.get(&all(), token.as_deref()).unwrap();
+            assert!(page.data.len() <= 40, "page of {} bytes", page.data.len());
+            // Every page decodes on its own, as the SDK decodes it.
+            got.extend(decode_ordered_entries(&page.data).unwrap());
+            pages += 1;
+            match page.continuation {
+                Some(t) => token = Some(t),
+                None => break,
+            }
+        }
+        assert!(pages > 10);
+        let mut expected = items.clone();
+        expected.sort_by_key(|(k, _)| *k); // stable, like the store
+        let got: Vec<(i64, String)> = got
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.to_vec()).unwrap()))
+            .collect();
+        assert_eq!(got, expected);
+        assert!(o.get(&all(), Some(b"999")).is_err());
+        assert!(o.get(&all(), Some(b"x")).is_err());
+    }
+
+    #[test]
+    fn malformed_ordered_list_requests_are_errors_and_write_nothing() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si, us);
+        o.append(&ordered(None), entries(&[(1, "a")])).unwrap();
+        // The second entry claims more bytes than there are.
+        let mut bad = entries(&[(2, "b")]).to_vec();
+        bad.extend_from_slice(&[0x03, 0x09, b'x']);
+        let err = o.append(&ordered(None), Bytes::from(bad)).unwrap_err();
+        assert!(err.0.contains("malformed ordered list entry"), "{err}");
+        assert_eq!(read_ordered(&o, &all()), owned(&[(1, "a")]));
+        // Gets and clears must carry a range.
+        assert!(o.get(&ordered(None), None).unwrap_err().0.contains("range"));
+        assert!(o.clear(&ordered(None)).unwrap_err().0.contains("range"));
+        // An empty append is a no-op.
+        o.append(&ordered(None), Bytes::new()).unwrap();
+        assert_eq!(o.take_writes().ordered_lists.len(), 1);
+    }
+
+    #[test]
+    fn multimap_values_keys_and_clears() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        o.append(&mm_values("b"), nested_all(&["1", "2"])).unwrap();
+        o.append(&mm_values("a"), nested_all(&["x"])).unwrap();
+        o.append(&mm_values("b"), nested_all(&["3"])).unwrap();
+        // A zero-byte value (Java's Void) still makes its key present.
+        o.append(&mm_values("v"), Bytes::new()).unwrap();
+        assert_eq!(read(&o, &mm_values("b")), nested_all(&["1", "2", "3"]));
+        assert!(read(&o, &mm_values("zzz")).is_empty());
+        assert_eq!(read(&o, &mm_keys()), nested_all(&["a", "b", "v"]));
+        assert!(us.lock().is_empty());
+        us.lock().apply(o.take_writes());
+        assert_eq!(us.lock().len(), 1);
+
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        assert_eq!(read(&o, &mm_values("b")), nested_all(&["1", "2", "3"]));
+        o.clear(&mm_values("b")).unwrap();
+        assert!(read(&o, &mm_values("b")).is_empty());
+        assert_eq!(read(&o, &mm_keys()), nested_all(&["a", "v"]));
+        o.append(&mm_values("b"), nested_all(&["4"])).unwrap();
+        assert_eq!(read(&o, &mm_values("b")), nested_all(&["4"]));
+        assert_eq!(read(&o, &mm_keys()), nested_all(&["a", "b", "v"]));
+        drop(o); // failed bundle: nothing changes
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        assert_eq!(read(&o, &mm_values("b")), nested_all(&["1", "2", "3"]));
+
+        // Clearing the keys removes every map key; later appends survive.
+        o.clear(&mm_keys()).unwrap();
+        assert!(read(&o, &mm_keys()).is_empty());
+        assert!(read(&o, &mm_values("a")).is_empty());
+        o.append(&mm_values("c"), nested_all(&["5"])).unwrap();
+        assert_eq!(read(&o, &mm_keys()), nested_all(&["c"]));
+        us.lock().apply(o.take_writes());
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        assert_eq!(read(&o, &mm_keys()), nested_all(&["c"]));
+        assert_eq!(read(&o, &mm_values("c")), nested_all(&["5"]));
+        o.clear(&mm_values("c")).unwrap();
+        us.lock().apply(o.take_writes());
+        assert!(us.lock().is_empty());
+
+        // Keys and entries are get/clear only.
+        let o = BundleOverlay::new(si, us);
+        assert!(o.append(&mm_keys(), Bytes::new()).is_err());
+        assert!(o.append(&mm_entries(), Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn multimap_entries_are_kv_of_key_and_iterable_of_values() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        o.append(&mm_values("a"), nested_all(&["1", "22"])).unwrap();
+        o.append(&mm_values("b"), nested_all(&["333"])).unwrap();
+        // Without the value coder the runner cannot count values.
+        let err = o.get(&mm_entries(), None).unwrap_err();
+        assert!(err.0.contains("value coder"), "{err}");
+        us.lock()
+            .set_multimap_value_coder("t", "mm", Coder::StringUtf8);
+        o.append(&mm_values("a"), nested_all(&["4444"])).unwrap();
+        let mut expected = nested("a").to_vec();
+        expected.extend_from_slice(&3i32.to_be_bytes());
+        expected.extend_from_slice(&nested_all(&["1", "22", "4444"]));
+        expected.extend_from_slice(&nested("b"));
+        expected.extend_from_slice(&1i32.to_be_bytes());
+        expected.extend_from_slice(&nested_all(&["333"]));
+        assert_eq!(read(&o, &mm_entries()), expected);
+
+        // Clearing through the entries key clears the whole multimap.
+        o.clear(&mm_entries()).unwrap();
+        assert!(read(&o, &mm_entries()).is_empty());
+        drop(o);
+
+        // Values that do not walk with the coder are an error, not a panic.
+        let o = BundleOverlay::new(si, us);
+        o.append(&mm_values("a"), Bytes::from_static(b"\x05ab"))
+            .unwrap();
+        let err = o.get(&mm_entries(), None).unwrap_err();
+        assert!(err.0.contains("do not decode"), "{err}");
+    }
+
+    #[test]
+    fn retain_windows_drops_every_kind_of_state() {
+        let (si, us) = stores();
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        let in_window = |w: &'static [u8]| {
+            [
+                StateKey::BagUserState {
+                    transform_id: "t".into(),
+                    state_id: "s".into(),
+                    window: Bytes::from_static(w),
+                    key: Bytes::new(),
+                },
+                StateKey::OrderedListUserState {
+                    transform_id: "t".into(),
+                    state_id: "ol".into(),
+                    window: Bytes::from_static(w),
+                    key: Bytes::new(),
+                    range: None,
+                },
+                StateKey::MultimapUserState {
+                    transform_id: "t".into(),
+                    state_id: "mm".into(),
+                    window: Bytes::from_static(w),
+                    key: Bytes::new(),
+                    map_key: nested("m"),
+                },
+            ]
+        };
+        for w in [&b"old"[..], &b"new"[..]] {
+            let [b, l, m] = in_window(w);
+            o.append(&b, nested("x")).unwrap();
+            o.append(&l, entries(&[(1, "x")])).unwrap();
+            o.append(&m, nested("x")).unwrap();
+        }
+        us.lock().apply(o.take_writes());
+        assert_eq!(us.lock().len(), 6);
+        us.lock().retain_windows(|w| &w[..] != b"old");
+        assert_eq!(us.lock().len(), 3);
+        us.lock().retain_windows(|_| false);
+        assert!(us.lock().is_empty());
     }
 }

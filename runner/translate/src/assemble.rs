@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 
-use refract_engine::plan::{PCollection, Plan, SideInput, Stage, StageKind};
+use refract_engine::plan::{ClosingBehavior, PCollection, Plan, SideInput, Stage, StageKind};
 use refract_proto::pipeline as pb;
 
 use crate::error::TranslateError;
 use crate::fuse::{self, Group};
 use crate::graph::{Graph, NodeKind};
 use crate::rewrite::{self, window_coder_of};
-use crate::{descriptor, windowing, TranslateOptions, Translated};
+use crate::{descriptor, test_stream, windowing, TranslateOptions, Translated};
 
 /// Fuses `graph`, rewrites its coders and builds the plan and descriptors.
 pub(crate) fn assemble(
@@ -51,6 +51,12 @@ pub(crate) fn assemble(
                 .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
         };
 
+    let python_only = !graph.components.environments.is_empty()
+        && graph.components.environments.values().all(|env| {
+            env.capabilities
+                .iter()
+                .any(|c| c.starts_with("beam:version:sdk_base:apache/beam_python"))
+        });
     let mut sdk_stages = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
         let stage = match group {
@@ -58,6 +64,9 @@ pub(crate) fn assemble(
                 let node = &graph.nodes[*i];
                 let kind = match node.kind {
                     NodeKind::Impulse => StageKind::Impulse,
+                    NodeKind::TestStream => {
+                        StageKind::TestStream(test_stream::events(node, &plan, &index)?)
+                    }
                     NodeKind::Flatten => StageKind::Flatten,
                     NodeKind::GroupByKey => {
                         let input = node.inputs.first().ok_or_else(|| {
@@ -73,11 +82,19 @@ pub(crate) fn assemble(
                                 format!("transform '{}'", node.name),
                             )
                         })?;
-                        StageKind::GroupByKey(windowing::convert(
+                        let mut strategy = windowing::convert(
                             &graph.components,
                             &pc.windowing_strategy_id,
                             &format!("PCollection '{input}'"),
-                        )?)
+                        )?;
+                        if python_only {
+                            // The Python SDK writes EMIT_ALWAYS into every
+                            // windowing strategy, but its own runners never
+                            // emit an empty closing pane; users expect those
+                            // results.
+                            strategy.closing_behavior = ClosingBehavior::EmitIfNonEmpty;
+                        }
+                        StageKind::GroupByKey(strategy)
                     }
                     NodeKind::Sdk => {
                         return Err(TranslateError::Invalid(format!(

@@ -17,12 +17,6 @@ pub enum TranslateError {
         /// The transform's unique name.
         transform: String,
     },
-    /// `beam:transform:teststream:v1`, which the engine cannot replay yet.
-    #[error("TestStream is not supported yet (transform '{transform}')")]
-    TestStreamUnsupported {
-        /// The TestStream transform's unique name.
-        transform: String,
-    },
     /// A `Pipeline.requirements` entry Refract cannot honour.
     #[error("unsupported pipeline requirement '{0}'")]
     UnsupportedRequirement(String),

@@ -30,6 +30,8 @@ pub(crate) enum NodeKind {
     Flatten,
     /// The runner groups by key and window.
     GroupByKey,
+    /// The runner replays a TestStream's scripted events.
+    TestStream,
     /// An SDK harness runs it, fused with its neighbours.
     Sdk,
 }
@@ -317,9 +319,12 @@ impl Builder {
                 count_check(Some(1), 1)?;
                 self.push(runner_node(NodeKind::GroupByKey, transform))
             }
-            t::TEST_STREAM => Err(TranslateError::TestStreamUnsupported {
-                transform: name.to_string(),
-            }),
+            t::TEST_STREAM => {
+                count_check(Some(0), transform.outputs.len().max(1))?;
+                // Python gives TestStream the SDK's environment; the runner
+                // replays it itself.
+                self.push(runner_node(NodeKind::TestStream, transform))
+            }
             t::PAR_DO => {
                 let payload = decode_pardo(&transform, name)?;
                 if payload.restriction_coder_id.is_empty() {

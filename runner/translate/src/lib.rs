@@ -25,6 +25,7 @@ mod graph;
 mod payloads;
 mod rewrite;
 mod sdf;
+mod test_stream;
 mod transcode;
 mod validate;
 mod windowing;

@@ -181,7 +181,7 @@ fn runner_outputs(graph: &mut Graph) -> Result<(), TranslateError> {
         let location = format!("transform '{}'", node.name);
         match node.kind {
             NodeKind::Sdk => {}
-            NodeKind::Impulse => fixed.extend(node.outputs.iter().cloned()),
+            NodeKind::Impulse | NodeKind::TestStream => fixed.extend(node.outputs.iter().cloned()),
             NodeKind::GroupByKey => {
                 let (Some(input), Some(output)) = (node.inputs.first(), node.outputs.first())
                 else {

@@ -48,13 +48,6 @@ fn unknown_transform_urn_is_named_with_its_transform() {
 }
 
 #[test]
-fn test_stream_is_not_supported_yet() {
-    let err = rejected(&load("test_stream"));
-    assert!(err.starts_with("TestStream is not supported yet"), "{err}");
-    assert!(err.contains("'TestStream'"), "{err}");
-}
-
-#[test]
 fn unsupported_requirements_are_named() {
     for requirement in [
         urns::requirement::TIME_SORTED_INPUT,

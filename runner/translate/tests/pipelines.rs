@@ -745,3 +745,30 @@ fn translation_is_deterministic() {
         }
     }
 }
+
+#[test]
+fn test_stream_is_replayed_by_the_runner_with_nested_elements() {
+    use refract_engine::plan::TestStreamEvent;
+    let t = translated("test_stream");
+    let ts = stage_named(&t, "TestStream");
+    let StageKind::TestStream(events) = &t.plan.stages[ts].kind else {
+        panic!("not a TestStream stage: {}", describe(&t));
+    };
+    let out = t.plan.stages[ts].outputs[0];
+    let coder = &t.plan.pcollections[out].value_coder;
+    match &events[0] {
+        TestStreamEvent::Elements { output, elements } => {
+            assert_eq!(*output, out);
+            assert_eq!(elements.len(), 2);
+            for (value, _) in elements {
+                assert_eq!(coder.nested_len(value).unwrap(), value.len());
+            }
+        }
+        other => panic!("expected elements first, got {other:?}"),
+    }
+    assert_eq!(
+        events.last(),
+        Some(&TestStreamEvent::Watermark(9_223_372_036_854_775))
+    );
+    assert!(t.sdk_stages.contains_key(&stage_with(&t, "Print")));
+}

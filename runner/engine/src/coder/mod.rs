@@ -29,6 +29,7 @@
 //! always total: any byte string yields a value or a [`CoderError`], never a
 //! panic, because the bytes come from another process.
 
+mod context;
 mod iterable;
 mod pane;
 mod primitive;

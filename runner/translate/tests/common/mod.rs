@@ -48,6 +48,7 @@ pub fn describe(t: &Translated) -> String {
         let kind = match &stage.kind {
             StageKind::Impulse => "Impulse".to_string(),
             StageKind::Flatten => "Flatten".to_string(),
+            StageKind::TestStream(events) => format!("TestStream({} events)", events.len()),
             StageKind::GroupByKey(ws) => format!("GroupByKey({:?})", ws.window_fn),
             StageKind::Sdk(s) => format!(
                 "Sdk(stateful={}, splittable={}, timers={})",
