@@ -17,8 +17,9 @@ use refract_engine::executor::{
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
-use refract_sdk_harness::{BundleError, BundleRequest, Worker};
-use refract_translate::SdkStageDescriptor;
+use refract_proto::fn_api::{StateRequest, StateResponse};
+use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
+use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::warn;
 
 use crate::state_bridge::StateBridge;
@@ -55,19 +56,35 @@ impl WorkerSet {
 /// A [`StageExecutor`] backed by SDK harness workers.
 pub struct HarnessExecutor {
     stages: HashMap<StageIdx, Arc<SdkStageDescriptor>>,
+    mergers: HashMap<StageIdx, Arc<WindowMerger>>,
     workers: HashMap<String, Arc<WorkerSet>>,
     job: Arc<Job>,
+}
+
+/// State for bundles that must not use any (window merging).
+struct NoState;
+
+impl StateHandler for NoState {
+    fn handle(&self, req: &StateRequest) -> StateResponse {
+        StateResponse {
+            id: req.id.clone(),
+            error: "this bundle has no state".into(),
+            response: None,
+        }
+    }
 }
 
 impl HarnessExecutor {
     /// An executor for one job's SDK stages and the workers of their environments.
     pub fn new(
         stages: HashMap<StageIdx, Arc<SdkStageDescriptor>>,
+        mergers: HashMap<StageIdx, Arc<WindowMerger>>,
         workers: HashMap<String, Arc<WorkerSet>>,
         job: Arc<Job>,
     ) -> Self {
         HarnessExecutor {
             stages,
+            mergers,
             workers,
             job,
         }
@@ -75,6 +92,43 @@ impl HarnessExecutor {
 }
 
 impl StageExecutor for HarnessExecutor {
+    fn merge_windows(
+        &self,
+        stage: StageIdx,
+        bundle_id: String,
+        request: bytes::Bytes,
+    ) -> BoxFuture<'static, Result<bytes::Bytes, ExecError>> {
+        let Some(merger) = self.mergers.get(&stage).cloned() else {
+            let msg = format!("no window merger for stage {stage}");
+            return async move { Err(ExecError::Runner(msg)) }.boxed();
+        };
+        let Some(worker) = self
+            .workers
+            .get(&merger.environment_id)
+            .and_then(|set| set.pick())
+        else {
+            let msg = format!("no worker for environment '{}'", merger.environment_id);
+            return async move { Err(ExecError::Runner(msg)) }.boxed();
+        };
+        async move {
+            let request = BundleRequest {
+                instruction_id: bundle_id,
+                descriptor_id: merger.descriptor.id.clone(),
+                inputs: vec![(merger.source.clone(), vec![request])],
+                timers: Vec::new(),
+                expected_sinks: vec![merger.sink.clone()],
+                expected_timer_families: Vec::new(),
+                state: Arc::new(NoState),
+            };
+            let mut result = worker.process_bundle(request).await.map_err(|e| match e {
+                BundleError::Sdk(text) => ExecError::Sdk(text),
+                other => ExecError::Harness(other.to_string()),
+            })?;
+            Ok(result.outputs.remove(&merger.sink).unwrap_or_default())
+        }
+        .boxed()
+    }
+
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let Some(stage) = self.stages.get(&input.stage).cloned() else {
             let msg = format!("no bundle descriptor for stage {}", input.stage);

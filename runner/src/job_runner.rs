@@ -24,6 +24,10 @@ use tracing::{error, info, Instrument};
 
 use crate::harness_executor::{HarnessExecutor, WorkerSet};
 
+/// The experiment that starts a job draining (documented in
+/// docs/compatibility.md): used by test suites that check drain semantics.
+pub const DRAIN_ON_START: &str = "drain_on_start";
+
 /// Why a job could not run.
 #[derive(Debug, Error)]
 enum JobError {
@@ -144,6 +148,21 @@ fn option_bool(options: &prost_types::Struct, name: &str) -> bool {
     }
 }
 
+/// Whether the pipeline options list `experiment` in `--experiments`.
+fn has_experiment(options: &prost_types::Struct, experiment: &str) -> bool {
+    use prost_types::value::Kind;
+    let Some(Kind::ListValue(list)) = options
+        .fields
+        .get("beam:option:experiments:v1")
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return false;
+    };
+    list.values
+        .iter()
+        .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
+}
+
 fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -212,6 +231,7 @@ async fn run_job(
             fn_api_url: fn_server.url(),
             descriptor_id_prefix: job.id().to_string(),
             streaming,
+            drain: has_experiment(job.options(), DRAIN_ON_START),
         },
     )?;
     job.metrics()
@@ -222,6 +242,12 @@ async fn run_job(
         fn_server.register_descriptor(stage.descriptor.clone());
         environments.insert(stage.environment_id.clone());
         stages.insert(idx, Arc::new(stage));
+    }
+    let mut mergers = HashMap::new();
+    for (idx, merger) in translated.window_mergers {
+        fn_server.register_descriptor(merger.descriptor.clone());
+        environments.insert(merger.environment_id.clone());
+        mergers.insert(idx, Arc::new(merger));
     }
     let mut workers = HashMap::new();
     let mut started: Vec<Arc<WorkerSet>> = Vec::new();
@@ -257,7 +283,7 @@ async fn run_job(
             started.push(set.clone());
             workers.insert(env_id.clone(), set);
         }
-        let executor = Arc::new(HarnessExecutor::new(stages, workers, job.clone()));
+        let executor = Arc::new(HarnessExecutor::new(stages, mergers, workers, job.clone()));
         let engine = Engine::new(
             translated.plan,
             executor,

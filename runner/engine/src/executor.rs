@@ -87,4 +87,22 @@ pub trait StageExecutor: Send + Sync {
     /// Run one bundle to completion. The future must not hold the engine's
     /// locks; many bundles may be in flight at once.
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>>;
+
+    /// Ask the SDK to merge windows of a custom merging window function for
+    /// GroupByKey stage `stage` (see [`crate::window_merge`] for the bytes).
+    /// Executors that cannot do this report it as an error, which fails the
+    /// job with a message naming what is missing.
+    fn merge_windows(
+        &self,
+        stage: StageIdx,
+        bundle_id: String,
+        request: Bytes,
+    ) -> BoxFuture<'static, Result<Bytes, ExecError>> {
+        let _ = (bundle_id, request);
+        Box::pin(async move {
+            Err(ExecError::Runner(format!(
+                "stage {stage} needs a custom merging window function, which this executor cannot run"
+            )))
+        })
+    }
 }

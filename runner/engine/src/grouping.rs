@@ -22,7 +22,8 @@ use crate::coder::{
     PaneTiming, WindowedValueHeader,
 };
 use crate::plan::{
-    AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowingStrategy,
+    AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
+    WindowingStrategy,
 };
 use crate::time::Timestamp;
 use crate::trigger::{TriggerContext, TriggerState};
@@ -93,6 +94,9 @@ pub struct GroupingBuffer {
     panes: HashMap<Bytes, BTreeMap<Window, Pane>>,
     /// Elements dropped because they arrived after their window expired.
     dropped_late: u64,
+    /// Keys whose windows the SDK must merge before panes may fire
+    /// (custom merging window functions only).
+    unmerged: std::collections::BTreeSet<Bytes>,
 }
 
 impl GroupingBuffer {
@@ -105,6 +109,7 @@ impl GroupingBuffer {
             window_coder,
             panes: HashMap::new(),
             dropped_late: 0,
+            unmerged: Default::default(),
         }
     }
 
@@ -160,11 +165,74 @@ impl GroupingBuffer {
             }
             pane.add(value.clone(), ts);
             pane.trigger.on_element(&ctx);
-            if self.strategy.window_fn.is_merging() {
-                merge_intervals(windows);
+            match self.strategy.window_fn {
+                WindowFn::Sessions { .. } => merge_intervals(windows),
+                WindowFn::Custom { merging: true } => {
+                    self.unmerged.insert(key.clone());
+                }
+                _ => {}
             }
         }
         Ok(())
+    }
+
+    /// Whether some key's windows wait for the SDK to merge them; panes are
+    /// not evaluated until then.
+    pub fn needs_merge(&self) -> bool {
+        !self.unmerged.is_empty()
+    }
+
+    /// The keys whose windows must be merged, with their current windows,
+    /// for [`crate::window_merge::encode_request`].
+    pub fn merge_request(&self) -> Vec<(Bytes, Vec<Window>)> {
+        self.unmerged
+            .iter()
+            .map(|key| {
+                let windows = self
+                    .panes
+                    .get(key)
+                    .map(|w| w.keys().cloned().collect())
+                    .unwrap_or_default();
+                (key.clone(), windows)
+            })
+            .collect()
+    }
+
+    /// Apply the SDK's merge results for `key`: the panes of each result's
+    /// originals become one pane of the result window. Windows the key no
+    /// longer has are ignored.
+    pub fn apply_merges(&mut self, key: &Bytes, merges: crate::window_merge::Merges) {
+        self.unmerged.remove(key);
+        let Some(windows) = self.panes.get_mut(key) else {
+            return;
+        };
+        for (result, originals) in merges {
+            let mut combined: Option<Pane> = None;
+            for original in originals {
+                if let Some(p) = windows.remove(&original) {
+                    match combined.as_mut() {
+                        Some(c) => c.absorb(p),
+                        None => combined = Some(p),
+                    }
+                }
+            }
+            if let Some(c) = combined {
+                match windows.get_mut(&result) {
+                    Some(existing) => existing.absorb(c),
+                    None => {
+                        windows.insert(result, c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forget that `keys` need merging (the merge request failed and the job
+    /// is failing anyway, or the keys were merged).
+    pub fn clear_unmerged(&mut self, keys: &[Bytes]) {
+        for k in keys {
+            self.unmerged.remove(k);
+        }
     }
 
     /// The earliest timestamp a pane still buffered here may be emitted at,

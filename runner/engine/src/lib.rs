@@ -29,3 +29,4 @@ pub mod time;
 pub mod timers;
 pub mod trigger;
 pub mod window;
+pub mod window_merge;

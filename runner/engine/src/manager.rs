@@ -138,6 +138,8 @@ struct StageRt {
     stream_cursor: usize,
     /// TestStream: the watermark its events advanced to.
     stream_wm: Timestamp,
+    /// Grouping: a window-merge request is with the SDK.
+    merging: bool,
 }
 
 /// Where elements of a PCollection go.
@@ -157,9 +159,18 @@ struct InFlight {
     fired_timers: Vec<(TimeDomain, FiredTimer)>,
 }
 
-struct Report {
-    bundle: u64,
-    result: Result<BundleOutput, ExecError>,
+enum Report {
+    /// An SDK stage's bundle finished.
+    Bundle {
+        bundle: u64,
+        result: Result<BundleOutput, ExecError>,
+    },
+    /// The SDK answered a window-merge request of a grouping stage.
+    Merge {
+        stage: StageIdx,
+        keys: Vec<Bytes>,
+        result: Result<Bytes, ExecError>,
+    },
 }
 
 /// Runs one plan.
@@ -174,6 +185,7 @@ pub struct Engine {
     side_inputs: Arc<Mutex<SideInputStore>>,
     user_state: Vec<Arc<Mutex<UserStateStore>>>,
     in_flight: HashMap<u64, InFlight>,
+    merges_in_flight: usize,
     next_bundle: u64,
     bundle_prefix: String,
     summary: RunSummary,
@@ -264,6 +276,7 @@ impl Engine {
                 impulse_done: false,
                 stream_cursor: 0,
                 stream_wm: MIN_TIMESTAMP,
+                merging: false,
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
@@ -278,6 +291,7 @@ impl Engine {
             side_inputs: Arc::default(),
             user_state,
             in_flight: HashMap::new(),
+            merges_in_flight: 0,
             next_bundle: 0,
             bundle_prefix: bundle_prefix.into(),
             summary: RunSummary::default(),
@@ -298,10 +312,10 @@ impl Engine {
             }
             self.advance()?;
             self.schedule(&tx)?;
-            if self.in_flight.is_empty() && self.step_test_streams()? {
+            if self.idle() && self.step_test_streams()? {
                 continue;
             }
-            if self.in_flight.is_empty() && self.all_done() {
+            if self.idle() && self.all_done() {
                 self.summary.dropped_late = self
                     .stages
                     .iter()
@@ -311,7 +325,7 @@ impl Engine {
                 return Ok(self.summary);
             }
             let next_wakeup = self.next_wakeup();
-            if self.in_flight.is_empty() && next_wakeup.is_none() {
+            if self.idle() && next_wakeup.is_none() {
                 return Err(EngineError::Stuck(self.describe_unfinished()));
             }
             let sleep_until =
@@ -362,6 +376,11 @@ impl Engine {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Nothing is running on the executor: no bundle and no merge request.
+    fn idle(&self) -> bool {
+        self.in_flight.is_empty() && self.merges_in_flight == 0
     }
 
     /// Processing time, in ms: the clock plus what TestStreams advanced it by.
@@ -510,7 +529,9 @@ impl Engine {
                     StageKind::GroupByKey(_) => {
                         let mut out = Vec::new();
                         let now = self.now();
+                        let merging = self.stages[idx].merging;
                         let fired = match self.stages[idx].grouping.as_mut() {
+                            Some(g) if g.needs_merge() || merging => 0,
                             Some(g) => g.evaluate(input_wm, now, &mut out).map_err(|source| {
                                 EngineError::Decode {
                                     pcollection: format!(
@@ -691,7 +712,7 @@ impl Engine {
                             pcollection: self.plan.pcollections[pcoll].id.clone(),
                             source,
                         })?;
-                    if streaming {
+                    if streaming && !g.needs_merge() {
                         let mut out = Vec::new();
                         let fired = g.evaluate(input_wm, now, &mut out).map_err(|source| {
                             EngineError::Decode {
@@ -738,8 +759,90 @@ impl Engine {
             .unwrap_or(MAX_TIMESTAMP)
     }
 
+    /// Ask the SDK to merge the windows of grouping stages with a custom
+    /// merging window function, where new windows arrived.
+    fn schedule_merges(&mut self, tx: &mpsc::UnboundedSender<Report>) -> Result<(), EngineError> {
+        for idx in 0..self.stages.len() {
+            let s = &mut self.stages[idx];
+            if s.merging {
+                continue;
+            }
+            let Some(g) = s.grouping.as_ref() else {
+                continue;
+            };
+            if !g.needs_merge() {
+                continue;
+            }
+            let request = g.merge_request();
+            let window_coder =
+                &self.plan.pcollections[self.plan.stages[idx].inputs[0]].window_coder;
+            let bytes =
+                crate::window_merge::encode_request(&request, window_coder).map_err(|source| {
+                    EngineError::Decode {
+                        pcollection: format!(
+                            "window merge request of '{}'",
+                            self.plan.stages[idx].name
+                        ),
+                        source,
+                    }
+                })?;
+            s.merging = true;
+            let keys: Vec<Bytes> = request.into_iter().map(|(k, _)| k).collect();
+            let bundle = self.next_bundle;
+            self.next_bundle += 1;
+            let fut = self.executor.merge_windows(
+                idx,
+                format!("{}-m{}", self.bundle_prefix, bundle),
+                bytes,
+            );
+            let tx = tx.clone();
+            self.merges_in_flight += 1;
+            tokio::spawn(async move {
+                let result = fut.await;
+                let _ = tx.send(Report::Merge {
+                    stage: idx,
+                    keys,
+                    result,
+                });
+            });
+        }
+        Ok(())
+    }
+
+    fn commit_merge(
+        &mut self,
+        idx: StageIdx,
+        keys: Vec<Bytes>,
+        result: Result<Bytes, ExecError>,
+    ) -> Result<(), EngineError> {
+        self.merges_in_flight -= 1;
+        self.stages[idx].merging = false;
+        let answer = result.map_err(|error| EngineError::BundleFailed {
+            stage: self.plan.stages[idx].name.clone(),
+            error,
+        })?;
+        let window_coder = &self.plan.pcollections[self.plan.stages[idx].inputs[0]].window_coder;
+        let merges =
+            crate::window_merge::decode_response(&answer, window_coder).map_err(|source| {
+                EngineError::Decode {
+                    pcollection: format!("window merge answer of '{}'", self.plan.stages[idx].name),
+                    source,
+                }
+            })?;
+        if let Some(g) = self.stages[idx].grouping.as_mut() {
+            for (i, m) in merges {
+                if let Some(key) = keys.get(i) {
+                    g.apply_merges(key, m);
+                }
+            }
+            g.clear_unmerged(&keys);
+        }
+        Ok(())
+    }
+
     /// Start every bundle that may run now.
     fn schedule(&mut self, tx: &mpsc::UnboundedSender<Report>) -> Result<(), EngineError> {
+        self.schedule_merges(tx)?;
         for i in 0..self.topo.len() {
             let idx = self.topo[i];
             let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind else {
@@ -863,7 +966,7 @@ impl Engine {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let result = fut.await;
-                    let _ = tx.send(Report { bundle, result });
+                    let _ = tx.send(Report::Bundle { bundle, result });
                 });
             }
         }
@@ -872,7 +975,15 @@ impl Engine {
 
     /// Apply a finished bundle's effects, or drop them if it failed.
     fn commit(&mut self, report: Report) -> Result<(), EngineError> {
-        let Some(flight) = self.in_flight.remove(&report.bundle) else {
+        let (bundle, result) = match report {
+            Report::Bundle { bundle, result } => (bundle, result),
+            Report::Merge {
+                stage,
+                keys,
+                result,
+            } => return self.commit_merge(stage, keys, result),
+        };
+        let Some(flight) = self.in_flight.remove(&bundle) else {
             return Ok(());
         };
         let idx = flight.stage;
@@ -883,7 +994,7 @@ impl Engine {
                 s.in_flight_holds.remove(*h);
             }
         }
-        let output = match report.result {
+        let output = match result {
             Ok(output) => output,
             Err(error) => {
                 self.stages[idx].timers.restore(flight.fired_timers);

@@ -10,7 +10,7 @@ use crate::error::TranslateError;
 use crate::fuse::{self, Group};
 use crate::graph::{Graph, NodeKind};
 use crate::rewrite::{self, window_coder_of};
-use crate::{descriptor, test_stream, windowing, TranslateOptions, Translated};
+use crate::{descriptor, merge, test_stream, windowing, TranslateOptions, Translated};
 
 /// Fuses `graph`, rewrites its coders and builds the plan and descriptors.
 pub(crate) fn assemble(
@@ -58,14 +58,15 @@ pub(crate) fn assemble(
                 .any(|c| c.starts_with("beam:version:sdk_base:apache/beam_python"))
         });
     let mut sdk_stages = HashMap::new();
+    let mut window_mergers = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
         let stage = match group {
             Group::Runner(i) => {
-                let node = &graph.nodes[*i];
+                let node = graph.nodes[*i].clone();
                 let kind = match node.kind {
                     NodeKind::Impulse => StageKind::Impulse,
                     NodeKind::TestStream => {
-                        StageKind::TestStream(test_stream::events(node, &plan, &index)?)
+                        StageKind::TestStream(test_stream::events(&node, &plan, &index)?)
                     }
                     NodeKind::Flatten => StageKind::Flatten,
                     NodeKind::GroupByKey => {
@@ -93,6 +94,9 @@ pub(crate) fn assemble(
                             // emit an empty closing pane; users expect those
                             // results.
                             strategy.closing_behavior = ClosingBehavior::EmitIfNonEmpty;
+                        }
+                        if let Some(m) = merge::window_merger(&mut graph, &node, g, opts)? {
+                            window_mergers.insert(g, m);
                         }
                         StageKind::GroupByKey(strategy)
                     }
@@ -173,6 +177,7 @@ pub(crate) fn assemble(
     Ok(Translated {
         plan,
         sdk_stages,
+        window_mergers,
         unique_names: graph.unique_names,
         environments: graph.components.environments,
     })

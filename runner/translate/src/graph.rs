@@ -164,7 +164,7 @@ pub(crate) fn values_by_tag(map: &HashMap<String, String>) -> Vec<String> {
 }
 
 /// Walks the pipeline's transforms into an executable graph.
-pub(crate) fn build(pipeline: &pb::Pipeline) -> Result<Graph, TranslateError> {
+pub(crate) fn build(pipeline: &pb::Pipeline, drain: bool) -> Result<Graph, TranslateError> {
     let mut components = pipeline
         .components
         .clone()
@@ -184,6 +184,7 @@ pub(crate) fn build(pipeline: &pb::Pipeline) -> Result<Graph, TranslateError> {
         nodes: Vec::new(),
         unique_names,
         visited: HashSet::new(),
+        drain,
     };
     for root in &pipeline.root_transform_ids {
         builder.visit(root, "the pipeline's root transforms")?;
@@ -204,6 +205,8 @@ pub(crate) struct Builder {
     nodes: Vec<Node>,
     pub unique_names: HashMap<String, String>,
     visited: HashSet<String>,
+    /// The job starts draining: splittable DoFns truncate their restrictions.
+    pub drain: bool,
 }
 
 impl Builder {

@@ -22,6 +22,7 @@ mod descriptor;
 mod error;
 mod fuse;
 mod graph;
+mod merge;
 mod payloads;
 mod rewrite;
 mod sdf;
@@ -48,6 +49,26 @@ pub struct TranslateOptions {
     /// depend on it (combiners are lifted in both modes when the trigger
     /// allows, as Prism does); it is recorded in the translation log.
     pub streaming: bool,
+    /// Start the job draining (the `drain_on_start` experiment): every
+    /// splittable DoFn's restrictions pass through its
+    /// `truncate_sized_restrictions` step before processing, so unbounded
+    /// sources stop and bounded ones may shorten their work, as Beam's
+    /// drain defines it.
+    pub drain: bool,
+}
+
+/// A bundle descriptor that merges a custom window function's windows in
+/// the SDK, for one GroupByKey stage.
+#[derive(Debug, Clone)]
+pub struct WindowMerger {
+    /// source → merge_windows → sink.
+    pub descriptor: fn_api::ProcessBundleDescriptor,
+    /// The environment that knows the window function.
+    pub environment_id: String,
+    /// Data source transform id.
+    pub source: String,
+    /// Data sink transform id.
+    pub sink: String,
 }
 
 /// A translated pipeline: the engine's plan plus what the SDK side needs.
@@ -61,6 +82,9 @@ pub struct Translated {
     pub unique_names: HashMap<String, String>,
     /// The pipeline's environments by id, for starting SDK workers.
     pub environments: HashMap<String, pipeline::Environment>,
+    /// For GroupByKey stages whose windows an SDK must merge, keyed by
+    /// StageIdx.
+    pub window_mergers: std::collections::HashMap<refract_engine::plan::StageIdx, WindowMerger>,
 }
 
 /// The Fn API side of one SDK stage.
@@ -91,6 +115,7 @@ pub fn validate(pipeline: &pipeline::Pipeline) -> Result<(), TranslateError> {
         fn_api_url: String::new(),
         descriptor_id_prefix: String::new(),
         streaming: false,
+        drain: false,
     };
     translate(pipeline, &opts).map(|_| ())
 }
@@ -101,14 +126,14 @@ pub fn translate(
     pipeline: &pipeline::Pipeline,
     opts: &TranslateOptions,
 ) -> Result<Translated, TranslateError> {
-    assemble::assemble(prepare(pipeline)?, opts)
+    assemble::assemble(prepare(pipeline, opts.drain)?, opts)
 }
 
 /// The checks that need no fusion, and the executable graph they produce.
-fn prepare(pipeline: &pipeline::Pipeline) -> Result<graph::Graph, TranslateError> {
+fn prepare(pipeline: &pipeline::Pipeline, drain: bool) -> Result<graph::Graph, TranslateError> {
     validate::requirements(pipeline)?;
     validate::environments(pipeline)?;
-    let mut graph = graph::build(pipeline)?;
+    let mut graph = graph::build(pipeline, drain)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
     Ok(graph)

@@ -8,7 +8,8 @@
 //! first two fuse with the producer; the process step is forced to start its
 //! own stage, so that runner-initiated splits and SDK checkpoints (residuals)
 //! re-enter that stage's data source in its port format. Side inputs stay on
-//! all three steps.
+//! all three steps. A job that starts draining gets a fourth step,
+//! `truncate_sized_restrictions`, between split and process.
 
 use refract_proto::pipeline as pb;
 use refract_proto::urns::{coder as c, transform as t};
@@ -108,19 +109,43 @@ pub(crate) fn expand(
         &paired,
         out(&sized),
     );
-    let process = step(
-        "Process",
-        t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
-        &sized,
-        transform.outputs.clone(),
-    );
-
-    let mut nodes = Vec::with_capacity(3);
-    for (suffix, step) in [
+    let mut steps = vec![
         ("PairWithRestriction", pair),
         ("SplitAndSizeRestriction", split),
-        ("Process", process),
-    ] {
+    ];
+    let process_input = if b.drain {
+        let truncated = b.add_pcollection(
+            &format!("{main_pcoll}_truncated"),
+            pb::PCollection {
+                unique_name: format!("{name}/TruncateSizedRestriction.out"),
+                ..b.pcollection(&sized, &referrer)?.clone()
+            },
+        );
+        steps.push((
+            "TruncateSizedRestriction",
+            step(
+                "TruncateSizedRestriction",
+                t::SDF_TRUNCATE_SIZED_RESTRICTIONS,
+                &sized,
+                out(&truncated),
+            ),
+        ));
+        truncated
+    } else {
+        sized
+    };
+    steps.push((
+        "Process",
+        step(
+            "Process",
+            t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
+            &process_input,
+            transform.outputs.clone(),
+        ),
+    ));
+
+    let mut nodes = Vec::with_capacity(steps.len());
+    for (suffix, step) in steps {
         let step_id = b.add_transform(&format!("{id}/{suffix}"), step.clone());
         nodes.push(b.sdk_node(&step_id, step)?);
     }

@@ -60,3 +60,35 @@ pub(super) fn for_each_block<'a>(
         }
     }
 }
+
+/// The elements of one nested iterable at the start of `buf`, as slices,
+/// and the number of bytes the iterable took. Both framings are accepted;
+/// a state-backed continuation token is an error here (the runner only
+/// splits iterables it wrote or asked an SDK to write in full).
+pub fn split_iterable<'a>(
+    buf: &'a [u8],
+    element: &super::Coder,
+) -> Result<(Vec<&'a [u8]>, usize), CoderError> {
+    let mut r = Reader::new(buf);
+    let mut items = Vec::new();
+    let token = for_each_block(&mut r, "iterable", |r, n| {
+        for _ in 0..n {
+            let start = r.pos();
+            element.skip(r)?;
+            let end = r.pos();
+            items.push(start..end);
+        }
+        Ok(())
+    })?;
+    if token.is_some() {
+        return Err(CoderError::Invalid {
+            what: "iterable",
+            detail: "unexpected state-backed continuation".into(),
+        });
+    }
+    let consumed = r.pos();
+    Ok((
+        items.into_iter().map(|range| &buf[range]).collect(),
+        consumed,
+    ))
+}

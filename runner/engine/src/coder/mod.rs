@@ -47,6 +47,7 @@ use thiserror::Error;
 use crate::time::Timestamp;
 use crate::window::Window;
 
+pub use iterable::split_iterable;
 pub use primitive::{
     decode_timestamp, decode_varint_i64, decode_varint_u64, encode_timestamp, encode_varint_i64,
     encode_varint_u64,

@@ -31,6 +31,7 @@ pub fn opts() -> TranslateOptions {
         fn_api_url: URL.to_string(),
         descriptor_id_prefix: "job".to_string(),
         streaming: false,
+        drain: false,
     }
 }
 

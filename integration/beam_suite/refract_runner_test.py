@@ -1,0 +1,82 @@
+"""Beam's shared portable-runner test cases, run against Refract with none of
+Prism's opt-outs.
+
+`PrismRunnerTest` (from the apache-beam wheel) skips what Prism cannot do:
+custom window coders and merging custom windows, and (through its parent
+`PortableRunnerTest`) every drain test. This subclass of
+`portable_runner_test.PortableRunnerTest` runs those cases too:
+
+* Drain: Beam's drain tests build their pipeline with
+  `create_pipeline(is_drain=True)`, which for Python's FnApiRunner means "start
+  the job already draining". Refract offers the same through the pipeline
+  experiment `drain_on_start` (`--experiments=drain_on_start`): every
+  splittable DoFn's restrictions go through its truncate step before
+  processing. `create_pipeline(is_drain=True)` below adds that experiment.
+* Custom windows run as in the base class.
+
+The binary comes from the environment variable REFRACT_BIN. Run with
+integration/refract_suite.sh.
+"""
+
+import os
+import unittest
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DebugOptions
+from apache_beam.options.pipeline_options import PortableOptions
+from apache_beam.runners.portability import portable_runner_test
+from apache_beam.runners.portability.fn_api_runner import fn_runner_test
+
+DRAIN_EXPERIMENT = 'drain_on_start'
+
+
+class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
+  _use_grpc = True
+  _use_subprocesses = True
+
+  @classmethod
+  def _subprocess_command(cls, job_port, expansion_port):
+    binary = os.environ.get('REFRACT_BIN')
+    if not binary:
+      raise unittest.SkipTest('REFRACT_BIN is not set')
+    return [binary, '--job_port', str(job_port)]
+
+  def create_options(self):
+    options = super().create_options()
+    options.view_as(PortableOptions).environment_type = 'LOOPBACK'
+    debug = options.view_as(DebugOptions)
+    debug.experiments = ['pre_optimize=default', 'beam_fn_api'] + list(
+        debug.experiments or [])
+    return options
+
+  def create_pipeline(self, is_drain=False):
+    options = self.create_options()
+    if is_drain:
+      options.view_as(DebugOptions).add_experiment(DRAIN_EXPERIMENT)
+    return beam.Pipeline(self.get_runner(), options)
+
+  # PortableRunnerTest skips these because portable runners could not drain.
+  def test_sdf_with_truncate(self):
+    fn_runner_test.FnApiRunnerTest.test_sdf_with_truncate(self)
+
+  def test_draining_sdf_with_sdf_initiated_checkpointing(self):
+    fn_runner_test.FnApiRunnerTest.test_draining_sdf_with_sdf_initiated_checkpointing(  # pylint: disable=line-too-long
+        self)
+
+  # These need an expansion service (cross-language transforms), which
+  # Refract does not provide.
+  def test_external_transform(self):
+    raise unittest.SkipTest('Requires an expansion service.')
+
+  def test_expand_kafka_read(self):
+    raise unittest.SkipTest('Requires an expansion service.')
+
+  def test_expand_kafka_write(self):
+    raise unittest.SkipTest('Requires an expansion service.')
+
+  def test_sql(self):
+    raise unittest.SkipTest('Requires an expansion service.')
+
+
+if __name__ == '__main__':
+  unittest.main()

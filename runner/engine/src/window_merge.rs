@@ -1,0 +1,153 @@
+//! Merging windows of a window function the runner cannot evaluate.
+//!
+//! Session windows the runner merges itself. Any other merging window
+//! function (a user's custom `WindowFn`) is merged by the SDK that defines
+//! it, through the `beam:transform:merge_windows:v1` transform: the runner
+//! sends, per key, a nonce and the key's windows; the SDK answers, per
+//! nonce, the windows it left alone and, for each merge result, the
+//! windows merged into it. This module encodes those requests and decodes
+//! the answers; [`crate::grouping`] applies them.
+//!
+//! Request element: `KV<bytes nonce, Iterable<W>>`; answer element:
+//! `KV<bytes nonce, KV<Iterable<W>, Iterable<KV<W, Iterable<W>>>>>`, both in
+//! the global window. The nonce is the key's position in the request.
+
+use bytes::Bytes;
+
+use crate::coder::{
+    decode_windowed_values, encode_iterable_len, encode_varint_u64, encode_windowed_value,
+    split_iterable, Coder, CoderError, PaneInfo, WindowedValueHeader,
+};
+use crate::time::MIN_TIMESTAMP;
+use crate::window::Window;
+
+/// For one key of a request: (merge result, the windows merged into it).
+pub type Merges = Vec<(Window, Vec<Window>)>;
+
+/// Encode a merge request for `keys` (each with its current windows).
+pub fn encode_request(
+    keys: &[(Bytes, Vec<Window>)],
+    window_coder: &Coder,
+) -> Result<Bytes, CoderError> {
+    let mut out = Vec::new();
+    let header = WindowedValueHeader {
+        timestamp: MIN_TIMESTAMP,
+        windows: vec![Window::Global],
+        pane: PaneInfo::NO_FIRING,
+    };
+    for (i, (_, windows)) in keys.iter().enumerate() {
+        let nonce = i.to_string();
+        let mut value = Vec::new();
+        encode_varint_u64(nonce.len() as u64, &mut value);
+        value.extend_from_slice(nonce.as_bytes());
+        encode_iterable_len(windows.len(), &mut value)?;
+        for w in windows {
+            window_coder.encode_window(w, &mut value)?;
+        }
+        encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out)?;
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Decode the SDK's answer into (index of the key in the request, merges).
+pub fn decode_response(
+    buf: &Bytes,
+    window_coder: &Coder,
+) -> Result<Vec<(usize, Merges)>, CoderError> {
+    let w = Box::new(window_coder.clone());
+    let windows = Box::new(Coder::Iterable(w.clone()));
+    let answer = Coder::Kv(
+        Box::new(Coder::Bytes),
+        Box::new(Coder::Kv(
+            windows.clone(),
+            Box::new(Coder::Iterable(Box::new(Coder::Kv(w, windows)))),
+        )),
+    );
+    let invalid = |detail: String| CoderError::Invalid {
+        what: "merge_windows answer",
+        detail,
+    };
+    let mut result = Vec::new();
+    for element in decode_windowed_values(buf, &answer, &Coder::GlobalWindow)? {
+        let value = &element.value[..];
+        let nonce_len = Coder::Bytes.nested_len(value)?;
+        let (len, prefix) = crate::coder::decode_varint_u64(value)?;
+        let nonce = std::str::from_utf8(&value[prefix..prefix + len as usize])
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .ok_or_else(|| invalid("the nonce is not one Refract sent".into()))?;
+        let rest = &value[nonce_len..];
+        let (_, unmerged_len) = split_iterable(rest, window_coder)?;
+        let pair = Coder::Kv(
+            Box::new(window_coder.clone()),
+            Box::new(Coder::Iterable(Box::new(window_coder.clone()))),
+        );
+        let (pairs, _) = split_iterable(&rest[unmerged_len..], &pair)?;
+        let mut merges = Vec::with_capacity(pairs.len());
+        for p in pairs {
+            let (merged, n) = window_coder.decode_window(p)?;
+            let (originals, _) = split_iterable(&p[n..], window_coder)?;
+            let originals = originals
+                .into_iter()
+                .map(|o| window_coder.decode_window(o).map(|(w, _)| w))
+                .collect::<Result<Vec<_>, _>>()?;
+            merges.push((merged, originals));
+        }
+        result.push((nonce, merges));
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iw(start: i64, end: i64) -> Window {
+        Window::Interval { start, end }
+    }
+
+    #[test]
+    fn answers_round_trip_through_the_wire_format() {
+        let coder = Coder::IntervalWindow;
+        let req = encode_request(
+            &[(
+                Bytes::from_static(b"k"),
+                vec![iw(0, 10), iw(5, 15), iw(30, 40)],
+            )],
+            &coder,
+        )
+        .unwrap();
+        let decoded = decode_windowed_values(
+            &req,
+            &Coder::Kv(
+                Box::new(Coder::Bytes),
+                Box::new(Coder::Iterable(Box::new(coder.clone()))),
+            ),
+            &Coder::GlobalWindow,
+        )
+        .unwrap();
+        assert_eq!(decoded.len(), 1);
+
+        // Build the answer an SDK would send: [30,40) unmerged; [0,15) from two.
+        let mut value = vec![1, b'0'];
+        encode_iterable_len(1, &mut value).unwrap();
+        coder.encode_window(&iw(30, 40), &mut value).unwrap();
+        encode_iterable_len(1, &mut value).unwrap();
+        coder.encode_window(&iw(0, 15), &mut value).unwrap();
+        encode_iterable_len(2, &mut value).unwrap();
+        coder.encode_window(&iw(0, 10), &mut value).unwrap();
+        coder.encode_window(&iw(5, 15), &mut value).unwrap();
+        let mut out = Vec::new();
+        let header = WindowedValueHeader {
+            timestamp: 0,
+            windows: vec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out).unwrap();
+        let answer = decode_response(&Bytes::from(out), &coder).unwrap();
+        assert_eq!(
+            answer,
+            vec![(0, vec![(iw(0, 15), vec![iw(0, 10), iw(5, 15)])])]
+        );
+    }
+}
