@@ -59,6 +59,12 @@ class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
   def test_sdf_with_truncate(self):
     fn_runner_test.FnApiRunnerTest.test_sdf_with_truncate(self)
 
+  def test_sdf_default_truncate_when_bounded(self):
+    fn_runner_test.FnApiRunnerTest.test_sdf_default_truncate_when_bounded(self)
+
+  def test_sdf_default_truncate_when_unbounded(self):
+    fn_runner_test.FnApiRunnerTest.test_sdf_default_truncate_when_unbounded(self)
+
   def test_draining_sdf_with_sdf_initiated_checkpointing(self):
     fn_runner_test.FnApiRunnerTest.test_draining_sdf_with_sdf_initiated_checkpointing(  # pylint: disable=line-too-long
         self)

@@ -151,6 +151,44 @@ struct Consumers {
     side_inputs: Vec<(String, String, SideInputAccess)>,
 }
 
+/// How complete one side input of a stage is.
+struct SideGate {
+    /// The side input producer's output watermark.
+    watermark: Timestamp,
+    /// The side input is in the global window.
+    global: bool,
+    /// Some value of it has arrived.
+    has_values: bool,
+}
+
+impl SideGate {
+    /// Whether main-input element `e` may read this side input now. The
+    /// SDK maps main-input windows to side-input windows itself, so the
+    /// runner waits until the side input's watermark has passed the end of
+    /// the window the element could map to: the global window's end for a
+    /// globally windowed side input, else the element's own windows' ends
+    /// (the same window function on both sides is the common case). In
+    /// streaming a globally windowed side input is readable as soon as its
+    /// first pane arrived, and later panes update it.
+    fn allows(&self, e: &DecodedElement, streaming: bool) -> bool {
+        if self.watermark >= MAX_TIMESTAMP {
+            return true;
+        }
+        if self.global {
+            return self.watermark > crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP
+                || (streaming && self.has_values);
+        }
+        let end = e
+            .header
+            .windows
+            .iter()
+            .map(Window::max_timestamp)
+            .max()
+            .unwrap_or(e.header.timestamp);
+        self.watermark > end
+    }
+}
+
 /// A bundle in flight, remembered until it reports back.
 struct InFlight {
     stage: StageIdx,
@@ -740,23 +778,22 @@ impl Engine {
         Ok(())
     }
 
-    /// The watermark of a stage's side inputs: the minimum of their
-    /// producers' output watermarks (+∞ when it has none). A main-input
-    /// element may be processed once this has passed its timestamp, so the
-    /// side input it reads is complete up to that time; in batch that means
-    /// the side input is complete, in streaming that later elements see
-    /// later side-input data (a slowly updating side input).
-    fn side_input_watermark(&self, idx: StageIdx) -> Timestamp {
+    /// How far each side input of a stage is complete, for deciding which
+    /// main-input elements may read them.
+    fn side_input_gate(&self, idx: StageIdx) -> Vec<SideGate> {
+        let store = self.side_inputs.lock();
         self.plan.stages[idx]
             .side_inputs
             .iter()
-            .map(|si| {
-                self.producers[si.pcollection]
+            .map(|si| SideGate {
+                watermark: self.producers[si.pcollection]
                     .map(|p| self.stages[p].output_wm)
-                    .unwrap_or(MAX_TIMESTAMP)
+                    .unwrap_or(MAX_TIMESTAMP),
+                global: self.plan.pcollections[si.pcollection].window_coder
+                    == crate::coder::Coder::GlobalWindow,
+                has_values: store.has_values(&si.transform_id, &si.tag),
             })
-            .min()
-            .unwrap_or(MAX_TIMESTAMP)
+            .collect()
     }
 
     /// Ask the SDK to merge the windows of grouping stages with a custom
@@ -850,11 +887,15 @@ impl Engine {
             };
             let stateful = sdk.stateful;
             let families = sdk.timer_families.clone();
-            let side_wm = self.side_input_watermark(idx);
-            if side_wm <= MIN_TIMESTAMP {
+            let streaming = self.config.streaming;
+            let gate = self.side_input_gate(idx);
+            if gate
+                .iter()
+                .any(|g| g.watermark <= MIN_TIMESTAMP && !g.has_values)
+            {
                 continue;
             }
-            if !self.plan.stages[idx].side_inputs.is_empty() {
+            if !gate.is_empty() {
                 let mut store = self.side_inputs.lock();
                 for si in &self.plan.stages[idx].side_inputs {
                     store.mark_ready(&si.transform_id, &si.tag);
@@ -882,17 +923,16 @@ impl Engine {
                 if s.pending.is_empty() && fired.is_empty() {
                     break;
                 }
-                let elements: Vec<DecodedElement> = if side_wm >= MAX_TIMESTAMP {
+                let elements: Vec<DecodedElement> = if gate.is_empty() {
                     let take = s.pending.len().min(self.config.max_bundle_elements);
                     s.pending.drain(..take).collect()
                 } else {
-                    // Only elements the side inputs' watermark has passed.
+                    // Only elements whose side inputs are ready.
                     let mut ready = Vec::new();
                     let mut waiting = VecDeque::with_capacity(s.pending.len());
                     for e in s.pending.drain(..) {
-                        if e.header.timestamp < side_wm
-                            && ready.len() < self.config.max_bundle_elements
-                        {
+                        let allowed = gate.iter().all(|g| g.allows(&e, streaming));
+                        if allowed && ready.len() < self.config.max_bundle_elements {
                             ready.push(e);
                         } else {
                             waiting.push_back(e);

@@ -65,6 +65,16 @@ impl SideInputStore {
         entry.push(value);
     }
 
+    /// Whether any value of the side input has arrived (in any window):
+    /// in streaming, a globally windowed side input becomes readable with
+    /// its first pane and is updated by later ones.
+    pub fn has_values(&self, transform: &str, tag: &str) -> bool {
+        self.iterable
+            .keys()
+            .chain(self.multimap.keys())
+            .any(|(t, s, _)| t == transform && s == tag)
+    }
+
     /// Mark a side input as complete (its producer's watermark is final).
     pub fn mark_ready(&mut self, transform: &str, tag: &str) {
         self.ready.insert((transform.to_string(), tag.to_string()));

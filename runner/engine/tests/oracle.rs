@@ -88,18 +88,21 @@ use model::{
     assign_windows, batch_reference, is_droppably_late, Input, Key, Pane, RefTrigger,
     StreamingReference, Timing,
 };
-use pipeline::{run_pipeline, Shape};
+use pipeline::{run_batch, run_stream, Run, Shape, StreamEvent};
 use wire::{decoded_input, kv_coder, window_coder_for};
 
 // ---------------------------------------------------------------------------
 // Generators
 // ---------------------------------------------------------------------------
 
-/// Proptest settings: `cases` cases, and no regression files written into
-/// the source tree.
+/// Proptest settings: `cases` cases (or `PROPTEST_CASES`, for a deeper
+/// run), and no regression files written into the source tree.
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
-        cases,
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
@@ -217,6 +220,11 @@ struct StreamCase {
     ops: Vec<Op>,
 }
 
+/// The input watermark after `Op::Advance(by)` from `watermark`.
+fn advance(watermark: Timestamp, by: i64) -> Timestamp {
+    watermark.max(-20).saturating_add(by).min(MAX_TIMESTAMP)
+}
+
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         4 => (0u8..3, -20i64..100).prop_map(|(k, ts)| Op::Add(Input { key: b'a' + k, id: 0, ts })),
@@ -331,7 +339,8 @@ fn engine_run(
     strategy: &WindowingStrategy,
     shape: &Shape,
 ) -> Result<Vec<Pane>, TestCaseError> {
-    run_pipeline(inputs, strategy, shape)
+    run_batch(inputs, strategy, shape)
+        .map(|run| run.panes)
         .map_err(|e| TestCaseError::fail(format!("engine run failed under {shape:?}: {e}")))
 }
 
@@ -587,9 +596,7 @@ fn check_stream_case(case: &StreamCase, strictness: Strictness) -> Result<(), Te
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 reference.add(*input, watermark, output_watermark);
             }
-            Op::Advance(by) => {
-                watermark = watermark.max(-20).saturating_add(*by).min(MAX_TIMESTAMP);
-            }
+            Op::Advance(by) => watermark = advance(watermark, *by),
             Op::Evaluate => {
                 let mut out = Vec::new();
                 let n = engine
@@ -653,41 +660,337 @@ proptest! {
     }
 }
 
+// ---------------------------------------------------------------------------
+// 3, through the whole engine: a TestStream drives the watermark
+// ---------------------------------------------------------------------------
+
+/// The TestStream script for `ops`: runs of `Add`s become one element batch
+/// (an `Evaluate` just ends a batch: the engine decides when to evaluate),
+/// `Advance`s become watermark events, and the script ends by advancing the
+/// watermark to +∞ — after the last batch was processed, so that the
+/// GroupByKey never sees a watermark the script did not set.
+fn script(ops: &[Op]) -> Vec<StreamEvent> {
+    let mut events = Vec::new();
+    let mut batch = Vec::new();
+    let mut watermark = MIN_TIMESTAMP;
+    for op in ops {
+        if let Op::Add(input) = op {
+            batch.push(*input);
+            continue;
+        }
+        if !batch.is_empty() {
+            events.push(StreamEvent::Elements(std::mem::take(&mut batch)));
+        }
+        if let Op::Advance(by) = op {
+            watermark = advance(watermark, *by);
+            events.push(StreamEvent::Watermark(watermark));
+        }
+    }
+    if !batch.is_empty() {
+        events.push(StreamEvent::Elements(batch));
+    }
+    events.push(StreamEvent::Watermark(MAX_TIMESTAMP));
+    events
+}
+
+/// The reference's panes for a TestStream `events` when the GroupByKey
+/// evaluates triggers after every `every` elements of a batch, at the end of
+/// each batch and at each watermark advance; and its late-drop count. The
+/// output watermark cannot be observed from outside a run, so it is taken as
+/// -∞ (compare tolerantly).
+fn script_reference(
+    events: &[StreamEvent],
+    strategy: &WindowingStrategy,
+    trigger: RefTrigger,
+    every: usize,
+) -> (Vec<Pane>, u64) {
+    let mut reference = StreamingReference::new(strategy, trigger);
+    let mut watermark = MIN_TIMESTAMP;
+    let mut panes = Vec::new();
+    for event in events {
+        match event {
+            StreamEvent::Elements(inputs) => {
+                for (j, input) in inputs.iter().enumerate() {
+                    reference.add(*input, watermark, MIN_TIMESTAMP);
+                    if (j + 1) % every == 0 || j + 1 == inputs.len() {
+                        panes.extend(reference.evaluate(watermark, MIN_TIMESTAMP));
+                    }
+                }
+            }
+            StreamEvent::Watermark(t) => {
+                watermark = watermark.max(*t);
+                panes.extend(reference.evaluate(watermark, MIN_TIMESTAMP));
+            }
+        }
+    }
+    (panes, reference.dropped_late)
+}
+
+fn all_output_times() -> Vec<OutputTime> {
+    vec![
+        OutputTime::EndOfWindow,
+        OutputTime::EarliestInPane,
+        OutputTime::LatestInPane,
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// A TestStream of element batches and watermark advances through the
+    /// whole engine gives the reference's panes, whether triggers are
+    /// evaluated per element (streaming) or per bundle of the upstream stage.
+    #[test]
+    fn engine_with_test_stream_matches_streaming_reference(
+        case in stream_case(triggers(), all_output_times()),
+        max_bundle_elements in prop_oneof![Just(1usize), Just(2), Just(3), Just(100_000)],
+        streaming in any::<bool>(),
+        jitter in any::<u64>(),
+    ) {
+        let events = script(&case.ops);
+        // One bundle at a time keeps the elements in script order, which
+        // count-based triggers depend on.
+        let shape = Shape {
+            max_bundle_elements,
+            max_bundles_per_stage: 1,
+            streaming,
+            jitter,
+            ..Shape::default()
+        };
+        let Run { panes: mut got, dropped_late } = run_stream(&events, &case.strategy, &shape)
+            .map_err(|e| TestCaseError::fail(format!("engine run failed: {e}")))?;
+        let every = if streaming { 1 } else { max_bundle_elements };
+        let (mut want, want_dropped) = script_reference(&events, &case.strategy, case.trigger, every);
+        let timestamps: HashMap<i64, Timestamp> = case
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Add(i) => Some((i.id, i.ts)),
+                _ => None,
+            })
+            .collect();
+        for p in &got {
+            check_timestamp_bounds(p, case.strategy.output_time, &timestamps)?;
+        }
+        for p in got.iter_mut().chain(want.iter_mut()) {
+            tolerate(p, TOLERANT, case.strategy.output_time);
+        }
+        got.sort();
+        want.sort();
+        same_panes(&got, &want, &format!("{events:?}"))?;
+        prop_assert_eq!(dropped_late, want_dropped, "late drops");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Engine bugs found by the properties above, pinned by minimal cases
+// ---------------------------------------------------------------------------
+
+const BUG_GC_CAP: &str = "engine bug: a window whose max timestamp + allowed lateness reaches +inf never expires (Beam caps the GC time at the end of the global window), so the job ends Stuck";
+const BUG_LATE_TIMING: &str = "engine bug: a first pane whose window end is already behind the output watermark is ON_TIME instead of LATE";
+
+fn a(id: i64, ts: Timestamp) -> Input {
+    Input { key: b'a', id, ts }
+}
+
+fn fixed_10(strategy: WindowingStrategy) -> WindowingStrategy {
+    WindowingStrategy {
+        window_fn: WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        },
+        ..strategy
+    }
+}
+
+fn stream_panes(events: Vec<StreamEvent>, strategy: &WindowingStrategy) -> Vec<Pane> {
+    run_stream(&events, strategy, &Shape::default())
+        .expect("the job finishes")
+        .panes
+}
+
+fn pane(index: i64, timing: Timing, is_last: bool, timestamp: Timestamp, values: Vec<i64>) -> Pane {
+    Pane {
+        key: b'a',
+        window: Window::Interval { start: 0, end: 10 },
+        index,
+        timing,
+        nonspeculative_index: if timing == Timing::Early { -1 } else { 0 },
+        is_first: index == 0,
+        is_last,
+        timestamp,
+        values,
+    }
+}
+
+/// Global window, one day of allowed lateness, one element: the job must
+/// finish with one pane. `GLOBAL_WINDOW_MAX_TIMESTAMP + 1 day` is
+/// `MAX_TIMESTAMP`, which the watermark never exceeds, so the engine's
+/// `max + lateness < watermark` never holds and the GroupByKey stays busy.
+#[test]
+#[ignore = "engine bug: a window whose max timestamp + allowed lateness reaches +inf never expires (Beam caps the GC time at the end of the global window), so the job ends Stuck"]
+fn global_window_with_a_day_of_lateness_closes_at_the_end() {
+    let strategy = WindowingStrategy {
+        allowed_lateness: 86_400_000,
+        ..WindowingStrategy::global_default()
+    };
+    let run = run_batch(&[a(0, 0)], &strategy, &Shape::default()).expect("the job finishes");
+    assert_eq!(run.panes, batch_reference(&[a(0, 0)], &strategy));
+}
+
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// Any allowed lateness, however large, still lets batch jobs finish.
+    #[test]
+    #[ignore = "engine bug: a window whose max timestamp + allowed lateness reaches +inf never expires (Beam caps the GC time at the end of the global window), so the job ends Stuck"]
+    fn huge_allowed_lateness_still_closes_windows(
+        inputs in inputs(10),
+        strategy in batch_strategy(),
+        lateness in prop_oneof![Just(86_400_000i64), 86_400_001i64..i64::MAX, Just(i64::MAX)],
+    ) {
+        let strategy = WindowingStrategy { allowed_lateness: lateness, ..strategy };
+        let mut got = engine_run(&inputs, &strategy, &Shape::default())?;
+        let mut want = batch_reference(&inputs, &strategy);
+        mask_is_last_unless_zero_lateness(&mut got, lateness);
+        mask_is_last_unless_zero_lateness(&mut want, lateness);
+        same_panes(&got, &want, BUG_GC_CAP)?;
+    }
+}
+
+/// Watermark at 15, then an element for `[0, 10)` (allowed: lateness 20).
+/// The stage's output watermark is already 15 > 9, so the pane cannot be on
+/// time for anything downstream: Beam's `PaneInfoTracker` makes it LATE
+/// (`isLateForOutput`). The engine says ON_TIME.
+#[test]
+#[ignore = "engine bug: a first pane whose window end is already behind the output watermark is ON_TIME instead of LATE"]
+fn data_arriving_after_the_end_of_its_window_makes_a_late_pane() {
+    let strategy = WindowingStrategy {
+        allowed_lateness: 20,
+        ..fixed_10(WindowingStrategy::global_default())
+    };
+    let events = vec![
+        StreamEvent::Watermark(15),
+        StreamEvent::Elements(vec![a(0, 5)]),
+        StreamEvent::Watermark(MAX_TIMESTAMP),
+    ];
+    assert_eq!(
+        stream_panes(events, &strategy),
+        vec![pane(0, Timing::Late, false, 9, vec![0])],
+        "{BUG_LATE_TIMING}"
+    );
+}
+
+/// `a@5`, watermark 8, then out-of-order `a@2` (its window `[0, 10)` is still
+/// open). After the watermark advance the GroupByKey published an output
+/// watermark of 5 (held by `a@5`); `a@2` is behind it and, in Beam, sets no
+/// hold, so the pane's EarliestInPane timestamp is 5. The engine emits the
+/// ON_TIME pane at 2 — behind its own output watermark, where a downstream
+/// GroupByKey may already have expired the window and drop it.
+#[test]
+#[ignore = "engine bug: EarliestInPane panes can be timestamped behind the output watermark already published (out-of-order data; accumulating mode)"]
+fn out_of_order_data_does_not_pull_a_pane_behind_the_output_watermark() {
+    let strategy = WindowingStrategy {
+        output_time: OutputTime::EarliestInPane,
+        ..fixed_10(WindowingStrategy::global_default())
+    };
+    let events = vec![
+        StreamEvent::Elements(vec![a(0, 5)]),
+        StreamEvent::Watermark(8),
+        StreamEvent::Elements(vec![a(1, 2)]),
+        StreamEvent::Watermark(MAX_TIMESTAMP),
+    ];
+    assert_eq!(
+        stream_panes(events, &strategy),
+        vec![pane(0, Timing::OnTime, true, 5, vec![0, 1])]
+    );
+}
+
+/// Accumulating, EarliestInPane, early firings per element: `a@1` fires an
+/// early pane at 1; after the watermark reaches 6 (output watermark 6, no
+/// holds left), `a@7` fires a pane with both values. Beam releases holds at
+/// each firing, so its timestamp is 7 (the new element's); the engine keeps
+/// the minimum over all accumulated values, 1, behind the output watermark.
+#[test]
+#[ignore = "engine bug: EarliestInPane panes can be timestamped behind the output watermark already published (out-of-order data; accumulating mode)"]
+fn accumulating_panes_are_timestamped_by_their_new_elements() {
+    let strategy = WindowingStrategy {
+        output_time: OutputTime::EarliestInPane,
+        accumulation: AccumulationMode::Accumulating,
+        trigger: RefTrigger::EarlyAndLate.to_engine(),
+        ..fixed_10(WindowingStrategy::global_default())
+    };
+    let events = vec![
+        StreamEvent::Elements(vec![a(0, 1)]),
+        StreamEvent::Watermark(6),
+        StreamEvent::Elements(vec![a(1, 7)]),
+        StreamEvent::Watermark(MAX_TIMESTAMP),
+    ];
+    assert_eq!(
+        stream_panes(events, &strategy),
+        vec![
+            pane(0, Timing::Early, false, 1, vec![0]),
+            pane(1, Timing::Early, false, 7, vec![0, 1]),
+        ]
+    );
+}
+
+/// `AfterWatermark()` without late firings finishes at its on-time pane; in
+/// Beam the window is then closed and later data for it (here `a@6`, within
+/// the allowed lateness) is dropped. The engine restarts the trigger and
+/// emits a second pane.
+#[test]
+#[ignore = "engine bug: a finished trigger restarts for later data instead of closing its window"]
+fn a_finished_trigger_closes_its_window() {
+    let strategy = WindowingStrategy {
+        allowed_lateness: 20,
+        trigger: RefTrigger::OnTimeOnly.to_engine(),
+        ..fixed_10(WindowingStrategy::global_default())
+    };
+    let events = vec![
+        StreamEvent::Elements(vec![a(0, 5)]),
+        StreamEvent::Watermark(10),
+        StreamEvent::Elements(vec![a(1, 6)]),
+        StreamEvent::Watermark(MAX_TIMESTAMP),
+    ];
+    assert_eq!(
+        stream_panes(events, &strategy),
+        vec![pane(0, Timing::OnTime, true, 9, vec![0])]
+    );
+}
+
 proptest! {
     #![proptest_config(config(256))]
 
+    /// As `grouping_buffer_matches_streaming_reference`, but a first
+    /// non-early pane whose window end is behind the output watermark must
+    /// be LATE.
     #[test]
-    fn probe_strict_timing(
+    #[ignore = "engine bug: a first pane whose window end is already behind the output watermark is ON_TIME instead of LATE"]
+    fn strict_pane_timing_matches_streaming_reference(
         case in stream_case(triggers(), vec![OutputTime::EndOfWindow]),
     ) {
         check_stream_case(&case, Strictness { timing: true, timestamps: false })?;
     }
 
+    /// As `grouping_buffer_matches_streaming_reference`, with Beam's exact
+    /// EarliestInPane / LatestInPane timestamps, and no EARLY or ON_TIME
+    /// pane behind the published output watermark.
     #[test]
-    fn probe_strict_timestamps(
+    #[ignore = "engine bug: EarliestInPane / LatestInPane timestamps ignore watermark holds (late, out-of-order and accumulated data)"]
+    fn strict_output_timestamps_match_streaming_reference(
         case in stream_case(triggers(), vec![OutputTime::EarliestInPane, OutputTime::LatestInPane]),
     ) {
         check_stream_case(&case, Strictness { timing: false, timestamps: true })?;
     }
 
+    /// `AfterWatermark()` alone: one on-time pane per window, later data
+    /// dropped.
     #[test]
-    fn probe_on_time_only(
-        case in stream_case(vec![RefTrigger::OnTimeOnly], vec![OutputTime::EndOfWindow]),
+    #[ignore = "engine bug: a finished trigger restarts for later data instead of closing its window"]
+    fn finished_triggers_match_streaming_reference(
+        case in stream_case(vec![RefTrigger::OnTimeOnly], all_output_times()),
     ) {
         check_stream_case(&case, TOLERANT)?;
-    }
-
-    #[test]
-    fn probe_huge_lateness(
-        inputs in inputs(10),
-        strategy in batch_strategy(),
-        lateness in prop_oneof![Just(86_400_000i64), Just(i64::MAX)],
-    ) {
-        let strategy = WindowingStrategy { allowed_lateness: lateness, ..strategy };
-        let mut got = engine_run(&inputs, &strategy, &Shape::default())?;
-        let mut want = batch_reference(&inputs, &strategy);
-        mask_is_last_unless_zero_lateness(&mut got, 1);
-        mask_is_last_unless_zero_lateness(&mut want, 1);
-        same_panes(&got, &want, "huge lateness")?;
     }
 }

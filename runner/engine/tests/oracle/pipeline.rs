@@ -1,14 +1,16 @@
-//! A whole engine run with a fake SDK: impulse → create → window → GBK → sink.
+//! Whole engine runs with a fake SDK: source → window → GBK → sink.
 //!
-//! * `create` (SDK stage) turns the impulse into the test's elements, in the
-//!   global window at their own timestamps, written as `create_chunks`
-//!   separate outputs.
+//! * The source is either
+//!   - batch: impulse → `create` (SDK stage) which turns the impulse into
+//!     the test's elements, in the global window at their own timestamps,
+//!     written as `create_chunks` separate outputs; or
+//!   - streaming: a runner-replayed TestStream of element batches and
+//!     watermark advances, each applied once the pipeline is idle.
 //! * `window` (SDK stage) plays `WindowInto`: it re-emits every element in
-//!   the windows [`assign_windows`] gives it. Because `create` committed all
-//!   elements at once, `max_bundle_elements` decides how they are spread over
-//!   `window`'s bundles, and so how many batches the GroupByKey sees and at
-//!   which input watermarks (each pending element holds `window`'s output
-//!   watermark at its timestamp).
+//!   the windows [`assign_windows`] gives it. `max_bundle_elements` decides
+//!   how the elements are spread over its bundles, and so how many batches
+//!   the GroupByKey sees and at which input watermarks (in batch, each
+//!   pending element holds `window`'s output watermark at its timestamp).
 //! * the runner's GroupByKey groups them.
 //! * `sink` (SDK stage) records every pane it receives.
 //!
@@ -16,6 +18,7 @@
 //! yields, so concurrent bundles of a stage commit out of order.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,14 +31,16 @@ use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig, EngineError};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, Stage, StageKind, WindowFn, WindowingStrategy,
+    PCollection, PCollectionIdx, Plan, SdkStage, Stage, StageIdx, StageKind, TestStreamEvent,
+    WindowFn, WindowingStrategy,
 };
+use refract_engine::time::Timestamp;
 use refract_engine::window::Window;
 use tokio::sync::watch;
 
 use super::model::{assign_windows, Input, Pane};
 use super::wire::{
-    decode_panes, encode_input, grouped_coder, kv_coder, read_input, window_coder_for,
+    decode_panes, encode_input, grouped_coder, kv_coder, kv_value, read_input, window_coder_for,
 };
 
 /// How the run is cut into bundles and batches.
@@ -43,7 +48,7 @@ use super::wire::{
 pub struct Shape {
     /// `EngineConfig::max_bundle_elements`.
     pub max_bundle_elements: usize,
-    /// Into how many outputs `create` splits its elements.
+    /// Into how many outputs `create` splits its elements (batch only).
     pub create_chunks: usize,
     /// `EngineConfig::chunk_bytes` (small values split bundles into many chunks).
     pub chunk_bytes: usize,
@@ -68,13 +73,29 @@ impl Default for Shape {
     }
 }
 
-/// Indices of the SDK stages in the plan built by [`run_pipeline`].
-const CREATE: usize = 1;
-const WINDOW: usize = 2;
-const SINK: usize = 4;
+/// One step of a TestStream script, in the tests' terms.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// These elements arrive, in this order.
+    Elements(Vec<Input>),
+    /// The source's watermark advances to this time.
+    Watermark(Timestamp),
+}
 
-/// The fake SDK: what each SDK stage does with a bundle.
+/// What an SDK stage of the fake does.
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    /// Impulse → the test's elements, into this PCollection.
+    Create(PCollectionIdx),
+    /// `WindowInto`, into this PCollection.
+    Window(PCollectionIdx),
+    /// Records panes.
+    Sink,
+}
+
+/// The fake SDK.
 struct FakeSdk {
+    roles: HashMap<StageIdx, Role>,
     inputs: Vec<Input>,
     window_fn: WindowFn,
     window_coder: Coder,
@@ -84,7 +105,7 @@ struct FakeSdk {
 }
 
 impl FakeSdk {
-    fn create(&self) -> BundleOutput {
+    fn create(&self, output: PCollectionIdx) -> BundleOutput {
         let n = self.inputs.len();
         let chunks = self.create_chunks.max(1);
         let outputs = (0..chunks)
@@ -93,7 +114,7 @@ impl FakeSdk {
                 for input in &self.inputs[c * n / chunks..(c + 1) * n / chunks] {
                     encode_input(input, vec![Window::Global], &Coder::GlobalWindow, &mut out);
                 }
-                (1, Bytes::from(out))
+                (output, Bytes::from(out))
             })
             .collect();
         BundleOutput {
@@ -102,11 +123,11 @@ impl FakeSdk {
         }
     }
 
-    fn window(&self, input: &BundleInput) -> BundleOutput {
+    fn window(&self, input: &BundleInput, output: PCollectionIdx) -> BundleOutput {
         let mut out = Vec::new();
         for chunk in &input.elements {
             for e in decode_windowed_values(chunk, &kv_coder(), &Coder::GlobalWindow)
-                .expect("created elements decode")
+                .expect("source elements decode")
             {
                 let element = read_input(&e);
                 let windows = assign_windows(&self.window_fn, element.ts);
@@ -116,7 +137,7 @@ impl FakeSdk {
             }
         }
         BundleOutput {
-            outputs: vec![(2, Bytes::from(out))],
+            outputs: vec![(output, Bytes::from(out))],
             ..BundleOutput::default()
         }
     }
@@ -132,11 +153,11 @@ impl FakeSdk {
 
 impl StageExecutor for FakeSdk {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
-        let result = match input.stage {
-            CREATE => Ok(self.create()),
-            WINDOW => Ok(self.window(&input)),
-            SINK => Ok(self.sink(&input)),
-            other => Err(ExecError::Runner(format!("no SDK stage {other}"))),
+        let result = match self.roles.get(&input.stage) {
+            Some(Role::Create(output)) => Ok(self.create(*output)),
+            Some(Role::Window(output)) => Ok(self.window(&input, *output)),
+            Some(Role::Sink) => Ok(self.sink(&input)),
+            None => Err(ExecError::Runner(format!("no SDK stage {}", input.stage))),
         };
         let mut h = DefaultHasher::new();
         (self.jitter, &input.bundle_id).hash(&mut h);
@@ -170,37 +191,57 @@ fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>) -
     }
 }
 
-/// Runs `inputs` through a GroupByKey with `strategy`, cut into bundles as
-/// `shape` says, and returns the panes the sink saw, sorted.
-pub fn run_pipeline(
+fn sdk() -> StageKind {
+    StageKind::Sdk(SdkStage::default())
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Run {
+    /// Every pane the sink received, sorted.
+    pub panes: Vec<Pane>,
+    /// (element, window) pairs the GroupByKey dropped as too late.
+    pub dropped_late: u64,
+}
+
+/// Builds source → window → gbk → sink after the given source stages
+/// (which produce PCollection 0, in the global window) and runs it.
+fn run(
+    source_stages: Vec<Stage>,
+    mut roles: HashMap<StageIdx, Role>,
     inputs: &[Input],
     strategy: &WindowingStrategy,
     shape: &Shape,
-) -> Result<Vec<Pane>, EngineError> {
+) -> Result<Run, EngineError> {
     let window_coder = window_coder_for(strategy.window_fn == WindowFn::Global);
-    let sdk = || StageKind::Sdk(SdkStage::default());
+    let mut stages = source_stages;
+    // PCollections: 0 source output, 1 windowed, 2 grouped.
+    let first = stages.len();
+    stages.push(stage("window", sdk(), vec![0], vec![1]));
+    stages.push(stage(
+        "gbk",
+        StageKind::GroupByKey(strategy.clone()),
+        vec![1],
+        vec![2],
+    ));
+    stages.push(stage("sink", sdk(), vec![2], vec![]));
+    roles.insert(first, Role::Window(1));
+    roles.insert(first + 2, Role::Sink);
+    // The impulse, if any, writes a PCollection after the three above.
+    let mut pcollections = vec![
+        pcollection("source", kv_coder(), Coder::GlobalWindow),
+        pcollection("windowed", kv_coder(), window_coder.clone()),
+        pcollection("grouped", grouped_coder(), window_coder.clone()),
+    ];
+    if stages.iter().any(|s| matches!(s.kind, StageKind::Impulse)) {
+        pcollections.push(pcollection("impulse", Coder::Bytes, Coder::GlobalWindow));
+    }
     let plan = Plan {
-        pcollections: vec![
-            pcollection("impulse", Coder::Bytes, Coder::GlobalWindow),
-            pcollection("created", kv_coder(), Coder::GlobalWindow),
-            pcollection("windowed", kv_coder(), window_coder.clone()),
-            pcollection("grouped", grouped_coder(), window_coder.clone()),
-        ],
-        // Stage indices: impulse 0, CREATE, WINDOW, gbk 3, SINK.
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("create", sdk(), vec![0], vec![1]),
-            stage("window", sdk(), vec![1], vec![2]),
-            stage(
-                "gbk",
-                StageKind::GroupByKey(strategy.clone()),
-                vec![2],
-                vec![3],
-            ),
-            stage("sink", sdk(), vec![3], vec![]),
-        ],
+        pcollections,
+        stages,
     };
     let sdk = Arc::new(FakeSdk {
+        roles,
         inputs: inputs.to_vec(),
         window_fn: strategy.window_fn.clone(),
         window_coder,
@@ -219,16 +260,62 @@ pub fn run_pipeline(
         .build()
         .expect("a tokio runtime");
     let executor = sdk.clone();
-    runtime.block_on(async move {
+    let summary = runtime.block_on(async move {
         // The sender must outlive the run: dropping it cancels the job.
         let (_cancel, cancelled) = watch::channel(false);
         let engine = Engine::new(plan, executor, config, "oracle", Arc::new(|| 0))?;
         tokio::time::timeout(Duration::from_secs(60), engine.run(cancelled))
             .await
-            .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))??;
-        Ok::<_, EngineError>(())
+            .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))?
     })?;
     let mut panes = sdk.sink.lock().clone();
     panes.sort();
-    Ok(panes)
+    Ok(Run {
+        panes,
+        dropped_late: summary.dropped_late,
+    })
+}
+
+/// Runs `inputs` (bounded: impulse → create) through a GroupByKey with
+/// `strategy`, cut into bundles as `shape` says.
+pub fn run_batch(
+    inputs: &[Input],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+) -> Result<Run, EngineError> {
+    // Stage 0 impulse writes PCollection 3; stage 1 `create` reads it.
+    let sources = vec![
+        stage("impulse", StageKind::Impulse, vec![], vec![3]),
+        stage("create", sdk(), vec![3], vec![0]),
+    ];
+    let roles = HashMap::from([(1, Role::Create(0))]);
+    run(sources, roles, inputs, strategy, shape)
+}
+
+/// Replays `events` from a TestStream through a GroupByKey with `strategy`.
+pub fn run_stream(
+    events: &[StreamEvent],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+) -> Result<Run, EngineError> {
+    let script = events
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Elements(inputs) => TestStreamEvent::Elements {
+                output: 0,
+                elements: inputs
+                    .iter()
+                    .map(|i| (Bytes::from(kv_value(i)), i.ts))
+                    .collect(),
+            },
+            StreamEvent::Watermark(t) => TestStreamEvent::Watermark(*t),
+        })
+        .collect();
+    let sources = vec![stage(
+        "test_stream",
+        StageKind::TestStream(script),
+        vec![],
+        vec![0],
+    )];
+    run(sources, HashMap::new(), &[], strategy, shape)
 }
