@@ -11,6 +11,8 @@
 #    command line);
 # 5. Beam's PrismRunnerTest suite via integration/prism_suite.sh, with the
 #    pass bar from integration/prism_suite_bar.
+# 6. Beam's shared cases without Prism's opt-outs via
+#    integration/refract_suite.sh (bar in integration/refract_suite_bar).
 # It goes on after a failing step 3-5 so one run reports everything, prints
 # each pytest summary and a closing "total: ..." line, and exits non-zero if
 # any step failed.
@@ -85,6 +87,11 @@ echo "== Beam PrismRunnerTest suite"
 REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/prism-suite \
   "$here/prism_suite.sh" "$bin" ||
   failed_steps+=("Beam PrismRunnerTest suite (bar $(cat "$here/prism_suite_bar"))")
+
+echo "== RefractRunnerTest suite (Beam's shared cases without Prism's opt-outs)"
+REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
+  "$here/refract_suite.sh" "$bin" ||
+  failed_steps+=("RefractRunnerTest suite (bar $(cat "$here/refract_suite_bar"))")
 
 echo "== reports in $work"
 if [ "${#failed_steps[@]}" -gt 0 ]; then

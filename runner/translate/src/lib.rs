@@ -136,5 +136,6 @@ fn prepare(pipeline: &pipeline::Pipeline, drain: bool) -> Result<graph::Graph, T
     let mut graph = graph::build(pipeline, drain)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
+    transcode::test_stream_outputs(&mut graph);
     Ok(graph)
 }

@@ -181,7 +181,18 @@ fn runner_outputs(graph: &mut Graph) -> Result<(), TranslateError> {
         let location = format!("transform '{}'", node.name);
         match node.kind {
             NodeKind::Sdk => {}
-            NodeKind::Impulse | NodeKind::TestStream => fixed.extend(node.outputs.iter().cloned()),
+            NodeKind::Impulse => fixed.extend(node.outputs.iter().cloned()),
+            NodeKind::TestStream => {
+                // The scripted elements are encoded with the payload's coder,
+                // which need not be the output PCollection's: consumers must
+                // decode what the runner replays.
+                let payload = crate::test_stream::payload(&node)?;
+                let safe = graph.coders.safe(&payload.coder_id, &location)?;
+                for output in &node.outputs {
+                    set_coder(graph, output, safe.clone())?;
+                }
+                fixed.extend(node.outputs.iter().cloned());
+            }
             NodeKind::GroupByKey => {
                 let (Some(input), Some(output)) = (node.inputs.first(), node.outputs.first())
                 else {

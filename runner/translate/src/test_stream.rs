@@ -15,6 +15,18 @@ use refract_proto::prost::Message;
 use crate::error::TranslateError;
 use crate::graph::{sorted_by_tag, Node};
 
+/// The decoded payload of TestStream `node`.
+pub(crate) fn payload(node: &Node) -> Result<pb::TestStreamPayload, TranslateError> {
+    let bytes = node
+        .transform
+        .spec
+        .as_ref()
+        .map_or(&[][..], |s| s.payload.as_slice());
+    pb::TestStreamPayload::decode(bytes).map_err(|e| {
+        TranslateError::bad_payload("TestStreamPayload", format!("transform '{}'", node.name), e)
+    })
+}
+
 /// The engine events of TestStream `node`, whose outputs are in `plan`.
 pub(crate) fn events(
     node: &Node,
@@ -22,13 +34,7 @@ pub(crate) fn events(
     index: &HashMap<String, usize>,
 ) -> Result<Vec<TestStreamEvent>, TranslateError> {
     let location = format!("transform '{}'", node.name);
-    let bytes = node
-        .transform
-        .spec
-        .as_ref()
-        .map_or(&[][..], |s| s.payload.as_slice());
-    let payload = pb::TestStreamPayload::decode(bytes)
-        .map_err(|e| TranslateError::bad_payload("TestStreamPayload", location.clone(), e))?;
+    let payload = payload(node)?;
     let outputs = sorted_by_tag(&node.transform.outputs);
     let output_for = |tag: &str| -> Result<usize, TranslateError> {
         let pcoll = node

@@ -17,6 +17,101 @@ use refract_proto::urns::transform as t;
 use crate::coders::unique_id;
 use crate::graph::{sorted_by_tag, Graph, Node, NodeKind};
 
+/// TestStream elements are encoded with the TestStream payload's coder,
+/// which may differ from its output PCollection's coder (Python's untyped
+/// TestStream uses a general-purpose coder while its consumers expect, for
+/// instance, a KV). Where they differ, the TestStream writes a new
+/// PCollection in its own coder and an SDK step transcodes it into the
+/// original one, as for Flatten.
+pub(crate) fn test_stream_outputs(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        if graph.nodes[i].kind != NodeKind::TestStream {
+            i += 1;
+            continue;
+        }
+        let node = graph.nodes[i].clone();
+        let Ok(payload) = crate::test_stream::payload(&node) else {
+            i += 1;
+            continue;
+        };
+        let env = if node.transform.environment_id.is_empty() {
+            graph.components.environments.keys().min().cloned()
+        } else {
+            Some(node.transform.environment_id.clone())
+        };
+        let Some(env) = env else {
+            i += 1;
+            continue;
+        };
+        let mut inserted = Vec::new();
+        for (tag, output) in sorted_by_tag(&node.transform.outputs) {
+            let same = coder_id(graph, &output)
+                .is_none_or(|c| graph.coders.same_encoding(&c, &payload.coder_id));
+            if same {
+                continue;
+            }
+            let Some(template) = graph.components.pcollections.get(&output).cloned() else {
+                continue;
+            };
+            let raw = unique_id(&format!("{output}/raw"), |id| {
+                graph.components.pcollections.contains_key(id)
+            });
+            graph.components.pcollections.insert(
+                raw.clone(),
+                pb::PCollection {
+                    unique_name: raw.clone(),
+                    coder_id: payload.coder_id.clone(),
+                    ..template
+                },
+            );
+            let base = format!("{}/Transcode/{tag}", node.id);
+            let transform_id = unique_id(&base, |id| {
+                graph.components.transforms.contains_key(id) || graph.unique_names.contains_key(id)
+            });
+            let name = format!("{}/Transcode/{tag}", node.name);
+            graph
+                .unique_names
+                .insert(transform_id.clone(), name.clone());
+            inserted.push(Node {
+                id: transform_id,
+                name: name.clone(),
+                kind: NodeKind::Sdk,
+                inputs: vec![raw.clone()],
+                side_inputs: Vec::new(),
+                outputs: vec![output.clone()],
+                env: env.clone(),
+                stateful: false,
+                splittable: false,
+                finalization: false,
+                transform: pb::PTransform {
+                    unique_name: name,
+                    spec: Some(pb::FunctionSpec {
+                        urn: t::FLATTEN.to_string(),
+                        payload: Vec::new(),
+                    }),
+                    inputs: [("0".to_string(), raw.clone())].into_iter().collect(),
+                    outputs: [("out".to_string(), output.clone())].into_iter().collect(),
+                    environment_id: env.clone(),
+                    ..Default::default()
+                },
+            });
+            let ts = &mut graph.nodes[i];
+            ts.transform.outputs.insert(tag.clone(), raw.clone());
+            for o in ts.outputs.iter_mut() {
+                if *o == output {
+                    *o = raw.clone();
+                }
+            }
+        }
+        let count = inserted.len();
+        for (k, n) in inserted.into_iter().enumerate() {
+            graph.nodes.insert(i + 1 + k, n);
+        }
+        i += count + 1;
+    }
+}
+
 /// Insert transcoding steps before Flatten nodes where coders differ.
 pub(crate) fn flatten_inputs(graph: &mut Graph) {
     let mut i = 0;

@@ -1,0 +1,97 @@
+"""TestStream (`beam:transform:teststream:v1`) replayed by Refract.
+
+Refract's engine replays the scripted events itself, one at a time, each
+only once the pipeline has finished reacting to the previous one: elements,
+watermark advances (which fire windows and event-time timers) and
+processing-time advances (which fire processing-time triggers and timers
+against the runner's clock, not the wall clock).
+"""
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.util import assert_that
+from apache_beam.testing.util import equal_to
+from apache_beam.transforms import trigger
+from apache_beam.transforms import userstate
+from apache_beam.transforms import window
+from apache_beam.transforms.timeutil import TimeDomain
+
+
+def streaming_options(server):
+  return PipelineOptions(server.portable_args() + ['--streaming'])
+
+
+def describe_pane(kv, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+  return (kv[0], sorted(kv[1]), int(w.start), pane.timing, pane.index)
+
+
+def test_on_time_and_late_panes(refract_server):
+  tv = window.TimestampedValue
+  stream = (
+      TestStream().add_elements([tv(('k', 1), 1), tv(('k', 2), 2)])
+      .advance_watermark_to(15)
+      .add_elements([tv(('k', 3), 3)])  # late for [0, 10), within lateness
+      .add_elements([tv(('k', 20), 20)])
+      .advance_watermark_to_infinity())
+  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+    out = (
+        p
+        | stream
+        | beam.WindowInto(
+            window.FixedWindows(10),
+            allowed_lateness=100,
+            trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING)
+        | beam.GroupByKey()
+        | beam.Map(describe_pane))
+    on_time, late = (
+        beam.utils.windowed_value.PaneInfoTiming.ON_TIME,
+        beam.utils.windowed_value.PaneInfoTiming.LATE)
+    assert_that(
+        out,
+        equal_to([
+            ('k', [1, 2], 0, on_time, 0),
+            ('k', [3], 0, late, 1),
+            ('k', [20], 20, on_time, 0),
+        ]))
+
+
+class TimerDoFn(beam.DoFn):
+  EVENT = userstate.TimerSpec('event', TimeDomain.WATERMARK)
+  REAL = userstate.TimerSpec('real', TimeDomain.REAL_TIME)
+
+  def process(
+      self,
+      element,
+      t=beam.DoFn.TimestampParam,
+      event=beam.DoFn.TimerParam(EVENT),
+      real=beam.DoFn.TimerParam(REAL)):
+    event.set(t + 5)
+    # An hour of processing time: only the TestStream's clock gets there.
+    real.set(beam.utils.timestamp.Timestamp.now() + 3600)
+
+  @userstate.on_timer(EVENT)
+  def on_event(self, key=beam.DoFn.KeyParam):
+    yield ('event', key)
+
+  @userstate.on_timer(REAL)
+  def on_real(self, key=beam.DoFn.KeyParam):
+    yield ('processing', key)
+
+
+def test_timers_fire_on_watermark_and_processing_time_advances(refract_server):
+  stream = (
+      TestStream().add_elements([window.TimestampedValue(('a', 0), 10)])
+      .advance_watermark_to(20)
+      .advance_processing_time(7200)
+      .add_elements([window.TimestampedValue(('b', 0), 30)])
+      .advance_watermark_to_infinity())
+  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+    out = p | stream | beam.ParDo(TimerDoFn())
+    assert_that(
+        out,
+        equal_to([
+            ('event', 'a'), ('processing', 'a'), ('event', 'b'),
+            ('processing', 'b')
+        ]))
