@@ -34,12 +34,12 @@ use crate::window::Window;
 struct Pane {
     /// Nested-encoded values not yet discarded (all values when accumulating).
     values: Vec<Bytes>,
-    /// Earliest input timestamp among `values`.
-    min_timestamp: Option<Timestamp>,
-    /// Latest input timestamp among `values`.
-    max_timestamp: Option<Timestamp>,
     /// Data arrived since the last firing.
     new_data: bool,
+    /// Earliest output-time hold of the elements since the last firing.
+    hold_min: Option<Timestamp>,
+    /// Latest output-time hold of the elements since the last firing.
+    hold_max: Option<Timestamp>,
     /// Panes already fired for this window.
     fired: i64,
     /// Non-early panes already fired.
@@ -52,35 +52,32 @@ impl Pane {
     fn new(trigger: &Trigger) -> Self {
         Pane {
             values: Vec::new(),
-            min_timestamp: None,
-            max_timestamp: None,
             new_data: false,
+            hold_min: None,
+            hold_max: None,
             fired: 0,
             nonspeculative_fired: 0,
             trigger: TriggerState::new(trigger),
         }
     }
 
-    fn add(&mut self, value: Bytes, ts: Timestamp) {
+    fn add(&mut self, value: Bytes, hold: Timestamp) {
         self.values.push(value);
         self.new_data = true;
-        self.min_timestamp = Some(self.min_timestamp.map_or(ts, |m| m.min(ts)));
-        self.max_timestamp = Some(self.max_timestamp.map_or(ts, |m| m.max(ts)));
+        self.hold_min = Some(self.hold_min.map_or(hold, |m| m.min(hold)));
+        self.hold_max = Some(self.hold_max.map_or(hold, |m| m.max(hold)));
     }
 
     fn absorb(&mut self, other: Pane) {
         self.values.extend(other.values);
         self.new_data |= other.new_data;
+        for h in [other.hold_min, other.hold_max].into_iter().flatten() {
+            self.hold_min = Some(self.hold_min.map_or(h, |m| m.min(h)));
+            self.hold_max = Some(self.hold_max.map_or(h, |m| m.max(h)));
+        }
         self.fired = self.fired.max(other.fired);
         self.nonspeculative_fired = self.nonspeculative_fired.max(other.nonspeculative_fired);
         self.trigger.merge(&other.trigger);
-        for ts in [other.min_timestamp, other.max_timestamp]
-            .into_iter()
-            .flatten()
-        {
-            self.min_timestamp = Some(self.min_timestamp.map_or(ts, |m| m.min(ts)));
-            self.max_timestamp = Some(self.max_timestamp.map_or(ts, |m| m.max(ts)));
-        }
     }
 }
 
@@ -94,6 +91,9 @@ pub struct GroupingBuffer {
     panes: HashMap<Bytes, BTreeMap<Window, Pane>>,
     /// Elements dropped because they arrived after their window expired.
     dropped_late: u64,
+    /// The output watermark this stage last published (as far as this
+    /// buffer knows it): data behind it must not be emitted behind it.
+    output_watermark: Timestamp,
     /// Keys whose windows the SDK must merge before panes may fire
     /// (custom merging window functions only).
     unmerged: std::collections::BTreeSet<Bytes>,
@@ -109,6 +109,7 @@ impl GroupingBuffer {
             window_coder,
             panes: HashMap::new(),
             dropped_late: 0,
+            output_watermark: crate::time::MIN_TIMESTAMP,
             unmerged: Default::default(),
         }
     }
@@ -123,10 +124,14 @@ impl GroupingBuffer {
         self.panes.is_empty()
     }
 
+    /// A window is garbage-collected once the watermark passes its end plus
+    /// the allowed lateness, capped at the end of the global window (as
+    /// Beam caps it), so that huge lateness still closes at the end of time.
     fn expired(&self, window: &Window, watermark: Timestamp) -> bool {
         window
             .max_timestamp()
             .saturating_add(self.strategy.allowed_lateness)
+            .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
             < watermark
     }
 
@@ -163,7 +168,19 @@ impl GroupingBuffer {
                 // emitted when the window closes.
                 pane.trigger = TriggerState::new(trigger);
             }
-            pane.add(value.clone(), ts);
+            // An element behind the published output watermark holds (and
+            // stamps its pane) at the end of its window instead, so the pane
+            // is never emitted behind the watermark downstream already saw.
+            let end = window.max_timestamp();
+            // Late data (the input watermark already passed the window's end)
+            // is stamped at the end of the window too, as Beam does.
+            let late = input_watermark > end;
+            let hold = if late || ts < self.output_watermark {
+                end
+            } else {
+                ts.min(end)
+            };
+            pane.add(value.clone(), hold);
             pane.trigger.on_element(&ctx);
             match self.strategy.window_fn {
                 WindowFn::Sessions { .. } => merge_intervals(windows),
@@ -259,8 +276,8 @@ impl GroupingBuffer {
         let end = window.max_timestamp();
         match self.strategy.output_time {
             OutputTime::EndOfWindow => end,
-            OutputTime::EarliestInPane => pane.min_timestamp.unwrap_or(end).min(end),
-            OutputTime::LatestInPane => pane.max_timestamp.unwrap_or(end).min(end),
+            OutputTime::EarliestInPane => pane.hold_min.unwrap_or(end).min(end),
+            OutputTime::LatestInPane => pane.hold_max.unwrap_or(end).min(end),
         }
     }
 
@@ -323,6 +340,10 @@ impl GroupingBuffer {
                 self.panes.insert(key, windows);
             }
         }
+        let published = self
+            .hold()
+            .map_or(input_watermark, |h| h.min(input_watermark));
+        self.output_watermark = self.output_watermark.max(published);
         Ok(emitted)
     }
 
@@ -335,7 +356,13 @@ impl GroupingBuffer {
         is_last: bool,
         out: &mut Vec<u8>,
     ) -> Result<usize, CoderError> {
-        let timing = if ctx.watermark <= ctx.window_end {
+        // As Beam labels panes: LATE once the published output watermark is
+        // past the window (downstream already considers it done), else
+        // EARLY before the input watermark passes the end of the window,
+        // and ON_TIME for the first pane after that.
+        let timing = if self.output_watermark > ctx.window_end {
+            PaneTiming::Late
+        } else if ctx.watermark <= ctx.window_end {
             PaneTiming::Early
         } else if pane.nonspeculative_fired == 0 {
             PaneTiming::OnTime
@@ -372,10 +399,11 @@ impl GroupingBuffer {
             pane.nonspeculative_fired += 1;
         }
         pane.new_data = false;
+        // Holds are released by a firing, in either accumulation mode.
+        pane.hold_min = None;
+        pane.hold_max = None;
         if self.strategy.accumulation == AccumulationMode::Discarding {
             pane.values.clear();
-            pane.min_timestamp = None;
-            pane.max_timestamp = None;
         }
         Ok(1)
     }

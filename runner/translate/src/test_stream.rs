@@ -36,15 +36,17 @@ pub(crate) fn events(
     let location = format!("transform '{}'", node.name);
     let payload = payload(node)?;
     let outputs = sorted_by_tag(&node.transform.outputs);
+    // An event's tag names the output; with one output any tag means it.
+    let only_output = match outputs.as_slice() {
+        [(_, only)] => Some(only),
+        _ => None,
+    };
     let output_for = |tag: &str| -> Result<usize, TranslateError> {
         let pcoll = node
             .transform
             .outputs
             .get(tag)
-            .or_else(|| match outputs.as_slice() {
-                [(_, only)] => Some(only),
-                _ => None,
-            })
+            .or(only_output)
             .ok_or_else(|| {
                 TranslateError::Invalid(format!(
                     "TestStream {location} has events for output '{tag}', which it does not have"
