@@ -95,3 +95,26 @@ def test_timers_fire_on_watermark_and_processing_time_advances(refract_server):
             ('event', 'a'), ('processing', 'a'), ('event', 'b'),
             ('processing', 'b')
         ]))
+
+
+def test_data_later_than_allowed_lateness_is_dropped_and_counted(
+    refract_server):
+  tv = window.TimestampedValue
+  stream = (
+      TestStream().add_elements([tv(('k', 1), 1)])
+      .advance_watermark_to(30)
+      .add_elements([tv(('k', 2), 2)])  # its window closed at 10 + 5
+      .advance_watermark_to_infinity())
+  p = beam.Pipeline(options=streaming_options(refract_server))
+  out = (
+      p
+      | stream
+      | beam.WindowInto(window.FixedWindows(10), allowed_lateness=5)
+      | beam.GroupByKey()
+      | beam.MapTuple(lambda k, vs: (k, sorted(vs))))
+  assert_that(out, equal_to([('k', [1])]))
+  result = p.run()
+  result.wait_until_finish()
+  counters = result.metrics().query(
+      beam.metrics.MetricsFilter().with_name('droppedDueToLateness'))['counters']
+  assert [c.committed for c in counters] == [1]

@@ -163,6 +163,31 @@ fn has_experiment(options: &prost_types::Struct, experiment: &str) -> bool {
         .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
 }
 
+/// Late data dropped by each GroupByKey, as the counter Beam's runners
+/// report for it (`droppedDueToLateness`, in the grouping step).
+fn dropped_late_metrics(dropped: &[(String, u64)]) -> Vec<refract_proto::pipeline::MonitoringInfo> {
+    dropped
+        .iter()
+        .map(|(step, count)| {
+            let mut payload = Vec::new();
+            refract_engine::coder::encode_varint_u64(*count, &mut payload);
+            refract_proto::pipeline::MonitoringInfo {
+                urn: "beam:metric:user:sum_int64:v1".into(),
+                r#type: "beam:metrics:sum_int64:v1".into(),
+                payload,
+                labels: [
+                    ("PTRANSFORM".to_string(), step.clone()),
+                    ("NAMESPACE".to_string(), "refract".to_string()),
+                    ("NAME".to_string(), "droppedDueToLateness".to_string()),
+                ]
+                .into_iter()
+                .collect(),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
 fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -297,6 +322,8 @@ async fn run_job(
             dropped_late = summary.dropped_late,
             "engine finished"
         );
+        job.metrics()
+            .commit(&dropped_late_metrics(&summary.dropped_late_by_stage));
         Ok::<(), JobError>(())
     }
     .await;

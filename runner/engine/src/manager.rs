@@ -99,6 +99,9 @@ pub struct RunSummary {
     pub bundles: u64,
     /// Late elements dropped by grouping.
     pub dropped_late: u64,
+    /// Late elements dropped, per grouping stage (by stage name), for the
+    /// job's metrics.
+    pub dropped_late_by_stage: Vec<(String, u64)>,
 }
 
 /// A multiset of timestamps, for holds.
@@ -140,6 +143,8 @@ struct StageRt {
     stream_wm: Timestamp,
     /// Grouping: a window-merge request is with the SDK.
     merging: bool,
+    /// Stateful stages: the input watermark of the last state collection.
+    state_gc_wm: Timestamp,
 }
 
 /// Where elements of a PCollection go.
@@ -315,6 +320,7 @@ impl Engine {
                 stream_cursor: 0,
                 stream_wm: MIN_TIMESTAMP,
                 merging: false,
+                state_gc_wm: MIN_TIMESTAMP,
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
@@ -354,10 +360,20 @@ impl Engine {
                 continue;
             }
             if self.idle() && self.all_done() {
-                self.summary.dropped_late = self
+                self.summary.dropped_late_by_stage = self
                     .stages
                     .iter()
-                    .filter_map(|s| s.grouping.as_ref().map(GroupingBuffer::dropped_late))
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let dropped = s.grouping.as_ref()?.dropped_late();
+                        (dropped > 0).then(|| (self.plan.stages[i].name.clone(), dropped))
+                    })
+                    .collect();
+                self.summary.dropped_late = self
+                    .summary
+                    .dropped_late_by_stage
+                    .iter()
+                    .map(|(_, n)| n)
                     .sum();
                 info!(bundles = self.summary.bundles, "pipeline finished");
                 return Ok(self.summary);
@@ -414,6 +430,45 @@ impl Engine {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Drop the user state of windows that expired (their end plus the
+    /// allowed lateness is behind the input watermark), once per watermark
+    /// advance and only between bundles, so no bundle sees state vanish.
+    fn collect_expired_state(
+        &mut self,
+        idx: StageIdx,
+        input_wm: Timestamp,
+    ) -> Result<(), EngineError> {
+        let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind else {
+            return Ok(());
+        };
+        let s = &mut self.stages[idx];
+        if !sdk.stateful || s.in_flight > 0 || !s.pending.is_empty() || input_wm <= s.state_gc_wm {
+            return Ok(());
+        }
+        // Timers of a window fire (and may read its state) before it goes.
+        let timer_windows = s.timers.windows();
+        s.state_gc_wm = input_wm;
+        let Some(&input) = self.plan.stages[idx].inputs.first() else {
+            return Ok(());
+        };
+        let window_coder = &self.plan.pcollections[input].window_coder;
+        let lateness = sdk.allowed_lateness;
+        self.user_state[idx].lock().retain_windows(|bytes| {
+            match window_coder.decode_window(bytes) {
+                Ok((w, _)) => {
+                    timer_windows.contains(&w)
+                        || w.max_timestamp()
+                            .saturating_add(lateness)
+                            .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
+                            >= input_wm
+                }
+                // Keep what cannot be read; it is freed with the job.
+                Err(_) => true,
+            }
+        });
+        Ok(())
     }
 
     /// Nothing is running on the executor: no bundle and no merge request.
@@ -589,7 +644,8 @@ impl Engine {
                             changed = true;
                         }
                     }
-                    StageKind::Sdk(_) | StageKind::TestStream(_) => {}
+                    StageKind::Sdk(_) => self.collect_expired_state(idx, input_wm)?,
+                    StageKind::TestStream(_) => {}
                 }
                 let out_wm = self.output_watermark(idx, input_wm);
                 let s = &mut self.stages[idx];

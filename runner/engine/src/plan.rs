@@ -104,6 +104,10 @@ pub struct SdkStage {
     pub splittable: bool,
     /// Bundle finalization was requested by some DoFn of the stage.
     pub requires_finalization: bool,
+    /// For stateful stages: the input's allowed lateness in ms. User state
+    /// of a window is dropped once the input watermark passes the window's
+    /// end plus this.
+    pub allowed_lateness: i64,
 }
 
 /// A timer family declared by one transform of an SDK stage.

@@ -97,6 +97,15 @@ impl TimerStore {
             .min()
     }
 
+    /// The windows that still have a pending timer (their state must live
+    /// until those timers fired).
+    pub fn windows(&self) -> std::collections::BTreeSet<Window> {
+        self.timers
+            .keys()
+            .map(|(_, _, _, _, w)| w.clone())
+            .collect()
+    }
+
     /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
         self.timers.is_empty()

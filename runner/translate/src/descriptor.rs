@@ -113,6 +113,20 @@ pub(crate) fn build(
         let root = &graph.nodes[root];
         stage.stateful = root.stateful;
         stage.splittable = root.splittable;
+        if root.stateful {
+            // User state lives until the end of its window plus this.
+            stage.allowed_lateness = group
+                .input
+                .as_ref()
+                .and_then(|p| graph.components.pcollections.get(p))
+                .and_then(|pc| {
+                    graph
+                        .components
+                        .windowing_strategies
+                        .get(&pc.windowing_strategy_id)
+                })
+                .map_or(0, |ws| ws.allowed_lateness);
+        }
     }
 
     let mut synthetic_names = Vec::new();
