@@ -32,6 +32,20 @@ pub struct Cli {
 pub enum Command {
     /// Serve the Beam Job API and run submitted pipelines.
     Serve(ServeArgs),
+    /// Drain a running job: stop its sources, flush its windows, finish DONE.
+    Drain(JobArgs),
+    /// Cancel a job.
+    Cancel(JobArgs),
+}
+
+/// Which job of which server a job command acts on.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// The job's id (as printed by the server and the SDK).
+    pub job_id: String,
+    /// The job service to talk to.
+    #[arg(long = "job_endpoint", default_value = "localhost:8073")]
+    pub job_endpoint: String,
 }
 
 /// Flags of the job server.
@@ -180,6 +194,15 @@ mod tests {
             cli.command,
             Some(Command::Serve(ServeArgs { job_port: 9002, .. }))
         ));
+    }
+
+    #[test]
+    fn job_commands_take_a_job_id() {
+        let cli = parse(&["refract", "drain", "job-1", "--job_endpoint", "localhost:9"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Drain(JobArgs { ref job_id, .. })) if job_id == "job-1")
+        );
+        assert!(parse(&["refract", "cancel"]).is_err());
     }
 
     #[test]

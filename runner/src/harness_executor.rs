@@ -150,7 +150,10 @@ impl StageExecutor for HarnessExecutor {
             };
             let request = BundleRequest {
                 instruction_id: input.bundle_id.clone(),
-                descriptor_id: stage.descriptor.id.clone(),
+                descriptor_id: match (&stage.drain_descriptor, input.draining) {
+                    (Some(drain), true) => drain.id.clone(),
+                    _ => stage.descriptor.id.clone(),
+                },
                 inputs,
                 timers: input
                     .timers

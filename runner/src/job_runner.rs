@@ -263,14 +263,21 @@ async fn run_job(
         .set_transform_names(translated.unique_names.clone());
     let mut stages = HashMap::new();
     let mut environments: HashSet<String> = HashSet::new();
+    let mut descriptor_ids = Vec::new();
     for (idx, stage) in translated.sdk_stages {
         fn_server.register_descriptor(stage.descriptor.clone());
+        descriptor_ids.push(stage.descriptor.id.clone());
+        if let Some(drain) = &stage.drain_descriptor {
+            fn_server.register_descriptor(drain.clone());
+            descriptor_ids.push(drain.id.clone());
+        }
         environments.insert(stage.environment_id.clone());
         stages.insert(idx, Arc::new(stage));
     }
     let mut mergers = HashMap::new();
     for (idx, merger) in translated.window_mergers {
         fn_server.register_descriptor(merger.descriptor.clone());
+        descriptor_ids.push(merger.descriptor.id.clone());
         environments.insert(merger.environment_id.clone());
         mergers.insert(idx, Arc::new(merger));
     }
@@ -315,7 +322,8 @@ async fn run_job(
             config,
             job.id().to_string(),
             Arc::new(now_millis),
-        )?;
+        )?
+        .with_drain(job.drain_requested());
         let summary = engine.run(job.cancel_requested()).await?;
         info!(
             bundles = summary.bundles,
@@ -331,6 +339,9 @@ async fn run_job(
         for w in set.workers() {
             w.stop().await;
         }
+    }
+    for id in descriptor_ids {
+        fn_server.forget_descriptor(&id);
     }
     result
 }

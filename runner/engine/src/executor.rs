@@ -31,6 +31,9 @@ pub struct BundleInput {
     /// The bundle's view of side inputs and user state; writes are tentative
     /// until the engine commits the bundle.
     pub state: Arc<dyn BundleState>,
+    /// The job is draining: splittable stages must truncate their
+    /// restrictions before processing them.
+    pub draining: bool,
 }
 
 /// Timers for one (transform, family) pair in a bundle.

@@ -235,6 +235,11 @@ pub struct Engine {
     clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     /// Processing time advanced by TestStream events, added to `clock`.
     clock_offset: i64,
+    /// Turns true when the job should drain.
+    drain: Option<watch::Receiver<bool>>,
+    /// The job is draining: delayed work runs at once, and splittable
+    /// stages truncate their restrictions.
+    draining: bool,
 }
 
 impl Engine {
@@ -341,7 +346,17 @@ impl Engine {
             summary: RunSummary::default(),
             clock,
             clock_offset: 0,
+            drain: None,
+            draining: false,
         })
+    }
+
+    /// Drain the job when `drain` turns true: sources stop (splittable
+    /// restrictions are truncated), delayed work runs at once, windows
+    /// flush as the watermarks reach +∞, and the run ends normally.
+    pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
+        self.drain = Some(drain);
+        self
     }
 
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.
@@ -350,9 +365,22 @@ impl Engine {
         mut cancel: watch::Receiver<bool>,
     ) -> Result<RunSummary, EngineError> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
+        let mut drain = self.drain.take();
         loop {
             if *cancel.borrow() {
                 return Err(EngineError::Cancelled);
+            }
+            if !self.draining && drain.as_ref().is_some_and(|d| *d.borrow()) {
+                info!("draining");
+                self.draining = true;
+                drain = None;
+                let now = Instant::now();
+                for s in &mut self.stages {
+                    for d in &mut s.delayed {
+                        d.0 = now;
+                    }
+                }
+                self.release_delayed();
             }
             self.advance()?;
             self.schedule(&tx)?;
@@ -398,6 +426,16 @@ impl Engine {
                         return Err(EngineError::Cancelled);
                     }
                 }
+                _ = async {
+                    match drain.as_mut() {
+                        Some(d) => {
+                            if d.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {}
             }
         }
     }
@@ -1056,6 +1094,7 @@ impl Engine {
                     elements: chunks,
                     timers: timer_inputs,
                     state: overlay,
+                    draining: self.draining,
                 };
                 debug!(stage = %self.plan.stages[idx].name, bundle, elements = take, "starting bundle");
                 let fut = self.executor.execute(input);
@@ -1137,7 +1176,12 @@ impl Engine {
                             })?;
                     for e in decoded {
                         let hold = r.watermark.unwrap_or(e.header.timestamp);
-                        let at = Instant::now() + Duration::from_millis(r.delay_ms.max(0) as u64);
+                        let delay = if self.draining {
+                            0
+                        } else {
+                            r.delay_ms.max(0) as u64
+                        };
+                        let at = Instant::now() + Duration::from_millis(delay);
                         self.stages[idx].delayed.push((at, e, hold));
                     }
                 }

@@ -49,6 +49,7 @@ pub struct Job {
     metrics: JobMetrics,
     log: EventLog,
     cancel: watch::Sender<bool>,
+    drain: watch::Sender<bool>,
     staging: watch::Sender<StagingStatus>,
     retain_artifacts: bool,
 }
@@ -85,6 +86,7 @@ impl Job {
             metrics: JobMetrics::default(),
             log: EventLog::new(settings.max_retained_events),
             cancel: watch::channel(false).0,
+            drain: watch::channel(false).0,
             staging: watch::channel(StagingStatus::NotStarted).0,
             retain_artifacts: settings.retain_artifacts,
         }
@@ -180,6 +182,13 @@ impl Job {
         self.cancel.subscribe()
     }
 
+    /// Becomes `true` when a client drains the job: the runner stops its
+    /// sources (truncating splittable restrictions), lets windows flush,
+    /// and finishes the job DONE. The job is in `DRAINING` by then.
+    pub fn drain_requested(&self) -> watch::Receiver<bool> {
+        self.drain.subscribe()
+    }
+
     /// The job's committed metrics; the runner commits each successful
     /// bundle's MonitoringInfos here.
     pub fn metrics(&self) -> &JobMetrics {
@@ -234,6 +243,17 @@ impl Job {
         self.cancel.send_replace(true);
         if current != JobState::Cancelling {
             self.set_state(JobState::Cancelling);
+        }
+        self.state()
+    }
+
+    /// Handles a Drain request and returns the resulting state: only a
+    /// starting or running job can drain; others are left as they are.
+    pub(crate) fn request_drain(&self) -> JobState {
+        let current = self.state();
+        if matches!(current, JobState::Starting | JobState::Running) {
+            self.drain.send_replace(true);
+            self.set_state(JobState::Draining);
         }
         self.state()
     }

@@ -20,6 +20,7 @@ use crate::job::{Job, StagingStatus};
 use crate::registry::JobRegistry;
 use crate::streams::{message_stream, state_stream};
 use crate::JobRunner;
+use crate::JobState;
 
 /// Job name used when a client sends none.
 const DEFAULT_JOB_NAME: &str = "job";
@@ -212,13 +213,20 @@ impl JobService for JobServiceImpl {
         request: Request<DrainJobRequest>,
     ) -> Result<Response<DrainJobResponse>, Status> {
         let job = self.job("Drain", &request.into_inner().job_id)?;
-        Err(reject(
-            "Drain",
-            Status::failed_precondition(format!(
-                "drain is not supported yet (job {}); cancel the job instead",
-                job.id()
-            )),
-        ))
+        let state = job.request_drain();
+        if state != JobState::Draining {
+            return Err(reject(
+                "Drain",
+                Status::failed_precondition(format!(
+                    "job {} is {state:?}; only a starting or running job can be drained",
+                    job.id()
+                )),
+            ));
+        }
+        tracing::info!(job_id = %job.id(), "drain requested");
+        Ok(Response::new(DrainJobResponse {
+            state: state as i32,
+        }))
     }
 
     type GetStateStreamStream = BoxStream<'static, Result<JobStateEvent, Status>>;

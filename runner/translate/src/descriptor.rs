@@ -255,8 +255,13 @@ pub(crate) fn build(
         state_api_service_descriptor: Some(endpoint.clone()),
         timer_api_service_descriptor: uses_timers.then(|| endpoint.clone()),
     };
+    let drain_descriptor = match (&input_transform_id, stage.splittable && !opts.drain) {
+        (Some(source), true) => crate::drain::variant(&descriptor, source),
+        _ => None,
+    };
     Ok(BuiltStage {
         descriptor: SdkStageDescriptor {
+            drain_descriptor,
             descriptor,
             environment_id: group.env.clone(),
             input_transform_id,

@@ -19,6 +19,7 @@ mod assemble;
 mod coders;
 mod combine;
 mod descriptor;
+mod drain;
 mod error;
 mod fuse;
 mod graph;
@@ -101,6 +102,10 @@ pub struct SdkStageDescriptor {
     pub outputs: Vec<(String, PCollectionIdx)>,
     /// (transform id, timer family id) of every timer family in the descriptor (the engine's SdkStage.timer_families, same order).
     pub timer_families: Vec<(String, String)>,
+    /// For splittable process stages: the same stage with a
+    /// `truncate_sized_restrictions` step before processing, used for the
+    /// stage's bundles once the job drains.
+    pub drain_descriptor: Option<fn_api::ProcessBundleDescriptor>,
 }
 
 /// Check a pipeline at submission: every leaf transform URN, every

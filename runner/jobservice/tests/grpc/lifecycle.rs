@@ -123,7 +123,14 @@ async fn options_probe_and_malformed_requests_get_statuses() {
         .await
         .unwrap_err();
     assert_eq!(drain.code(), Code::FailedPrecondition);
-    assert!(drain.message().contains("drain is not supported yet"));
+    // A job that has not run cannot drain.
+    assert!(
+        drain
+            .message()
+            .contains("only a starting or running job can be drained"),
+        "{}",
+        drain.message()
+    );
 
     server.shutdown().await.unwrap();
 }
