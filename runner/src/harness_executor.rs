@@ -17,10 +17,13 @@ use refract_engine::executor::{
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
-use refract_proto::fn_api::{StateRequest, StateResponse};
+use refract_proto::fn_api::{
+    instruction_request, instruction_response, process_bundle_split_request,
+    DelayedBundleApplication, ProcessBundleSplitRequest, StateRequest, StateResponse,
+};
 use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::state_bridge::StateBridge;
 
@@ -59,6 +62,86 @@ pub struct HarnessExecutor {
     mergers: HashMap<StageIdx, Arc<WindowMerger>>,
     workers: HashMap<String, Arc<WorkerSet>>,
     job: Arc<Job>,
+}
+
+/// A deferred application (an SDK checkpoint or the residual of a split)
+/// as the engine's residual.
+fn residual(r: &DelayedBundleApplication) -> Option<Residual> {
+    let app = r.application.as_ref()?;
+    let delay_ms = r
+        .requested_time_delay
+        .as_ref()
+        .map(|d| d.seconds * 1000 + i64::from(d.nanos) / 1_000_000)
+        .unwrap_or(0);
+    let watermark = app
+        .output_watermarks
+        .values()
+        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+        .min();
+    Some(Residual {
+        element: bytes::Bytes::copy_from_slice(&app.element),
+        delay_ms,
+        watermark,
+    })
+}
+
+/// How long a splittable bundle runs before the runner asks the SDK to
+/// split it, so that the rest of its work can run as separate bundles.
+const SPLIT_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// Ask the SDK to split the bundle `bundle_id` reading `source` at half of
+/// what remains. What the SDK gives back — residual restrictions, and the
+/// input elements it will not reach (each input chunk of a splittable stage
+/// is one element) — becomes residual work for the engine. Failures are
+/// logged and mean no split: the bundle simply runs to the end.
+async fn split_bundle(
+    worker: &Worker,
+    bundle_id: &str,
+    source: &str,
+    inputs: &[bytes::Bytes],
+) -> Vec<Residual> {
+    let request = instruction_request::Request::ProcessBundleSplit(ProcessBundleSplitRequest {
+        instruction_id: bundle_id.to_string(),
+        desired_splits: [(
+            source.to_string(),
+            process_bundle_split_request::DesiredSplit {
+                fraction_of_remainder: 0.5,
+                estimated_input_elements: inputs.len() as i64,
+                allowed_split_points: Vec::new(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
+    let response = match worker.instruct(request).await {
+        Ok(r) if r.error.is_empty() => r,
+        Ok(r) => {
+            debug!(bundle = bundle_id, error = %r.error, "split refused");
+            return Vec::new();
+        }
+        Err(e) => {
+            debug!(bundle = bundle_id, error = %e, "split failed");
+            return Vec::new();
+        }
+    };
+    let Some(instruction_response::Response::ProcessBundleSplit(split)) = response.response else {
+        return Vec::new();
+    };
+    let mut out: Vec<Residual> = split.residual_roots.iter().filter_map(residual).collect();
+    for channel in split
+        .channel_splits
+        .iter()
+        .filter(|c| c.transform_id == source)
+    {
+        let first = usize::try_from(channel.first_residual_element).unwrap_or(usize::MAX);
+        out.extend(inputs.iter().skip(first).map(|element| Residual {
+            element: element.clone(),
+            delay_ms: 0,
+            watermark: None,
+        }));
+    }
+    debug!(bundle = bundle_id, residuals = out.len(), "bundle split");
+    out
 }
 
 /// State for bundles that must not use any (window merging).
@@ -144,6 +227,12 @@ impl StageExecutor for HarnessExecutor {
         };
         let job = self.job.clone();
         async move {
+            let split_source = stage.input_transform_id.clone();
+            let split_inputs = if stage.splittable {
+                input.elements.clone()
+            } else {
+                Vec::new()
+            };
             let inputs = match &stage.input_transform_id {
                 Some(t) => vec![(t.clone(), input.elements)],
                 None => Vec::new(),
@@ -164,7 +253,23 @@ impl StageExecutor for HarnessExecutor {
                 expected_timer_families: stage.timer_families.clone(),
                 state: Arc::new(StateBridge::new(input.state)),
             };
-            let result = worker.process_bundle(request).await.map_err(|e| match e {
+            let bundle = worker.process_bundle(request);
+            tokio::pin!(bundle);
+            let mut split_residuals = Vec::new();
+            let result = match (&split_source, stage.splittable) {
+                (Some(source), true) => {
+                    tokio::select! {
+                        r = &mut bundle => r,
+                        _ = tokio::time::sleep(SPLIT_AFTER) => {
+                            split_residuals =
+                                split_bundle(&worker, &input.bundle_id, source, &split_inputs).await;
+                            bundle.await
+                        }
+                    }
+                }
+                _ => bundle.await,
+            };
+            let result = result.map_err(|e| match e {
                 BundleError::Sdk(text) => ExecError::Sdk(text),
                 other => ExecError::Harness(other.to_string()),
             })?;
@@ -185,29 +290,13 @@ impl StageExecutor for HarnessExecutor {
                     data,
                 })
                 .collect();
-            let residuals = result
+            let mut residuals: Vec<Residual> = result
                 .response
                 .residual_roots
                 .iter()
-                .filter_map(|r| {
-                    let app = r.application.as_ref()?;
-                    let delay_ms = r
-                        .requested_time_delay
-                        .as_ref()
-                        .map(|d| d.seconds * 1000 + i64::from(d.nanos) / 1_000_000)
-                        .unwrap_or(0);
-                    let watermark = app
-                        .output_watermarks
-                        .values()
-                        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
-                        .min();
-                    Some(Residual {
-                        element: bytes::Bytes::copy_from_slice(&app.element),
-                        delay_ms,
-                        watermark,
-                    })
-                })
+                .filter_map(residual)
                 .collect();
+            residuals.extend(split_residuals);
             if result.response.requires_finalization {
                 if let Err(e) = worker.finalize_bundle(&input.bundle_id).await {
                     warn!(bundle = %input.bundle_id, error = %e, "bundle finalization failed");

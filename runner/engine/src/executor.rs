@@ -23,7 +23,8 @@ pub struct BundleInput {
     /// Unique id of this bundle attempt (never reused).
     pub bundle_id: String,
     /// Main-input elements: concatenated nested windowed values in the
-    /// stage's input port coder. Each chunk holds whole elements.
+    /// stage's input port coder. Each chunk holds whole elements; for
+    /// splittable stages each chunk is exactly one element.
     pub elements: Vec<Bytes>,
     /// Timers to deliver, per (transform id, timer family id): concatenated
     /// nested timer values. Every family of the stage appears, possibly empty.

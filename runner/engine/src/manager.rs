@@ -980,6 +980,7 @@ impl Engine {
                 continue;
             };
             let stateful = sdk.stateful;
+            let splittable = sdk.splittable;
             let families = sdk.timer_families.clone();
             let streaming = self.config.streaming;
             let gate = self.side_input_gate(idx);
@@ -1072,7 +1073,15 @@ impl Engine {
                         data,
                     });
                 }
-                let chunks = chunk_elements(&elements, self.config.chunk_bytes);
+                // A splittable stage's inputs go one element per chunk, so
+                // that the executor can hand back the elements a split
+                // leaves unprocessed.
+                let chunk_bytes = if splittable {
+                    0
+                } else {
+                    self.config.chunk_bytes
+                };
+                let chunks = chunk_elements(&elements, chunk_bytes);
                 let overlay = Arc::new(BundleOverlay::new(
                     self.side_inputs.clone(),
                     self.user_state[idx].clone(),

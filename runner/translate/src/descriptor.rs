@@ -262,6 +262,7 @@ pub(crate) fn build(
     Ok(BuiltStage {
         descriptor: SdkStageDescriptor {
             drain_descriptor,
+            splittable: stage.splittable,
             descriptor,
             environment_id: group.env.clone(),
             input_transform_id,

@@ -106,6 +106,9 @@ pub struct SdkStageDescriptor {
     /// `truncate_sized_restrictions` step before processing, used for the
     /// stage's bundles once the job drains.
     pub drain_descriptor: Option<fn_api::ProcessBundleDescriptor>,
+    /// The stage's input feeds a splittable DoFn's process step: the runner
+    /// may split its bundles.
+    pub splittable: bool,
 }
 
 /// Check a pipeline at submission: every leaf transform URN, every
