@@ -118,3 +118,37 @@ def test_data_later_than_allowed_lateness_is_dropped_and_counted(
   counters = result.metrics().query(
       beam.metrics.MetricsFilter().with_name('droppedDueToLateness'))['counters']
   assert [c.committed for c in counters] == [1]
+
+
+def test_windowed_cogroupbykey_of_two_test_streams(refract_server):
+  tv = window.TimestampedValue
+  orders = (
+      TestStream().add_elements([tv(('alice', 'book'), 1)])
+      .advance_watermark_to(5)
+      .add_elements([tv(('bob', 'pen'), 6), tv(('alice', 'lamp'), 12)])
+      .advance_watermark_to_infinity())
+  payments = (
+      TestStream().add_elements([tv(('alice', 30), 2)])
+      .advance_watermark_to(11)
+      .add_elements([tv(('alice', 12), 13)])
+      .advance_watermark_to_infinity())
+  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+    fixed = lambda: beam.WindowInto(window.FixedWindows(10))
+    joined = ({
+        'orders': p | 'Orders' >> orders | 'WO' >> fixed(),
+        'payments': p | 'Payments' >> payments | 'WP' >> fixed(),
+    }
+              | beam.CoGroupByKey()
+              | beam.Map(
+                  lambda kv, w=beam.DoFn.WindowParam: (
+                      kv[0],
+                      int(w.start),
+                      sorted(kv[1]['orders']),
+                      sorted(kv[1]['payments']))))
+    assert_that(
+        joined,
+        equal_to([
+            ('alice', 0, ['book'], [30]),
+            ('bob', 0, ['pen'], []),
+            ('alice', 10, ['lamp'], [12]),
+        ]))
