@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
     #[arg(long = "idle_shutdown_timeout", default_value = "0")]
     pub idle_shutdown_timeout: String,
+    /// SDK workers started per environment of a job when the job's own
+    /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
+    #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
+    pub sdk_worker_parallelism: usize,
     /// Where staged artifacts are kept (default: a temporary directory).
     #[arg(long = "staging_dir")]
     pub staging_dir: Option<PathBuf>,

@@ -84,6 +84,7 @@ pub struct RefractRunner {
     fn_server: Arc<FnApiServer>,
     engine_config: EngineConfig,
     activity: Arc<Activity>,
+    default_workers: usize,
 }
 
 impl RefractRunner {
@@ -93,7 +94,15 @@ impl RefractRunner {
             fn_server,
             engine_config: EngineConfig::default(),
             activity: Arc::default(),
+            default_workers: 1,
         }
+    }
+
+    /// Workers per environment for jobs whose `sdk_worker_parallelism`
+    /// option is 0 ("let the runner choose").
+    pub fn with_default_workers(mut self, workers: usize) -> Self {
+        self.default_workers = workers.max(1);
+        self
     }
 
     /// The job activity tracker, for idle shutdown.
@@ -110,13 +119,17 @@ impl JobRunner for RefractRunner {
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
+        let workers = match option_usize(job.options(), "sdk_worker_parallelism") {
+            Some(0) | None => self.default_workers,
+            Some(n) => n,
+        };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
         activity.job_started();
         tokio::spawn(
             async move {
                 job.set_state(job_state::Enum::Running);
-                let outcome = run_job(job.clone(), fn_server, config).await;
+                let outcome = run_job(job.clone(), fn_server, config, workers).await;
                 activity.job_ended();
                 match outcome {
                     Ok(()) => {
@@ -135,6 +148,17 @@ impl JobRunner for RefractRunner {
             }
             .instrument(span),
         );
+    }
+}
+
+/// A numeric pipeline option (Python sends numbers as strings).
+fn option_usize(options: &prost_types::Struct, name: &str) -> Option<usize> {
+    use prost_types::value::Kind;
+    let key = format!("beam:option:{name}:v1");
+    match options.fields.get(&key).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::NumberValue(n)) if *n >= 0.0 => Some(*n as usize),
+        Some(Kind::StringValue(s)) => s.trim().parse().ok(),
+        _ => None,
     }
 }
 
@@ -244,6 +268,7 @@ async fn run_job(
     job: Arc<Job>,
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
+    workers_per_env: usize,
 ) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
     let config = EngineConfig {
@@ -302,17 +327,32 @@ async fn run_job(
                 .collect(),
                 ..Default::default()
             };
-            let worker = fn_server
-                .start_worker(WorkerConfig {
-                    worker_id: format!("{}-w{n}", job.id()),
+            // Start the environment's workers together; keep the ones that
+            // came up so they are stopped even if another one failed.
+            let starts = (0..workers_per_env).map(|w| {
+                fn_server.start_worker(WorkerConfig {
+                    worker_id: format!("{}-e{n}-w{w}", job.id()),
                     environment: environment.clone(),
-                    provision,
+                    provision: provision.clone(),
                     artifacts: Arc::new(JobArtifacts(job.clone())),
                     logs: Arc::new(JobLogs(job.clone())),
                 })
-                .await?;
-            let set = Arc::new(WorkerSet::new(vec![worker]));
+            });
+            let mut env_workers = Vec::with_capacity(workers_per_env);
+            let mut failure = None;
+            for outcome in futures::future::join_all(starts).await {
+                match outcome {
+                    Ok(worker) => env_workers.push(worker),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            let set = Arc::new(WorkerSet::new(env_workers));
             started.push(set.clone());
+            if let Some(e) = failure {
+                return Err(e.into());
+            }
             workers.insert(env_id.clone(), set);
         }
         let executor = Arc::new(HarnessExecutor::new(stages, mergers, workers, job.clone()));

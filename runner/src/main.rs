@@ -50,7 +50,11 @@ async fn run_server(args: ServeArgs) -> Result<()> {
     std::fs::create_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
     info!(job_endpoint = %local, fn_api = %fn_server.url(), "refract is serving");
-    let runner = Arc::new(RefractRunner::new(fn_server));
+    let default_workers = match args.sdk_worker_parallelism {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let runner = Arc::new(RefractRunner::new(fn_server).with_default_workers(default_workers));
     let activity = runner.activity();
     let config = JobServiceConfig {
         staging_dir,
