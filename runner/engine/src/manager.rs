@@ -485,23 +485,27 @@ impl Engine {
         if !sdk.stateful || s.in_flight > 0 || !s.pending.is_empty() || input_wm <= s.state_gc_wm {
             return Ok(());
         }
-        // Timers of a window fire (and may read its state) before it goes.
-        let timer_windows = s.timers.windows();
-        s.state_gc_wm = input_wm;
         let Some(&input) = self.plan.stages[idx].inputs.first() else {
             return Ok(());
         };
-        let window_coder = &self.plan.pcollections[input].window_coder;
         let lateness = sdk.allowed_lateness;
+        let gc_time = |w: &Window| {
+            w.max_timestamp()
+                .saturating_add(lateness)
+                .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
+        };
+        // Timers that can no longer fire go with their window; those due by
+        // its GC time fire (and may read its state) before it goes.
+        // (At the end of the input every timer fires instead.)
+        if input_wm < MAX_TIMESTAMP {
+            s.timers.drop_expired(input_wm, gc_time);
+        }
+        let timer_windows = s.timers.windows();
+        s.state_gc_wm = input_wm;
+        let window_coder = &self.plan.pcollections[input].window_coder;
         self.user_state[idx].lock().retain_windows(|bytes| {
             match window_coder.decode_window(bytes) {
-                Ok((w, _)) => {
-                    timer_windows.contains(&w)
-                        || w.max_timestamp()
-                            .saturating_add(lateness)
-                            .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
-                            >= input_wm
-                }
+                Ok((w, _)) => timer_windows.contains(&w) || gc_time(&w) >= input_wm,
                 // Keep what cannot be read; it is freed with the job.
                 Err(_) => true,
             }

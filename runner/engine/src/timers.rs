@@ -97,6 +97,24 @@ impl TimerStore {
             .min()
     }
 
+    /// Drop the timers of windows that `expired_at` says were garbage
+    /// collected at a time behind `input_watermark`, unless they are
+    /// event-time timers due by then (those fire first). Returns how many
+    /// were dropped.
+    pub fn drop_expired(
+        &mut self,
+        input_watermark: Timestamp,
+        mut expired_at: impl FnMut(&Window) -> Timestamp,
+    ) -> usize {
+        let before = self.timers.len();
+        self.timers.retain(|(_, _, _, _, window), (domain, timer)| {
+            let gc = expired_at(window);
+            gc >= input_watermark
+                || (*domain == TimeDomain::EventTime && timer.fire_timestamp <= gc)
+        });
+        before - self.timers.len()
+    }
+
     /// The windows that still have a pending timer (their state must live
     /// until those timers fired).
     pub fn windows(&self) -> std::collections::BTreeSet<Window> {
@@ -199,6 +217,26 @@ mod tests {
             vec![timer("k", 0, true)],
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn expired_windows_lose_the_timers_they_can_no_longer_fire() {
+        let mut s = TimerStore::default();
+        // Due before the window's GC time (19): kept, it fires first.
+        s.apply("t", "e", TimeDomain::EventTime, vec![timer("a", 15, false)]);
+        // Set beyond the GC time: dropped once the window expired.
+        s.apply("t", "e", TimeDomain::EventTime, vec![timer("b", 50, false)]);
+        s.apply(
+            "t",
+            "p",
+            TimeDomain::ProcessingTime,
+            vec![timer("c", 5, false)],
+        );
+        assert_eq!(s.drop_expired(10, |_| 19), 0, "not expired yet");
+        assert_eq!(s.drop_expired(30, |_| 19), 2);
+        let left = s.take_ready(30, 0);
+        assert_eq!(left.len(), 1);
+        assert_eq!(&left[0].1.timer.user_key[..], b"a");
     }
 
     #[test]

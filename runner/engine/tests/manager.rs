@@ -339,3 +339,117 @@ async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
     run(plan, exec, config(10)).await.unwrap();
     assert_eq!(count.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn user_state_of_an_expired_window_is_collected() {
+    use refract_engine::plan::TestStreamEvent;
+    // TestStream -> stateful stage. The stage appends to the bag of each
+    // element's window; the second element, in a later window, reads the
+    // first window's bag after the watermark passed that window's end.
+    let w0 = Window::Interval { start: 0, end: 10 };
+    let mut w0_bytes = Vec::new();
+    Coder::IntervalWindow
+        .encode_window(&w0, &mut w0_bytes)
+        .unwrap();
+    let w0_bytes = Bytes::from(w0_bytes);
+    let kv = kv_bytes_varint();
+    let element = |ts: i64| {
+        let mut v = vec![1, b'k'];
+        encode_varint_i64(ts, &mut v);
+        (Bytes::from(v), ts)
+    };
+    let plan = Plan {
+        pcollections: vec![
+            pc("raw", kv.clone(), Coder::GlobalWindow),
+            pc("in", kv.clone(), Coder::IntervalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "stream".into(),
+                kind: StageKind::TestStream(vec![
+                    TestStreamEvent::Elements {
+                        output: 0,
+                        elements: vec![element(5)],
+                    },
+                    TestStreamEvent::Watermark(50),
+                    TestStreamEvent::Elements {
+                        output: 0,
+                        elements: vec![element(105)],
+                    },
+                ]),
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            sdk_stage("window", vec![0], vec![1]),
+            Stage {
+                kind: StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    ..SdkStage::default()
+                }),
+                ..sdk_stage("stateful", vec![1], vec![])
+            },
+        ],
+    };
+    // Assigns [t - t % 100, + 10) windows, as an SDK's WindowInto would.
+    let window: StageFn = Arc::new(|input| {
+        let mut out = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::GlobalWindow).unwrap()
+            {
+                let ts = e.header.timestamp;
+                let start = ts - ts % 100;
+                let header = WindowedValueHeader {
+                    timestamp: ts,
+                    windows: vec![Window::Interval {
+                        start,
+                        end: start + 10,
+                    }],
+                    pane: PaneInfo::NO_FIRING,
+                };
+                encode_windowed_value(&header, &Coder::IntervalWindow, &e.value, &mut out).unwrap();
+            }
+        }
+        Ok(BundleOutput {
+            outputs: vec![(1, Bytes::from(out))],
+            ..Default::default()
+        })
+    });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let stateful: StageFn = Arc::new(move |input| {
+        let bag = |window: Bytes| StateKey::BagUserState {
+            transform_id: "t".into(),
+            state_id: "s".into(),
+            window,
+            key: Bytes::from_static(b"\x01k"),
+        };
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+            {
+                let mut w = Vec::new();
+                Coder::IntervalWindow
+                    .encode_window(&e.header.windows[0], &mut w)
+                    .unwrap();
+                let own = input.state.get(&bag(Bytes::from(w.clone())), None).unwrap();
+                let first = input.state.get(&bag(w0_bytes.clone()), None).unwrap();
+                seen2.lock().push((own.data.len(), first.data.len()));
+                input
+                    .state
+                    .append(&bag(Bytes::from(w)), Bytes::from_static(b"\x01x"))
+                    .unwrap();
+            }
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(1, window), (2, stateful)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    // First element: nothing yet. Second element: its own bag is empty and
+    // the first window's bag was collected when the watermark passed 10.
+    assert_eq!(*seen.lock(), vec![(0, 0), (0, 0)]);
+}
