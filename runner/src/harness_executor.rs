@@ -21,38 +21,82 @@ use refract_proto::fn_api::{
     instruction_request, instruction_response, process_bundle_split_request,
     DelayedBundleApplication, ProcessBundleSplitRequest, StateRequest, StateResponse,
 };
-use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
+use refract_sdk_harness::{BundleError, BundleRequest, HarnessError, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
 
 use crate::state_bridge::StateBridge;
 
-/// Workers of one environment, used round-robin.
+/// Starts a replacement worker for an environment (its argument numbers
+/// the replacement, for a unique worker id).
+pub type WorkerFactory =
+    Arc<dyn Fn(usize) -> BoxFuture<'static, Result<Arc<Worker>, HarnessError>> + Send + Sync>;
+
+/// Workers of one environment, used round-robin. A worker whose connection
+/// died (its process crashed, say) is dropped and, once no live worker is
+/// left, replaced through the factory, so a retried bundle finds a healthy
+/// worker.
 pub struct WorkerSet {
-    workers: Vec<Arc<Worker>>,
+    workers: parking_lot::Mutex<Vec<Arc<Worker>>>,
     next: AtomicUsize,
+    replacements: AtomicUsize,
+    factory: Option<WorkerFactory>,
+    /// Serializes replacements so a burst of failures starts one worker.
+    replacing: tokio::sync::Mutex<()>,
 }
 
 impl WorkerSet {
-    /// A set over already started workers.
-    pub fn new(workers: Vec<Arc<Worker>>) -> Self {
+    /// A set over already started workers; `factory` starts replacements.
+    pub fn new(workers: Vec<Arc<Worker>>, factory: Option<WorkerFactory>) -> Self {
         WorkerSet {
-            workers,
+            workers: parking_lot::Mutex::new(workers),
             next: AtomicUsize::new(0),
+            replacements: AtomicUsize::new(0),
+            factory,
+            replacing: tokio::sync::Mutex::new(()),
         }
     }
 
-    fn pick(&self) -> Option<Arc<Worker>> {
-        if self.workers.is_empty() {
+    fn pick_live(&self) -> Option<Arc<Worker>> {
+        let mut workers = self.workers.lock();
+        workers.retain(|w| match w.disconnected() {
+            None => true,
+            Some(why) => {
+                warn!(worker = %w.id(), reason = %why, "dropping a dead SDK worker");
+                false
+            }
+        });
+        if workers.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        Some(self.workers[i].clone())
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % workers.len();
+        Some(workers[i].clone())
+    }
+
+    /// A live worker, starting a replacement if none is left.
+    async fn pick(&self) -> Result<Arc<Worker>, ExecError> {
+        if let Some(w) = self.pick_live() {
+            return Ok(w);
+        }
+        let _guard = self.replacing.lock().await;
+        if let Some(w) = self.pick_live() {
+            return Ok(w);
+        }
+        let Some(factory) = &self.factory else {
+            return Err(ExecError::Harness("no live SDK worker".into()));
+        };
+        let n = self.replacements.fetch_add(1, Ordering::Relaxed);
+        let worker = factory(n)
+            .await
+            .map_err(|e| ExecError::Harness(format!("replacing a dead SDK worker: {e}")))?;
+        warn!(worker = %worker.id(), "started a replacement SDK worker");
+        self.workers.lock().push(worker.clone());
+        Ok(worker)
     }
 
     /// Every worker, for shutdown.
-    pub fn workers(&self) -> &[Arc<Worker>] {
-        &self.workers
+    pub fn workers(&self) -> Vec<Arc<Worker>> {
+        self.workers.lock().clone()
     }
 }
 
@@ -185,15 +229,12 @@ impl StageExecutor for HarnessExecutor {
             let msg = format!("no window merger for stage {stage}");
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
-        let Some(worker) = self
-            .workers
-            .get(&merger.environment_id)
-            .and_then(|set| set.pick())
-        else {
+        let Some(set) = self.workers.get(&merger.environment_id).cloned() else {
             let msg = format!("no worker for environment '{}'", merger.environment_id);
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
         async move {
+            let worker = set.pick().await?;
             let request = BundleRequest {
                 instruction_id: bundle_id,
                 descriptor_id: merger.descriptor.id.clone(),
@@ -217,16 +258,13 @@ impl StageExecutor for HarnessExecutor {
             let msg = format!("no bundle descriptor for stage {}", input.stage);
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
-        let Some(worker) = self
-            .workers
-            .get(&stage.environment_id)
-            .and_then(|set| set.pick())
-        else {
+        let Some(set) = self.workers.get(&stage.environment_id).cloned() else {
             let msg = format!("no worker for environment '{}'", stage.environment_id);
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
         let job = self.job.clone();
         async move {
+            let worker = set.pick().await?;
             let split_source = stage.input_transform_id.clone();
             let split_inputs = if stage.splittable {
                 input.elements.clone()

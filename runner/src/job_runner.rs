@@ -22,7 +22,7 @@ use refract_translate::{translate, validate, TranslateOptions};
 use thiserror::Error;
 use tracing::{error, info, Instrument};
 
-use crate::harness_executor::{HarnessExecutor, WorkerSet};
+use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -327,17 +327,28 @@ async fn run_job(
                 .collect(),
                 ..Default::default()
             };
+            // One way to start a worker of this environment, for the first
+            // ones and for replacements of crashed ones.
+            let factory: WorkerFactory = {
+                let fn_server = fn_server.clone();
+                let job = job.clone();
+                let environment = environment.clone();
+                let prefix = format!("{}-e{n}", job.id());
+                Arc::new(move |w: usize| {
+                    let fn_server = fn_server.clone();
+                    let config = WorkerConfig {
+                        worker_id: format!("{prefix}-w{w}"),
+                        environment: environment.clone(),
+                        provision: provision.clone(),
+                        artifacts: Arc::new(JobArtifacts(job.clone())),
+                        logs: Arc::new(JobLogs(job.clone())),
+                    };
+                    Box::pin(async move { fn_server.start_worker(config).await })
+                })
+            };
             // Start the environment's workers together; keep the ones that
             // came up so they are stopped even if another one failed.
-            let starts = (0..workers_per_env).map(|w| {
-                fn_server.start_worker(WorkerConfig {
-                    worker_id: format!("{}-e{n}-w{w}", job.id()),
-                    environment: environment.clone(),
-                    provision: provision.clone(),
-                    artifacts: Arc::new(JobArtifacts(job.clone())),
-                    logs: Arc::new(JobLogs(job.clone())),
-                })
-            });
+            let starts = (0..workers_per_env).map(|w| factory(w));
             let mut env_workers = Vec::with_capacity(workers_per_env);
             let mut failure = None;
             for outcome in futures::future::join_all(starts).await {
@@ -348,7 +359,12 @@ async fn run_job(
                     }
                 }
             }
-            let set = Arc::new(WorkerSet::new(env_workers));
+            // Replacements are numbered after the first workers.
+            let replacement_factory: WorkerFactory = {
+                let factory = factory.clone();
+                Arc::new(move |r: usize| factory(workers_per_env + r))
+            };
+            let set = Arc::new(WorkerSet::new(env_workers, Some(replacement_factory)));
             started.push(set.clone());
             if let Some(e) = failure {
                 return Err(e.into());

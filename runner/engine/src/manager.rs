@@ -79,6 +79,13 @@ pub struct EngineConfig {
     /// Streaming semantics: triggers are evaluated after every element
     /// instead of after every batch of input a grouping stage receives.
     pub streaming: bool,
+    /// How many times in a row a stage's bundles may fail before the job
+    /// fails with the last error. A failed bundle leaves nothing behind, so
+    /// its input is simply processed again.
+    pub max_attempts: u32,
+    /// Wait before the first retry of a failed bundle's input; it doubles
+    /// with every further failure, up to ten seconds.
+    pub retry_backoff: Duration,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +95,8 @@ impl Default for EngineConfig {
             chunk_bytes: 1 << 20,
             max_bundles_per_stage: 4,
             streaming: false,
+            max_attempts: 4,
+            retry_backoff: Duration::from_millis(100),
         }
     }
 }
@@ -145,6 +154,10 @@ struct StageRt {
     merging: bool,
     /// Stateful stages: the input watermark of the last state collection.
     state_gc_wm: Timestamp,
+    /// Bundles of this stage that failed in a row.
+    failures: u32,
+    /// No bundle of this stage starts before this (retry backoff).
+    retry_at: Option<Instant>,
 }
 
 /// Where elements of a PCollection go.
@@ -200,6 +213,8 @@ struct InFlight {
     holds: Vec<Timestamp>,
     overlay: Arc<BundleOverlay>,
     fired_timers: Vec<(TimeDomain, FiredTimer)>,
+    /// The bundle's input, put back for a retry if the bundle fails.
+    elements: Vec<DecodedElement>,
 }
 
 enum Report {
@@ -326,6 +341,8 @@ impl Engine {
                 stream_wm: MIN_TIMESTAMP,
                 merging: false,
                 state_gc_wm: MIN_TIMESTAMP,
+                failures: 0,
+                retry_at: None,
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
@@ -440,13 +457,13 @@ impl Engine {
         }
     }
 
-    /// When something time-driven is due next: a delayed residual, a
-    /// processing-time trigger or a processing-time timer.
+    /// When something time-driven is due next: a delayed residual, a retry
+    /// after backoff, a processing-time trigger or a processing-time timer.
     fn next_wakeup(&self) -> Option<Instant> {
         let delayed = self
             .stages
             .iter()
-            .flat_map(|s| s.delayed.iter().map(|(at, _, _)| *at))
+            .flat_map(|s| s.delayed.iter().map(|(at, _, _)| *at).chain(s.retry_at))
             .min();
         let processing = self
             .stages
@@ -1000,6 +1017,13 @@ impl Engine {
                     store.mark_ready(&si.transform_id, &si.tag);
                 }
             }
+            if self.stages[idx]
+                .retry_at
+                .is_some_and(|at| at > Instant::now())
+            {
+                continue;
+            }
+            self.stages[idx].retry_at = None;
             loop {
                 let now = self.now();
                 let s = &mut self.stages[idx];
@@ -1099,6 +1123,7 @@ impl Engine {
                         holds,
                         overlay: overlay.clone(),
                         fired_timers: fired,
+                        elements,
                     },
                 );
                 let input = BundleInput {
@@ -1145,13 +1170,39 @@ impl Engine {
         let output = match result {
             Ok(output) => output,
             Err(error) => {
-                self.stages[idx].timers.restore(flight.fired_timers);
-                return Err(EngineError::BundleFailed {
-                    stage: self.plan.stages[idx].name.clone(),
-                    error,
-                });
+                let s = &mut self.stages[idx];
+                s.timers.restore(flight.fired_timers);
+                s.failures += 1;
+                let retryable = !matches!(error, ExecError::Runner(_));
+                if !retryable || s.failures >= self.config.max_attempts {
+                    return Err(EngineError::BundleFailed {
+                        stage: self.plan.stages[idx].name.clone(),
+                        error,
+                    });
+                }
+                // The bundle left nothing behind: put its input back, to be
+                // processed again after a backoff.
+                let backoff = self
+                    .config
+                    .retry_backoff
+                    .saturating_mul(1 << (s.failures - 1).min(16))
+                    .min(Duration::from_secs(10));
+                s.retry_at = Some(Instant::now() + backoff);
+                for e in flight.elements.into_iter().rev() {
+                    s.pending_holds.add(e.header.timestamp);
+                    s.pending.push_front(e);
+                }
+                tracing::warn!(
+                    stage = %self.plan.stages[idx].name,
+                    attempt = s.failures,
+                    ?backoff,
+                    %error,
+                    "bundle failed; retrying its input"
+                );
+                return Ok(());
             }
         };
+        self.stages[idx].failures = 0;
         self.summary.bundles += 1;
         self.user_state[idx]
             .lock()

@@ -86,7 +86,8 @@ fn encode_kv(key: &str, value: i64, ts: i64, window: &Window, wcoder: &Coder, ou
 type Records = Arc<Mutex<Vec<(String, Vec<u8>, Window)>>>;
 
 /// Impulse -> "source" (emits KVs into fixed windows) -> GBK -> "sink" (records groups).
-fn gbk_pipeline(records: Records, fail_first_sink_bundle: bool) -> (Plan, FakeExecutor) {
+/// `failing_sink_attempts`: how many sink bundles fail before they succeed.
+fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeExecutor) {
     let grouped = Coder::Kv(
         Box::new(Coder::Bytes),
         Box::new(Coder::Iterable(Box::new(Coder::Varint))),
@@ -140,7 +141,7 @@ fn gbk_pipeline(records: Records, fail_first_sink_bundle: bool) -> (Plan, FakeEx
     });
     let failed = Arc::new(AtomicUsize::new(0));
     let sink: StageFn = Arc::new(move |input| {
-        if fail_first_sink_bundle && failed.fetch_add(1, Ordering::SeqCst) == 0 {
+        if failed.fetch_add(1, Ordering::SeqCst) < failing_sink_attempts {
             return Err(ExecError::Sdk(
                 "Traceback: boom [while running 'sink']".into(),
             ));
@@ -165,6 +166,13 @@ fn gbk_pipeline(records: Records, fail_first_sink_bundle: bool) -> (Plan, FakeEx
     (plan, exec)
 }
 
+fn fast_retries(max_bundle_elements: usize) -> EngineConfig {
+    EngineConfig {
+        retry_backoff: std::time::Duration::from_millis(1),
+        ..config(max_bundle_elements)
+    }
+}
+
 fn config(max_bundle_elements: usize) -> EngineConfig {
     EngineConfig {
         max_bundle_elements,
@@ -185,7 +193,7 @@ async fn groups_by_key_and_window_under_every_bundle_shape() {
     let mut results = Vec::new();
     for shape in [1, 2, 100_000] {
         let records = Arc::new(Mutex::new(Vec::new()));
-        let (plan, exec) = gbk_pipeline(records.clone(), false);
+        let (plan, exec) = gbk_pipeline(records.clone(), 0);
         run(plan, exec, config(shape)).await.unwrap();
         let mut r = records.lock().clone();
         r.sort();
@@ -211,11 +219,27 @@ async fn groups_by_key_and_window_under_every_bundle_shape() {
 }
 
 #[tokio::test]
-async fn a_failed_bundle_fails_the_run_with_the_sdk_text() {
+async fn a_bundle_that_keeps_failing_fails_the_run_with_the_sdk_text() {
     let records = Arc::new(Mutex::new(Vec::new()));
-    let (plan, exec) = gbk_pipeline(records.clone(), true);
-    let err = run(plan, exec, config(1)).await.unwrap_err();
+    let (plan, exec) = gbk_pipeline(records.clone(), usize::MAX);
+    let err = run(plan, exec, fast_retries(100_000)).await.unwrap_err();
     assert_eq!(err.to_string(), "Traceback: boom [while running 'sink']");
+}
+
+#[tokio::test]
+async fn a_bundle_failing_twice_then_succeeding_leaves_one_copy_of_its_output() {
+    let records = Arc::new(Mutex::new(Vec::new()));
+    // The sink's first two attempts fail after the executor saw the input;
+    // the third succeeds. Only successful attempts record anything, as only
+    // they are committed.
+    let (plan, exec) = gbk_pipeline(records.clone(), 2);
+    run(plan, exec, fast_retries(100_000)).await.unwrap();
+    let mut r = records.lock().clone();
+    r.sort();
+    assert_eq!(r.len(), 5, "{r:?}");
+    let mut keys: Vec<_> = r.iter().map(|(k, _, w)| (k.clone(), w.clone())).collect();
+    keys.dedup();
+    assert_eq!(keys.len(), 5, "no group twice: {r:?}");
 }
 
 #[tokio::test]

@@ -254,6 +254,7 @@ fn run(
         chunk_bytes: shape.chunk_bytes,
         max_bundles_per_stage: shape.max_bundles_per_stage,
         streaming: shape.streaming,
+        ..EngineConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -1,0 +1,508 @@
+"""Refract's end-to-end benchmarks: the same Python pipelines on Refract and
+on peer runners, in the same run, with the ratios.
+
+Normally started by integration/bench/run.sh, which sets up the virtualenv,
+builds refract and Prism, and passes their paths. Run directly:
+
+  python bench.py --refract BIN [--prism BIN] [--workloads gbk,pardo,...]
+
+Each runner is a job server started once (on a free port) and kept for all
+workloads: `refract serve --job_port N`, `python -m
+apache_beam.runners.portability.local_job_service_main --port N`, `prism
+--job_port N`. Every workload is a client process submitting with
+--runner=PortableRunner --job_endpoint=localhost:N --environment_type=LOOPBACK,
+so the SDK workers are the same Python code for every runner. This
+directory is first on PYTHONPATH for clients and servers: its
+sitecustomize.py makes time.sleep(0) a no-op everywhere.
+
+Sizes come from environment variables (see docs/benchmarks.md):
+  REFRACT_BENCH_GBK_RECORDS     GroupByKey load test records   (default 1000000)
+  REFRACT_BENCH_PARDO_RECORDS   ParDo load test records        (default 1000000)
+  REFRACT_BENCH_PARDO_STEPS     ParDo chain length             (default 4)
+  REFRACT_BENCH_COMBINE_RECORDS Combine load test records      (default 1000000)
+  REFRACT_BENCH_WORDCOUNT_MB    generated text for wordcount   (default 4)
+  REFRACT_BENCH_TINY_JOBS       tiny jobs back to back         (default 100)
+  REFRACT_BENCH_REPEATS         runs of each timed workload    (default 1)
+  REFRACT_BENCH_TIMEOUT         seconds before a run is killed (default 600)
+The issue's full-scale target is REFRACT_BENCH_GBK_RECORDS=10000000.
+"""
+
+import argparse
+import json
+import os
+import random
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TIMED = os.path.join(HERE, 'timed_client.py')
+WORDCOUNT = os.path.join(ROOT, 'integration', 'wordcount', 'wordcount.py')
+
+ALL_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'tiny', 'suite']
+DEFAULT_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'tiny']
+PRISM_SUITE = os.path.join(ROOT, 'integration', 'prism_suite.sh')
+PYTHON_JOB_SERVER_BIN = os.path.join(ROOT, 'integration', 'beam_suite',
+                                     'python_job_server.sh')
+
+
+def env_int(name, default):
+  v = os.environ.get(name)
+  return int(v) if v else default
+
+
+def log(msg):
+  print('bench: %s' % msg, file=sys.stderr, flush=True)
+
+
+def free_port():
+  s = socket.socket()
+  s.bind(('127.0.0.1', 0))
+  port = s.getsockname()[1]
+  s.close()
+  return port
+
+
+def child_env():
+  env = dict(os.environ)
+  env['PYTHONPATH'] = HERE + (
+      os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH') else '')
+  return env
+
+
+class Server:
+  """One job server process, on its own port, logging to a file."""
+  def __init__(self, name, argv_for_port, logdir):
+    self.name = name
+    self.port = free_port()
+    self.argv = argv_for_port(self.port)
+    self.log_path = os.path.join(logdir, '%s.log' % name.replace(' ', '_'))
+    self.proc = None
+
+  def start(self, wait_s=120):
+    log('starting %s: %s (log %s)' % (
+        self.name, ' '.join(map(shlex.quote, self.argv)), self.log_path))
+    self.log = open(self.log_path, 'wb')
+    self.proc = subprocess.Popen(
+        self.argv,
+        stdin=subprocess.DEVNULL,
+        stdout=self.log,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+        start_new_session=True)
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+      if self.proc.poll() is not None:
+        raise RuntimeError('%s exited (%s) before listening; see %s' %
+                           (self.name, self.proc.returncode, self.log_path))
+      try:
+        with socket.create_connection(('127.0.0.1', self.port), timeout=1):
+          return
+      except OSError:
+        time.sleep(0.1)
+    raise RuntimeError('%s did not listen on %d within %ds' %
+                       (self.name, self.port, wait_s))
+
+  def stop(self):
+    if self.proc and self.proc.poll() is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=10)
+      except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+          os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+
+  def pipeline_options(self):
+    return [
+        '--runner=PortableRunner',
+        '--job_endpoint=localhost:%d' % self.port,
+        '--environment_type=LOOPBACK',
+    ]
+
+
+def job_seconds(out):
+  """The client's "BENCH_JOB_SECONDS s" line (timed_client.py), or None."""
+  for line in out.splitlines():
+    if line.startswith('BENCH_JOB_SECONDS '):
+      return float(line.split()[1])
+  return None
+
+
+def run_timed(argv, timeout, cwd=None):
+  """Runs a client; returns (wall seconds, ok, output)."""
+  t0 = time.perf_counter()
+  try:
+    p = subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+        cwd=cwd,
+        timeout=timeout,
+        start_new_session=True)
+    dt = time.perf_counter() - t0
+    out = p.stdout.decode('utf-8', 'replace')
+    return dt, p.returncode == 0, out
+  except subprocess.TimeoutExpired as e:
+    out = (e.stdout or b'').decode('utf-8', 'replace')
+    return time.perf_counter() - t0, False, 'TIMEOUT after %ss\n%s' % (
+        timeout, out[-3000:])
+
+
+def synthetic(records, key, value):
+  return json.dumps({
+      'num_records': records,
+      'key_size': key,
+      'value_size': value,
+      'algorithm': 'lcg',
+  })
+
+
+def load_test(module, server, extra):
+  opts = server.pipeline_options() + extra
+  return [
+      sys.executable, TIMED, '-m', 'apache_beam.testing.load_tests.' + module,
+      '--test-pipeline-options=' + ' '.join(shlex.quote(o) for o in opts)
+  ]
+
+
+def generate_text(path, megabytes, seed=7):
+  """Deterministic pseudo-English: Zipf-ish words from a fixed vocabulary."""
+  rng = random.Random(seed)
+  syll = ['ka', 'lo', 'mi', 'ne', 'ru', 'sa', 'to', 've', 'zi', 'an', 'or',
+          'el', 'th', 'qu', 'is']
+  vocab = [
+      ''.join(rng.choice(syll) for _ in range(rng.randint(1, 4)))
+      for _ in range(20000)
+  ]
+  weights = [1.0 / (i + 1) for i in range(len(vocab))]
+  target = megabytes * 1024 * 1024
+  written = 0
+  with open(path, 'w') as f:
+    while written < target:
+      words = rng.choices(vocab, weights, k=4096)
+      lines = [' '.join(words[i:i + 12]) for i in range(0, len(words), 12)]
+      chunk = '\n'.join(lines) + '\n'
+      f.write(chunk)
+      written += len(chunk)
+
+
+TINY_CLIENT = r'''
+# n tiny jobs back to back in one client. Two latencies per job:
+#   client: Pipeline.run() until wait_until_finish() returns (what a test
+#           suite sees; includes the SDK's own per-job work: proto
+#           conversion, starting the LOOPBACK worker pool, draining the
+#           message stream);
+#   runner: the Prepare call until the terminal state arrives on the state
+#           stream (job service + runner: prepare, staging, run, execution).
+import json, sys, time
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability import portable_runner as pr
+from apache_beam.portability.api import beam_job_api_pb2
+
+marks = {}
+_prepare = pr.JobServiceHandle.prepare
+def prepare(self, *a, **k):
+  marks['prepare'] = time.perf_counter()
+  return _prepare(self, *a, **k)
+pr.JobServiceHandle.prepare = prepare
+
+TERMINAL = (beam_job_api_pb2.JobState.DONE, beam_job_api_pb2.JobState.FAILED,
+            beam_job_api_pb2.JobState.CANCELLED)
+_init = pr.PipelineResult.__init__
+def init(self, job_service, job_id, message_stream, state_stream, *a, **k):
+  def watched(stream):
+    for ev in stream:
+      if ev.state in TERMINAL and 'terminal' not in marks:
+        marks['terminal'] = time.perf_counter()
+      yield ev
+  _init(self, job_service, job_id, message_stream, watched(state_stream),
+        *a, **k)
+pr.PipelineResult.__init__ = init
+
+n = int(sys.argv[1]); opts = sys.argv[2:]
+client, runner = [], []
+for i in range(n):
+  marks.clear()
+  p = beam.Pipeline(options=PipelineOptions(opts))
+  _ = (p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 2)
+         | beam.combiners.Count.Globally())
+  t0 = time.perf_counter()
+  state = p.run().wait_until_finish()
+  client.append(time.perf_counter() - t0)
+  runner.append(marks['terminal'] - marks['prepare'])
+  assert 'DONE' in str(state), state
+print('TINY_LATENCIES ' + json.dumps({'client': client, 'runner': runner}))
+'''
+
+
+def percentile(xs, q):
+  xs = sorted(xs)
+  if not xs:
+    return float('nan')
+  k = (len(xs) - 1) * q
+  lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+  return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--refract', required=True, help='refract binary')
+  ap.add_argument('--prism', help='prism binary (omit to skip Prism)')
+  ap.add_argument('--no-python-server', action='store_true')
+  ap.add_argument(
+      '--workloads', default=os.environ.get('REFRACT_BENCH_WORKLOADS',
+                                            ','.join(DEFAULT_WORKLOADS)),
+      help='comma-separated, from: %s (default: %s)' %
+      (','.join(ALL_WORKLOADS), ','.join(DEFAULT_WORKLOADS)))
+  ap.add_argument('--json', help='also write results here')
+  args = ap.parse_args()
+
+  workloads = [w for w in args.workloads.split(',') if w]
+  for w in workloads:
+    if w not in ALL_WORKLOADS:
+      ap.error('unknown workload %r (known: %s)' % (w, ','.join(ALL_WORKLOADS)))
+
+  gbk_n = env_int('REFRACT_BENCH_GBK_RECORDS', 1000000)
+  pardo_n = env_int('REFRACT_BENCH_PARDO_RECORDS', 1000000)
+  pardo_steps = env_int('REFRACT_BENCH_PARDO_STEPS', 4)
+  combine_n = env_int('REFRACT_BENCH_COMBINE_RECORDS', 1000000)
+  wc_mb = env_int('REFRACT_BENCH_WORDCOUNT_MB', 4)
+  tiny_n = env_int('REFRACT_BENCH_TINY_JOBS', 100)
+  repeats = env_int('REFRACT_BENCH_REPEATS', 1)
+  timeout = env_int('REFRACT_BENCH_TIMEOUT', 600)
+
+  workdir = tempfile.mkdtemp(prefix='refract-bench.')
+  log('work dir (server logs, generated input): %s' % workdir)
+
+  servers = [
+      Server('Refract', lambda p: [args.refract, 'serve', '--job_port',
+                                   str(p)], workdir)
+  ]
+  if not args.no_python_server:
+    servers.append(
+        Server(
+            'Python job server', lambda p: [
+                sys.executable, '-m',
+                'apache_beam.runners.portability.local_job_service_main',
+                '--port', str(p)
+            ], workdir))
+  if args.prism:
+    servers.append(
+        Server('Prism', lambda p: [args.prism, '--job_port',
+                                   str(p), '--serve_http=false'], workdir))
+
+  # (workload label, detail, argv builder(server, run index) or None)
+  timed = []
+  if 'gbk' in workloads:
+    timed.append(('gbk', 'GroupByKey load test, %d x (10 B key + 10 B value)' %
+                  gbk_n, lambda s, i: load_test('group_by_key_test', s, [
+                      '--input_options=' + synthetic(gbk_n, 10, 10),
+                      '--fanout=1', '--iterations=1'
+                  ])))
+  if 'pardo' in workloads:
+    timed.append(('pardo', 'ParDo load test, %d x 20 B records, %d steps' %
+                  (pardo_n, pardo_steps), lambda s, i: load_test(
+                      'pardo_test', s, [
+                          '--input_options=' + synthetic(pardo_n, 10, 10),
+                          '--iterations=%d' % pardo_steps,
+                          '--number_of_counter_operations=0',
+                          '--number_of_counters=0'
+                      ])))
+  if 'combine' in workloads:
+    timed.append(('combine', 'Combine load test (Top 20), %d x 20 B records' %
+                  combine_n, lambda s, i: load_test(
+                      'combine_test', s, [
+                          '--input_options=' + synthetic(combine_n, 10, 10),
+                          '--fanout=1', '--top_count=20'
+                      ])))
+  if 'wordcount' in workloads:
+    text = os.path.join(workdir, 'text.txt')
+    log('generating %d MB of text for wordcount' % wc_mb)
+    generate_text(text, wc_mb)
+    timed.append(('wordcount', 'wordcount.py over %d MB of generated text' %
+                  wc_mb, lambda s, i: [
+                      sys.executable, TIMED, WORDCOUNT, '--input', text, '--output',
+                      os.path.join(workdir, 'wc-%s-%d' % (s.port, i), 'out'),
+                      '--top', '3'
+                  ] + s.pipeline_options()))
+
+  results = {}  # (workload, server) -> dict
+  failures = []
+  try:
+    started = []
+    for s in servers:
+      try:
+        s.start()
+        started.append(s)
+      except (RuntimeError, OSError) as e:
+        log('SKIPPING %s: %s' % (s.name, e))
+    servers = started
+
+    for label, detail, builder in timed:
+      for s in servers:
+        times, walls = [], []
+        ok_all = True
+        for i in range(repeats):
+          wall, ok, out = run_timed(builder(s, i), timeout)
+          dt = job_seconds(out)
+          if dt is None:
+            ok = False
+          log('%-9s %-18s run %d: %s job, %7.2f s client wall %s' %
+              (label, s.name, i + 1, '%7.2f s' % dt if dt is not None else
+               '?', wall, 'ok' if ok else 'FAILED'))
+          if not ok:
+            ok_all = False
+            failures.append((label, s.name, out[-3000:]))
+            break
+          times.append(dt)
+          walls.append(wall)
+        results[(label, s.name)] = {
+            'ok': ok_all,
+            'runs_s': times,
+            'wall_runs_s': walls,
+            'median_s': statistics.median(times) if times and ok_all else None,
+        }
+
+    if 'tiny' in workloads:
+      for s in servers:
+        dt, ok, out = run_timed(
+            [sys.executable, '-c', TINY_CLIENT,
+             str(tiny_n)] + s.pipeline_options(), timeout)
+        lat = None
+        for line in out.splitlines():
+          if line.startswith('TINY_LATENCIES '):
+            lat = json.loads(line[len('TINY_LATENCIES '):])
+        if not ok or lat is None:
+          failures.append(('tiny', s.name, out[-3000:]))
+          results[('tiny', s.name)] = {'ok': False}
+          log('tiny      %-18s FAILED' % s.name)
+          continue
+        results[('tiny', s.name)] = {
+            'ok': True,
+            'total_s': dt,
+            'runner_p50_s': percentile(lat['runner'], 0.5),
+            'runner_p95_s': percentile(lat['runner'], 0.95),
+            'client_p50_s': percentile(lat['client'], 0.5),
+            'client_p95_s': percentile(lat['client'], 0.95),
+            'latencies_s': lat,
+        }
+        log('tiny      %-18s %d jobs in %.1f s: runner p50 %.0f ms, p95 %.0f '
+            'ms; client p50 %.0f ms, p95 %.0f ms' %
+            (s.name, len(lat['runner']), dt,
+             1000 * percentile(lat['runner'], 0.5),
+             1000 * percentile(lat['runner'], 0.95),
+             1000 * percentile(lat['client'], 0.5),
+             1000 * percentile(lat['client'], 0.95)))
+  finally:
+    for s in servers:
+      s.stop()
+
+  # Beam's PrismRunnerTest suite: the suite starts its own runner per test
+  # class (`BIN --job_port N`), so it needs no server of ours.
+  if 'suite' in workloads:
+    bins = [('Refract', args.refract)]
+    if not args.no_python_server:
+      bins.append(('Python job server', PYTHON_JOB_SERVER_BIN))
+    if args.prism:
+      bins.append(('Prism', args.prism))
+    for name, binary in bins:
+      env = dict(os.environ, REFRACT_SUITE_BAR='0')
+      t0 = time.perf_counter()
+      p = subprocess.run([PRISM_SUITE, binary], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=env)
+      dt = time.perf_counter() - t0
+      out = p.stdout.decode('utf-8', 'replace')
+      summary = [l for l in out.splitlines()
+                 if l.startswith('prism-suite: ') and 'passed' in l]
+      summary = summary[-1][len('prism-suite: '):] if summary else '?'
+      results[('suite', name)] = {'ok': True, 'median_s': dt, 'runs_s': [dt],
+                                  'summary': summary}
+      log('suite     %-18s %7.1f s (%s)' % (name, dt, summary))
+
+  # The table.
+  names = [s.name for s in servers]
+  peers = [n for n in names if n != 'Refract']
+
+  def cell(v, fmt):
+    return fmt % v if v is not None else 'failed'
+
+  header = ['workload'] + ['%s s' % n for n in names] + [
+      '%s / Refract' % p for p in peers
+  ]
+  rows = []
+  for label, detail, _ in timed:
+    row = [label]
+    ref = results.get((label, 'Refract'), {}).get('median_s')
+    for n in names:
+      row.append(cell(results.get((label, n), {}).get('median_s'), '%.2f'))
+    for p in peers:
+      pv = results.get((label, p), {}).get('median_s')
+      row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+    rows.append(row)
+  if 'suite' in workloads:
+    timed.append(('suite', 'Beam PrismRunnerTest suite wall time', None))
+    row = ['suite']
+    ref = results.get(('suite', 'Refract'), {}).get('median_s')
+    for n in names:
+      r = results.get(('suite', n), {})
+      row.append(cell(r.get('median_s'), '%.1f') + (' (%s)' % r['summary']
+                                                    if 'summary' in r else ''))
+    for p in peers:
+      pv = results.get(('suite', p), {}).get('median_s')
+      row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+    rows.append(row)
+  if 'tiny' in workloads:
+    for who, q in (('runner', 'p50'), ('runner', 'p95'), ('client', 'p50'),
+                   ('client', 'p95')):
+      row = ['tiny %s %s ms' % (who, q)]
+      key = '%s_%s_s' % (who, q)
+      ref = results.get(('tiny', 'Refract'), {}).get(key)
+      for n in names:
+        v = results.get(('tiny', n), {}).get(key)
+        row.append(cell(v * 1000 if v is not None else None, '%.0f'))
+      for p in peers:
+        pv = results.get(('tiny', p), {}).get(key)
+        row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+      rows.append(row)
+
+  widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+  print()
+  print('Refract benchmarks, %s, %d core(s), repeats=%d (seconds from '
+        'Pipeline.run() to DONE, median; ratio > 1 means Refract is faster)' %
+        (time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), os.cpu_count(),
+         repeats))
+  for label, detail, _ in timed:
+    print('  %-9s %s' % (label, detail))
+  if 'tiny' in workloads:
+    print('  tiny      %d x Create(3)|Map|Count.Globally back to back in one '
+          'client; runner = Prepare to terminal state, client = run() to '
+          'wait_until_finish() returning' % tiny_n)
+  print('| ' + ' | '.join(h.ljust(w) for h, w in zip(header, widths)) + ' |')
+  print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+  for r in rows:
+    print('| ' + ' | '.join(c.ljust(w) for c, w in zip(r, widths)) + ' |')
+
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump({'%s|%s' % k: v for k, v in results.items()}, f, indent=1)
+
+  for label, name, out in failures:
+    print('\n== %s on %s failed; last output:\n%s' % (label, name, out[-1500:]),
+          file=sys.stderr)
+  return 1 if failures else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
