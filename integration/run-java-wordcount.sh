@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The Java SDK on Refract: builds integration/java (Maven), runs its WordCount
+# on Refract (Beam's PortableRunner, LOOPBACK workers inside the submitting
+# JVM) and on Beam's DirectRunner over integration/wordcount/input.txt, and
+# compares the two outputs. Exits non-zero if either run fails or they differ.
+#
+#   integration/run-java-wordcount.sh [extra WordCount/pipeline options...]
+#
+# Needs: java (17+), mvn, and a refract binary (built here if none is found).
+# Maven's repository cache is $REFRACT_CACHE/m2 (default ~/.cache/refract/m2),
+# never inside the clone.
+#
+# Environment knobs:
+#   REFRACT_BIN       the refract binary to run; default: the release build in
+#                     $CARGO_TARGET_DIR if there is one, else the debug build
+#                     (built with `cargo build -p refract` if missing)
+#   REFRACT_JOB_PORT  job port to use (default: a free one)
+#   REFRACT_LOG       passed on to refract (e.g. debug)
+#   REFRACT_KEEP=1    keep the work directory (outputs and logs)
+# shellcheck source-path=SCRIPTDIR
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$here/common.sh"
+cd "$REFRACT_ROOT"
+
+# refract_free_port needs a Python; the Java path should not need setup.sh's
+# virtualenv, so fall back to the system's python3.
+if [ ! -x "$REFRACT_PY" ]; then
+  REFRACT_PY=$(command -v python3)
+fi
+
+m2=$REFRACT_CACHE/m2
+mkdir -p "$m2"
+project=$here/java
+
+echo "== building integration/java (mvn -q package; the first build downloads Beam)" >&2
+start=$SECONDS
+mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package
+echo "== maven build took $((SECONDS - start))s" >&2
+classpath=$project/target/classes:$(cat "$project/target/classpath.txt")
+
+if [ -n "${REFRACT_BIN:-}" ]; then
+  bin=$REFRACT_BIN
+elif [ -x "$CARGO_TARGET_DIR/release/refract" ]; then
+  bin=$CARGO_TARGET_DIR/release/refract
+else
+  echo "== building refract (cargo build -p refract)" >&2
+  cargo build -p refract
+  bin=$CARGO_TARGET_DIR/debug/refract
+fi
+
+work=$(mktemp -d -t refract-java-wc.XXXXXX)
+log=$work/refract.log
+port=${REFRACT_JOB_PORT:-$(refract_free_port)}
+echo "== starting: $bin serve --job_port $port (log: $log)" >&2
+"$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
+server=$!
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  if [ "${REFRACT_KEEP:-0}" = 1 ]; then
+    echo "== kept $work" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if ! refract_wait_for_port "$port" "$server" 60; then
+  tail -n 50 "$log" >&2
+  exit 1
+fi
+
+input=$here/wordcount/input.txt
+run_wordcount() {
+  local name=$1
+  shift
+  local start=$SECONDS rc=0
+  echo "== running the Java word count on $name" >&2
+  java -cp "$classpath" org.refract.examples.WordCount \
+    --input="$input" --output="$work/$name.txt" "$@" \
+    >"$work/$name.log" 2>&1 || rc=$?
+  echo "== $name: exit $rc after $((SECONDS - start))s" >&2
+  if [ "$rc" -ne 0 ]; then
+    tail -n 40 "$work/$name.log" >&2
+  fi
+  return "$rc"
+}
+
+rc=0
+run_wordcount refract --runner=PortableRunner --jobEndpoint="localhost:$port" \
+  --defaultEnvironmentType=LOOPBACK "$@" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "== last lines of the refract log:" >&2
+  tail -n 50 "$log" >&2
+  exit "$rc"
+fi
+run_wordcount direct --runner=DirectRunner "$@"
+
+sort "$work/refract.txt" >"$work/refract.sorted"
+sort "$work/direct.txt" >"$work/direct.sorted"
+if ! diff -u "$work/direct.sorted" "$work/refract.sorted" >"$work/diff.txt"; then
+  echo "== FAIL: Refract's output differs from the DirectRunner's:" >&2
+  head -n 40 "$work/diff.txt" >&2
+  exit 1
+fi
+echo "== OK: Refract and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
+sort -t: -k2 -n -r "$work/refract.txt" | head -n 5

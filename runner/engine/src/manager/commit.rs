@@ -1,0 +1,116 @@
+//! Committing a finished bundle's effects, or retrying its input.
+
+use super::*;
+
+impl Engine {
+    /// Apply a finished bundle's effects, or drop them if it failed.
+    pub(super) fn commit(&mut self, report: Report) -> Result<(), EngineError> {
+        let (bundle, result) = match report {
+            Report::Bundle { bundle, result } => (bundle, result),
+            Report::Merge {
+                stage,
+                keys,
+                result,
+            } => return self.commit_merge(stage, keys, result),
+        };
+        let Some(flight) = self.in_flight.remove(&bundle) else {
+            return Ok(());
+        };
+        let idx = flight.stage;
+        {
+            let s = &mut self.stages[idx];
+            s.in_flight -= 1;
+            for h in &flight.holds {
+                s.in_flight_holds.remove(*h);
+            }
+        }
+        let output = match result {
+            Ok(output) => output,
+            Err(error) => {
+                let s = &mut self.stages[idx];
+                s.timers.restore(flight.fired_timers);
+                s.failures += 1;
+                let retryable = !matches!(error, ExecError::Runner(_));
+                if !retryable || s.failures >= self.config.max_attempts {
+                    return Err(EngineError::BundleFailed {
+                        stage: self.plan.stages[idx].name.clone(),
+                        error,
+                    });
+                }
+                // The bundle left nothing behind: put its input back, to be
+                // processed again after a backoff.
+                let backoff = self
+                    .config
+                    .retry_backoff
+                    .saturating_mul(1 << (s.failures - 1).min(16))
+                    .min(Duration::from_secs(10));
+                s.retry_at = Some(Instant::now() + backoff);
+                for e in flight.elements.into_iter().rev() {
+                    s.pending_holds.add(e.header.timestamp);
+                    s.pending.push_front(e);
+                }
+                tracing::warn!(
+                    stage = %self.plan.stages[idx].name,
+                    attempt = s.failures,
+                    ?backoff,
+                    %error,
+                    "bundle failed; retrying its input"
+                );
+                return Ok(());
+            }
+        };
+        self.stages[idx].failures = 0;
+        self.summary.bundles += 1;
+        self.user_state[idx]
+            .lock()
+            .apply(flight.overlay.take_writes());
+        if let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind {
+            for t in &output.timers {
+                let Some(fam) = sdk
+                    .timer_families
+                    .iter()
+                    .find(|f| f.transform_id == t.transform_id && f.family_id == t.family_id)
+                else {
+                    continue;
+                };
+                let timers = decode_timers(&t.data, &fam.key_coder, &fam.window_coder).map_err(
+                    |source| EngineError::Decode {
+                        pcollection: format!("timers {}/{}", t.transform_id, t.family_id),
+                        source,
+                    },
+                )?;
+                self.stages[idx]
+                    .timers
+                    .apply(&t.transform_id, &t.family_id, fam.domain, timers);
+            }
+        }
+        if !output.residuals.is_empty() {
+            let input = self.plan.stages[idx].inputs.first().copied();
+            if let Some(input) = input {
+                let pc = &self.plan.pcollections[input];
+                for r in &output.residuals {
+                    let decoded =
+                        decode_windowed_values(&r.element, &pc.value_coder, &pc.window_coder)
+                            .map_err(|source| EngineError::Decode {
+                                pcollection: pc.id.clone(),
+                                source,
+                            })?;
+                    for e in decoded {
+                        let hold = r.watermark.unwrap_or(e.header.timestamp);
+                        let delay = if self.draining {
+                            0
+                        } else {
+                            r.delay_ms.max(0) as u64
+                        };
+                        let at = Instant::now() + Duration::from_millis(delay);
+                        self.stages[idx].delayed.push((at, e, hold));
+                    }
+                }
+            }
+        }
+        for (pcoll, bytes) in output.outputs {
+            self.route(pcoll, bytes)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,495 @@
+//! The element manager: runs a [`Plan`] to completion.
+//!
+//! It keeps, per stage, the elements waiting to be processed, the bundles in
+//! flight, grouping buffers and timers, and from those the stage's input and
+//! output watermarks. One task owns all of that state; bundles run
+//! concurrently on the executor and report back over a channel, and each
+//! report is committed — outputs routed to consumers, state written, timers
+//! stored, holds released — in one step, or, for a failed bundle, dropped.
+//!
+//! A job is done when every stage's output watermark has reached +∞. If no
+//! bundle is in flight, nothing is scheduled or delayed, and yet some stage
+//! has not finished, the job cannot make progress: it fails with the names
+//! of the stages holding it, rather than hanging.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::coder::{
+    decode_timers, decode_windowed_values, encode_windowed_value, CoderError, DecodedElement,
+    PaneInfo, WindowedValueHeader,
+};
+use crate::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
+use crate::grouping::GroupingBuffer;
+use crate::plan::{
+    PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
+};
+use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
+use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use crate::timers::{FiredTimer, TimerStore};
+use crate::window::Window;
+
+mod commit;
+mod holds;
+mod routing;
+mod scheduling;
+mod side_inputs;
+mod state_gc;
+mod test_stream;
+mod topology;
+mod watermarks;
+mod window_merging;
+
+use holds::Holds;
+use topology::topological_order;
+
+/// Why a job stopped without finishing.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A bundle failed; the error carries the SDK's own text.
+    #[error("{error}")]
+    BundleFailed {
+        /// The stage's name (for logs; not part of the message).
+        stage: String,
+        /// What went wrong.
+        error: ExecError,
+    },
+    /// Bytes of a PCollection could not be read with its coder.
+    #[error("cannot decode elements of PCollection '{pcollection}': {source}")]
+    Decode {
+        /// The PCollection's id.
+        pcollection: String,
+        /// The coder error.
+        source: CoderError,
+    },
+    /// No work can run but the pipeline is not finished.
+    #[error("the pipeline cannot make progress: {0}")]
+    Stuck(String),
+    /// The plan is not executable (e.g. a cycle).
+    #[error("invalid plan: {0}")]
+    InvalidPlan(String),
+    /// The job was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Tunables of one run.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Most elements in one bundle.
+    pub max_bundle_elements: usize,
+    /// Most bytes of elements in one data chunk sent to the executor.
+    pub chunk_bytes: usize,
+    /// Most bundles of one stateless stage in flight at once.
+    pub max_bundles_per_stage: usize,
+    /// Streaming semantics: triggers are evaluated after every element
+    /// instead of after every batch of input a grouping stage receives.
+    pub streaming: bool,
+    /// How many times in a row a stage's bundles may fail before the job
+    /// fails with the last error. A failed bundle leaves nothing behind, so
+    /// its input is simply processed again.
+    pub max_attempts: u32,
+    /// Wait before the first retry of a failed bundle's input; it doubles
+    /// with every further failure, up to ten seconds.
+    pub retry_backoff: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_bundle_elements: 100_000,
+            chunk_bytes: 1 << 20,
+            max_bundles_per_stage: 4,
+            streaming: false,
+            max_attempts: 4,
+            retry_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What the run did, for logs and tests.
+#[derive(Debug, Default, Clone)]
+pub struct RunSummary {
+    /// Bundles committed.
+    pub bundles: u64,
+    /// Late elements dropped by grouping.
+    pub dropped_late: u64,
+    /// Late elements dropped, per grouping stage (by stage name), for the
+    /// job's metrics.
+    pub dropped_late_by_stage: Vec<(String, u64)>,
+}
+
+/// Run-time state of one stage.
+struct StageRt {
+    pending: VecDeque<DecodedElement>,
+    pending_holds: Holds,
+    in_flight: usize,
+    in_flight_holds: Holds,
+    delayed: Vec<(Instant, DecodedElement, Timestamp)>,
+    grouping: Option<GroupingBuffer>,
+    timers: TimerStore,
+    input_wm: Timestamp,
+    output_wm: Timestamp,
+    impulse_done: bool,
+    /// TestStream: index of the next event to apply.
+    stream_cursor: usize,
+    /// TestStream: the watermark its events advanced to.
+    stream_wm: Timestamp,
+    /// Grouping: a window-merge request is with the SDK.
+    merging: bool,
+    /// Stateful stages: the input watermark of the last state collection.
+    state_gc_wm: Timestamp,
+    /// Bundles of this stage that failed in a row.
+    failures: u32,
+    /// No bundle of this stage starts before this (retry backoff).
+    retry_at: Option<Instant>,
+}
+
+/// Where elements of a PCollection go.
+#[derive(Default, Clone)]
+struct Consumers {
+    /// Stages reading it as a main input (with multiplicity).
+    stages: Vec<StageIdx>,
+    /// Side inputs reading it: (transform id, tag, access).
+    side_inputs: Vec<(String, String, SideInputAccess)>,
+}
+
+/// A bundle in flight, remembered until it reports back.
+struct InFlight {
+    stage: StageIdx,
+    holds: Vec<Timestamp>,
+    overlay: Arc<BundleOverlay>,
+    fired_timers: Vec<(TimeDomain, FiredTimer)>,
+    /// The bundle's input, put back for a retry if the bundle fails.
+    elements: Vec<DecodedElement>,
+}
+
+enum Report {
+    /// An SDK stage's bundle finished.
+    Bundle {
+        bundle: u64,
+        result: Result<BundleOutput, ExecError>,
+    },
+    /// The SDK answered a window-merge request of a grouping stage.
+    Merge {
+        stage: StageIdx,
+        keys: Vec<Bytes>,
+        result: Result<Bytes, ExecError>,
+    },
+}
+
+/// Runs one plan.
+pub struct Engine {
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    stages: Vec<StageRt>,
+    consumers: Vec<Consumers>,
+    producers: Vec<Option<StageIdx>>,
+    topo: Vec<StageIdx>,
+    side_inputs: Arc<Mutex<SideInputStore>>,
+    user_state: Vec<Arc<Mutex<UserStateStore>>>,
+    in_flight: HashMap<u64, InFlight>,
+    merges_in_flight: usize,
+    next_bundle: u64,
+    bundle_prefix: String,
+    summary: RunSummary,
+    clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Processing time advanced by TestStream events, added to `clock`.
+    clock_offset: i64,
+    /// Turns true when the job should drain.
+    drain: Option<watch::Receiver<bool>>,
+    /// The job is draining: delayed work runs at once, and splittable
+    /// stages truncate their restrictions.
+    draining: bool,
+}
+
+impl Engine {
+    /// Prepare a run of `plan`. `bundle_prefix` makes bundle ids unique
+    /// across jobs sharing workers; `clock` is processing time in ms.
+    pub fn new(
+        plan: Plan,
+        executor: Arc<dyn StageExecutor>,
+        config: EngineConfig,
+        bundle_prefix: impl Into<String>,
+        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    ) -> Result<Self, EngineError> {
+        let n = plan.stages.len();
+        let mut consumers = vec![Consumers::default(); plan.pcollections.len()];
+        let mut producers = vec![None; plan.pcollections.len()];
+        for (idx, stage) in plan.stages.iter().enumerate() {
+            for &p in &stage.inputs {
+                let c = consumers.get_mut(p).ok_or_else(|| {
+                    EngineError::InvalidPlan(format!(
+                        "stage '{}' reads unknown PCollection {p}",
+                        stage.name
+                    ))
+                })?;
+                c.stages.push(idx);
+            }
+            for si in &stage.side_inputs {
+                let c = consumers.get_mut(si.pcollection).ok_or_else(|| {
+                    EngineError::InvalidPlan(format!(
+                        "stage '{}' reads unknown side input PCollection {}",
+                        stage.name, si.pcollection
+                    ))
+                })?;
+                c.side_inputs
+                    .push((si.transform_id.clone(), si.tag.clone(), si.access));
+            }
+            for &p in &stage.outputs {
+                let slot = producers.get_mut(p).ok_or_else(|| {
+                    EngineError::InvalidPlan(format!(
+                        "stage '{}' writes unknown PCollection {p}",
+                        stage.name
+                    ))
+                })?;
+                if slot.is_some() {
+                    return Err(EngineError::InvalidPlan(format!(
+                        "PCollection '{}' has two producers",
+                        plan.pcollections[p].id
+                    )));
+                }
+                *slot = Some(idx);
+            }
+        }
+        let topo = topological_order(&plan, &producers)?;
+        let mut stages = Vec::with_capacity(n);
+        for stage in &plan.stages {
+            let grouping = match &stage.kind {
+                StageKind::GroupByKey(strategy) => {
+                    let input = stage.inputs.first().ok_or_else(|| {
+                        EngineError::InvalidPlan(format!(
+                            "GroupByKey '{}' has no input",
+                            stage.name
+                        ))
+                    })?;
+                    let pc = &plan.pcollections[*input];
+                    Some(GroupingBuffer::new(
+                        strategy.clone(),
+                        pc.value_coder.clone(),
+                        pc.window_coder.clone(),
+                    ))
+                }
+                _ => None,
+            };
+            stages.push(StageRt {
+                pending: VecDeque::new(),
+                pending_holds: Holds::default(),
+                in_flight: 0,
+                in_flight_holds: Holds::default(),
+                delayed: Vec::new(),
+                grouping,
+                timers: TimerStore::default(),
+                input_wm: MIN_TIMESTAMP,
+                output_wm: MIN_TIMESTAMP,
+                impulse_done: false,
+                stream_cursor: 0,
+                stream_wm: MIN_TIMESTAMP,
+                merging: false,
+                state_gc_wm: MIN_TIMESTAMP,
+                failures: 0,
+                retry_at: None,
+            });
+        }
+        let user_state = (0..n).map(|_| Arc::default()).collect();
+        Ok(Engine {
+            plan,
+            executor,
+            config,
+            stages,
+            consumers,
+            producers,
+            topo,
+            side_inputs: Arc::default(),
+            user_state,
+            in_flight: HashMap::new(),
+            merges_in_flight: 0,
+            next_bundle: 0,
+            bundle_prefix: bundle_prefix.into(),
+            summary: RunSummary::default(),
+            clock,
+            clock_offset: 0,
+            drain: None,
+            draining: false,
+        })
+    }
+
+    /// Drain the job when `drain` turns true: sources stop (splittable
+    /// restrictions are truncated), delayed work runs at once, windows
+    /// flush as the watermarks reach +∞, and the run ends normally.
+    pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
+        self.drain = Some(drain);
+        self
+    }
+
+    /// Run until every stage is done, a bundle fails, or `cancel` turns true.
+    pub async fn run(
+        mut self,
+        mut cancel: watch::Receiver<bool>,
+    ) -> Result<RunSummary, EngineError> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
+        let mut drain = self.drain.take();
+        loop {
+            if *cancel.borrow() {
+                return Err(EngineError::Cancelled);
+            }
+            if !self.draining && drain.as_ref().is_some_and(|d| *d.borrow()) {
+                info!("draining");
+                self.draining = true;
+                drain = None;
+                let now = Instant::now();
+                for s in &mut self.stages {
+                    for d in &mut s.delayed {
+                        d.0 = now;
+                    }
+                }
+                self.release_delayed();
+            }
+            self.advance()?;
+            self.schedule(&tx)?;
+            if self.idle() && self.step_test_streams()? {
+                continue;
+            }
+            if self.idle() && self.all_done() {
+                self.summary.dropped_late_by_stage = self
+                    .stages
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let dropped = s.grouping.as_ref()?.dropped_late();
+                        (dropped > 0).then(|| (self.plan.stages[i].name.clone(), dropped))
+                    })
+                    .collect();
+                self.summary.dropped_late = self
+                    .summary
+                    .dropped_late_by_stage
+                    .iter()
+                    .map(|(_, n)| n)
+                    .sum();
+                info!(bundles = self.summary.bundles, "pipeline finished");
+                return Ok(self.summary);
+            }
+            let next_wakeup = self.next_wakeup();
+            if self.idle() && next_wakeup.is_none() {
+                return Err(EngineError::Stuck(self.describe_unfinished()));
+            }
+            let sleep_until =
+                next_wakeup.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                report = rx.recv() => {
+                    if let Some(report) = report {
+                        self.commit(report)?;
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until) => {
+                    self.release_delayed();
+                }
+                changed = cancel.changed() => {
+                    if changed.is_err() || *cancel.borrow() {
+                        return Err(EngineError::Cancelled);
+                    }
+                }
+                _ = async {
+                    match drain.as_mut() {
+                        Some(d) => {
+                            if d.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    /// When something time-driven is due next: a delayed residual, a retry
+    /// after backoff, a processing-time trigger or a processing-time timer.
+    fn next_wakeup(&self) -> Option<Instant> {
+        let delayed = self
+            .stages
+            .iter()
+            .flat_map(|s| s.delayed.iter().map(|(at, _, _)| *at).chain(s.retry_at))
+            .min();
+        let processing = self
+            .stages
+            .iter()
+            .filter_map(|s| {
+                let grouping = s.grouping.as_ref().and_then(GroupingBuffer::next_deadline);
+                let timers = s.timers.next_processing_time();
+                match (grouping, timers) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            })
+            .min()
+            .map(|deadline| {
+                let wait = deadline.saturating_sub(self.now()).max(0);
+                Instant::now() + Duration::from_millis(wait as u64)
+            });
+        match (delayed, processing) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Nothing is running on the executor: no bundle and no merge request.
+    fn idle(&self) -> bool {
+        self.in_flight.is_empty() && self.merges_in_flight == 0
+    }
+
+    /// Processing time, in ms: the clock plus what TestStreams advanced it by.
+    fn now(&self) -> Timestamp {
+        (self.clock)().saturating_add(self.clock_offset)
+    }
+
+    fn all_done(&self) -> bool {
+        self.stages.iter().all(|s| s.output_wm >= MAX_TIMESTAMP)
+    }
+
+    fn describe_unfinished(&self) -> String {
+        let names: Vec<String> = self
+            .topo
+            .iter()
+            .filter(|&&i| self.stages[i].output_wm < MAX_TIMESTAMP)
+            .map(|&i| {
+                let s = &self.stages[i];
+                format!(
+                    "stage '{}' (input watermark {}, output watermark {}, {} pending elements, {} timers)",
+                    self.plan.stages[i].name,
+                    s.input_wm,
+                    s.output_wm,
+                    s.pending.len(),
+                    if s.timers.is_empty() { "no" } else { "pending" }
+                )
+            })
+            .take(3)
+            .collect();
+        format!(
+            "nothing can run, yet these stages are unfinished: {}",
+            names.join("; ")
+        )
+    }
+
+    fn release_delayed(&mut self) {
+        let now = Instant::now();
+        for s in &mut self.stages {
+            let (ready, waiting): (Vec<_>, Vec<_>) =
+                s.delayed.drain(..).partition(|(at, _, _)| *at <= now);
+            s.delayed = waiting;
+            for (_, e, _) in ready {
+                s.pending_holds.add(e.header.timestamp);
+                s.pending.push_back(e);
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Delivering produced elements to their consumers: pending queues,
+//! grouping buffers and side-input stores.
+
+use super::*;
+
+impl Engine {
+    /// Deliver encoded windowed values produced into PCollection `pcoll`.
+    pub(super) fn route(&mut self, pcoll: PCollectionIdx, bytes: Bytes) -> Result<(), EngineError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let pc = &self.plan.pcollections[pcoll];
+        let elements = decode_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
+            |source| EngineError::Decode {
+                pcollection: pc.id.clone(),
+                source,
+            },
+        )?;
+        for e in elements {
+            self.route_element(pcoll, e)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn route_element(
+        &mut self,
+        pcoll: PCollectionIdx,
+        e: DecodedElement,
+    ) -> Result<(), EngineError> {
+        let consumers = &self.consumers[pcoll];
+        if !consumers.side_inputs.is_empty() {
+            let pc = &self.plan.pcollections[pcoll];
+            let mut store = self.side_inputs.lock();
+            for window in &e.header.windows {
+                let mut wbytes = Vec::new();
+                pc.window_coder
+                    .encode_window(window, &mut wbytes)
+                    .map_err(|source| EngineError::Decode {
+                        pcollection: pc.id.clone(),
+                        source,
+                    })?;
+                let wbytes = Bytes::from(wbytes);
+                for (transform, tag, access) in &consumers.side_inputs {
+                    match access {
+                        SideInputAccess::Iterable => {
+                            store.add_iterable(transform, tag, wbytes.clone(), e.value.clone())
+                        }
+                        SideInputAccess::Multimap => {
+                            let n = pc.value_coder.kv_key_len(&e.value).map_err(|source| {
+                                EngineError::Decode {
+                                    pcollection: pc.id.clone(),
+                                    source,
+                                }
+                            })?;
+                            store.add_multimap(
+                                transform,
+                                tag,
+                                wbytes.clone(),
+                                e.value.slice(..n),
+                                e.value.slice(n..),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for &stage in &self.consumers[pcoll].stages.clone() {
+            let input_wm = self.stages[stage].input_wm;
+            let now = self.now();
+            let streaming = self.config.streaming;
+            let s = &mut self.stages[stage];
+            match s.grouping.as_mut() {
+                Some(g) => {
+                    g.add(&e, input_wm, now)
+                        .map_err(|source| EngineError::Decode {
+                            pcollection: self.plan.pcollections[pcoll].id.clone(),
+                            source,
+                        })?;
+                    if streaming && !g.needs_merge() {
+                        let mut out = Vec::new();
+                        let fired = g.evaluate(input_wm, now, &mut out).map_err(|source| {
+                            EngineError::Decode {
+                                pcollection: format!(
+                                    "output of '{}'",
+                                    self.plan.stages[stage].name
+                                ),
+                                source,
+                            }
+                        })?;
+                        if fired > 0 {
+                            let bytes = Bytes::from(out);
+                            for &o in &self.plan.stages[stage].outputs.clone() {
+                                self.route(o, bytes.clone())?;
+                            }
+                        }
+                    }
+                }
+                None => {
+                    s.pending_holds.add(e.header.timestamp);
+                    s.pending.push_back(e.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+}

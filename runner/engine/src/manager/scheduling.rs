@@ -1,0 +1,179 @@
+//! Starting bundles: which elements and timers go into the next bundle
+//! of each SDK stage, and when.
+
+use super::*;
+
+/// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
+pub(super) fn chunk_elements(elements: &[DecodedElement], chunk_bytes: usize) -> Vec<Bytes> {
+    let mut chunks = Vec::new();
+    let mut current: Vec<u8> = Vec::new();
+    for e in elements {
+        if !current.is_empty() && current.len() + e.encoded.len() > chunk_bytes {
+            chunks.push(Bytes::from(std::mem::take(&mut current)));
+        }
+        current.extend_from_slice(&e.encoded);
+    }
+    if !current.is_empty() {
+        chunks.push(Bytes::from(current));
+    }
+    chunks
+}
+
+impl Engine {
+    /// Start every bundle that may run now.
+    pub(super) fn schedule(
+        &mut self,
+        tx: &mpsc::UnboundedSender<Report>,
+    ) -> Result<(), EngineError> {
+        self.schedule_merges(tx)?;
+        for i in 0..self.topo.len() {
+            let idx = self.topo[i];
+            let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind else {
+                continue;
+            };
+            let stateful = sdk.stateful;
+            let splittable = sdk.splittable;
+            let families = sdk.timer_families.clone();
+            let streaming = self.config.streaming;
+            let gate = self.side_input_gate(idx);
+            if gate
+                .iter()
+                .any(|g| g.watermark <= MIN_TIMESTAMP && !g.has_values)
+            {
+                continue;
+            }
+            if !gate.is_empty() {
+                let mut store = self.side_inputs.lock();
+                for si in &self.plan.stages[idx].side_inputs {
+                    store.mark_ready(&si.transform_id, &si.tag);
+                }
+            }
+            if self.stages[idx]
+                .retry_at
+                .is_some_and(|at| at > Instant::now())
+            {
+                continue;
+            }
+            self.stages[idx].retry_at = None;
+            loop {
+                let now = self.now();
+                let s = &mut self.stages[idx];
+                let limit = if stateful || !families.is_empty() {
+                    1
+                } else {
+                    self.config.max_bundles_per_stage
+                };
+                if s.in_flight >= limit {
+                    break;
+                }
+                // Elements that already arrived are processed before any
+                // timer fires, so a timer cannot overtake data that would
+                // have reset or cleared it.
+                let fired = if families.is_empty() || !s.pending.is_empty() {
+                    Vec::new()
+                } else {
+                    s.timers.take_ready(s.input_wm, now)
+                };
+                if s.pending.is_empty() && fired.is_empty() {
+                    break;
+                }
+                let elements: Vec<DecodedElement> = if gate.is_empty() {
+                    let take = s.pending.len().min(self.config.max_bundle_elements);
+                    s.pending.drain(..take).collect()
+                } else {
+                    // Only elements whose side inputs are ready.
+                    let mut ready = Vec::new();
+                    let mut waiting = VecDeque::with_capacity(s.pending.len());
+                    for e in s.pending.drain(..) {
+                        let allowed = gate.iter().all(|g| g.allows(&e, streaming));
+                        if allowed && ready.len() < self.config.max_bundle_elements {
+                            ready.push(e);
+                        } else {
+                            waiting.push_back(e);
+                        }
+                    }
+                    s.pending = waiting;
+                    ready
+                };
+                let take = elements.len();
+                if elements.is_empty() && fired.is_empty() {
+                    break;
+                }
+                let mut holds = Vec::with_capacity(elements.len() + fired.len());
+                for e in &elements {
+                    s.pending_holds.remove(e.header.timestamp);
+                    s.in_flight_holds.add(e.header.timestamp);
+                    holds.push(e.header.timestamp);
+                }
+                for (_, f) in &fired {
+                    s.in_flight_holds.add(f.timer.hold_timestamp);
+                    holds.push(f.timer.hold_timestamp);
+                }
+                s.in_flight += 1;
+                let mut timer_inputs = Vec::with_capacity(families.len());
+                for fam in &families {
+                    let of_family: Vec<&FiredTimer> = fired
+                        .iter()
+                        .map(|(_, f)| f)
+                        .filter(|f| {
+                            f.transform_id == fam.transform_id && f.family_id == fam.family_id
+                        })
+                        .collect();
+                    let data =
+                        TimerStore::encode(&of_family, &fam.window_coder).map_err(|source| {
+                            EngineError::Decode {
+                                pcollection: format!("timers of '{}'", fam.transform_id),
+                                source,
+                            }
+                        })?;
+                    timer_inputs.push(TimerInput {
+                        transform_id: fam.transform_id.clone(),
+                        family_id: fam.family_id.clone(),
+                        data,
+                    });
+                }
+                // A splittable stage's inputs go one element per chunk, so
+                // that the executor can hand back the elements a split
+                // leaves unprocessed.
+                let chunk_bytes = if splittable {
+                    0
+                } else {
+                    self.config.chunk_bytes
+                };
+                let chunks = chunk_elements(&elements, chunk_bytes);
+                let overlay = Arc::new(BundleOverlay::new(
+                    self.side_inputs.clone(),
+                    self.user_state[idx].clone(),
+                ));
+                let bundle = self.next_bundle;
+                self.next_bundle += 1;
+                self.in_flight.insert(
+                    bundle,
+                    InFlight {
+                        stage: idx,
+                        holds,
+                        overlay: overlay.clone(),
+                        fired_timers: fired,
+                        elements,
+                    },
+                );
+                let input = BundleInput {
+                    stage: idx,
+                    bundle_id: format!("{}-b{}", self.bundle_prefix, bundle),
+                    elements: chunks,
+                    timers: timer_inputs,
+                    state: overlay,
+                    draining: self.draining,
+                };
+                debug!(stage = %self.plan.stages[idx].name, bundle, elements = take, "starting bundle");
+                let fut = self.executor.execute(input);
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let result = fut.await;
+                    let _ = tx.send(Report::Bundle { bundle, result });
+                });
+            }
+        }
+        Ok(())
+    }
+}

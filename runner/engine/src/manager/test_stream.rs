@@ -1,0 +1,50 @@
+//! Replaying TestStream events, one at a time, when the pipeline is quiet.
+
+use super::*;
+
+impl Engine {
+    /// Apply the next event of the first TestStream that has one left.
+    /// Called only when nothing else can run, so every event sees the
+    /// pipeline quiescent. Returns whether an event was applied.
+    pub(super) fn step_test_streams(&mut self) -> Result<bool, EngineError> {
+        for i in 0..self.topo.len() {
+            let idx = self.topo[i];
+            let StageKind::TestStream(events) = &self.plan.stages[idx].kind else {
+                continue;
+            };
+            let Some(event) = events.get(self.stages[idx].stream_cursor).cloned() else {
+                continue;
+            };
+            self.stages[idx].stream_cursor += 1;
+            match event {
+                TestStreamEvent::Elements { output, elements } => {
+                    let pc = &self.plan.pcollections[output];
+                    let mut bytes = Vec::new();
+                    for (value, timestamp) in &elements {
+                        let header = WindowedValueHeader {
+                            timestamp: *timestamp,
+                            windows: vec![Window::Global],
+                            pane: PaneInfo::NO_FIRING,
+                        };
+                        encode_windowed_value(&header, &pc.window_coder, value, &mut bytes)
+                            .map_err(|source| EngineError::Decode {
+                                pcollection: pc.id.clone(),
+                                source,
+                            })?;
+                    }
+                    self.route(output, Bytes::from(bytes))?;
+                }
+                TestStreamEvent::Watermark(wm) => {
+                    let s = &mut self.stages[idx];
+                    s.stream_wm = s.stream_wm.max(wm);
+                }
+                TestStreamEvent::ProcessingTime(ms) => {
+                    self.clock_offset = self.clock_offset.saturating_add(ms.max(0));
+                }
+            }
+            debug!(stage = %self.plan.stages[idx].name, "applied a TestStream event");
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,174 @@
+//! Watermarks: each stage's input watermark from its producers, its output
+//! watermark from its holds, and the runner-executed stages (impulse,
+//! flatten, grouping) that run as the watermarks advance.
+
+use super::*;
+
+impl Engine {
+    /// Recompute watermarks, run runner-executed stages and fire ready
+    /// panes, until nothing changes.
+    pub(super) fn advance(&mut self) -> Result<(), EngineError> {
+        loop {
+            let mut changed = false;
+            for i in 0..self.topo.len() {
+                let idx = self.topo[i];
+                let input_wm = self.input_watermark(idx);
+                self.stages[idx].input_wm = input_wm;
+                match self.plan.stages[idx].kind {
+                    StageKind::Impulse => {
+                        if !self.stages[idx].impulse_done {
+                            self.stages[idx].impulse_done = true;
+                            let mut bytes = Vec::new();
+                            let header = WindowedValueHeader {
+                                timestamp: MIN_TIMESTAMP,
+                                windows: vec![Window::Global],
+                                pane: PaneInfo::NO_FIRING,
+                            };
+                            for &out in &self.plan.stages[idx].outputs.clone() {
+                                bytes.clear();
+                                let pc = &self.plan.pcollections[out];
+                                encode_windowed_value(
+                                    &header,
+                                    &pc.window_coder,
+                                    &[0u8],
+                                    &mut bytes,
+                                )
+                                .map_err(|source| {
+                                    EngineError::Decode {
+                                        pcollection: pc.id.clone(),
+                                        source,
+                                    }
+                                })?;
+                                self.route(out, Bytes::from(bytes.clone()))?;
+                            }
+                            changed = true;
+                        }
+                    }
+                    StageKind::Flatten => {
+                        if !self.stages[idx].pending.is_empty() {
+                            let elements: Vec<DecodedElement> =
+                                self.stages[idx].pending.drain(..).collect();
+                            self.stages[idx].pending_holds = Holds::default();
+                            for &out in &self.plan.stages[idx].outputs.clone() {
+                                for e in &elements {
+                                    self.route_element(out, e.clone())?;
+                                }
+                            }
+                            changed = true;
+                        }
+                    }
+                    StageKind::GroupByKey(_) => {
+                        let mut out = Vec::new();
+                        let now = self.now();
+                        let merging = self.stages[idx].merging;
+                        let fired = match self.stages[idx].grouping.as_mut() {
+                            Some(g) if g.needs_merge() || merging => 0,
+                            Some(g) => g.evaluate(input_wm, now, &mut out).map_err(|source| {
+                                EngineError::Decode {
+                                    pcollection: format!(
+                                        "output of '{}'",
+                                        self.plan.stages[idx].name
+                                    ),
+                                    source,
+                                }
+                            })?,
+                            None => 0,
+                        };
+                        if fired > 0 {
+                            let bytes = Bytes::from(out);
+                            for &o in &self.plan.stages[idx].outputs.clone() {
+                                self.route(o, bytes.clone())?;
+                            }
+                            changed = true;
+                        }
+                    }
+                    StageKind::Sdk(_) => self.collect_expired_state(idx, input_wm)?,
+                    StageKind::TestStream(_) => {}
+                }
+                let out_wm = self.output_watermark(idx, input_wm);
+                let s = &mut self.stages[idx];
+                if out_wm > s.output_wm {
+                    s.output_wm = out_wm;
+                    changed = true;
+                    if out_wm >= MAX_TIMESTAMP {
+                        debug!(stage = %self.plan.stages[idx].name, "stage finished");
+                        self.on_stage_finished(idx);
+                    }
+                }
+            }
+            if !changed {
+                return Ok(());
+            }
+        }
+    }
+
+    pub(super) fn on_stage_finished(&mut self, idx: StageIdx) {
+        let outputs = self.plan.stages[idx].outputs.clone();
+        let mut store = self.side_inputs.lock();
+        for out in outputs {
+            for (transform, tag, _) in &self.consumers[out].side_inputs {
+                store.mark_ready(transform, tag);
+            }
+        }
+    }
+
+    pub(super) fn input_watermark(&self, idx: StageIdx) -> Timestamp {
+        let stage = &self.plan.stages[idx];
+        if stage.inputs.is_empty() {
+            return MAX_TIMESTAMP;
+        }
+        stage
+            .inputs
+            .iter()
+            .map(|&p| {
+                self.producers[p]
+                    .map(|producer| self.stages[producer].output_wm)
+                    .unwrap_or(MAX_TIMESTAMP)
+            })
+            .min()
+            .unwrap_or(MAX_TIMESTAMP)
+    }
+
+    pub(super) fn output_watermark(&self, idx: StageIdx, input_wm: Timestamp) -> Timestamp {
+        let s = &self.stages[idx];
+        match &self.plan.stages[idx].kind {
+            StageKind::Impulse => {
+                return if s.impulse_done {
+                    MAX_TIMESTAMP
+                } else {
+                    MIN_TIMESTAMP
+                };
+            }
+            StageKind::TestStream(events) => {
+                return if s.stream_cursor >= events.len() {
+                    MAX_TIMESTAMP
+                } else {
+                    s.stream_wm
+                };
+            }
+            _ => {}
+        }
+        let holds = [
+            s.pending_holds.min(),
+            s.in_flight_holds.min(),
+            s.grouping.as_ref().and_then(GroupingBuffer::hold),
+            s.timers.hold(),
+            s.delayed.iter().map(|(_, _, h)| *h).min(),
+        ];
+        let mut wm = input_wm;
+        for h in holds.into_iter().flatten() {
+            wm = wm.min(h);
+        }
+        // Something still pending holds the stage below +∞ even if its
+        // timestamp is +∞ (e.g. a timer at the end of time).
+        let busy = s.in_flight > 0
+            || !s.pending.is_empty()
+            || !s.timers.is_empty()
+            || !s.delayed.is_empty()
+            || s.grouping.as_ref().is_some_and(|g| !g.is_empty());
+        if busy && wm >= MAX_TIMESTAMP {
+            wm = MAX_TIMESTAMP - 1;
+        }
+        wm
+    }
+}
