@@ -36,6 +36,31 @@ pub enum Command {
     Drain(JobArgs),
     /// Cancel a job.
     Cancel(JobArgs),
+    /// List the server's jobs with their states.
+    Jobs(ServerArgs),
+    /// Show a job's state and its user metrics.
+    Status(JobArgs),
+    /// Print a job's messages (its log as the SDK sees it).
+    Logs(LogsArgs),
+}
+
+/// Which server a command talks to.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// The job service to talk to.
+    #[arg(long = "job_endpoint", default_value = "localhost:8073")]
+    pub job_endpoint: String,
+}
+
+/// Flags of `refract logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// Which job.
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Keep printing new messages until the job ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
 }
 
 /// Which job of which server a job command acts on.

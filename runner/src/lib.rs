@@ -3,6 +3,7 @@
 //! over this library so that integration tests can run the same code.
 
 pub mod cli;
+pub mod client;
 mod harness_executor;
 pub mod job_runner;
 mod state_bridge;

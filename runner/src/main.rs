@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use refract::cli::{
-    normalize_args, parse_go_duration, Cli, Command, JobArgs, LogKind, LogLevel, ServeArgs,
-};
+use refract::cli::{normalize_args, parse_go_duration, Cli, Command, LogKind, LogLevel, ServeArgs};
+use refract::client;
 use refract::job_runner::RefractRunner;
 use refract_jobservice::{serve, JobServiceConfig};
 use refract_sdk_harness::FnApiServer;
@@ -88,44 +87,6 @@ async fn run_server(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Drain or cancel a job on a running server, printing its new state.
-async fn job_command(args: JobArgs, drain: bool) -> Result<()> {
-    use refract_proto::job_api::job_service_client::JobServiceClient;
-    use refract_proto::job_api::{job_state, CancelJobRequest, DrainJobRequest};
-    let endpoint = if args.job_endpoint.contains("://") {
-        args.job_endpoint.clone()
-    } else {
-        format!("http://{}", args.job_endpoint)
-    };
-    let mut client = JobServiceClient::connect(endpoint.clone())
-        .await
-        .with_context(|| format!("connecting to the job service at {}", args.job_endpoint))?;
-    let state = if drain {
-        client
-            .drain(DrainJobRequest {
-                job_id: args.job_id.clone(),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("drain failed: {}", s.message()))?
-            .into_inner()
-            .state
-    } else {
-        client
-            .cancel(CancelJobRequest {
-                job_id: args.job_id.clone(),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("cancel failed: {}", s.message()))?
-            .into_inner()
-            .state
-    };
-    let name = job_state::Enum::try_from(state)
-        .map(|s| s.as_str_name().to_string())
-        .unwrap_or_else(|_| state.to_string());
-    println!("{}: {name}", args.job_id);
-    Ok(())
-}
-
 /// Run a client command on a small runtime of its own.
 fn block_on(command: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     tokio::runtime::Builder::new_current_thread()
@@ -139,8 +100,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse_from(normalize_args(std::env::args()));
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
-        Some(Command::Drain(job)) => return block_on(job_command(job, true)),
-        Some(Command::Cancel(job)) => return block_on(job_command(job, false)),
+        Some(Command::Drain(job)) => return block_on(client::drain(job)),
+        Some(Command::Cancel(job)) => return block_on(client::cancel(job)),
+        Some(Command::Jobs(server)) => return block_on(client::jobs(server)),
+        Some(Command::Status(job)) => return block_on(client::status(job)),
+        Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         None => cli.serve,
     };
     init_logging(&args);

@@ -1,0 +1,183 @@
+//! `refract jobs | status | logs | drain | cancel`: small Job API clients
+//! for a person at a terminal, talking to a running `refract serve`.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use futures::StreamExt;
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::job_api::job_service_client::JobServiceClient;
+use refract_proto::job_api::{
+    job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest,
+    GetJobsRequest, JobMessagesRequest,
+};
+use refract_proto::tonic::transport::Channel;
+
+use crate::cli::{JobArgs, LogsArgs, ServerArgs};
+
+async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
+    let url = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    JobServiceClient::connect(url)
+        .await
+        .with_context(|| format!("connecting to the job service at {endpoint}"))
+}
+
+fn state_name(state: i32) -> String {
+    job_state::Enum::try_from(state)
+        .map(|s| s.as_str_name().to_string())
+        .unwrap_or_else(|_| state.to_string())
+}
+
+/// Drain a job and print its new state.
+pub async fn drain(args: JobArgs) -> Result<()> {
+    let mut client = connect(&args.job_endpoint).await?;
+    let state = client
+        .drain(DrainJobRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("drain failed: {}", s.message()))?
+        .into_inner()
+        .state;
+    println!("{}: {}", args.job_id, state_name(state));
+    Ok(())
+}
+
+/// Cancel a job and print its new state.
+pub async fn cancel(args: JobArgs) -> Result<()> {
+    let mut client = connect(&args.job_endpoint).await?;
+    let state = client
+        .cancel(CancelJobRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("cancel failed: {}", s.message()))?
+        .into_inner()
+        .state;
+    println!("{}: {}", args.job_id, state_name(state));
+    Ok(())
+}
+
+/// List jobs: id, state, name.
+pub async fn jobs(args: ServerArgs) -> Result<()> {
+    let mut client = connect(&args.job_endpoint).await?;
+    let jobs = client
+        .get_jobs(GetJobsRequest {})
+        .await
+        .map_err(|s| anyhow!("listing jobs failed: {}", s.message()))?
+        .into_inner()
+        .job_info;
+    for job in jobs {
+        println!(
+            "{}\t{}\t{}",
+            job.job_id,
+            state_name(job.state),
+            job.job_name
+        );
+    }
+    Ok(())
+}
+
+/// A job's state, then its committed user metrics, one per line.
+pub async fn status(args: JobArgs) -> Result<()> {
+    let mut client = connect(&args.job_endpoint).await?;
+    let state = client
+        .get_state(GetJobStateRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("status failed: {}", s.message()))?
+        .into_inner()
+        .state;
+    println!("{}: {}", args.job_id, state_name(state));
+    let metrics = client
+        .get_job_metrics(GetJobMetricsRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("metrics failed: {}", s.message()))?
+        .into_inner();
+    for info in metrics.metrics.map(|m| m.committed).unwrap_or_default() {
+        let label = |k: &str| info.labels.get(k).cloned().unwrap_or_default();
+        println!(
+            "  {} {}:{} {} = {}",
+            label("PTRANSFORM"),
+            label("NAMESPACE"),
+            label("NAME"),
+            info.r#type.trim_start_matches("beam:metrics:"),
+            describe_payload(&info.r#type, &info.payload)
+        );
+    }
+    Ok(())
+}
+
+/// A readable value for the common metric payloads.
+fn describe_payload(kind: &str, payload: &[u8]) -> String {
+    let mut values = Vec::new();
+    let mut rest = payload;
+    while !rest.is_empty() {
+        match refract_engine::coder::decode_varint_i64(rest) {
+            Ok((v, n)) => {
+                values.push(v);
+                rest = &rest[n..];
+            }
+            Err(_) => return format!("{} bytes", payload.len()),
+        }
+    }
+    match (kind, values.as_slice()) {
+        ("beam:metrics:sum_int64:v1", [v]) => v.to_string(),
+        ("beam:metrics:distribution_int64:v1", [count, sum, min, max]) => {
+            format!("count {count}, sum {sum}, min {min}, max {max}")
+        }
+        ("beam:metrics:latest_int64:v1", [_, v]) => v.to_string(),
+        _ => format!("{} bytes", payload.len()),
+    }
+}
+
+/// Print a job's messages; with `--follow`, until the job ends, otherwise
+/// what has arrived so far.
+pub async fn logs(args: LogsArgs) -> Result<()> {
+    use refract_proto::job_api::job_messages_response::Response;
+    let mut client = connect(&args.job.job_endpoint).await?;
+    let mut stream = client
+        .get_message_stream(JobMessagesRequest {
+            job_id: args.job.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("logs failed: {}", s.message()))?
+        .into_inner();
+    loop {
+        let next = if args.follow {
+            stream.next().await
+        } else {
+            match tokio::time::timeout(Duration::from_millis(300), stream.next()).await {
+                Ok(next) => next,
+                Err(_) => return Ok(()),
+            }
+        };
+        let Some(item) = next else {
+            return Ok(());
+        };
+        match item
+            .map_err(|s| anyhow!("logs failed: {}", s.message()))?
+            .response
+        {
+            Some(Response::MessageResponse(m)) => {
+                let level = MessageImportance::try_from(m.importance)
+                    .map(|i| {
+                        i.as_str_name()
+                            .trim_start_matches("JOB_MESSAGE_")
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                println!("{} {level} {}", m.time, m.message_text);
+            }
+            Some(Response::StateResponse(s)) => println!("state {}", state_name(s.state)),
+            None => {}
+        }
+    }
+}
