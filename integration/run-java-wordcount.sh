@@ -109,4 +109,6 @@ if ! diff -u "$work/direct.sorted" "$work/refract.sorted" >"$work/diff.txt"; the
   exit 1
 fi
 echo "== OK: Refract and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
-sort -t: -k2 -n -r "$work/refract.txt" | head -n 5
+# (sorted to a file first: `sort | head` would fail with SIGPIPE under pipefail)
+sort -t: -k2 -n -r "$work/refract.txt" >"$work/top.txt"
+head -n 5 "$work/top.txt"

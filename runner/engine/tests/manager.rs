@@ -477,3 +477,91 @@ async fn user_state_of_an_expired_window_is_collected() {
     // the first window's bag was collected when the watermark passed 10.
     assert_eq!(*seen.lock(), vec![(0, 0), (0, 0)]);
 }
+
+/// A source that emits `per_round` elements per bundle and checkpoints
+/// itself `rounds` times, feeding a consumer that handles 100 elements per
+/// bundle, slowly. Returns the run's peak pending bytes.
+async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
+    use refract_engine::executor::Residual;
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("numbers", Coder::Bytes, Coder::GlobalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "impulse".into(),
+                kind: StageKind::Impulse,
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            Stage {
+                kind: StageKind::Sdk(SdkStage {
+                    splittable: true,
+                    ..SdkStage::default()
+                }),
+                ..sdk_stage("source", vec![0], vec![1])
+            },
+            sdk_stage("sink", vec![1], vec![]),
+        ],
+    };
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let source: StageFn = Arc::new(move |input| {
+        let mut out = Vec::new();
+        let header = WindowedValueHeader {
+            timestamp: 0,
+            windows: vec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        for _ in 0..1000 {
+            let mut v = vec![99u8];
+            v.extend_from_slice(&[7u8; 99]);
+            encode_windowed_value(&header, &Coder::GlobalWindow, &v, &mut out).unwrap();
+        }
+        let residuals = if rounds.fetch_add(1, Ordering::SeqCst) < 30 {
+            vec![Residual {
+                element: input.elements[0].clone(),
+                delay_ms: 0,
+                watermark: Some(0),
+            }]
+        } else {
+            vec![]
+        };
+        Ok(BundleOutput {
+            outputs: vec![(1, Bytes::from(out))],
+            residuals,
+            ..Default::default()
+        })
+    });
+    let sink: StageFn = Arc::new(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok(BundleOutput::default())
+    });
+    let exec = Arc::new(FakeExecutor {
+        stages: [(1, source), (2, sink)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    });
+    let cfg = EngineConfig {
+        max_bundle_elements: 100,
+        max_bundles_per_stage: 1,
+        max_pending_bytes,
+        ..EngineConfig::default()
+    };
+    let (_tx, rx) = watch::channel(false);
+    let engine = Engine::new(plan, exec, cfg, "bp", Arc::new(|| 0)).unwrap();
+    engine.run(rx).await.unwrap().peak_pending_bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_bounds_what_waits_for_a_slow_stage() {
+    // 31 rounds of 1000 elements of ~113 bytes: about 3.5 MB in all.
+    let unbounded = fast_source_slow_sink(usize::MAX).await;
+    let bounded = fast_source_slow_sink(200_000).await;
+    // Bounded: the limit plus at most one source bundle's output.
+    assert!(bounded <= 200_000 + 120_000, "peak {bounded}");
+    assert!(
+        unbounded > 2 * bounded,
+        "unbounded {unbounded}, bounded {bounded}"
+    );
+}

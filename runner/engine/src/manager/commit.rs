@@ -46,7 +46,6 @@ impl Engine {
                     .min(Duration::from_secs(10));
                 s.retry_at = Some(Instant::now() + backoff);
                 for e in flight.elements.into_iter().rev() {
-                    s.pending_holds.add(e.header.timestamp);
                     s.pending.push_front(e);
                 }
                 tracing::warn!(

@@ -39,6 +39,7 @@ use crate::window::Window;
 
 mod commit;
 mod holds;
+mod pending;
 mod routing;
 mod scheduling;
 mod side_inputs;
@@ -49,6 +50,7 @@ mod watermarks;
 mod window_merging;
 
 use holds::Holds;
+use pending::Pending;
 use topology::topological_order;
 
 /// Why a job stopped without finishing.
@@ -100,6 +102,10 @@ pub struct EngineConfig {
     /// Wait before the first retry of a failed bundle's input; it doubles
     /// with every further failure, up to ten seconds.
     pub retry_backoff: Duration,
+    /// Backpressure: a stage whose consumer has more than this many bytes
+    /// of elements waiting (and is working through them) gets no new
+    /// bundles, so memory stays bounded however fast its input is.
+    pub max_pending_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +117,7 @@ impl Default for EngineConfig {
             streaming: false,
             max_attempts: 4,
             retry_backoff: Duration::from_millis(100),
+            max_pending_bytes: 64 << 20,
         }
     }
 }
@@ -125,12 +132,13 @@ pub struct RunSummary {
     /// Late elements dropped, per grouping stage (by stage name), for the
     /// job's metrics.
     pub dropped_late_by_stage: Vec<(String, u64)>,
+    /// The most bytes of elements that waited for any one stage.
+    pub peak_pending_bytes: usize,
 }
 
 /// Run-time state of one stage.
 struct StageRt {
-    pending: VecDeque<DecodedElement>,
-    pending_holds: Holds,
+    pending: Pending,
     in_flight: usize,
     in_flight_holds: Holds,
     delayed: Vec<(Instant, DecodedElement, Timestamp)>,
@@ -282,8 +290,7 @@ impl Engine {
                 _ => None,
             };
             stages.push(StageRt {
-                pending: VecDeque::new(),
-                pending_holds: Holds::default(),
+                pending: Pending::default(),
                 in_flight: 0,
                 in_flight_holds: Holds::default(),
                 delayed: Vec::new(),
@@ -487,7 +494,6 @@ impl Engine {
                 s.delayed.drain(..).partition(|(at, _, _)| *at <= now);
             s.delayed = waiting;
             for (_, e, _) in ready {
-                s.pending_holds.add(e.header.timestamp);
                 s.pending.push_back(e);
             }
         }

@@ -96,8 +96,9 @@ impl Engine {
                     }
                 }
                 None => {
-                    s.pending_holds.add(e.header.timestamp);
                     s.pending.push_back(e.clone());
+                    self.summary.peak_pending_bytes =
+                        self.summary.peak_pending_bytes.max(s.pending.bytes());
                 }
             }
         }

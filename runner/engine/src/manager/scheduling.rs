@@ -20,7 +20,27 @@ pub(super) fn chunk_elements(elements: &[DecodedElement], chunk_bytes: usize) ->
 }
 
 impl Engine {
-    /// Start every bundle that may run now.
+    /// Whether a consumer of `idx`'s outputs has more waiting than its
+    /// bound and can work through it. (A consumer whose waiting elements
+    /// all wait for a side input does not hold its producers back: that
+    /// side input may need them, and backpressure must never deadlock.)
+    pub(super) fn backpressured(&self, idx: StageIdx) -> bool {
+        self.plan.stages[idx].outputs.iter().any(|&p| {
+            self.consumers[p].stages.iter().any(|&c| {
+                let s = &self.stages[c];
+                if s.pending.bytes() <= self.config.max_pending_bytes {
+                    return false;
+                }
+                if s.in_flight > 0 || self.plan.stages[c].side_inputs.is_empty() {
+                    return true;
+                }
+                let gate = self.side_input_gate(c);
+                s.pending
+                    .any(|e| gate.iter().all(|g| g.allows(e, self.config.streaming)))
+            })
+        })
+    }
+
     pub(super) fn schedule(
         &mut self,
         tx: &mpsc::UnboundedSender<Report>,
@@ -54,6 +74,9 @@ impl Engine {
             {
                 continue;
             }
+            if self.backpressured(idx) {
+                continue;
+            }
             self.stages[idx].retry_at = None;
             loop {
                 let now = self.now();
@@ -78,22 +101,12 @@ impl Engine {
                     break;
                 }
                 let elements: Vec<DecodedElement> = if gate.is_empty() {
-                    let take = s.pending.len().min(self.config.max_bundle_elements);
-                    s.pending.drain(..take).collect()
+                    s.pending.take(self.config.max_bundle_elements)
                 } else {
                     // Only elements whose side inputs are ready.
-                    let mut ready = Vec::new();
-                    let mut waiting = VecDeque::with_capacity(s.pending.len());
-                    for e in s.pending.drain(..) {
-                        let allowed = gate.iter().all(|g| g.allows(&e, streaming));
-                        if allowed && ready.len() < self.config.max_bundle_elements {
-                            ready.push(e);
-                        } else {
-                            waiting.push_back(e);
-                        }
-                    }
-                    s.pending = waiting;
-                    ready
+                    s.pending.take_where(self.config.max_bundle_elements, |e| {
+                        gate.iter().all(|g| g.allows(e, streaming))
+                    })
                 };
                 let take = elements.len();
                 if elements.is_empty() && fired.is_empty() {
@@ -101,7 +114,6 @@ impl Engine {
                 }
                 let mut holds = Vec::with_capacity(elements.len() + fired.len());
                 for e in &elements {
-                    s.pending_holds.remove(e.header.timestamp);
                     s.in_flight_holds.add(e.header.timestamp);
                     holds.push(e.header.timestamp);
                 }

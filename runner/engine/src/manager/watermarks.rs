@@ -46,9 +46,7 @@ impl Engine {
                     }
                     StageKind::Flatten => {
                         if !self.stages[idx].pending.is_empty() {
-                            let elements: Vec<DecodedElement> =
-                                self.stages[idx].pending.drain(..).collect();
-                            self.stages[idx].pending_holds = Holds::default();
+                            let elements = self.stages[idx].pending.take(usize::MAX);
                             for &out in &self.plan.stages[idx].outputs.clone() {
                                 for e in &elements {
                                     self.route_element(out, e.clone())?;
@@ -149,7 +147,7 @@ impl Engine {
             _ => {}
         }
         let holds = [
-            s.pending_holds.min(),
+            s.pending.hold(),
             s.in_flight_holds.min(),
             s.grouping.as_ref().and_then(GroupingBuffer::hold),
             s.timers.hold(),
