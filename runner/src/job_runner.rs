@@ -22,7 +22,9 @@ use refract_translate::{translate, validate, TranslateOptions};
 use thiserror::Error;
 use tracing::{error, info, Instrument};
 
+use crate::activity::Activity;
 use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
+use crate::options::{has_experiment, option_bool, option_usize};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -37,46 +39,6 @@ enum JobError {
     Harness(#[from] refract_sdk_harness::HarnessError),
     #[error("{0}")]
     Engine(#[from] EngineError),
-}
-
-/// Counts running jobs, so that an idle server can shut itself down
-/// (`--idle_shutdown_timeout`, which Beam's SDKs pass to a Prism binary
-/// they start, so that it does not outlive them).
-#[derive(Debug)]
-pub struct Activity {
-    running: parking_lot::Mutex<(usize, std::time::Instant)>,
-}
-
-impl Default for Activity {
-    fn default() -> Self {
-        Activity {
-            running: parking_lot::Mutex::new((0, std::time::Instant::now())),
-        }
-    }
-}
-
-impl Activity {
-    fn job_started(&self) {
-        let mut r = self.running.lock();
-        r.0 += 1;
-        r.1 = std::time::Instant::now();
-    }
-
-    fn job_ended(&self) {
-        let mut r = self.running.lock();
-        r.0 = r.0.saturating_sub(1);
-        r.1 = std::time::Instant::now();
-    }
-
-    /// How long no job has been running (zero while one is).
-    pub fn idle_for(&self) -> std::time::Duration {
-        let r = self.running.lock();
-        if r.0 > 0 {
-            std::time::Duration::ZERO
-        } else {
-            r.1.elapsed()
-        }
-    }
 }
 
 /// The [`JobRunner`] of the `refract` binary.
@@ -149,42 +111,6 @@ impl JobRunner for RefractRunner {
             .instrument(span),
         );
     }
-}
-
-/// A numeric pipeline option (Python sends numbers as strings).
-fn option_usize(options: &prost_types::Struct, name: &str) -> Option<usize> {
-    use prost_types::value::Kind;
-    let key = format!("beam:option:{name}:v1");
-    match options.fields.get(&key).and_then(|v| v.kind.as_ref()) {
-        Some(Kind::NumberValue(n)) if *n >= 0.0 => Some(*n as usize),
-        Some(Kind::StringValue(s)) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
-fn option_bool(options: &prost_types::Struct, name: &str) -> bool {
-    use prost_types::value::Kind;
-    let key = format!("beam:option:{name}:v1");
-    match options.fields.get(&key).and_then(|v| v.kind.as_ref()) {
-        Some(Kind::BoolValue(b)) => *b,
-        Some(Kind::StringValue(s)) => s == "true" || s == "True",
-        _ => false,
-    }
-}
-
-/// Whether the pipeline options list `experiment` in `--experiments`.
-fn has_experiment(options: &prost_types::Struct, experiment: &str) -> bool {
-    use prost_types::value::Kind;
-    let Some(Kind::ListValue(list)) = options
-        .fields
-        .get("beam:option:experiments:v1")
-        .and_then(|v| v.kind.as_ref())
-    else {
-        return false;
-    };
-    list.values
-        .iter()
-        .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
 }
 
 /// Late data dropped by each GroupByKey, as the counter Beam's runners

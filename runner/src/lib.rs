@@ -2,8 +2,10 @@
 //! engine and the SDK harnesses. The binary in `main.rs` is a thin shell
 //! over this library so that integration tests can run the same code.
 
+pub mod activity;
 pub mod cli;
 pub mod client;
 mod harness_executor;
 pub mod job_runner;
+mod options;
 mod state_bridge;

@@ -1,0 +1,79 @@
+//! Reading the pipeline options a job was submitted with.
+//!
+//! Options arrive as a `google.protobuf.Struct` keyed `beam:option:NAME:v1`;
+//! Python sends numbers as strings, and flags as booleans or strings.
+
+use refract_proto::prost_types;
+use refract_proto::prost_types::value::Kind;
+
+fn value<'a>(options: &'a prost_types::Struct, name: &str) -> Option<&'a Kind> {
+    options
+        .fields
+        .get(&format!("beam:option:{name}:v1"))
+        .and_then(|v| v.kind.as_ref())
+}
+
+/// A non-negative numeric option; absent or unreadable means `None`.
+pub(crate) fn option_usize(options: &prost_types::Struct, name: &str) -> Option<usize> {
+    match value(options, name)? {
+        Kind::NumberValue(n) if *n >= 0.0 => Some(*n as usize),
+        Kind::StringValue(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A boolean option; absent or unreadable means false.
+pub(crate) fn option_bool(options: &prost_types::Struct, name: &str) -> bool {
+    match value(options, name) {
+        Some(Kind::BoolValue(b)) => *b,
+        Some(Kind::StringValue(s)) => s.eq_ignore_ascii_case("true"),
+        _ => false,
+    }
+}
+
+/// Whether `--experiments` lists `experiment`.
+pub(crate) fn has_experiment(options: &prost_types::Struct, experiment: &str) -> bool {
+    let Some(Kind::ListValue(list)) = value(options, "experiments") else {
+        return false;
+    };
+    list.values
+        .iter()
+        .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost_types::{ListValue, Struct, Value};
+
+    fn options(entries: Vec<(&str, Kind)>) -> Struct {
+        Struct {
+            fields: entries
+                .into_iter()
+                .map(|(k, v)| (format!("beam:option:{k}:v1"), Value { kind: Some(v) }))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn reads_what_python_sends() {
+        let o = options(vec![
+            ("streaming", Kind::BoolValue(true)),
+            ("sdk_worker_parallelism", Kind::StringValue("2".into())),
+            (
+                "experiments",
+                Kind::ListValue(ListValue {
+                    values: vec![Value {
+                        kind: Some(Kind::StringValue("drain_on_start".into())),
+                    }],
+                }),
+            ),
+        ]);
+        assert!(option_bool(&o, "streaming"));
+        assert!(!option_bool(&o, "missing"));
+        assert_eq!(option_usize(&o, "sdk_worker_parallelism"), Some(2));
+        assert_eq!(option_usize(&o, "missing"), None);
+        assert!(has_experiment(&o, "drain_on_start"));
+        assert!(!has_experiment(&o, "other"));
+    }
+}
