@@ -16,11 +16,11 @@ directory is first on PYTHONPATH for clients and servers: its
 sitecustomize.py makes time.sleep(0) a no-op everywhere.
 
 Sizes come from environment variables (see docs/benchmarks.md):
-  REFRACT_BENCH_GBK_RECORDS     GroupByKey load test records   (default 1000000)
+  REFRACT_BENCH_GBK_RECORDS     GroupByKey load test records   (default 500000)
   REFRACT_BENCH_PARDO_RECORDS   ParDo load test records        (default 1000000)
   REFRACT_BENCH_PARDO_STEPS     ParDo chain length             (default 4)
   REFRACT_BENCH_COMBINE_RECORDS Combine load test records      (default 1000000)
-  REFRACT_BENCH_WORDCOUNT_MB    generated text for wordcount   (default 4)
+  REFRACT_BENCH_WORDCOUNT_MB    generated text for wordcount   (default 16)
   REFRACT_BENCH_TINY_JOBS       tiny jobs back to back         (default 100)
   REFRACT_BENCH_REPEATS         runs of each timed workload    (default 1)
   REFRACT_BENCH_TIMEOUT         seconds before a run is killed (default 600)
@@ -273,11 +273,11 @@ def main():
     if w not in ALL_WORKLOADS:
       ap.error('unknown workload %r (known: %s)' % (w, ','.join(ALL_WORKLOADS)))
 
-  gbk_n = env_int('REFRACT_BENCH_GBK_RECORDS', 1000000)
+  gbk_n = env_int('REFRACT_BENCH_GBK_RECORDS', 500000)
   pardo_n = env_int('REFRACT_BENCH_PARDO_RECORDS', 1000000)
   pardo_steps = env_int('REFRACT_BENCH_PARDO_STEPS', 4)
   combine_n = env_int('REFRACT_BENCH_COMBINE_RECORDS', 1000000)
-  wc_mb = env_int('REFRACT_BENCH_WORDCOUNT_MB', 4)
+  wc_mb = env_int('REFRACT_BENCH_WORDCOUNT_MB', 16)
   tiny_n = env_int('REFRACT_BENCH_TINY_JOBS', 100)
   repeats = env_int('REFRACT_BENCH_REPEATS', 1)
   timeout = env_int('REFRACT_BENCH_TIMEOUT', 600)

@@ -336,7 +336,13 @@ async fn exercise(worker: &Arc<Worker>, descriptor_id: &str, tag: &str) {
         .process_bundle(bundle(
             &format!("{tag}-3"),
             descriptor_id,
-            vec![Bytes::from_static(&[0x7f, 0xdf, 0x3b])],
+            // A whole windowed value whose pane byte has an encoding type
+            // (0xF_) that does not exist: every decoder must reject it. (A
+            // merely truncated element is not enough: the compiled and the
+            // pure-Python decoders differ on what they make of it.)
+            vec![Bytes::from_static(&[
+                0x7f, 0xdf, 0x3b, 0x64, 0x5a, 0x1c, 0xac, 0x09, 0, 0, 0, 1, 0xf0, 0,
+            ])],
             vec![],
         ))
         .await

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Beam's Java ValidatesRunner suite (from beam-sdks-java-core's test jar) on
+# Refract: starts `refract serve`, runs the `validates-runner` profile of
+# integration/java (Surefire, TestUniversalRunner, LOOPBACK workers inside the
+# test JVM) against it, and prints the pass/fail counts from Surefire's reports.
+#
+#   integration/java_suite.sh [-Dtest=PATTERN] [other Maven options...]
+#
+# e.g. integration/java_suite.sh -Dtest='ParDoTest*'
+#
+# Environment knobs:
+#   REFRACT_BIN          the refract binary (default: the release build in
+#                        $CARGO_TARGET_DIR, else the debug one)
+#   REFRACT_JOB_PORT     job port to use (default: a free one)
+#   REFRACT_JAVA_SUITE_TIMEOUT  seconds for the whole Maven run (default 5400)
+# Exit status: Maven's (non-zero when a test failed or the run timed out).
+# shellcheck source-path=SCRIPTDIR
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$here/common.sh"
+cd "$REFRACT_ROOT"
+
+if [ ! -x "$REFRACT_PY" ]; then
+  REFRACT_PY=$(command -v python3)
+fi
+
+if [ -n "${REFRACT_BIN:-}" ]; then
+  bin=$REFRACT_BIN
+elif [ -x "$CARGO_TARGET_DIR/release/refract" ]; then
+  bin=$CARGO_TARGET_DIR/release/refract
+else
+  cargo build -p refract
+  bin=$CARGO_TARGET_DIR/debug/refract
+fi
+
+m2=$REFRACT_CACHE/m2
+mkdir -p "$m2"
+project=$here/java
+reports=$project/target/surefire-reports
+rm -rf "$reports"
+
+log=$(mktemp -t refract-java-suite.XXXXXX.log)
+port=${REFRACT_JOB_PORT:-$(refract_free_port)}
+echo "== starting: $bin serve --job_port $port (log: $log)" >&2
+"$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
+server=$!
+# shellcheck disable=SC2317 # called by the EXIT trap
+stop_server() {
+  refract_kill_bounded
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+}
+trap stop_server EXIT
+trap 'exit 130' INT TERM
+
+if ! refract_wait_for_port "$port" "$server" 60; then
+  tail -n 50 "$log" >&2
+  exit 1
+fi
+
+rc=0
+refract_run_bounded "${REFRACT_JAVA_SUITE_TIMEOUT:-5400}" \
+  mvn -B -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P validates-runner \
+  -DjobPort="$port" "$@" test || rc=$?
+
+# Surefire prints its totals only when it finishes; count the per-class
+# reports instead, so a run that timed out still says how far it got.
+if [ -d "$reports" ]; then
+  "$REFRACT_PY" - "$reports" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+tests = failed = errors = skipped = 0
+for path in glob.glob(sys.argv[1] + "/TEST-*.xml"):
+    suite = ET.parse(path).getroot()
+    tests += int(suite.get("tests", 0))
+    failed += int(suite.get("failures", 0))
+    errors += int(suite.get("errors", 0))
+    skipped += int(suite.get("skipped", 0))
+passed = tests - failed - errors - skipped
+print(f"java ValidatesRunner: {passed} passed, {failed + errors} failed, {skipped} skipped")
+PY
+fi
+exit "$rc"
