@@ -120,10 +120,15 @@ impl<'a> Reader<'a> {
     /// The bytes from `start` (an earlier [`Reader::pos`]) to the current
     /// position, without copying when the reader is over shared bytes.
     pub(super) fn bytes_since(&self, start: usize) -> Result<Bytes, CoderError> {
-        let slice = self.buf.get(start..self.pos).ok_or(CoderError::Invalid {
-            what: "reader",
-            detail: format!("slice start {start} is past position {}", self.pos),
-        })?;
+        // ok_or_else: the message is built only on the error path (this is
+        // called for every decoded element).
+        let slice = self
+            .buf
+            .get(start..self.pos)
+            .ok_or_else(|| CoderError::Invalid {
+                what: "reader",
+                detail: format!("slice start {start} is past position {}", self.pos),
+            })?;
         Ok(match self.shared {
             // In bounds: `slice` above is the same range of the same bytes.
             Some(shared) => shared.slice(start..self.pos),

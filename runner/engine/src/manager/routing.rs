@@ -64,7 +64,10 @@ impl Engine {
                 }
             }
         }
-        for &stage in &self.consumers[pcoll].stages.clone() {
+        // By index: the consumer list is read per element and must not be
+        // cloned for each one.
+        for i in 0..self.consumers[pcoll].stages.len() {
+            let stage = self.consumers[pcoll].stages[i];
             let input_wm = self.stages[stage].input_wm;
             let now = self.now();
             let streaming = self.config.streaming;
