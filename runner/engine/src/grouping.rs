@@ -94,6 +94,14 @@ pub struct GroupingBuffer {
     /// The output watermark this stage last published (as far as this
     /// buffer knows it): data behind it must not be emitted behind it.
     output_watermark: Timestamp,
+    /// Something changed since the last evaluation (data arrived, windows
+    /// merged); with an unchanged watermark and no processing-time
+    /// trigger, evaluating again could fire nothing.
+    dirty: bool,
+    /// The input watermark of the last evaluation.
+    evaluated_at: Option<Timestamp>,
+    /// The trigger looks at processing time, so time alone can fire panes.
+    uses_processing_time: bool,
     /// Keys whose windows the SDK must merge before panes may fire
     /// (custom merging window functions only).
     unmerged: std::collections::BTreeSet<Bytes>,
@@ -104,6 +112,7 @@ impl GroupingBuffer {
     /// (a `Kv` coder) in windows of `window_coder`.
     pub fn new(strategy: WindowingStrategy, input_value_coder: Coder, window_coder: Coder) -> Self {
         GroupingBuffer {
+            uses_processing_time: uses_processing_time(&strategy.trigger),
             strategy,
             key_coder_kv: input_value_coder,
             window_coder,
@@ -111,6 +120,8 @@ impl GroupingBuffer {
             dropped_late: 0,
             output_watermark: crate::time::MIN_TIMESTAMP,
             unmerged: Default::default(),
+            dirty: false,
+            evaluated_at: None,
         }
     }
 
@@ -143,6 +154,7 @@ impl GroupingBuffer {
         input_watermark: Timestamp,
         now: Timestamp,
     ) -> Result<(), CoderError> {
+        self.dirty = true;
         let key_len = self.key_coder_kv.kv_key_len(&element.value)?;
         let key = element.value.slice(..key_len);
         let value = element.value.slice(key_len..);
@@ -219,6 +231,7 @@ impl GroupingBuffer {
     /// originals become one pane of the result window. Windows the key no
     /// longer has are ignored.
     pub fn apply_merges(&mut self, key: &Bytes, merges: crate::window_merge::Merges) {
+        self.dirty = true;
         self.unmerged.remove(key);
         let Some(windows) = self.panes.get_mut(key) else {
             return;
@@ -291,6 +304,11 @@ impl GroupingBuffer {
         now: Timestamp,
         out: &mut Vec<u8>,
     ) -> Result<usize, CoderError> {
+        if !self.dirty && !self.uses_processing_time && self.evaluated_at == Some(input_watermark) {
+            return Ok(0);
+        }
+        self.dirty = false;
+        self.evaluated_at = Some(input_watermark);
         let mut emitted = 0;
         // Deterministic output order makes tests and debugging simpler.
         let mut keys: Vec<Bytes> = self.panes.keys().cloned().collect();
@@ -406,6 +424,25 @@ impl GroupingBuffer {
             pane.values.clear();
         }
         Ok(1)
+    }
+}
+
+/// Whether a trigger can fire on processing time alone.
+fn uses_processing_time(trigger: &Trigger) -> bool {
+    match trigger {
+        Trigger::AfterProcessingTime { .. } | Trigger::AfterSynchronizedProcessingTime => true,
+        Trigger::AfterEndOfWindow { early, late } => {
+            early.as_deref().is_some_and(uses_processing_time)
+                || late.as_deref().is_some_and(uses_processing_time)
+        }
+        Trigger::AfterAll(subs) | Trigger::AfterAny(subs) | Trigger::AfterEach(subs) => {
+            subs.iter().any(uses_processing_time)
+        }
+        Trigger::OrFinally { main, finally } => {
+            uses_processing_time(main) || uses_processing_time(finally)
+        }
+        Trigger::Repeat(sub) => uses_processing_time(sub),
+        Trigger::Default | Trigger::ElementCount(_) | Trigger::Always | Trigger::Never => false,
     }
 }
 
