@@ -21,7 +21,7 @@ use crate::error::TranslateError;
 use crate::fuse::SdkGroup;
 use crate::graph::Graph;
 use crate::payloads::{decode_combine, decode_pardo, state_coders, COMBINE_STEPS, PARDO_LIKE};
-use crate::rewrite::{coder_of, window_coder_of};
+use crate::rewrite::{coder_of, strategy_of, window_coder_of};
 use crate::{SdkStageDescriptor, TranslateOptions};
 
 /// A built SDK stage: its descriptor and the engine's facts about it.
@@ -118,13 +118,7 @@ pub(crate) fn build(
             stage.allowed_lateness = group
                 .input
                 .as_ref()
-                .and_then(|p| graph.components.pcollections.get(p))
-                .and_then(|pc| {
-                    graph
-                        .components
-                        .windowing_strategies
-                        .get(&pc.windowing_strategy_id)
-                })
+                .and_then(|p| strategy_of(graph, p).ok())
                 .map_or(0, |ws| ws.allowed_lateness);
         }
     }
@@ -215,17 +209,7 @@ pub(crate) fn build(
                     TranslateError::missing("PCollection", pcoll, location.clone())
                 })?;
             coder_roots.insert(pc.coder_id.clone());
-            let ws = graph
-                .components
-                .windowing_strategies
-                .get(&pc.windowing_strategy_id)
-                .ok_or_else(|| {
-                    TranslateError::missing(
-                        "windowing strategy",
-                        &pc.windowing_strategy_id,
-                        format!("PCollection '{pcoll}'"),
-                    )
-                })?;
+            let ws = strategy_of(graph, pcoll)?;
             coder_roots.insert(ws.window_coder_id.clone());
             if !ws.environment_id.is_empty() {
                 env_ids.insert(ws.environment_id.clone());

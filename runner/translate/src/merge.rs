@@ -18,7 +18,7 @@ use refract_proto::urns::{coder as c, transform as t, window_fn};
 
 use crate::error::TranslateError;
 use crate::graph::{Graph, Node};
-use crate::rewrite::window_coder_of;
+use crate::rewrite::{strategy_of, window_coder_of};
 use crate::{TranslateOptions, WindowMerger};
 
 /// The merger for GroupByKey `node` (plan stage `stage_idx`), if its window
@@ -33,23 +33,7 @@ pub(crate) fn window_merger(
         return Ok(None);
     };
     let location = format!("GroupByKey '{}'", node.name);
-    let pc = graph
-        .components
-        .pcollections
-        .get(input)
-        .ok_or_else(|| TranslateError::missing("PCollection", input, location.clone()))?;
-    let ws = graph
-        .components
-        .windowing_strategies
-        .get(&pc.windowing_strategy_id)
-        .ok_or_else(|| {
-            TranslateError::missing(
-                "windowing strategy",
-                &pc.windowing_strategy_id,
-                location.clone(),
-            )
-        })?
-        .clone();
+    let ws = strategy_of(graph, input)?.clone();
     let fn_spec = ws.window_fn.clone().unwrap_or_default();
     if ws.merge_status != pb::merge_status::Enum::NeedsMerge as i32
         || fn_spec.urn == window_fn::SESSIONS

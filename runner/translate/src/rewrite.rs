@@ -125,6 +125,14 @@ pub(crate) fn coder_of(graph: &Graph, pcoll: &str) -> Result<String, TranslateEr
 
 /// The (unrewritten) window coder id of PCollection `pcoll`'s windowing strategy.
 pub(crate) fn window_coder_of(graph: &Graph, pcoll: &str) -> Result<String, TranslateError> {
+    strategy_of(graph, pcoll).map(|ws| ws.window_coder_id.clone())
+}
+
+/// The windowing strategy of PCollection `pcoll`.
+pub(crate) fn strategy_of<'g>(
+    graph: &'g Graph,
+    pcoll: &str,
+) -> Result<&'g pb::WindowingStrategy, TranslateError> {
     let pc = graph
         .components
         .pcollections
@@ -134,7 +142,6 @@ pub(crate) fn window_coder_of(graph: &Graph, pcoll: &str) -> Result<String, Tran
         .components
         .windowing_strategies
         .get(&pc.windowing_strategy_id)
-        .map(|ws| ws.window_coder_id.clone())
         .ok_or_else(|| {
             TranslateError::missing(
                 "windowing strategy",
