@@ -197,10 +197,6 @@ async fn run_job(
     workers_per_env: usize,
 ) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
-    let config = EngineConfig {
-        streaming,
-        ..config
-    };
     let translated = translate(
         job.pipeline(),
         &TranslateOptions {
@@ -210,6 +206,14 @@ async fn run_job(
             drain: has_experiment(job.options(), DRAIN_ON_START),
         },
     )?;
+    // A pipeline with an unbounded PCollection runs with streaming semantics
+    // whatever its options say (Java's test runner, for one, does not set
+    // --streaming for unbounded pipelines).
+    let streaming = streaming || translated.plan.pcollections.iter().any(|p| !p.bounded);
+    let config = EngineConfig {
+        streaming,
+        ..config
+    };
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
     let mut stages = HashMap::new();
