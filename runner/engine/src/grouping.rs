@@ -139,11 +139,7 @@ impl GroupingBuffer {
     /// the allowed lateness, capped at the end of the global window (as
     /// Beam caps it), so that huge lateness still closes at the end of time.
     fn expired(&self, window: &Window, watermark: Timestamp) -> bool {
-        window
-            .max_timestamp()
-            .saturating_add(self.strategy.allowed_lateness)
-            .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
-            < watermark
+        window.garbage_collection_time(self.strategy.allowed_lateness) < watermark
     }
 
     /// Buffer one input element. Data for windows that already expired at

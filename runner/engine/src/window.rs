@@ -32,6 +32,15 @@ pub enum Window {
 }
 
 impl Window {
+    /// When the window's state is garbage-collected: its end plus the
+    /// allowed lateness, capped at the end of the global window (as Beam
+    /// caps it), so that even a huge lateness expires at the end of time.
+    pub fn garbage_collection_time(&self, allowed_lateness: i64) -> Timestamp {
+        self.max_timestamp()
+            .saturating_add(allowed_lateness)
+            .min(GLOBAL_WINDOW_MAX_TIMESTAMP)
+    }
+
     /// The largest timestamp an element in this window may have; the window
     /// is complete once the watermark passes it.
     pub fn max_timestamp(&self) -> Timestamp {

@@ -22,11 +22,7 @@ impl Engine {
             return Ok(());
         };
         let lateness = sdk.allowed_lateness;
-        let gc_time = |w: &Window| {
-            w.max_timestamp()
-                .saturating_add(lateness)
-                .min(crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP)
-        };
+        let gc_time = |w: &Window| w.garbage_collection_time(lateness);
         // Timers that can no longer fire go with their window; those due by
         // its GC time fire (and may read its state) before it goes.
         // (At the end of the input every timer fires instead.)
