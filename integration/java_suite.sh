@@ -60,10 +60,20 @@ if ! refract_wait_for_port "$port" "$server" 60; then
   exit 1
 fi
 
+# Which tests: every test class of the test jar, nested classes too (Surefire
+# skips `Outer$Inner` classes by default, and most of ParDoTest, MetricsTest
+# and GroupByKeyTest are nested), less the tests that cannot finish on
+# Refract (each is counted as failed in docs/compatibility.md, with its cause).
+# A -Dtest=… given on the command line replaces this.
+tests='*Test,*Test$*,*Tests,!ViewTest#testTriggeredLatestSingleton'
+for arg in "$@"; do
+  case $arg in -Dtest=*) tests= ;; esac
+done
+
 rc=0
 refract_run_bounded "${REFRACT_JAVA_SUITE_TIMEOUT:-5400}" \
   mvn -B -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P validates-runner \
-  -DjobPort="$port" "$@" test || rc=$?
+  -DjobPort="$port" ${tests:+"-Dtest=$tests"} "$@" test || rc=$?
 
 # Surefire prints its totals only when it finishes; count the per-class
 # reports instead, so a run that timed out still says how far it got.

@@ -10,6 +10,7 @@
 # What it sets up:
 #   - protoc (Debian's protobuf-compiler), needed by the beam-proto crate;
 #   - libclang-dev, only once the workspace depends on bindgen (rocksdb);
+#   - a JDK (17+) and Maven, for the Java SDK tests (integration/java);
 #   - the clippy and rustfmt components of the Rust toolchain;
 #   - a Python virtualenv at $REFRACT_VENV (default ~/.cache/refract/venv,
 #     never inside the clone) with the packages in integration/requirements.txt.
@@ -72,6 +73,11 @@ apt_install() {
 # --- system packages -------------------------------------------------------
 if ! command -v protoc >/dev/null 2>&1; then
   apt_install protobuf-compiler
+fi
+
+# The Java SDK tests build integration/java with Maven on a JDK.
+if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
+  apt_install maven default-jdk-headless
 fi
 
 # bindgen (pulled in by rocksdb) needs libclang at build time.

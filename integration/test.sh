@@ -13,6 +13,9 @@
 #    pass bar from integration/prism_suite_bar.
 # 6. Beam's shared cases without Prism's opt-outs via
 #    integration/refract_suite.sh (bar in integration/refract_suite_bar).
+# 7. the Java SDK: integration/run-java-wordcount.sh runs the Java WordCount
+#    on Refract and on Beam's DirectRunner and compares the outputs (Maven's
+#    repository is cached in ~/.cache/refract/m2).
 # It goes on after a failing step 3-5 so one run reports everything, prints
 # each pytest summary and a closing "total: ..." line, and exits non-zero if
 # any step failed.
@@ -92,6 +95,16 @@ echo "== RefractRunnerTest suite (Beam's shared cases without Prism's opt-outs)"
 REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
   "$here/refract_suite.sh" "$bin" ||
   failed_steps+=("RefractRunnerTest suite (bar $(cat "$here/refract_suite_bar"))")
+
+echo "== Java WordCount on Refract vs the DirectRunner"
+rc=0
+REFRACT_BIN=$bin refract_run_bounded 900 "$here/run-java-wordcount.sh" || rc=$?
+if [ "$rc" -eq 0 ]; then
+  echo '{"label": "java-wordcount", "passed": 1, "failed": 0, "skipped": 0}' >>"$record"
+else
+  echo '{"label": "java-wordcount", "passed": 0, "failed": 1, "skipped": 0}' >>"$record"
+  failed_steps+=("Java WordCount (exit $rc)")
+fi
 
 echo "== reports in $work"
 if [ "${#failed_steps[@]}" -gt 0 ]; then

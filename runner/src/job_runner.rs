@@ -177,10 +177,15 @@ impl LogSink for JobLogs {
             _ => tracing::debug!(worker = worker_id, transform = %entry.transform_id, "{text}"),
         }
         // INFO and above reach the job's message stream (the SDK client
-        // prints them); DEBUG and TRACE stay in the runner's log.
+        // prints them); DEBUG and TRACE stay in the runner's log. A harness's
+        // ERROR lines go out as warnings: clients take the job's error text
+        // from its ERROR messages (Java the first, Python the last), and that
+        // must be the failure the job ended with, not whatever a harness
+        // logged at ERROR on the way (Java's gRPC logs orphaned channels so).
         let importance = match severity {
-            Severity::Error | Severity::Critical => Some(MessageImportance::JobMessageError),
-            Severity::Warn => Some(MessageImportance::JobMessageWarning),
+            Severity::Error | Severity::Critical | Severity::Warn => {
+                Some(MessageImportance::JobMessageWarning)
+            }
             Severity::Notice | Severity::Info => Some(MessageImportance::JobMessageBasic),
             _ => None,
         };

@@ -108,6 +108,23 @@ pub struct SdkStage {
     /// of a window is dropped once the input watermark passes the window's
     /// end plus this.
     pub allowed_lateness: i64,
+    /// For stateful stages with a window-expiration callback: the timer the
+    /// runner sets for every key and window the stage sees, firing once the
+    /// window expired (before its state is collected).
+    pub window_expiration: Option<WindowExpiration>,
+    /// For stateful stages: elements are handed over only once the input
+    /// watermark passed their timestamp, in timestamp order.
+    pub time_sorted_input: bool,
+}
+
+/// The timer family a stateful transform wants fired as each of its windows
+/// expires. The family is also one of the stage's [`TimerFamily`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowExpiration {
+    /// Transform id (inside the stage's bundle descriptor).
+    pub transform_id: String,
+    /// Timer family id.
+    pub family_id: String,
 }
 
 /// A timer family declared by one transform of an SDK stage.

@@ -65,6 +65,33 @@ impl TimerStore {
         }
     }
 
+    /// Set an event-time timer the runner owns (a window-expiration
+    /// callback) unless one with the same identity is already pending: it
+    /// is set again for every element of its key and window, and the first
+    /// setting stands. Returns whether it was new.
+    pub fn set_if_absent(
+        &mut self,
+        transform_id: &str,
+        family_id: &str,
+        timer: TimerValue,
+    ) -> bool {
+        let Some(window) = timer.windows.first().cloned() else {
+            return false;
+        };
+        let id = (
+            transform_id.to_string(),
+            family_id.to_string(),
+            timer.user_key.clone(),
+            timer.dynamic_tag.clone(),
+            window,
+        );
+        if self.timers.contains_key(&id) {
+            return false;
+        }
+        self.timers.insert(id, (TimeDomain::EventTime, timer));
+        true
+    }
+
     /// Put back timers of a bundle that failed, unless a newer write replaced them.
     pub fn restore(&mut self, fired: Vec<(TimeDomain, FiredTimer)>) {
         for (domain, f) in fired {
@@ -133,24 +160,38 @@ impl TimerStore {
     /// firing time the input watermark has passed, processing-time timers
     /// whose time `now` has reached, and every timer once the input is
     /// complete (`input_watermark` at +∞: a bounded input ends, so
-    /// processing time is treated as having run out too). Ordered by firing time.
+    /// processing time is treated as having run out too). Ordered by firing
+    /// time. Timers of the `last` family (transform, family) — the
+    /// window-expiration callback — fire only when no other timer is ready,
+    /// so they see the effects of every user timer of their window.
     pub fn take_ready(
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
+        last: Option<(&str, &str)>,
     ) -> Vec<(TimeDomain, FiredTimer)> {
-        let ready: Vec<TimerId> = self
+        let is_ready = |(domain, t): &(TimeDomain, TimerValue)| {
+            input_watermark >= MAX_TIMESTAMP
+                || match domain {
+                    TimeDomain::EventTime => t.fire_timestamp < input_watermark,
+                    TimeDomain::ProcessingTime => t.fire_timestamp <= now,
+                }
+        };
+        let is_last = |id: &TimerId| last.is_some_and(|(t, f)| id.0 == t && id.1 == f);
+        let mut ready: Vec<TimerId> = self
             .timers
             .iter()
-            .filter(|(_, (domain, t))| {
-                input_watermark >= MAX_TIMESTAMP
-                    || match domain {
-                        TimeDomain::EventTime => t.fire_timestamp < input_watermark,
-                        TimeDomain::ProcessingTime => t.fire_timestamp <= now,
-                    }
-            })
+            .filter(|(id, v)| !is_last(id) && is_ready(v))
             .map(|(id, _)| id.clone())
             .collect();
+        if ready.is_empty() {
+            ready = self
+                .timers
+                .iter()
+                .filter(|(id, v)| is_last(id) && is_ready(v))
+                .map(|(id, _)| id.clone())
+                .collect();
+        }
         let mut fired: Vec<(TimeDomain, FiredTimer)> = ready
             .into_iter()
             .filter_map(|id| {
@@ -234,9 +275,34 @@ mod tests {
         );
         assert_eq!(s.drop_expired(10, |_| 19), 0, "not expired yet");
         assert_eq!(s.drop_expired(30, |_| 19), 2);
-        let left = s.take_ready(30, 0);
+        let left = s.take_ready(30, 0, None);
         assert_eq!(left.len(), 1);
         assert_eq!(&left[0].1.timer.user_key[..], b"a");
+    }
+
+    #[test]
+    fn runner_owned_timers_keep_their_first_setting() {
+        let mut s = TimerStore::default();
+        assert!(s.set_if_absent("t", "owe", timer("k", 19, false)));
+        assert!(!s.set_if_absent("t", "owe", timer("k", 50, false)));
+        assert!(s.set_if_absent("t", "owe", timer("j", 19, false)));
+        s.apply(
+            "t",
+            "user",
+            TimeDomain::EventTime,
+            vec![timer("k", 5, false)],
+        );
+        let last = Some(("t", "owe"));
+        assert!(
+            s.take_ready(5, 0, last).is_empty(),
+            "fires only past its time"
+        );
+        let fired = s.take_ready(20, 0, last);
+        assert_eq!(fired.len(), 1, "user timers of the window fire first");
+        assert_eq!(fired[0].1.family_id, "user");
+        let fired = s.take_ready(20, 0, last);
+        assert_eq!(fired.len(), 2);
+        assert!(fired.iter().all(|(_, f)| f.timer.fire_timestamp == 19));
     }
 
     #[test]
@@ -249,11 +315,11 @@ mod tests {
             TimeDomain::ProcessingTime,
             vec![timer("b", 100, false)],
         );
-        assert!(s.take_ready(10, 0).is_empty());
-        let fired = s.take_ready(11, 0);
+        assert!(s.take_ready(10, 0, None).is_empty());
+        let fired = s.take_ready(11, 0, None);
         assert_eq!(fired.len(), 1);
         assert_eq!(fired[0].1.family_id, "e");
-        assert_eq!(s.take_ready(11, 100).len(), 1);
+        assert_eq!(s.take_ready(11, 100, None).len(), 1);
         assert!(s.is_empty());
     }
 }

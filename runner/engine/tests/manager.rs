@@ -11,14 +11,14 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{
-    decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder, PaneInfo,
-    WindowedValueHeader,
+    decode_timers, decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder,
+    PaneInfo, TimerValue, WindowedValueHeader,
 };
-use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
 use refract_engine::manager::{Engine, EngineConfig, EngineError};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageKind, WindowFn,
-    WindowingStrategy,
+    PCollection, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageKind, TestStreamEvent,
+    TimeDomain, TimerFamily, WindowExpiration, WindowFn, WindowingStrategy,
 };
 use refract_engine::state::StateKey;
 use refract_engine::window::Window;
@@ -366,7 +366,6 @@ async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
 
 #[tokio::test]
 async fn user_state_of_an_expired_window_is_collected() {
-    use refract_engine::plan::TestStreamEvent;
     // TestStream -> stateful stage. The stage appends to the bag of each
     // element's window; the second element, in a later window, reads the
     // first window's bag after the watermark passed that window's end.
@@ -376,70 +375,24 @@ async fn user_state_of_an_expired_window_is_collected() {
         .encode_window(&w0, &mut w0_bytes)
         .unwrap();
     let w0_bytes = Bytes::from(w0_bytes);
-    let kv = kv_bytes_varint();
-    let element = |ts: i64| {
-        let mut v = vec![1, b'k'];
-        encode_varint_i64(ts, &mut v);
-        (Bytes::from(v), ts)
-    };
-    let plan = Plan {
-        pcollections: vec![
-            pc("raw", kv.clone(), Coder::GlobalWindow),
-            pc("in", kv.clone(), Coder::IntervalWindow),
-        ],
-        stages: vec![
-            Stage {
-                name: "stream".into(),
-                kind: StageKind::TestStream(vec![
-                    TestStreamEvent::Elements {
-                        output: 0,
-                        elements: vec![element(5)],
-                    },
-                    TestStreamEvent::Watermark(50),
-                    TestStreamEvent::Elements {
-                        output: 0,
-                        elements: vec![element(105)],
-                    },
-                ]),
-                inputs: vec![],
-                side_inputs: vec![],
-                outputs: vec![0],
+    let plan = stateful_plan(
+        vec![
+            TestStreamEvent::Elements {
+                output: 0,
+                elements: vec![keyed_at("k", 5)],
             },
-            sdk_stage("window", vec![0], vec![1]),
-            Stage {
-                kind: StageKind::Sdk(SdkStage {
-                    stateful: true,
-                    ..SdkStage::default()
-                }),
-                ..sdk_stage("stateful", vec![1], vec![])
+            TestStreamEvent::Watermark(50),
+            TestStreamEvent::Elements {
+                output: 0,
+                elements: vec![keyed_at("k", 105)],
             },
         ],
-    };
-    // Assigns [t - t % 100, + 10) windows, as an SDK's WindowInto would.
-    let window: StageFn = Arc::new(|input| {
-        let mut out = Vec::new();
-        for chunk in &input.elements {
-            for e in
-                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::GlobalWindow).unwrap()
-            {
-                let ts = e.header.timestamp;
-                let start = ts - ts % 100;
-                let header = WindowedValueHeader {
-                    timestamp: ts,
-                    windows: vec![Window::Interval {
-                        start,
-                        end: start + 10,
-                    }],
-                    pane: PaneInfo::NO_FIRING,
-                };
-                encode_windowed_value(&header, &Coder::IntervalWindow, &e.value, &mut out).unwrap();
-            }
-        }
-        Ok(BundleOutput {
-            outputs: vec![(1, Bytes::from(out))],
-            ..Default::default()
-        })
-    });
+        SdkStage {
+            stateful: true,
+            ..SdkStage::default()
+        },
+    );
+    let window = window_by_hundreds();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let stateful: StageFn = Arc::new(move |input| {
@@ -476,6 +429,249 @@ async fn user_state_of_an_expired_window_is_collected() {
     // First element: nothing yet. Second element: its own bag is empty and
     // the first window's bag was collected when the watermark passed 10.
     assert_eq!(*seen.lock(), vec![(0, 0), (0, 0)]);
+}
+
+/// A stage assigning `[t - t % 100, + 10)` windows to `KV<bytes, varint>`
+/// elements, as an SDK's WindowInto would.
+fn window_by_hundreds() -> StageFn {
+    Arc::new(|input| {
+        let mut out = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::GlobalWindow).unwrap()
+            {
+                let ts = e.header.timestamp;
+                let start = ts - ts % 100;
+                let header = WindowedValueHeader {
+                    timestamp: ts,
+                    windows: vec![Window::Interval {
+                        start,
+                        end: start + 10,
+                    }],
+                    pane: PaneInfo::NO_FIRING,
+                };
+                encode_windowed_value(&header, &Coder::IntervalWindow, &e.value, &mut out).unwrap();
+            }
+        }
+        Ok(BundleOutput {
+            outputs: vec![(1, Bytes::from(out))],
+            ..Default::default()
+        })
+    })
+}
+
+/// `KV<key, ts>` at event time `ts`, as a TestStream element.
+fn keyed_at(key: &str, ts: i64) -> (Bytes, i64) {
+    let mut v = vec![key.len() as u8];
+    v.extend_from_slice(key.as_bytes());
+    encode_varint_i64(ts, &mut v);
+    (Bytes::from(v), ts)
+}
+
+/// TestStream (`events`) -> windowing by hundreds -> `stateful`.
+fn stateful_plan(events: Vec<TestStreamEvent>, stateful: SdkStage) -> Plan {
+    let kv = kv_bytes_varint();
+    Plan {
+        pcollections: vec![
+            pc("raw", kv.clone(), Coder::GlobalWindow),
+            pc("in", kv, Coder::IntervalWindow),
+        ],
+        stages: vec![
+            Stage {
+                name: "stream".into(),
+                kind: StageKind::TestStream(events),
+                inputs: vec![],
+                side_inputs: vec![],
+                outputs: vec![0],
+            },
+            sdk_stage("window", vec![0], vec![1]),
+            Stage {
+                kind: StageKind::Sdk(stateful),
+                ..sdk_stage("stateful", vec![1], vec![])
+            },
+        ],
+    }
+}
+
+fn event_time_family(family_id: &str) -> TimerFamily {
+    TimerFamily {
+        transform_id: "t".into(),
+        family_id: family_id.into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::IntervalWindow,
+    }
+}
+
+/// What the stateful stage saw: an element (key, timestamp) or a timer
+/// (family, key, window, firing time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Element(Vec<u8>, i64),
+    Timer(String, Vec<u8>, Window, i64),
+}
+
+#[tokio::test]
+async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers() {
+    let events = vec![
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("a", 1), keyed_at("a", 3), keyed_at("b", 5)],
+        },
+        TestStreamEvent::Watermark(50),
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("a", 105)],
+        },
+    ];
+    let plan = stateful_plan(
+        events,
+        SdkStage {
+            stateful: true,
+            timer_families: vec![event_time_family("user"), event_time_family("expiry")],
+            window_expiration: Some(WindowExpiration {
+                transform_id: "t".into(),
+                family_id: "expiry".into(),
+            }),
+            ..SdkStage::default()
+        },
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    // Every element sets a "user" timer at its timestamp + 1 in its window.
+    let stateful: StageFn = Arc::new(move |input| {
+        let mut log = seen2.lock();
+        for t in &input.timers {
+            for timer in decode_timers(&t.data, &Coder::Bytes, &Coder::IntervalWindow).unwrap() {
+                log.push(Seen::Timer(
+                    t.family_id.clone(),
+                    timer.user_key.to_vec(),
+                    timer.windows[0].clone(),
+                    timer.fire_timestamp,
+                ));
+            }
+        }
+        let mut set = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+            {
+                let key = e.value.slice(..2);
+                log.push(Seen::Element(key.to_vec(), e.header.timestamp));
+                TimerValue {
+                    user_key: key,
+                    dynamic_tag: String::new(),
+                    windows: e.header.windows.clone(),
+                    clear: false,
+                    fire_timestamp: e.header.timestamp + 1,
+                    hold_timestamp: e.header.timestamp + 1,
+                    pane: PaneInfo::NO_FIRING,
+                }
+                .encode(&Coder::IntervalWindow, &mut set)
+                .unwrap();
+            }
+        }
+        Ok(BundleOutput {
+            timers: vec![TimerInput {
+                transform_id: "t".into(),
+                family_id: "user".into(),
+                data: Bytes::from(set),
+            }],
+            ..Default::default()
+        })
+    });
+    let exec = FakeExecutor {
+        stages: [(1, window_by_hundreds()), (2, stateful)]
+            .into_iter()
+            .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+
+    let seen = seen.lock().clone();
+    let first = Window::Interval { start: 0, end: 10 };
+    let later = Window::Interval {
+        start: 100,
+        end: 110,
+    };
+    let expiries: Vec<(Vec<u8>, Window, i64)> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Timer(f, k, w, t) if f == "expiry" => Some((k.clone(), w.clone(), *t)),
+            _ => None,
+        })
+        .collect();
+    // Once per key and window, firing at the window's end (no lateness).
+    assert_eq!(
+        expiries,
+        vec![
+            (b"\x01a".to_vec(), first.clone(), 9),
+            (b"\x01b".to_vec(), first.clone(), 9),
+            (b"\x01a".to_vec(), later.clone(), 109),
+        ],
+        "{seen:?}"
+    );
+    // Each after every user timer and element of its window.
+    for (key, window, _) in &expiries {
+        let at = seen
+            .iter()
+            .position(|s| matches!(s, Seen::Timer(f, k, w, _) if f == "expiry" && k == key && w == window))
+            .unwrap();
+        let user_timer_after = seen[at..].iter().any(
+            |s| matches!(s, Seen::Timer(f, k, w, _) if f == "user" && k == key && w == window),
+        );
+        assert!(!user_timer_after, "{seen:?}");
+    }
+    assert!(seen.contains(&Seen::Timer("user".into(), b"\x01a".to_vec(), first, 4)));
+}
+
+#[tokio::test]
+async fn time_sorted_input_waits_for_the_watermark_and_arrives_in_order() {
+    let events = vec![
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("k", 30), keyed_at("k", 10), keyed_at("k", 20)],
+        },
+        TestStreamEvent::Watermark(25),
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("k", 40), keyed_at("k", 5)],
+        },
+    ];
+    let plan = stateful_plan(
+        events,
+        SdkStage {
+            stateful: true,
+            time_sorted_input: true,
+            ..SdkStage::default()
+        },
+    );
+    let bundles = Arc::new(Mutex::new(Vec::new()));
+    let bundles2 = bundles.clone();
+    let stateful: StageFn = Arc::new(move |input| {
+        let mut times = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+            {
+                times.push(e.header.timestamp);
+            }
+        }
+        bundles2.lock().push(times);
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(1, window_by_hundreds()), (2, stateful)]
+            .into_iter()
+            .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    // 30 waits for the watermark to pass it; 5 is behind the watermark
+    // when it arrives and goes first; the rest when the input ends.
+    let bundles = bundles.lock().clone();
+    assert_eq!(bundles[0], vec![10, 20], "{bundles:?}");
+    assert_eq!(bundles.concat(), vec![10, 20, 5, 30, 40], "{bundles:?}");
 }
 
 /// A source that emits `per_round` elements per bundle and checkpoints

@@ -145,9 +145,20 @@ async fn run_staging(
 ) {
     let pending = job.artifacts().pending();
     tracing::info!(job_id = %job.id(), artifacts = pending.len(), "staging artifacts");
-    let mut bytes = 0u64;
+    let (mut bytes, mut reused) = (0u64, 0usize);
     let mut outcome = Ok(());
     for artifact in &pending {
+        if let Some(file) = job.artifacts().reuse(artifact).await {
+            tracing::debug!(
+                job_id = %job.id(),
+                artifact = %describe(artifact),
+                path = %file.path.display(),
+                "reused a stored artifact"
+            );
+            reused += 1;
+            job.artifacts().record(artifact, file);
+            continue;
+        }
         match fetch(&job, artifact, &mut inbound, &tx, &mut shutdown).await {
             Ok(file) => {
                 tracing::debug!(
@@ -158,6 +169,7 @@ async fn run_staging(
                     "staged artifact"
                 );
                 bytes += file.len;
+                job.artifacts().share(&file).await;
                 job.artifacts().record(artifact, file);
             }
             Err(error) => {
@@ -168,7 +180,13 @@ async fn run_staging(
     }
     match outcome {
         Ok(()) => {
-            tracing::info!(job_id = %job.id(), artifacts = pending.len(), bytes, "artifacts staged");
+            tracing::info!(
+                job_id = %job.id(),
+                artifacts = pending.len(),
+                reused,
+                bytes,
+                "artifacts staged"
+            );
             job.finish_staging(Ok(()));
         }
         Err(error) => {

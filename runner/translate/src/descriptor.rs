@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use refract_engine::plan::{SdkStage, SideInputAccess, TimeDomain, TimerFamily};
+use refract_engine::plan::{SdkStage, SideInputAccess, TimeDomain, TimerFamily, WindowExpiration};
 use refract_proto::fn_api;
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -114,6 +114,14 @@ pub(crate) fn build(
         stage.stateful = root.stateful;
         stage.splittable = root.splittable;
         if root.stateful {
+            stage.window_expiration =
+                root.window_expiration_family
+                    .as_ref()
+                    .map(|family_id| WindowExpiration {
+                        transform_id: root.id.clone(),
+                        family_id: family_id.clone(),
+                    });
+            stage.time_sorted_input = root.time_sorted_input;
             // User state lives until the end of its window plus this.
             stage.allowed_lateness = group
                 .input

@@ -174,6 +174,8 @@ mod tests {
             stateful: false,
             splittable: false,
             finalization: false,
+            window_expiration_family: None,
+            time_sorted_input: false,
         }
     }
 

@@ -72,6 +72,11 @@ pub(crate) struct Node {
     pub splittable: bool,
     /// Requests bundle finalization.
     pub finalization: bool,
+    /// Stateful nodes: the timer family fired for each key and window as the
+    /// window expires.
+    pub window_expiration_family: Option<String>,
+    /// Stateful nodes: input is delivered sorted by event time.
+    pub time_sorted_input: bool,
 }
 
 impl Node {
@@ -88,6 +93,8 @@ impl Node {
             stateful: false,
             splittable: false,
             finalization: false,
+            window_expiration_family: None,
+            time_sorted_input: false,
             transform,
         }
     }
@@ -387,12 +394,17 @@ impl Builder {
         }
         let mut side_inputs = Vec::new();
         let (mut stateful, mut finalization) = (false, false);
+        let (mut window_expiration_family, mut time_sorted_input) = (None, false);
         if PARDO_LIKE.contains(&urn.as_str()) {
             let facts = payloads::pardo_facts(&transform, &name, &self.coders)?;
             side_inputs = facts.side_inputs;
             stateful = facts.keyed_state
                 && (urn == t::PAR_DO || urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS);
             finalization = facts.finalization;
+            if stateful {
+                window_expiration_family = facts.window_expiration_family;
+                time_sorted_input = facts.time_sorted_input;
+            }
         } else if COMBINE_STEPS.contains(&urn.as_str()) {
             let payload = decode_combine(&transform, &name)?;
             self.coders.get(
@@ -423,6 +435,8 @@ impl Builder {
             stateful,
             splittable: urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS,
             finalization,
+            window_expiration_family,
+            time_sorted_input,
             transform,
         })
     }

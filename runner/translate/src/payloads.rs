@@ -37,6 +37,11 @@ pub(crate) struct ParDoFacts {
     pub keyed_state: bool,
     /// It requests bundle finalization.
     pub finalization: bool,
+    /// The timer family the runner fires for each key and window when the
+    /// window expires (Java's `@OnWindowExpiration`).
+    pub window_expiration_family: Option<String>,
+    /// Its input must arrive sorted by event time (`@RequiresTimeSortedInput`).
+    pub time_sorted_input: bool,
 }
 
 /// Decodes and checks a ParDo-like transform's payload.
@@ -67,10 +72,17 @@ pub(crate) fn pardo_facts(
         };
         side_inputs.push(SideIn { tag, pcoll, access });
     }
+    let window_expiration_family =
+        Some(payload.on_window_expiration_timer_family_spec.clone()).filter(|f| !f.is_empty());
     Ok(ParDoFacts {
         side_inputs,
-        keyed_state: !payload.state_specs.is_empty() || !payload.timer_family_specs.is_empty(),
+        keyed_state: !payload.state_specs.is_empty()
+            || !payload.timer_family_specs.is_empty()
+            || window_expiration_family.is_some()
+            || payload.requires_time_sorted_input,
         finalization: payload.requests_finalization,
+        window_expiration_family,
+        time_sorted_input: payload.requires_time_sorted_input,
     })
 }
 
@@ -80,24 +92,21 @@ fn check_pardo(
     name: &str,
     coders: &Coders,
 ) -> Result<(), TranslateError> {
-    let location = format!("transform '{name}'");
-    if payload.requires_time_sorted_input {
-        return Err(TranslateError::unsupported(
-            format!(
-                "time-sorted input ('{}')",
-                urns::requirement::TIME_SORTED_INPUT
-            ),
-            location,
-        ));
-    }
-    if !payload.on_window_expiration_timer_family_spec.is_empty() {
-        return Err(TranslateError::unsupported(
-            format!(
-                "on-window-expiration timer ('{}')",
+    let expiration = &payload.on_window_expiration_timer_family_spec;
+    if !expiration.is_empty() {
+        // The runner fires this family itself, so it must be an event-time
+        // family the transform declares.
+        let declared = payload
+            .timer_family_specs
+            .get(expiration)
+            .is_some_and(|spec| spec.time_domain == pb::time_domain::Enum::EventTime as i32);
+        if !declared {
+            return Err(TranslateError::Invalid(format!(
+                "transform '{name}' names '{expiration}' as its window-expiration timer family \
+                 ('{}') but declares no event-time timer family of that name",
                 urns::requirement::ON_WINDOW_EXPIRATION
-            ),
-            location,
-        ));
+            )));
+        }
     }
     let mut states: Vec<(&String, &pb::StateSpec)> = payload.state_specs.iter().collect();
     states.sort_by(|a, b| a.0.cmp(b.0));
@@ -145,7 +154,10 @@ fn check_pardo(
         )?;
     }
     if !payload.restriction_coder_id.is_empty() {
-        coders.get(&payload.restriction_coder_id, &location)?;
+        coders.get(
+            &payload.restriction_coder_id,
+            &format!("transform '{name}'"),
+        )?;
     }
     Ok(())
 }

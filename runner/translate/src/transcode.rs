@@ -84,6 +84,8 @@ pub(crate) fn test_stream_outputs(graph: &mut Graph) {
                 stateful: false,
                 splittable: false,
                 finalization: false,
+                window_expiration_family: None,
+                time_sorted_input: false,
                 transform: pb::PTransform {
                     unique_name: name,
                     spec: Some(pb::FunctionSpec {
@@ -197,6 +199,8 @@ pub(crate) fn flatten_inputs(graph: &mut Graph) {
                 stateful: false,
                 splittable: false,
                 finalization: false,
+                window_expiration_family: None,
+                time_sorted_input: false,
                 transform,
             });
             done.insert(input.clone(), pcoll_id.clone());

@@ -22,6 +22,8 @@ const SUPPORTED_REQUIREMENTS: &[&str] = &[
     requirement::SPLITTABLE_DOFN,
     requirement::FINALIZATION,
     requirement::STABLE_INPUT,
+    requirement::TIME_SORTED_INPUT,
+    requirement::ON_WINDOW_EXPIRATION,
 ];
 
 /// Rejects `Pipeline.requirements` entries Refract cannot honour.

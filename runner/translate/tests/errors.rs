@@ -50,9 +50,8 @@ fn unknown_transform_urn_is_named_with_its_transform() {
 #[test]
 fn unsupported_requirements_are_named() {
     for requirement in [
-        urns::requirement::TIME_SORTED_INPUT,
-        urns::requirement::ON_WINDOW_EXPIRATION,
         "beam:requirement:pardo:something_new:v1",
+        "beam:requirement:pardo:unknown:v2",
     ] {
         let mut p = load("create_map_gbk");
         p.requirements.push(requirement.to_string());
@@ -71,6 +70,8 @@ fn supported_requirements_are_accepted() {
         urns::requirement::SPLITTABLE_DOFN,
         urns::requirement::FINALIZATION,
         urns::requirement::STABLE_INPUT,
+        urns::requirement::TIME_SORTED_INPUT,
+        urns::requirement::ON_WINDOW_EXPIRATION,
     ] {
         p.requirements.push(requirement.to_string());
     }
@@ -112,13 +113,26 @@ fn unknown_environments_are_rejected() {
 }
 
 #[test]
-fn time_sorted_input_on_a_pardo_is_rejected() {
+fn time_sorted_input_on_a_stateful_pardo_is_accepted() {
     let mut p = load("stateful_timers");
     edit_pardo(&mut p, "Stateful", |payload| {
         payload.requires_time_sorted_input = true
     });
+    validate(&p).expect("time-sorted input");
+}
+
+#[test]
+fn window_expiration_needs_a_declared_event_time_family() {
+    let mut p = load("stateful_timers");
+    edit_pardo(&mut p, "Stateful", |payload| {
+        payload.on_window_expiration_timer_family_spec = "no-such-family".to_string()
+    });
     let err = rejected(&p);
-    assert!(err.contains(urns::requirement::TIME_SORTED_INPUT), "{err}");
+    assert!(err.contains("'no-such-family'"), "{err}");
+    assert!(
+        err.contains(urns::requirement::ON_WINDOW_EXPIRATION),
+        "{err}"
+    );
     assert!(err.contains("transform 'Stateful'"), "{err}");
 }
 

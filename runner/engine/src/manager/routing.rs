@@ -2,6 +2,8 @@
 //! grouping buffers and side-input stores.
 
 use super::*;
+use crate::coder::TimerValue;
+use crate::plan::SdkStage;
 
 impl Engine {
     /// Deliver encoded windowed values produced into PCollection `pcoll`.
@@ -99,6 +101,28 @@ impl Engine {
                     }
                 }
                 None => {
+                    if let StageKind::Sdk(SdkStage {
+                        window_expiration: Some(expiration),
+                        allowed_lateness,
+                        ..
+                    }) = &self.plan.stages[stage].kind
+                    {
+                        let pc = &self.plan.pcollections[pcoll];
+                        let key_len = pc.value_coder.kv_key_len(&e.value).map_err(|source| {
+                            EngineError::Decode {
+                                pcollection: pc.id.clone(),
+                                source,
+                            }
+                        })?;
+                        let key = e.value.slice(..key_len);
+                        for window in &e.header.windows {
+                            s.timers.set_if_absent(
+                                &expiration.transform_id,
+                                &expiration.family_id,
+                                expiration_timer(key.clone(), window, *allowed_lateness),
+                            );
+                        }
+                    }
                     s.pending.push_back(e.clone());
                     self.summary.peak_pending_bytes =
                         self.summary.peak_pending_bytes.max(s.pending.bytes());
@@ -106,5 +130,22 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+/// The timer that calls a stateful transform back as `window` expires for
+/// `key`: it fires once the input watermark passed the window's
+/// garbage-collection time (so all the window's input, late data included,
+/// was processed) and holds output at the window's end, where its output
+/// belongs.
+fn expiration_timer(key: Bytes, window: &Window, allowed_lateness: i64) -> TimerValue {
+    TimerValue {
+        user_key: key,
+        dynamic_tag: String::new(),
+        windows: vec![window.clone()],
+        clear: false,
+        fire_timestamp: window.garbage_collection_time(allowed_lateness),
+        hold_timestamp: window.max_timestamp(),
+        pane: PaneInfo::NO_FIRING,
     }
 }

@@ -53,6 +53,11 @@ impl Engine {
             };
             let stateful = sdk.stateful;
             let splittable = sdk.splittable;
+            let time_sorted = sdk.time_sorted_input;
+            let expiration = sdk
+                .window_expiration
+                .as_ref()
+                .map(|e| (e.transform_id.clone(), e.family_id.clone()));
             let families = sdk.timer_families.clone();
             let streaming = self.config.streaming;
             let gate = self.side_input_gate(idx);
@@ -89,25 +94,38 @@ impl Engine {
                 if s.in_flight >= limit {
                     break;
                 }
+                // Time-sorted input: an element goes out only once the input
+                // watermark passed it, so nothing earlier can still arrive.
+                let input_wm = s.input_wm;
+                let released = |e: &DecodedElement| !time_sorted || e.header.timestamp < input_wm;
+                let has_input = if time_sorted {
+                    s.pending.any(released)
+                } else {
+                    !s.pending.is_empty()
+                };
                 // Elements that already arrived are processed before any
                 // timer fires, so a timer cannot overtake data that would
                 // have reset or cleared it.
-                let fired = if families.is_empty() || !s.pending.is_empty() {
+                let fired = if families.is_empty() || has_input {
                     Vec::new()
                 } else {
-                    s.timers.take_ready(s.input_wm, now)
+                    let last = expiration.as_ref().map(|(t, f)| (t.as_str(), f.as_str()));
+                    s.timers.take_ready(s.input_wm, now, last)
                 };
-                if s.pending.is_empty() && fired.is_empty() {
+                if !has_input && fired.is_empty() {
                     break;
                 }
-                let elements: Vec<DecodedElement> = if gate.is_empty() {
+                let mut elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted {
                     s.pending.take(self.config.max_bundle_elements)
                 } else {
                     // Only elements whose side inputs are ready.
                     s.pending.take_where(self.config.max_bundle_elements, |e| {
-                        gate.iter().all(|g| g.allows(e, streaming))
+                        released(e) && gate.iter().all(|g| g.allows(e, streaming))
                     })
                 };
+                if time_sorted {
+                    elements.sort_by_key(|e| e.header.timestamp);
+                }
                 let take = elements.len();
                 if elements.is_empty() && fired.is_empty() {
                     break;

@@ -146,6 +146,58 @@ impl ArtifactStore {
         self.staged.lock().insert(ArtifactKey::of(artifact), file);
     }
 
+    /// The service-wide directory of content-addressed files, beside the
+    /// job directories, from which later jobs reuse what earlier ones
+    /// staged (Java stages its whole classpath with every job).
+    fn shared_dir(&self) -> Option<PathBuf> {
+        self.dir.parent().map(|root| root.join(SHARED_DIR))
+    }
+
+    /// Stages an artifact without transferring it when its declared SHA-256
+    /// names a file an earlier job stored: the file is hard-linked into
+    /// this job's directory (so removing either job's files keeps the
+    /// other's). `None` when the artifact must be fetched.
+    pub(crate) async fn reuse(&self, artifact: &ArtifactInformation) -> Option<StagedFile> {
+        let sha256 = declared_sha256(artifact)?;
+        // Only a plain digest may become a file name.
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let shared = self.shared_dir()?.join(&sha256);
+        let len = tokio::fs::metadata(&shared).await.ok()?.len();
+        tokio::fs::create_dir_all(&self.dir).await.ok()?;
+        let path = self.dir.join(&sha256);
+        match tokio::fs::hard_link(&shared, &path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                tracing::debug!(path = %shared.display(), %error, "cannot reuse a stored artifact");
+                return None;
+            }
+        }
+        Some(StagedFile { path, sha256, len })
+    }
+
+    /// Offers a file this job staged (already verified against its digest)
+    /// to later jobs. Failures only cost a later transfer.
+    pub(crate) async fn share(&self, file: &StagedFile) {
+        let Some(dir) = self.shared_dir() else {
+            return;
+        };
+        let target = dir.join(&file.sha256);
+        let linked = match tokio::fs::create_dir_all(&dir).await {
+            Ok(()) => tokio::fs::hard_link(&file.path, &target).await,
+            Err(e) => Err(e),
+        };
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                tracing::debug!(path = %target.display(), %error, "could not share a staged artifact")
+            }
+        }
+    }
+
     /// Deletes this job's directory and forgets what was staged.
     pub(crate) fn remove_files(&self) {
         self.staged.lock().clear();
@@ -158,6 +210,10 @@ impl ArtifactStore {
         }
     }
 }
+
+/// Name of the directory of content-addressed files shared by all jobs,
+/// under the staging root (job ids never start with a dot).
+const SHARED_DIR: &str = ".by-sha256";
 
 /// The SHA-256 the SDK declared for an artifact, if any, so staging can
 /// verify what it received.

@@ -435,6 +435,29 @@ pub async fn offer_artifacts(
     Ok(log)
 }
 
+/// Runs a prepared job and returns the states it went through, to the end.
+pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<State> {
+    let mut states = jobs
+        .get_state_stream(refract_proto::job_api::GetJobStateRequest {
+            job_id: id.to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    jobs.run(refract_proto::job_api::RunJobRequest {
+        preparation_id: id.to_string(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    drain(&mut states)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state())
+        .collect()
+}
+
 /// Reads a stream to its end (failing the test after 10 s).
 pub async fn drain<T>(stream: &mut Streaming<T>) -> Result<Vec<T>, Status>
 where

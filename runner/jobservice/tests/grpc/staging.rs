@@ -81,23 +81,7 @@ async fn stages_deduplicated_chunked_artifacts_inside_the_job_dir() {
         .unwrap();
     assert!(again.requested.is_empty());
 
-    let mut states = jobs
-        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    jobs.run(RunJobRequest {
-        preparation_id: id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let seen: Vec<State> = drain(&mut states)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect();
+    let seen = run_to_end(&mut jobs, &id).await;
     assert_eq!(seen.last(), Some(&State::Done));
 
     let snapshot = server.runner.started.lock()[&id].clone();
@@ -130,6 +114,71 @@ async fn stages_deduplicated_chunked_artifacts_inside_the_job_dir() {
     assert!(!server.root.path().join("a").join("etc").exists());
     assert!(!job_dir.exists());
 
+    server.shutdown().await.unwrap();
+}
+
+/// Prepares a job declaring `artifacts` and stages them from `files`,
+/// returning the job id and the paths the server asked for.
+async fn stage_job(
+    server: &Server,
+    artifacts: Vec<refract_proto::pipeline::ArtifactInformation>,
+    files: &HashMap<String, Vec<u8>>,
+) -> (String, Vec<String>) {
+    let mut jobs = server.jobs().await;
+    let prepared = jobs
+        .prepare(prepare_request(
+            pipeline(vec![("java", artifacts)], "beam:transform:impulse:v1"),
+            "done",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut staging = server.staging(&server.addr.to_string()).await;
+    let offered = offer_artifacts(&mut staging, &prepared.staging_session_token, files, 4096)
+        .await
+        .unwrap();
+    (prepared.preparation_id, offered.requested)
+}
+
+#[tokio::test]
+async fn artifacts_with_a_known_digest_are_not_transferred_again() {
+    use sha2::Digest;
+    let server = Server::start().await;
+    let jar: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    let digest = hex::encode(sha2::Sha256::digest(&jar));
+    let files: HashMap<String, Vec<u8>> = [
+        ("/m2/beam-core.jar".to_string(), jar.clone()),
+        ("/m2/other.jar".to_string(), b"other".to_vec()),
+    ]
+    .into();
+    let declared = vec![
+        file_artifact("/m2/beam-core.jar", "beam-core.jar", &digest),
+        file_artifact("/m2/other.jar", "other.jar", ""),
+    ];
+    let (first, requested) = stage_job(&server, declared.clone(), &files).await;
+    assert_eq!(requested, ["/m2/beam-core.jar", "/m2/other.jar"]);
+
+    // The same jar, declared with its digest by the next job (from another
+    // path): only the artifact without a digest is transferred.
+    let mut moved = declared.clone();
+    moved[0] = file_artifact("/elsewhere/beam-core.jar", "beam-core.jar", &digest);
+    let (second, requested) = stage_job(&server, moved, &files).await;
+    assert_eq!(requested, ["/m2/other.jar"]);
+
+    let mut jobs = server.jobs().await;
+    for id in [&first, &second] {
+        let seen = run_to_end(&mut jobs, id).await;
+        assert_eq!(seen.last(), Some(&State::Done));
+    }
+    // The second job saw the jar's bytes under its own directory.
+    let snapshot = server.runner.started.lock()[&second].clone();
+    let resolved = &snapshot.resolved["java"][0];
+    let payload = ArtifactFilePayload::decode(resolved.type_payload.as_slice()).unwrap();
+    assert_eq!(payload.sha256, digest);
+    assert_eq!(
+        &snapshot.contents[&std::path::PathBuf::from(&payload.path)],
+        &jar
+    );
     server.shutdown().await.unwrap();
 }
 
