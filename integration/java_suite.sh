@@ -91,4 +91,17 @@ passed = tests - failed - errors - skipped
 print(f"java ValidatesRunner: {passed} passed, {failed + errors} failed, {skipped} skipped")
 PY
 fi
+
+# The same run per JUnit category (with the tests excluded by category), as
+# docs/compatibility.md records it; also written to target/categories.md.
+classpath_file=$project/target/vr-classpath.txt
+if [ -d "$reports" ] && [ -f "$classpath_file" ]; then
+  test_jar=$(tr ':' '\n' <"$classpath_file" | grep -- '-tests\.jar$' | head -n 1)
+  excluded=$(sed -n 's:.*<vrExcludedGroups>\(.*\)</vrExcludedGroups>.*:\1:p' "$project/pom.xml")
+  if java -cp "$project/target/classes:$(cat "$classpath_file")" \
+    org.refract.tools.CategoryReport "$test_jar" "$reports" "$excluded" \
+    >"$project/target/categories.md"; then
+    cat "$project/target/categories.md"
+  fi
+fi
 exit "$rc"

@@ -326,11 +326,10 @@ async fn run_job(
         Ok::<(), JobError>(())
     }
     .await;
-    for set in started {
-        for w in set.workers() {
-            w.stop().await;
-        }
-    }
+    // All at once: a pool that is slow to answer StopWorker delays the job's
+    // end by one timeout, not one per worker.
+    let workers: Vec<_> = started.iter().flat_map(|set| set.workers()).collect();
+    futures::future::join_all(workers.iter().map(|w| w.stop())).await;
     for id in descriptor_ids {
         fn_server.forget_descriptor(&id);
     }

@@ -421,6 +421,7 @@ async fn input_waits_for_the_data_stream_and_reused_ids_are_rejected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_ends_the_control_stream_and_calls_stop_worker() {
     let mut s = setup("w-stop").await;
+    let mut state = s.sdk.open_state().await;
     let bundle = spawn_bundle(&s.worker, request("b-stop", "pbd"));
     s.sdk.next_instruction().await;
     within("stop", s.worker.stop()).await;
@@ -433,6 +434,9 @@ async fn stop_ends_the_control_stream_and_calls_stop_worker() {
         within("StopWorker", s.pool.stops.recv()).await.as_deref(),
         Some("w-stop")
     );
+    // A stopped worker that keeps its state stream open (Java's pooled
+    // workers do) does not keep the runner's side of it.
+    assert!(state.ended_by_runner().await);
     // The id no longer routes.
     assert_eq!(
         s.sdk.descriptor("pbd").await.expect_err("stopped").code(),

@@ -1,9 +1,11 @@
 //! BeamFnState: every StateRequest is answered, with its id, by the state
 //! handler of the bundle named in its `instruction_id`.
 //!
-//! Requests of one stream are answered in arrival order on one blocking
-//! thread: the SDK pipelines appends and clears, so a later get must see them,
-//! and handlers may block (disk-backed state).
+//! Requests of one stream are answered in arrival order on one task: the SDK
+//! pipelines appends and clears, so a later get must see them. Handlers answer
+//! from memory and must not wait; a stream never holds a thread of its own
+//! (a thread per stream ran out once workers that the runner had stopped kept
+//! their streams open).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -42,21 +44,28 @@ impl BeamFnState for StateService {
         let link = self.hub.link_for(&request)?;
         tracing::info!(worker_id = %link.id(), "state stream connected");
         let mut incoming = request.into_inner();
-        let (request_tx, request_rx) = mpsc::unbounded_channel();
         let (response_tx, response_rx) = mpsc::unbounded_channel();
-        let worker_id = link.id().to_string();
-        tokio::task::spawn_blocking(move || answer_all(&link, request_rx, &response_tx));
+        // Requests are answered in order on this task (answers come from
+        // in-memory state and never wait). It ends with the worker's stream,
+        // or with the link: a worker the runner stopped may keep its streams
+        // open (Java's worker pool does), and must not keep this task.
         tokio::spawn(async move {
+            let closed = link.clone().closed();
+            tokio::pin!(closed);
             loop {
-                match incoming.message().await {
+                let message = tokio::select! {
+                    message = incoming.message() => message,
+                    _ = &mut closed => break,
+                };
+                match message {
                     Ok(Some(request)) => {
-                        if request_tx.send(request).is_err() {
+                        if response_tx.send(answer(&link, &request)).is_err() {
                             break;
                         }
                     }
                     Ok(None) => break,
                     Err(status) => {
-                        tracing::debug!(worker_id, error = %status, "state stream failed");
+                        tracing::debug!(worker_id = %link.id(), error = %status, "state stream failed");
                         break;
                     }
                 }
@@ -64,20 +73,6 @@ impl BeamFnState for StateService {
         });
         let stream = UnboundedReceiverStream::new(response_rx).map(Ok);
         Ok(Response::new(Box::pin(stream)))
-    }
-}
-
-/// Answers requests in order until the incoming side ends.
-fn answer_all(
-    link: &WorkerLink,
-    mut requests: mpsc::UnboundedReceiver<StateRequest>,
-    responses: &mpsc::UnboundedSender<StateResponse>,
-) {
-    while let Some(request) = requests.blocking_recv() {
-        let response = answer(link, &request);
-        if responses.send(response).is_err() {
-            break;
-        }
     }
 }
 

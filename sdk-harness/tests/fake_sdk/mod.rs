@@ -301,6 +301,15 @@ impl FakeState {
         self.tx.send(request).expect("state stream open");
     }
 
+    /// Whether the runner ended the stream (within the test timeout), while
+    /// this side keeps it open.
+    pub async fn ended_by_runner(&mut self) -> bool {
+        matches!(
+            within("the state stream's end", self.incoming.message()).await,
+            Ok(None) | Err(_)
+        )
+    }
+
     /// The next response.
     pub async fn recv(&mut self) -> StateResponse {
         within("a state response", self.incoming.message())
