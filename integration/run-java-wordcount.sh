@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Java SDK on Refract: builds integration/java (Maven), runs its WordCount
-# on Refract (Beam's PortableRunner, LOOPBACK workers inside the submitting
-# JVM) and on Beam's DirectRunner over integration/wordcount/input.txt, and
-# compares the two outputs. Exits non-zero if either run fails or they differ.
+# over integration/wordcount/input.txt on Beam's DirectRunner and twice on
+# Refract through Beam's PortableRunner — with LOOPBACK workers (inside the
+# submitting JVM) and with an EXTERNAL environment served by a Java worker pool
+# started beforehand as its own process — and compares the outputs. Exits
+# non-zero if a run fails or an output differs.
 #
 #   integration/run-java-wordcount.sh [extra WordCount/pipeline options...]
 #
@@ -57,8 +59,10 @@ port=${REFRACT_JOB_PORT:-$(refract_free_port)}
 echo "== starting: $bin serve --job_port $port (log: $log)" >&2
 "$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
 server=$!
+pool=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
+  if [ -n "$pool" ]; then kill "$pool" 2>/dev/null || true; fi
   kill "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
   if [ "${REFRACT_KEEP:-0}" = 1 ]; then
@@ -99,16 +103,38 @@ if [ "$rc" -ne 0 ]; then
   tail -n 50 "$log" >&2
   exit "$rc"
 fi
-run_wordcount direct --runner=DirectRunner "$@"
-
-sort "$work/refract.txt" >"$work/refract.sorted"
-sort "$work/direct.txt" >"$work/direct.sorted"
-if ! diff -u "$work/direct.sorted" "$work/refract.sorted" >"$work/diff.txt"; then
-  echo "== FAIL: Refract's output differs from the DirectRunner's:" >&2
-  head -n 40 "$work/diff.txt" >&2
+# EXTERNAL: a Java worker pool of its own (as Beam's Java container runs in
+# worker-pool mode); Refract asks it for workers with StartWorker.
+pool_port=$(refract_free_port)
+echo "== starting a Java worker pool on port $pool_port" >&2
+PIPELINE_OPTIONS="{\"beam:option:environment_options:v1\":[\"external_service_address=localhost:$pool_port\"]}" \
+  java -cp "$classpath" org.apache.beam.fn.harness.ExternalWorkerService \
+  </dev/null >"$work/pool.log" 2>&1 &
+pool=$!
+if ! refract_wait_for_port "$pool_port" "$pool" 60; then
+  tail -n 30 "$work/pool.log" >&2
   exit 1
 fi
-echo "== OK: Refract and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
+run_wordcount refract-external --runner=PortableRunner --jobEndpoint="localhost:$port" \
+  --defaultEnvironmentType=EXTERNAL --defaultEnvironmentConfig="localhost:$pool_port" "$@" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "== last lines of the refract log:" >&2
+  tail -n 50 "$log" >&2
+  exit "$rc"
+fi
+
+run_wordcount direct --runner=DirectRunner "$@"
+
+sort "$work/direct.txt" >"$work/direct.sorted"
+for name in refract refract-external; do
+  sort "$work/$name.txt" >"$work/$name.sorted"
+  if ! diff -u "$work/direct.sorted" "$work/$name.sorted" >"$work/diff.txt"; then
+    echo "== FAIL: Refract's output ($name) differs from the DirectRunner's:" >&2
+    head -n 40 "$work/diff.txt" >&2
+    exit 1
+  fi
+done
+echo "== OK: Refract (LOOPBACK and EXTERNAL) and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
 # (sorted to a file first: `sort | head` would fail with SIGPIPE under pipefail)
 sort -t: -k2 -n -r "$work/refract.txt" >"$work/top.txt"
 head -n 5 "$work/top.txt"
