@@ -89,9 +89,14 @@ pub struct ServeArgs {
     /// Log format: text, json, dev or console.
     #[arg(long = "log_kind", default_value = "text")]
     pub log_kind: LogKind,
-    /// Serve the web UI (accepted for Prism compatibility; no UI yet).
-    #[arg(long = "serve_http", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    /// Serve the web UI and `/metrics` on `--ui_port` (Beam's SDKs pass
+    /// `--serve_http=false` when they start a runner for a test).
+    #[arg(long = "serve_http", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub serve_http: bool,
+    /// Port of the web UI and `/metrics` (0: any free port). A port in use
+    /// costs the UI, not the server.
+    #[arg(long = "ui_port", default_value_t = 8074)]
+    pub ui_port: u16,
     /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
     #[arg(long = "idle_shutdown_timeout", default_value = "0")]
     pub idle_shutdown_timeout: String,

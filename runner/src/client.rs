@@ -117,24 +117,16 @@ pub async fn status(args: JobArgs) -> Result<()> {
 
 /// A readable value for the common metric payloads.
 fn describe_payload(kind: &str, payload: &[u8]) -> String {
-    let mut values = Vec::new();
-    let mut rest = payload;
-    while !rest.is_empty() {
-        match refract_engine::coder::decode_varint_i64(rest) {
-            Ok((v, n)) => {
-                values.push(v);
-                rest = &rest[n..];
-            }
-            Err(_) => return format!("{} bytes", payload.len()),
-        }
-    }
-    match (kind, values.as_slice()) {
-        ("beam:metrics:sum_int64:v1", [v]) => v.to_string(),
-        ("beam:metrics:distribution_int64:v1", [count, sum, min, max]) => {
-            format!("count {count}, sum {sum}, min {min}, max {max}")
-        }
-        ("beam:metrics:latest_int64:v1", [_, v]) => v.to_string(),
-        _ => format!("{} bytes", payload.len()),
+    use crate::metric_payload::{decode, IntMetric};
+    match decode(kind, payload) {
+        Some(IntMetric::Counter(v) | IntMetric::Gauge(v)) => v.to_string(),
+        Some(IntMetric::Distribution {
+            count,
+            sum,
+            min,
+            max,
+        }) => format!("count {count}, sum {sum}, min {min}, max {max}"),
+        None => format!("{} bytes", payload.len()),
     }
 }
 

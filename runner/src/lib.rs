@@ -7,5 +7,7 @@ pub mod cli;
 pub mod client;
 mod harness_executor;
 pub mod job_runner;
+pub mod metric_payload;
 mod options;
 mod state_bridge;
+pub mod ui;

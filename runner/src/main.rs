@@ -81,10 +81,38 @@ async fn run_server(args: ServeArgs) -> Result<()> {
             }
         }
     };
-    serve(listener, runner, config, shutdown)
-        .await
-        .context("job service")?;
+    let (ui_stop, ui_stopped) = tokio::sync::oneshot::channel::<()>();
+    if args.serve_http {
+        start_ui(&args, &local.to_string(), ui_stopped).await;
+    }
+    let served = serve(listener, runner, config, shutdown).await;
+    let _ = ui_stop.send(());
+    served.context("job service")?;
     Ok(())
+}
+
+/// Starts the web UI in the background; a port that cannot be bound is
+/// logged and the server runs without a UI.
+async fn start_ui(args: &ServeArgs, job_endpoint: &str, stop: tokio::sync::oneshot::Receiver<()>) {
+    let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.ui_port)).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::warn!(port = args.ui_port, %error, "cannot serve the web UI; running without it");
+            return;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        info!(url = %format!("http://{addr}/"), "web UI and /metrics");
+    }
+    let job_endpoint = job_endpoint.to_string();
+    tokio::spawn(async move {
+        let stopped = async {
+            let _ = stop.await;
+        };
+        if let Err(error) = refract::ui::serve(listener, &job_endpoint, stopped).await {
+            tracing::warn!(%error, "the web UI stopped");
+        }
+    });
 }
 
 /// Run a client command on a small runtime of its own.

@@ -16,6 +16,11 @@ use value::MetricValue;
 /// Python client would otherwise list system counters as user counters in
 /// namespace `beam`).
 const USER_METRIC_PREFIX: &str = "beam:metric:user:";
+/// The one system metric reported: elements per PCollection, which people
+/// (the UI, `/metrics`) read to see a job's progress. SDK clients skip it
+/// (it has no namespace and name), and the per-bundle samples (sizes,
+/// timings) stay out.
+const ELEMENT_COUNT_URN: &str = "beam:metric:element_count:v1";
 /// Label whose value names the transform a metric belongs to.
 const PTRANSFORM_LABEL: &str = "PTRANSFORM";
 
@@ -104,7 +109,8 @@ impl JobMetrics {
         self.inner.lock().transform_names.extend(names);
     }
 
-    /// The job's metrics as `GetJobMetrics` returns them: user metrics only
+    /// The job's metrics as `GetJobMetrics` returns them: user metrics and
+    /// per-PCollection element counts,
     /// (`beam:metric:user:*`), `PTRANSFORM` labels replaced by unique names,
     /// in both `committed` and `attempted` (the runner only ever reports
     /// committed values, and clients read either).
@@ -112,7 +118,7 @@ impl JobMetrics {
         let inner = self.inner.lock();
         let mut relabelled: BTreeMap<MetricKey, MetricValue> = BTreeMap::new();
         for (key, value) in &inner.committed {
-            if !key.urn.starts_with(USER_METRIC_PREFIX) {
+            if !key.urn.starts_with(USER_METRIC_PREFIX) && key.urn != ELEMENT_COUNT_URN {
                 continue;
             }
             let mut key = key.clone();
@@ -173,8 +179,17 @@ mod tests {
     }
 
     #[test]
-    fn sums_per_step_relabels_and_drops_system_metrics() {
+    fn sums_per_step_relabels_and_keeps_only_element_counts_of_system_metrics() {
         let m = JobMetrics::default();
+        let sampled = MonitoringInfo {
+            urn: "beam:metric:sampled_byte_size:v1".into(),
+            r#type: type_urn::DISTRIBUTION_INT64.into(),
+            payload: vec![1, 5, 5, 5],
+            labels: [("PCOLLECTION".to_string(), "pc".to_string())]
+                .into_iter()
+                .collect(),
+            start_time: None,
+        };
         let system = MonitoringInfo {
             urn: "beam:metric:element_count:v1".into(),
             r#type: type_urn::SUM_INT64.into(),
@@ -184,18 +199,33 @@ mod tests {
                 .collect(),
             start_time: None,
         };
-        m.commit(&[counter("t1", "c", 1), counter("t2", "c", 2), system]);
-        m.commit(&[counter("t1", "c", 3)]);
+        m.commit(&[
+            counter("t1", "c", 1),
+            counter("t2", "c", 2),
+            system.clone(),
+            sampled,
+        ]);
+        m.commit(&[counter("t1", "c", 3), system]);
         m.set_transform_names([("t1".to_string(), "count1".to_string())].into());
         let results = m.snapshot();
         assert_eq!(results.committed, results.attempted);
         let mut got: Vec<(String, Vec<u8>)> = results
             .committed
             .iter()
-            .map(|i| (i.labels["PTRANSFORM"].clone(), i.payload.clone()))
+            .map(|i| {
+                let label = i.labels.get("PTRANSFORM").or(i.labels.get("PCOLLECTION"));
+                (label.cloned().unwrap_or_default(), i.payload.clone())
+            })
             .collect();
         got.sort();
-        assert_eq!(got, [("count1".into(), vec![4]), ("t2".into(), vec![2])]);
+        assert_eq!(
+            got,
+            [
+                ("count1".into(), vec![4]),
+                ("pc".into(), vec![14]),
+                ("t2".into(), vec![2])
+            ]
+        );
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! The server's jobs and their committed metrics in Prometheus' text
+//! exposition format (version 0.0.4), for `/metrics`: the numbers are the
+//! ones `GetJobMetrics` returns, so a scrape and the SDK's view agree.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use refract_proto::pipeline::MonitoringInfo;
+
+use crate::metric_payload::{decode, IntMetric};
+
+/// URN of the runner's per-PCollection element counter.
+const ELEMENT_COUNT: &str = "beam:metric:element_count:v1";
+/// URN prefix of user metrics.
+const USER_PREFIX: &str = "beam:metric:user:";
+
+/// One job as `/metrics` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct JobSnapshot {
+    /// Job id.
+    pub id: String,
+    /// Job name.
+    pub name: String,
+    /// State name (`RUNNING`, `DONE`, ...).
+    pub state: String,
+    /// Committed metrics.
+    pub metrics: Vec<MonitoringInfo>,
+}
+
+/// A metric family being assembled: help text, type, and sample lines.
+struct Family {
+    help: &'static str,
+    kind: &'static str,
+    samples: Vec<String>,
+}
+
+/// Renders `jobs` as a Prometheus scrape body.
+pub fn render(jobs: &[JobSnapshot]) -> String {
+    let mut families: BTreeMap<&'static str, Family> = BTreeMap::new();
+    let mut add = |name: &'static str,
+                   help: &'static str,
+                   kind: &'static str,
+                   labels: &[(&str, &str)],
+                   value: i64| {
+        families
+            .entry(name)
+            .or_insert_with(|| Family {
+                help,
+                kind,
+                samples: Vec::new(),
+            })
+            .samples
+            .push(format!("{name}{} {value}", label_set(labels)));
+    };
+    let mut by_state: BTreeMap<&str, i64> = BTreeMap::new();
+    for job in jobs {
+        *by_state.entry(job.state.as_str()).or_default() += 1;
+    }
+    for (state, count) in by_state {
+        add(
+            "refract_jobs",
+            "Jobs the server knows, by state.",
+            "gauge",
+            &[("state", state)],
+            count,
+        );
+    }
+    for job in jobs {
+        for info in &job.metrics {
+            let Some(value) = decode(&info.r#type, &info.payload) else {
+                continue;
+            };
+            let label = |key: &str| info.labels.get(key).map_or("", String::as_str);
+            if info.urn == ELEMENT_COUNT {
+                if let IntMetric::Counter(n) = value {
+                    add(
+                        "refract_pcollection_elements_total",
+                        "Elements output into each PCollection by committed bundles.",
+                        "counter",
+                        &[("job", &job.id), ("pcollection", label("PCOLLECTION"))],
+                        n,
+                    );
+                }
+                continue;
+            }
+            if !info.urn.starts_with(USER_PREFIX) {
+                continue;
+            }
+            let labels = [
+                ("job", job.id.as_str()),
+                ("transform", label("PTRANSFORM")),
+                ("namespace", label("NAMESPACE")),
+                ("name", label("NAME")),
+            ];
+            match value {
+                IntMetric::Counter(n) => add(
+                    "refract_user_counter_total",
+                    "User counters (Metrics.counter) of committed bundles.",
+                    "counter",
+                    &labels,
+                    n,
+                ),
+                IntMetric::Gauge(n) => add(
+                    "refract_user_gauge",
+                    "User gauges (Metrics.gauge): the latest value.",
+                    "gauge",
+                    &labels,
+                    n,
+                ),
+                IntMetric::Distribution {
+                    count,
+                    sum,
+                    min,
+                    max,
+                } => {
+                    add(
+                        "refract_user_distribution_count",
+                        "User distributions (Metrics.distribution): values seen.",
+                        "gauge",
+                        &labels,
+                        count,
+                    );
+                    add(
+                        "refract_user_distribution_sum",
+                        "User distributions: sum of the values.",
+                        "gauge",
+                        &labels,
+                        sum,
+                    );
+                    add(
+                        "refract_user_distribution_min",
+                        "User distributions: smallest value.",
+                        "gauge",
+                        &labels,
+                        min,
+                    );
+                    add(
+                        "refract_user_distribution_max",
+                        "User distributions: largest value.",
+                        "gauge",
+                        &labels,
+                        max,
+                    );
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    for (name, family) in families {
+        let _ = writeln!(out, "# HELP {name} {}", family.help);
+        let _ = writeln!(out, "# TYPE {name} {}", family.kind);
+        for sample in family.samples {
+            out.push_str(&sample);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `{k="v",...}` with values escaped as the format requires.
+fn label_set(labels: &[(&str, &str)]) -> String {
+    let body: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| {
+            let escaped = v
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            format!("{k}=\"{escaped}\"")
+        })
+        .collect();
+    format!("{{{}}}", body.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(urn: &str, kind: &str, labels: &[(&str, &str)], payload: Vec<u8>) -> MonitoringInfo {
+        MonitoringInfo {
+            urn: urn.into(),
+            r#type: kind.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            payload,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn renders_jobs_element_counts_and_user_metrics() {
+        let jobs = vec![
+            JobSnapshot {
+                id: "job-1".into(),
+                name: "wordcount".into(),
+                state: "DONE".into(),
+                metrics: vec![
+                    info(
+                        ELEMENT_COUNT,
+                        crate::metric_payload::SUM_INT64,
+                        &[("PCOLLECTION", "words")],
+                        vec![0x96, 0x01],
+                    ),
+                    info(
+                        "beam:metric:user:sum_int64:v1",
+                        crate::metric_payload::SUM_INT64,
+                        &[
+                            ("PTRANSFORM", "Split \"lines\""),
+                            ("NAMESPACE", "ns"),
+                            ("NAME", "empty"),
+                        ],
+                        vec![3],
+                    ),
+                    info(
+                        "beam:metric:user:distribution_int64:v1",
+                        crate::metric_payload::DISTRIBUTION_INT64,
+                        &[("PTRANSFORM", "t"), ("NAMESPACE", "ns"), ("NAME", "len")],
+                        vec![2, 10, 4, 6],
+                    ),
+                    info(
+                        "beam:metric:user:sum_int64:v1",
+                        "beam:metrics:sum_int64:v1",
+                        &[],
+                        vec![0x80],
+                    ),
+                ],
+            },
+            JobSnapshot {
+                id: "job-2".into(),
+                state: "RUNNING".into(),
+                ..Default::default()
+            },
+        ];
+        let text = render(&jobs);
+        for line in [
+            "# TYPE refract_jobs gauge",
+            "refract_jobs{state=\"DONE\"} 1",
+            "refract_jobs{state=\"RUNNING\"} 1",
+            "# TYPE refract_pcollection_elements_total counter",
+            "refract_pcollection_elements_total{job=\"job-1\",pcollection=\"words\"} 150",
+            "refract_user_counter_total{job=\"job-1\",transform=\"Split \\\"lines\\\"\",namespace=\"ns\",name=\"empty\"} 3",
+            "refract_user_distribution_max{job=\"job-1\",transform=\"t\",namespace=\"ns\",name=\"len\"} 6",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // The undecodable payload is left out, not rendered wrong.
+        assert_eq!(
+            text.matches("refract_user_counter_total{").count(),
+            1,
+            "{text}"
+        );
+    }
+}
