@@ -70,12 +70,22 @@ def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin,
     assert any(
         m['labels'].get('NAME') == 'seen' and m['value'] == 3
         for m in details['metrics']), details
+    # The stage graph: every stage finished, the Count step fused somewhere.
+    stages = details['stages']
+    assert stages and all(s['output_watermark'] == '+inf' for s in stages), stages
+    assert any('Count' in s['transforms'] for s in stages), stages
+    assert sum(s['bundles_committed'] for s in stages) > 0, stages
 
     kind, text = get(ui + '/metrics')
     assert kind.startswith('text/plain'), kind
     assert 'refract_jobs{state="DONE"} 1' in text.splitlines(), text
     assert ('refract_user_counter_total{job="%s",transform="Count",'
             'namespace="words",name="seen"} 3' % job) in text.splitlines(), text
+    stage_lines = [
+        line for line in text.splitlines()
+        if line.startswith('refract_stage_output_watermark_ms{job="%s"' % job)
+    ]
+    assert stage_lines and all(l.endswith(' +Inf') for l in stage_lines), text
     scraped = {
         m.group(1): int(m.group(2))
         for m in re.finditer(

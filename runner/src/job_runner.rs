@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use refract_engine::manager::{Engine, EngineConfig, EngineError};
+use refract_engine::manager::{Engine, EngineConfig, EngineError, StageStats};
 use refract_jobservice::{Job, JobRunner};
 use refract_proto::fn_api::ProvisionInfo;
 use refract_proto::job_api::job_message::MessageImportance;
@@ -24,6 +24,7 @@ use tracing::{error, info, Instrument};
 
 use crate::activity::Activity;
 use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
+use crate::insights::Insights;
 use crate::options::{has_experiment, option_bool, option_usize};
 
 /// The experiment that starts a job draining (documented in
@@ -47,6 +48,7 @@ pub struct RefractRunner {
     engine_config: EngineConfig,
     activity: Arc<Activity>,
     default_workers: usize,
+    insights: Insights,
 }
 
 impl RefractRunner {
@@ -57,7 +59,13 @@ impl RefractRunner {
             engine_config: EngineConfig::default(),
             activity: Arc::default(),
             default_workers: 1,
+            insights: Insights::default(),
         }
+    }
+
+    /// Where running jobs publish their stage snapshots (for the web UI).
+    pub fn insights(&self) -> Insights {
+        self.insights.clone()
     }
 
     /// Workers per environment for jobs whose `sdk_worker_parallelism`
@@ -87,11 +95,12 @@ impl JobRunner for RefractRunner {
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
+        let stats = self.insights.register(job.id());
         activity.job_started();
         tokio::spawn(
             async move {
                 job.set_state(job_state::Enum::Running);
-                let outcome = run_job(job.clone(), fn_server, config, workers).await;
+                let outcome = run_job(job.clone(), fn_server, config, workers, stats).await;
                 activity.job_ended();
                 match outcome {
                     Ok(()) => {
@@ -200,6 +209,7 @@ async fn run_job(
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
     workers_per_env: usize,
+    stats: tokio::sync::watch::Sender<Vec<StageStats>>,
 ) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
     let translated = translate(
@@ -314,7 +324,8 @@ async fn run_job(
             job.id().to_string(),
             Arc::new(now_millis),
         )?
-        .with_drain(job.drain_requested());
+        .with_drain(job.drain_requested())
+        .with_stats(stats);
         let summary = engine.run(job.cancel_requested()).await?;
         info!(
             bundles = summary.bundles,

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod cli;
 pub mod client;
 mod harness_executor;
+pub mod insights;
 pub mod job_runner;
 pub mod metric_payload;
 mod options;

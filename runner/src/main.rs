@@ -55,6 +55,7 @@ async fn run_server(args: ServeArgs) -> Result<()> {
     };
     let runner = Arc::new(RefractRunner::new(fn_server).with_default_workers(default_workers));
     let activity = runner.activity();
+    let insights = runner.insights();
     let config = JobServiceConfig {
         staging_dir,
         ..JobServiceConfig::default()
@@ -83,7 +84,7 @@ async fn run_server(args: ServeArgs) -> Result<()> {
     };
     let (ui_stop, ui_stopped) = tokio::sync::oneshot::channel::<()>();
     if args.serve_http {
-        start_ui(&args, &local.to_string(), ui_stopped).await;
+        start_ui(&args, &local.to_string(), insights, ui_stopped).await;
     }
     let served = serve(listener, runner, config, shutdown).await;
     let _ = ui_stop.send(());
@@ -93,7 +94,12 @@ async fn run_server(args: ServeArgs) -> Result<()> {
 
 /// Starts the web UI in the background; a port that cannot be bound is
 /// logged and the server runs without a UI.
-async fn start_ui(args: &ServeArgs, job_endpoint: &str, stop: tokio::sync::oneshot::Receiver<()>) {
+async fn start_ui(
+    args: &ServeArgs,
+    job_endpoint: &str,
+    insights: refract::insights::Insights,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) {
     let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.ui_port)).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -109,7 +115,7 @@ async fn start_ui(args: &ServeArgs, job_endpoint: &str, stop: tokio::sync::onesh
         let stopped = async {
             let _ = stop.await;
         };
-        if let Err(error) = refract::ui::serve(listener, &job_endpoint, stopped).await {
+        if let Err(error) = refract::ui::serve(listener, &job_endpoint, insights, stopped).await {
             tracing::warn!(%error, "the web UI stopped");
         }
     });

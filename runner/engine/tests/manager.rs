@@ -219,6 +219,40 @@ async fn groups_by_key_and_window_under_every_bundle_shape() {
 }
 
 #[tokio::test]
+async fn stage_snapshots_show_the_finished_graph() {
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let (plan, exec) = gbk_pipeline(records, 0);
+    let names: Vec<String> = plan.stages.iter().map(|s| s.name.clone()).collect();
+    let (tx, rx) = watch::channel(Vec::new());
+    let (_cancel_tx, cancel) = watch::channel(false);
+    Engine::new(plan, Arc::new(exec), config(2), "test", Arc::new(|| 0))
+        .unwrap()
+        .with_stats(tx)
+        .run(cancel)
+        .await
+        .unwrap();
+    let stats = rx.borrow().clone();
+    assert_eq!(
+        stats.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+        names
+    );
+    for (i, s) in stats.iter().enumerate() {
+        assert_eq!(
+            s.output_watermark,
+            refract_engine::time::MAX_TIMESTAMP,
+            "{s:?}"
+        );
+        assert_eq!((s.pending_elements, s.bundles_in_flight), (0, 0), "{s:?}");
+        // Every stage but the first reads the one before it.
+        assert_eq!(s.inputs, if i == 0 { vec![] } else { vec![i - 1] }, "{s:?}");
+    }
+    let sdk: Vec<_> = stats.iter().filter(|s| s.kind == "sdk").collect();
+    assert!(sdk.iter().all(|s| s.bundles_committed > 0), "{sdk:?}");
+    // The source gets the impulse's one element; bundles of at most two.
+    assert_eq!(sdk[0].elements_processed, 1, "{sdk:?}");
+}
+
+#[tokio::test]
 async fn a_bundle_that_keeps_failing_fails_the_run_with_the_sdk_text() {
     let records = Arc::new(Mutex::new(Vec::new()));
     let (plan, exec) = gbk_pipeline(records.clone(), usize::MAX);

@@ -6,8 +6,12 @@
 //! same calls an SDK or `refract cancel` makes, so it can never show what the
 //! Job API would not. `/metrics` renders the same data for Prometheus.
 //!
-//! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}`,
-//! `POST /api/jobs/{id}/cancel`, `POST /api/jobs/{id}/drain`, `GET /metrics`.
+//! What the Job API cannot tell — each stage's watermarks, backlog and
+//! progress — comes from the engine's stage snapshots ([`Insights`]).
+//!
+//! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}` (state,
+//! metrics, stages), `POST /api/jobs/{id}/cancel`, `POST /api/jobs/{id}/drain`,
+//! `GET /metrics`.
 
 pub mod prometheus;
 
@@ -26,29 +30,43 @@ use refract_proto::job_api::{
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
 
+use crate::insights::Insights;
 use crate::metric_payload::{decode, IntMetric};
 use prometheus::JobSnapshot;
+use refract_engine::manager::StageStats;
+use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("index.html");
 
+/// What the handlers share: a channel to the job service and the jobs'
+/// stage snapshots.
+#[derive(Clone)]
+struct Ui {
+    channel: Channel,
+    insights: Insights,
+}
+
 /// Serves the UI on `listener` until `shutdown` resolves, talking to the
-/// job service at `job_endpoint` (`host:port`).
+/// job service at `job_endpoint` (`host:port`) and reading stage snapshots
+/// from `insights`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     job_endpoint: &str,
+    insights: Insights,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let channel = Endpoint::from_shared(format!("http://{job_endpoint}"))
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?
         .connect_lazy();
+    let ui = Ui { channel, insights };
     let app = Router::new()
         .route("/", get(index))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/:id", get(job_details))
         .route("/api/jobs/:id/:action", post(act_on_job))
         .route("/metrics", get(metrics))
-        .with_state(channel);
+        .with_state(ui);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -103,7 +121,7 @@ async fn jobs(channel: &Channel) -> Result<Vec<JobSnapshot>, ApiError> {
             id: j.job_id,
             name: j.job_name,
             state: state_name(j.state),
-            metrics: Vec::new(),
+            ..JobSnapshot::default()
         })
         .collect())
 }
@@ -125,7 +143,7 @@ async fn committed_metrics(
         .unwrap_or_default())
 }
 
-async fn list_jobs(State(channel): State<Channel>) -> Result<Response, ApiError> {
+async fn list_jobs(State(Ui { channel, .. }): State<Ui>) -> Result<Response, ApiError> {
     let jobs = jobs(&channel).await?;
     Ok(json_response(Value::Array(
         jobs.iter()
@@ -135,7 +153,7 @@ async fn list_jobs(State(channel): State<Channel>) -> Result<Response, ApiError>
 }
 
 async fn job_details(
-    State(channel): State<Channel>,
+    State(Ui { channel, insights }): State<Ui>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let state = JobServiceClient::new(channel.clone())
@@ -161,14 +179,23 @@ async fn job_details(
             json!({"urn": info.urn, "labels": info.labels, "value": value})
         })
         .collect();
-    Ok(json_response(
-        json!({"id": id, "state": state_name(state), "metrics": metrics}),
-    ))
+    let stages: Vec<Value> = insights
+        .stages(&id)
+        .unwrap_or_default()
+        .iter()
+        .map(stage_json)
+        .collect();
+    Ok(json_response(json!({
+        "id": id,
+        "state": state_name(state),
+        "metrics": metrics,
+        "stages": stages,
+    })))
 }
 
 /// `cancel` or `drain`, as the Job API's calls of those names.
 async fn act_on_job(
-    State(channel): State<Channel>,
+    State(Ui { channel, .. }): State<Ui>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let mut client = JobServiceClient::new(channel);
@@ -200,14 +227,39 @@ async fn act_on_job(
     Ok(json_response(json!({"id": id, "state": state_name(state)})))
 }
 
-async fn metrics(State(channel): State<Channel>) -> Result<Response, ApiError> {
+async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response, ApiError> {
     let mut jobs = jobs(&channel).await?;
     for job in &mut jobs {
         job.metrics = committed_metrics(&channel, &job.id).await?;
+        job.stages = insights.stages(&job.id).unwrap_or_default();
     }
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         prometheus::render(&jobs),
     )
         .into_response())
+}
+
+/// A stage as the page draws it: its fused transforms, the stages it reads,
+/// watermarks (`"-inf"`/`"+inf"` at the ends of time), backlog, progress.
+fn stage_json(s: &StageStats) -> Value {
+    let mark = |t: i64| match t {
+        t if t <= MIN_TIMESTAMP => json!("-inf"),
+        t if t >= MAX_TIMESTAMP => json!("+inf"),
+        t => json!(t),
+    };
+    json!({
+        "name": s.name,
+        "kind": s.kind,
+        "transforms": s.name.split('+').collect::<Vec<_>>(),
+        "inputs": s.inputs,
+        "input_watermark": mark(s.input_watermark),
+        "output_watermark": mark(s.output_watermark),
+        "pending_elements": s.pending_elements,
+        "pending_bytes": s.pending_bytes,
+        "bundles_in_flight": s.bundles_in_flight,
+        "bundles_committed": s.bundles_committed,
+        "elements_processed": s.elements_processed,
+        "throttled_ms": s.throttled_ms,
+    })
 }

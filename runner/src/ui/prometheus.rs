@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use refract_engine::manager::StageStats;
+use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::metric_payload::{decode, IntMetric};
@@ -25,6 +27,8 @@ pub struct JobSnapshot {
     pub state: String,
     /// Committed metrics.
     pub metrics: Vec<MonitoringInfo>,
+    /// The engine's latest stage snapshot (empty before the job runs).
+    pub stages: Vec<StageStats>,
 }
 
 /// A metric family being assembled: help text, type, and sample lines.
@@ -41,7 +45,7 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                    help: &'static str,
                    kind: &'static str,
                    labels: &[(&str, &str)],
-                   value: i64| {
+                   value: String| {
         families
             .entry(name)
             .or_insert_with(|| Family {
@@ -62,7 +66,7 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
             "Jobs the server knows, by state.",
             "gauge",
             &[("state", state)],
-            count,
+            count.to_string(),
         );
     }
     for job in jobs {
@@ -78,7 +82,7 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                         "Elements output into each PCollection by committed bundles.",
                         "counter",
                         &[("job", &job.id), ("pcollection", label("PCOLLECTION"))],
-                        n,
+                        n.to_string(),
                     );
                 }
                 continue;
@@ -98,14 +102,14 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                     "User counters (Metrics.counter) of committed bundles.",
                     "counter",
                     &labels,
-                    n,
+                    n.to_string(),
                 ),
                 IntMetric::Gauge(n) => add(
                     "refract_user_gauge",
                     "User gauges (Metrics.gauge): the latest value.",
                     "gauge",
                     &labels,
-                    n,
+                    n.to_string(),
                 ),
                 IntMetric::Distribution {
                     count,
@@ -118,31 +122,87 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                         "User distributions (Metrics.distribution): values seen.",
                         "gauge",
                         &labels,
-                        count,
+                        count.to_string(),
                     );
                     add(
                         "refract_user_distribution_sum",
                         "User distributions: sum of the values.",
                         "gauge",
                         &labels,
-                        sum,
+                        sum.to_string(),
                     );
                     add(
                         "refract_user_distribution_min",
                         "User distributions: smallest value.",
                         "gauge",
                         &labels,
-                        min,
+                        min.to_string(),
                     );
                     add(
                         "refract_user_distribution_max",
                         "User distributions: largest value.",
                         "gauge",
                         &labels,
-                        max,
+                        max.to_string(),
                     );
                 }
             }
+        }
+    }
+    for job in jobs {
+        for stage in &job.stages {
+            let labels = [("job", job.id.as_str()), ("stage", stage.name.as_str())];
+            let gauges: [(&'static str, &'static str, String); 5] = [
+                (
+                    "refract_stage_input_watermark_ms",
+                    "A stage's input watermark (ms since the epoch; -Inf before any input).",
+                    watermark(stage.input_watermark),
+                ),
+                (
+                    "refract_stage_output_watermark_ms",
+                    "A stage's output watermark (ms since the epoch; +Inf once it finished).",
+                    watermark(stage.output_watermark),
+                ),
+                (
+                    "refract_stage_pending_elements",
+                    "Elements waiting for a bundle of the stage.",
+                    stage.pending_elements.to_string(),
+                ),
+                (
+                    "refract_stage_pending_bytes",
+                    "Encoded bytes waiting for a bundle of the stage (the backlog).",
+                    stage.pending_bytes.to_string(),
+                ),
+                (
+                    "refract_stage_bundles_in_flight",
+                    "Bundles of the stage running now.",
+                    stage.bundles_in_flight.to_string(),
+                ),
+            ];
+            for (name, help, value) in gauges {
+                add(name, help, "gauge", &labels, value);
+            }
+            add(
+                "refract_stage_bundles_total",
+                "Bundles of the stage committed.",
+                "counter",
+                &labels,
+                stage.bundles_committed.to_string(),
+            );
+            add(
+                "refract_stage_elements_total",
+                "Input elements of the stage's committed bundles.",
+                "counter",
+                &labels,
+                stage.elements_processed.to_string(),
+            );
+            add(
+                "refract_stage_throttled_seconds_total",
+                "Time the stage was held back because a consumer's backlog was over its bound.",
+                "counter",
+                &labels,
+                format!("{:.3}", stage.throttled_ms as f64 / 1000.0),
+            );
         }
     }
     let mut out = String::new();
@@ -155,6 +215,17 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
         }
     }
     out
+}
+
+/// A watermark sample: ms, or an infinity at the ends of time.
+fn watermark(t: i64) -> String {
+    if t <= MIN_TIMESTAMP {
+        "-Inf".to_string()
+    } else if t >= MAX_TIMESTAMP {
+        "+Inf".to_string()
+    } else {
+        t.to_string()
+    }
 }
 
 /// `{k="v",...}` with values escaped as the format requires.
@@ -226,10 +297,24 @@ mod tests {
                         vec![0x80],
                     ),
                 ],
+                stages: vec![],
             },
             JobSnapshot {
                 id: "job-2".into(),
                 state: "RUNNING".into(),
+                stages: vec![StageStats {
+                    name: "Read+Split".into(),
+                    kind: "sdk",
+                    inputs: vec![],
+                    input_watermark: MIN_TIMESTAMP,
+                    output_watermark: 1_000,
+                    pending_elements: 4,
+                    pending_bytes: 40,
+                    bundles_in_flight: 1,
+                    bundles_committed: 2,
+                    elements_processed: 9,
+                    throttled_ms: 1_500,
+                }],
                 ..Default::default()
             },
         ];
@@ -242,6 +327,11 @@ mod tests {
             "refract_pcollection_elements_total{job=\"job-1\",pcollection=\"words\"} 150",
             "refract_user_counter_total{job=\"job-1\",transform=\"Split \\\"lines\\\"\",namespace=\"ns\",name=\"empty\"} 3",
             "refract_user_distribution_max{job=\"job-1\",transform=\"t\",namespace=\"ns\",name=\"len\"} 6",
+            "refract_stage_input_watermark_ms{job=\"job-2\",stage=\"Read+Split\"} -Inf",
+            "refract_stage_output_watermark_ms{job=\"job-2\",stage=\"Read+Split\"} 1000",
+            "refract_stage_pending_bytes{job=\"job-2\",stage=\"Read+Split\"} 40",
+            "refract_stage_elements_total{job=\"job-2\",stage=\"Read+Split\"} 9",
+            "refract_stage_throttled_seconds_total{job=\"job-2\",stage=\"Read+Split\"} 1.500",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

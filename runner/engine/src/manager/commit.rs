@@ -58,7 +58,12 @@ impl Engine {
                 return Ok(());
             }
         };
-        self.stages[idx].failures = 0;
+        {
+            let s = &mut self.stages[idx];
+            s.failures = 0;
+            s.counters.bundles_committed += 1;
+            s.counters.elements_processed += flight.elements.len() as u64;
+        }
         self.summary.bundles += 1;
         self.user_state[idx]
             .lock()

@@ -44,6 +44,7 @@ mod routing;
 mod scheduling;
 mod side_inputs;
 mod state_gc;
+mod stats;
 mod test_stream;
 mod topology;
 mod watermarks;
@@ -51,6 +52,8 @@ mod window_merging;
 
 use holds::Holds;
 use pending::Pending;
+use stats::StageCounters;
+pub use stats::StageStats;
 use topology::topological_order;
 
 /// Why a job stopped without finishing.
@@ -159,6 +162,8 @@ struct StageRt {
     failures: u32,
     /// No bundle of this stage starts before this (retry backoff).
     retry_at: Option<Instant>,
+    /// What the stage did, for [`StageStats`].
+    counters: StageCounters,
 }
 
 /// Where elements of a PCollection go.
@@ -218,6 +223,10 @@ pub struct Engine {
     /// The job is draining: delayed work runs at once, and splittable
     /// stages truncate their restrictions.
     draining: bool,
+    /// Where stage snapshots go, if anyone watches.
+    stats: Option<watch::Sender<Vec<StageStats>>>,
+    /// When the last snapshot went out.
+    last_published: Option<Instant>,
 }
 
 impl Engine {
@@ -305,6 +314,7 @@ impl Engine {
                 state_gc_wm: MIN_TIMESTAMP,
                 failures: 0,
                 retry_at: None,
+                counters: StageCounters::default(),
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
@@ -327,6 +337,8 @@ impl Engine {
             clock_offset: 0,
             drain: None,
             draining: false,
+            stats: None,
+            last_published: None,
         })
     }
 
@@ -363,6 +375,7 @@ impl Engine {
             }
             self.advance()?;
             self.schedule(&tx)?;
+            self.publish_stats(false);
             if self.idle() && self.step_test_streams()? {
                 continue;
             }
@@ -383,6 +396,7 @@ impl Engine {
                     .map(|(_, n)| n)
                     .sum();
                 info!(bundles = self.summary.bundles, "pipeline finished");
+                self.publish_stats(true);
                 return Ok(self.summary);
             }
             let next_wakeup = self.next_wakeup();

@@ -79,7 +79,11 @@ impl Engine {
             {
                 continue;
             }
-            if self.backpressured(idx) {
+            let throttled = self.backpressured(idx);
+            self.stages[idx]
+                .counters
+                .set_throttled(throttled, Instant::now());
+            if throttled {
                 continue;
             }
             self.stages[idx].retry_at = None;

@@ -1,0 +1,130 @@
+//! What each stage is doing, published for people and scrapers: the web
+//! UI's stage graph and `/metrics` read these snapshots, never the engine's
+//! own state, so watching a job costs it one small copy every so often.
+
+use super::*;
+
+/// How often the engine publishes a snapshot while it runs.
+const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+/// One stage as of the last snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageStats {
+    /// The stage's name (its fused transforms, joined by `+`).
+    pub name: String,
+    /// What runs it: `sdk`, `group_by_key`, `flatten`, `impulse`, `test_stream`.
+    pub kind: &'static str,
+    /// Stages whose output this stage reads (main inputs and side inputs).
+    pub inputs: Vec<StageIdx>,
+    /// Input watermark, ms since the epoch.
+    pub input_watermark: Timestamp,
+    /// Output watermark, ms since the epoch.
+    pub output_watermark: Timestamp,
+    /// Elements waiting for a bundle (or in a grouping buffer's queue).
+    pub pending_elements: usize,
+    /// Their encoded size.
+    pub pending_bytes: usize,
+    /// Bundles of the stage in flight.
+    pub bundles_in_flight: usize,
+    /// Bundles committed.
+    pub bundles_committed: u64,
+    /// Input elements of committed bundles.
+    pub elements_processed: u64,
+    /// Time the stage was not scheduled because a consumer was over its
+    /// bound (backpressure), in ms.
+    pub throttled_ms: u64,
+}
+
+/// Per-stage counters the snapshots report.
+#[derive(Debug, Default)]
+pub(super) struct StageCounters {
+    pub bundles_committed: u64,
+    pub elements_processed: u64,
+    pub throttled: Duration,
+    pub throttled_since: Option<Instant>,
+}
+
+impl StageCounters {
+    /// Notes whether the stage is held back by backpressure right now.
+    pub(super) fn set_throttled(&mut self, throttled: bool, now: Instant) {
+        match (throttled, self.throttled_since) {
+            (true, None) => self.throttled_since = Some(now),
+            (false, Some(since)) => {
+                self.throttled += now.saturating_duration_since(since);
+                self.throttled_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn throttled_ms(&self, now: Instant) -> u64 {
+        let ongoing = self
+            .throttled_since
+            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        u64::try_from((self.throttled + ongoing).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+fn kind_name(kind: &StageKind) -> &'static str {
+    match kind {
+        StageKind::Sdk(_) => "sdk",
+        StageKind::GroupByKey(_) => "group_by_key",
+        StageKind::Flatten => "flatten",
+        StageKind::Impulse => "impulse",
+        StageKind::TestStream(_) => "test_stream",
+    }
+}
+
+impl Engine {
+    /// Publish stage snapshots to `stats` while the job runs (and once at
+    /// its end).
+    pub fn with_stats(mut self, stats: watch::Sender<Vec<StageStats>>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Publishes a snapshot if one is due (or `force`).
+    pub(super) fn publish_stats(&mut self, force: bool) {
+        let Some(tx) = &self.stats else {
+            return;
+        };
+        let now = Instant::now();
+        if !force
+            && self
+                .last_published
+                .is_some_and(|at| now < at + PUBLISH_EVERY)
+        {
+            return;
+        }
+        self.last_published = Some(now);
+        let snapshot = self
+            .plan
+            .stages
+            .iter()
+            .zip(&self.stages)
+            .map(|(stage, s)| {
+                let mut inputs: Vec<StageIdx> = stage
+                    .inputs
+                    .iter()
+                    .chain(stage.side_inputs.iter().map(|si| &si.pcollection))
+                    .filter_map(|&p| self.producers[p])
+                    .collect();
+                inputs.dedup();
+                StageStats {
+                    name: stage.name.clone(),
+                    kind: kind_name(&stage.kind),
+                    inputs,
+                    input_watermark: s.input_wm,
+                    output_watermark: s.output_wm,
+                    pending_elements: s.pending.len(),
+                    pending_bytes: s.pending.bytes(),
+                    bundles_in_flight: s.in_flight,
+                    bundles_committed: s.counters.bundles_committed,
+                    elements_processed: s.counters.elements_processed,
+                    throttled_ms: s.counters.throttled_ms(now),
+                }
+            })
+            .collect();
+        tx.send_replace(snapshot);
+    }
+}
