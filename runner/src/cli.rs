@@ -42,6 +42,29 @@ pub enum Command {
     Status(JobArgs),
     /// Print a job's messages (its log as the SDK sees it).
     Logs(LogsArgs),
+    /// Run a Python pipeline on Refract: on the server at --job_endpoint,
+    /// else on one listening at localhost:8073, else on one started for the
+    /// run. Shows each stage's progress, then the job's metrics.
+    Run(RunArgs),
+}
+
+/// Flags of `refract run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// A running job service to use (default: localhost:8073 if one
+    /// listens there, else a server embedded in this process).
+    #[arg(long = "job_endpoint")]
+    pub job_endpoint: Option<String>,
+    /// The Python interpreter with apache-beam installed (default:
+    /// $REFRACT_PYTHON, else `python3`).
+    #[arg(long = "python")]
+    pub python: Option<String>,
+    /// The pipeline's Python file.
+    pub pipeline: PathBuf,
+    /// Arguments for the pipeline, passed on as they are (its
+    /// `--runner`, `--job_endpoint` and `--environment_type` are set).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub pipeline_args: Vec<String>,
 }
 
 /// Which server a command talks to.
@@ -137,6 +160,11 @@ pub enum LogKind {
 
 /// Turn Go-style single-dash long flags (`-job_port=1`) into `--job_port=1`.
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let args: Vec<String> = args.into_iter().collect();
+    // `refract run FILE ARGS...`: the pipeline's own arguments are its own.
+    if args.get(1).is_some_and(|a| a == "run") {
+        return args;
+    }
     args.into_iter()
         .enumerate()
         .map(|(i, a)| {

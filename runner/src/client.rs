@@ -8,8 +8,8 @@ use futures::StreamExt;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
-    job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest,
-    GetJobsRequest, JobMessagesRequest,
+    job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobPipelineRequest,
+    GetJobStateRequest, GetJobsRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::Channel;
 
@@ -82,7 +82,8 @@ pub async fn jobs(args: ServerArgs) -> Result<()> {
     Ok(())
 }
 
-/// A job's state, then its committed user metrics, one per line.
+/// A job's state, then its committed metrics, one per line: elements per
+/// PCollection, then user metrics.
 pub async fn status(args: JobArgs) -> Result<()> {
     let mut client = connect(&args.job_endpoint).await?;
     let state = client
@@ -101,7 +102,40 @@ pub async fn status(args: JobArgs) -> Result<()> {
         .await
         .map_err(|s| anyhow!("metrics failed: {}", s.message()))?
         .into_inner();
-    for info in metrics.metrics.map(|m| m.committed).unwrap_or_default() {
+    let committed = metrics.metrics.map(|m| m.committed).unwrap_or_default();
+    // PCollections by their names in the pipeline, where it can be had.
+    let names: std::collections::HashMap<String, String> = client
+        .get_pipeline(GetJobPipelineRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().pipeline)
+        .and_then(|p| p.components)
+        .map(|c| {
+            c.pcollections
+                .into_iter()
+                .map(|(id, p)| (id, p.unique_name))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Element counts first, one per PCollection, then the user metrics.
+    let mut counts: Vec<(String, String)> = committed
+        .iter()
+        .filter_map(|info| {
+            let id = info.labels.get("PCOLLECTION")?;
+            let name = names.get(id).filter(|n| !n.is_empty()).unwrap_or(id);
+            Some((name.clone(), describe_payload(&info.r#type, &info.payload)))
+        })
+        .collect();
+    counts.sort();
+    for (name, count) in counts {
+        println!("  elements in {name}: {count}");
+    }
+    for info in committed
+        .iter()
+        .filter(|i| !i.labels.contains_key("PCOLLECTION"))
+    {
         let label = |k: &str| info.labels.get(k).cloned().unwrap_or_default();
         println!(
             "  {} {}:{} {} = {}",

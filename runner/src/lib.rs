@@ -10,5 +10,7 @@ pub mod insights;
 pub mod job_runner;
 pub mod metric_payload;
 mod options;
+pub mod run_command;
+pub mod serve;
 mod state_bridge;
 pub mod ui;

@@ -76,6 +76,9 @@ impl Engine {
             let s = &mut self.stages[stage];
             match s.grouping.as_mut() {
                 Some(g) => {
+                    // A grouping stage runs no bundles: its progress is
+                    // the elements it took in.
+                    s.counters.elements_processed += 1;
                     g.add(&e, input_wm, now)
                         .map_err(|source| EngineError::Decode {
                             pcollection: self.plan.pcollections[pcoll].id.clone(),

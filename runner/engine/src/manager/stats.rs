@@ -28,7 +28,8 @@ pub struct StageStats {
     pub bundles_in_flight: usize,
     /// Bundles committed.
     pub bundles_committed: u64,
-    /// Input elements of committed bundles.
+    /// Input elements of committed bundles (for a grouping stage: elements
+    /// it took in).
     pub elements_processed: u64,
     /// Time the stage was not scheduled because a consumer was over its
     /// bound (backpressure), in ms.

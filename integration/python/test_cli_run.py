@@ -1,0 +1,51 @@
+"""`refract run PIPELINE.py`: runs the bundled word count with no server
+started beforehand, shows per-stage progress and the job's metrics, and
+writes the same counts as Beam's DirectRunner."""
+
+import os
+import subprocess
+import sys
+
+import wordcount  # integration/wordcount, put on sys.path by conftest.py
+
+
+def test_refract_run_wordcount(refract_bin, tmp_path):
+  prefix = str(tmp_path / 'refract' / 'counts')
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+  done = subprocess.run([
+      refract_bin, 'run', wordcount.__file__, '--output', prefix, '--top', '3'
+  ],
+                        capture_output=True,
+                        text=True,
+                        timeout=180,
+                        env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = done.stdout.splitlines()
+  # The pipeline's own output, then the job's state and metrics.
+  assert 'Total: 3422 words, 726 distinct. Output files: %s*' % prefix in out, out
+  job_lines = [l for l in out if l.startswith('job') and l.endswith(': DONE')]
+  assert len(job_lines) == 1, out
+  assert any(l.startswith('  elements in ') for l in out), out
+  # One progress line per stage, each finished.
+  progress = [l for l in done.stderr.splitlines() if l.startswith('  #')]
+  assert progress and all(l.endswith('watermark +inf') for l in progress), \
+      done.stderr[-3000:]
+  assert any('Count' in l for l in progress), progress
+
+  expected = wordcount.run_wordcount(
+      wordcount.DEFAULT_INPUT, str(tmp_path / 'direct' / 'counts'),
+      ['--runner=DirectRunner'])
+  assert wordcount.read_counts(prefix) == expected
+
+
+def test_refract_run_passes_the_pipeline_exit_status(refract_bin, tmp_path):
+  failing = tmp_path / 'fails.py'
+  failing.write_text('import sys\nsys.exit(3)\n')
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+  done = subprocess.run([refract_bin, 'run', str(failing)],
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                        env=env)
+  assert done.returncode == 3, done.stderr
+  assert 'submitted no job' in done.stderr, done.stderr

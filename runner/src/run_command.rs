@@ -1,0 +1,249 @@
+//! `refract run PIPELINE.py [ARGS...]`: run a Python pipeline on Refract
+//! from a terminal, without starting a server first.
+//!
+//! The pipeline goes to the job service at `--job_endpoint`, else to one
+//! listening at `localhost:8073`, else to a server embedded in this process
+//! for the run. While the pipeline's process runs, each stage's progress
+//! (elements processed, output watermark) is shown — rewritten in place on a
+//! terminal; in a log, only the final lines are printed. At the end come the
+//! job's state and metrics, as `refract status` prints them, and the exit
+//! status is the pipeline process's.
+
+use std::io::{IsTerminal, Write};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Parser;
+use refract_engine::manager::StageStats;
+use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_proto::job_api::job_service_client::JobServiceClient;
+use refract_proto::job_api::GetJobsRequest;
+use refract_proto::tonic::transport::Channel;
+
+use crate::cli::{Cli, Command, JobArgs, RunArgs};
+use crate::serve;
+
+/// Where `refract run` looks for a running server first.
+const DEFAULT_ENDPOINT: &str = "localhost:8073";
+
+/// How often progress is refreshed.
+const REFRESH: Duration = Duration::from_millis(500);
+
+/// Runs the pipeline; returns the exit code for this process.
+pub async fn run(args: RunArgs) -> Result<i32> {
+    let (endpoint, embedded) = match &args.job_endpoint {
+        Some(endpoint) => (endpoint.clone(), None),
+        None if connect(DEFAULT_ENDPOINT).await.is_ok() => (DEFAULT_ENDPOINT.to_string(), None),
+        None => {
+            let server = serve::start(&embedded_server_args()?, std::future::pending()).await?;
+            eprintln!(
+                "refract: started a server for this run at {}",
+                server.job_endpoint
+            );
+            (server.job_endpoint.to_string(), Some(server))
+        }
+    };
+    let mut client = connect(&endpoint).await?;
+    let before = job_ids(&mut client).await?;
+
+    let python = args
+        .python
+        .clone()
+        .or_else(|| std::env::var("REFRACT_PYTHON").ok())
+        .unwrap_or_else(|| "python3".to_string());
+    let mut child = tokio::process::Command::new(&python)
+        .arg(&args.pipeline)
+        .arg("--runner=PortableRunner")
+        .arg(format!("--job_endpoint={endpoint}"))
+        .arg("--environment_type=LOOPBACK")
+        .args(&args.pipeline_args)
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {python} {}", args.pipeline.display()))?;
+
+    let live = std::io::stderr().is_terminal();
+    let mut job: Option<String> = None;
+    let mut shown = 0usize;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.context("waiting for the pipeline")?,
+            _ = tokio::time::sleep(REFRESH) => {}
+        }
+        if job.is_none() {
+            job = job_ids(&mut client)
+                .await?
+                .into_iter()
+                .find(|id| !before.contains(id));
+        }
+        if let (true, Some(id), Some(server)) = (live, &job, &embedded) {
+            let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
+            shown = redraw(shown, &lines);
+        }
+    };
+    if job.is_none() {
+        job = job_ids(&mut client)
+            .await?
+            .into_iter()
+            .find(|id| !before.contains(id));
+    }
+    match &job {
+        Some(id) => {
+            if let Some(server) = &embedded {
+                let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
+                if live {
+                    redraw(shown, &lines);
+                } else {
+                    for line in &lines {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+            crate::client::status(JobArgs {
+                job_id: id.clone(),
+                job_endpoint: endpoint.clone(),
+            })
+            .await?;
+        }
+        None => eprintln!("refract: the pipeline submitted no job to {endpoint}"),
+    }
+    if let Some(server) = embedded {
+        server.stop().await?;
+    }
+    Ok(status.code().unwrap_or(1))
+}
+
+/// The flags of the embedded server: any free job port, no web UI.
+fn embedded_server_args() -> Result<crate::cli::ServeArgs> {
+    let cli = Cli::try_parse_from(["refract", "serve", "--job_port", "0", "--serve_http=false"])
+        .context("building the embedded server's flags")?;
+    match cli.command {
+        Some(Command::Serve(args)) => Ok(args),
+        _ => Err(anyhow!("building the embedded server's flags")),
+    }
+}
+
+async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
+    JobServiceClient::connect(format!("http://{endpoint}"))
+        .await
+        .with_context(|| format!("connecting to the job service at {endpoint}"))
+}
+
+async fn job_ids(client: &mut JobServiceClient<Channel>) -> Result<Vec<String>> {
+    Ok(client
+        .get_jobs(GetJobsRequest {})
+        .await
+        .map_err(|s| anyhow!("listing jobs failed: {}", s.message()))?
+        .into_inner()
+        .job_info
+        .into_iter()
+        .map(|j| j.job_id)
+        .collect())
+}
+
+/// One line per stage: what it runs, elements processed, output watermark.
+pub fn progress_lines(stages: &[StageStats]) -> Vec<String> {
+    stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.kind == "sdk" || s.kind == "group_by_key")
+        .map(|(i, s)| {
+            let mut what = s.name.replace('+', " → ");
+            if what.chars().count() > 60 {
+                what = what.chars().take(59).collect::<String>() + "…";
+            }
+            format!(
+                "  #{i:<3} {what:<60} {:>10} elements  watermark {}",
+                s.elements_processed,
+                format_watermark(s.output_watermark)
+            )
+        })
+        .collect()
+}
+
+/// Replaces the `shown` lines printed last with `lines`; returns how many
+/// are shown now.
+fn redraw(shown: usize, lines: &[String]) -> usize {
+    let mut err = std::io::stderr().lock();
+    if shown > 0 {
+        // Up `shown` lines, then clear each as it is rewritten.
+        let _ = write!(err, "\x1b[{shown}A");
+    }
+    for line in lines {
+        let _ = writeln!(err, "\x1b[2K{line}");
+    }
+    lines.len()
+}
+
+/// A watermark as UTC time, or `-inf`/`+inf` at the ends of time.
+pub fn format_watermark(ms: i64) -> String {
+    if ms <= MIN_TIMESTAMP {
+        return "-inf".to_string();
+    }
+    if ms >= MAX_TIMESTAMP {
+        return "+inf".to_string();
+    }
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1_000 % 60,
+        ms_of_day % 1_000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermarks_read_as_utc_times() {
+        assert_eq!(format_watermark(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            format_watermark(1_796_000_461_123),
+            "2026-11-30T01:01:01.123Z"
+        );
+        assert_eq!(format_watermark(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(format_watermark(MIN_TIMESTAMP), "-inf");
+        assert_eq!(format_watermark(MAX_TIMESTAMP), "+inf");
+    }
+
+    #[test]
+    fn progress_shows_sdk_and_grouping_stages() {
+        let stage = |name: &str, kind: &'static str| StageStats {
+            name: name.into(),
+            kind,
+            inputs: vec![],
+            input_watermark: MIN_TIMESTAMP,
+            output_watermark: MAX_TIMESTAMP,
+            pending_elements: 0,
+            pending_bytes: 0,
+            bundles_in_flight: 0,
+            bundles_committed: 1,
+            elements_processed: 12,
+            throttled_ms: 0,
+        };
+        let lines = progress_lines(&[
+            stage("Impulse", "impulse"),
+            stage("Read+Split", "sdk"),
+            stage("Group", "group_by_key"),
+        ]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("  #1   Read → Split"), "{lines:?}");
+        assert!(
+            lines[0].ends_with("12 elements  watermark +inf"),
+            "{lines:?}"
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! Starting a Refract server — Fn API, Job API and (unless turned off) the
+//! web UI — for `refract serve` and for `refract run`, which embeds one when
+//! no server is listening.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use refract_jobservice::{serve, JobServiceConfig};
+use refract_sdk_harness::FnApiServer;
+use tokio::sync::oneshot;
+use tracing::info;
+
+use crate::activity::Activity;
+use crate::cli::ServeArgs;
+use crate::insights::Insights;
+use crate::job_runner::RefractRunner;
+
+/// A server started by [`start`], running until [`Server::stop`] or its
+/// `shutdown` future resolves.
+pub struct Server {
+    /// Where the Job API listens.
+    pub job_endpoint: SocketAddr,
+    /// Stage snapshots of its jobs.
+    pub insights: Insights,
+    /// Job activity, for idle shutdown.
+    pub activity: Arc<Activity>,
+    stop: Option<oneshot::Sender<()>>,
+    finished: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Server {
+    /// Stops the server and waits for it to finish.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.wait().await
+    }
+
+    /// Waits until the server finished (its shutdown future resolved).
+    pub async fn wait(self) -> Result<()> {
+        self.finished.await.context("the job service task")?
+    }
+}
+
+/// Binds the ports of `args` and starts serving; the server stops when
+/// `shutdown` resolves or [`Server::stop`] is called.
+pub async fn start(
+    args: &ServeArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Server> {
+    let fn_server = FnApiServer::start(&args.host)
+        .await
+        .context("starting the Fn API server")?;
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
+        .await
+        .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
+    let job_endpoint = listener.local_addr()?;
+    let staging_dir = match &args.staging_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!(
+            "refract-staging-{}-{}",
+            std::process::id(),
+            job_endpoint.port()
+        )),
+    };
+    std::fs::create_dir_all(&staging_dir)
+        .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
+    info!(job_endpoint = %job_endpoint, fn_api = %fn_server.url(), "refract is serving");
+    let default_workers = match args.sdk_worker_parallelism {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let runner = Arc::new(RefractRunner::new(fn_server).with_default_workers(default_workers));
+    let activity = runner.activity();
+    let insights = runner.insights();
+    let config = JobServiceConfig {
+        staging_dir,
+        ..JobServiceConfig::default()
+    };
+    let (ui_stop, ui_stopped) = oneshot::channel::<()>();
+    if args.serve_http {
+        start_ui(
+            args,
+            &job_endpoint.to_string(),
+            insights.clone(),
+            ui_stopped,
+        )
+        .await;
+    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    let finished = tokio::spawn(async move {
+        let shutdown = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = stopped => {}
+            }
+        };
+        let served = serve(listener, runner, config, shutdown).await;
+        let _ = ui_stop.send(());
+        served.context("job service")
+    });
+    Ok(Server {
+        job_endpoint,
+        insights,
+        activity,
+        stop: Some(stop),
+        finished,
+    })
+}
+
+/// Starts the web UI in the background; a port that cannot be bound is
+/// logged and the server runs without a UI.
+async fn start_ui(
+    args: &ServeArgs,
+    job_endpoint: &str,
+    insights: Insights,
+    stop: oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.ui_port)).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::warn!(port = args.ui_port, %error, "cannot serve the web UI; running without it");
+            return;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        info!(url = %format!("http://{addr}/"), "web UI and /metrics");
+    }
+    let job_endpoint = job_endpoint.to_string();
+    tokio::spawn(async move {
+        let stopped = async {
+            let _ = stop.await;
+        };
+        if let Err(error) = crate::ui::serve(listener, &job_endpoint, insights, stopped).await {
+            tracing::warn!(%error, "the web UI stopped");
+        }
+    });
+}
