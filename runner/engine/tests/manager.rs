@@ -660,6 +660,98 @@ async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers()
 }
 
 #[tokio::test]
+async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
+    use std::sync::atomic::AtomicI64;
+    // A wall clock that runs fast: a second per reading.
+    let wall = Arc::new(AtomicI64::new(1_000_000));
+    let read_wall = {
+        let wall = wall.clone();
+        move || wall.fetch_add(1_000, Ordering::SeqCst)
+    };
+    let events = vec![
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("k", 1)],
+        },
+        TestStreamEvent::ProcessingTime(5_000),
+        TestStreamEvent::Elements {
+            output: 0,
+            elements: vec![keyed_at("k", 2)],
+        },
+        TestStreamEvent::ProcessingTime(10_000),
+    ];
+    let mut family = event_time_family("later");
+    family.domain = TimeDomain::ProcessingTime;
+    let plan = stateful_plan(
+        events,
+        SdkStage {
+            stateful: true,
+            timer_families: vec![family],
+            ..SdkStage::default()
+        },
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    // The first element sets a processing-time timer 10 s ahead of the
+    // time the run started at (as an SDK would, from its own clock).
+    let stateful: StageFn = Arc::new(move |input| {
+        let mut log = seen2.lock();
+        if input.timers.iter().any(|t| !t.data.is_empty()) {
+            log.push("timer".to_string());
+        }
+        let mut set = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+            {
+                log.push(format!("element@{}", e.header.timestamp));
+                if e.header.timestamp == 1 {
+                    TimerValue {
+                        user_key: e.value.slice(..2),
+                        dynamic_tag: String::new(),
+                        windows: e.header.windows.clone(),
+                        clear: false,
+                        fire_timestamp: 1_000_000 + 10_000,
+                        hold_timestamp: 1,
+                        pane: PaneInfo::NO_FIRING,
+                    }
+                    .encode(&Coder::IntervalWindow, &mut set)
+                    .unwrap();
+                }
+            }
+        }
+        Ok(BundleOutput {
+            timers: vec![TimerInput {
+                transform_id: "t".into(),
+                family_id: "later".into(),
+                data: Bytes::from(set),
+            }],
+            ..Default::default()
+        })
+    });
+    let exec = Arc::new(FakeExecutor {
+        stages: [(1, window_by_hundreds()), (2, stateful)]
+            .into_iter()
+            .collect(),
+        bundles: AtomicUsize::new(0),
+    });
+    let (_tx, cancel) = watch::channel(false);
+    Engine::new(plan, exec, config(10), "test", Arc::new(read_wall))
+        .unwrap()
+        .run(cancel)
+        .await
+        .unwrap();
+    // 5 s of stream time is not enough, whatever the wall clock did; the
+    // second advance is.
+    assert_eq!(
+        *seen.lock(),
+        vec!["element@1", "element@2", "timer"],
+        "wall clock read {} times",
+        (wall.load(Ordering::SeqCst) - 1_000_000) / 1_000
+    );
+}
+
+#[tokio::test]
 async fn time_sorted_input_waits_for_the_watermark_and_arrives_in_order() {
     let events = vec![
         TestStreamEvent::Elements {

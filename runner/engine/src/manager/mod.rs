@@ -218,6 +218,12 @@ pub struct Engine {
     clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     /// Processing time advanced by TestStream events, added to `clock`.
     clock_offset: i64,
+    /// Pipelines with a TestStream keep processing time where it was when
+    /// the run started, moved only by the stream's processing-time events
+    /// (as Prism does): an SDK that sets a timer `d` ahead of its own clock
+    /// then sees it fire exactly when the stream has advanced by `d`, not
+    /// also by however long the run took.
+    frozen_clock: Option<Timestamp>,
     /// Turns true when the job should drain.
     drain: Option<watch::Receiver<bool>>,
     /// The job is draining: delayed work runs at once, and splittable
@@ -318,6 +324,11 @@ impl Engine {
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
+        let frozen_clock = plan
+            .stages
+            .iter()
+            .any(|s| matches!(s.kind, StageKind::TestStream(_)))
+            .then(|| clock());
         Ok(Engine {
             plan,
             executor,
@@ -335,6 +346,7 @@ impl Engine {
             summary: RunSummary::default(),
             clock,
             clock_offset: 0,
+            frozen_clock,
             drain: None,
             draining: false,
             stats: None,
@@ -468,9 +480,12 @@ impl Engine {
         self.in_flight.is_empty() && self.merges_in_flight == 0
     }
 
-    /// Processing time, in ms: the clock plus what TestStreams advanced it by.
+    /// Processing time, in ms: the clock (frozen at the start for a
+    /// pipeline with a TestStream) plus what TestStreams advanced it by.
     fn now(&self) -> Timestamp {
-        (self.clock)().saturating_add(self.clock_offset)
+        self.frozen_clock
+            .unwrap_or_else(|| (self.clock)())
+            .saturating_add(self.clock_offset)
     }
 
     fn all_done(&self) -> bool {
