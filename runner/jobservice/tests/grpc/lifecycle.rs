@@ -264,7 +264,12 @@ async fn successful_job_streams_states_messages_and_metrics() {
         .unwrap();
     assert_eq!(metrics.committed, metrics.attempted);
     let mut by_name: HashMap<String, (String, Vec<u64>)> = HashMap::new();
+    let mut element_counts = Vec::new();
     for info in &metrics.committed {
+        if info.urn == "beam:metric:element_count:v1" {
+            element_counts.push(info.labels["PCOLLECTION"].clone());
+            continue;
+        }
         assert!(info.urn.starts_with("beam:metric:user:"), "{}", info.urn);
         by_name.insert(
             info.labels["NAME"].clone(),
@@ -275,6 +280,8 @@ async fn successful_job_streams_states_messages_and_metrics() {
         );
     }
     assert_eq!(by_name.len(), 2);
+    // The element counts of PCollections come along; other system metrics do not.
+    assert_eq!(element_counts, ["pc1"]);
     // Counter: 1 + 2, relabelled to the unique name.
     assert_eq!(by_name["counter"], ("count1".to_string(), vec![3]));
     // Distribution: {3} merged with {1, 5}; no name mapping for this id.
