@@ -11,6 +11,7 @@
 #   - protoc (Debian's protobuf-compiler), needed by the beam-proto crate;
 #   - libclang-dev, only once the workspace depends on bindgen (rocksdb);
 #   - a JDK (17+) and Maven, for the Java SDK tests (integration/java);
+#   - Chromium, for the headless browser test of the web UI;
 #   - the clippy and rustfmt components of the Rust toolchain;
 #   - a Python virtualenv at $REFRACT_VENV (default ~/.cache/refract/venv,
 #     never inside the clone) with the packages in integration/requirements.txt.
@@ -78,6 +79,11 @@ fi
 # The Java SDK tests build integration/java with Maven on a JDK.
 if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
   apt_install maven default-jdk-headless
+fi
+
+# The web UI's end-to-end test drives a headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt_install chromium
 fi
 
 # bindgen (pulled in by rocksdb) needs libclang at build time.

@@ -110,3 +110,12 @@ class RefractServer(RefractProcess):
         '--job_endpoint=%s' % self.endpoint,
         '--environment_type=LOOPBACK',
     ] + list(extra)
+
+
+def ui_server(refract_bin, log_path):
+  """A `refract serve` with its web UI on a free port: (server, UI base URL).
+  The caller waits for it to be ready and stops it."""
+  ui_port = free_port()
+  server = RefractServer(
+      refract_bin, log_path, extra_args=['--ui_port', str(ui_port)])
+  return server, 'http://127.0.0.1:%d' % ui_port

@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
-from refract_testlib import RefractServer, free_port
+from refract_testlib import ui_server
 
 
 def seen(x):
@@ -43,11 +43,7 @@ def job_api_element_counts(endpoint, job_id):
 
 def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin,
                                                         tmp_path):
-  ui = 'http://127.0.0.1:%d' % free_port()
-  server = RefractServer(
-      refract_bin,
-      tmp_path / 'refract-serve.log',
-      extra_args=['--ui_port', ui.rsplit(':', 1)[1]])
+  server, ui = ui_server(refract_bin, tmp_path / 'refract-serve.log')
   request.node.refract_processes = [server]
   try:
     server.wait_ready()

@@ -164,6 +164,18 @@ fn describe_payload(kind: &str, payload: &[u8]) -> String {
     }
 }
 
+/// A job message's importance as people read it (`ERROR`, `WARNING`,
+/// `BASIC`, ...).
+pub fn message_level(importance: i32) -> String {
+    MessageImportance::try_from(importance)
+        .map(|i| {
+            i.as_str_name()
+                .trim_start_matches("JOB_MESSAGE_")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
 /// Print a job's messages; with `--follow`, until the job ends, otherwise
 /// what has arrived so far.
 pub async fn logs(args: LogsArgs) -> Result<()> {
@@ -193,14 +205,12 @@ pub async fn logs(args: LogsArgs) -> Result<()> {
             .response
         {
             Some(Response::MessageResponse(m)) => {
-                let level = MessageImportance::try_from(m.importance)
-                    .map(|i| {
-                        i.as_str_name()
-                            .trim_start_matches("JOB_MESSAGE_")
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                println!("{} {level} {}", m.time, m.message_text);
+                println!(
+                    "{} {} {}",
+                    m.time,
+                    message_level(m.importance),
+                    m.message_text
+                );
             }
             Some(Response::StateResponse(s)) => println!("state {}", state_name(s.state)),
             None => {}

@@ -198,8 +198,15 @@ impl LogSink for JobLogs {
             Severity::Notice | Severity::Info => Some(MessageImportance::JobMessageBasic),
             _ => None,
         };
+        // Which worker and transform it came from, so a reader can filter
+        // the job's messages by stage.
         if let Some(importance) = importance {
-            self.0.message(importance, format!("[{worker_id}] {text}"));
+            let origin = if entry.transform_id.is_empty() {
+                worker_id.to_string()
+            } else {
+                format!("{worker_id} {}", entry.transform_id)
+            };
+            self.0.message(importance, format!("[{origin}] {text}"));
         }
     }
 }

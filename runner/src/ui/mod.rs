@@ -10,8 +10,9 @@
 //! progress — comes from the engine's stage snapshots ([`Insights`]).
 //!
 //! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}` (state,
-//! metrics, stages), `POST /api/jobs/{id}/cancel`, `POST /api/jobs/{id}/drain`,
-//! `GET /metrics`.
+//! metrics, stages), `GET /api/jobs/{id}/logs` (the job's messages: runner
+//! events and harness log lines), `POST /api/jobs/{id}/cancel`,
+//! `POST /api/jobs/{id}/drain`, `GET /metrics`.
 
 pub mod prometheus;
 
@@ -22,10 +23,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
     job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest,
-    GetJobsRequest,
+    GetJobsRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
@@ -64,6 +66,7 @@ pub async fn serve(
         .route("/", get(index))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/:id", get(job_details))
+        .route("/api/jobs/:id/logs", get(job_logs))
         .route("/api/jobs/:id/:action", post(act_on_job))
         .route("/metrics", get(metrics))
         .with_state(ui);
@@ -191,6 +194,43 @@ async fn job_details(
         "metrics": metrics,
         "stages": stages,
     })))
+}
+
+/// Most log entries one `/logs` answer carries (the latest ones).
+const MAX_LOG_ENTRIES: usize = 2_000;
+
+/// The job's messages so far (`GetMessageStream` replays them, then waits
+/// for more: what arrives within a short pause is taken, no more).
+async fn job_logs(
+    State(Ui { channel, .. }): State<Ui>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let mut stream = JobServiceClient::new(channel)
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .await
+        .map_err(api_error("GetMessageStream"))?
+        .into_inner();
+    let mut entries = std::collections::VecDeque::new();
+    while let Ok(Ok(Some(item))) =
+        tokio::time::timeout(std::time::Duration::from_millis(200), stream.message()).await
+    {
+        let entry = match item.response {
+            Some(MessageOrState::MessageResponse(m)) => json!({
+                "time": m.time,
+                "level": crate::client::message_level(m.importance),
+                "text": m.message_text,
+            }),
+            Some(MessageOrState::StateResponse(s)) => {
+                json!({"time": "", "level": "STATE", "text": state_name(s.state)})
+            }
+            None => continue,
+        };
+        if entries.len() == MAX_LOG_ENTRIES {
+            entries.pop_front();
+        }
+        entries.push_back(entry);
+    }
+    Ok(json_response(Value::Array(entries.into())))
 }
 
 /// `cancel` or `drain`, as the Job API's calls of those names.
