@@ -162,7 +162,13 @@ impl ArtifactSource for JobArtifacts {
     }
 }
 
-struct JobLogs(Arc<Job>);
+/// Where a worker's log lines go: the runner's log (with the worker, stage
+/// and transform each came from) and the job's message stream.
+struct JobLogs {
+    job: Arc<Job>,
+    /// Transform id → (its stage's name, its unique name in the pipeline).
+    origins: Arc<HashMap<String, (String, String)>>,
+}
 
 impl LogSink for JobLogs {
     fn log(&self, worker_id: &str, entry: refract_proto::fn_api::LogEntry) {
@@ -173,24 +179,20 @@ impl LogSink for JobLogs {
         } else {
             format!("{}\n{}", entry.message, entry.trace)
         };
+        let (stage, transform) = match self.origins.get(&entry.transform_id) {
+            Some((stage, name)) => (stage.as_str(), name.as_str()),
+            None => ("", entry.transform_id.as_str()),
+        };
         match severity {
             Severity::Error | Severity::Critical => {
-                tracing::error!(worker = worker_id, transform = %entry.transform_id, "{text}")
+                tracing::error!(worker = worker_id, stage, transform, "{text}")
             }
-            Severity::Warn => {
-                tracing::warn!(worker = worker_id, transform = %entry.transform_id, "{text}")
-            }
+            Severity::Warn => tracing::warn!(worker = worker_id, stage, transform, "{text}"),
             Severity::Notice | Severity::Info => {
-                tracing::info!(worker = worker_id, transform = %entry.transform_id, "{text}")
+                tracing::info!(worker = worker_id, stage, transform, "{text}")
             }
-            _ => tracing::debug!(worker = worker_id, transform = %entry.transform_id, "{text}"),
+            _ => tracing::debug!(worker = worker_id, stage, transform, "{text}"),
         }
-        // INFO and above reach the job's message stream (the SDK client
-        // prints them); DEBUG and TRACE stay in the runner's log. A harness's
-        // ERROR lines go out as warnings: clients take the job's error text
-        // from its ERROR messages (Java the first, Python the last), and that
-        // must be the failure the job ended with, not whatever a harness
-        // logged at ERROR on the way (Java's gRPC logs orphaned channels so).
         let importance = match severity {
             Severity::Error | Severity::Critical | Severity::Warn => {
                 Some(MessageImportance::JobMessageWarning)
@@ -199,14 +201,14 @@ impl LogSink for JobLogs {
             _ => None,
         };
         // Which worker and transform it came from, so a reader can filter
-        // the job's messages by stage.
+        // the job's messages by step.
         if let Some(importance) = importance {
-            let origin = if entry.transform_id.is_empty() {
+            let origin = if transform.is_empty() {
                 worker_id.to_string()
             } else {
-                format!("{worker_id} {}", entry.transform_id)
+                format!("{worker_id} {transform}")
             };
-            self.0.message(importance, format!("[{origin}] {text}"));
+            self.job.message(importance, format!("[{origin}] {text}"));
         }
     }
 }
@@ -238,6 +240,24 @@ async fn run_job(
     };
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
+    // Each descriptor transform's stage and name, for worker log lines.
+    let mut origins: HashMap<String, (String, String)> = HashMap::new();
+    for (idx, stage) in &translated.sdk_stages {
+        let stage_name = translated
+            .plan
+            .stages
+            .get(*idx)
+            .map_or_else(String::new, |s| s.name.clone());
+        for id in stage.descriptor.transforms.keys() {
+            let name = translated
+                .unique_names
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| id.clone());
+            origins.insert(id.clone(), (stage_name.clone(), name));
+        }
+    }
+    let origins = Arc::new(origins);
     let mut stages = HashMap::new();
     let mut environments: HashSet<String> = HashSet::new();
     let mut descriptor_ids = Vec::new();
@@ -285,6 +305,7 @@ async fn run_job(
                 let fn_server = fn_server.clone();
                 let job = job.clone();
                 let environment = environment.clone();
+                let origins = origins.clone();
                 let prefix = format!("{}-e{n}", job.id());
                 Arc::new(move |w: usize| {
                     let fn_server = fn_server.clone();
@@ -293,7 +314,10 @@ async fn run_job(
                         environment: environment.clone(),
                         provision: provision.clone(),
                         artifacts: Arc::new(JobArtifacts(job.clone())),
-                        logs: Arc::new(JobLogs(job.clone())),
+                        logs: Arc::new(JobLogs {
+                            job: job.clone(),
+                            origins: origins.clone(),
+                        }),
                     };
                     Box::pin(async move { fn_server.start_worker(config).await })
                 })
