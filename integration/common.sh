@@ -44,6 +44,39 @@ refract_wait_for_port() {
   done
 }
 
+# refract_find_bin: prints the refract binary to test: $REFRACT_BIN, else the
+# release build in $CARGO_TARGET_DIR, else the debug build (built if missing).
+refract_find_bin() {
+  if [ -n "${REFRACT_BIN:-}" ]; then
+    echo "$REFRACT_BIN"
+  elif [ -x "$CARGO_TARGET_DIR/release/refract" ]; then
+    echo "$CARGO_TARGET_DIR/release/refract"
+  else
+    echo "== building refract (cargo build -p refract)" >&2
+    cargo build -p refract >&2
+    echo "$CARGO_TARGET_DIR/debug/refract"
+  fi
+}
+
+# refract_start_server BIN PORT LOG: starts `BIN serve --job_port PORT` in the
+# background with its output in LOG, and sets REFRACT_SERVER_PID (for the
+# caller's EXIT trap, to be set before refract_await_server).
+REFRACT_SERVER_PID=
+refract_start_server() {
+  echo "== starting: $1 serve --job_port $2 (log: $3)" >&2
+  "$1" serve --job_port "$2" </dev/null >"$3" 2>&1 &
+  REFRACT_SERVER_PID=$!
+}
+
+# refract_await_server PORT LOG: waits up to 60 s for the server started by
+# refract_start_server to listen on PORT; on failure shows LOG's tail, fails.
+refract_await_server() {
+  if ! refract_wait_for_port "$1" "$REFRACT_SERVER_PID" 60; then
+    tail -n 50 "$2" >&2
+    return 1
+  fi
+}
+
 # refract_run_bounded SECONDS COMMAND...: runs COMMAND under timeout(1), which
 # gives it a process group of its own, with stdin from /dev/null. When it has
 # ended, whatever is left of that group (say, a runner started by a killed

@@ -26,14 +26,7 @@ if [ ! -x "$REFRACT_PY" ]; then
   REFRACT_PY=$(command -v python3)
 fi
 
-if [ -n "${REFRACT_BIN:-}" ]; then
-  bin=$REFRACT_BIN
-elif [ -x "$CARGO_TARGET_DIR/release/refract" ]; then
-  bin=$CARGO_TARGET_DIR/release/refract
-else
-  cargo build -p refract
-  bin=$CARGO_TARGET_DIR/debug/refract
-fi
+bin=$(refract_find_bin)
 
 m2=$REFRACT_CACHE/m2
 mkdir -p "$m2"
@@ -43,22 +36,16 @@ rm -rf "$reports"
 
 log=$(mktemp -t refract-java-suite.XXXXXX.log)
 port=${REFRACT_JOB_PORT:-$(refract_free_port)}
-echo "== starting: $bin serve --job_port $port (log: $log)" >&2
-"$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
-server=$!
+refract_start_server "$bin" "$port" "$log"
 # shellcheck disable=SC2317 # called by the EXIT trap
 stop_server() {
   refract_kill_bounded
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
+  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM
-
-if ! refract_wait_for_port "$port" "$server" 60; then
-  tail -n 50 "$log" >&2
-  exit 1
-fi
+refract_await_server "$port" "$log"
 
 # Which tests: every test class of the test jar, nested classes too (Surefire
 # skips `Outer$Inner` classes by default, and most of ParDoTest, MetricsTest

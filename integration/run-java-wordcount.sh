@@ -43,28 +43,18 @@ mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package
 echo "== maven build took $((SECONDS - start))s" >&2
 classpath=$project/target/classes:$(cat "$project/target/classpath.txt")
 
-if [ -n "${REFRACT_BIN:-}" ]; then
-  bin=$REFRACT_BIN
-elif [ -x "$CARGO_TARGET_DIR/release/refract" ]; then
-  bin=$CARGO_TARGET_DIR/release/refract
-else
-  echo "== building refract (cargo build -p refract)" >&2
-  cargo build -p refract
-  bin=$CARGO_TARGET_DIR/debug/refract
-fi
+bin=$(refract_find_bin)
 
 work=$(mktemp -d -t refract-java-wc.XXXXXX)
 log=$work/refract.log
 port=${REFRACT_JOB_PORT:-$(refract_free_port)}
-echo "== starting: $bin serve --job_port $port (log: $log)" >&2
-"$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
-server=$!
+refract_start_server "$bin" "$port" "$log"
 pool=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   if [ -n "$pool" ]; then kill "$pool" 2>/dev/null || true; fi
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
+  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
   if [ "${REFRACT_KEEP:-0}" = 1 ]; then
     echo "== kept $work" >&2
   else
@@ -74,10 +64,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if ! refract_wait_for_port "$port" "$server" 60; then
-  tail -n 50 "$log" >&2
-  exit 1
-fi
+refract_await_server "$port" "$log"
 
 input=$here/wordcount/input.txt
 run_wordcount() {

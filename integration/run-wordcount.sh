@@ -32,21 +32,15 @@ fi
 
 port=${REFRACT_JOB_PORT:-$(refract_free_port)}
 log=$(mktemp -t refract-serve.XXXXXX.log)
-echo "== starting: $bin serve --job_port $port (log: $log)" >&2
-"$bin" serve --job_port "$port" </dev/null >"$log" 2>&1 &
-server=$!
+refract_start_server "$bin" "$port" "$log"
 # shellcheck disable=SC2317 # called by the EXIT trap
 stop_server() {
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
+  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM
-
-if ! refract_wait_for_port "$port" "$server" 60; then
-  tail -n 50 "$log" >&2
-  exit 1
-fi
+refract_await_server "$port" "$log"
 
 echo "== running the word count on localhost:$port" >&2
 rc=0

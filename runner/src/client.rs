@@ -15,7 +15,8 @@ use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{JobArgs, LogsArgs, ServerArgs};
 
-async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
+/// A Job API client for `endpoint` (`host:port`, or a URL).
+pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
     let url = if endpoint.contains("://") {
         endpoint.to_string()
     } else {
@@ -26,7 +27,8 @@ async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
         .with_context(|| format!("connecting to the job service at {endpoint}"))
 }
 
-fn state_name(state: i32) -> String {
+/// A job state's name as the Job API spells it (`RUNNING`, `DONE`, ...).
+pub(crate) fn state_name(state: i32) -> String {
     job_state::Enum::try_from(state)
         .map(|s| s.as_str_name().to_string())
         .unwrap_or_else(|_| state.to_string())

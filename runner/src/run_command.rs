@@ -22,6 +22,7 @@ use refract_proto::job_api::GetJobsRequest;
 use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{Cli, Command, JobArgs, RunArgs};
+use crate::client::connect;
 use crate::serve;
 
 /// Where `refract run` looks for a running server first.
@@ -71,10 +72,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             _ = tokio::time::sleep(REFRESH) => {}
         }
         if job.is_none() {
-            job = job_ids(&mut client)
-                .await?
-                .into_iter()
-                .find(|id| !before.contains(id));
+            job = new_job(&mut client, &before).await?;
         }
         if let (true, Some(id), Some(server)) = (live, &job, &embedded) {
             let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
@@ -82,10 +80,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         }
     };
     if job.is_none() {
-        job = job_ids(&mut client)
-            .await?
-            .into_iter()
-            .find(|id| !before.contains(id));
+        job = new_job(&mut client, &before).await?;
     }
     match &job {
         Some(id) => {
@@ -123,10 +118,15 @@ fn embedded_server_args() -> Result<crate::cli::ServeArgs> {
     }
 }
 
-async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
-    JobServiceClient::connect(format!("http://{endpoint}"))
-        .await
-        .with_context(|| format!("connecting to the job service at {endpoint}"))
+/// The job the pipeline submitted: one the server did not have `before`.
+async fn new_job(
+    client: &mut JobServiceClient<Channel>,
+    before: &[String],
+) -> Result<Option<String>> {
+    Ok(job_ids(client)
+        .await?
+        .into_iter()
+        .find(|id| !before.contains(id)))
 }
 
 async fn job_ids(client: &mut JobServiceClient<Channel>) -> Result<Vec<String>> {

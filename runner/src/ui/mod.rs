@@ -26,12 +26,13 @@ use axum::Router;
 use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
-    job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest,
-    GetJobsRequest, JobMessagesRequest,
+    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest, GetJobsRequest,
+    JobMessagesRequest,
 };
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
 
+use crate::client::state_name;
 use crate::insights::Insights;
 use crate::metric_payload::{decode, IntMetric};
 use prometheus::JobSnapshot;
@@ -94,12 +95,6 @@ fn json_response(value: Value) -> Response {
         value.to_string(),
     )
         .into_response()
-}
-
-fn state_name(state: i32) -> String {
-    job_state::Enum::try_from(state)
-        .map(|s| s.as_str_name().to_string())
-        .unwrap_or_else(|_| state.to_string())
 }
 
 async fn index() -> Response {
