@@ -12,6 +12,7 @@
 #   - libclang-dev, only once the workspace depends on bindgen (rocksdb);
 #   - a JDK (17+) and Maven, for the Java SDK tests (integration/java);
 #   - Chromium, for the headless browser test of the web UI;
+#   - Go, to build the OpenTelemetry Collector of the OTLP test;
 #   - the clippy and rustfmt components of the Rust toolchain;
 #   - a Python virtualenv at $REFRACT_VENV (default ~/.cache/refract/venv,
 #     never inside the clone) with the packages in integration/requirements.txt.
@@ -30,7 +31,7 @@ case "${1:-}" in
   --print-env) print_env=1 ;;
   '') ;;
   -h | --help)
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -84,6 +85,13 @@ fi
 # The web UI's end-to-end test drives a headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium
+fi
+
+# The OTLP test builds an OpenTelemetry Collector from the Go module proxy
+# (integration/otel/build-collector.sh); a newer Go toolchain than Debian's
+# is fetched by Go itself when the module asks for one.
+if ! command -v go >/dev/null 2>&1; then
+  apt_install golang-go
 fi
 
 # bindgen (pulled in by rocksdb) needs libclang at build time.

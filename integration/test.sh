@@ -8,7 +8,8 @@
 # 3. cargo test --release --workspace (reuses that build);
 # 4. the Python end-to-end tests in integration/python against the release
 #    binary (wordcount on DirectRunner / PortableRunner / PrismRunner, errors,
-#    command line);
+#    command line, web UI in Chromium, OTLP export to an OpenTelemetry
+#    Collector that integration/otel/build-collector.sh builds and caches);
 # 5. Beam's PrismRunnerTest suite via integration/prism_suite.sh, with the
 #    pass bar from integration/prism_suite_bar.
 # 6. Beam's shared cases without Prism's opt-outs via
@@ -71,6 +72,14 @@ if [ ! -x "$bin" ]; then
   exit 1
 fi
 bin=$(realpath "$bin")
+
+echo "== OpenTelemetry Collector for the OTLP test (integration/otel)"
+if REFRACT_OTELCOL=$("$here/otel/build-collector.sh"); then
+  export REFRACT_OTELCOL
+  echo "$REFRACT_OTELCOL"
+else
+  failed_steps+=("building the OpenTelemetry Collector")
+fi
 
 echo "== Python end-to-end tests (integration/python) against $bin"
 e2e_timeout=${REFRACT_E2E_TIMEOUT:-120}

@@ -127,6 +127,11 @@ pub struct ServeArgs {
     /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
     pub sdk_worker_parallelism: usize,
+    /// Export metrics and traces over OTLP/gRPC to this endpoint (e.g.
+    /// `http://localhost:4317`); default: `$OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// and no export when neither is set.
+    #[arg(long = "otlp_endpoint")]
+    pub otlp_endpoint: Option<String>,
     /// Where staged artifacts are kept (default: a temporary directory).
     #[arg(long = "staging_dir")]
     pub staging_dir: Option<PathBuf>,

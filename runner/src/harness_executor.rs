@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -24,6 +25,8 @@ use refract_proto::fn_api::{
 use refract_sdk_harness::{BundleError, BundleRequest, HarnessError, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
+
+use crate::telemetry::{BundleRecord, BundleRecorder};
 
 use crate::state_bridge::StateBridge;
 
@@ -106,6 +109,9 @@ pub struct HarnessExecutor {
     mergers: HashMap<StageIdx, Arc<WindowMerger>>,
     workers: HashMap<String, Arc<WorkerSet>>,
     job: Arc<Job>,
+    /// Stage names, for the telemetry of each bundle.
+    stage_names: Arc<HashMap<StageIdx, String>>,
+    recorder: BundleRecorder,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -208,12 +214,16 @@ impl HarnessExecutor {
         mergers: HashMap<StageIdx, Arc<WindowMerger>>,
         workers: HashMap<String, Arc<WorkerSet>>,
         job: Arc<Job>,
+        stage_names: HashMap<StageIdx, String>,
+        recorder: BundleRecorder,
     ) -> Self {
         HarnessExecutor {
             stages,
             mergers,
             workers,
             job,
+            stage_names: Arc::new(stage_names),
+            recorder,
         }
     }
 }
@@ -263,89 +273,121 @@ impl StageExecutor for HarnessExecutor {
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
         let job = self.job.clone();
+        let recorder = self.recorder.clone();
+        let stage_name = self
+            .stage_names
+            .get(&input.stage)
+            .cloned()
+            .unwrap_or_default();
         async move {
             let worker = set.pick().await?;
-            let split_source = stage.input_transform_id.clone();
-            let split_inputs = if stage.splittable {
-                input.elements.clone()
-            } else {
-                Vec::new()
-            };
-            let inputs = match &stage.input_transform_id {
-                Some(t) => vec![(t.clone(), input.elements)],
-                None => Vec::new(),
-            };
-            let request = BundleRequest {
-                instruction_id: input.bundle_id.clone(),
-                descriptor_id: match (&stage.drain_descriptor, input.draining) {
-                    (Some(drain), true) => drain.id.clone(),
-                    _ => stage.descriptor.id.clone(),
-                },
-                inputs,
-                timers: input
-                    .timers
-                    .into_iter()
-                    .map(|t| (t.transform_id, t.family_id, t.data))
-                    .collect(),
-                expected_sinks: stage.outputs.iter().map(|(sink, _)| sink.clone()).collect(),
-                expected_timer_families: stage.timer_families.clone(),
-                state: Arc::new(StateBridge::new(input.state)),
-            };
-            let bundle = worker.process_bundle(request);
-            tokio::pin!(bundle);
-            let mut split_residuals = Vec::new();
-            let result = match (&split_source, stage.splittable) {
-                (Some(source), true) => {
-                    tokio::select! {
-                        r = &mut bundle => r,
-                        _ = tokio::time::sleep(SPLIT_AFTER) => {
-                            split_residuals =
-                                split_bundle(&worker, &input.bundle_id, source, &split_inputs).await;
-                            bundle.await
-                        }
-                    }
-                }
-                _ => bundle.await,
-            };
-            let result = result.map_err(|e| match e {
-                BundleError::Sdk(text) => ExecError::Sdk(text),
-                other => ExecError::Harness(other.to_string()),
-            })?;
-            job.metrics().commit(&result.response.monitoring_infos);
-            let mut outputs = Vec::with_capacity(stage.outputs.len());
-            let mut results = result.outputs;
-            for (sink, pcoll) in &stage.outputs {
-                if let Some(bytes) = results.remove(sink) {
-                    outputs.push((*pcoll, bytes));
-                }
-            }
-            let timers = result
-                .timers
-                .into_iter()
-                .map(|((transform_id, family_id), data)| TimerInput {
-                    transform_id,
-                    family_id,
-                    data,
-                })
-                .collect();
-            let mut residuals: Vec<Residual> = result
-                .response
-                .residual_roots
-                .iter()
-                .filter_map(residual)
-                .collect();
-            residuals.extend(split_residuals);
-            if result.response.requires_finalization {
-                if let Err(e) = worker.finalize_bundle(&input.bundle_id).await {
-                    warn!(bundle = %input.bundle_id, error = %e, "bundle finalization failed");
-                }
-            }
-            Ok(BundleOutput {
-                outputs,
-                timers,
-                residuals,
-            })
+            let started = SystemTime::now();
+            let clock = Instant::now();
+            let bundle_id = input.bundle_id.clone();
+            let input_bytes: usize = input.elements.iter().map(bytes::Bytes::len).sum();
+            let result = run_bundle(&worker, &stage, input, &job).await;
+            let error = result.as_ref().err().map(ToString::to_string);
+            recorder.record(&BundleRecord {
+                stage: &stage_name,
+                worker: worker.id(),
+                bundle_id: &bundle_id,
+                started,
+                duration: clock.elapsed(),
+                input_bytes,
+                error: error.as_deref(),
+            });
+            result
         }
         .boxed()
     }
+}
+
+/// Runs one bundle of `stage` on `worker` (splitting a splittable one that
+/// takes long) and turns the worker's answer into the engine's terms.
+async fn run_bundle(
+    worker: &Worker,
+    stage: &SdkStageDescriptor,
+    input: BundleInput,
+    job: &Job,
+) -> Result<BundleOutput, ExecError> {
+    let split_source = stage.input_transform_id.clone();
+    let split_inputs = if stage.splittable {
+        input.elements.clone()
+    } else {
+        Vec::new()
+    };
+    let inputs = match &stage.input_transform_id {
+        Some(t) => vec![(t.clone(), input.elements)],
+        None => Vec::new(),
+    };
+    let request = BundleRequest {
+        instruction_id: input.bundle_id.clone(),
+        descriptor_id: match (&stage.drain_descriptor, input.draining) {
+            (Some(drain), true) => drain.id.clone(),
+            _ => stage.descriptor.id.clone(),
+        },
+        inputs,
+        timers: input
+            .timers
+            .into_iter()
+            .map(|t| (t.transform_id, t.family_id, t.data))
+            .collect(),
+        expected_sinks: stage.outputs.iter().map(|(sink, _)| sink.clone()).collect(),
+        expected_timer_families: stage.timer_families.clone(),
+        state: Arc::new(StateBridge::new(input.state)),
+    };
+    let bundle = worker.process_bundle(request);
+    tokio::pin!(bundle);
+    let mut split_residuals = Vec::new();
+    let result = match (&split_source, stage.splittable) {
+        (Some(source), true) => {
+            tokio::select! {
+                r = &mut bundle => r,
+                _ = tokio::time::sleep(SPLIT_AFTER) => {
+                    split_residuals =
+                        split_bundle(worker, &input.bundle_id, source, &split_inputs).await;
+                    bundle.await
+                }
+            }
+        }
+        _ => bundle.await,
+    };
+    let result = result.map_err(|e| match e {
+        BundleError::Sdk(text) => ExecError::Sdk(text),
+        other => ExecError::Harness(other.to_string()),
+    })?;
+    job.metrics().commit(&result.response.monitoring_infos);
+    let mut outputs = Vec::with_capacity(stage.outputs.len());
+    let mut results = result.outputs;
+    for (sink, pcoll) in &stage.outputs {
+        if let Some(bytes) = results.remove(sink) {
+            outputs.push((*pcoll, bytes));
+        }
+    }
+    let timers = result
+        .timers
+        .into_iter()
+        .map(|((transform_id, family_id), data)| TimerInput {
+            transform_id,
+            family_id,
+            data,
+        })
+        .collect();
+    let mut residuals: Vec<Residual> = result
+        .response
+        .residual_roots
+        .iter()
+        .filter_map(residual)
+        .collect();
+    residuals.extend(split_residuals);
+    if result.response.requires_finalization {
+        if let Err(e) = worker.finalize_bundle(&input.bundle_id).await {
+            warn!(bundle = %input.bundle_id, error = %e, "bundle finalization failed");
+        }
+    }
+    Ok(BundleOutput {
+        outputs,
+        timers,
+        residuals,
+    })
 }

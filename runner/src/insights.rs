@@ -1,31 +1,142 @@
-//! Live views of jobs for the web UI and `/metrics`: the job runner
-//! registers each job's stream of stage snapshots here, and readers take
-//! the latest one. Finished jobs keep their last snapshot, so a page opened
-//! after the end still shows the final watermarks and counts.
+//! Live views of jobs for the web UI, `/metrics` and OTLP export: the job
+//! runner registers each job here with its stream of stage snapshots, its
+//! SDK workers and its bundle durations, and readers take the latest
+//! values without asking the engine. Finished jobs keep their last
+//! snapshot, so a page opened after the end still shows the final
+//! watermarks and counts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use refract_engine::manager::StageStats;
+use refract_jobservice::Job;
+use refract_proto::job_api::job_state::Enum as JobState;
 use tokio::sync::watch;
 
-/// Stage snapshots per job id, shared by the runner and the UI.
+use crate::harness_executor::WorkerSet;
+use crate::telemetry::histogram::LatencyHistogram;
+
+/// What the runner shows of one job.
+pub struct JobView {
+    job: Arc<Job>,
+    stages: watch::Receiver<Vec<StageStats>>,
+    /// Bundle durations per stage name.
+    latency: Mutex<BTreeMap<String, LatencyHistogram>>,
+    /// The job's SDK workers while it runs (emptied when it ends).
+    workers: Mutex<Vec<Arc<WorkerSet>>>,
+}
+
+impl std::fmt::Debug for JobView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobView")
+            .field("job", &self.job.id())
+            .finish()
+    }
+}
+
+impl JobView {
+    /// The job's id.
+    pub fn id(&self) -> &str {
+        self.job.id()
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        self.job.name()
+    }
+
+    /// The job's state now.
+    pub fn state(&self) -> JobState {
+        self.job.state()
+    }
+
+    /// The latest stage snapshot (empty before the engine started).
+    pub fn stages(&self) -> Vec<StageStats> {
+        self.stages.borrow().clone()
+    }
+
+    /// Bundle durations per stage, for `/metrics`.
+    pub fn bundle_latency(&self) -> Vec<(String, LatencyHistogram)> {
+        self.latency
+            .lock()
+            .iter()
+            .map(|(stage, h)| (stage.clone(), h.clone()))
+            .collect()
+    }
+
+    /// Adds one bundle of `stage` that took `seconds`.
+    pub fn observe_bundle(&self, stage: &str, seconds: f64) {
+        let mut latency = self.latency.lock();
+        match latency.get_mut(stage) {
+            Some(h) => h.observe(seconds),
+            None => {
+                let mut h = LatencyHistogram::default();
+                h.observe(seconds);
+                latency.insert(stage.to_string(), h);
+            }
+        }
+    }
+
+    /// Tracks the SDK workers of one of the job's environments.
+    pub(crate) fn add_workers(&self, set: Arc<WorkerSet>) {
+        self.workers.lock().push(set);
+    }
+
+    /// The job's workers are gone (it ended).
+    pub(crate) fn clear_workers(&self) {
+        self.workers.lock().clear();
+    }
+
+    /// SDK workers of the job whose connection is up.
+    pub fn live_workers(&self) -> usize {
+        self.workers
+            .lock()
+            .iter()
+            .flat_map(|set| set.workers())
+            .filter(|w| w.disconnected().is_none())
+            .count()
+    }
+}
+
+/// Every job's view, shared by the runner, the UI and the exporters.
 #[derive(Debug, Default, Clone)]
 pub struct Insights {
-    jobs: Arc<Mutex<HashMap<String, watch::Receiver<Vec<StageStats>>>>>,
+    jobs: Arc<Mutex<HashMap<String, Arc<JobView>>>>,
 }
 
 impl Insights {
-    /// A channel for `job_id`'s engine to publish on.
-    pub fn register(&self, job_id: &str) -> watch::Sender<Vec<StageStats>> {
+    /// Registers `job`; its engine publishes stage snapshots on the
+    /// returned sender.
+    pub fn register(&self, job: Arc<Job>) -> (Arc<JobView>, watch::Sender<Vec<StageStats>>) {
         let (tx, rx) = watch::channel(Vec::new());
-        self.jobs.lock().insert(job_id.to_string(), rx);
-        tx
+        let view = Arc::new(JobView {
+            job: job.clone(),
+            stages: rx,
+            latency: Mutex::default(),
+            workers: Mutex::default(),
+        });
+        self.jobs.lock().insert(job.id().to_string(), view.clone());
+        (view, tx)
     }
 
     /// The latest snapshot of `job_id`'s stages, if it ever ran.
     pub fn stages(&self, job_id: &str) -> Option<Vec<StageStats>> {
-        self.jobs.lock().get(job_id).map(|rx| rx.borrow().clone())
+        self.job(job_id).map(|view| view.stages())
+    }
+
+    /// One job's view.
+    pub fn job(&self, job_id: &str) -> Option<Arc<JobView>> {
+        self.jobs.lock().get(job_id).cloned()
+    }
+
+    /// Every job's view.
+    pub fn jobs(&self) -> Vec<Arc<JobView>> {
+        self.jobs.lock().values().cloned().collect()
+    }
+
+    /// SDK workers connected now, over all jobs.
+    pub fn live_workers(&self) -> usize {
+        self.jobs().iter().map(|view| view.live_workers()).sum()
     }
 }

@@ -24,8 +24,9 @@ use tracing::{error, info, Instrument};
 
 use crate::activity::Activity;
 use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
-use crate::insights::Insights;
+use crate::insights::{Insights, JobView};
 use crate::options::{has_experiment, option_bool, option_usize};
+use crate::telemetry::{BundleRecorder, OtlpExport};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -49,6 +50,7 @@ pub struct RefractRunner {
     activity: Arc<Activity>,
     default_workers: usize,
     insights: Insights,
+    otlp: Option<Arc<OtlpExport>>,
 }
 
 impl RefractRunner {
@@ -60,7 +62,15 @@ impl RefractRunner {
             activity: Arc::default(),
             default_workers: 1,
             insights: Insights::default(),
+            otlp: None,
         }
+    }
+
+    /// Export each job's span and its bundles' spans and durations over
+    /// OTLP (metrics read [`Self::insights`] on their own).
+    pub fn with_otlp(mut self, otlp: Option<Arc<OtlpExport>>) -> Self {
+        self.otlp = otlp;
+        self
     }
 
     /// Where running jobs publish their stage snapshots (for the web UI).
@@ -95,26 +105,52 @@ impl JobRunner for RefractRunner {
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
-        let stats = self.insights.register(job.id());
+        let (view, stats) = self.insights.register(job.clone());
+        let job_span = self
+            .otlp
+            .as_ref()
+            .map(|otlp| (otlp.clone(), otlp.job_span(job.id(), job.name())));
+        let recorder = BundleRecorder::new(
+            view.clone(),
+            job_span
+                .as_ref()
+                .map(|(otlp, span)| (otlp.clone(), span.context())),
+        );
         activity.job_started();
         tokio::spawn(
             async move {
                 job.set_state(job_state::Enum::Running);
-                let outcome = run_job(job.clone(), fn_server, config, workers, stats).await;
+                let outcome = run_job(
+                    job.clone(),
+                    fn_server,
+                    config,
+                    workers,
+                    stats,
+                    &view,
+                    recorder,
+                )
+                .await;
+                view.clear_workers();
                 activity.job_ended();
-                match outcome {
+                let error = match outcome {
                     Ok(()) => {
                         info!("job done");
                         job.set_state(job_state::Enum::Done);
+                        None
                     }
                     Err(JobError::Engine(EngineError::Cancelled)) => {
                         info!("job cancelled");
                         job.set_state(job_state::Enum::Cancelled);
+                        None
                     }
                     Err(e) => {
                         error!(error = %e, "job failed");
                         job.fail(e.to_string());
+                        Some(e.to_string())
                     }
+                };
+                if let Some((_, span)) = job_span {
+                    span.end(job.state().as_str_name(), error.as_deref());
                 }
             }
             .instrument(span),
@@ -219,6 +255,8 @@ async fn run_job(
     config: EngineConfig,
     workers_per_env: usize,
     stats: tokio::sync::watch::Sender<Vec<StageStats>>,
+    view: &JobView,
+    recorder: BundleRecorder,
 ) -> Result<(), JobError> {
     let streaming = option_bool(job.options(), "streaming");
     let translated = translate(
@@ -342,12 +380,27 @@ async fn run_job(
             };
             let set = Arc::new(WorkerSet::new(env_workers, Some(replacement_factory)));
             started.push(set.clone());
+            view.add_workers(set.clone());
             if let Some(e) = failure {
                 return Err(e.into());
             }
             workers.insert(env_id.clone(), set);
         }
-        let executor = Arc::new(HarnessExecutor::new(stages, mergers, workers, job.clone()));
+        let stage_names = translated
+            .plan
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(idx, stage)| (idx, stage.name.clone()))
+            .collect();
+        let executor = Arc::new(HarnessExecutor::new(
+            stages,
+            mergers,
+            workers,
+            job.clone(),
+            stage_names,
+            recorder,
+        ));
         let engine = Engine::new(
             translated.plan,
             executor,

@@ -5,7 +5,7 @@
 pub mod activity;
 pub mod cli;
 pub mod client;
-mod harness_executor;
+pub(crate) mod harness_executor;
 pub mod insights;
 pub mod job_runner;
 pub mod metric_payload;
@@ -13,4 +13,5 @@ mod options;
 pub mod run_command;
 pub mod serve;
 mod state_bridge;
+pub mod telemetry;
 pub mod ui;

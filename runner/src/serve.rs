@@ -16,6 +16,7 @@ use crate::activity::Activity;
 use crate::cli::ServeArgs;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
+use crate::telemetry::{self, OtlpExport};
 
 /// A server started by [`start`], running until [`Server::stop`] or its
 /// `shutdown` future resolves.
@@ -73,9 +74,18 @@ pub async fn start(
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
     };
-    let runner = Arc::new(RefractRunner::new(fn_server).with_default_workers(default_workers));
-    let activity = runner.activity();
+    let runner = RefractRunner::new(fn_server).with_default_workers(default_workers);
     let insights = runner.insights();
+    let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
+        Some(endpoint) => {
+            let export = OtlpExport::start(&endpoint, insights.clone())?;
+            info!(%endpoint, "exporting metrics and traces over OTLP");
+            Some(Arc::new(export))
+        }
+        None => None,
+    };
+    let runner = Arc::new(runner.with_otlp(otlp.clone()));
+    let activity = runner.activity();
     let config = JobServiceConfig {
         staging_dir,
         ..JobServiceConfig::default()
@@ -100,6 +110,11 @@ pub async fn start(
         };
         let served = serve(listener, runner, config, shutdown).await;
         let _ = ui_stop.send(());
+        if let Some(otlp) = otlp {
+            // The exporters flush on threads of their own; do not hold a
+            // runtime worker while they do.
+            let _ = tokio::task::spawn_blocking(move || otlp.shutdown()).await;
+        }
         served.context("job service")
     });
     Ok(Server {

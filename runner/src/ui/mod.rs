@@ -35,6 +35,7 @@ use serde_json::{json, Value};
 use crate::client::state_name;
 use crate::insights::Insights;
 use crate::metric_payload::{decode, IntMetric};
+use crate::telemetry::histogram::LatencyHistogram;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
@@ -177,17 +178,28 @@ async fn job_details(
             json!({"urn": info.urn, "labels": info.labels, "value": value})
         })
         .collect();
-    let stages: Vec<Value> = insights
-        .stages(&id)
+    let view = insights.job(&id);
+    let latency: std::collections::HashMap<String, LatencyHistogram> = view
+        .as_ref()
+        .map(|v| v.bundle_latency().into_iter().collect())
+        .unwrap_or_default();
+    let stages: Vec<Value> = view
+        .as_ref()
+        .map(|v| v.stages())
         .unwrap_or_default()
         .iter()
-        .map(stage_json)
+        .map(|s| stage_json(s, latency.get(&s.name)))
         .collect();
     Ok(json_response(json!({
         "id": id,
         "state": state_name(state),
         "metrics": metrics,
         "stages": stages,
+        "workers": view.as_ref().map_or(0, |v| v.live_workers()),
+        "checkpoints": {
+            "taken": 0,
+            "description": "None: this server keeps state in memory, so there is nothing to checkpoint.",
+        },
     })))
 }
 
@@ -266,18 +278,25 @@ async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response,
     let mut jobs = jobs(&channel).await?;
     for job in &mut jobs {
         job.metrics = committed_metrics(&channel, &job.id).await?;
-        job.stages = insights.stages(&job.id).unwrap_or_default();
+        if let Some(view) = insights.job(&job.id) {
+            job.stages = view.stages();
+            job.bundle_latency = view.bundle_latency();
+        }
     }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        prometheus::render(&jobs),
+        prometheus::render(&jobs, insights.live_workers(), now_ms),
     )
         .into_response())
 }
 
 /// A stage as the page draws it: its fused transforms, the stages it reads,
-/// watermarks (`"-inf"`/`"+inf"` at the ends of time), backlog, progress.
-fn stage_json(s: &StageStats) -> Value {
+/// watermarks (`"-inf"`/`"+inf"` at the ends of time), backlog, progress,
+/// and its bundles' durations (count and sum, seconds).
+fn stage_json(s: &StageStats, latency: Option<&LatencyHistogram>) -> Value {
     let mark = |t: i64| match t {
         t if t <= MIN_TIMESTAMP => json!("-inf"),
         t if t >= MAX_TIMESTAMP => json!("+inf"),
@@ -295,6 +314,10 @@ fn stage_json(s: &StageStats) -> Value {
         "bundles_in_flight": s.bundles_in_flight,
         "bundles_committed": s.bundles_committed,
         "elements_processed": s.elements_processed,
+        "bytes_processed": s.bytes_processed,
+        "elements_out": s.elements_out,
+        "bytes_out": s.bytes_out,
         "throttled_ms": s.throttled_ms,
+        "bundle_latency": latency.map(|h| json!({"count": h.count(), "sum": h.sum()})),
     })
 }

@@ -10,6 +10,7 @@ use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::metric_payload::{decode, IntMetric};
+use crate::telemetry::histogram::LatencyHistogram;
 
 /// URN of the runner's per-PCollection element counter.
 const ELEMENT_COUNT: &str = "beam:metric:element_count:v1";
@@ -29,6 +30,8 @@ pub struct JobSnapshot {
     pub metrics: Vec<MonitoringInfo>,
     /// The engine's latest stage snapshot (empty before the job runs).
     pub stages: Vec<StageStats>,
+    /// Bundle durations per stage name.
+    pub bundle_latency: Vec<(String, LatencyHistogram)>,
 }
 
 /// A metric family being assembled: help text, type, and sample lines.
@@ -38,15 +41,35 @@ struct Family {
     samples: Vec<String>,
 }
 
-/// Renders `jobs` as a Prometheus scrape body.
-pub fn render(jobs: &[JobSnapshot]) -> String {
-    let mut families: BTreeMap<&'static str, Family> = BTreeMap::new();
-    let mut add = |name: &'static str,
-                   help: &'static str,
-                   kind: &'static str,
-                   labels: &[(&str, &str)],
-                   value: String| {
-        families
+/// Metric families by name, in the order a scrape lists them.
+#[derive(Default)]
+struct Families(BTreeMap<&'static str, Family>);
+
+impl Families {
+    /// Adds a sample named as its family.
+    fn add(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        labels: &[(&str, &str)],
+        value: String,
+    ) {
+        self.add_sample(name, help, kind, "", labels, value);
+    }
+
+    /// Adds a sample named `name` + `suffix` (a histogram's `_bucket`,
+    /// `_sum` and `_count`) to the family `name`.
+    fn add_sample(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        value: String,
+    ) {
+        self.0
             .entry(name)
             .or_insert_with(|| Family {
                 help,
@@ -54,14 +77,21 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                 samples: Vec::new(),
             })
             .samples
-            .push(format!("{name}{} {value}", label_set(labels)));
-    };
+            .push(format!("{name}{suffix}{} {value}", label_set(labels)));
+    }
+}
+
+/// Renders `jobs` as a Prometheus scrape body; `live_workers` is the
+/// number of connected SDK workers, `now_ms` the wall clock for
+/// watermark lags.
+pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String {
+    let mut families = Families::default();
     let mut by_state: BTreeMap<&str, i64> = BTreeMap::new();
     for job in jobs {
         *by_state.entry(job.state.as_str()).or_default() += 1;
     }
     for (state, count) in by_state {
-        add(
+        families.add(
             "refract_jobs",
             "Jobs the server knows, by state.",
             "gauge",
@@ -69,6 +99,13 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
             count.to_string(),
         );
     }
+    families.add(
+        "refract_harnesses_live",
+        "SDK harness workers connected now.",
+        "gauge",
+        &[],
+        live_workers.to_string(),
+    );
     for job in jobs {
         for info in &job.metrics {
             let Some(value) = decode(&info.r#type, &info.payload) else {
@@ -77,7 +114,7 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
             let label = |key: &str| info.labels.get(key).map_or("", String::as_str);
             if info.urn == ELEMENT_COUNT {
                 if let IntMetric::Counter(n) = value {
-                    add(
+                    families.add(
                         "refract_pcollection_elements_total",
                         "Elements output into each PCollection by committed bundles.",
                         "counter",
@@ -97,14 +134,14 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                 ("name", label("NAME")),
             ];
             match value {
-                IntMetric::Counter(n) => add(
+                IntMetric::Counter(n) => families.add(
                     "refract_user_counter_total",
                     "User counters (Metrics.counter) of committed bundles.",
                     "counter",
                     &labels,
                     n.to_string(),
                 ),
-                IntMetric::Gauge(n) => add(
+                IntMetric::Gauge(n) => families.add(
                     "refract_user_gauge",
                     "User gauges (Metrics.gauge): the latest value.",
                     "gauge",
@@ -117,28 +154,28 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                     min,
                     max,
                 } => {
-                    add(
+                    families.add(
                         "refract_user_distribution_count",
                         "User distributions (Metrics.distribution): values seen.",
                         "gauge",
                         &labels,
                         count.to_string(),
                     );
-                    add(
+                    families.add(
                         "refract_user_distribution_sum",
                         "User distributions: sum of the values.",
                         "gauge",
                         &labels,
                         sum.to_string(),
                     );
-                    add(
+                    families.add(
                         "refract_user_distribution_min",
                         "User distributions: smallest value.",
                         "gauge",
                         &labels,
                         min.to_string(),
                     );
-                    add(
+                    families.add(
                         "refract_user_distribution_max",
                         "User distributions: largest value.",
                         "gauge",
@@ -180,23 +217,60 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
                 ),
             ];
             for (name, help, value) in gauges {
-                add(name, help, "gauge", &labels, value);
+                families.add(name, help, "gauge", &labels, value);
             }
-            add(
+            families.add(
                 "refract_stage_bundles_total",
                 "Bundles of the stage committed.",
                 "counter",
                 &labels,
                 stage.bundles_committed.to_string(),
             );
-            add(
+            families.add(
                 "refract_stage_elements_total",
                 "Input elements of the stage's committed bundles.",
                 "counter",
                 &labels,
                 stage.elements_processed.to_string(),
             );
-            add(
+            let counters: [(&'static str, &'static str, u64); 3] = [
+                (
+                    "refract_stage_input_bytes_total",
+                    "Encoded bytes of the stage's input elements.",
+                    stage.bytes_processed,
+                ),
+                (
+                    "refract_stage_output_elements_total",
+                    "Elements the stage emitted.",
+                    stage.elements_out,
+                ),
+                (
+                    "refract_stage_output_bytes_total",
+                    "Encoded bytes of the elements the stage emitted.",
+                    stage.bytes_out,
+                ),
+            ];
+            for (name, help, value) in counters {
+                families.add(name, help, "counter", &labels, value.to_string());
+            }
+            for (name, help, mark) in [
+                (
+                    "refract_stage_input_watermark_lag_seconds",
+                    "How far the stage's input watermark is behind the wall clock.",
+                    stage.input_watermark,
+                ),
+                (
+                    "refract_stage_output_watermark_lag_seconds",
+                    "How far the stage's output watermark is behind the wall clock.",
+                    stage.output_watermark,
+                ),
+            ] {
+                if mark > MIN_TIMESTAMP && mark < MAX_TIMESTAMP {
+                    let lag = (now_ms - mark) as f64 / 1000.0;
+                    families.add(name, help, "gauge", &labels, format!("{lag:.3}"));
+                }
+            }
+            families.add(
                 "refract_stage_throttled_seconds_total",
                 "Time the stage was held back because a consumer's backlog was over its bound.",
                 "counter",
@@ -205,8 +279,48 @@ pub fn render(jobs: &[JobSnapshot]) -> String {
             );
         }
     }
+    for job in jobs {
+        for (stage, histogram) in &job.bundle_latency {
+            let labels = [("job", job.id.as_str()), ("stage", stage.as_str())];
+            let help = "How long the stage's bundles took on their SDK workers.";
+            for (bound, count) in histogram.cumulative() {
+                let le = if bound.is_infinite() {
+                    "+Inf".to_string()
+                } else {
+                    bound.to_string()
+                };
+                let mut with_le = labels.to_vec();
+                with_le.push(("le", &le));
+                families.add_sample(
+                    "refract_stage_bundle_duration_seconds",
+                    help,
+                    "histogram",
+                    "_bucket",
+                    &with_le,
+                    count.to_string(),
+                );
+            }
+            // Prometheus reads `_sum` and `_count` as part of the family.
+            families.add_sample(
+                "refract_stage_bundle_duration_seconds",
+                help,
+                "histogram",
+                "_sum",
+                &labels,
+                format!("{:.6}", histogram.sum()),
+            );
+            families.add_sample(
+                "refract_stage_bundle_duration_seconds",
+                help,
+                "histogram",
+                "_count",
+                &labels,
+                histogram.count().to_string(),
+            );
+        }
+    }
     let mut out = String::new();
-    for (name, family) in families {
+    for (name, family) in families.0 {
         let _ = writeln!(out, "# HELP {name} {}", family.help);
         let _ = writeln!(out, "# TYPE {name} {}", family.kind);
         for sample in family.samples {
@@ -228,8 +342,11 @@ fn watermark(t: i64) -> String {
     }
 }
 
-/// `{k="v",...}` with values escaped as the format requires.
+/// `{k="v",...}` (nothing for no labels) with values escaped as the format requires.
 fn label_set(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
     let body: Vec<String> = labels
         .iter()
         .map(|(k, v)| {
@@ -298,6 +415,7 @@ mod tests {
                     ),
                 ],
                 stages: vec![],
+                bundle_latency: vec![],
             },
             JobSnapshot {
                 id: "job-2".into(),
@@ -314,11 +432,19 @@ mod tests {
                     bundles_committed: 2,
                     elements_processed: 9,
                     throttled_ms: 1_500,
+                    bytes_out: 77,
+                    ..StageStats::default()
                 }],
+                bundle_latency: vec![("Read+Split".into(), {
+                    let mut h = LatencyHistogram::default();
+                    h.observe(0.003);
+                    h.observe(0.2);
+                    h
+                })],
                 ..Default::default()
             },
         ];
-        let text = render(&jobs);
+        let text = render(&jobs, 3, 4_000);
         for line in [
             "# TYPE refract_jobs gauge",
             "refract_jobs{state=\"DONE\"} 1",
@@ -332,9 +458,20 @@ mod tests {
             "refract_stage_pending_bytes{job=\"job-2\",stage=\"Read+Split\"} 40",
             "refract_stage_elements_total{job=\"job-2\",stage=\"Read+Split\"} 9",
             "refract_stage_throttled_seconds_total{job=\"job-2\",stage=\"Read+Split\"} 1.500",
+            "refract_stage_output_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 77",
+            "refract_stage_output_watermark_lag_seconds{job=\"job-2\",stage=\"Read+Split\"} 3.000",
+            "refract_harnesses_live 3",
+            "# TYPE refract_stage_bundle_duration_seconds histogram",
+            "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.002\"} 0",
+            "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.005\"} 1",
+            "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"+Inf\"} 2",
+            "refract_stage_bundle_duration_seconds_count{job=\"job-2\",stage=\"Read+Split\"} 2",
+            "refract_stage_bundle_duration_seconds_sum{job=\"job-2\",stage=\"Read+Split\"} 0.203000",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        // No lag at the ends of time.
+        assert!(!text.contains("refract_stage_input_watermark_lag_seconds{"));
         // The undecodable payload is left out, not rendered wrong.
         assert_eq!(
             text.matches("refract_user_counter_total{").count(),

@@ -63,6 +63,11 @@ impl Engine {
             s.failures = 0;
             s.counters.bundles_committed += 1;
             s.counters.elements_processed += flight.elements.len() as u64;
+            s.counters.bytes_processed += flight
+                .elements
+                .iter()
+                .map(|e| e.encoded.len() as u64)
+                .sum::<u64>();
         }
         self.summary.bundles += 1;
         self.user_state[idx]

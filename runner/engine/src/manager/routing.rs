@@ -29,6 +29,11 @@ impl Engine {
         pcoll: PCollectionIdx,
         e: DecodedElement,
     ) -> Result<(), EngineError> {
+        if let Some(producer) = self.producers[pcoll] {
+            let counters = &mut self.stages[producer].counters;
+            counters.elements_out += 1;
+            counters.bytes_out += e.encoded.len() as u64;
+        }
         let consumers = &self.consumers[pcoll];
         if !consumers.side_inputs.is_empty() {
             let pc = &self.plan.pcollections[pcoll];
@@ -79,6 +84,7 @@ impl Engine {
                     // A grouping stage runs no bundles: its progress is
                     // the elements it took in.
                     s.counters.elements_processed += 1;
+                    s.counters.bytes_processed += e.encoded.len() as u64;
                     g.add(&e, input_wm, now)
                         .map_err(|source| EngineError::Decode {
                             pcollection: self.plan.pcollections[pcoll].id.clone(),

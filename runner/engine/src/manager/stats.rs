@@ -8,7 +8,7 @@ use super::*;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 /// One stage as of the last snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StageStats {
     /// The stage's name (its fused transforms, joined by `+`).
     pub name: String,
@@ -31,6 +31,12 @@ pub struct StageStats {
     /// Input elements of committed bundles (for a grouping stage: elements
     /// it took in).
     pub elements_processed: u64,
+    /// Their encoded size.
+    pub bytes_processed: u64,
+    /// Elements the stage emitted (to every consumer, counted once).
+    pub elements_out: u64,
+    /// Their encoded size.
+    pub bytes_out: u64,
     /// Time the stage was not scheduled because a consumer was over its
     /// bound (backpressure), in ms.
     pub throttled_ms: u64,
@@ -41,6 +47,9 @@ pub struct StageStats {
 pub(super) struct StageCounters {
     pub bundles_committed: u64,
     pub elements_processed: u64,
+    pub bytes_processed: u64,
+    pub elements_out: u64,
+    pub bytes_out: u64,
     pub throttled: Duration,
     pub throttled_since: Option<Instant>,
 }
@@ -122,6 +131,9 @@ impl Engine {
                     bundles_in_flight: s.in_flight,
                     bundles_committed: s.counters.bundles_committed,
                     elements_processed: s.counters.elements_processed,
+                    bytes_processed: s.counters.bytes_processed,
+                    elements_out: s.counters.elements_out,
+                    bytes_out: s.counters.bytes_out,
                     throttled_ms: s.counters.throttled_ms(now),
                 }
             })

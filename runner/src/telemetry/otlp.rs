@@ -1,0 +1,366 @@
+//! OTLP export of the runner's metrics and traces.
+//!
+//! Nothing here runs unless an endpoint is configured (`--otlp_endpoint`,
+//! else `OTEL_EXPORTER_OTLP_ENDPOINT`): without one the runner builds no
+//! provider, registers no instrument and records no span, so telemetry
+//! costs nothing.
+//!
+//! Metrics are observed at export time from the same sources as `/metrics`
+//! ([`Insights`]: stage snapshots, job states, live workers), so the two
+//! never disagree; only bundle durations are recorded as they happen, into
+//! a histogram. Traces have one span per job (submission to terminal
+//! state) with a child span per bundle carrying its stage and worker.
+
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{SdkTracerProvider, Span, Tracer};
+use opentelemetry_sdk::Resource;
+use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use thiserror::Error;
+
+use super::histogram::BOUNDS_SECONDS;
+use crate::client::state_name;
+use crate::insights::Insights;
+
+/// The standard variable naming the OTLP endpoint when no flag does.
+pub const ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+/// The standard variable for the metric export interval, in ms.
+const INTERVAL_VARIABLE: &str = "OTEL_METRIC_EXPORT_INTERVAL";
+
+/// Metric export interval when `OTEL_METRIC_EXPORT_INTERVAL` is unset:
+/// shorter than the SDK's minute, as local jobs are often short.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Why OTLP export could not start.
+#[derive(Debug, Error)]
+pub enum OtlpError {
+    /// The exporter rejected its configuration (e.g. a malformed endpoint).
+    #[error("cannot export OTLP to '{endpoint}': {reason}")]
+    Exporter {
+        /// The endpoint asked for.
+        endpoint: String,
+        /// The exporter's reason.
+        reason: String,
+    },
+}
+
+/// The endpoint to export to: the flag's, else the standard variable's,
+/// else none (no export).
+pub fn endpoint(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_string)
+        .or_else(|| std::env::var(ENDPOINT_VARIABLE).ok())
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+}
+
+/// Running OTLP exporters and the instruments recorded as things happen.
+pub struct OtlpExport {
+    meters: SdkMeterProvider,
+    tracers: SdkTracerProvider,
+    tracer: Tracer,
+    bundle_duration: Histogram<f64>,
+}
+
+impl std::fmt::Debug for OtlpExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OtlpExport")
+    }
+}
+
+impl OtlpExport {
+    /// Starts exporting to `endpoint` (gRPC, e.g. `http://localhost:4317`),
+    /// observing jobs through `insights`. Call inside a Tokio runtime.
+    pub fn start(endpoint: &str, insights: Insights) -> Result<Self, OtlpError> {
+        let failed = |e: &dyn std::fmt::Display| OtlpError::Exporter {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        };
+        let resource = Resource::builder().with_service_name("refract").build();
+        let metric_exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|e| failed(&e))?;
+        let mut reader = PeriodicReader::builder(metric_exporter);
+        if std::env::var_os(INTERVAL_VARIABLE).is_none() {
+            reader = reader.with_interval(DEFAULT_INTERVAL);
+        }
+        let meters = SdkMeterProvider::builder()
+            .with_reader(reader.build())
+            .with_resource(resource.clone())
+            .build();
+        let span_exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|e| failed(&e))?;
+        let tracers = SdkTracerProvider::builder()
+            .with_batch_exporter(span_exporter)
+            .with_resource(resource)
+            .build();
+        let tracer = opentelemetry::trace::TracerProvider::tracer(&tracers, "refract");
+        let meter = meters.meter("refract");
+        register_observers(&meter, insights);
+        let bundle_duration = meter
+            .f64_histogram("refract.stage.bundle.duration")
+            .with_description("How long bundles of a stage took, start to commit-ready.")
+            .with_unit("s")
+            .with_boundaries(BOUNDS_SECONDS.to_vec())
+            .build();
+        Ok(OtlpExport {
+            meters,
+            tracers,
+            tracer,
+            bundle_duration,
+        })
+    }
+
+    /// Starts the span of a job, ended by [`JobSpan::end`].
+    pub fn job_span(&self, job_id: &str, job_name: &str) -> JobSpan {
+        let span = self
+            .tracer
+            .span_builder("job")
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("beam.job.id", job_id.to_string()),
+                KeyValue::new("beam.job.name", job_name.to_string()),
+            ])
+            .start(&self.tracer);
+        JobSpan { span }
+    }
+
+    /// Records one bundle: its duration in the histogram, and a span under
+    /// the job's.
+    pub(crate) fn bundle(&self, job: &SpanContext, job_id: &str, record: &super::BundleRecord<'_>) {
+        let attributes = [
+            KeyValue::new("beam.job.id", job_id.to_string()),
+            KeyValue::new("refract.stage", record.stage.to_string()),
+        ];
+        self.bundle_duration
+            .record(record.duration.as_secs_f64(), &attributes);
+        let parent = Context::new().with_remote_span_context(job.clone());
+        let mut span = self
+            .tracer
+            .span_builder("bundle")
+            .with_start_time(record.started)
+            .with_attributes([
+                KeyValue::new("beam.job.id", job_id.to_string()),
+                KeyValue::new("refract.stage", record.stage.to_string()),
+                KeyValue::new("refract.worker", record.worker.to_string()),
+                KeyValue::new("refract.bundle", record.bundle_id.to_string()),
+                KeyValue::new("refract.input_bytes", record.input_bytes as i64),
+            ])
+            .start_with_context(&self.tracer, &parent);
+        if let Some(error) = record.error {
+            span.set_status(Status::error(error.to_string()));
+        }
+        span.end_with_timestamp(record.started + record.duration);
+    }
+
+    /// Exports what is pending and stops the exporters.
+    pub fn shutdown(&self) {
+        if let Err(error) = self.tracers.force_flush() {
+            tracing::warn!(%error, "flushing OTLP spans");
+        }
+        if let Err(error) = self.meters.force_flush() {
+            tracing::warn!(%error, "flushing OTLP metrics");
+        }
+        let _ = self.tracers.shutdown();
+        let _ = self.meters.shutdown();
+    }
+}
+
+/// The span of one job, from submission to its terminal state.
+pub struct JobSpan {
+    span: Span,
+}
+
+impl JobSpan {
+    /// What bundle spans name as their parent.
+    pub fn context(&self) -> SpanContext {
+        self.span.span_context().clone()
+    }
+
+    /// Ends the span with the job's final state (and error, if it failed).
+    pub fn end(mut self, final_state: &str, error: Option<&str>) {
+        self.span
+            .set_attribute(KeyValue::new("beam.job.state", final_state.to_string()));
+        if let Some(error) = error {
+            self.span.set_status(Status::error(error.to_string()));
+        }
+        self.span.end();
+    }
+}
+
+/// A finite watermark in ms, or none at the ends of time.
+fn finite(t: i64) -> Option<i64> {
+    (t > MIN_TIMESTAMP && t < MAX_TIMESTAMP).then_some(t)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Registers the instruments observed at each export; each reads the
+/// latest snapshots from `insights`.
+fn register_observers(meter: &Meter, insights: Insights) {
+    /// One observation of a stage: the attributes and the stage's numbers.
+    type StageValue = fn(&refract_engine::manager::StageStats) -> Option<f64>;
+    let stage_metrics: [(&'static str, &'static str, &'static str, bool, StageValue); 13] = [
+        (
+            "refract.stage.elements.in",
+            "Input elements of a stage's committed bundles.",
+            "{element}",
+            true,
+            |s| Some(s.elements_processed as f64),
+        ),
+        (
+            "refract.stage.bytes.in",
+            "Encoded bytes of those elements.",
+            "By",
+            true,
+            |s| Some(s.bytes_processed as f64),
+        ),
+        (
+            "refract.stage.elements.out",
+            "Elements a stage emitted.",
+            "{element}",
+            true,
+            |s| Some(s.elements_out as f64),
+        ),
+        (
+            "refract.stage.bytes.out",
+            "Encoded bytes of those elements.",
+            "By",
+            true,
+            |s| Some(s.bytes_out as f64),
+        ),
+        (
+            "refract.stage.bundles",
+            "Bundles of a stage committed.",
+            "{bundle}",
+            true,
+            |s| Some(s.bundles_committed as f64),
+        ),
+        (
+            "refract.stage.throttled",
+            "Time a stage was held back by a consumer's backlog.",
+            "s",
+            true,
+            |s| Some(s.throttled_ms as f64 / 1000.0),
+        ),
+        (
+            "refract.stage.backlog.elements",
+            "Elements waiting for a bundle of a stage.",
+            "{element}",
+            false,
+            |s| Some(s.pending_elements as f64),
+        ),
+        (
+            "refract.stage.backlog.bytes",
+            "Encoded bytes waiting for a bundle of a stage.",
+            "By",
+            false,
+            |s| Some(s.pending_bytes as f64),
+        ),
+        (
+            "refract.stage.bundles.in_flight",
+            "Bundles of a stage running now.",
+            "{bundle}",
+            false,
+            |s| Some(s.bundles_in_flight as f64),
+        ),
+        (
+            "refract.stage.watermark.input",
+            "A stage's input watermark (ms since the epoch; absent at the ends of time).",
+            "ms",
+            false,
+            |s| finite(s.input_watermark).map(|t| t as f64),
+        ),
+        (
+            "refract.stage.watermark.output",
+            "A stage's output watermark (ms since the epoch; absent at the ends of time).",
+            "ms",
+            false,
+            |s| finite(s.output_watermark).map(|t| t as f64),
+        ),
+        (
+            "refract.stage.watermark.input.lag",
+            "How far a stage's input watermark is behind the wall clock.",
+            "s",
+            false,
+            |s| finite(s.input_watermark).map(|t| (now_ms() - t) as f64 / 1000.0),
+        ),
+        (
+            "refract.stage.watermark.output.lag",
+            "How far a stage's output watermark is behind the wall clock.",
+            "s",
+            false,
+            |s| finite(s.output_watermark).map(|t| (now_ms() - t) as f64 / 1000.0),
+        ),
+    ];
+    for (name, description, unit, monotonic, value) in stage_metrics {
+        let insights = insights.clone();
+        let observe = move |observer: &dyn opentelemetry::metrics::AsyncInstrument<f64>| {
+            for job in insights.jobs() {
+                for stage in job.stages() {
+                    if let Some(v) = value(&stage) {
+                        observer.observe(
+                            v,
+                            &[
+                                KeyValue::new("beam.job.id", job.id().to_string()),
+                                KeyValue::new("refract.stage", stage.name.clone()),
+                            ],
+                        );
+                    }
+                }
+            }
+        };
+        if monotonic {
+            meter
+                .f64_observable_counter(name)
+                .with_description(description)
+                .with_unit(unit)
+                .with_callback(observe)
+                .build();
+        } else {
+            meter
+                .f64_observable_gauge(name)
+                .with_description(description)
+                .with_unit(unit)
+                .with_callback(observe)
+                .build();
+        }
+    }
+    let jobs = insights.clone();
+    meter
+        .u64_observable_gauge("refract.jobs")
+        .with_description("Jobs the server knows, by state.")
+        .with_unit("{job}")
+        .with_callback(move |observer| {
+            let mut by_state = std::collections::BTreeMap::<String, u64>::new();
+            for job in jobs.jobs() {
+                *by_state.entry(state_name(job.state() as i32)).or_default() += 1;
+            }
+            for (state, n) in by_state {
+                observer.observe(n, &[KeyValue::new("beam.job.state", state)]);
+            }
+        })
+        .build();
+    meter
+        .u64_observable_gauge("refract.harnesses.live")
+        .with_description("SDK harness workers connected now.")
+        .with_unit("{worker}")
+        .with_callback(move |observer| observer.observe(insights.live_workers() as u64, &[]))
+        .build();
+}
