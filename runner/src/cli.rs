@@ -132,7 +132,16 @@ pub struct ServeArgs {
     /// and no export when neither is set.
     #[arg(long = "otlp_endpoint")]
     pub otlp_endpoint: Option<String>,
-    /// Where staged artifacts are kept (default: a temporary directory).
+    /// Keep jobs durably in this directory (RocksDB): each running job
+    /// checkpoints there, and a server started again on the same directory
+    /// resumes the jobs that had not ended. Default: in memory only.
+    #[arg(long = "state_dir")]
+    pub state_dir: Option<PathBuf>,
+    /// How often running jobs checkpoint with `--state_dir` (Go duration).
+    #[arg(long = "checkpoint_interval", default_value = "5s")]
+    pub checkpoint_interval: String,
+    /// Where staged artifacts are kept (default: `STATE_DIR/staging` with
+    /// `--state_dir`, else a temporary directory).
     #[arg(long = "staging_dir")]
     pub staging_dir: Option<PathBuf>,
 }

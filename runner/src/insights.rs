@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use refract_engine::manager::StageStats;
 use refract_jobservice::Job;
 use refract_proto::job_api::job_state::Enum as JobState;
+use refract_store::CheckpointStats;
 use tokio::sync::watch;
 
 use crate::harness_executor::WorkerSet;
@@ -25,6 +26,25 @@ pub struct JobView {
     latency: Mutex<BTreeMap<String, LatencyHistogram>>,
     /// The job's SDK workers while it runs (emptied when it ends).
     workers: Mutex<Vec<Arc<WorkerSet>>>,
+    /// Its checkpoints so far.
+    checkpoints: Mutex<CheckpointSummary>,
+}
+
+/// A job's checkpoints, for the UI and the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointSummary {
+    /// The job checkpoints (the server has a state directory).
+    pub enabled: bool,
+    /// Checkpoints written by this server.
+    pub taken: u64,
+    /// Time spent writing them.
+    pub total_duration: std::time::Duration,
+    /// Bytes written (changed parts only).
+    pub bytes_written: u64,
+    /// The latest one.
+    pub last: Option<CheckpointStats>,
+    /// The checkpoint the job was resumed from, if it was.
+    pub restored_from: Option<u64>,
 }
 
 impl std::fmt::Debug for JobView {
@@ -78,6 +98,30 @@ impl JobView {
         }
     }
 
+    /// Notes a written checkpoint.
+    pub fn observe_checkpoint(&self, stats: CheckpointStats) {
+        let mut c = self.checkpoints.lock();
+        c.taken += 1;
+        c.total_duration += stats.duration;
+        c.bytes_written += stats.bytes_written;
+        c.last = Some(stats);
+    }
+
+    /// Notes that the job checkpoints.
+    pub fn enable_checkpoints(&self) {
+        self.checkpoints.lock().enabled = true;
+    }
+
+    /// Notes that the job resumed from checkpoint `id`.
+    pub fn observe_restore(&self, id: u64) {
+        self.checkpoints.lock().restored_from = Some(id);
+    }
+
+    /// The job's checkpoints so far.
+    pub fn checkpoints(&self) -> CheckpointSummary {
+        self.checkpoints.lock().clone()
+    }
+
     /// Tracks the SDK workers of one of the job's environments.
     pub(crate) fn add_workers(&self, set: Arc<WorkerSet>) {
         self.workers.lock().push(set);
@@ -115,6 +159,7 @@ impl Insights {
             stages: rx,
             latency: Mutex::default(),
             workers: Mutex::default(),
+            checkpoints: Mutex::default(),
         });
         self.jobs.lock().insert(job.id().to_string(), view.clone());
         (view, tx)

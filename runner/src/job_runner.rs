@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use refract_engine::manager::{Engine, EngineConfig, EngineError, StageStats};
+use refract_engine::manager::{Engine, EngineConfig, EngineError, SnapshotError, StageStats};
 use refract_jobservice::{Job, JobRunner};
 use refract_proto::fn_api::ProvisionInfo;
 use refract_proto::job_api::job_message::MessageImportance;
@@ -23,6 +23,7 @@ use thiserror::Error;
 use tracing::{error, info, Instrument};
 
 use crate::activity::Activity;
+use crate::durability::{Durability, DurabilityError};
 use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
 use crate::insights::{Insights, JobView};
 use crate::options::{has_experiment, option_bool, option_usize};
@@ -41,6 +42,10 @@ enum JobError {
     Harness(#[from] refract_sdk_harness::HarnessError),
     #[error("{0}")]
     Engine(#[from] EngineError),
+    #[error("{0}")]
+    Durability(#[from] DurabilityError),
+    #[error("cannot resume from the job's checkpoint: {0}")]
+    Restore(#[from] SnapshotError),
 }
 
 /// The [`JobRunner`] of the `refract` binary.
@@ -51,6 +56,7 @@ pub struct RefractRunner {
     default_workers: usize,
     insights: Insights,
     otlp: Option<Arc<OtlpExport>>,
+    durability: Option<Arc<Durability>>,
 }
 
 impl RefractRunner {
@@ -63,7 +69,15 @@ impl RefractRunner {
             default_workers: 1,
             insights: Insights::default(),
             otlp: None,
+            durability: None,
         }
+    }
+
+    /// Record every job in the state store, checkpoint it, and resume it
+    /// from its latest checkpoint when it was recovered.
+    pub fn with_durability(mut self, durability: Option<Arc<Durability>>) -> Self {
+        self.durability = durability;
+        self
     }
 
     /// Export each job's span and its bundles' spans and durations over
@@ -116,20 +130,18 @@ impl JobRunner for RefractRunner {
                 .as_ref()
                 .map(|(otlp, span)| (otlp.clone(), span.context())),
         );
+        let durability = self.durability.clone();
         activity.job_started();
         tokio::spawn(
             async move {
                 job.set_state(job_state::Enum::Running);
-                let outcome = run_job(
-                    job.clone(),
-                    fn_server,
-                    config,
-                    workers,
+                let watchers = JobWatchers {
                     stats,
-                    &view,
+                    view: view.clone(),
                     recorder,
-                )
-                .await;
+                    durability: durability.clone(),
+                };
+                let outcome = run_job(job.clone(), fn_server, config, workers, watchers).await;
                 view.clear_workers();
                 activity.job_ended();
                 let error = match outcome {
@@ -151,6 +163,14 @@ impl JobRunner for RefractRunner {
                 };
                 if let Some((_, span)) = job_span {
                     span.end(job.state().as_str_name(), error.as_deref());
+                }
+                if let Some(durability) = durability {
+                    let id = job.id().to_string();
+                    let forgotten =
+                        tokio::task::spawn_blocking(move || durability.forget(&id)).await;
+                    if let Ok(Err(error)) = forgotten {
+                        error!(%error, "cannot remove the ended job from the state store");
+                    }
                 }
             }
             .instrument(span),
@@ -249,15 +269,42 @@ impl LogSink for JobLogs {
     }
 }
 
+/// What follows a job as it runs: its stage snapshots, its view for the
+/// UI and metrics, its bundle telemetry, and its durable store.
+struct JobWatchers {
+    stats: tokio::sync::watch::Sender<Vec<StageStats>>,
+    view: Arc<JobView>,
+    recorder: BundleRecorder,
+    durability: Option<Arc<Durability>>,
+}
+
 async fn run_job(
     job: Arc<Job>,
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
     workers_per_env: usize,
-    stats: tokio::sync::watch::Sender<Vec<StageStats>>,
-    view: &JobView,
-    recorder: BundleRecorder,
+    watchers: JobWatchers,
 ) -> Result<(), JobError> {
+    let JobWatchers {
+        stats,
+        view,
+        recorder,
+        durability,
+    } = watchers;
+    // Recorded before anything runs, so that a crash from here on leaves
+    // a job to resume; a recovered job finds its latest checkpoint.
+    let latest_checkpoint = match &durability {
+        Some(durability) => {
+            let (store, recorded) = (durability.clone(), job.clone());
+            tokio::task::spawn_blocking(move || {
+                store.remember(&recorded)?;
+                store.latest_checkpoint(recorded.id())
+            })
+            .await
+            .map_err(|e| EngineError::InvalidPlan(format!("reading the checkpoint: {e}")))??
+        }
+        None => None,
+    };
     let streaming = option_bool(job.options(), "streaming");
     let translated = translate(
         job.pipeline(),
@@ -401,7 +448,7 @@ async fn run_job(
             stage_names,
             recorder,
         ));
-        let engine = Engine::new(
+        let mut engine = Engine::new(
             translated.plan,
             executor,
             config,
@@ -410,7 +457,31 @@ async fn run_job(
         )?
         .with_drain(job.drain_requested())
         .with_stats(stats);
+        let mut checkpoint_writer = None;
+        if let Some(durability) = &durability {
+            if let Some(checkpoint) = latest_checkpoint {
+                engine.restore(&checkpoint.parts)?;
+                view.observe_restore(checkpoint.id);
+                info!(
+                    checkpoint = checkpoint.id,
+                    "resuming from the job's checkpoint"
+                );
+                job.message(
+                    MessageImportance::JobMessageBasic,
+                    format!("resumed from checkpoint {}", checkpoint.id),
+                );
+            }
+            view.enable_checkpoints();
+            let (tx, task) = durability.checkpoint_writer(job.id(), view.clone());
+            engine = engine.with_checkpoints(durability.interval(), tx);
+            checkpoint_writer = Some(task);
+        }
         let summary = engine.run(job.cancel_requested()).await?;
+        if let Some(task) = checkpoint_writer {
+            // The engine dropped its sender: the task ends after the
+            // checkpoint in hand, if any, is written.
+            let _ = task.await;
+        }
         info!(
             bundles = summary.bundles,
             dropped_late = summary.dropped_late,

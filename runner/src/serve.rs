@@ -13,7 +13,8 @@ use tokio::sync::oneshot;
 use tracing::info;
 
 use crate::activity::Activity;
-use crate::cli::ServeArgs;
+use crate::cli::{parse_go_duration, ServeArgs};
+use crate::durability::Durability;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
 use crate::telemetry::{self, OtlpExport};
@@ -59,9 +60,25 @@ pub async fn start(
         .await
         .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
     let job_endpoint = listener.local_addr()?;
-    let staging_dir = match &args.staging_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!(
+    let durability = match &args.state_dir {
+        Some(dir) => {
+            let every = parse_go_duration(&args.checkpoint_interval)
+                .map_err(anyhow::Error::msg)
+                .context("--checkpoint_interval")?;
+            if every.is_zero() {
+                anyhow::bail!("--checkpoint_interval must be more than 0 with --state_dir");
+            }
+            let durability = Durability::open(dir, every)
+                .with_context(|| format!("opening the state directory {}", dir.display()))?;
+            info!(state_dir = %dir.display(), checkpoint_interval = ?every, "keeping jobs durably");
+            Some(Arc::new(durability))
+        }
+        None => None,
+    };
+    let staging_dir = match (&args.staging_dir, &args.state_dir) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(state)) => state.join("staging"),
+        (None, None) => std::env::temp_dir().join(format!(
             "refract-staging-{}-{}",
             std::process::id(),
             job_endpoint.port()
@@ -84,10 +101,22 @@ pub async fn start(
         }
         None => None,
     };
-    let runner = Arc::new(runner.with_otlp(otlp.clone()));
+    let recovered = match &durability {
+        Some(d) => d
+            .recovered_jobs()
+            .context("reading the jobs in the state directory")?,
+        None => Vec::new(),
+    };
+    let runner = Arc::new(
+        runner
+            .with_otlp(otlp.clone())
+            .with_durability(durability.clone()),
+    );
     let activity = runner.activity();
     let config = JobServiceConfig {
         staging_dir,
+        keep_unfinished_artifacts: durability.is_some(),
+        recovered,
         ..JobServiceConfig::default()
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();

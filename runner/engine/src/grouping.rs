@@ -13,6 +13,7 @@
 //! timestamp its next pane will carry, so downstream stages never see a
 //! watermark that has passed data still to come.
 
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
@@ -30,8 +31,8 @@ use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
 
 /// Values buffered for one (key, window), with its trigger.
-#[derive(Debug)]
-struct Pane {
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Pane {
     /// Nested-encoded values not yet discarded (all values when accumulating).
     values: Vec<Bytes>,
     /// Data arrived since the last firing.
@@ -107,6 +108,19 @@ pub struct GroupingBuffer {
     unmerged: std::collections::BTreeSet<Bytes>,
 }
 
+/// The changing part of a grouping buffer, for checkpoints: the strategy
+/// and coders come from the plan. Keys are sorted so that an unchanged
+/// buffer snapshots to the same bytes (and an incremental checkpoint can
+/// skip it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct GroupingSnapshot {
+    panes: Vec<(Bytes, Vec<(Window, Pane)>)>,
+    dropped_late: u64,
+    output_watermark: Timestamp,
+    evaluated_at: Option<Timestamp>,
+    unmerged: Vec<Bytes>,
+}
+
 impl GroupingBuffer {
     /// A buffer for a GroupByKey whose input elements are `input_value_coder`
     /// (a `Kv` coder) in windows of `window_coder`.
@@ -123,6 +137,44 @@ impl GroupingBuffer {
             dirty: false,
             evaluated_at: None,
         }
+    }
+
+    /// What a checkpoint keeps of this buffer.
+    pub(crate) fn snapshot(&self) -> GroupingSnapshot {
+        let mut panes: Vec<(Bytes, Vec<(Window, Pane)>)> = self
+            .panes
+            .iter()
+            .map(|(key, windows)| {
+                let windows = windows
+                    .iter()
+                    .map(|(w, p)| (w.clone(), p.clone()))
+                    .collect();
+                (key.clone(), windows)
+            })
+            .collect();
+        panes.sort_by(|a, b| a.0.cmp(&b.0));
+        GroupingSnapshot {
+            panes,
+            dropped_late: self.dropped_late,
+            output_watermark: self.output_watermark,
+            evaluated_at: self.evaluated_at,
+            unmerged: self.unmerged.iter().cloned().collect(),
+        }
+    }
+
+    /// Puts back what [`Self::snapshot`] kept; the next evaluation looks at
+    /// every pane again.
+    pub(crate) fn restore(&mut self, snapshot: GroupingSnapshot) {
+        self.panes = snapshot
+            .panes
+            .into_iter()
+            .map(|(key, windows)| (key, windows.into_iter().collect()))
+            .collect();
+        self.dropped_late = snapshot.dropped_late;
+        self.output_watermark = snapshot.output_watermark;
+        self.evaluated_at = snapshot.evaluated_at;
+        self.unmerged = snapshot.unmerged.into_iter().collect();
+        self.dirty = true;
     }
 
     /// Number of late elements dropped so far.

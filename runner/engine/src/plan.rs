@@ -9,6 +9,7 @@
 //! bundle descriptors live with translation.
 
 use crate::coder::Coder;
+use serde::{Deserialize, Serialize};
 
 /// Index of a PCollection in [`Plan::pcollections`].
 pub type PCollectionIdx = usize;
@@ -143,7 +144,7 @@ pub struct TimerFamily {
 }
 
 /// Which clock a timer is set against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TimeDomain {
     /// Fires when the input watermark passes the timer's timestamp.
     EventTime,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 use crate::coder::Coder;
 use crate::state::{
@@ -237,6 +238,92 @@ fn remove_range(list: &mut OrderedList, range: SortKeyRange) {
         .collect();
     for k in doomed {
         list.remove(&k);
+    }
+}
+
+/// A multimap side input in one window: its keys in first-seen order, and
+/// values by key, sorted.
+type MultimapSnapshot = (SideInputWindow, Vec<Bytes>, Vec<(Bytes, Vec<Bytes>)>);
+
+/// What a checkpoint keeps of a [`SideInputStore`], in a stable order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SideInputSnapshot {
+    iterable: Vec<(SideInputWindow, Vec<Bytes>)>,
+    multimap: Vec<MultimapSnapshot>,
+    ready: Vec<(String, String)>,
+}
+
+impl SideInputStore {
+    /// What a checkpoint keeps: everything, sorted.
+    pub(crate) fn snapshot(&self) -> SideInputSnapshot {
+        let mut iterable: Vec<_> = self
+            .iterable
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        iterable.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut multimap: Vec<_> = self
+            .multimap
+            .iter()
+            .map(|(k, (order, values))| {
+                let mut values: Vec<_> =
+                    values.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                values.sort_by(|a, b| a.0.cmp(&b.0));
+                (k.clone(), order.clone(), values)
+            })
+            .collect();
+        multimap.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut ready: Vec<_> = self.ready.iter().cloned().collect();
+        ready.sort();
+        SideInputSnapshot {
+            iterable,
+            multimap,
+            ready,
+        }
+    }
+
+    /// The store a checkpoint kept.
+    pub(crate) fn restore(snapshot: SideInputSnapshot) -> Self {
+        SideInputStore {
+            iterable: snapshot.iterable.into_iter().collect(),
+            multimap: snapshot
+                .multimap
+                .into_iter()
+                .map(|(k, order, values)| (k, (order, values.into_iter().collect())))
+                .collect(),
+            ready: snapshot.ready.into_iter().collect(),
+        }
+    }
+}
+
+/// What a checkpoint keeps of a [`UserStateStore`], in a stable order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct UserStateSnapshot {
+    bags: Vec<(BagId, Vec<Bytes>)>,
+    ordered_lists: Vec<(CellId, OrderedList)>,
+    multimaps: Vec<(CellId, Multimap)>,
+}
+
+impl UserStateStore {
+    /// What a checkpoint keeps: every cell, sorted.
+    pub(crate) fn snapshot(&self) -> UserStateSnapshot {
+        fn sorted<V: Clone>(map: &HashMap<CellId, V>) -> Vec<(CellId, V)> {
+            let mut cells: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            cells.sort_by(|a, b| a.0.cmp(&b.0));
+            cells
+        }
+        UserStateSnapshot {
+            bags: sorted(&self.bags),
+            ordered_lists: sorted(&self.ordered_lists),
+            multimaps: sorted(&self.multimaps),
+        }
+    }
+
+    /// Puts back the cells a checkpoint kept (registered coders stay).
+    pub(crate) fn restore(&mut self, snapshot: UserStateSnapshot) {
+        self.bags = snapshot.bags.into_iter().collect();
+        self.ordered_lists = snapshot.ordered_lists.into_iter().collect();
+        self.multimaps = snapshot.multimaps.into_iter().collect();
     }
 }
 

@@ -7,6 +7,7 @@
 //! holds the stage's output watermark at its hold timestamp, so output the
 //! timer will produce is never late.
 
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
@@ -31,7 +32,7 @@ pub struct FiredTimer {
 }
 
 /// Timers of one stage.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct TimerStore {
     timers: BTreeMap<TimerId, (TimeDomain, TimerValue)>,
 }

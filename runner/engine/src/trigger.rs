@@ -13,6 +13,7 @@
 
 use crate::plan::Trigger;
 use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
 
 /// What a trigger may look at when deciding.
 #[derive(Debug, Clone, Copy)]
@@ -32,14 +33,14 @@ impl TriggerContext {
 }
 
 /// The run-time state of a trigger tree.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TriggerState {
     node: Node,
     finished: bool,
     children: Vec<TriggerState>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 enum Node {
     /// Default: on time, then every late element.
     Default,

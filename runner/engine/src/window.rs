@@ -5,11 +5,12 @@
 //! when a window's end has passed the watermark, and to merge sessions.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::time::{Timestamp, GLOBAL_WINDOW_MAX_TIMESTAMP};
 
 /// One window of an element.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Window {
     /// The single global window.
     Global,

@@ -31,6 +31,29 @@ pub struct JobServiceConfig {
     /// `DescribePipelineOptions`; the Python SDK adds them as command-line
     /// flags. Empty by default, which clients accept.
     pub pipeline_options: Vec<PipelineOptionDescriptor>,
+    /// Jobs an earlier server accepted and did not finish, to be taken
+    /// over: registered under their own ids and started at once. Their
+    /// staged files stay where the earlier server put them.
+    pub recovered: Vec<RecoveredJob>,
+    /// Staged files of jobs that have not ended survive a shutdown (the
+    /// runner keeps the jobs durably and resumes them on the next start).
+    pub keep_unfinished_artifacts: bool,
+}
+
+/// A job taken over from an earlier server (see
+/// [`JobServiceConfig::recovered`]).
+#[derive(Debug, Clone)]
+pub struct RecoveredJob {
+    /// Its id, as clients know it.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The pipeline submitted.
+    pub pipeline: refract_proto::pipeline::Pipeline,
+    /// Its options.
+    pub options: refract_proto::prost_types::Struct,
+    /// The artifacts that had been staged for it.
+    pub staged: Vec<crate::StagedArtifact>,
 }
 
 impl JobServiceConfig {
@@ -52,6 +75,8 @@ impl Default for JobServiceConfig {
             retain_artifacts: false,
             max_retained_events: 100_000,
             pipeline_options: Vec::new(),
+            recovered: Vec::new(),
+            keep_unfinished_artifacts: false,
         }
     }
 }

@@ -24,8 +24,8 @@ mod service;
 mod staging;
 mod streams;
 
-pub use artifacts::ArtifactStore;
-pub use config::JobServiceConfig;
+pub use artifacts::{ArtifactStore, StagedArtifact};
+pub use config::{JobServiceConfig, RecoveredJob};
 pub use error::JobServiceError;
 pub use job::Job;
 pub use job_state::{is_terminal, JobState};

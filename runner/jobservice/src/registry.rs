@@ -69,6 +69,28 @@ impl JobRegistry {
         job
     }
 
+    /// Registers a job taken over from an earlier server, under its own id.
+    pub(crate) fn adopt(&self, recovered: crate::RecoveredJob) -> Arc<Job> {
+        let id = recovered.id;
+        let job = Arc::new(Job::new(
+            id.clone(),
+            recovered.name,
+            recovered.pipeline,
+            recovered.options,
+            JobSettings {
+                artifact_dir: self.staging_root.join(&id),
+                max_retained_events: self.max_retained_events,
+                retain_artifacts: self.retain_artifacts,
+            },
+        ));
+        job.artifacts().adopt(&recovered.staged);
+        let mut table = self.jobs.write();
+        if table.by_id.insert(id.clone(), Arc::clone(&job)).is_none() {
+            table.order.push(id);
+        }
+        job
+    }
+
     /// The job with this id (which is also its preparation id and staging
     /// token).
     pub(crate) fn get(&self, id: &str) -> Option<Arc<Job>> {

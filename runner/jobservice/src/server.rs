@@ -41,12 +41,19 @@ pub async fn serve(
     ));
     let jobs = JobServiceImpl::new(
         Arc::clone(&registry),
-        runner,
+        Arc::clone(&runner),
         endpoint.clone(),
         config.pipeline_options.clone(),
         stop_rx.clone(),
     );
     let staging = StagingService::new(Arc::clone(&registry), stop_rx);
+    for recovered in config.recovered.clone() {
+        let job = registry.adopt(recovered);
+        tracing::info!(job_id = %job.id(), "resuming a job accepted by an earlier server");
+        if job.begin_run().is_ok() {
+            runner.start(job);
+        }
+    }
 
     let signal = async move {
         shutdown.await;
@@ -86,6 +93,9 @@ pub async fn serve(
 
     if !config.retain_artifacts {
         for job in registry.all() {
+            if config.keep_unfinished_artifacts && !crate::is_terminal(job.state()) {
+                continue;
+            }
             job.artifacts().remove_files();
         }
     }

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _};
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _,
 };
@@ -211,6 +211,31 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Registers an instrument observed at each export: a counter if
+/// `monotonic`, else a gauge.
+fn register(
+    meter: &Meter,
+    (name, description, unit): (&'static str, &'static str, &'static str),
+    monotonic: bool,
+    observe: impl Fn(&dyn AsyncInstrument<f64>) + Send + Sync + 'static,
+) {
+    if monotonic {
+        meter
+            .f64_observable_counter(name)
+            .with_description(description)
+            .with_unit(unit)
+            .with_callback(observe)
+            .build();
+    } else {
+        meter
+            .f64_observable_gauge(name)
+            .with_description(description)
+            .with_unit(unit)
+            .with_callback(observe)
+            .build();
+    }
+}
+
 /// Registers the instruments observed at each export; each reads the
 /// latest snapshots from `insights`.
 fn register_observers(meter: &Meter, insights: Insights) {
@@ -311,7 +336,7 @@ fn register_observers(meter: &Meter, insights: Insights) {
     ];
     for (name, description, unit, monotonic, value) in stage_metrics {
         let insights = insights.clone();
-        let observe = move |observer: &dyn opentelemetry::metrics::AsyncInstrument<f64>| {
+        let observe = move |observer: &dyn AsyncInstrument<f64>| {
             for job in insights.jobs() {
                 for stage in job.stages() {
                     if let Some(v) = value(&stage) {
@@ -326,21 +351,59 @@ fn register_observers(meter: &Meter, insights: Insights) {
                 }
             }
         };
-        if monotonic {
-            meter
-                .f64_observable_counter(name)
-                .with_description(description)
-                .with_unit(unit)
-                .with_callback(observe)
-                .build();
-        } else {
-            meter
-                .f64_observable_gauge(name)
-                .with_description(description)
-                .with_unit(unit)
-                .with_callback(observe)
-                .build();
-        }
+        register(meter, (name, description, unit), monotonic, observe);
+    }
+    type CheckpointValue = fn(&crate::insights::CheckpointSummary) -> Option<f64>;
+    let checkpoint_metrics: [(
+        &'static str,
+        &'static str,
+        &'static str,
+        bool,
+        CheckpointValue,
+    ); 4] = [
+        (
+            "refract.checkpoints",
+            "Checkpoints of a job written to the state store.",
+            "{checkpoint}",
+            true,
+            |c| Some(c.taken as f64),
+        ),
+        (
+            "refract.checkpoint.duration",
+            "Time spent writing a job's checkpoints.",
+            "s",
+            true,
+            |c| Some(c.total_duration.as_secs_f64()),
+        ),
+        (
+            "refract.checkpoint.written",
+            "Bytes a job's checkpoints wrote (changed parts only).",
+            "By",
+            true,
+            |c| Some(c.bytes_written as f64),
+        ),
+        (
+            "refract.checkpoint.size",
+            "Size of a job's latest checkpoint (every part).",
+            "By",
+            false,
+            |c| c.last.map(|l| l.total_bytes as f64),
+        ),
+    ];
+    for (name, description, unit, monotonic, value) in checkpoint_metrics {
+        let insights = insights.clone();
+        let observe = move |observer: &dyn AsyncInstrument<f64>| {
+            for job in insights.jobs() {
+                let checkpoints = job.checkpoints();
+                if !checkpoints.enabled {
+                    continue;
+                }
+                if let Some(v) = value(&checkpoints) {
+                    observer.observe(v, &[KeyValue::new("beam.job.id", job.id().to_string())]);
+                }
+            }
+        };
+        register(meter, (name, description, unit), monotonic, observe);
     }
     let jobs = insights.clone();
     meter

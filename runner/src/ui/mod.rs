@@ -33,7 +33,7 @@ use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
 
 use crate::client::state_name;
-use crate::insights::Insights;
+use crate::insights::{CheckpointSummary, Insights};
 use crate::metric_payload::{decode, IntMetric};
 use crate::telemetry::histogram::LatencyHistogram;
 use prometheus::JobSnapshot;
@@ -196,10 +196,7 @@ async fn job_details(
         "metrics": metrics,
         "stages": stages,
         "workers": view.as_ref().map_or(0, |v| v.live_workers()),
-        "checkpoints": {
-            "taken": 0,
-            "description": "None: this server keeps state in memory, so there is nothing to checkpoint.",
-        },
+        "checkpoints": checkpoints_json(view.as_ref().map(|v| v.checkpoints()).unwrap_or_default()),
     })))
 }
 
@@ -281,6 +278,7 @@ async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response,
         if let Some(view) = insights.job(&job.id) {
             job.stages = view.stages();
             job.bundle_latency = view.bundle_latency();
+            job.checkpoints = view.checkpoints();
         }
     }
     let now_ms = std::time::SystemTime::now()
@@ -291,6 +289,44 @@ async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response,
         prometheus::render(&jobs, insights.live_workers(), now_ms),
     )
         .into_response())
+}
+
+/// A job's checkpoints as the page shows them, with a sentence saying it.
+fn checkpoints_json(c: CheckpointSummary) -> Value {
+    let last = c.last.map(|s| {
+        json!({
+            "id": s.id,
+            "duration_ms": s.duration.as_secs_f64() * 1000.0,
+            "parts": s.parts,
+            "parts_written": s.parts_written,
+            "bytes_written": s.bytes_written,
+            "total_bytes": s.total_bytes,
+        })
+    });
+    let mut description = match (&c.enabled, &c.last) {
+        (false, _) => "None: this server keeps state in memory (start it with --state_dir to checkpoint).".to_string(),
+        (true, None) => "None yet: the first one is taken after --checkpoint_interval.".to_string(),
+        (true, Some(s)) => format!(
+            "{} taken, the latest #{} ({} of {} parts changed, {} bytes written, {} bytes in all, {:.1} ms).",
+            c.taken,
+            s.id,
+            s.parts_written,
+            s.parts,
+            s.bytes_written,
+            s.total_bytes,
+            s.duration.as_secs_f64() * 1000.0
+        ),
+    };
+    if let Some(id) = c.restored_from {
+        description.push_str(&format!(" Resumed from checkpoint #{id} after a restart."));
+    }
+    json!({
+        "enabled": c.enabled,
+        "taken": c.taken,
+        "restored_from": c.restored_from,
+        "last": last,
+        "description": description,
+    })
 }
 
 /// A stage as the page draws it: its fused transforms, the stages it reads,

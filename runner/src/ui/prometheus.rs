@@ -9,6 +9,7 @@ use refract_engine::manager::StageStats;
 use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
+use crate::insights::CheckpointSummary;
 use crate::metric_payload::{decode, IntMetric};
 use crate::telemetry::histogram::LatencyHistogram;
 
@@ -32,6 +33,8 @@ pub struct JobSnapshot {
     pub stages: Vec<StageStats>,
     /// Bundle durations per stage name.
     pub bundle_latency: Vec<(String, LatencyHistogram)>,
+    /// Its checkpoints.
+    pub checkpoints: CheckpointSummary,
 }
 
 /// A metric family being assembled: help text, type, and sample lines.
@@ -279,6 +282,47 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
             );
         }
     }
+    for job in jobs.iter().filter(|j| j.checkpoints.enabled) {
+        let labels = [("job", job.id.as_str())];
+        let c = &job.checkpoints;
+        families.add(
+            "refract_checkpoints_total",
+            "Checkpoints of the job written to the state store.",
+            "counter",
+            &labels,
+            c.taken.to_string(),
+        );
+        families.add(
+            "refract_checkpoint_seconds_total",
+            "Time spent writing the job's checkpoints.",
+            "counter",
+            &labels,
+            format!("{:.6}", c.total_duration.as_secs_f64()),
+        );
+        families.add(
+            "refract_checkpoint_written_bytes_total",
+            "Bytes the job's checkpoints wrote (changed parts only).",
+            "counter",
+            &labels,
+            c.bytes_written.to_string(),
+        );
+        if let Some(last) = &c.last {
+            families.add(
+                "refract_checkpoint_size_bytes",
+                "Size of the job's latest checkpoint (every part).",
+                "gauge",
+                &labels,
+                last.total_bytes.to_string(),
+            );
+            families.add(
+                "refract_checkpoint_last_seconds",
+                "How long writing the job's latest checkpoint took.",
+                "gauge",
+                &labels,
+                format!("{:.6}", last.duration.as_secs_f64()),
+            );
+        }
+    }
     for job in jobs {
         for (stage, histogram) in &job.bundle_latency {
             let labels = [("job", job.id.as_str()), ("stage", stage.as_str())];
@@ -416,6 +460,21 @@ mod tests {
                 ],
                 stages: vec![],
                 bundle_latency: vec![],
+                checkpoints: CheckpointSummary {
+                    enabled: true,
+                    taken: 2,
+                    total_duration: std::time::Duration::from_millis(30),
+                    bytes_written: 900,
+                    last: Some(refract_store::CheckpointStats {
+                        id: 2,
+                        parts: 4,
+                        parts_written: 1,
+                        bytes_written: 100,
+                        total_bytes: 700,
+                        duration: std::time::Duration::from_millis(10),
+                    }),
+                    restored_from: None,
+                },
             },
             JobSnapshot {
                 id: "job-2".into(),
@@ -461,6 +520,9 @@ mod tests {
             "refract_stage_output_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 77",
             "refract_stage_output_watermark_lag_seconds{job=\"job-2\",stage=\"Read+Split\"} 3.000",
             "refract_harnesses_live 3",
+            "refract_checkpoints_total{job=\"job-1\"} 2",
+            "refract_checkpoint_size_bytes{job=\"job-1\"} 700",
+            "refract_checkpoint_seconds_total{job=\"job-1\"} 0.030000",
             "# TYPE refract_stage_bundle_duration_seconds histogram",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.002\"} 0",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.005\"} 1",
@@ -470,6 +532,8 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        // Only jobs that checkpoint have checkpoint metrics.
+        assert!(!text.contains("refract_checkpoints_total{job=\"job-2\"}"));
         // No lag at the ends of time.
         assert!(!text.contains("refract_stage_input_watermark_lag_seconds{"));
         // The undecodable payload is left out, not rendered wrong.

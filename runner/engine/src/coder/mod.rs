@@ -29,6 +29,8 @@
 //! always total: any byte string yields a value or a [`CoderError`], never a
 //! panic, because the bytes come from another process.
 
+use serde::{Deserialize, Serialize};
+
 mod context;
 mod iterable;
 mod pane;
@@ -121,7 +123,7 @@ pub enum Coder {
 }
 
 /// Whether a pane fired before, at or after the watermark passed the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PaneTiming {
     /// Before the watermark passed the end of the window.
     Early,
@@ -134,7 +136,7 @@ pub enum PaneTiming {
 }
 
 /// `PaneInfo` as carried in every windowed value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PaneInfo {
     /// First pane of its window.
     pub is_first: bool,
@@ -160,7 +162,7 @@ impl PaneInfo {
 }
 
 /// The header of a windowed value: everything the runner needs to schedule it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowedValueHeader {
     /// Event time of the element.
     pub timestamp: Timestamp,

@@ -13,6 +13,7 @@
 //! key coder.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use super::primitive::{encode_timestamp, encode_varint_u64};
 use super::reader::Reader;
@@ -24,7 +25,7 @@ use crate::window::Window;
 /// A decoded timer (beam:coder:timer:v1). user_key holds the key's nested
 /// bytes as-is. The engine keeps timers in this form: it needs the
 /// timestamps to schedule them and the rest only to send them back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimerValue {
     /// The user key, nested-encoded in the timer's key coder.
     pub user_key: Bytes,

@@ -43,6 +43,7 @@ mod pending;
 mod routing;
 mod scheduling;
 mod side_inputs;
+mod snapshot;
 mod state_gc;
 mod stats;
 mod test_stream;
@@ -52,6 +53,7 @@ mod window_merging;
 
 use holds::Holds;
 use pending::Pending;
+pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;
 pub use stats::StageStats;
 use topology::topological_order;
@@ -233,6 +235,15 @@ pub struct Engine {
     stats: Option<watch::Sender<Vec<StageStats>>>,
     /// When the last snapshot went out.
     last_published: Option<Instant>,
+    /// Where checkpoints go, and how often.
+    checkpoints: Option<CheckpointSink>,
+}
+
+/// Where a running engine sends its checkpoints (see [`Engine::with_checkpoints`]).
+struct CheckpointSink {
+    every: Duration,
+    tx: mpsc::Sender<Vec<(String, Bytes)>>,
+    last: Instant,
 }
 
 impl Engine {
@@ -351,6 +362,7 @@ impl Engine {
             draining: false,
             stats: None,
             last_published: None,
+            checkpoints: None,
         })
     }
 
@@ -360,6 +372,43 @@ impl Engine {
     pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
         self.drain = Some(drain);
         self
+    }
+
+    /// Send a checkpoint ([`Self::checkpoint_parts`]) to `tx` every
+    /// `every` while the job runs. A checkpoint that finds the channel
+    /// full (the previous one is still being written) is skipped, not
+    /// queued: checkpointing never holds the job up nor piles up memory.
+    pub fn with_checkpoints(
+        mut self,
+        every: Duration,
+        tx: mpsc::Sender<Vec<(String, Bytes)>>,
+    ) -> Self {
+        self.checkpoints = Some(CheckpointSink {
+            every,
+            tx,
+            last: Instant::now(),
+        });
+        self
+    }
+
+    /// Takes a checkpoint if one is due.
+    fn maybe_checkpoint(&mut self) -> Result<(), EngineError> {
+        let Some(sink) = &self.checkpoints else {
+            return Ok(());
+        };
+        if sink.last.elapsed() < sink.every {
+            return Ok(());
+        }
+        let parts = self
+            .checkpoint_parts()
+            .map_err(|e| EngineError::InvalidPlan(e.to_string()))?;
+        if let Some(sink) = &mut self.checkpoints {
+            sink.last = Instant::now();
+            if let Err(mpsc::error::TrySendError::Full(_)) = sink.tx.try_send(parts) {
+                debug!("previous checkpoint still being written; skipping this one");
+            }
+        }
+        Ok(())
     }
 
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.
@@ -388,6 +437,7 @@ impl Engine {
             self.advance()?;
             self.schedule(&tx)?;
             self.publish_stats(false);
+            self.maybe_checkpoint()?;
             if self.idle() && self.step_test_streams()? {
                 continue;
             }
@@ -415,8 +465,11 @@ impl Engine {
             if self.idle() && next_wakeup.is_none() {
                 return Err(EngineError::Stuck(self.describe_unfinished()));
             }
-            let sleep_until =
+            let mut sleep_until =
                 next_wakeup.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            if let Some(sink) = &self.checkpoints {
+                sleep_until = sleep_until.min(sink.last + sink.every);
+            }
             tokio::select! {
                 report = rx.recv() => {
                     if let Some(report) = report {

@@ -73,6 +73,11 @@ impl Pending {
     }
 
     /// Number of waiting elements.
+    /// The waiting elements, oldest first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &DecodedElement> {
+        self.queue.iter()
+    }
+
     pub(super) fn len(&self) -> usize {
         self.queue.len()
     }

@@ -67,7 +67,7 @@ impl StageCounters {
         }
     }
 
-    fn throttled_ms(&self, now: Instant) -> u64 {
+    pub(super) fn throttled_ms(&self, now: Instant) -> u64 {
         let ongoing = self
             .throttled_since
             .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));

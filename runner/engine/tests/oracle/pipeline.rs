@@ -29,7 +29,7 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
-use refract_engine::manager::{Engine, EngineConfig, EngineError};
+use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig, EngineError, RunSummary};
 use refract_engine::plan::{
     PCollection, PCollectionIdx, Plan, SdkStage, Stage, StageIdx, StageKind, TestStreamEvent,
     WindowFn, WindowingStrategy,
@@ -58,6 +58,10 @@ pub struct Shape {
     pub streaming: bool,
     /// Seed of the bundles' completion delays.
     pub jitter: u64,
+    /// Crash and recover: checkpoint continuously, stop the run at its
+    /// `n`th checkpoint as if the process died, and finish it with a new
+    /// engine restored from that checkpoint.
+    pub crash_at: Option<usize>,
 }
 
 impl Default for Shape {
@@ -69,6 +73,7 @@ impl Default for Shape {
             max_bundles_per_stage: 4,
             streaming: false,
             jitter: 0,
+            crash_at: None,
         }
     }
 }
@@ -101,7 +106,8 @@ struct FakeSdk {
     window_coder: Coder,
     create_chunks: usize,
     jitter: u64,
-    sink: Mutex<Vec<Pane>>,
+    /// Panes received, with the number of the bundle that received them.
+    sink: Mutex<Vec<(u64, Pane)>>,
 }
 
 impl FakeSdk {
@@ -143,9 +149,14 @@ impl FakeSdk {
     }
 
     fn sink(&self, input: &BundleInput) -> BundleOutput {
+        let bundle = bundle_number(&input.bundle_id);
         let mut sink = self.sink.lock();
         for chunk in &input.elements {
-            sink.extend(decode_panes(chunk, &self.window_coder));
+            sink.extend(
+                decode_panes(chunk, &self.window_coder)
+                    .into_iter()
+                    .map(|p| (bundle, p)),
+            );
         }
         BundleOutput::default()
     }
@@ -170,6 +181,67 @@ impl StageExecutor for FakeSdk {
         }
         .boxed()
     }
+}
+
+/// The number in a bundle id `{prefix}-b{n}`.
+fn bundle_number(bundle_id: &str) -> u64 {
+    bundle_id
+        .rsplit_once("-b")
+        .and_then(|(_, n)| n.parse().ok())
+        .expect("bundle ids end in -b<number>")
+}
+
+/// Runs `plan` to the end, or — with `crash_at` — to its `n`th checkpoint,
+/// then from that checkpoint to the end in a new engine, dropping the
+/// panes of sink bundles that the checkpoint does not count as done (as a
+/// crashed process would have lost their effects).
+async fn run_engine(
+    plan: Plan,
+    sdk: Arc<FakeSdk>,
+    config: EngineConfig,
+    crash_at: Option<usize>,
+) -> Result<(RunSummary, bool), EngineError> {
+    let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
+    let executor: Arc<dyn StageExecutor> = sdk.clone();
+    // The sender must outlive the run: dropping it cancels the job.
+    let (cancel, cancelled) = watch::channel(false);
+    let Some(crash_at) = crash_at else {
+        let engine = Engine::new(plan, executor, config, "oracle", clock)?;
+        return Ok((engine.run(cancelled).await?, false));
+    };
+    let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
+    let engine = Engine::new(
+        plan.clone(),
+        executor.clone(),
+        config.clone(),
+        "oracle",
+        clock.clone(),
+    )?
+    .with_checkpoints(Duration::ZERO, checkpoints);
+    let first = tokio::spawn(engine.run(cancelled));
+    let mut chosen = None;
+    let mut seen = 0;
+    while let Some(parts) = received.recv().await {
+        seen += 1;
+        if seen == crash_at {
+            chosen = Some(parts);
+            let _ = cancel.send(true);
+            break;
+        }
+    }
+    let outcome = first.await.expect("the first run does not panic");
+    let Some(parts) = chosen else {
+        // It finished before that many checkpoints: nothing to recover.
+        return Ok((outcome?, false));
+    };
+    let info = describe_checkpoint(&parts).expect("a readable checkpoint");
+    sdk.sink
+        .lock()
+        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
+    let mut engine = Engine::new(plan, executor, config, "oracle", clock)?;
+    engine.restore(&parts).expect("the checkpoint restores");
+    let (_cancel, cancelled) = watch::channel(false);
+    Ok((engine.run(cancelled).await?, true))
 }
 
 fn pcollection(id: &str, value_coder: Coder, window_coder: Coder) -> PCollection {
@@ -202,6 +274,8 @@ pub struct Run {
     pub panes: Vec<Pane>,
     /// (element, window) pairs the GroupByKey dropped as too late.
     pub dropped_late: u64,
+    /// The run crashed and was finished by a restored engine.
+    pub restored: bool,
 }
 
 /// Builds source → window → gbk → sink after the given source stages
@@ -260,20 +334,18 @@ fn run(
         .enable_time()
         .build()
         .expect("a tokio runtime");
-    let executor = sdk.clone();
-    let summary = runtime.block_on(async move {
-        // The sender must outlive the run: dropping it cancels the job.
-        let (_cancel, cancelled) = watch::channel(false);
-        let engine = Engine::new(plan, executor, config, "oracle", Arc::new(|| 0))?;
-        tokio::time::timeout(Duration::from_secs(60), engine.run(cancelled))
+    let run = run_engine(plan, sdk.clone(), config, shape.crash_at);
+    let (summary, restored) = runtime.block_on(async move {
+        tokio::time::timeout(Duration::from_secs(60), run)
             .await
             .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))?
     })?;
-    let mut panes = sdk.sink.lock().clone();
+    let mut panes: Vec<Pane> = sdk.sink.lock().iter().map(|(_, p)| p.clone()).collect();
     panes.sort();
     Ok(Run {
         panes,
         dropped_late: summary.dropped_late,
+        restored,
     })
 }
 

@@ -19,6 +19,21 @@ pub(crate) use writer::{ArtifactWriter, StagedFile};
 /// Artifacts are identified the way the SDK declared them: by type and type
 /// payload. Roles do not matter for the bytes, so one artifact listed by two
 /// environments (or with two roles) is fetched once.
+/// A staged file and the artifact (type URN and payload) it stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagedArtifact {
+    /// The artifact's type URN as declared.
+    pub type_urn: String,
+    /// The artifact's type payload as declared.
+    pub type_payload: Vec<u8>,
+    /// Where its bytes are.
+    pub path: PathBuf,
+    /// Their SHA-256, lower-case hex.
+    pub sha256: String,
+    /// Their size.
+    pub len: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ArtifactKey {
     type_urn: String,
@@ -142,6 +157,43 @@ impl ArtifactStore {
     }
 
     /// Records where a declared artifact's bytes were stored.
+    /// Every staged file with the artifact it stands for, so that a job
+    /// can be recovered by a later server ([`crate::RecoveredJob`]).
+    pub fn staged(&self) -> Vec<StagedArtifact> {
+        let mut staged: Vec<StagedArtifact> = self
+            .staged
+            .lock()
+            .iter()
+            .map(|(key, file)| StagedArtifact {
+                type_urn: key.type_urn.clone(),
+                type_payload: key.type_payload.clone(),
+                path: file.path.clone(),
+                sha256: file.sha256.clone(),
+                len: file.len,
+            })
+            .collect();
+        staged.sort_by(|a, b| a.path.cmp(&b.path));
+        staged
+    }
+
+    /// Takes back files staged by an earlier server.
+    pub(crate) fn adopt(&self, staged: &[StagedArtifact]) {
+        let mut files = self.staged.lock();
+        for a in staged {
+            files.insert(
+                ArtifactKey {
+                    type_urn: a.type_urn.clone(),
+                    type_payload: a.type_payload.clone(),
+                },
+                StagedFile {
+                    path: a.path.clone(),
+                    sha256: a.sha256.clone(),
+                    len: a.len,
+                },
+            );
+        }
+    }
+
     pub(crate) fn record(&self, artifact: &ArtifactInformation, file: StagedFile) {
         self.staged.lock().insert(ArtifactKey::of(artifact), file);
     }

@@ -1,0 +1,144 @@
+"""The pipeline of the fault-injection test (test_recovery.py), run as a
+script so that its functions travel to PROCESS workers by value.
+
+An unbounded, splittable source of numbered events (each step emits a few
+numbers and then checkpoints itself, so the runner holds the rest as a
+residual), event time 100 ms per number, fixed one-second windows, and a
+stateful per-key, per-window DoFn that drops duplicate numbers, counts and
+sums them in state, and emits its totals from an event-time timer at the
+end of the window. A sink writes one file per (window, key) — named after
+them, so writing it again writes the same file.
+
+    python recovery_pipeline.py --job_endpoint HOST:PORT --output DIR
+        --events N --boot PATH/python_boot.sh
+
+prints the job id and exits without waiting for the job.
+"""
+
+import argparse
+import json
+import os
+
+import apache_beam as beam
+from apache_beam.coders import VarIntCoder
+from apache_beam.io.restriction_trackers import OffsetRange
+from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import userstate
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.timestamp import Timestamp
+
+PER_STEP = 7
+MS_PER_EVENT = 100
+
+
+class EventRange(beam.RestrictionProvider):
+  def initial_restriction(self, n):
+    return OffsetRange(0, n)
+
+  def create_tracker(self, restriction):
+    return OffsetRestrictionTracker(restriction)
+
+  def restriction_size(self, n, restriction):
+    return restriction.size()
+
+
+class NumberedEvents(beam.DoFn):
+  """Emits 0..n-1, PER_STEP numbers per step, then defers the rest."""
+  @beam.DoFn.unbounded_per_element()
+  def process(
+      self,
+      n,
+      tracker=beam.DoFn.RestrictionParam(EventRange()),
+      estimator=beam.DoFn.WatermarkEstimatorParam(
+          ManualWatermarkEstimator.default_provider())):
+    position = tracker.current_restriction().start
+    end = min(position + PER_STEP, tracker.current_restriction().stop)
+    while position < end:
+      if not tracker.try_claim(position):
+        return
+      ts = Timestamp(micros=position * MS_PER_EVENT * 1000)
+      yield window.TimestampedValue(position, ts)
+      estimator.set_watermark(ts)
+      position += 1
+    if position < tracker.current_restriction().stop:
+      tracker.defer_remainder(Duration(seconds=0.05))
+
+
+class DedupCount(beam.DoFn):
+  """Per key and window: distinct numbers, their count and sum in state."""
+  SEEN = userstate.BagStateSpec('seen', VarIntCoder())
+  COUNT = userstate.ReadModifyWriteStateSpec('count', VarIntCoder())
+  TOTAL = userstate.ReadModifyWriteStateSpec('total', VarIntCoder())
+  END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
+
+  def process(
+      self,
+      kv,
+      w=beam.DoFn.WindowParam,
+      seen=beam.DoFn.StateParam(SEEN),
+      count=beam.DoFn.StateParam(COUNT),
+      total=beam.DoFn.StateParam(TOTAL),
+      end=beam.DoFn.TimerParam(END)):
+    _, number = kv
+    if number in set(seen.read()):
+      return
+    seen.add(number)
+    count.write((count.read() or 0) + 1)
+    total.write((total.read() or 0) + number)
+    end.set(w.max_timestamp())
+
+  @userstate.on_timer(END)
+  def emit(
+      self,
+      key=beam.DoFn.KeyParam,
+      w=beam.DoFn.WindowParam,
+      count=beam.DoFn.StateParam(COUNT),
+      total=beam.DoFn.StateParam(TOTAL)):
+    yield (int(w.start), key, count.read() or 0, total.read() or 0)
+
+
+class WriteResult(beam.DoFn):
+  def __init__(self, output):
+    self.output = output
+
+  def process(self, result):
+    start, key, count, total = result
+    path = os.path.join(self.output, '%d-%d.json' % (start, key))
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+      json.dump({'count': count, 'total': total}, f)
+    os.replace(tmp, path)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--job_endpoint', required=True)
+  parser.add_argument('--output', required=True)
+  parser.add_argument('--events', type=int, required=True)
+  parser.add_argument('--boot', required=True)
+  args = parser.parse_args()
+  options = PipelineOptions([
+      '--runner=PortableRunner',
+      '--job_endpoint=' + args.job_endpoint,
+      '--streaming',
+      '--environment_type=PROCESS',
+      '--environment_config=' + json.dumps({'command': args.boot}),
+  ])
+  p = beam.Pipeline(options=options)
+  _ = (
+      p
+      | beam.Create([args.events])
+      | 'Events' >> beam.ParDo(NumberedEvents())
+      | 'Key' >> beam.Map(lambda i: (i % 3, i))
+      | beam.WindowInto(window.FixedWindows(1))
+      | 'DedupCount' >> beam.ParDo(DedupCount())
+      | 'Write' >> beam.ParDo(WriteResult(args.output)))
+  result = p.run()
+  print(result._job_id, flush=True)
+
+
+if __name__ == '__main__':
+  main()

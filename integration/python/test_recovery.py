@@ -1,0 +1,183 @@
+"""Fault injection: a streaming job survives its runner being killed.
+
+The pipeline (recovery_pipeline.py) reads an unbounded, self-checkpointing
+source of numbered events into fixed windows and keeps per-key, per-window
+counts and sums in user state, writing one result file per window and key.
+It runs once straight through, and once with the runner killed (SIGKILL) at
+random moments and started again on the same --state_dir; both must write
+exactly the results the model predicts: no number lost, none counted twice.
+The same again with an SDK harness process killed instead of the runner.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
+
+from refract_testlib import RefractServer, free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PIPELINE = os.path.join(HERE, 'recovery_pipeline.py')
+BOOT = os.path.join(os.path.dirname(HERE), 'python_boot.sh')
+EVENTS = 400
+MS_PER_EVENT = 100
+
+
+def expected_results(events):
+  """(window start s, key) -> {count, total}, from the model."""
+  results = {}
+  for i in range(events):
+    key = (int(i * MS_PER_EVENT / 1000), i % 3)
+    r = results.setdefault(key, {'count': 0, 'total': 0})
+    r['count'] += 1
+    r['total'] += i
+  return results
+
+
+def read_results(output):
+  results = {}
+  for name in os.listdir(output):
+    if not name.endswith('.json'):
+      continue
+    start, key = name[:-len('.json')].split('-')
+    with open(os.path.join(output, name)) as f:
+      results[(int(start), int(key))] = json.load(f)
+  return results
+
+
+def submit(endpoint, output):
+  done = subprocess.run([
+      sys.executable, PIPELINE, '--job_endpoint', endpoint, '--output',
+      str(output), '--events', str(EVENTS), '--boot', BOOT
+  ],
+                        capture_output=True,
+                        text=True,
+                        timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout.strip().splitlines()[-1]
+
+
+def job_state(endpoint, job_id):
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    state = stub.GetState(
+        beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
+  return beam_job_api_pb2.JobState.Enum.Name(state)
+
+
+def wait_for_end(server, job_id, timeout_s=180):
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    state = job_state(server.endpoint, job_id)
+    if state in ('DONE', 'FAILED', 'CANCELLED'):
+      return state
+    time.sleep(0.3)
+  raise AssertionError('job %s did not end within %ss; log:\n%s' %
+                       (job_id, timeout_s, server.log_tail()))
+
+
+def durable_server(refract_bin, state_dir, port, log):
+  return RefractServer(
+      refract_bin,
+      log,
+      port=port,
+      extra_args=[
+          '--state_dir', state_dir, '--checkpoint_interval', '200ms',
+          '--serve_http=false'
+      ]).wait_ready()
+
+
+def kill_group(server):
+  """Ends what is left of a server's process group (its workers)."""
+  try:
+    os.killpg(server.proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
+def submitted_job(request, refract_bin, tmp_path):
+  """A durable server on a fresh state directory, running the pipeline:
+  (server, job id, output directory)."""
+  output = tmp_path / 'out'
+  output.mkdir()
+  server = durable_server(refract_bin, tmp_path / 'state', free_port(),
+                          tmp_path / 'refract.log')
+  request.node.refract_processes = [server]
+  try:
+    return server, submit(server.endpoint, output), output
+  except BaseException:
+    server.stop()
+    raise
+
+
+def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
+  server, job, output = submitted_job(request, refract_bin, tmp_path)
+  try:
+    assert wait_for_end(server, job) == 'DONE', server.log_tail()
+  finally:
+    server.stop()
+  assert read_results(output) == expected_results(EVENTS)
+
+
+def test_runner_killed_and_restarted_gives_the_same_results(
+    request, refract_bin, tmp_path):
+  output = tmp_path / 'out'
+  output.mkdir()
+  state_dir = tmp_path / 'state'
+  port = free_port()
+  rng = random.Random(os.environ.get('REFRACT_RECOVERY_SEED', '7'))
+  servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
+  request.node.refract_processes = servers
+  try:
+    job = submit(servers[-1].endpoint, output)
+    kills = 0
+    for attempt in range(3):
+      time.sleep(rng.uniform(0.8, 2.5))
+      if job_state(servers[-1].endpoint, job) != 'RUNNING':
+        break
+      servers[-1].proc.send_signal(signal.SIGKILL)
+      servers[-1].proc.wait()
+      kill_group(servers[-1])
+      kills += 1
+      servers.append(
+          durable_server(refract_bin, state_dir, port,
+                         tmp_path / ('refract-%d.log' % (attempt + 1))))
+    assert kills > 0, 'the job ended before the first kill'
+    state = wait_for_end(servers[-1], job)
+    assert state == 'DONE', servers[-1].log_tail()
+    assert 'resuming from the job' in servers[-1].log_tail(200000)
+  finally:
+    for s in servers:
+      s.stop()
+      kill_group(s)
+  assert read_results(output) == expected_results(EVENTS)
+
+
+def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
+  server, job, output = submitted_job(request, refract_bin, tmp_path)
+  try:
+    killed = 0
+    deadline = time.monotonic() + 60
+    while not killed and time.monotonic() < deadline:
+      time.sleep(0.3)
+      # Mid-job: the worker is connected and results are coming out.
+      if not any(n.endswith('.json') for n in os.listdir(output)):
+        continue
+      workers = subprocess.run(['pgrep', '-f', '-s', str(server.proc.pid),
+                                'sdk_worker_main'],
+                               capture_output=True, text=True).stdout.split()
+      for pid in workers[:1]:
+        os.kill(int(pid), signal.SIGKILL)
+        killed += 1
+    assert killed, 'no SDK worker process to kill'
+    assert wait_for_end(server, job) == 'DONE', server.log_tail()
+  finally:
+    server.stop()
+  assert read_results(output) == expected_results(EVENTS)

@@ -1,0 +1,300 @@
+//! Checkpoints of a running engine: a consistent cut of everything it
+//! must not lose, as named parts for an incremental store, and the way
+//! back from them.
+//!
+//! The cut is taken between two commits, as if every bundle in flight had
+//! failed: a bundle's input goes back to the front of its stage's queue
+//! and the timers it was given back to the timer store, and nothing it
+//! wrote is included (its writes live in its overlay until it commits).
+//! A restored engine therefore runs those bundles again, and every state
+//! write, timer and output is applied exactly once. Side effects a DoFn
+//! has on the outside world (a file it wrote) may happen twice, as in any
+//! runner that retries.
+//!
+//! Parts: `engine` (counters, clocks and the stage names the checkpoint
+//! belongs to), `stage/{i}` (queue, delayed residuals, grouping buffer,
+//! timers, watermarks), `user_state/{i}` and `side_inputs`. Each part's
+//! bytes are deterministic — maps are written sorted — so a stage that did
+//! nothing since the last checkpoint yields the same bytes and the store
+//! skips it.
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::grouping::GroupingSnapshot;
+use crate::store::{SideInputSnapshot, UserStateSnapshot};
+
+/// Why a checkpoint could not be taken or restored.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// A part could not be encoded or decoded.
+    #[error("checkpoint part '{part}': {reason}")]
+    Codec {
+        /// The part's name.
+        part: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The checkpoint was taken of a different pipeline.
+    #[error("the checkpoint does not belong to this pipeline: {0}")]
+    Mismatch(String),
+}
+
+/// Version of the encoding; a checkpoint of another version is refused.
+const SNAPSHOT_VERSION: u32 = 1;
+
+/// An element as a checkpoint keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ElementRecord {
+    header: WindowedValueHeader,
+    /// Where the value starts in `encoded` (it runs to the end).
+    value_offset: u32,
+    encoded: Bytes,
+}
+
+impl ElementRecord {
+    fn of(e: &DecodedElement) -> Self {
+        ElementRecord {
+            header: e.header.clone(),
+            value_offset: (e.encoded.len() - e.value.len()) as u32,
+            encoded: e.encoded.clone(),
+        }
+    }
+
+    fn into_element(self) -> DecodedElement {
+        let offset = (self.value_offset as usize).min(self.encoded.len());
+        DecodedElement {
+            header: self.header,
+            value: self.encoded.slice(offset..),
+            encoded: self.encoded,
+        }
+    }
+}
+
+/// Engine-wide values.
+#[derive(Debug, Serialize, Deserialize)]
+struct EngineRecord {
+    version: u32,
+    stage_names: Vec<String>,
+    next_bundle: u64,
+    clock_offset: i64,
+    frozen_clock: Option<Timestamp>,
+    bundles: u64,
+    peak_pending_bytes: u64,
+    /// Bundles in flight at the cut, which a restored engine runs again.
+    rerun_bundles: Vec<u64>,
+}
+
+/// What a checkpoint says about the run it was taken of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Bundle numbers below this had been started before the cut.
+    pub next_bundle: u64,
+    /// Of those, the ones still in flight at the cut: their effects are
+    /// not in the checkpoint, and a restored engine runs their input again.
+    pub rerun_bundles: Vec<u64>,
+}
+
+/// Reads what a checkpoint says about its run, for logs and for tests
+/// that must tell committed work from work that will be redone.
+pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, SnapshotError> {
+    let bytes = parts
+        .iter()
+        .find(|(n, _)| n == "engine")
+        .map(|(_, b)| b)
+        .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
+    let engine: EngineRecord = decode("engine", bytes)?;
+    Ok(CheckpointInfo {
+        next_bundle: engine.next_bundle,
+        rerun_bundles: engine.rerun_bundles,
+    })
+}
+
+/// One stage's queue, timers and progress.
+#[derive(Debug, Serialize, Deserialize)]
+struct StageRecord {
+    pending: Vec<ElementRecord>,
+    /// Residuals waiting to resume: (ms still to wait, element, hold).
+    delayed: Vec<(u64, ElementRecord, Timestamp)>,
+    grouping: Option<GroupingSnapshot>,
+    timers: TimerStore,
+    input_wm: Timestamp,
+    output_wm: Timestamp,
+    impulse_done: bool,
+    stream_cursor: u64,
+    stream_wm: Timestamp,
+    state_gc_wm: Timestamp,
+    bundles_committed: u64,
+    elements_processed: u64,
+    bytes_processed: u64,
+    elements_out: u64,
+    bytes_out: u64,
+    throttled_ms: u64,
+}
+
+fn encode<T: Serialize>(part: String, value: &T) -> Result<(String, Bytes), SnapshotError> {
+    match postcard::to_stdvec(value) {
+        Ok(bytes) => Ok((part, Bytes::from(bytes))),
+        Err(e) => Err(SnapshotError::Codec {
+            part,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn decode<'a, T: Deserialize<'a>>(part: &str, bytes: &'a [u8]) -> Result<T, SnapshotError> {
+    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Codec {
+        part: part.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+impl Engine {
+    /// A consistent cut of the engine, as named parts (see the module
+    /// docs). Cheap enough to take every few seconds: it copies the queues
+    /// and state, it does not wait for anything.
+    pub fn checkpoint_parts(&self) -> Result<Vec<(String, Bytes)>, SnapshotError> {
+        let now = Instant::now();
+        // What bundles in flight took, per stage, oldest bundle first.
+        let mut flights: Vec<(&u64, &InFlight)> = self.in_flight.iter().collect();
+        flights.sort_by_key(|(id, _)| **id);
+        let mut parts = Vec::with_capacity(2 + 2 * self.stages.len());
+        parts.push(encode(
+            "engine".into(),
+            &EngineRecord {
+                version: SNAPSHOT_VERSION,
+                stage_names: self.plan.stages.iter().map(|s| s.name.clone()).collect(),
+                next_bundle: self.next_bundle,
+                clock_offset: self.clock_offset,
+                frozen_clock: self.frozen_clock,
+                bundles: self.summary.bundles,
+                peak_pending_bytes: self.summary.peak_pending_bytes as u64,
+                rerun_bundles: flights.iter().map(|(id, _)| **id).collect(),
+            },
+        )?);
+        for (idx, s) in self.stages.iter().enumerate() {
+            let mut pending = Vec::new();
+            let mut timers = s.timers.clone();
+            for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
+                pending.extend(flight.elements.iter().map(ElementRecord::of));
+                timers.restore(flight.fired_timers.clone());
+            }
+            pending.extend(s.pending.iter().map(ElementRecord::of));
+            let delayed = s
+                .delayed
+                .iter()
+                .map(|(at, e, hold)| {
+                    let wait = at.saturating_duration_since(now).as_millis() as u64;
+                    (wait, ElementRecord::of(e), *hold)
+                })
+                .collect();
+            parts.push(encode(
+                format!("stage/{idx}"),
+                &StageRecord {
+                    pending,
+                    delayed,
+                    grouping: s.grouping.as_ref().map(GroupingBuffer::snapshot),
+                    timers,
+                    input_wm: s.input_wm,
+                    output_wm: s.output_wm,
+                    impulse_done: s.impulse_done,
+                    stream_cursor: s.stream_cursor as u64,
+                    stream_wm: s.stream_wm,
+                    state_gc_wm: s.state_gc_wm,
+                    bundles_committed: s.counters.bundles_committed,
+                    elements_processed: s.counters.elements_processed,
+                    bytes_processed: s.counters.bytes_processed,
+                    elements_out: s.counters.elements_out,
+                    bytes_out: s.counters.bytes_out,
+                    throttled_ms: s.counters.throttled_ms(now),
+                },
+            )?);
+            let state: UserStateSnapshot = self.user_state[idx].lock().snapshot();
+            parts.push(encode(format!("user_state/{idx}"), &state)?);
+        }
+        let side_inputs: SideInputSnapshot = self.side_inputs.lock().snapshot();
+        parts.push(encode("side_inputs".into(), &side_inputs)?);
+        Ok(parts)
+    }
+
+    /// Continues from a checkpoint taken by [`Self::checkpoint_parts`] of
+    /// an engine running the same plan. Call before [`Self::run`].
+    pub fn restore(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
+        let part = |name: &str| {
+            parts
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| b)
+                .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
+        };
+        let engine: EngineRecord = decode("engine", part("engine")?)?;
+        if engine.version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::Mismatch(format!(
+                "it was written in format {}, this runner reads {SNAPSHOT_VERSION}",
+                engine.version
+            )));
+        }
+        let names: Vec<&str> = self.plan.stages.iter().map(|s| s.name.as_str()).collect();
+        if engine.stage_names != names {
+            return Err(SnapshotError::Mismatch(format!(
+                "its stages are [{}], the pipeline's are [{}]",
+                engine.stage_names.join(", "),
+                names.join(", ")
+            )));
+        }
+        let now = Instant::now();
+        for idx in 0..self.stages.len() {
+            let name = format!("stage/{idx}");
+            let record: StageRecord = decode(&name, part(&name)?)?;
+            let s = &mut self.stages[idx];
+            s.pending = Pending::default();
+            for e in record.pending {
+                s.pending.push_back(e.into_element());
+            }
+            s.delayed = record
+                .delayed
+                .into_iter()
+                .map(|(wait, e, hold)| (now + Duration::from_millis(wait), e.into_element(), hold))
+                .collect();
+            match (s.grouping.as_mut(), record.grouping) {
+                (Some(g), Some(snapshot)) => g.restore(snapshot),
+                (None, None) => {}
+                _ => {
+                    return Err(SnapshotError::Mismatch(format!(
+                        "stage {idx} is a grouping stage in one and not the other"
+                    )))
+                }
+            }
+            s.timers = record.timers;
+            s.input_wm = record.input_wm;
+            s.output_wm = record.output_wm;
+            s.impulse_done = record.impulse_done;
+            s.stream_cursor = record.stream_cursor as usize;
+            s.stream_wm = record.stream_wm;
+            s.state_gc_wm = record.state_gc_wm;
+            s.counters.bundles_committed = record.bundles_committed;
+            s.counters.elements_processed = record.elements_processed;
+            s.counters.bytes_processed = record.bytes_processed;
+            s.counters.elements_out = record.elements_out;
+            s.counters.bytes_out = record.bytes_out;
+            s.counters.throttled = Duration::from_millis(record.throttled_ms);
+            let name = format!("user_state/{idx}");
+            let state: UserStateSnapshot = decode(&name, part(&name)?)?;
+            self.user_state[idx].lock().restore(state);
+        }
+        let side_inputs: SideInputSnapshot = decode("side_inputs", part("side_inputs")?)?;
+        *self.side_inputs.lock() = crate::store::SideInputStore::restore(side_inputs);
+        self.next_bundle = engine.next_bundle;
+        self.clock_offset = engine.clock_offset;
+        self.frozen_clock = engine.frozen_clock;
+        self.summary.bundles = engine.bundles;
+        self.summary.peak_pending_bytes = engine.peak_pending_bytes as usize;
+        // Stages that had finished tell their side-input readers again.
+        for idx in 0..self.stages.len() {
+            if self.stages[idx].output_wm >= MAX_TIMESTAMP {
+                self.on_stage_finished(idx);
+            }
+        }
+        Ok(())
+    }
+}

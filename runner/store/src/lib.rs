@@ -1,0 +1,266 @@
+//! Durable storage for Refract: what a restarted runner needs to resume
+//! its jobs.
+//!
+//! Two things are kept per job: its *record* (an opaque blob the runner
+//! writes when the job is accepted: pipeline, options, staged artifacts)
+//! and its latest *checkpoint*, a set of named parts (one per piece of
+//! engine state: a stage's queue, its timers, its user state, ...).
+//!
+//! Checkpoints are incremental: a part whose bytes did not change since
+//! the job's previous checkpoint is not written again, only referenced by
+//! the new checkpoint's manifest. A checkpoint — its new parts, the
+//! manifest naming every part, and the deletion of the parts it replaced —
+//! is one atomic write, so a crash at any moment (even in the middle of a
+//! checkpoint) leaves the previous checkpoint whole, and only the latest
+//! checkpoint is ever kept.
+//!
+//! The logic is written once over a tiny key-value interface ([`Kv`]) with
+//! two backends: [`MemoryKv`] (tests, and servers without `--state_dir`)
+//! and [`RocksKv`] (RocksDB, synced writes).
+//!
+//! Key layout: `j/{job}` the record; `m/{job}` the manifest;
+//! `p/{job}/{part}/{version}` a part's bytes at the checkpoint that wrote it.
+
+mod kv;
+mod manifest;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+pub use kv::{Kv, MemoryKv, RocksKv};
+use manifest::{Manifest, PartRef};
+
+/// Why the store failed.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The backend failed (I/O, a corrupt database, a lock held by another
+    /// process).
+    #[error("state store: {0}")]
+    Backend(String),
+    /// Stored bytes are not what this version of Refract writes.
+    #[error("state store: corrupt {what}: {why}")]
+    Corrupt {
+        /// Which entry.
+        what: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// A job's latest checkpoint, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Its number: 1 for a job's first checkpoint, then one more each time.
+    pub id: u64,
+    /// The parts by name, in the order they were given.
+    pub parts: Vec<(String, Bytes)>,
+}
+
+/// What writing one checkpoint did, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// The checkpoint's number.
+    pub id: u64,
+    /// Parts in the checkpoint.
+    pub parts: usize,
+    /// Parts that changed and were written.
+    pub parts_written: usize,
+    /// Bytes written (changed parts and the manifest).
+    pub bytes_written: u64,
+    /// Bytes of the whole checkpoint (every part).
+    pub total_bytes: u64,
+    /// How long the write took.
+    pub duration: Duration,
+}
+
+/// Job records and checkpoints over a [`Kv`] backend.
+pub struct Store {
+    kv: Box<dyn Kv>,
+    /// Each job's last manifest, so a checkpoint need not read it back.
+    manifests: Mutex<HashMap<String, Manifest>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+fn job_key(job: &str) -> Vec<u8> {
+    format!("j/{job}").into_bytes()
+}
+
+fn manifest_key(job: &str) -> Vec<u8> {
+    format!("m/{job}").into_bytes()
+}
+
+fn part_key(job: &str, part: &str, version: u64) -> Vec<u8> {
+    format!("p/{job}/{part}/{version:020}").into_bytes()
+}
+
+impl Store {
+    /// A store over `kv`.
+    pub fn new(kv: impl Kv + 'static) -> Self {
+        Store {
+            kv: Box::new(kv),
+            manifests: Mutex::default(),
+        }
+    }
+
+    /// An in-memory store (nothing survives the process).
+    pub fn in_memory() -> Self {
+        Store::new(MemoryKv::default())
+    }
+
+    /// A RocksDB store in `dir` (created if missing).
+    pub fn open(dir: &std::path::Path) -> Result<Self, StoreError> {
+        Ok(Store::new(RocksKv::open(dir)?))
+    }
+
+    /// Saves `job`'s record (replacing an earlier one).
+    pub fn put_job(&self, job: &str, record: &[u8]) -> Result<(), StoreError> {
+        self.kv
+            .write(vec![(job_key(job), record.to_vec())], Vec::new())
+    }
+
+    /// Every job with a record, as `(id, record)`.
+    pub fn jobs(&self) -> Result<Vec<(String, Bytes)>, StoreError> {
+        Ok(self
+            .kv
+            .scan(b"j/")?
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8_lossy(&k[2..]).into_owned(), v))
+            .collect())
+    }
+
+    /// Forgets `job`: its record, manifest and parts.
+    pub fn remove_job(&self, job: &str) -> Result<(), StoreError> {
+        let mut deletes = vec![job_key(job), manifest_key(job)];
+        deletes.extend(
+            self.kv
+                .scan(format!("p/{job}/").as_bytes())?
+                .into_iter()
+                .map(|(k, _)| k),
+        );
+        self.manifests.lock().remove(job);
+        self.kv.write(Vec::new(), deletes)
+    }
+
+    /// The manifest of `job`'s latest checkpoint, from the cache or the
+    /// backend.
+    fn manifest(&self, job: &str) -> Result<Option<Manifest>, StoreError> {
+        if let Some(m) = self.manifests.lock().get(job) {
+            return Ok(Some(m.clone()));
+        }
+        match self.kv.get(&manifest_key(job))? {
+            Some(bytes) => Ok(Some(Manifest::decode(&bytes).map_err(|why| {
+                StoreError::Corrupt {
+                    what: format!("manifest of job {job}"),
+                    why,
+                }
+            })?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a checkpoint of `job` made of `parts` (unique names, no `/`
+    /// needed to be avoided), atomically; parts unchanged since the last
+    /// checkpoint are kept, not rewritten.
+    pub fn checkpoint(
+        &self,
+        job: &str,
+        parts: &[(String, Bytes)],
+    ) -> Result<CheckpointStats, StoreError> {
+        let started = Instant::now();
+        let previous = self.manifest(job)?;
+        let id = previous.as_ref().map_or(1, |m| m.id + 1);
+        let old: HashMap<&str, &PartRef> = previous
+            .as_ref()
+            .map(|m| m.parts.iter().map(|p| (p.name.as_str(), p)).collect())
+            .unwrap_or_default();
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        let mut refs = Vec::with_capacity(parts.len());
+        let mut bytes_written = 0u64;
+        let mut total_bytes = 0u64;
+        for (name, data) in parts {
+            let digest: [u8; 32] = Sha256::digest(data).into();
+            total_bytes += data.len() as u64;
+            match old.get(name.as_str()) {
+                Some(p) if p.digest == digest => refs.push((*p).clone()),
+                unchanged_or_new => {
+                    if let Some(p) = unchanged_or_new {
+                        deletes.push(part_key(job, name, p.version));
+                    }
+                    bytes_written += data.len() as u64;
+                    puts.push((part_key(job, name, id), data.to_vec()));
+                    refs.push(PartRef {
+                        name: name.clone(),
+                        version: id,
+                        digest,
+                    });
+                }
+            }
+        }
+        // Parts the new checkpoint no longer has.
+        let names: std::collections::HashSet<&str> =
+            parts.iter().map(|(n, _)| n.as_str()).collect();
+        for (name, p) in &old {
+            if !names.contains(name) {
+                deletes.push(part_key(job, name, p.version));
+            }
+        }
+        let manifest = Manifest { id, parts: refs };
+        let encoded = manifest.encode();
+        bytes_written += encoded.len() as u64;
+        let parts_written = puts.len();
+        puts.push((manifest_key(job), encoded));
+        self.kv.write(puts, deletes)?;
+        self.manifests.lock().insert(job.to_string(), manifest);
+        Ok(CheckpointStats {
+            id,
+            parts: parts.len(),
+            parts_written,
+            bytes_written,
+            total_bytes,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// `job`'s latest complete checkpoint, if it has one.
+    pub fn latest_checkpoint(&self, job: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let Some(manifest) = self.manifest(job)? else {
+            return Ok(None);
+        };
+        let mut parts = Vec::with_capacity(manifest.parts.len());
+        for p in &manifest.parts {
+            let data = self
+                .kv
+                .get(&part_key(job, &p.name, p.version))?
+                .ok_or_else(|| StoreError::Corrupt {
+                    what: format!("checkpoint {} of job {job}", manifest.id),
+                    why: format!("part '{}' (version {}) is missing", p.name, p.version),
+                })?;
+            let digest: [u8; 32] = Sha256::digest(&data).into();
+            if digest != p.digest {
+                return Err(StoreError::Corrupt {
+                    what: format!("checkpoint {} of job {job}", manifest.id),
+                    why: format!("part '{}' does not match its digest", p.name),
+                });
+            }
+            parts.push((p.name.clone(), data));
+        }
+        Ok(Some(Checkpoint {
+            id: manifest.id,
+            parts,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests;
