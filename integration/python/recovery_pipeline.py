@@ -10,7 +10,8 @@ end of the window. A sink writes one file per (window, key) — named after
 them, so writing it again writes the same file.
 
     python recovery_pipeline.py --job_endpoint HOST:PORT --output DIR
-        --events N --boot PATH/python_boot.sh
+        --events N --boot PATH/python_boot.sh [--experiments E ...]
+        [--per_step K --pause SECONDS]
 
 prints the job id and exits without waiting for the job.
 """
@@ -46,7 +47,12 @@ class EventRange(beam.RestrictionProvider):
 
 
 class NumberedEvents(beam.DoFn):
-  """Emits 0..n-1, PER_STEP numbers per step, then defers the rest."""
+  """Emits 0..n-1, `per_step` numbers per step, then defers the rest for
+  `pause` seconds."""
+  def __init__(self, per_step=PER_STEP, pause=0.05):
+    self.per_step = per_step
+    self.pause = pause
+
   @beam.DoFn.unbounded_per_element()
   def process(
       self,
@@ -55,7 +61,7 @@ class NumberedEvents(beam.DoFn):
       estimator=beam.DoFn.WatermarkEstimatorParam(
           ManualWatermarkEstimator.default_provider())):
     position = tracker.current_restriction().start
-    end = min(position + PER_STEP, tracker.current_restriction().stop)
+    end = min(position + self.per_step, tracker.current_restriction().stop)
     while position < end:
       if not tracker.try_claim(position):
         return
@@ -64,7 +70,7 @@ class NumberedEvents(beam.DoFn):
       estimator.set_watermark(ts)
       position += 1
     if position < tracker.current_restriction().stop:
-      tracker.defer_remainder(Duration(seconds=0.05))
+      tracker.defer_remainder(Duration(seconds=self.pause))
 
 
 class DedupCount(beam.DoFn):
@@ -119,6 +125,9 @@ def main():
   parser.add_argument('--output', required=True)
   parser.add_argument('--events', type=int, required=True)
   parser.add_argument('--boot', required=True)
+  parser.add_argument('--experiments', action='append', default=[])
+  parser.add_argument('--per_step', type=int, default=PER_STEP)
+  parser.add_argument('--pause', type=float, default=0.05)
   args = parser.parse_args()
   options = PipelineOptions([
       '--runner=PortableRunner',
@@ -126,12 +135,12 @@ def main():
       '--streaming',
       '--environment_type=PROCESS',
       '--environment_config=' + json.dumps({'command': args.boot}),
-  ])
+  ] + ['--experiments=' + e for e in args.experiments])
   p = beam.Pipeline(options=options)
   _ = (
       p
       | beam.Create([args.events])
-      | 'Events' >> beam.ParDo(NumberedEvents())
+      | 'Events' >> beam.ParDo(NumberedEvents(args.per_step, args.pause))
       | 'Key' >> beam.Map(lambda i: (i % 3, i))
       | beam.WindowInto(window.FixedWindows(1))
       | 'DedupCount' >> beam.ParDo(DedupCount())

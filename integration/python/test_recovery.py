@@ -6,7 +6,9 @@ counts and sums in user state, writing one result file per window and key.
 It runs once straight through, and once with the runner killed (SIGKILL) at
 random moments and started again on the same --state_dir; both must write
 exactly the results the model predicts: no number lost, none counted twice.
-The same again with an SDK harness process killed instead of the runner.
+The same again with an SDK harness process killed instead of the runner,
+and with the job stopped with a savepoint (`refract savepoint --stop`) and
+the pipeline started again from it.
 """
 
 import json
@@ -52,11 +54,11 @@ def read_results(output):
   return results
 
 
-def submit(endpoint, output):
+def submit(endpoint, output, *experiments, events=EVENTS):
   done = subprocess.run([
       sys.executable, PIPELINE, '--job_endpoint', endpoint, '--output',
-      str(output), '--events', str(EVENTS), '--boot', BOOT
-  ],
+      str(output), '--events', str(events), '--boot', BOOT
+  ] + ['--experiments=' + e for e in experiments],
                         capture_output=True,
                         text=True,
                         timeout=120)
@@ -81,6 +83,15 @@ def wait_for_end(server, job_id, timeout_s=180):
     time.sleep(0.3)
   raise AssertionError('job %s did not end within %ss; log:\n%s' %
                        (job_id, timeout_s, server.log_tail()))
+
+
+def wait_for_results(output, server, timeout_s=60):
+  """Waits until the job wrote its first result: it is under way, its
+  workers are up and its windows are closing."""
+  deadline = time.monotonic() + timeout_s
+  while not any(n.endswith('.json') for n in os.listdir(output)):
+    assert time.monotonic() < deadline, server.log_tail()
+    time.sleep(0.1)
 
 
 def durable_server(refract_bin, state_dir, port, log):
@@ -133,14 +144,19 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   state_dir = tmp_path / 'state'
   port = free_port()
   rng = random.Random(os.environ.get('REFRACT_RECOVERY_SEED', '7'))
+  # Long enough for several kills and restarts before the end.
+  events = 3 * EVENTS
   servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
   request.node.refract_processes = servers
   try:
-    job = submit(servers[-1].endpoint, output)
+    job = submit(servers[-1].endpoint, output, events=events)
+    wait_for_results(output, servers[-1])
     kills = 0
     for attempt in range(3):
-      time.sleep(rng.uniform(0.8, 2.5))
-      if job_state(servers[-1].endpoint, job) != 'RUNNING':
+      time.sleep(rng.uniform(0.3, 1.5))
+      state = job_state(servers[-1].endpoint, job)
+      if state != 'RUNNING':
+        assert state == 'DONE', servers[-1].log_tail()
         break
       servers[-1].proc.send_signal(signal.SIGKILL)
       servers[-1].proc.wait()
@@ -157,7 +173,7 @@ def test_runner_killed_and_restarted_gives_the_same_results(
     for s in servers:
       s.stop()
       kill_group(s)
-  assert read_results(output) == expected_results(EVENTS)
+  assert read_results(output) == expected_results(events)
 
 
 def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
@@ -181,3 +197,45 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
   finally:
     server.stop()
   assert read_results(output) == expected_results(EVENTS)
+
+
+def test_stop_with_savepoint_and_start_again_gives_the_same_results(
+    request, refract_bin, tmp_path):
+  output = tmp_path / 'out'
+  output.mkdir()
+  ui_port = free_port()
+  server = RefractServer(
+      refract_bin, tmp_path / 'refract.log',
+      extra_args=['--ui_port', ui_port]).wait_ready()
+  request.node.refract_processes = [server]
+  savepoint = tmp_path / 'job.savepoint'
+  # Long enough that the savepoint lands well before the end.
+  events = 3 * EVENTS
+  try:
+    job = submit(server.endpoint, output, events=events)
+    wait_for_results(output, server)
+    done = subprocess.run([
+        refract_bin, 'savepoint', job, '--path', str(savepoint), '--stop',
+        '--ui_endpoint', '127.0.0.1:%d' % ui_port
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert 'written to %s' % savepoint in done.stdout, done.stdout
+    assert wait_for_end(server, job) == 'CANCELLED'
+    assert read_results(output) != expected_results(events), (
+        'the job ended before its savepoint; nothing left to resume')
+    again = submit(
+        server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
+    assert wait_for_end(server, again) == 'DONE', server.log_tail()
+    # A bad savepoint fails the job at its start, with the reason.
+    savepoint.write_bytes(b'not a savepoint')
+    bad = submit(
+        server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
+    assert wait_for_end(server, bad) == 'FAILED'
+    assert 'not a Refract savepoint' in server.log_tail(100000)
+  finally:
+    server.stop()
+    kill_group(server)
+  assert read_results(output) == expected_results(events)

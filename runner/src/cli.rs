@@ -42,6 +42,10 @@ pub enum Command {
     Status(JobArgs),
     /// Print a job's messages (its log as the SDK sees it).
     Logs(LogsArgs),
+    /// Write a savepoint of a running job to a file (through the server's
+    /// web UI port); with --stop, end the job right after it. Start the
+    /// same pipeline from it with `--experiments=refract_savepoint=FILE`.
+    Savepoint(SavepointArgs),
     /// Run a Python pipeline on Refract: on the server at --job_endpoint,
     /// else on one listening at localhost:8073, else on one started for the
     /// run. Shows each stage's progress, then the job's metrics.
@@ -65,6 +69,22 @@ pub struct RunArgs {
     /// `--runner`, `--job_endpoint` and `--environment_type` are set).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub pipeline_args: Vec<String>,
+}
+
+/// Flags of `refract savepoint`.
+#[derive(Debug, Clone, Args)]
+pub struct SavepointArgs {
+    /// The job's id.
+    pub job_id: String,
+    /// The file to write (made absolute against the current directory).
+    #[arg(long = "path")]
+    pub path: PathBuf,
+    /// End the job (CANCELLED) right after the savepoint.
+    #[arg(long)]
+    pub stop: bool,
+    /// The server's web UI address (`host:port`; see `serve --ui_port`).
+    #[arg(long = "ui_endpoint", default_value = "localhost:8074")]
+    pub ui_endpoint: String,
 }
 
 /// Which server a command talks to.

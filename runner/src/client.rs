@@ -13,7 +13,7 @@ use refract_proto::job_api::{
 };
 use refract_proto::tonic::transport::Channel;
 
-use crate::cli::{JobArgs, LogsArgs, ServerArgs};
+use crate::cli::{JobArgs, LogsArgs, SavepointArgs, ServerArgs};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
@@ -218,4 +218,47 @@ pub async fn logs(args: LogsArgs) -> Result<()> {
             None => {}
         }
     }
+}
+
+/// Ask the server (on its web UI port) for a savepoint of a running job,
+/// and print where it went.
+pub async fn savepoint(args: SavepointArgs) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = std::path::absolute(&args.path)
+        .with_context(|| format!("resolving {}", args.path.display()))?;
+    let body = path.to_string_lossy().into_owned();
+    let target = format!(
+        "/api/jobs/{}/savepoint{}",
+        args.job_id,
+        if args.stop { "?stop=true" } else { "" }
+    );
+    let mut stream = tokio::net::TcpStream::connect(&args.ui_endpoint)
+        .await
+        .with_context(|| format!("connecting to the web UI at {}", args.ui_endpoint))?;
+    let request = format!(
+        "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        args.ui_endpoint,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, text) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(anyhow!(
+            "savepoint of job {} failed ({status}): {text}",
+            args.job_id
+        ));
+    }
+    let answer: serde_json::Value =
+        serde_json::from_str(text).with_context(|| format!("reading the answer: {text}"))?;
+    println!(
+        "savepoint of {} written to {} ({} bytes){}",
+        args.job_id,
+        answer["path"].as_str().unwrap_or_default(),
+        answer["bytes"],
+        if args.stop { "; job stopped" } else { "" }
+    );
+    Ok(())
 }

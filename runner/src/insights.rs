@@ -8,12 +8,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
+use refract_engine::manager::SavepointRequest;
 use refract_engine::manager::StageStats;
 use refract_jobservice::Job;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_store::CheckpointStats;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::harness_executor::WorkerSet;
 use crate::telemetry::histogram::LatencyHistogram;
@@ -28,6 +30,8 @@ pub struct JobView {
     workers: Mutex<Vec<Arc<WorkerSet>>>,
     /// Its checkpoints so far.
     checkpoints: Mutex<CheckpointSummary>,
+    /// Where to ask the running engine for a savepoint.
+    savepoints: Mutex<Option<mpsc::Sender<SavepointRequest>>>,
 }
 
 /// A job's checkpoints, for the UI and the metrics.
@@ -107,6 +111,28 @@ impl JobView {
         c.last = Some(stats);
     }
 
+    /// Lets [`Self::savepoint`] reach the job's engine (`None` when it
+    /// stops).
+    pub(crate) fn set_savepoint_channel(&self, tx: Option<mpsc::Sender<SavepointRequest>>) {
+        *self.savepoints.lock() = tx;
+    }
+
+    /// A checkpoint of the running job taken now, as parts for a savepoint
+    /// file; with `stop`, the job ends (CANCELLED) right after it.
+    pub async fn savepoint(&self, stop: bool) -> Result<Vec<(String, Bytes)>, String> {
+        let Some(tx) = self.savepoints.lock().clone() else {
+            return Err(format!("job {} is not running", self.id()));
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tx.send(SavepointRequest { stop, reply })
+            .await
+            .map_err(|_| format!("job {} is not running", self.id()))?;
+        answer
+            .await
+            .map_err(|_| format!("job {} ended before its savepoint", self.id()))?
+            .map_err(|e| e.to_string())
+    }
+
     /// Notes that the job checkpoints.
     pub fn enable_checkpoints(&self) {
         self.checkpoints.lock().enabled = true;
@@ -160,6 +186,7 @@ impl Insights {
             latency: Mutex::default(),
             workers: Mutex::default(),
             checkpoints: Mutex::default(),
+            savepoints: Mutex::default(),
         });
         self.jobs.lock().insert(job.id().to_string(), view.clone());
         (view, tx)

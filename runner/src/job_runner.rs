@@ -26,12 +26,18 @@ use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
 use crate::insights::{Insights, JobView};
-use crate::options::{has_experiment, option_bool, option_usize};
+use crate::options::{experiment_value, has_experiment, option_bool, option_usize};
 use crate::telemetry::{BundleRecorder, OtlpExport};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
 pub const DRAIN_ON_START: &str = "drain_on_start";
+
+/// The experiment that starts a job from a savepoint file:
+/// `--experiments=refract_savepoint=/path/to/file` (documented in
+/// docs/operations.md). The pipeline must be the one the savepoint was
+/// taken of.
+pub const SAVEPOINT_EXPERIMENT: &str = "refract_savepoint";
 
 /// Why a job could not run.
 #[derive(Debug, Error)]
@@ -293,7 +299,7 @@ async fn run_job(
     } = watchers;
     // Recorded before anything runs, so that a crash from here on leaves
     // a job to resume; a recovered job finds its latest checkpoint.
-    let latest_checkpoint = match &durability {
+    let mut latest_checkpoint = match &durability {
         Some(durability) => {
             let (store, recorded) = (durability.clone(), job.clone());
             tokio::task::spawn_blocking(move || {
@@ -305,6 +311,23 @@ async fn run_job(
         }
         None => None,
     };
+    // A new job asked to start from a savepoint (a recovered job's own
+    // checkpoint is newer, and wins).
+    if let (None, Some(path)) = (
+        &latest_checkpoint,
+        experiment_value(job.options(), SAVEPOINT_EXPERIMENT),
+    ) {
+        let file = std::path::PathBuf::from(&path);
+        let parts = tokio::task::spawn_blocking(move || refract_store::read_savepoint(&file))
+            .await
+            .map_err(|e| EngineError::InvalidPlan(format!("reading the savepoint: {e}")))?
+            .map_err(DurabilityError::from)?;
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!("starting from savepoint {path}"),
+        );
+        latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
+    }
     let streaming = option_bool(job.options(), "streaming");
     let translated = translate(
         job.pipeline(),
@@ -457,10 +480,9 @@ async fn run_job(
         )?
         .with_drain(job.drain_requested())
         .with_stats(stats);
-        let mut checkpoint_writer = None;
-        if let Some(durability) = &durability {
-            if let Some(checkpoint) = latest_checkpoint {
-                engine.restore(&checkpoint.parts)?;
+        if let Some(checkpoint) = latest_checkpoint {
+            engine.restore(&checkpoint.parts)?;
+            if checkpoint.id > 0 {
                 view.observe_restore(checkpoint.id);
                 info!(
                     checkpoint = checkpoint.id,
@@ -471,12 +493,20 @@ async fn run_job(
                     format!("resumed from checkpoint {}", checkpoint.id),
                 );
             }
+        }
+        let mut checkpoint_writer = None;
+        if let Some(durability) = &durability {
             view.enable_checkpoints();
             let (tx, task) = durability.checkpoint_writer(job.id(), view.clone());
             engine = engine.with_checkpoints(durability.interval(), tx);
             checkpoint_writer = Some(task);
         }
-        let summary = engine.run(job.cancel_requested()).await?;
+        let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);
+        engine = engine.with_savepoints(savepoint_rx);
+        view.set_savepoint_channel(Some(savepoint_tx));
+        let summary = engine.run(job.cancel_requested()).await;
+        view.set_savepoint_channel(None);
+        let summary = summary?;
         if let Some(task) = checkpoint_writer {
             // The engine dropped its sender: the task ends after the
             // checkpoint in hand, if any, is written.

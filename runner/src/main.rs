@@ -73,6 +73,7 @@ fn main() -> Result<()> {
         Some(Command::Jobs(server)) => return block_on(client::jobs(server)),
         Some(Command::Status(job)) => return block_on(client::status(job)),
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
+        Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
         Some(Command::Run(run)) => {
             // An embedded server's routine logs would bury the progress.
             tracing_subscriber::fmt()

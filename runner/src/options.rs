@@ -41,6 +41,20 @@ pub(crate) fn has_experiment(options: &prost_types::Struct, experiment: &str) ->
         .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
 }
 
+/// The value of an `--experiments` entry `name=value`.
+pub(crate) fn experiment_value(options: &prost_types::Struct, name: &str) -> Option<String> {
+    let Some(Kind::ListValue(list)) = value(options, "experiments") else {
+        return None;
+    };
+    list.values.iter().find_map(|v| match &v.kind {
+        Some(Kind::StringValue(s)) => s
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('='))
+            .map(str::to_string),
+        _ => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,9 +77,14 @@ mod tests {
             (
                 "experiments",
                 Kind::ListValue(ListValue {
-                    values: vec![Value {
-                        kind: Some(Kind::StringValue("drain_on_start".into())),
-                    }],
+                    values: vec![
+                        Value {
+                            kind: Some(Kind::StringValue("drain_on_start".into())),
+                        },
+                        Value {
+                            kind: Some(Kind::StringValue("refract_savepoint=/tmp/a=b".into())),
+                        },
+                    ],
                 }),
             ),
         ]);
@@ -75,5 +94,10 @@ mod tests {
         assert_eq!(option_usize(&o, "missing"), None);
         assert!(has_experiment(&o, "drain_on_start"));
         assert!(!has_experiment(&o, "other"));
+        assert_eq!(
+            experiment_value(&o, "refract_savepoint").as_deref(),
+            Some("/tmp/a=b")
+        );
+        assert_eq!(experiment_value(&o, "drain_on_start"), None);
     }
 }

@@ -12,13 +12,14 @@
 //! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}` (state,
 //! metrics, stages), `GET /api/jobs/{id}/logs` (the job's messages: runner
 //! events and harness log lines), `POST /api/jobs/{id}/cancel`,
-//! `POST /api/jobs/{id}/drain`, `GET /metrics`.
+//! `POST /api/jobs/{id}/drain`, `POST /api/jobs/{id}/savepoint[?stop=true]`
+//! (body: an absolute file path), `GET /metrics`.
 
 pub mod prometheus;
 
 use std::future::Future;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -239,9 +240,15 @@ async fn job_logs(
 
 /// `cancel` or `drain`, as the Job API's calls of those names.
 async fn act_on_job(
-    State(Ui { channel, .. }): State<Ui>,
+    State(Ui { channel, insights }): State<Ui>,
     Path((id, action)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    body: String,
 ) -> Result<Response, ApiError> {
+    if action == "savepoint" {
+        let stop = query.as_deref() == Some("stop=true");
+        return Ok(savepoint(&insights, &id, body.trim(), stop).await);
+    }
     let mut client = JobServiceClient::new(channel);
     let state = match action.as_str() {
         "cancel" => {
@@ -269,6 +276,40 @@ async fn act_on_job(
         }
     };
     Ok(json_response(json!({"id": id, "state": state_name(state)})))
+}
+
+/// Writes a savepoint of running job `id` to `path` (absolute), and with
+/// `stop` ends the job right after it.
+async fn savepoint(insights: &Insights, id: &str, path: &str, stop: bool) -> Response {
+    let Some(view) = insights.job(id) else {
+        return (StatusCode::NOT_FOUND, format!("no job with id {id}")).into_response();
+    };
+    let file = std::path::PathBuf::from(path);
+    if !file.is_absolute() {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("the savepoint path must be absolute, not '{path}'"),
+        )
+            .into_response();
+    }
+    let parts = match view.savepoint(stop).await {
+        Ok(parts) => parts,
+        Err(why) => return (StatusCode::CONFLICT, why).into_response(),
+    };
+    let count = parts.len();
+    let target = file.clone();
+    match tokio::task::spawn_blocking(move || refract_store::write_savepoint(&target, &parts)).await
+    {
+        Ok(Ok(bytes)) => json_response(json!({
+            "id": id,
+            "path": file.display().to_string(),
+            "bytes": bytes,
+            "parts": count,
+            "stopped": stop,
+        })),
+        Ok(Err(error)) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
 }
 
 async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response, ApiError> {

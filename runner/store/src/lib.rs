@@ -23,6 +23,7 @@
 
 mod kv;
 mod manifest;
+pub mod savepoint;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ use thiserror::Error;
 
 pub use kv::{Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
+pub use savepoint::{read_savepoint, write_savepoint};
 
 /// Why the store failed.
 #[derive(Debug, Error)]

@@ -237,6 +237,19 @@ pub struct Engine {
     last_published: Option<Instant>,
     /// Where checkpoints go, and how often.
     checkpoints: Option<CheckpointSink>,
+    /// Requests for a checkpoint now (savepoints).
+    savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+}
+
+/// A request for a checkpoint of the running engine, answered with its
+/// parts (see [`Engine::with_savepoints`]).
+#[derive(Debug)]
+pub struct SavepointRequest {
+    /// End the run (as cancelled) right after the checkpoint, so that
+    /// nothing happens between the savepoint and the stop.
+    pub stop: bool,
+    /// Where the parts go.
+    pub reply: tokio::sync::oneshot::Sender<Result<Vec<(String, Bytes)>, SnapshotError>>,
 }
 
 /// Where a running engine sends its checkpoints (see [`Engine::with_checkpoints`]).
@@ -363,6 +376,7 @@ impl Engine {
             stats: None,
             last_published: None,
             checkpoints: None,
+            savepoints: None,
         })
     }
 
@@ -388,6 +402,14 @@ impl Engine {
             tx,
             last: Instant::now(),
         });
+        self
+    }
+
+    /// Answer each request on `requests` with a checkpoint of the engine as
+    /// it is when the request is seen (between two commits), for
+    /// savepoints.
+    pub fn with_savepoints(mut self, requests: mpsc::Receiver<SavepointRequest>) -> Self {
+        self.savepoints = Some(requests);
         self
     }
 
@@ -418,6 +440,7 @@ impl Engine {
     ) -> Result<RunSummary, EngineError> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
         let mut drain = self.drain.take();
+        let mut savepoints = self.savepoints.take();
         loop {
             if *cancel.borrow() {
                 return Err(EngineError::Cancelled);
@@ -482,6 +505,25 @@ impl Engine {
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
                         return Err(EngineError::Cancelled);
+                    }
+                }
+                request = async {
+                    match savepoints.as_mut() {
+                        Some(requests) => requests.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    match request {
+                        Some(SavepointRequest { stop, reply }) => {
+                            let taken = self.checkpoint_parts();
+                            let stopping = stop && taken.is_ok();
+                            let _ = reply.send(taken);
+                            if stopping {
+                                info!("stopped after a savepoint");
+                                return Err(EngineError::Cancelled);
+                            }
+                        }
+                        None => savepoints = None,
                     }
                 }
                 _ = async {

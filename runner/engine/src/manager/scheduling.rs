@@ -108,13 +108,22 @@ impl Engine {
                     !s.pending.is_empty()
                 };
                 // Elements that already arrived are processed before any
-                // timer fires, so a timer cannot overtake data that would
-                // have reset or cleared it.
-                let fired = if families.is_empty() || has_input {
+                // timer they could precede fires, so a timer cannot overtake
+                // data that would have reset or cleared it. In batch that
+                // is all waiting input; in streaming, where input may never
+                // stop, only waiting elements at or before a timer's time
+                // hold it back (processing-time timers wait for the queue
+                // to empty), so that event-time timers are not starved.
+                let last = expiration.as_ref().map(|(t, f)| (t.as_str(), f.as_str()));
+                let fired = if families.is_empty() {
                     Vec::new()
-                } else {
-                    let last = expiration.as_ref().map(|(t, f)| (t.as_str(), f.as_str()));
+                } else if !has_input {
                     s.timers.take_ready(s.input_wm, now, last)
+                } else if streaming {
+                    let before_waiting = s.pending.hold().map_or(s.input_wm, |h| h.min(s.input_wm));
+                    s.timers.take_ready(before_waiting, MIN_TIMESTAMP, last)
+                } else {
+                    Vec::new()
                 };
                 if !has_input && fired.is_empty() {
                     break;

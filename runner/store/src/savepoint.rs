@@ -1,0 +1,131 @@
+//! Savepoints: a job's checkpoint written to a file of its own, to stop
+//! the job and start the same pipeline from it later (on this server or
+//! another one).
+//!
+//! Format: magic `RFSP1`, part count (u32 LE), then per part its name
+//! length (u32 LE), name, data length (u64 LE) and data, and last the
+//! SHA-256 of everything before it. The file is written beside its final
+//! path and renamed into place, so a savepoint is either whole or absent.
+
+use std::io::Write;
+use std::path::Path;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use crate::StoreError;
+
+const MAGIC: &[u8; 5] = b"RFSP1";
+
+fn io(path: &Path, what: &str, e: std::io::Error) -> StoreError {
+    StoreError::Backend(format!("{what} savepoint {}: {e}", path.display()))
+}
+
+fn corrupt(path: &Path, why: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        what: format!("savepoint {}", path.display()),
+        why: why.into(),
+    }
+}
+
+/// Writes `parts` as a savepoint at `path`; returns its size in bytes.
+pub fn write_savepoint(path: &Path, parts: &[(String, Bytes)]) -> Result<u64, StoreError> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    for (name, data) in parts {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    let tmp = path.with_extension("partial");
+    let mut file = std::fs::File::create(&tmp).map_err(|e| io(path, "creating", e))?;
+    file.write_all(&out).map_err(|e| io(path, "writing", e))?;
+    file.sync_all().map_err(|e| io(path, "syncing", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, "renaming", e))?;
+    Ok(out.len() as u64)
+}
+
+/// Reads the savepoint at `path`.
+pub fn read_savepoint(path: &Path) -> Result<Vec<(String, Bytes)>, StoreError> {
+    let bytes = std::fs::read(path).map_err(|e| io(path, "reading", e))?;
+    if bytes.len() < MAGIC.len() + 4 + 32 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(corrupt(path, "not a Refract savepoint"));
+    }
+    let (body, digest) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != digest {
+        return Err(corrupt(
+            path,
+            "its checksum does not match (truncated or altered)",
+        ));
+    }
+    let body = Bytes::copy_from_slice(body);
+    let mut at = MAGIC.len();
+    let take = |at: &mut usize, n: usize| -> Result<Bytes, StoreError> {
+        if body.len() < *at + n {
+            return Err(corrupt(path, "truncated part"));
+        }
+        let slice = body.slice(*at..*at + n);
+        *at += n;
+        Ok(slice)
+    };
+    let count = u32::from_le_bytes(
+        take(&mut at, 4)?
+            .as_ref()
+            .try_into()
+            .map_err(|_| corrupt(path, "count"))?,
+    );
+    let mut parts = Vec::with_capacity((count as usize).min(1 << 16));
+    for _ in 0..count {
+        let len = u32::from_le_bytes(
+            take(&mut at, 4)?
+                .as_ref()
+                .try_into()
+                .map_err(|_| corrupt(path, "name length"))?,
+        );
+        let name = String::from_utf8(take(&mut at, len as usize)?.to_vec())
+            .map_err(|_| corrupt(path, "a part name is not UTF-8"))?;
+        let len = u64::from_le_bytes(
+            take(&mut at, 8)?
+                .as_ref()
+                .try_into()
+                .map_err(|_| corrupt(path, "data length"))?,
+        );
+        let len = usize::try_from(len).map_err(|_| corrupt(path, "part too large"))?;
+        parts.push((name, take(&mut at, len)?));
+    }
+    if at != body.len() {
+        return Err(corrupt(path, "bytes after the last part"));
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn savepoints_round_trip_and_damage_is_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.savepoint");
+        let parts = vec![
+            ("engine".to_string(), Bytes::from_static(b"e")),
+            ("stage/0".to_string(), Bytes::from(vec![7u8; 1000])),
+            ("empty".to_string(), Bytes::new()),
+        ];
+        let size = write_savepoint(&path, &parts).unwrap();
+        assert_eq!(size, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(read_savepoint(&path).unwrap(), parts);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = read_savepoint(&path).unwrap_err().to_string();
+        assert!(error.contains("checksum"), "{error}");
+        std::fs::write(&path, b"hello").unwrap();
+        let error = read_savepoint(&path).unwrap_err().to_string();
+        assert!(error.contains("not a Refract savepoint"), "{error}");
+    }
+}
