@@ -170,8 +170,8 @@ impl Store {
         }
     }
 
-    /// Writes a checkpoint of `job` made of `parts` (unique names, no `/`
-    /// needed to be avoided), atomically; parts unchanged since the last
+    /// Writes a checkpoint of `job` made of `parts` (names unique within
+    /// the checkpoint), atomically; parts unchanged since the last
     /// checkpoint are kept, not rewritten.
     pub fn checkpoint(
         &self,

@@ -414,23 +414,26 @@ impl Engine {
     }
 
     /// Takes a checkpoint if one is due.
-    fn maybe_checkpoint(&mut self) -> Result<(), EngineError> {
+    fn maybe_checkpoint(&mut self) {
         let Some(sink) = &self.checkpoints else {
-            return Ok(());
+            return;
         };
         if sink.last.elapsed() < sink.every {
-            return Ok(());
+            return;
         }
-        let parts = self
-            .checkpoint_parts()
-            .map_err(|e| EngineError::InvalidPlan(e.to_string()))?;
+        let parts = self.checkpoint_parts();
         if let Some(sink) = &mut self.checkpoints {
             sink.last = Instant::now();
-            if let Err(mpsc::error::TrySendError::Full(_)) = sink.tx.try_send(parts) {
-                debug!("previous checkpoint still being written; skipping this one");
+            match parts {
+                Ok(parts) => {
+                    if let Err(mpsc::error::TrySendError::Full(_)) = sink.tx.try_send(parts) {
+                        debug!("previous checkpoint still being written; skipping this one");
+                    }
+                }
+                // The job goes on; the previous checkpoint stays the latest.
+                Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
             }
         }
-        Ok(())
     }
 
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.
@@ -460,7 +463,7 @@ impl Engine {
             self.advance()?;
             self.schedule(&tx)?;
             self.publish_stats(false);
-            self.maybe_checkpoint()?;
+            self.maybe_checkpoint();
             if self.idle() && self.step_test_streams()? {
                 continue;
             }

@@ -56,7 +56,7 @@ impl ElementRecord {
     fn of(e: &DecodedElement) -> Self {
         ElementRecord {
             header: e.header.clone(),
-            value_offset: (e.encoded.len() - e.value.len()) as u32,
+            value_offset: e.encoded.len().saturating_sub(e.value.len()) as u32,
             encoded: e.encoded.clone(),
         }
     }
