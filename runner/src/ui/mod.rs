@@ -348,13 +348,13 @@ fn checkpoints_json(c: CheckpointSummary) -> Value {
         (false, _) => "None: this server keeps state in memory (start it with --state_dir to checkpoint).".to_string(),
         (true, None) => "None yet: the first one is taken after --checkpoint_interval.".to_string(),
         (true, Some(s)) => format!(
-            "{} taken, the latest #{} ({} of {} parts changed, {} bytes written, {} bytes in all, {:.1} ms).",
+            "{} taken; the latest, #{}, holds {} bytes of state in {} parts, of which {} changed ({} bytes written with its manifest, in {:.1} ms).",
             c.taken,
             s.id,
-            s.parts_written,
-            s.parts,
-            s.bytes_written,
             s.total_bytes,
+            s.parts,
+            s.parts_written,
+            s.bytes_written,
             s.duration.as_secs_f64() * 1000.0
         ),
     };
