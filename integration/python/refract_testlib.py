@@ -112,10 +112,11 @@ class RefractServer(RefractProcess):
     ] + list(extra)
 
 
-def ui_server(refract_bin, log_path):
-  """A `refract serve` with its web UI on a free port: (server, UI base URL).
-  The caller waits for it to be ready and stops it."""
+def ui_server(refract_bin, log_path, extra_args=()):
+  """A `refract serve` with its web UI on a free port (and `extra_args`):
+  (server, UI base URL). The caller waits for it to be ready and stops it."""
   ui_port = free_port()
   server = RefractServer(
-      refract_bin, log_path, extra_args=['--ui_port', str(ui_port)])
+      refract_bin, log_path,
+      extra_args=['--ui_port', str(ui_port)] + list(extra_args))
   return server, 'http://127.0.0.1:%d' % ui_port

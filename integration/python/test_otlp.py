@@ -18,7 +18,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from refract_testlib import RefractProcess, RefractServer, free_port
+from refract_testlib import RefractProcess, free_port, ui_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.path.join(os.path.dirname(HERE), 'otel', 'build-collector.sh')
@@ -99,15 +99,11 @@ def test_metrics_and_traces_reach_an_otlp_collector(request, refract_bin,
   config.write_text(CONFIG % otlp_port)
   collector = RefractProcess([collector_binary(), '--config', config],
                              tmp_path / 'otelcol.log')
-  ui_port = free_port()
   monkeypatch.setenv('OTEL_METRIC_EXPORT_INTERVAL', '500')
-  server = RefractServer(
+  server, ui = ui_server(
       refract_bin,
       tmp_path / 'refract-serve.log',
-      extra_args=[
-          '--ui_port', ui_port, '--otlp_endpoint',
-          'http://127.0.0.1:%d' % otlp_port
-      ])
+      extra_args=['--otlp_endpoint', 'http://127.0.0.1:%d' % otlp_port])
   request.node.refract_processes = [server, collector]
   try:
     deadline = time.monotonic() + 60
@@ -123,8 +119,7 @@ def test_metrics_and_traces_reach_an_otlp_collector(request, refract_bin,
     result.wait_until_finish()
     job = result._job_id
 
-    with urllib.request.urlopen(
-        'http://127.0.0.1:%d/metrics' % ui_port, timeout=10) as response:
+    with urllib.request.urlopen(ui + '/metrics', timeout=10) as response:
       scrape = response.read().decode()
     scraped = {
         m.group(1): float(m.group(2)) for m in re.finditer(

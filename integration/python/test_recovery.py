@@ -23,7 +23,7 @@ import grpc
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
-from refract_testlib import RefractServer, free_port
+from refract_testlib import RefractServer, free_port, ui_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE = os.path.join(HERE, 'recovery_pipeline.py')
@@ -203,10 +203,8 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
-  ui_port = free_port()
-  server = RefractServer(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--ui_port', ui_port]).wait_ready()
+  server, ui = ui_server(refract_bin, tmp_path / 'refract.log')
+  server.wait_ready()
   request.node.refract_processes = [server]
   savepoint = tmp_path / 'job.savepoint'
   # Long enough that the savepoint lands well before the end.
@@ -216,7 +214,7 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     wait_for_results(output, server)
     done = subprocess.run([
         refract_bin, 'savepoint', job, '--path', str(savepoint), '--stop',
-        '--ui_endpoint', '127.0.0.1:%d' % ui_port
+        '--ui_endpoint', ui[len('http://'):]
     ],
                           capture_output=True,
                           text=True,

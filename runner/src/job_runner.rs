@@ -8,9 +8,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, SnapshotError, StageStats};
+use refract_engine::time::wall_clock_ms;
 use refract_jobservice::{Job, JobRunner};
 use refract_proto::fn_api::ProvisionInfo;
 use refract_proto::job_api::job_message::MessageImportance;
@@ -207,13 +207,6 @@ fn dropped_late_metrics(dropped: &[(String, u64)]) -> Vec<refract_proto::pipelin
             }
         })
         .collect()
-}
-
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 struct JobArtifacts(Arc<Job>);
@@ -476,7 +469,7 @@ async fn run_job(
             executor,
             config,
             job.id().to_string(),
-            Arc::new(now_millis),
+            Arc::new(wall_clock_ms),
         )?
         .with_drain(job.drain_requested())
         .with_stats(stats);

@@ -11,7 +11,7 @@
 //! a histogram. Traces have one span per job (submission to terminal
 //! state) with a child span per bundle carrying its stage and worker.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use opentelemetry::metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _};
 use opentelemetry::trace::{
@@ -22,7 +22,7 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracerProvider, Span, Tracer};
 use opentelemetry_sdk::Resource;
-use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_engine::time::{finite, wall_clock_ms};
 use thiserror::Error;
 
 use super::histogram::BOUNDS_SECONDS;
@@ -200,17 +200,6 @@ impl JobSpan {
     }
 }
 
-/// A finite watermark in ms, or none at the ends of time.
-fn finite(t: i64) -> Option<i64> {
-    (t > MIN_TIMESTAMP && t < MAX_TIMESTAMP).then_some(t)
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Registers an instrument observed at each export: a counter if
 /// `monotonic`, else a gauge.
 fn register(
@@ -324,14 +313,14 @@ fn register_observers(meter: &Meter, insights: Insights) {
             "How far a stage's input watermark is behind the wall clock.",
             "s",
             false,
-            |s| finite(s.input_watermark).map(|t| (now_ms() - t) as f64 / 1000.0),
+            |s| finite(s.input_watermark).map(|t| (wall_clock_ms() - t) as f64 / 1000.0),
         ),
         (
             "refract.stage.watermark.output.lag",
             "How far a stage's output watermark is behind the wall clock.",
             "s",
             false,
-            |s| finite(s.output_watermark).map(|t| (now_ms() - t) as f64 / 1000.0),
+            |s| finite(s.output_watermark).map(|t| (wall_clock_ms() - t) as f64 / 1000.0),
         ),
     ];
     for (name, description, unit, monotonic, value) in stage_metrics {

@@ -39,7 +39,7 @@ use crate::metric_payload::{decode, IntMetric};
 use crate::telemetry::histogram::LatencyHistogram;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
-use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("index.html");
@@ -322,12 +322,9 @@ async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response,
             job.checkpoints = view.checkpoints();
         }
     }
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        prometheus::render(&jobs, insights.live_workers(), now_ms),
+        prometheus::render(&jobs, insights.live_workers(), wall_clock_ms()),
     )
         .into_response())
 }

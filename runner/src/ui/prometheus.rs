@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use refract_engine::manager::StageStats;
-use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
@@ -268,7 +268,7 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
                     stage.output_watermark,
                 ),
             ] {
-                if mark > MIN_TIMESTAMP && mark < MAX_TIMESTAMP {
+                if let Some(mark) = finite(mark) {
                     let lag = (now_ms - mark) as f64 / 1000.0;
                     families.add(name, help, "gauge", &labels, format!("{lag:.3}"));
                 }

@@ -18,8 +18,11 @@
 //! nothing since the last checkpoint yields the same bytes and the store
 //! skips it.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
+use super::stats::CounterRecord;
 use super::*;
 use crate::grouping::GroupingSnapshot;
 use crate::store::{SideInputSnapshot, UserStateSnapshot};
@@ -112,24 +115,20 @@ pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, 
 
 /// One stage's queue, timers and progress.
 #[derive(Debug, Serialize, Deserialize)]
-struct StageRecord {
+struct StageRecord<'a> {
     pending: Vec<ElementRecord>,
     /// Residuals waiting to resume: (ms still to wait, element, hold).
     delayed: Vec<(u64, ElementRecord, Timestamp)>,
     grouping: Option<GroupingSnapshot>,
-    timers: TimerStore,
+    /// Borrowed from the stage unless bundles in flight gave timers back.
+    timers: Cow<'a, TimerStore>,
     input_wm: Timestamp,
     output_wm: Timestamp,
     impulse_done: bool,
     stream_cursor: u64,
     stream_wm: Timestamp,
     state_gc_wm: Timestamp,
-    bundles_committed: u64,
-    elements_processed: u64,
-    bytes_processed: u64,
-    elements_out: u64,
-    bytes_out: u64,
-    throttled_ms: u64,
+    counters: CounterRecord,
 }
 
 fn encode<T: Serialize>(part: String, value: &T) -> Result<(String, Bytes), SnapshotError> {
@@ -174,10 +173,12 @@ impl Engine {
         )?);
         for (idx, s) in self.stages.iter().enumerate() {
             let mut pending = Vec::new();
-            let mut timers = s.timers.clone();
+            let mut timers = Cow::Borrowed(&s.timers);
             for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
                 pending.extend(flight.elements.iter().map(ElementRecord::of));
-                timers.restore(flight.fired_timers.clone());
+                if !flight.fired_timers.is_empty() {
+                    timers.to_mut().restore(flight.fired_timers.clone());
+                }
             }
             pending.extend(s.pending.iter().map(ElementRecord::of));
             let delayed = s
@@ -201,12 +202,7 @@ impl Engine {
                     stream_cursor: s.stream_cursor as u64,
                     stream_wm: s.stream_wm,
                     state_gc_wm: s.state_gc_wm,
-                    bundles_committed: s.counters.bundles_committed,
-                    elements_processed: s.counters.elements_processed,
-                    bytes_processed: s.counters.bytes_processed,
-                    elements_out: s.counters.elements_out,
-                    bytes_out: s.counters.bytes_out,
-                    throttled_ms: s.counters.throttled_ms(now),
+                    counters: s.counters.record(now),
                 },
             )?);
             let state: UserStateSnapshot = self.user_state[idx].lock().snapshot();
@@ -265,19 +261,14 @@ impl Engine {
                     )))
                 }
             }
-            s.timers = record.timers;
+            s.timers = record.timers.into_owned();
             s.input_wm = record.input_wm;
             s.output_wm = record.output_wm;
             s.impulse_done = record.impulse_done;
             s.stream_cursor = record.stream_cursor as usize;
             s.stream_wm = record.stream_wm;
             s.state_gc_wm = record.state_gc_wm;
-            s.counters.bundles_committed = record.bundles_committed;
-            s.counters.elements_processed = record.elements_processed;
-            s.counters.bytes_processed = record.bytes_processed;
-            s.counters.elements_out = record.elements_out;
-            s.counters.bytes_out = record.bytes_out;
-            s.counters.throttled = Duration::from_millis(record.throttled_ms);
+            s.counters = StageCounters::from_record(record.counters);
             let name = format!("user_state/{idx}");
             let state: UserStateSnapshot = decode(&name, part(&name)?)?;
             self.user_state[idx].lock().restore(state);

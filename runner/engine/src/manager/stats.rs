@@ -2,6 +2,8 @@
 //! UI's stage graph and `/metrics` read these snapshots, never the engine's
 //! own state, so watching a job costs it one small copy every so often.
 
+use serde::{Deserialize, Serialize};
+
 use super::*;
 
 /// How often the engine publishes a snapshot while it runs.
@@ -54,7 +56,44 @@ pub(super) struct StageCounters {
     pub throttled_since: Option<Instant>,
 }
 
+/// What a checkpoint keeps of a stage's counters (the throttling in
+/// progress counts up to the checkpoint).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(super) struct CounterRecord {
+    bundles_committed: u64,
+    elements_processed: u64,
+    bytes_processed: u64,
+    elements_out: u64,
+    bytes_out: u64,
+    throttled_ms: u64,
+}
+
 impl StageCounters {
+    /// The counters as of `now`, for a checkpoint.
+    pub(super) fn record(&self, now: Instant) -> CounterRecord {
+        CounterRecord {
+            bundles_committed: self.bundles_committed,
+            elements_processed: self.elements_processed,
+            bytes_processed: self.bytes_processed,
+            elements_out: self.elements_out,
+            bytes_out: self.bytes_out,
+            throttled_ms: self.throttled_ms(now),
+        }
+    }
+
+    /// Counters restored from a checkpoint (not throttled now).
+    pub(super) fn from_record(r: CounterRecord) -> Self {
+        StageCounters {
+            bundles_committed: r.bundles_committed,
+            elements_processed: r.elements_processed,
+            bytes_processed: r.bytes_processed,
+            elements_out: r.elements_out,
+            bytes_out: r.bytes_out,
+            throttled: Duration::from_millis(r.throttled_ms),
+            throttled_since: None,
+        }
+    }
+
     /// Notes whether the stage is held back by backpressure right now.
     pub(super) fn set_throttled(&mut self, throttled: bool, now: Instant) {
         match (throttled, self.throttled_since) {
