@@ -25,6 +25,7 @@ from apache_beam.coders import VarIntCoder
 from apache_beam.io.restriction_trackers import OffsetRange
 from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
@@ -74,7 +75,10 @@ class NumberedEvents(beam.DoFn):
 
 
 class DedupCount(beam.DoFn):
-  """Per key and window: distinct numbers, their count and sum in state."""
+  """Per key and window: distinct numbers, their count and sum in state,
+  and a counter of distinct numbers (which recovery must not reset or
+  count twice)."""
+  DISTINCT = Metrics.counter('recovery', 'distinct_events')
   SEEN = userstate.BagStateSpec('seen', VarIntCoder())
   COUNT = userstate.ReadModifyWriteStateSpec('count', VarIntCoder())
   TOTAL = userstate.ReadModifyWriteStateSpec('total', VarIntCoder())
@@ -92,6 +96,7 @@ class DedupCount(beam.DoFn):
     if number in set(seen.read()):
       return
     seen.add(number)
+    self.DISTINCT.inc()
     count.write((count.read() or 0) + 1)
     total.write((total.read() or 0) + number)
     end.set(w.max_timestamp())

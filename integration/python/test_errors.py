@@ -70,6 +70,20 @@ def test_crashing_dofn_error_reaches_the_client(refract_server):
                 equal_to([10, 20, 30]))
 
 
+@pytest.mark.parametrize('store, error', [
+    ('rocksdb', 'refract_state_store=rocksdb needs a runner started with'),
+    ('disk', "unknown state store 'disk'"),
+])
+def test_a_state_store_the_runner_cannot_give_is_refused_at_submission(
+    refract_server, store, error):
+  options = PipelineOptions(refract_server.portable_args() +
+                            ['--experiments=refract_state_store=' + store])
+  p = beam.Pipeline(options=options)
+  _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
+  with pytest.raises(Exception, match=error):
+    p.run().wait_until_finish()
+
+
 def run_cli(refract_bin, *args):
   return subprocess.run([refract_bin] + list(args),
                         stdin=subprocess.DEVNULL,

@@ -20,6 +20,7 @@ import sys
 import time
 
 import grpc
+from apache_beam.coders import VarIntCoder
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
@@ -74,6 +75,19 @@ def job_state(endpoint, job_id):
   return beam_job_api_pb2.JobState.Enum.Name(state)
 
 
+def distinct_events(endpoint, job_id):
+  """The job's committed `recovery/distinct_events` counter."""
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    metrics = stub.GetJobMetrics(
+        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id),
+        timeout=10).metrics
+  return sum(
+      VarIntCoder().decode(info.payload)
+      for info in metrics.committed
+      if info.labels.get('NAME') == 'distinct_events')
+
+
 def wait_for_end(server, job_id, timeout_s=180):
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
@@ -113,6 +127,15 @@ def kill_group(server):
     pass
 
 
+def kill_and_restart(servers, refract_bin, state_dir, port, log):
+  """SIGKILLs the latest server and its workers, and starts another on the
+  same state directory and port."""
+  servers[-1].proc.send_signal(signal.SIGKILL)
+  servers[-1].proc.wait()
+  kill_group(servers[-1])
+  servers.append(durable_server(refract_bin, state_dir, port, log))
+
+
 def submitted_job(request, refract_bin, tmp_path):
   """A durable server on a fresh state directory, running the pipeline:
   (server, job id, output directory)."""
@@ -132,6 +155,7 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
   server, job, output = submitted_job(request, refract_bin, tmp_path)
   try:
     assert wait_for_end(server, job) == 'DONE', server.log_tail()
+    assert distinct_events(server.endpoint, job) == EVENTS
   finally:
     server.stop()
   assert read_results(output) == expected_results(EVENTS)
@@ -158,17 +182,15 @@ def test_runner_killed_and_restarted_gives_the_same_results(
       if state != 'RUNNING':
         assert state == 'DONE', servers[-1].log_tail()
         break
-      servers[-1].proc.send_signal(signal.SIGKILL)
-      servers[-1].proc.wait()
-      kill_group(servers[-1])
+      kill_and_restart(servers, refract_bin, state_dir, port,
+                       tmp_path / ('refract-%d.log' % (attempt + 1)))
       kills += 1
-      servers.append(
-          durable_server(refract_bin, state_dir, port,
-                         tmp_path / ('refract-%d.log' % (attempt + 1))))
     assert kills > 0, 'the job ended before the first kill'
     state = wait_for_end(servers[-1], job)
     assert state == 'DONE', servers[-1].log_tail()
     assert 'resuming from the job' in servers[-1].log_tail(200000)
+    # Metrics are checkpointed with the state: none lost, none twice.
+    assert distinct_events(servers[-1].endpoint, job) == events
   finally:
     for s in servers:
       s.stop()
@@ -194,6 +216,7 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
         killed += 1
     assert killed, 'no SDK worker process to kill'
     assert wait_for_end(server, job) == 'DONE', server.log_tail()
+    assert distinct_events(server.endpoint, job) == EVENTS
   finally:
     server.stop()
   assert read_results(output) == expected_results(EVENTS)
@@ -227,6 +250,8 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     again = submit(
         server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
     assert wait_for_end(server, again) == 'DONE', server.log_tail()
+    # The savepoint carried the job's counters on.
+    assert distinct_events(server.endpoint, again) == events
     # A bad savepoint fails the job at its start, with the reason.
     savepoint.write_bytes(b'not a savepoint')
     bad = submit(
@@ -237,3 +262,30 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     server.stop()
     kill_group(server)
   assert read_results(output) == expected_results(events)
+
+
+def test_a_job_that_asks_for_memory_state_is_not_resumed(
+    request, refract_bin, tmp_path):
+  output = tmp_path / 'out'
+  output.mkdir()
+  state_dir = tmp_path / 'state'
+  port = free_port()
+  servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
+  request.node.refract_processes = servers
+  try:
+    job = submit(
+        servers[-1].endpoint, output, 'refract_state_store=memory',
+        events=3 * EVENTS)
+    wait_for_results(output, servers[-1])
+    kill_and_restart(servers, refract_bin, state_dir, port,
+                     tmp_path / 'refract-1.log')
+    try:
+      state = job_state(servers[-1].endpoint, job)
+    except grpc.RpcError as e:
+      assert e.code() == grpc.StatusCode.NOT_FOUND, e
+    else:
+      raise AssertionError('the in-memory job came back as %s' % state)
+  finally:
+    for s in servers:
+      s.stop()
+      kill_group(s)

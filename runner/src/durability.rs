@@ -18,11 +18,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use prost::Message;
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
+use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 use refract_store::{Checkpoint, Store, StoreError};
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::insights::JobView;
@@ -164,20 +165,18 @@ impl Durability {
     /// A channel for `job_id`'s engine to send checkpoints on, and the task
     /// writing them (off the engine's thread, one at a time) and noting
     /// each in `view`. The channel holds one checkpoint: the engine skips
-    /// a checkpoint rather than wait for the previous write.
-    pub fn checkpoint_writer(
-        &self,
-        job_id: &str,
-        view: Arc<JobView>,
-    ) -> (
-        mpsc::Sender<Vec<(String, Bytes)>>,
-        tokio::task::JoinHandle<()>,
-    ) {
+    /// a checkpoint rather than wait for the previous write. The watch
+    /// counts the checkpoints received up to the last one written (what
+    /// the engine waits for before a stable-input stage may see elements).
+    pub fn checkpoint_writer(&self, job_id: &str, view: Arc<JobView>) -> CheckpointWriter {
         let (tx, mut rx) = mpsc::channel::<Vec<(String, Bytes)>>(1);
+        let (acks, written) = watch::channel(0u64);
         let store = self.store.clone();
         let job_id = job_id.to_string();
         let task = tokio::spawn(async move {
+            let mut received = 0u64;
             while let Some(parts) = rx.recv().await {
+                received += 1;
                 let store = store.clone();
                 let id = job_id.clone();
                 let written =
@@ -187,12 +186,50 @@ impl Durability {
                         debug!(job = %job_id, checkpoint = stats.id, parts_written = stats.parts_written,
                                bytes_written = stats.bytes_written, ?stats.duration, "checkpoint written");
                         view.observe_checkpoint(stats);
+                        acks.send_replace(received);
                     }
                     Ok(Err(error)) => warn!(job = %job_id, %error, "writing a checkpoint failed"),
                     Err(error) => warn!(job = %job_id, %error, "the checkpoint writer panicked"),
                 }
             }
         });
-        (tx, task)
+        CheckpointWriter { tx, written, task }
     }
+}
+
+/// A job's checkpoint writer (see [`Durability::checkpoint_writer`]).
+pub struct CheckpointWriter {
+    /// Where the engine sends checkpoints.
+    pub tx: mpsc::Sender<Vec<(String, Bytes)>>,
+    /// How many of them are written.
+    pub written: watch::Receiver<u64>,
+    /// Ends once the engine drops `tx` and the last checkpoint is written.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Name of the checkpoint part holding the job's committed metrics.
+pub const METRICS_PART: &str = "metrics";
+
+/// The job's committed metrics as a checkpoint part.
+pub fn metrics_part(job: &Job) -> Bytes {
+    let results = MetricResults {
+        committed: job.metrics().committed_infos(),
+        attempted: Vec::new(),
+    };
+    Bytes::from(results.encode_to_vec())
+}
+
+/// Puts a checkpoint's metrics back into `job`: its counters go on from
+/// there. A checkpoint without them (a savepoint of an older runner)
+/// leaves the metrics as they are.
+pub fn restore_metrics(job: &Job, parts: &[(String, Bytes)]) -> Result<(), DurabilityError> {
+    let Some((_, bytes)) = parts.iter().find(|(name, _)| name == METRICS_PART) else {
+        return Ok(());
+    };
+    let results = MetricResults::decode(bytes.as_ref()).map_err(|e| DurabilityError::Record {
+        job: job.id().to_string(),
+        reason: format!("its checkpointed metrics: {e}"),
+    })?;
+    job.metrics().restore(&results.committed);
+    Ok(())
 }

@@ -4,7 +4,9 @@
 //! into a Fn API bundle on a worker of the stage's environment (using the
 //! bundle descriptor translation built), and turns the worker's answer back
 //! into a [`BundleOutput`]. Metrics of successful bundles are folded into
-//! the job's committed metrics here; a failed bundle's are dropped.
+//! the job's committed metrics when the engine commits the bundle (so a
+//! checkpoint holds exactly the metrics of the bundles it holds); a failed
+//! bundle's are dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +16,7 @@ use std::time::{Instant, SystemTime};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use refract_engine::executor::{
-    BundleInput, BundleOutput, ExecError, Residual, StageExecutor, TimerInput,
+    BundleInput, BundleOutput, CommitAction, ExecError, Residual, StageExecutor, TimerInput,
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
@@ -22,6 +24,7 @@ use refract_proto::fn_api::{
     instruction_request, instruction_response, process_bundle_split_request,
     DelayedBundleApplication, ProcessBundleSplitRequest, StateRequest, StateResponse,
 };
+use refract_proto::job_api::job_message::MessageImportance;
 use refract_sdk_harness::{BundleError, BundleRequest, HarnessError, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
@@ -296,6 +299,14 @@ impl StageExecutor for HarnessExecutor {
                 input_bytes,
                 error: error.as_deref(),
             });
+            // The job's message stream shows every failed attempt (the
+            // engine retries it, or fails the job with the last one).
+            if let Some(error) = &error {
+                job.message(
+                    MessageImportance::JobMessageWarning,
+                    format!("a bundle of stage '{stage_name}' failed: {error}"),
+                );
+            }
             result
         }
         .boxed()
@@ -308,7 +319,7 @@ async fn run_bundle(
     worker: &Worker,
     stage: &SdkStageDescriptor,
     input: BundleInput,
-    job: &Job,
+    job: &Arc<Job>,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone();
     let split_inputs = if stage.splittable {
@@ -352,11 +363,15 @@ async fn run_bundle(
         }
         _ => bundle.await,
     };
-    let result = result.map_err(|e| match e {
+    let mut result = result.map_err(|e| match e {
         BundleError::Sdk(text) => ExecError::Sdk(text),
         other => ExecError::Harness(other.to_string()),
     })?;
-    job.metrics().commit(&result.response.monitoring_infos);
+    let metrics = std::mem::take(&mut result.response.monitoring_infos);
+    let on_commit = {
+        let job = job.clone();
+        CommitAction::new(move || job.metrics().commit(&metrics))
+    };
     let mut outputs = Vec::with_capacity(stage.outputs.len());
     let mut results = result.outputs;
     for (sink, pcoll) in &stage.outputs {
@@ -389,5 +404,6 @@ async fn run_bundle(
         outputs,
         timers,
         residuals,
+        on_commit: Some(on_commit),
     })
 }

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, SnapshotError, StageStats};
+use refract_engine::plan::StageKind;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::{Job, JobRunner};
 use refract_proto::fn_api::ProvisionInfo;
@@ -38,6 +39,35 @@ pub const DRAIN_ON_START: &str = "drain_on_start";
 /// docs/operations.md). The pipeline must be the one the savepoint was
 /// taken of.
 pub const SAVEPOINT_EXPERIMENT: &str = "refract_savepoint";
+
+/// The experiment choosing where one job keeps its state:
+/// `--experiments=refract_state_store=memory` keeps it in memory on a
+/// server with `--state_dir` (nothing checkpointed, nothing resumed);
+/// `=rocksdb` insists on the durable store, and is refused at submission
+/// by a server without one. Without it, the server's choice holds.
+pub const STATE_STORE_EXPERIMENT: &str = "refract_state_store";
+
+/// The store a job asked for, checked against what the server has.
+fn job_durability(
+    options: &prost_types::Struct,
+    server: Option<&Arc<Durability>>,
+) -> Result<Option<Arc<Durability>>, String> {
+    match experiment_value(options, STATE_STORE_EXPERIMENT).as_deref() {
+        None => Ok(server.cloned()),
+        Some("memory") => Ok(None),
+        Some("rocksdb") => match server {
+            Some(durability) => Ok(Some(durability.clone())),
+            None => Err(format!(
+                "--experiments={STATE_STORE_EXPERIMENT}=rocksdb needs a runner started with \
+                 `refract serve --state_dir DIR`; this one keeps state in memory"
+            )),
+        },
+        Some(other) => Err(format!(
+            "unknown state store '{other}' in --experiments={STATE_STORE_EXPERIMENT}={other}; \
+             use 'memory' or 'rocksdb'"
+        )),
+    }
+}
 
 /// Why a job could not run.
 #[derive(Debug, Error)]
@@ -112,8 +142,9 @@ impl RefractRunner {
 }
 
 impl JobRunner for RefractRunner {
-    fn validate(&self, pipeline: &Pipeline, _options: &prost_types::Struct) -> Result<(), String> {
-        validate(pipeline).map_err(|e| e.to_string())
+    fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
+        validate(pipeline).map_err(|e| e.to_string())?;
+        job_durability(options, self.durability.as_ref()).map(|_| ())
     }
 
     fn start(&self, job: Arc<Job>) {
@@ -136,7 +167,10 @@ impl JobRunner for RefractRunner {
                 .as_ref()
                 .map(|(otlp, span)| (otlp.clone(), span.context())),
         );
-        let durability = self.durability.clone();
+        // Checked at submission; a recovered job was durable, so the
+        // server's store stands in if the check fails now.
+        let durability = job_durability(job.options(), self.durability.as_ref())
+            .unwrap_or_else(|_| self.durability.clone());
         activity.job_started();
         tokio::spawn(
             async move {
@@ -335,8 +369,23 @@ async fn run_job(
     // whatever its options say (Java's test runner, for one, does not set
     // --streaming for unbounded pipelines).
     let streaming = streaming || translated.plan.pcollections.iter().any(|p| !p.bounded);
+    // A streaming job retries a failing bundle with backoff for as long as
+    // it runs (it is someone's long-running job: the failure may pass, and
+    // they can cancel it); a batch job, or a test fed by a TestStream (which
+    // must see its assertion fail), gives up after a few attempts.
+    let test_stream = translated
+        .plan
+        .stages
+        .iter()
+        .any(|s| matches!(s.kind, StageKind::TestStream(_)));
+    let max_attempts = if streaming && !test_stream {
+        u32::MAX
+    } else {
+        config.max_attempts
+    };
     let config = EngineConfig {
         streaming,
+        max_attempts,
         ..config
     };
     job.metrics()
@@ -475,6 +524,7 @@ async fn run_job(
         .with_stats(stats);
         if let Some(checkpoint) = latest_checkpoint {
             engine.restore(&checkpoint.parts)?;
+            crate::durability::restore_metrics(&job, &checkpoint.parts)?;
             if checkpoint.id > 0 {
                 view.observe_restore(checkpoint.id);
                 info!(
@@ -487,12 +537,18 @@ async fn run_job(
                 );
             }
         }
+        let metrics_part: refract_engine::manager::ExtraPart = {
+            let job = job.clone();
+            Arc::new(move || crate::durability::metrics_part(&job))
+        };
+        engine = engine.with_extra_part(crate::durability::METRICS_PART, metrics_part);
         let mut checkpoint_writer = None;
         if let Some(durability) = &durability {
             view.enable_checkpoints();
-            let (tx, task) = durability.checkpoint_writer(job.id(), view.clone());
-            engine = engine.with_checkpoints(durability.interval(), tx);
-            checkpoint_writer = Some(task);
+            let writer = durability.checkpoint_writer(job.id(), view.clone());
+            engine =
+                engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.written));
+            checkpoint_writer = Some(writer.task);
         }
         let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);
         engine = engine.with_savepoints(savepoint_rx);

@@ -58,6 +58,31 @@ pub struct BundleOutput {
     pub timers: Vec<TimerInput>,
     /// Work the SDK deferred (splittable DoFn self-checkpoints).
     pub residuals: Vec<Residual>,
+    /// Effects outside the engine that belong to the bundle (its metrics),
+    /// applied when the engine commits it: a checkpoint cut then counts
+    /// them exactly when it counts the bundle's outputs.
+    pub on_commit: Option<CommitAction>,
+}
+
+/// Something to do when (and only if) the engine commits a bundle.
+pub struct CommitAction(Box<dyn FnOnce() + Send>);
+
+impl CommitAction {
+    /// Run `action` at the bundle's commit.
+    pub fn new(action: impl FnOnce() + Send + 'static) -> Self {
+        CommitAction(Box::new(action))
+    }
+
+    /// Do it now.
+    pub fn run(self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for CommitAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitAction")
+    }
 }
 
 /// A deferred piece of a splittable DoFn's work.

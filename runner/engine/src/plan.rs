@@ -116,6 +116,11 @@ pub struct SdkStage {
     /// For stateful stages: elements are handed over only once the input
     /// watermark passed their timestamp, in timestamp order.
     pub time_sorted_input: bool,
+    /// `@RequiresStableInput`: when the engine checkpoints, the stage is
+    /// given only elements a durable checkpoint already holds, so a retry
+    /// or a recovery replays exactly what the DoFn saw, even if the stage
+    /// upstream is not deterministic.
+    pub stable_input: bool,
 }
 
 /// The timer family a stateful transform wants fired as each of its windows

@@ -113,6 +113,7 @@ pub(crate) fn build(
         let root = &graph.nodes[root];
         stage.stateful = root.stateful;
         stage.splittable = root.splittable;
+        stage.stable_input = root.stable_input;
         if root.stateful {
             stage.window_expiration =
                 root.window_expiration_family

@@ -4,7 +4,8 @@
 //! its main input is available — the stage that produces it, or a stage that
 //! already reads it from the runner — when all of these hold (Python's
 //! `Stage.can_fuse`):
-//! - it is not a forced root (stateful ParDo, splittable process step), and
+//! - it is not a forced root (stateful ParDo, splittable process step,
+//!   `@RequiresStableInput` ParDo), and
 //!   the stage it would join does not read a shared source as a forced root;
 //! - both run in the same environment;
 //! - none of its side inputs is produced in, or downstream of, that stage
@@ -176,6 +177,7 @@ mod tests {
             finalization: false,
             window_expiration_family: None,
             time_sorted_input: false,
+            stable_input: false,
         }
     }
 
@@ -217,6 +219,25 @@ mod tests {
         assert_eq!(
             sdk_groups(&fuse(&nodes)),
             vec![(vec![1, 2], Some("p0".into()))]
+        );
+    }
+
+    #[test]
+    fn a_stable_input_pardo_reads_its_input_from_the_runner() {
+        let mut stable = node("s", NodeKind::Sdk, "py", &["p1"], &["p2"]);
+        stable.stable_input = true;
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            node("a", NodeKind::Sdk, "py", &["p0"], &["p1"]),
+            stable,
+            node("after", NodeKind::Sdk, "py", &["p2"], &["p3"]),
+        ];
+        assert_eq!(
+            sdk_groups(&fuse(&nodes)),
+            vec![
+                (vec![1], Some("p0".into())),
+                (vec![2, 3], Some("p1".into()))
+            ]
         );
     }
 

@@ -77,6 +77,9 @@ pub(crate) struct Node {
     pub window_expiration_family: Option<String>,
     /// Stateful nodes: input is delivered sorted by event time.
     pub time_sorted_input: bool,
+    /// `@RequiresStableInput`: must be the first transform of its stage, so
+    /// that its input is a stage input the engine can make durable first.
+    pub stable_input: bool,
 }
 
 impl Node {
@@ -95,13 +98,14 @@ impl Node {
             finalization: false,
             window_expiration_family: None,
             time_sorted_input: false,
+            stable_input: false,
             transform,
         }
     }
 
     /// Whether the node must start its own stage.
     pub(crate) fn forced_root(&self) -> bool {
-        self.stateful || self.splittable
+        self.stateful || self.splittable || self.stable_input
     }
 }
 
@@ -395,12 +399,14 @@ impl Builder {
         let mut side_inputs = Vec::new();
         let (mut stateful, mut finalization) = (false, false);
         let (mut window_expiration_family, mut time_sorted_input) = (None, false);
+        let mut stable_input = false;
         if PARDO_LIKE.contains(&urn.as_str()) {
             let facts = payloads::pardo_facts(&transform, &name, &self.coders)?;
             side_inputs = facts.side_inputs;
             stateful = facts.keyed_state
                 && (urn == t::PAR_DO || urn == t::SDF_PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS);
             finalization = facts.finalization;
+            stable_input = facts.stable_input;
             if stateful {
                 window_expiration_family = facts.window_expiration_family;
                 time_sorted_input = facts.time_sorted_input;
@@ -437,6 +443,7 @@ impl Builder {
             finalization,
             window_expiration_family,
             time_sorted_input,
+            stable_input,
             transform,
         })
     }

@@ -42,6 +42,8 @@ pub(crate) struct ParDoFacts {
     pub window_expiration_family: Option<String>,
     /// Its input must arrive sorted by event time (`@RequiresTimeSortedInput`).
     pub time_sorted_input: bool,
+    /// Its input must be durable before it sees it (`@RequiresStableInput`).
+    pub stable_input: bool,
 }
 
 /// Decodes and checks a ParDo-like transform's payload.
@@ -83,6 +85,7 @@ pub(crate) fn pardo_facts(
         finalization: payload.requests_finalization,
         window_expiration_family,
         time_sorted_input: payload.requires_time_sorted_input,
+        stable_input: payload.requires_stable_input,
     })
 }
 

@@ -86,6 +86,7 @@ pub(crate) fn test_stream_outputs(graph: &mut Graph) {
                 finalization: false,
                 window_expiration_family: None,
                 time_sorted_input: false,
+                stable_input: false,
                 transform: pb::PTransform {
                     unique_name: name,
                     spec: Some(pb::FunctionSpec {
@@ -201,6 +202,7 @@ pub(crate) fn flatten_inputs(graph: &mut Graph) {
                 finalization: false,
                 window_expiration_family: None,
                 time_sorted_input: false,
+                stable_input: false,
                 transform,
             });
             done.insert(input.clone(), pcoll_id.clone());

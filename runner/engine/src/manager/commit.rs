@@ -29,7 +29,7 @@ impl Engine {
             Err(error) => {
                 let s = &mut self.stages[idx];
                 s.timers.restore(flight.fired_timers);
-                s.failures += 1;
+                s.failures = s.failures.saturating_add(1);
                 let retryable = !matches!(error, ExecError::Runner(_));
                 if !retryable || s.failures >= self.config.max_attempts {
                     return Err(EngineError::BundleFailed {
@@ -70,6 +70,9 @@ impl Engine {
                 .sum::<u64>();
         }
         self.summary.bundles += 1;
+        if let Some(action) = output.on_commit {
+            action.run();
+        }
         self.user_state[idx]
             .lock()
             .apply(flight.overlay.take_writes());

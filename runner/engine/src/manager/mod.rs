@@ -239,6 +239,8 @@ pub struct Engine {
     checkpoints: Option<CheckpointSink>,
     /// Requests for a checkpoint now (savepoints).
     savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+    /// Parts checkpoints carry for the engine's owner, by name.
+    extra_parts: Vec<(String, ExtraPart)>,
 }
 
 /// A request for a checkpoint of the running engine, answered with its
@@ -257,7 +259,22 @@ struct CheckpointSink {
     every: Duration,
     tx: mpsc::Sender<Vec<(String, Bytes)>>,
     last: Instant,
+    /// How many checkpoints the writer has made durable, counting in the
+    /// order they were sent (the run loop takes it to wait on).
+    acks: Option<watch::Receiver<u64>>,
+    /// Whether there are acks; without them a sent checkpoint counts as
+    /// durable.
+    acked: bool,
+    /// Checkpoints sent so far.
+    sent: u64,
+    /// Sent checkpoints not yet durable, with where each cut the queues of
+    /// stable-input stages.
+    awaiting: VecDeque<(u64, Vec<(StageIdx, u64)>)>,
 }
+
+/// Extra state a checkpoint carries for the engine's owner (the job's
+/// metrics), read between two commits like the engine's own parts.
+pub type ExtraPart = Arc<dyn Fn() -> Bytes + Send + Sync>;
 
 impl Engine {
     /// Prepare a run of `plan`. `bundle_prefix` makes bundle ids unique
@@ -377,6 +394,7 @@ impl Engine {
             last_published: None,
             checkpoints: None,
             savepoints: None,
+            extra_parts: Vec::new(),
         })
     }
 
@@ -392,16 +410,39 @@ impl Engine {
     /// `every` while the job runs. A checkpoint that finds the channel
     /// full (the previous one is still being written) is skipped, not
     /// queued: checkpointing never holds the job up nor piles up memory.
+    ///
+    /// Stages with stable input (`@RequiresStableInput`) are then given only
+    /// elements a checkpoint holds; one is taken as soon as such a stage
+    /// waits for it. With `acks` (the number of checkpoints written so far,
+    /// in the order they were sent) an element counts once its checkpoint
+    /// is written; without, once it is sent.
     pub fn with_checkpoints(
         mut self,
         every: Duration,
         tx: mpsc::Sender<Vec<(String, Bytes)>>,
+        acks: Option<watch::Receiver<u64>>,
     ) -> Self {
         self.checkpoints = Some(CheckpointSink {
             every,
             tx,
             last: Instant::now(),
+            acked: acks.is_some(),
+            acks,
+            sent: 0,
+            awaiting: VecDeque::new(),
         });
+        for (idx, stage) in self.plan.stages.iter().enumerate() {
+            if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
+                self.stages[idx].pending.gate();
+            }
+        }
+        self
+    }
+
+    /// Add part `name`, read by `read`, to every checkpoint and savepoint.
+    /// Its owner restores it; [`Self::restore`] ignores it.
+    pub fn with_extra_part(mut self, name: impl Into<String>, read: ExtraPart) -> Self {
+        self.extra_parts.push((name.into(), read));
         self
     }
 
@@ -413,27 +454,77 @@ impl Engine {
         self
     }
 
-    /// Takes a checkpoint if one is due.
+    /// Takes a checkpoint if one is due, or if a stable-input stage waits
+    /// for one and none is being written.
     fn maybe_checkpoint(&mut self) {
         let Some(sink) = &self.checkpoints else {
             return;
         };
-        if sink.last.elapsed() < sink.every {
+        let awaited =
+            sink.awaiting.is_empty() && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
+        if sink.last.elapsed() < sink.every && !awaited {
             return;
         }
         let parts = self.checkpoint_parts();
-        if let Some(sink) = &mut self.checkpoints {
-            sink.last = Instant::now();
-            match parts {
-                Ok(parts) => {
-                    if let Err(mpsc::error::TrySendError::Full(_)) = sink.tx.try_send(parts) {
-                        debug!("previous checkpoint still being written; skipping this one");
+        let marks: Vec<(StageIdx, u64)> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(idx, s)| (idx, s.pending.checkpoint_mark()))
+            .collect();
+        let Some(sink) = &mut self.checkpoints else {
+            return;
+        };
+        sink.last = Instant::now();
+        match parts {
+            Ok(parts) => match sink.tx.try_send(parts) {
+                Ok(()) => {
+                    sink.sent += 1;
+                    if sink.acked {
+                        sink.awaiting.push_back((sink.sent, marks));
+                    } else {
+                        self.made_durable(marks);
                     }
                 }
-                // The job goes on; the previous checkpoint stays the latest.
-                Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    debug!("previous checkpoint still being written; skipping this one");
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    debug!("nobody writes checkpoints any more");
+                }
+            },
+            // The job goes on; the previous checkpoint stays the latest.
+            Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
+        }
+    }
+
+    /// The writer made `written` checkpoints durable: what they cut from
+    /// stable-input queues may now be processed. (A checkpoint whose write
+    /// failed is covered by the later one that succeeded.)
+    fn checkpoints_written(&mut self, written: u64) {
+        let Some(sink) = &mut self.checkpoints else {
+            return;
+        };
+        let mut durable = Vec::new();
+        while sink.awaiting.front().is_some_and(|(n, _)| *n <= written) {
+            if let Some((_, marks)) = sink.awaiting.pop_front() {
+                durable = marks;
             }
         }
+        self.made_durable(durable);
+    }
+
+    fn made_durable(&mut self, marks: Vec<(StageIdx, u64)>) {
+        for (idx, mark) in marks {
+            self.stages[idx].pending.made_durable(mark);
+        }
+    }
+
+    /// Whether the run waits for the writer to make a checkpoint durable.
+    fn awaiting_checkpoint(&self) -> bool {
+        self.checkpoints
+            .as_ref()
+            .is_some_and(|sink| !sink.awaiting.is_empty())
     }
 
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.
@@ -444,6 +535,7 @@ impl Engine {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
         let mut drain = self.drain.take();
         let mut savepoints = self.savepoints.take();
+        let mut acks = self.checkpoints.as_mut().and_then(|sink| sink.acks.take());
         loop {
             if *cancel.borrow() {
                 return Err(EngineError::Cancelled);
@@ -488,7 +580,18 @@ impl Engine {
                 return Ok(self.summary);
             }
             let next_wakeup = self.next_wakeup();
-            if self.idle() && next_wakeup.is_none() {
+            // A stable-input stage waits for a checkpoint the writer had no
+            // room for: try again shortly.
+            let checkpoint_retry = self.checkpoints.is_some()
+                && !self.awaiting_checkpoint()
+                && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
+            let next_wakeup = if checkpoint_retry {
+                let soon = Instant::now() + Duration::from_millis(5);
+                Some(next_wakeup.map_or(soon, |at| at.min(soon)))
+            } else {
+                next_wakeup
+            };
+            if self.idle() && next_wakeup.is_none() && !self.awaiting_checkpoint() {
                 return Err(EngineError::Stuck(self.describe_unfinished()));
             }
             let mut sleep_until =
@@ -504,6 +607,24 @@ impl Engine {
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
                     self.release_delayed();
+                }
+                written = async {
+                    match acks.as_mut() {
+                        Some(acks) => acks.changed().await.map(|()| *acks.borrow_and_update()),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    match written {
+                        Ok(written) => self.checkpoints_written(written),
+                        // The writer is gone: nothing more becomes durable.
+                        Err(_) => {
+                            acks = None;
+                            if let Some(sink) = &mut self.checkpoints {
+                                sink.awaiting.clear();
+                                sink.acked = false;
+                            }
+                        }
+                    }
                 }
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {

@@ -3,6 +3,13 @@
 //! Every pending element holds its stage's output watermark at its
 //! timestamp, and counts against the stage's share of memory: producers of
 //! a stage whose queue is over its bound are not scheduled (backpressure).
+//!
+//! A stage with stable input (`@RequiresStableInput`) in a checkpointed run
+//! is *gated*: only the elements at the front of its queue that a durable
+//! checkpoint holds may be taken. New elements join at the back, taken
+//! ones leave from the front and a retried bundle's come back to the front
+//! (they were durable when taken), so the durable elements are always a
+//! prefix of the queue: its length is all the queue needs to know.
 
 use super::*;
 
@@ -12,6 +19,12 @@ pub(super) struct Pending {
     queue: VecDeque<DecodedElement>,
     holds: Holds,
     bytes: usize,
+    /// Only the durable prefix may be taken.
+    gated: bool,
+    /// Length of the durable prefix.
+    durable: usize,
+    /// Elements ever queued last: a checkpoint's mark.
+    pushed: u64,
 }
 
 impl Pending {
@@ -20,13 +33,54 @@ impl Pending {
         self.holds.add(e.header.timestamp);
         self.bytes += e.encoded.len();
         self.queue.push_back(e);
+        self.pushed += 1;
     }
 
-    /// Queue an element first (a retried bundle's input).
+    /// Queue an element first (a retried bundle's input, durable if the
+    /// stage is gated, as it was taken from the durable prefix).
     pub(super) fn push_front(&mut self, e: DecodedElement) {
         self.holds.add(e.header.timestamp);
         self.bytes += e.encoded.len();
         self.queue.push_front(e);
+        self.durable += 1;
+    }
+
+    /// From now on, hand out only elements a durable checkpoint holds.
+    pub(super) fn gate(&mut self) {
+        self.gated = true;
+    }
+
+    /// Whether the stage is gated and some waiting element is not durable
+    /// yet, so a checkpoint would let work go on.
+    pub(super) fn awaits_checkpoint(&self) -> bool {
+        self.gated && self.durable < self.queue.len()
+    }
+
+    /// Where a checkpoint taken now cuts this queue (see [`Self::made_durable`]).
+    pub(super) fn checkpoint_mark(&self) -> u64 {
+        self.pushed
+    }
+
+    /// The checkpoint taken at `mark` is durable: every element queued
+    /// before it is. Those queued since are the queue's last ones (a gated
+    /// stage never takes them), so the rest is the durable prefix.
+    pub(super) fn made_durable(&mut self, mark: u64) {
+        let since = usize::try_from(self.pushed.saturating_sub(mark)).unwrap_or(usize::MAX);
+        self.durable = self.durable.max(self.queue.len().saturating_sub(since));
+    }
+
+    /// Everything waiting is durable (it was just restored from a checkpoint).
+    pub(super) fn all_durable(&mut self) {
+        self.durable = self.queue.len();
+    }
+
+    /// How many elements from the front may be taken.
+    fn takeable(&self) -> usize {
+        if self.gated {
+            self.durable.min(self.queue.len())
+        } else {
+            self.queue.len()
+        }
     }
 
     fn release(&mut self, e: &DecodedElement) {
@@ -36,7 +90,8 @@ impl Pending {
 
     /// Take up to `max` elements from the front.
     pub(super) fn take(&mut self, max: usize) -> Vec<DecodedElement> {
-        let n = self.queue.len().min(max);
+        let n = self.takeable().min(max);
+        self.durable = self.durable.saturating_sub(n);
         let taken: Vec<DecodedElement> = self.queue.drain(..n).collect();
         for e in &taken {
             self.release(e);
@@ -53,14 +108,21 @@ impl Pending {
     ) -> Vec<DecodedElement> {
         let mut taken = Vec::new();
         let mut waiting = VecDeque::with_capacity(self.queue.len());
-        for e in self.queue.drain(..) {
-            if taken.len() < max && ready(&e) {
+        let takeable = self.takeable();
+        let mut kept_durable = 0;
+        for (i, e) in self.queue.drain(..).enumerate() {
+            if i < takeable && taken.len() < max && ready(&e) {
                 taken.push(e);
             } else {
+                if i < self.durable {
+                    kept_durable += 1;
+                }
                 waiting.push_back(e);
             }
         }
         self.queue = waiting;
+        // Durable elements left behind are still the queue's first ones.
+        self.durable = kept_durable;
         for e in &taken {
             self.release(e);
         }
@@ -72,12 +134,12 @@ impl Pending {
         self.queue.iter().any(pred)
     }
 
-    /// Number of waiting elements.
     /// The waiting elements, oldest first.
     pub(super) fn iter(&self) -> impl Iterator<Item = &DecodedElement> {
         self.queue.iter()
     }
 
+    /// Number of waiting elements.
     pub(super) fn len(&self) -> usize {
         self.queue.len()
     }

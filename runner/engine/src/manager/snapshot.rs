@@ -13,7 +13,8 @@
 //!
 //! Parts: `engine` (counters, clocks and the stage names the checkpoint
 //! belongs to), `stage/{i}` (queue, delayed residuals, grouping buffer,
-//! timers, watermarks), `user_state/{i}` and `side_inputs`. Each part's
+//! timers, watermarks), `user_state/{i}`, `side_inputs`, and the parts the
+//! engine's owner added ([`Engine::with_extra_part`]). Each part's
 //! bytes are deterministic — maps are written sorted — so a stage that did
 //! nothing since the last checkpoint yields the same bytes and the store
 //! skips it.
@@ -210,6 +211,9 @@ impl Engine {
         }
         let side_inputs: SideInputSnapshot = self.side_inputs.lock().snapshot();
         parts.push(encode("side_inputs".into(), &side_inputs)?);
+        for (name, read) in &self.extra_parts {
+            parts.push((name.clone(), read()));
+        }
         Ok(parts)
     }
 
@@ -242,10 +246,17 @@ impl Engine {
         for idx in 0..self.stages.len() {
             let name = format!("stage/{idx}");
             let record: StageRecord = decode(&name, part(&name)?)?;
+            let gated = self.checkpoints.is_some()
+                && matches!(&self.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
             let s = &mut self.stages[idx];
             s.pending = Pending::default();
             for e in record.pending {
                 s.pending.push_back(e.into_element());
+            }
+            // It came from a checkpoint: it is stable input.
+            s.pending.all_durable();
+            if gated {
+                s.pending.gate();
             }
             s.delayed = record
                 .delayed

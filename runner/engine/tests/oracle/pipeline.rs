@@ -217,7 +217,7 @@ async fn run_engine(
         "oracle",
         clock.clone(),
     )?
-    .with_checkpoints(Duration::ZERO, checkpoints);
+    .with_checkpoints(Duration::ZERO, checkpoints, None);
     let first = tokio::spawn(engine.run(cancelled));
     let mut chosen = None;
     let mut seen = 0;

@@ -1,0 +1,239 @@
+//! `@RequiresStableInput` against a source that is not deterministic.
+//!
+//! The source emits different values every time it runs. A stage with
+//! stable input may only ever see values a durable checkpoint holds, so
+//! that whatever it saw — in an attempt that failed, or before a crash —
+//! is what it sees again after recovery. The run is crashed at each of its
+//! first checkpoints and finished by a restored engine; every value the
+//! stable stage saw in any attempt must be among the values finally
+//! committed, and those must be each source index exactly once.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use refract_engine::coder::{
+    decode_varint_i64, decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder,
+    PaneInfo, WindowedValueHeader,
+};
+use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
+use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig};
+use refract_engine::plan::{PCollection, Plan, SdkStage, Stage, StageKind};
+use refract_engine::window::Window;
+use tokio::sync::{mpsc, watch};
+
+/// Elements the source emits per run.
+const ELEMENTS: i64 = 20;
+
+/// (bundle number, values) of committed bundles.
+type Commits = Arc<Mutex<Vec<(u64, Vec<i64>)>>>;
+
+/// Plays the source (stage 1) and the stable-input stage (stage 2).
+#[derive(Default)]
+struct Sdk {
+    /// Source runs so far: a value is `run * 1000 + index`.
+    source_runs: AtomicI64,
+    /// Every value the stable stage was given, in any attempt.
+    seen: Mutex<BTreeSet<i64>>,
+    /// (bundle number, values) of the stable stage's committed bundles.
+    committed: Commits,
+}
+
+impl StageExecutor for Sdk {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let output = match input.stage {
+            1 => {
+                let run = self.source_runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut out = Vec::new();
+                for i in 0..ELEMENTS {
+                    let mut value = Vec::new();
+                    encode_varint_i64(run * 1000 + i, &mut value);
+                    let header = WindowedValueHeader {
+                        timestamp: 0,
+                        windows: vec![Window::Global],
+                        pane: PaneInfo::NO_FIRING,
+                    };
+                    encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out)
+                        .expect("encodes");
+                }
+                BundleOutput {
+                    outputs: vec![(1, Bytes::from(out))],
+                    ..Default::default()
+                }
+            }
+            _ => {
+                let mut values = Vec::new();
+                for chunk in &input.elements {
+                    for e in decode_windowed_values(chunk, &Coder::Varint, &Coder::GlobalWindow)
+                        .expect("decodes")
+                    {
+                        values.push(decode_varint_i64(&e.value).expect("a varint").0);
+                    }
+                }
+                self.seen.lock().extend(values.iter().copied());
+                let bundle = input
+                    .bundle_id
+                    .rsplit_once("-b")
+                    .and_then(|(_, n)| n.parse().ok())
+                    .expect("bundle ids end in -b<number>");
+                let committed = self.committed.clone();
+                BundleOutput {
+                    on_commit: Some(CommitAction::new(move || {
+                        committed.lock().push((bundle, values))
+                    })),
+                    ..Default::default()
+                }
+            }
+        };
+        async move {
+            // Let the engine's loop turn between bundles.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(output)
+        }
+        .boxed()
+    }
+}
+
+fn plan() -> Plan {
+    let pc = |id: &str, coder: Coder| PCollection {
+        id: id.into(),
+        value_coder: coder,
+        window_coder: Coder::GlobalWindow,
+        bounded: true,
+    };
+    let stage = |name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>| Stage {
+        name: name.into(),
+        kind,
+        inputs,
+        side_inputs: vec![],
+        outputs,
+    };
+    Plan {
+        pcollections: vec![pc("impulse", Coder::Bytes), pc("numbers", Coder::Varint)],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage(
+                "source",
+                StageKind::Sdk(SdkStage::default()),
+                vec![0],
+                vec![1],
+            ),
+            stage(
+                "stable",
+                StageKind::Sdk(SdkStage {
+                    stable_input: true,
+                    ..SdkStage::default()
+                }),
+                vec![1],
+                vec![],
+            ),
+        ],
+    }
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        // Several bundles, so that some commit before a crash.
+        max_bundle_elements: 3,
+        max_bundles_per_stage: 2,
+        ..EngineConfig::default()
+    }
+}
+
+/// A checkpoint writer that makes every checkpoint durable (acks it),
+/// until the `crash_at`th, which it keeps and after which it acks nothing.
+/// Writing takes a while, as on a disk, so bundles run meanwhile.
+async fn write_until(
+    mut checkpoints: mpsc::Receiver<Vec<(String, Bytes)>>,
+    acks: watch::Sender<u64>,
+    crash_at: Option<u64>,
+) -> Option<Vec<(String, Bytes)>> {
+    let mut received = 0;
+    while let Some(parts) = checkpoints.recv().await {
+        received += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        acks.send_replace(received);
+        if Some(received) == crash_at {
+            return Some(parts);
+        }
+    }
+    None
+}
+
+/// Runs the plan, crashing at the `crash_at`th checkpoint and finishing
+/// from it; returns the values the stable stage committed, in total.
+async fn run_crashing_at(sdk: &Arc<Sdk>, crash_at: u64) -> Vec<i64> {
+    let executor: Arc<dyn StageExecutor> = sdk.clone();
+    let (cancel, cancelled) = watch::channel(false);
+    let (tx, rx) = mpsc::channel(1);
+    let (acks, written) = watch::channel(0);
+    let engine = Engine::new(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
+        .expect("a valid plan")
+        .with_checkpoints(Duration::ZERO, tx, Some(written));
+    let first = tokio::spawn(engine.run(cancelled));
+    let kept = write_until(rx, acks, Some(crash_at)).await;
+    let _ = cancel.send(true);
+    let finished_first = first.await.expect("no panic");
+    let Some(parts) = kept else {
+        finished_first.expect("the run without a crash succeeds");
+        return committed_values(sdk);
+    };
+    // A crash loses what the checkpoint does not count as done.
+    let info = describe_checkpoint(&parts).expect("readable");
+    sdk.committed
+        .lock()
+        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
+    let (tx, rx) = mpsc::channel(1);
+    let (acks, written) = watch::channel(0);
+    let mut engine = Engine::new(plan(), executor, config(), "s", Arc::new(|| 0))
+        .expect("a valid plan")
+        .with_checkpoints(Duration::ZERO, tx, Some(written));
+    engine.restore(&parts).expect("restores");
+    let writer = tokio::spawn(write_until(rx, acks, None));
+    let (_cancel, cancelled) = watch::channel(false);
+    engine
+        .run(cancelled)
+        .await
+        .expect("the restored run succeeds");
+    let _ = writer.await;
+    committed_values(sdk)
+}
+
+fn committed_values(sdk: &Sdk) -> Vec<i64> {
+    let mut values: Vec<i64> = sdk
+        .committed
+        .lock()
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    values.sort_unstable();
+    values
+}
+
+#[tokio::test]
+async fn a_stable_input_stage_sees_again_after_a_crash_exactly_what_it_saw_before() {
+    for crash_at in 1..=8 {
+        let sdk = Arc::new(Sdk::default());
+        let committed = run_crashing_at(&sdk, crash_at).await;
+        let mut indices: Vec<i64> = committed.iter().map(|v| v % 1000).collect();
+        indices.sort_unstable();
+        assert_eq!(
+            indices,
+            (0..ELEMENTS).collect::<Vec<_>>(),
+            "crash at checkpoint {crash_at}: every index exactly once ({committed:?})"
+        );
+        let committed: BTreeSet<i64> = committed.into_iter().collect();
+        let seen = sdk.seen.lock().clone();
+        let unstable: Vec<&i64> = seen.difference(&committed).collect();
+        assert!(
+            unstable.is_empty(),
+            "crash at checkpoint {crash_at}: the stable stage saw {unstable:?}, which the \
+             recovered run recomputed differently"
+        );
+    }
+}
