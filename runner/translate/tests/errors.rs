@@ -122,6 +122,52 @@ fn time_sorted_input_on_a_stateful_pardo_is_accepted() {
 }
 
 #[test]
+fn a_stable_input_pardo_is_accepted_and_starts_a_gated_stage() {
+    let mut p = load("create_map_gbk");
+    edit_pardo(&mut p, "KeyBy", |payload| {
+        payload.requires_stable_input = true
+    });
+    p.requirements
+        .push(urns::requirement::STABLE_INPUT.to_string());
+    validate(&p).expect("stable input is supported");
+    let t = translate(&p, &opts()).expect("translates");
+    let stages: Vec<(bool, Vec<&str>)> = t
+        .sdk_stages
+        .iter()
+        .map(|(idx, d)| {
+            let stable = matches!(
+                &t.plan.stages[*idx].kind,
+                refract_engine::plan::StageKind::Sdk(s) if s.stable_input
+            );
+            let mut names: Vec<&str> = d
+                .descriptor
+                .transforms
+                .values()
+                .map(|tr| tr.unique_name.as_str())
+                .filter(|n| !n.is_empty())
+                .collect();
+            names.sort_unstable();
+            (stable, names)
+        })
+        .collect();
+    let keyed: Vec<&(bool, Vec<&str>)> = stages
+        .iter()
+        .filter(|(_, names)| names.contains(&"KeyBy"))
+        .collect();
+    assert_eq!(keyed.len(), 1, "{stages:?}");
+    assert!(keyed[0].0, "KeyBy's stage is gated: {stages:?}");
+    assert!(
+        !keyed[0].1.iter().any(|n| n.starts_with("Create")),
+        "KeyBy is not fused with what feeds it: {stages:?}"
+    );
+    assert_eq!(
+        stages.iter().filter(|(stable, _)| *stable).count(),
+        1,
+        "{stages:?}"
+    );
+}
+
+#[test]
 fn window_expiration_needs_a_declared_event_time_family() {
     let mut p = load("stateful_timers");
     edit_pardo(&mut p, "Stateful", |payload| {
