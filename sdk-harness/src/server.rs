@@ -17,6 +17,7 @@ use refract_proto::job_api::artifact_retrieval_service_server::ArtifactRetrieval
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 use crate::config::WorkerConfig;
 use crate::environment::{self, ExitReport, Launched};
@@ -95,7 +96,18 @@ impl FnApiServer {
             );
         let serve_url = url.clone();
         tokio::spawn(async move {
-            let incoming = TcpListenerStream::new(listener);
+            // `tcp_nodelay` above only applies to listeners tonic opens
+            // itself. Without it, Nagle's algorithm holds each small
+            // control message until the SDK's delayed ACK (40 ms on
+            // Linux): that was most of a tiny job's run time.
+            let incoming = TcpListenerStream::new(listener).map(|conn| {
+                if let Ok(stream) = &conn {
+                    if let Err(error) = stream.set_nodelay(true) {
+                        tracing::debug!(%error, "could not set TCP_NODELAY");
+                    }
+                }
+                conn
+            });
             let stopped = async {
                 let _ = shutdown_rx.await;
             };
