@@ -86,7 +86,7 @@ fn kv_coder() -> Coder {
 fn source_block(n: usize, keys: usize) -> Bytes {
     let header = WindowedValueHeader {
         timestamp: 0,
-        windows: vec![Window::Global],
+        windows: smallvec::smallvec![Window::Global],
         pane: PaneInfo::NO_FIRING,
     };
     let mut out = Vec::with_capacity(n * 32);

@@ -14,27 +14,35 @@
 //! watermark that has passed data still to come.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use bytes::Bytes;
 
 use crate::coder::{
-    encode_iterable_len, encode_windowed_value, Coder, CoderError, DecodedElement, PaneInfo,
-    PaneTiming, WindowedValueHeader,
+    encode_iterable_len, Coder, CoderError, DecodedElement, PaneInfo, PaneTiming,
+    WindowedValueHeader,
 };
+use crate::holds::Holds;
 use crate::plan::{
     AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
     WindowingStrategy,
 };
-use crate::time::Timestamp;
+use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
 
 /// Values buffered for one (key, window), with its trigger.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Pane {
-    /// Nested-encoded values not yet discarded (all values when accumulating).
-    values: Vec<Bytes>,
+    /// Nested-encoded values not yet discarded (all values when
+    /// accumulating), one after another: a pane is emitted as exactly
+    /// these bytes after the iterable's length, so they are kept that way
+    /// (and copied out of the input, which is then free to go).
+    values: Vec<u8>,
+    /// How many values `values` holds.
+    count: usize,
     /// Data arrived since the last firing.
     new_data: bool,
     /// Earliest output-time hold of the elements since the last firing.
@@ -53,6 +61,7 @@ impl Pane {
     fn new(trigger: &Trigger) -> Self {
         Pane {
             values: Vec::new(),
+            count: 0,
             new_data: false,
             hold_min: None,
             hold_max: None,
@@ -62,15 +71,17 @@ impl Pane {
         }
     }
 
-    fn add(&mut self, value: Bytes, hold: Timestamp) {
-        self.values.push(value);
+    fn add(&mut self, value: &[u8], hold: Timestamp) {
+        self.values.extend_from_slice(value);
+        self.count += 1;
         self.new_data = true;
         self.hold_min = Some(self.hold_min.map_or(hold, |m| m.min(hold)));
         self.hold_max = Some(self.hold_max.map_or(hold, |m| m.max(hold)));
     }
 
     fn absorb(&mut self, other: Pane) {
-        self.values.extend(other.values);
+        self.values.extend_from_slice(&other.values);
+        self.count += other.count;
         self.new_data |= other.new_data;
         for h in [other.hold_min, other.hold_max].into_iter().flatten() {
             self.hold_min = Some(self.hold_min.map_or(h, |m| m.min(h)));
@@ -82,30 +93,55 @@ impl Pane {
     }
 }
 
+/// One key's panes, sorted by window. Most keys have one window or a few,
+/// so a sorted vector (one allocation) beats a map per key.
+type KeyPanes = Vec<(Window, Pane)>;
+
+/// Where `window` is (or would go) in `panes`.
+fn position(panes: &KeyPanes, window: &Window) -> Result<usize, usize> {
+    panes.binary_search_by(|(w, _)| w.cmp(window))
+}
+
 /// Buffers and fires the panes of one GroupByKey stage.
+///
+/// Evaluation is incremental: a trigger can only become ready when its
+/// window gets data, when the watermark passes the window's end or
+/// garbage-collection time, or when processing time moves. So only keys
+/// that got data since the last evaluation are looked at, unless the input
+/// watermark passed the earliest such point of any buffered window (then
+/// every key is, once) or the trigger reads processing time (then always).
+/// The output-time holds of panes with unfired data are kept in a
+/// multiset, so the stage's hold is read without a scan.
 #[derive(Debug)]
 pub struct GroupingBuffer {
     strategy: WindowingStrategy,
     key_coder_kv: Coder,
     window_coder: Coder,
-    /// key -> window -> pane.
-    panes: HashMap<Bytes, BTreeMap<Window, Pane>>,
+    /// key -> its panes. (Keys are the runner's own encoded bytes, hashed
+    /// with a fast hash: nothing here needs a keyed one.)
+    panes: FxHashMap<Bytes, KeyPanes>,
     /// Elements dropped because they arrived after their window expired.
     dropped_late: u64,
     /// The output watermark this stage last published (as far as this
     /// buffer knows it): data behind it must not be emitted behind it.
     output_watermark: Timestamp,
-    /// Something changed since the last evaluation (data arrived, windows
-    /// merged); with an unchanged watermark and no processing-time
-    /// trigger, evaluating again could fire nothing.
-    dirty: bool,
-    /// The input watermark of the last evaluation.
-    evaluated_at: Option<Timestamp>,
     /// The trigger looks at processing time, so time alone can fire panes.
     uses_processing_time: bool,
+    /// The trigger fires only once the watermark is past the end of the
+    /// window (the default trigger, for one).
+    fires_only_past_end: bool,
     /// Keys whose windows the SDK must merge before panes may fire
     /// (custom merging window functions only).
-    unmerged: std::collections::BTreeSet<Bytes>,
+    unmerged: BTreeSet<Bytes>,
+    /// Keys that got data or merged windows since the last evaluation.
+    touched: FxHashSet<Bytes>,
+    /// The earliest watermark at which some buffered window's trigger may
+    /// fire or the window expire without new data (a lower bound).
+    next_wake: Timestamp,
+    /// Every key needs a look at the next evaluation (after a restore).
+    rescan: bool,
+    /// Output times of the panes holding unfired data.
+    holds: Holds,
 }
 
 /// The changing part of a grouping buffer, for checkpoints: the strategy
@@ -117,8 +153,14 @@ pub(crate) struct GroupingSnapshot {
     panes: Vec<(Bytes, Vec<(Window, Pane)>)>,
     dropped_late: u64,
     output_watermark: Timestamp,
-    evaluated_at: Option<Timestamp>,
     unmerged: Vec<Bytes>,
+}
+
+/// What firing needs besides the pane, borrowed apart from the panes.
+struct Firing<'a> {
+    strategy: &'a WindowingStrategy,
+    window_coder: &'a Coder,
+    output_watermark: Timestamp,
 }
 
 impl GroupingBuffer {
@@ -127,15 +169,18 @@ impl GroupingBuffer {
     pub fn new(strategy: WindowingStrategy, input_value_coder: Coder, window_coder: Coder) -> Self {
         GroupingBuffer {
             uses_processing_time: uses_processing_time(&strategy.trigger),
+            fires_only_past_end: fires_only_past_end(&strategy.trigger),
             strategy,
             key_coder_kv: input_value_coder,
             window_coder,
-            panes: HashMap::new(),
+            panes: FxHashMap::default(),
             dropped_late: 0,
             output_watermark: crate::time::MIN_TIMESTAMP,
-            unmerged: Default::default(),
-            dirty: false,
-            evaluated_at: None,
+            unmerged: BTreeSet::new(),
+            touched: FxHashSet::default(),
+            next_wake: MAX_TIMESTAMP,
+            rescan: false,
+            holds: Holds::default(),
         }
     }
 
@@ -144,20 +189,13 @@ impl GroupingBuffer {
         let mut panes: Vec<(Bytes, Vec<(Window, Pane)>)> = self
             .panes
             .iter()
-            .map(|(key, windows)| {
-                let windows = windows
-                    .iter()
-                    .map(|(w, p)| (w.clone(), p.clone()))
-                    .collect();
-                (key.clone(), windows)
-            })
+            .map(|(key, windows)| (key.clone(), windows.clone()))
             .collect();
         panes.sort_by(|a, b| a.0.cmp(&b.0));
         GroupingSnapshot {
             panes,
             dropped_late: self.dropped_late,
             output_watermark: self.output_watermark,
-            evaluated_at: self.evaluated_at,
             unmerged: self.unmerged.iter().cloned().collect(),
         }
     }
@@ -165,16 +203,20 @@ impl GroupingBuffer {
     /// Puts back what [`Self::snapshot`] kept; the next evaluation looks at
     /// every pane again.
     pub(crate) fn restore(&mut self, snapshot: GroupingSnapshot) {
-        self.panes = snapshot
-            .panes
-            .into_iter()
-            .map(|(key, windows)| (key, windows.into_iter().collect()))
-            .collect();
+        self.panes = snapshot.panes.into_iter().collect();
         self.dropped_late = snapshot.dropped_late;
         self.output_watermark = snapshot.output_watermark;
-        self.evaluated_at = snapshot.evaluated_at;
         self.unmerged = snapshot.unmerged.into_iter().collect();
-        self.dirty = true;
+        self.touched.clear();
+        self.rescan = true;
+        self.holds = Holds::default();
+        for windows in self.panes.values() {
+            for (window, pane) in windows {
+                if let Some(h) = pane_hold(&self.strategy, window, pane) {
+                    self.holds.add(h);
+                }
+            }
+        }
     }
 
     /// Number of late elements dropped so far.
@@ -202,12 +244,23 @@ impl GroupingBuffer {
         input_watermark: Timestamp,
         now: Timestamp,
     ) -> Result<(), CoderError> {
-        self.dirty = true;
-        let key_len = self.key_coder_kv.kv_key_len(&element.value)?;
-        let key = element.value.slice(..key_len);
-        let value = element.value.slice(key_len..);
-        let ts = element.header.timestamp;
-        for window in &element.header.windows {
+        self.add_value(&element.header, &element.value, input_watermark, now)
+    }
+
+    /// [`Self::add`] for an element given as its header and its `KV` value
+    /// bytes (which are copied, not kept).
+    pub fn add_value(
+        &mut self,
+        header: &WindowedValueHeader,
+        kv: &[u8],
+        input_watermark: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), CoderError> {
+        let key_len = self.key_coder_kv.kv_key_len(kv)?;
+        let key = &kv[..key_len];
+        let value = &kv[key_len..];
+        let ts = header.timestamp;
+        for window in &header.windows {
             if self.expired(window, input_watermark) {
                 self.dropped_late += 1;
                 continue;
@@ -217,21 +270,10 @@ impl GroupingBuffer {
                 watermark: input_watermark,
                 now,
             };
-            let trigger = &self.strategy.trigger;
-            let windows = self.panes.entry(key.clone()).or_default();
-            let pane = windows
-                .entry(window.clone())
-                .or_insert_with(|| Pane::new(trigger));
-            if pane.trigger.is_finished() {
-                // A finished trigger starts over for data that still arrives
-                // before the window expires; what it has not fired by then is
-                // emitted when the window closes.
-                pane.trigger = TriggerState::new(trigger);
-            }
             // An element behind the published output watermark holds (and
             // stamps its pane) at the end of its window instead, so the pane
             // is never emitted behind the watermark downstream already saw.
-            let end = window.max_timestamp();
+            let end = ctx.window_end;
             // Late data (the input watermark already passed the window's end)
             // is stamped at the end of the window too, as Beam does.
             let late = input_watermark > end;
@@ -240,14 +282,53 @@ impl GroupingBuffer {
             } else {
                 ts.min(end)
             };
-            pane.add(value.clone(), hold);
+            let owned_key = match self.panes.get_key_value(key) {
+                Some((k, _)) => k.clone(),
+                None => Bytes::copy_from_slice(key),
+            };
+            let trigger = &self.strategy.trigger;
+            // Most keys have one window: room for exactly that.
+            let windows = self
+                .panes
+                .entry(owned_key.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
+            let at = match position(windows, window) {
+                Ok(at) => at,
+                Err(at) => {
+                    windows.insert(at, (window.clone(), Pane::new(trigger)));
+                    at
+                }
+            };
+            let (window, pane) = &mut windows[at];
+            let before = pane_hold(&self.strategy, window, pane);
+            if pane.trigger.is_finished() {
+                // A finished trigger starts over for data that still arrives
+                // before the window expires; what it has not fired by then is
+                // emitted when the window closes.
+                pane.trigger = TriggerState::new(trigger);
+            }
+            pane.add(value, hold);
             pane.trigger.on_element(&ctx);
+            let after = pane_hold(&self.strategy, window, pane);
+            update_holds(&mut self.holds, before, after);
+            self.next_wake = self.next_wake.min(wake(
+                window,
+                input_watermark,
+                self.strategy.allowed_lateness,
+            ));
             match self.strategy.window_fn {
-                WindowFn::Sessions { .. } => merge_intervals(windows),
+                WindowFn::Sessions { .. } => {
+                    merge_intervals(windows, &self.strategy, &mut self.holds);
+                }
                 WindowFn::Custom { merging: true } => {
-                    self.unmerged.insert(key.clone());
+                    self.unmerged.insert(owned_key.clone());
                 }
                 _ => {}
+            }
+            // Before the watermark passes the window, an element cannot
+            // make a trigger that waits for it ready.
+            if late || !self.fires_only_past_end {
+                self.touched.insert(owned_key);
             }
         }
         Ok(())
@@ -268,7 +349,7 @@ impl GroupingBuffer {
                 let windows = self
                     .panes
                     .get(key)
-                    .map(|w| w.keys().cloned().collect())
+                    .map(|w| w.iter().map(|(w, _)| w.clone()).collect())
                     .unwrap_or_default();
                 (key.clone(), windows)
             })
@@ -279,15 +360,18 @@ impl GroupingBuffer {
     /// originals become one pane of the result window. Windows the key no
     /// longer has are ignored.
     pub fn apply_merges(&mut self, key: &Bytes, merges: crate::window_merge::Merges) {
-        self.dirty = true;
         self.unmerged.remove(key);
+        self.touched.insert(key.clone());
+        self.rescan = true;
         let Some(windows) = self.panes.get_mut(key) else {
             return;
         };
         for (result, originals) in merges {
             let mut combined: Option<Pane> = None;
             for original in originals {
-                if let Some(p) = windows.remove(&original) {
+                if let Ok(at) = position(windows, &original) {
+                    let (w, p) = windows.remove(at);
+                    update_holds(&mut self.holds, pane_hold(&self.strategy, &w, &p), None);
                     match combined.as_mut() {
                         Some(c) => c.absorb(p),
                         None => combined = Some(p),
@@ -295,12 +379,7 @@ impl GroupingBuffer {
                 }
             }
             if let Some(c) = combined {
-                match windows.get_mut(&result) {
-                    Some(existing) => existing.absorb(c),
-                    None => {
-                        windows.insert(result, c);
-                    }
-                }
+                insert_pane(windows, result, c, &self.strategy, &mut self.holds);
             }
         }
     }
@@ -316,30 +395,19 @@ impl GroupingBuffer {
     /// The earliest timestamp a pane still buffered here may be emitted at,
     /// which holds the stage's output watermark.
     pub fn hold(&self) -> Option<Timestamp> {
-        self.panes
-            .values()
-            .flat_map(|w| w.iter())
-            .filter(|(_, pane)| pane.new_data)
-            .map(|(window, pane)| self.output_timestamp(window, pane))
-            .min()
+        self.holds.min()
     }
 
     /// The earliest processing time at which some trigger may fire.
     pub fn next_deadline(&self) -> Option<Timestamp> {
+        if !self.uses_processing_time {
+            return None;
+        }
         self.panes
             .values()
-            .flat_map(|w| w.values())
-            .filter_map(|p| p.trigger.next_deadline())
+            .flat_map(|w| w.iter())
+            .filter_map(|(_, p)| p.trigger.next_deadline())
             .min()
-    }
-
-    fn output_timestamp(&self, window: &Window, pane: &Pane) -> Timestamp {
-        let end = window.max_timestamp();
-        match self.strategy.output_time {
-            OutputTime::EndOfWindow => end,
-            OutputTime::EarliestInPane => pane.hold_min.unwrap_or(end).min(end),
-            OutputTime::LatestInPane => pane.hold_max.unwrap_or(end).min(end),
-        }
     }
 
     /// Fire every pane whose trigger is ready, and close every window that
@@ -352,36 +420,59 @@ impl GroupingBuffer {
         now: Timestamp,
         out: &mut Vec<u8>,
     ) -> Result<usize, CoderError> {
-        if !self.dirty && !self.uses_processing_time && self.evaluated_at == Some(input_watermark) {
-            return Ok(0);
-        }
-        self.dirty = false;
-        self.evaluated_at = Some(input_watermark);
-        let mut emitted = 0;
+        let every_key =
+            self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
+        // The keys to look at, taken out of the map (survivors go back).
+        let mut entries: Vec<(Bytes, KeyPanes)> = if every_key {
+            self.touched.clear();
+            self.rescan = false;
+            self.next_wake = MAX_TIMESTAMP;
+            self.panes.drain().collect()
+        } else {
+            let touched = std::mem::take(&mut self.touched);
+            touched
+                .into_iter()
+                .filter_map(|key| self.panes.remove_entry(&key))
+                .collect()
+        };
         // Deterministic output order makes tests and debugging simpler.
-        let mut keys: Vec<Bytes> = self.panes.keys().cloned().collect();
-        keys.sort();
-        for key in keys {
-            let Some(mut windows) = self.panes.remove(&key) else {
-                continue;
-            };
-            let mut closed = Vec::new();
-            for (window, pane) in windows.iter_mut() {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let GroupingBuffer {
+            strategy,
+            window_coder,
+            panes,
+            holds,
+            output_watermark,
+            next_wake,
+            ..
+        } = self;
+        let firing = Firing {
+            strategy,
+            window_coder,
+            output_watermark: *output_watermark,
+        };
+        let mut emitted = 0;
+        for (key, mut windows) in entries {
+            let mut i = 0;
+            while i < windows.len() {
+                let (window, pane) = &mut windows[i];
+                let before = pane_hold(strategy, window, pane);
                 let ctx = TriggerContext {
                     window_end: window.max_timestamp(),
                     watermark: input_watermark,
                     now,
                 };
-                let expired = self.expired(window, input_watermark);
+                let expired =
+                    window.garbage_collection_time(strategy.allowed_lateness) < input_watermark;
                 let mut emitted_last = false;
                 if pane.trigger.should_fire(&ctx) {
                     pane.trigger.on_fire(&ctx);
                     let last = expired || pane.trigger.is_finished();
                     let fire_empty = ctx.watermark > ctx.window_end
                         && pane.nonspeculative_fired == 0
-                        && self.strategy.on_time_behavior == OnTimeBehavior::FireAlways;
+                        && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
                     if pane.new_data || fire_empty {
-                        emitted += self.emit(&key, window, pane, &ctx, last, out)?;
+                        emitted += firing.emit(&key, window, pane, &ctx, last, out)?;
                         emitted_last = last;
                     }
                 }
@@ -389,21 +480,24 @@ impl GroupingBuffer {
                     // A finished trigger closed the window: nothing more is
                     // owed. Otherwise EMIT_ALWAYS asks for a final pane.
                     let final_pane = pane.new_data
-                        || (self.strategy.closing_behavior == ClosingBehavior::EmitAlways
+                        || (strategy.closing_behavior == ClosingBehavior::EmitAlways
                             && pane.fired > 0
                             && !pane.trigger.is_finished()
                             && !emitted_last);
                     if final_pane {
-                        emitted += self.emit(&key, window, pane, &ctx, true, out)?;
+                        emitted += firing.emit(&key, window, pane, &ctx, true, out)?;
                     }
-                    closed.push(window.clone());
+                    update_holds(holds, before, None);
+                    windows.remove(i);
+                    continue;
                 }
-            }
-            for w in closed {
-                windows.remove(&w);
+                update_holds(holds, before, pane_hold(strategy, window, pane));
+                *next_wake =
+                    (*next_wake).min(wake(window, input_watermark, strategy.allowed_lateness));
+                i += 1;
             }
             if !windows.is_empty() {
-                self.panes.insert(key, windows);
+                panes.insert(key, windows);
             }
         }
         let published = self
@@ -412,7 +506,9 @@ impl GroupingBuffer {
         self.output_watermark = self.output_watermark.max(published);
         Ok(emitted)
     }
+}
 
+impl Firing<'_> {
     fn emit(
         &self,
         key: &Bytes,
@@ -441,8 +537,8 @@ impl GroupingBuffer {
             pane.nonspeculative_fired
         };
         let header = WindowedValueHeader {
-            timestamp: self.output_timestamp(window, pane),
-            windows: vec![window.clone()],
+            timestamp: output_timestamp(self.strategy, window, pane),
+            windows: smallvec::smallvec![window.clone()],
             pane: PaneInfo {
                 is_first: pane.fired == 0,
                 is_last,
@@ -451,15 +547,16 @@ impl GroupingBuffer {
                 nonspeculative_index,
             },
         };
-        let mut value =
-            Vec::with_capacity(key.len() + 4 + pane.values.iter().map(Bytes::len).sum::<usize>());
-        value.extend_from_slice(key);
-        encode_iterable_len(pane.values.len(), &mut value)?;
-        for v in &pane.values {
-            value.extend_from_slice(v);
-        }
-        encode_windowed_value(&header, &self.window_coder, &value, out)?;
-        tracing::debug!(?window, values = pane.values.len(), pane = ?header.pane, "pane fired");
+        // Straight into `out`: header, key, count, values (checked first,
+        // so that an error writes nothing).
+        let mut count = Vec::with_capacity(4);
+        encode_iterable_len(pane.count, &mut count)?;
+        header.encode(self.window_coder, out)?;
+        out.reserve(key.len() + count.len() + pane.values.len());
+        out.extend_from_slice(key);
+        out.extend_from_slice(&count);
+        out.extend_from_slice(&pane.values);
+        tracing::trace!(?window, values = pane.count, pane = ?header.pane, "pane fired");
         pane.fired += 1;
         if timing != PaneTiming::Early {
             pane.nonspeculative_fired += 1;
@@ -470,8 +567,84 @@ impl GroupingBuffer {
         pane.hold_max = None;
         if self.strategy.accumulation == AccumulationMode::Discarding {
             pane.values.clear();
+            pane.count = 0;
         }
         Ok(1)
+    }
+}
+
+/// The timestamp a pane of `window` is emitted at.
+fn output_timestamp(strategy: &WindowingStrategy, window: &Window, pane: &Pane) -> Timestamp {
+    let end = window.max_timestamp();
+    match strategy.output_time {
+        OutputTime::EndOfWindow => end,
+        OutputTime::EarliestInPane => pane.hold_min.unwrap_or(end).min(end),
+        OutputTime::LatestInPane => pane.hold_max.unwrap_or(end).min(end),
+    }
+}
+
+/// What a pane holds the output watermark at: its output time while it has
+/// unfired data.
+fn pane_hold(strategy: &WindowingStrategy, window: &Window, pane: &Pane) -> Option<Timestamp> {
+    pane.new_data
+        .then(|| output_timestamp(strategy, window, pane))
+}
+
+/// A pane's hold went from `before` to `after`.
+fn update_holds(holds: &mut Holds, before: Option<Timestamp>, after: Option<Timestamp>) {
+    if before == after {
+        return;
+    }
+    if let Some(h) = before {
+        holds.remove(h);
+    }
+    if let Some(h) = after {
+        holds.add(h);
+    }
+}
+
+/// The watermark past which `window` needs a look without new data: its
+/// end (triggers waiting for the watermark fire), then its
+/// garbage-collection time (it closes).
+fn wake(window: &Window, watermark: Timestamp, allowed_lateness: i64) -> Timestamp {
+    let end = window.max_timestamp();
+    if watermark <= end {
+        end
+    } else {
+        window.garbage_collection_time(allowed_lateness)
+    }
+}
+
+/// Puts `pane` into `windows` under `window`, absorbing the pane already
+/// there, if any.
+fn insert_pane(
+    windows: &mut KeyPanes,
+    window: Window,
+    pane: Pane,
+    strategy: &WindowingStrategy,
+    holds: &mut Holds,
+) {
+    match position(windows, &window) {
+        Ok(at) => {
+            let (w, existing) = &mut windows[at];
+            let before = pane_hold(strategy, w, existing);
+            existing.absorb(pane);
+            update_holds(holds, before, pane_hold(strategy, w, existing));
+        }
+        Err(at) => {
+            update_holds(holds, None, pane_hold(strategy, &window, &pane));
+            windows.insert(at, (window, pane));
+        }
+    }
+}
+
+/// Whether a trigger can only fire once the watermark passed the end of
+/// the window (so data before then never makes it ready).
+fn fires_only_past_end(trigger: &Trigger) -> bool {
+    match trigger {
+        Trigger::Default | Trigger::Never => true,
+        Trigger::AfterEndOfWindow { early, .. } => early.is_none(),
+        _ => false,
     }
 }
 
@@ -496,10 +669,10 @@ fn uses_processing_time(trigger: &Trigger) -> bool {
 
 /// Merge overlapping interval windows of one key (sessions): a new
 /// element's window `[t, t + gap)` joins every window it overlaps.
-fn merge_intervals(windows: &mut BTreeMap<Window, Pane>) {
+fn merge_intervals(windows: &mut KeyPanes, strategy: &WindowingStrategy, holds: &mut Holds) {
     let mut intervals: Vec<(Timestamp, Timestamp)> = windows
-        .keys()
-        .filter_map(|w| match w {
+        .iter()
+        .filter_map(|(w, _)| match w {
             Window::Interval { start, end } => Some((*start, *end)),
             _ => None,
         })
@@ -525,7 +698,9 @@ fn merge_intervals(windows: &mut BTreeMap<Window, Pane>) {
         }
         let mut combined: Option<Pane> = None;
         for (s, e) in members {
-            if let Some(p) = windows.remove(&Window::Interval { start: s, end: e }) {
+            if let Ok(at) = position(windows, &Window::Interval { start: s, end: e }) {
+                let (w, p) = windows.remove(at);
+                update_holds(holds, pane_hold(strategy, &w, &p), None);
                 match combined.as_mut() {
                     Some(c) => c.absorb(p),
                     None => combined = Some(p),
@@ -533,7 +708,7 @@ fn merge_intervals(windows: &mut BTreeMap<Window, Pane>) {
             }
         }
         if let Some(c) = combined {
-            windows.insert(Window::Interval { start, end }, c);
+            insert_pane(windows, Window::Interval { start, end }, c, strategy, holds);
         }
     }
 }
@@ -557,7 +732,7 @@ mod tests {
         DecodedElement {
             header: WindowedValueHeader {
                 timestamp: ts,
-                windows: vec![window],
+                windows: smallvec::smallvec![window],
                 pane: PaneInfo::NO_FIRING,
             },
             encoded: value.clone(),
@@ -665,7 +840,7 @@ mod trigger_tests {
         DecodedElement {
             header: WindowedValueHeader {
                 timestamp: ts,
-                windows: vec![Window::Interval {
+                windows: smallvec::smallvec![Window::Interval {
                     start,
                     end: start + 10,
                 }],

@@ -21,6 +21,7 @@
 pub mod coder;
 pub mod executor;
 pub mod grouping;
+mod holds;
 pub mod manager;
 pub mod plan;
 pub mod state;

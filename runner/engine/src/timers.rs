@@ -59,7 +59,7 @@ impl TimerStore {
                     self.timers.remove(&id);
                 } else {
                     let mut single = timer.clone();
-                    single.windows = vec![window.clone()];
+                    single.windows = smallvec::smallvec![window.clone()];
                     self.timers.insert(id, (domain, single));
                 }
             }
@@ -234,7 +234,7 @@ mod tests {
         TimerValue {
             user_key: Bytes::copy_from_slice(key.as_bytes()),
             dynamic_tag: String::new(),
-            windows: vec![Window::Global],
+            windows: smallvec::smallvec![Window::Global],
             clear,
             fire_timestamp: fire,
             hold_timestamp: fire,

@@ -32,7 +32,7 @@ pub fn encode_request(
     let mut out = Vec::new();
     let header = WindowedValueHeader {
         timestamp: MIN_TIMESTAMP,
-        windows: vec![Window::Global],
+        windows: smallvec::smallvec![Window::Global],
         pane: PaneInfo::NO_FIRING,
     };
     for (i, (_, windows)) in keys.iter().enumerate() {
@@ -140,7 +140,7 @@ mod tests {
         let mut out = Vec::new();
         let header = WindowedValueHeader {
             timestamp: 0,
-            windows: vec![Window::Global],
+            windows: smallvec::smallvec![Window::Global],
             pane: PaneInfo::NO_FIRING,
         };
         encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out).unwrap();

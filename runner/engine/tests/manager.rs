@@ -76,7 +76,7 @@ fn encode_kv(key: &str, value: i64, ts: i64, window: &Window, wcoder: &Coder, ou
     encode_varint_i64(value, &mut v);
     let header = WindowedValueHeader {
         timestamp: ts,
-        windows: vec![window.clone()],
+        windows: smallvec::smallvec![window.clone()],
         pane: PaneInfo::NO_FIRING,
     };
     encode_windowed_value(&header, wcoder, &v, out).unwrap();
@@ -314,7 +314,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
                 encode_varint_i64(*v, &mut b);
                 let header = WindowedValueHeader {
                     timestamp: 0,
-                    windows: vec![Window::Global],
+                    windows: smallvec::smallvec![Window::Global],
                     pane: PaneInfo::NO_FIRING,
                 };
                 encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
@@ -478,7 +478,7 @@ fn window_by_hundreds() -> StageFn {
                 let start = ts - ts % 100;
                 let header = WindowedValueHeader {
                     timestamp: ts,
-                    windows: vec![Window::Interval {
+                    windows: smallvec::smallvec![Window::Interval {
                         start,
                         end: start + 10,
                     }],
@@ -833,7 +833,7 @@ async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
         let mut out = Vec::new();
         let header = WindowedValueHeader {
             timestamp: 0,
-            windows: vec![Window::Global],
+            windows: smallvec::smallvec![Window::Global],
             pane: PaneInfo::NO_FIRING,
         };
         for _ in 0..1000 {

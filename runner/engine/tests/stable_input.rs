@@ -55,7 +55,7 @@ impl StageExecutor for Sdk {
                     encode_varint_i64(run * 1000 + i, &mut value);
                     let header = WindowedValueHeader {
                         timestamp: 0,
-                        windows: vec![Window::Global],
+                        windows: smallvec::smallvec![Window::Global],
                         pane: PaneInfo::NO_FIRING,
                     };
                     encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out)

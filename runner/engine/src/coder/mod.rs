@@ -56,7 +56,8 @@ pub use primitive::{
 };
 pub use timer::{decode_timers, TimerValue};
 pub use windowed_value::{
-    decode_windowed_values, encode_iterable_len, encode_windowed_value, DecodedElement,
+    decode_windowed_values, encode_iterable_len, encode_windowed_value, BorrowedWindowedValues,
+    DecodedElement,
 };
 
 /// Why bytes could not be read as the coder said they would be.
@@ -161,13 +162,17 @@ impl PaneInfo {
     };
 }
 
+/// An element's windows: almost always one, stored inline.
+pub type Windows = smallvec::SmallVec<[Window; 1]>;
+
 /// The header of a windowed value: everything the runner needs to schedule it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowedValueHeader {
     /// Event time of the element.
     pub timestamp: Timestamp,
-    /// The windows the element is in (usually one).
-    pub windows: Vec<Window>,
+    /// The windows the element is in (usually one, kept inline: no
+    /// allocation per element).
+    pub windows: Windows,
     /// Pane of the element.
     pub pane: PaneInfo,
 }

@@ -132,7 +132,7 @@ pub(super) fn arb_header_with(window_coder: Coder) -> impl Strategy<Value = Wind
     (any::<i64>(), arb_windows_with(window_coder), arb_pane()).prop_map(
         |(timestamp, windows, pane)| WindowedValueHeader {
             timestamp,
-            windows,
+            windows: windows.into(),
             pane,
         },
     )
@@ -157,7 +157,7 @@ fn arb_timer(
             |(key, dynamic_tag, windows, clear, fire, hold, pane)| TimerValue {
                 user_key: Bytes::from(key),
                 dynamic_tag,
-                windows,
+                windows: windows.into(),
                 clear,
                 fire_timestamp: if clear { MAX_TIMESTAMP } else { fire },
                 hold_timestamp: if clear { MAX_TIMESTAMP } else { hold },
@@ -380,7 +380,10 @@ fn python_windowed_values() -> Result<(), CoderError> {
     let elements = decode_windowed_values(&buf, &Coder::Varint, &Coder::GlobalWindow)?;
     assert_eq!(elements.len(), 1);
     assert_eq!(elements[0].header.timestamp, 0);
-    assert_eq!(elements[0].header.windows, vec![Window::Global]);
+    assert_eq!(
+        elements[0].header.windows,
+        smallvec::smallvec![Window::Global] as crate::coder::Windows
+    );
     assert_eq!(elements[0].header.pane, PaneInfo::NO_FIRING);
     assert_eq!(&elements[0].value[..], [0x05]);
     assert_eq!(elements[0].encoded, buf);
@@ -399,7 +402,7 @@ fn python_windowed_values() -> Result<(), CoderError> {
     let expected_headers = [
         WindowedValueHeader {
             timestamp: 7_000,
-            windows: vec![
+            windows: smallvec::smallvec![
                 Window::Interval {
                     start: 0,
                     end: 10_000,
@@ -413,7 +416,7 @@ fn python_windowed_values() -> Result<(), CoderError> {
         },
         WindowedValueHeader {
             timestamp: -5,
-            windows: vec![Window::Interval { start: -10, end: 0 }],
+            windows: smallvec::smallvec![Window::Interval { start: -10, end: 0 }],
             pane: pane(false, true, PaneTiming::Late, 3, 2),
         },
     ];
@@ -527,7 +530,7 @@ fn python_timers() -> Result<(), CoderError> {
         TimerValue {
             user_key: Bytes::from(hex("02ac02")),
             dynamic_tag: "tag1".to_string(),
-            windows: vec![Window::Interval {
+            windows: smallvec::smallvec![Window::Interval {
                 start: 0,
                 end: 60_000,
             }],
@@ -539,7 +542,7 @@ fn python_timers() -> Result<(), CoderError> {
         TimerValue {
             user_key: Bytes::from(hex("0107")),
             dynamic_tag: String::new(),
-            windows: vec![Window::Interval {
+            windows: smallvec::smallvec![Window::Interval {
                 start: 60_000,
                 end: 120_000,
             }],

@@ -20,7 +20,6 @@ use super::reader::Reader;
 use super::windowed_value::{encode_windows, read_windows};
 use super::{Coder, CoderError, PaneInfo};
 use crate::time::{Timestamp, MAX_TIMESTAMP};
-use crate::window::Window;
 
 /// A decoded timer (beam:coder:timer:v1). user_key holds the key's nested
 /// bytes as-is. The engine keeps timers in this form: it needs the
@@ -32,7 +31,7 @@ pub struct TimerValue {
     /// The dynamic timer tag (`""` for a timer that is not in a map).
     pub dynamic_tag: String,
     /// The windows the timer is set in.
-    pub windows: Vec<Window>,
+    pub windows: super::Windows,
     /// Whether this clears the timer instead of setting it. A cleared timer
     /// carries no timestamps or pane on the wire: they decode as
     /// [`MAX_TIMESTAMP`] and [`PaneInfo::NO_FIRING`] and are not written.
@@ -141,6 +140,7 @@ mod tests {
 
     use super::*;
     use crate::coder::tests::{arb_timer_with, arb_window_coder, hex};
+    use crate::window::Window;
 
     fn utf8_key() -> Bytes {
         Bytes::from_static(&[0x01, 0x6b])
@@ -151,7 +151,7 @@ mod tests {
         let set = TimerValue {
             user_key: utf8_key(),
             dynamic_tag: String::new(),
-            windows: vec![Window::Global],
+            windows: smallvec::smallvec![Window::Global],
             clear: false,
             fire_timestamp: 10_000,
             hold_timestamp: 10_000,
@@ -188,7 +188,7 @@ mod tests {
         let mismatched = TimerValue {
             user_key: utf8_key(),
             dynamic_tag: String::new(),
-            windows: vec![Window::Global],
+            windows: smallvec::smallvec![Window::Global],
             clear: true,
             fire_timestamp: 0,
             hold_timestamp: 0,

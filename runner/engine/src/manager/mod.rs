@@ -12,7 +12,7 @@
 //! has not finished, the job cannot make progress: it fails with the names
 //! of the stages holding it, rather than hanging.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +38,6 @@ use crate::timers::{FiredTimer, TimerStore};
 use crate::window::Window;
 
 mod commit;
-mod holds;
 mod pending;
 mod routing;
 mod scheduling;
@@ -51,7 +50,7 @@ mod topology;
 mod watermarks;
 mod window_merging;
 
-use holds::Holds;
+use crate::holds::Holds;
 use pending::Pending;
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;

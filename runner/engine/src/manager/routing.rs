@@ -2,7 +2,7 @@
 //! grouping buffers and side-input stores.
 
 use super::*;
-use crate::coder::TimerValue;
+use crate::coder::{BorrowedWindowedValues, TimerValue};
 use crate::plan::SdkStage;
 
 impl Engine {
@@ -10,6 +10,16 @@ impl Engine {
     pub(super) fn route(&mut self, pcoll: PCollectionIdx, bytes: Bytes) -> Result<(), EngineError> {
         if bytes.is_empty() {
             return Ok(());
+        }
+        let consumers = &self.consumers[pcoll];
+        if consumers.side_inputs.is_empty()
+            && !consumers.stages.is_empty()
+            && consumers
+                .stages
+                .iter()
+                .all(|&c| self.stages[c].grouping.is_some())
+        {
+            return self.route_to_grouping(pcoll, &bytes);
         }
         let pc = &self.plan.pcollections[pcoll];
         let elements = decode_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
@@ -20,6 +30,77 @@ impl Engine {
         )?;
         for e in elements {
             self.route_element(pcoll, e)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::route`] when every consumer is a GroupByKey: elements are
+    /// read in place and each buffer copies the bytes it keeps, so no
+    /// element is materialized.
+    fn route_to_grouping(
+        &mut self,
+        pcoll: PCollectionIdx,
+        bytes: &[u8],
+    ) -> Result<(), EngineError> {
+        let pc = &self.plan.pcollections[pcoll];
+        let (value_coder, window_coder) = (pc.value_coder.clone(), pc.window_coder.clone());
+        let decode_error = |engine: &Engine, source| EngineError::Decode {
+            pcollection: engine.plan.pcollections[pcoll].id.clone(),
+            source,
+        };
+        for item in BorrowedWindowedValues::new(bytes, &value_coder, &window_coder) {
+            let (header, kv, len) = item.map_err(|source| decode_error(self, source))?;
+            if let Some(producer) = self.producers[pcoll] {
+                let counters = &mut self.stages[producer].counters;
+                counters.elements_out += 1;
+                counters.bytes_out += len as u64;
+            }
+            for i in 0..self.consumers[pcoll].stages.len() {
+                let stage = self.consumers[pcoll].stages[i];
+                let (input_wm, now) = (self.stages[stage].input_wm, self.now());
+                let s = &mut self.stages[stage];
+                s.counters.elements_processed += 1;
+                s.counters.bytes_processed += len as u64;
+                let Some(g) = s.grouping.as_mut() else {
+                    continue;
+                };
+                let added = g.add_value(&header, kv, input_wm, now);
+                added.map_err(|source| decode_error(self, source))?;
+                if self.config.streaming {
+                    self.fire_grouping(stage, input_wm, now)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Streaming: evaluates a grouping stage's triggers right after an
+    /// element arrived, and routes what fires.
+    fn fire_grouping(
+        &mut self,
+        stage: StageIdx,
+        input_wm: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        let Some(g) = self.stages[stage].grouping.as_mut() else {
+            return Ok(());
+        };
+        if g.needs_merge() {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        let fired = g
+            .evaluate(input_wm, now, &mut out)
+            .map_err(|source| EngineError::Decode {
+                pcollection: format!("output of '{}'", self.plan.stages[stage].name),
+                source,
+            })?;
+        if fired > 0 {
+            let bytes = Bytes::from(out);
+            for o in 0..self.plan.stages[stage].outputs.len() {
+                let out = self.plan.stages[stage].outputs[o];
+                self.route(out, bytes.clone())?;
+            }
         }
         Ok(())
     }
@@ -72,9 +153,14 @@ impl Engine {
             }
         }
         // By index: the consumer list is read per element and must not be
-        // cloned for each one.
-        for i in 0..self.consumers[pcoll].stages.len() {
+        // cloned for each one. The last consumer queueing it takes `e`.
+        let n = self.consumers[pcoll].stages.len();
+        let mut e = Some(e);
+        for i in 0..n {
             let stage = self.consumers[pcoll].stages[i];
+            let Some(element) = e.as_ref() else {
+                break;
+            };
             let input_wm = self.stages[stage].input_wm;
             let now = self.now();
             let streaming = self.config.streaming;
@@ -84,29 +170,14 @@ impl Engine {
                     // A grouping stage runs no bundles: its progress is
                     // the elements it took in.
                     s.counters.elements_processed += 1;
-                    s.counters.bytes_processed += e.encoded.len() as u64;
-                    g.add(&e, input_wm, now)
+                    s.counters.bytes_processed += element.encoded.len() as u64;
+                    g.add(element, input_wm, now)
                         .map_err(|source| EngineError::Decode {
                             pcollection: self.plan.pcollections[pcoll].id.clone(),
                             source,
                         })?;
-                    if streaming && !g.needs_merge() {
-                        let mut out = Vec::new();
-                        let fired = g.evaluate(input_wm, now, &mut out).map_err(|source| {
-                            EngineError::Decode {
-                                pcollection: format!(
-                                    "output of '{}'",
-                                    self.plan.stages[stage].name
-                                ),
-                                source,
-                            }
-                        })?;
-                        if fired > 0 {
-                            let bytes = Bytes::from(out);
-                            for &o in &self.plan.stages[stage].outputs.clone() {
-                                self.route(o, bytes.clone())?;
-                            }
-                        }
+                    if streaming {
+                        self.fire_grouping(stage, input_wm, now)?;
                     }
                 }
                 None => {
@@ -117,14 +188,15 @@ impl Engine {
                     }) = &self.plan.stages[stage].kind
                     {
                         let pc = &self.plan.pcollections[pcoll];
-                        let key_len = pc.value_coder.kv_key_len(&e.value).map_err(|source| {
-                            EngineError::Decode {
-                                pcollection: pc.id.clone(),
-                                source,
-                            }
-                        })?;
-                        let key = e.value.slice(..key_len);
-                        for window in &e.header.windows {
+                        let key_len =
+                            pc.value_coder
+                                .kv_key_len(&element.value)
+                                .map_err(|source| EngineError::Decode {
+                                    pcollection: pc.id.clone(),
+                                    source,
+                                })?;
+                        let key = element.value.slice(..key_len);
+                        for window in &element.header.windows {
                             s.timers.set_if_absent(
                                 &expiration.transform_id,
                                 &expiration.family_id,
@@ -132,7 +204,10 @@ impl Engine {
                             );
                         }
                     }
-                    s.pending.push_back(e.clone());
+                    let queued = if i + 1 == n { e.take() } else { e.clone() };
+                    if let Some(queued) = queued {
+                        s.pending.push_back(queued);
+                    }
                     self.summary.peak_pending_bytes =
                         self.summary.peak_pending_bytes.max(s.pending.bytes());
                 }
@@ -151,7 +226,7 @@ fn expiration_timer(key: Bytes, window: &Window, allowed_lateness: i64) -> Timer
     TimerValue {
         user_key: key,
         dynamic_tag: String::new(),
-        windows: vec![window.clone()],
+        windows: smallvec::smallvec![window.clone()],
         clear: false,
         fire_timestamp: window.garbage_collection_time(allowed_lateness),
         hold_timestamp: window.max_timestamp(),

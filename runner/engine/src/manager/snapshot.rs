@@ -45,7 +45,7 @@ pub enum SnapshotError {
 }
 
 /// Version of the encoding; a checkpoint of another version is refused.
-const SNAPSHOT_VERSION: u32 = 1;
+const SNAPSHOT_VERSION: u32 = 2;
 
 /// An element as a checkpoint keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

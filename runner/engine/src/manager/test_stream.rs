@@ -23,7 +23,7 @@ impl Engine {
                     for (value, timestamp) in &elements {
                         let header = WindowedValueHeader {
                             timestamp: *timestamp,
-                            windows: vec![Window::Global],
+                            windows: smallvec::smallvec![Window::Global],
                             pane: PaneInfo::NO_FIRING,
                         };
                         encode_windowed_value(&header, &pc.window_coder, value, &mut bytes)

@@ -21,7 +21,7 @@ impl Engine {
                             let mut bytes = Vec::new();
                             let header = WindowedValueHeader {
                                 timestamp: MIN_TIMESTAMP,
-                                windows: vec![Window::Global],
+                                windows: smallvec::smallvec![Window::Global],
                                 pane: PaneInfo::NO_FIRING,
                             };
                             for &out in &self.plan.stages[idx].outputs.clone() {

@@ -37,7 +37,7 @@ pub fn kv_value(input: &Input) -> Vec<u8> {
 pub fn encode_input(input: &Input, windows: Vec<Window>, window_coder: &Coder, out: &mut Vec<u8>) {
     let header = WindowedValueHeader {
         timestamp: input.ts,
-        windows,
+        windows: windows.into(),
         pane: PaneInfo::NO_FIRING,
     };
     encode_windowed_value(&header, window_coder, &kv_value(input), out)
