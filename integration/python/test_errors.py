@@ -101,6 +101,13 @@ def test_bad_flag_exits_nonzero_with_usage(refract_bin):
   assert 'no_such_flag' in output, output
 
 
+def test_a_bad_memory_budget_exits_nonzero_naming_it(refract_bin):
+  r = run_cli(refract_bin, 'serve', '--memory_budget', 'lots')
+  output = r.stdout + r.stderr
+  assert r.returncode != 0, output
+  assert '--memory_budget' in output and "'lots' is not a size" in output, output
+
+
 def test_help_exits_zero_with_usage(refract_bin):
   r = run_cli(refract_bin, '--help')
   output = r.stdout + r.stderr

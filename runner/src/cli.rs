@@ -164,6 +164,11 @@ pub struct ServeArgs {
     /// `--state_dir`, else a temporary directory).
     #[arg(long = "staging_dir")]
     pub staging_dir: Option<PathBuf>,
+    /// Memory a job's elements waiting between stages may take (e.g.
+    /// `512m`, `2g`), split over its stages; a stage whose consumer is over
+    /// its share is not scheduled. Default: a quarter of the machine's RAM.
+    #[arg(long = "memory_budget", value_parser = crate::memory::parse_byte_size)]
+    pub memory_budget: Option<usize>,
 }
 
 /// Log verbosity, as Beam's PrismRunner names it.

@@ -93,6 +93,8 @@ pub struct RefractRunner {
     insights: Insights,
     otlp: Option<Arc<OtlpExport>>,
     durability: Option<Arc<Durability>>,
+    /// Bytes a job's waiting elements may take, over all its stages.
+    memory_budget: Option<usize>,
 }
 
 impl RefractRunner {
@@ -106,7 +108,16 @@ impl RefractRunner {
             insights: Insights::default(),
             otlp: None,
             durability: None,
+            memory_budget: None,
         }
+    }
+
+    /// Bound each job's waiting elements to `bytes` in all (split over its
+    /// stages; see [`crate::memory`]). Without it, each stage keeps the
+    /// engine's default bound.
+    pub fn with_memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = Some(bytes);
+        self
     }
 
     /// Record every job in the state store, checkpoint it, and resume it
@@ -150,6 +161,7 @@ impl JobRunner for RefractRunner {
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
+        let memory_budget = self.memory_budget;
         let workers = match option_usize(job.options(), "sdk_worker_parallelism") {
             Some(0) | None => self.default_workers,
             Some(n) => n,
@@ -181,7 +193,14 @@ impl JobRunner for RefractRunner {
                     recorder,
                     durability: durability.clone(),
                 };
-                let outcome = run_job(job.clone(), fn_server, config, workers, watchers).await;
+                let outcome = run_job(
+                    job.clone(),
+                    fn_server,
+                    config,
+                    (workers, memory_budget),
+                    watchers,
+                )
+                .await;
                 view.clear_workers();
                 activity.job_ended();
                 let error = match outcome {
@@ -315,7 +334,7 @@ async fn run_job(
     job: Arc<Job>,
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
-    workers_per_env: usize,
+    (workers_per_env, memory_budget): (usize, Option<usize>),
     watchers: JobWatchers,
 ) -> Result<(), JobError> {
     let JobWatchers {
@@ -383,9 +402,13 @@ async fn run_job(
     } else {
         config.max_attempts
     };
+    let max_pending_bytes = memory_budget.map_or(config.max_pending_bytes, |budget| {
+        crate::memory::per_stage_bytes(budget, translated.plan.stages.len())
+    });
     let config = EngineConfig {
         streaming,
         max_attempts,
+        max_pending_bytes,
         ..config
     };
     job.metrics()

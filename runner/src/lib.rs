@@ -9,6 +9,7 @@ pub mod durability;
 pub(crate) mod harness_executor;
 pub mod insights;
 pub mod job_runner;
+pub mod memory;
 pub mod metric_payload;
 mod options;
 pub mod run_command;

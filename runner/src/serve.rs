@@ -91,7 +91,16 @@ pub async fn start(
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
     };
-    let runner = RefractRunner::new(fn_server).with_default_workers(default_workers);
+    let memory_budget = args
+        .memory_budget
+        .unwrap_or_else(crate::memory::default_budget);
+    info!(
+        memory_budget,
+        "memory budget for each job's waiting elements"
+    );
+    let runner = RefractRunner::new(fn_server)
+        .with_default_workers(default_workers)
+        .with_memory_budget(memory_budget);
     let insights = runner.insights();
     let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
         Some(endpoint) => {

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Benchmark: does the runner's memory stay flat when the sink is slower
+than the source? (issue 5; not a test: it reports, it does not assert.)
+
+A streaming pipeline — an unbounded splittable source emitting 1 KiB
+records as fast as it can (self-checkpointing every step), a Reshuffle (so
+records wait in the runner between stages), and a sink that sleeps per
+record, ~10x slower than the source — runs on `refract serve` with a given
+`--memory_budget`, with PROCESS workers. The runner's resident set size is
+sampled every second; the report gives it at the start, the middle and the
+end, its peak, and how many records the sink took.
+
+    integration/bench/slow_sink_memory.py --bin target/release/refract \
+        [--seconds 600] [--memory_budget 64m]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, 'integration', 'python'))
+BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
+
+from refract_testlib import RefractServer, free_port  # pylint: disable=wrong-import-position
+
+PIPELINE = r'''
+import json, sys, time
+import apache_beam as beam
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.timestamp import Duration
+
+class Endless(beam.RestrictionProvider):
+  def initial_restriction(self, _):
+    return OffsetRange(0, 1 << 62)
+  def create_tracker(self, restriction):
+    return OffsetRestrictionTracker(restriction)
+  def restriction_size(self, _, restriction):
+    return restriction.size()
+
+class Records(beam.DoFn):
+  @beam.DoFn.unbounded_per_element()
+  def process(self, _, tracker=beam.DoFn.RestrictionParam(Endless())):
+    position = tracker.current_restriction().start
+    for _ in range(500):
+      if not tracker.try_claim(position):
+        return
+      yield b'%d ' % position + b'x' * 1000
+      position += 1
+    tracker.defer_remainder(Duration(seconds=0))
+
+class SlowSink(beam.DoFn):
+  TAKEN = Metrics.counter('bench', 'sink_records')
+  def process(self, record):
+    time.sleep(0.001)
+    self.TAKEN.inc()
+
+endpoint, boot = sys.argv[1], sys.argv[2]
+options = PipelineOptions([
+    '--runner=PortableRunner', '--job_endpoint=' + endpoint, '--streaming',
+    '--environment_type=PROCESS',
+    '--environment_config=' + json.dumps({'command': boot}),
+])
+p = beam.Pipeline(options=options)
+_ = (p | beam.Impulse() | beam.ParDo(Records()) | beam.Reshuffle()
+     | beam.ParDo(SlowSink()))
+print(p.run()._job_id, flush=True)
+'''
+
+
+def rss_bytes(pid):
+  with open('/proc/%d/status' % pid) as f:
+    for line in f:
+      if line.startswith('VmRSS:'):
+        return int(line.split()[1]) * 1024
+  return 0
+
+
+def sink_records(endpoint, job_id):
+  import grpc  # pylint: disable=import-outside-toplevel
+  from apache_beam.coders import VarIntCoder  # pylint: disable=import-outside-toplevel
+  from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc  # pylint: disable=import-outside-toplevel
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    metrics = stub.GetJobMetrics(
+        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id), timeout=10).metrics
+  return sum(
+      VarIntCoder().decode(i.payload)
+      for i in metrics.committed
+      if i.labels.get('NAME') == 'sink_records')
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--bin', required=True, help='refract binary')
+  ap.add_argument('--seconds', type=int, default=600)
+  ap.add_argument('--memory_budget', default='64m')
+  args = ap.parse_args()
+  work = tempfile.mkdtemp(prefix='refract-slow-sink.')
+  server = RefractServer(
+      os.path.abspath(args.bin),
+      os.path.join(work, 'refract.log'),
+      port=free_port(),
+      extra_args=['--memory_budget', args.memory_budget,
+                  '--serve_http=false']).wait_ready()
+  try:
+    script = os.path.join(work, 'pipeline.py')
+    with open(script, 'w') as f:
+      f.write(PIPELINE)
+    job = subprocess.run([sys.executable, script, server.endpoint, BOOT],
+                         capture_output=True, text=True, timeout=120,
+                         check=True).stdout.strip().splitlines()[-1]
+    samples = []
+    start = time.monotonic()
+    while time.monotonic() - start < args.seconds:
+      time.sleep(1)
+      samples.append((time.monotonic() - start, rss_bytes(server.proc.pid)))
+    taken = sink_records(server.endpoint, job)
+  finally:
+    server.stop()
+  mib = lambda b: b / (1 << 20)
+  third = max(1, len(samples) // 3)
+  first, middle, last = samples[third - 1], samples[len(samples) // 2], samples[-1]
+  print('slow sink, %ds, --memory_budget %s: runner RSS %.0f MiB at %ds, '
+        '%.0f MiB at %ds, %.0f MiB at %ds; peak %.0f MiB; sink took %d records '
+        '(log in %s)' % (args.seconds, args.memory_budget, mib(first[1]),
+                         first[0], mib(middle[1]), middle[0], mib(last[1]),
+                         last[0], mib(max(s[1] for s in samples)), taken, work))
+
+
+if __name__ == '__main__':
+  main()
