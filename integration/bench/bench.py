@@ -121,11 +121,17 @@ class Server:
           pass
 
   def pipeline_options(self):
-    return [
+    options = [
         '--runner=PortableRunner',
         '--job_endpoint=localhost:%d' % self.port,
         '--environment_type=LOOPBACK',
     ]
+    if os.environ.get('REFRACT_BENCH_LOOPBACK_PROCESSES') == '1':
+      # The client's worker pool starts each SDK worker the runner asks for
+      # as a process of its own, not a thread under the client's GIL: a
+      # runner that starts several workers then gets several cores.
+      options.append('--experiments=use_loopback_process_worker')
+    return options
 
 
 def job_seconds(out):

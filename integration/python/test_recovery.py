@@ -20,6 +20,7 @@ import sys
 import time
 
 import grpc
+import pytest
 from apache_beam.coders import VarIntCoder
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
@@ -108,13 +109,13 @@ def wait_for_results(output, server, timeout_s=60):
     time.sleep(0.1)
 
 
-def durable_server(refract_bin, state_dir, port, log):
+def durable_server(refract_bin, state_dir, port, log, interval='200ms'):
   return RefractServer(
       refract_bin,
       log,
       port=port,
       extra_args=[
-          '--state_dir', state_dir, '--checkpoint_interval', '200ms',
+          '--state_dir', state_dir, '--checkpoint_interval', interval,
           '--serve_http=false'
       ]).wait_ready()
 
@@ -127,13 +128,14 @@ def kill_group(server):
     pass
 
 
-def kill_and_restart(servers, refract_bin, state_dir, port, log):
+def kill_and_restart(servers, refract_bin, state_dir, port, log,
+                     interval='200ms'):
   """SIGKILLs the latest server and its workers, and starts another on the
   same state directory and port."""
   servers[-1].proc.send_signal(signal.SIGKILL)
   servers[-1].proc.wait()
   kill_group(servers[-1])
-  servers.append(durable_server(refract_bin, state_dir, port, log))
+  servers.append(durable_server(refract_bin, state_dir, port, log, interval))
 
 
 def submitted_job(request, refract_bin, tmp_path):
@@ -161,8 +163,10 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
   assert read_results(output) == expected_results(EVENTS)
 
 
+# '0s': a checkpoint after every commit (group commit).
+@pytest.mark.parametrize('interval', ['200ms', '0s'])
 def test_runner_killed_and_restarted_gives_the_same_results(
-    request, refract_bin, tmp_path):
+    request, refract_bin, tmp_path, interval):
   output = tmp_path / 'out'
   output.mkdir()
   state_dir = tmp_path / 'state'
@@ -170,7 +174,10 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   rng = random.Random(os.environ.get('REFRACT_RECOVERY_SEED', '7'))
   # Long enough for several kills and restarts before the end.
   events = 3 * EVENTS
-  servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
+  servers = [
+      durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log',
+                     interval)
+  ]
   request.node.refract_processes = servers
   try:
     job = submit(servers[-1].endpoint, output, events=events)
@@ -183,7 +190,7 @@ def test_runner_killed_and_restarted_gives_the_same_results(
         assert state == 'DONE', servers[-1].log_tail()
         break
       kill_and_restart(servers, refract_bin, state_dir, port,
-                       tmp_path / ('refract-%d.log' % (attempt + 1)))
+                       tmp_path / ('refract-%d.log' % (attempt + 1)), interval)
       kills += 1
     assert kills > 0, 'the job ended before the first kill'
     state = wait_for_end(servers[-1], job)

@@ -157,7 +157,9 @@ pub struct ServeArgs {
     /// resumes the jobs that had not ended. Default: in memory only.
     #[arg(long = "state_dir")]
     pub state_dir: Option<PathBuf>,
-    /// How often running jobs checkpoint with `--state_dir` (Go duration).
+    /// How often running jobs checkpoint with `--state_dir` (Go duration);
+    /// `0` checkpoints after every bundle commit, as often as the disk
+    /// keeps up (bundles committed meanwhile share the next write).
     #[arg(long = "checkpoint_interval", default_value = "5s")]
     pub checkpoint_interval: String,
     /// Where staged artifacts are kept (default: `STATE_DIR/staging` with

@@ -70,6 +70,9 @@ impl Engine {
                 .sum::<u64>();
         }
         self.summary.bundles += 1;
+        if let Some(sink) = &mut self.checkpoints {
+            sink.commits += 1;
+        }
         if let Some(action) = output.on_commit {
             action.run();
         }

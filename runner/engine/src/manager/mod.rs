@@ -269,6 +269,9 @@ struct CheckpointSink {
     /// Sent checkpoints not yet durable, with where each cut the queues of
     /// stable-input stages.
     awaiting: VecDeque<(u64, Vec<(StageIdx, u64)>)>,
+    /// Bundles committed since the last checkpoint was sent (what an
+    /// interval of zero — a checkpoint after every commit — waits for).
+    commits: u64,
 }
 
 /// Extra state a checkpoint carries for the engine's owner (the job's
@@ -406,9 +409,12 @@ impl Engine {
     }
 
     /// Send a checkpoint ([`Self::checkpoint_parts`]) to `tx` every
-    /// `every` while the job runs. A checkpoint that finds the channel
-    /// full (the previous one is still being written) is skipped, not
-    /// queued: checkpointing never holds the job up nor piles up memory.
+    /// `every` while the job runs; with `every` zero, after every commit,
+    /// as often as the writer keeps up (bundles committed while it writes
+    /// go into the next checkpoint together: group commit). A checkpoint
+    /// that finds the channel full (the previous one is still waiting to
+    /// be written) is skipped, not queued, and not even taken:
+    /// checkpointing never holds the job up nor piles up memory.
     ///
     /// Stages with stable input (`@RequiresStableInput`) are then given only
     /// elements a checkpoint holds; one is taken as soon as such a stage
@@ -429,6 +435,7 @@ impl Engine {
             acks,
             sent: 0,
             awaiting: VecDeque::new(),
+            commits: 0,
         });
         for (idx, stage) in self.plan.stages.iter().enumerate() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
@@ -461,7 +468,21 @@ impl Engine {
         };
         let awaited =
             sink.awaiting.is_empty() && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
-        if sink.last.elapsed() < sink.every && !awaited {
+        let due = if sink.every.is_zero() {
+            sink.commits > 0
+        } else {
+            sink.last.elapsed() >= sink.every
+        };
+        if !due && !awaited {
+            return;
+        }
+        if sink.tx.capacity() == 0 {
+            // The writer is behind: this checkpoint would only be dropped.
+            if let Some(sink) = &mut self.checkpoints {
+                if !sink.every.is_zero() {
+                    sink.last = Instant::now();
+                }
+            }
             return;
         }
         let parts = self.checkpoint_parts();
@@ -479,6 +500,7 @@ impl Engine {
             Ok(parts) => match sink.tx.try_send(parts) {
                 Ok(()) => {
                     sink.sent += 1;
+                    sink.commits = 0;
                     if sink.acked {
                         sink.awaiting.push_back((sink.sent, marks));
                     } else {
@@ -595,7 +617,7 @@ impl Engine {
             }
             let mut sleep_until =
                 next_wakeup.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            if let Some(sink) = &self.checkpoints {
+            if let Some(sink) = self.checkpoints.as_ref().filter(|s| !s.every.is_zero()) {
                 sleep_until = sleep_until.min(sink.last + sink.every);
             }
             tokio::select! {
