@@ -282,16 +282,18 @@ impl GroupingBuffer {
             } else {
                 ts.min(end)
             };
-            let owned_key = match self.panes.get_key_value(key) {
-                Some((k, _)) => k.clone(),
-                None => Bytes::copy_from_slice(key),
-            };
+            // Looked up by the borrowed bytes: a key is copied once, when
+            // it is new, and its `Bytes` is cloned only when it is recorded
+            // elsewhere (below).
+            if !self.panes.contains_key(key) {
+                // Most keys have one window: room for exactly that.
+                self.panes
+                    .insert(Bytes::copy_from_slice(key), Vec::with_capacity(1));
+            }
             let trigger = &self.strategy.trigger;
-            // Most keys have one window: room for exactly that.
-            let windows = self
-                .panes
-                .entry(owned_key.clone())
-                .or_insert_with(|| Vec::with_capacity(1));
+            let Some(windows) = self.panes.get_mut(key) else {
+                continue;
+            };
             let at = match position(windows, window) {
                 Ok(at) => at,
                 Err(at) => {
@@ -320,15 +322,15 @@ impl GroupingBuffer {
                 WindowFn::Sessions { .. } => {
                     merge_intervals(windows, &self.strategy, &mut self.holds);
                 }
-                WindowFn::Custom { merging: true } => {
-                    self.unmerged.insert(owned_key.clone());
+                WindowFn::Custom { merging: true } if !self.unmerged.contains(key) => {
+                    self.unmerged.insert(Bytes::copy_from_slice(key));
                 }
                 _ => {}
             }
             // Before the watermark passes the window, an element cannot
             // make a trigger that waits for it ready.
-            if late || !self.fires_only_past_end {
-                self.touched.insert(owned_key);
+            if (late || !self.fires_only_past_end) && !self.touched.contains(key) {
+                self.touched.insert(Bytes::copy_from_slice(key));
             }
         }
         Ok(())
