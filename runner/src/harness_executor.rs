@@ -316,7 +316,7 @@ impl StageExecutor for HarnessExecutor {
 /// Runs one bundle of `stage` on `worker` (splitting a splittable one that
 /// takes long) and turns the worker's answer into the engine's terms.
 async fn run_bundle(
-    worker: &Worker,
+    worker: &Arc<Worker>,
     stage: &SdkStageDescriptor,
     input: BundleInput,
     job: &Arc<Job>,
@@ -395,15 +395,24 @@ async fn run_bundle(
         .filter_map(residual)
         .collect();
     residuals.extend(split_residuals);
-    if result.response.requires_finalization {
-        if let Err(e) = worker.finalize_bundle(&input.bundle_id).await {
-            warn!(bundle = %input.bundle_id, error = %e, "bundle finalization failed");
-        }
-    }
+    // Finalization (a source acknowledging what it read) waits until the
+    // engine has made the bundle's effects durable.
+    let on_durable = result.response.requires_finalization.then(|| {
+        let worker = worker.clone();
+        let bundle_id = input.bundle_id.clone();
+        CommitAction::new(move || {
+            tokio::spawn(async move {
+                if let Err(e) = worker.finalize_bundle(&bundle_id).await {
+                    warn!(bundle = %bundle_id, error = %e, "bundle finalization failed");
+                }
+            });
+        })
+    });
     Ok(BundleOutput {
         outputs,
         timers,
         residuals,
         on_commit: Some(on_commit),
+        on_durable,
     })
 }

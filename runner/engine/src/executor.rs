@@ -62,6 +62,12 @@ pub struct BundleOutput {
     /// applied when the engine commits it: a checkpoint cut then counts
     /// them exactly when it counts the bundle's outputs.
     pub on_commit: Option<CommitAction>,
+    /// Something to do once the bundle's effects are durable (bundle
+    /// finalization: a source acknowledging what it read): at commit when
+    /// the job checkpoints nowhere, else once a checkpoint holding the
+    /// commit is written, so that a recovery never redoes work whose input
+    /// was already acknowledged away.
+    pub on_durable: Option<CommitAction>,
 }
 
 /// Something to do when (and only if) the engine commits a bundle.

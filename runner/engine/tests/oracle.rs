@@ -81,6 +81,8 @@
 //! against bounds (`[earliest value, end of window]`); `AfterWatermark()`
 //! without late firings is left out; allowed lateness stays under a day.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "oracle/model.rs"]
 mod model;
 #[path = "oracle/pipeline.rs"]

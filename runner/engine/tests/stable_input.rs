@@ -8,12 +8,15 @@
 //! stable stage saw in any attempt must be among the values finally
 //! committed, and those must be each source index exactly once.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::{global_pcollection, stage};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -23,7 +26,7 @@ use refract_engine::coder::{
 };
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
 use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig};
-use refract_engine::plan::{PCollection, Plan, SdkStage, Stage, StageKind};
+use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
 
@@ -100,21 +103,11 @@ impl StageExecutor for Sdk {
 }
 
 fn plan() -> Plan {
-    let pc = |id: &str, coder: Coder| PCollection {
-        id: id.into(),
-        value_coder: coder,
-        window_coder: Coder::GlobalWindow,
-        bounded: true,
-    };
-    let stage = |name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>| Stage {
-        name: name.into(),
-        kind,
-        inputs,
-        side_inputs: vec![],
-        outputs,
-    };
     Plan {
-        pcollections: vec![pc("impulse", Coder::Bytes), pc("numbers", Coder::Varint)],
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("numbers", Coder::Varint),
+        ],
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage(

@@ -76,6 +76,9 @@ impl Engine {
         if let Some(action) = output.on_commit {
             action.run();
         }
+        if let Some(action) = output.on_durable {
+            self.when_durable(action);
+        }
         self.user_state[idx]
             .lock()
             .apply(flight.overlay.take_writes());

@@ -27,7 +27,9 @@ use crate::coder::{
     decode_timers, decode_windowed_values, encode_windowed_value, CoderError, DecodedElement,
     PaneInfo, WindowedValueHeader,
 };
-use crate::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
+use crate::executor::{
+    BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor, TimerInput,
+};
 use crate::grouping::GroupingBuffer;
 use crate::plan::{
     PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
@@ -272,6 +274,9 @@ struct CheckpointSink {
     /// Bundles committed since the last checkpoint was sent (what an
     /// interval of zero — a checkpoint after every commit — waits for).
     commits: u64,
+    /// Actions waiting for the checkpoint (by number sent) that holds
+    /// their bundle's commit to be written.
+    after_durable: VecDeque<(u64, CommitAction)>,
 }
 
 /// Extra state a checkpoint carries for the engine's owner (the job's
@@ -436,6 +441,7 @@ impl Engine {
             sent: 0,
             awaiting: VecDeque::new(),
             commits: 0,
+            after_durable: VecDeque::new(),
         });
         for (idx, stage) in self.plan.stages.iter().enumerate() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
@@ -532,7 +538,26 @@ impl Engine {
                 durable = marks;
             }
         }
+        while sink
+            .after_durable
+            .front()
+            .is_some_and(|(n, _)| *n <= written)
+        {
+            if let Some((_, action)) = sink.after_durable.pop_front() {
+                action.run();
+            }
+        }
         self.made_durable(durable);
+    }
+
+    /// Runs `action` once what was committed so far is durable: now, if
+    /// checkpoints are not acknowledged, else after the next checkpoint
+    /// (which will hold this commit) is written.
+    pub(super) fn when_durable(&mut self, action: CommitAction) {
+        match &mut self.checkpoints {
+            Some(sink) if sink.acked => sink.after_durable.push_back((sink.sent + 1, action)),
+            _ => action.run(),
+        }
     }
 
     fn made_durable(&mut self, marks: Vec<(StageIdx, u64)>) {
@@ -596,6 +621,13 @@ impl Engine {
                     .iter()
                     .map(|(_, n)| n)
                     .sum();
+                // The job is done: nothing will be redone, so its outputs
+                // are final whatever was written.
+                if let Some(sink) = &mut self.checkpoints {
+                    for (_, action) in sink.after_durable.drain(..) {
+                        action.run();
+                    }
+                }
                 info!(bundles = self.summary.bundles, "pipeline finished");
                 self.publish_stats(true);
                 return Ok(self.summary);
@@ -643,6 +675,9 @@ impl Engine {
                             if let Some(sink) = &mut self.checkpoints {
                                 sink.awaiting.clear();
                                 sink.acked = false;
+                                // Never durable: not finalized (a source
+                                // delivers it again).
+                                sink.after_durable.clear();
                             }
                         }
                     }

@@ -42,6 +42,7 @@ use super::model::{assign_windows, Input, Pane};
 use super::wire::{
     decode_panes, encode_input, grouped_coder, kv_coder, kv_value, read_input, window_coder_for,
 };
+use crate::common::stage;
 
 /// How the run is cut into bundles and batches.
 #[derive(Debug, Clone)]
@@ -250,16 +251,6 @@ fn pcollection(id: &str, value_coder: Coder, window_coder: Coder) -> PCollection
         value_coder,
         window_coder,
         bounded: true,
-    }
-}
-
-fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
-    Stage {
-        name: name.into(),
-        kind,
-        inputs,
-        side_inputs: vec![],
-        outputs,
     }
 }
 
