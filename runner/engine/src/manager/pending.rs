@@ -92,6 +92,13 @@ impl Pending {
     pub(super) fn take(&mut self, max: usize) -> Vec<DecodedElement> {
         let n = self.takeable().min(max);
         self.durable = self.durable.saturating_sub(n);
+        if n == self.queue.len() {
+            // Everything: hand over the queue's buffer instead of moving
+            // each element, and drop the holds and bytes all at once.
+            self.holds = Holds::default();
+            self.bytes = 0;
+            return Vec::from(std::mem::take(&mut self.queue));
+        }
         let taken: Vec<DecodedElement> = self.queue.drain(..n).collect();
         for e in &taken {
             self.release(e);

@@ -47,9 +47,17 @@ impl Engine {
                     StageKind::Flatten => {
                         if !self.stages[idx].pending.is_empty() {
                             let elements = self.stages[idx].pending.take(usize::MAX);
-                            for &out in &self.plan.stages[idx].outputs.clone() {
-                                for e in &elements {
-                                    self.route_element(out, e.clone())?;
+                            let outputs = self.plan.stages[idx].outputs.clone();
+                            // Copies for all outputs but the last, which
+                            // takes the elements themselves.
+                            if let Some((&last, others)) = outputs.split_last() {
+                                for &out in others {
+                                    for e in &elements {
+                                        self.route_element(out, e.clone())?;
+                                    }
+                                }
+                                for e in elements {
+                                    self.route_element(last, e)?;
                                 }
                             }
                             changed = true;
