@@ -363,8 +363,9 @@ impl GroupingBuffer {
     /// longer has are ignored.
     pub fn apply_merges(&mut self, key: &Bytes, merges: crate::window_merge::Merges) {
         self.unmerged.remove(key);
+        // Only this key's windows changed; the earliest wake point stays a
+        // lower bound (a merged window ends no earlier than its parts).
         self.touched.insert(key.clone());
-        self.rescan = true;
         let Some(windows) = self.panes.get_mut(key) else {
             return;
         };

@@ -74,19 +74,21 @@ impl Engine {
         Ok(())
     }
 
-    /// Streaming: evaluates a grouping stage's triggers right after an
-    /// element arrived, and routes what fires.
-    fn fire_grouping(
+    /// Evaluates a grouping stage's triggers (unless some key's windows
+    /// wait for the SDK to merge them) and routes what fires; whether
+    /// anything did. Streaming calls it after every element, and the
+    /// watermark loop whenever it passes the stage.
+    pub(super) fn fire_grouping(
         &mut self,
         stage: StageIdx,
         input_wm: Timestamp,
         now: Timestamp,
-    ) -> Result<(), EngineError> {
+    ) -> Result<bool, EngineError> {
         let Some(g) = self.stages[stage].grouping.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         if g.needs_merge() {
-            return Ok(());
+            return Ok(false);
         }
         let mut out = Vec::new();
         let fired = g
@@ -102,7 +104,7 @@ impl Engine {
                 self.route(out, bytes.clone())?;
             }
         }
-        Ok(())
+        Ok(fired > 0)
     }
 
     pub(super) fn route_element(

@@ -64,27 +64,9 @@ impl Engine {
                         }
                     }
                     StageKind::GroupByKey(_) => {
-                        let mut out = Vec::new();
+                        // Not while the SDK merges this stage's windows.
                         let now = self.now();
-                        let merging = self.stages[idx].merging;
-                        let fired = match self.stages[idx].grouping.as_mut() {
-                            Some(g) if g.needs_merge() || merging => 0,
-                            Some(g) => g.evaluate(input_wm, now, &mut out).map_err(|source| {
-                                EngineError::Decode {
-                                    pcollection: format!(
-                                        "output of '{}'",
-                                        self.plan.stages[idx].name
-                                    ),
-                                    source,
-                                }
-                            })?,
-                            None => 0,
-                        };
-                        if fired > 0 {
-                            let bytes = Bytes::from(out);
-                            for &o in &self.plan.stages[idx].outputs.clone() {
-                                self.route(o, bytes.clone())?;
-                            }
+                        if !self.stages[idx].merging && self.fire_grouping(idx, input_wm, now)? {
                             changed = true;
                         }
                     }
