@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'integration', 'python'))
 BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
 
-from refract_testlib import RefractServer, free_port  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, committed_counter, free_port  # pylint: disable=wrong-import-position
 
 PIPELINE = r'''
 import json, sys, time
@@ -83,20 +83,6 @@ def rss_bytes(pid):
   return 0
 
 
-def sink_records(endpoint, job_id):
-  import grpc  # pylint: disable=import-outside-toplevel
-  from apache_beam.coders import VarIntCoder  # pylint: disable=import-outside-toplevel
-  from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc  # pylint: disable=import-outside-toplevel
-  with grpc.insecure_channel(endpoint) as channel:
-    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
-    metrics = stub.GetJobMetrics(
-        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id), timeout=10).metrics
-  return sum(
-      VarIntCoder().decode(i.payload)
-      for i in metrics.committed
-      if i.labels.get('NAME') == 'sink_records')
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--bin', required=True, help='refract binary')
@@ -122,7 +108,7 @@ def main():
     while time.monotonic() - start < args.seconds:
       time.sleep(1)
       samples.append((time.monotonic() - start, rss_bytes(server.proc.pid)))
-    taken = sink_records(server.endpoint, job)
+    taken = committed_counter(server.endpoint, job, 'sink_records')
   finally:
     server.stop()
   mib = lambda b: b / (1 << 20)

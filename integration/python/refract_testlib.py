@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import grpc
+from apache_beam.coders import VarIntCoder
 
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
@@ -19,6 +20,20 @@ def free_port():
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
+
+
+def committed_counter(endpoint, job_id, name):
+  """The committed total of a job's user counter `name` (summed over the
+  transforms reporting it), read with GetJobMetrics."""
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    metrics = stub.GetJobMetrics(
+        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id),
+        timeout=10).metrics
+  return sum(
+      VarIntCoder().decode(info.payload)
+      for info in metrics.committed
+      if info.labels.get('NAME') == name)
 
 
 def stop_process_group(proc, grace_s=10):

@@ -21,11 +21,10 @@ import time
 
 import grpc
 import pytest
-from apache_beam.coders import VarIntCoder
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
-from refract_testlib import RefractServer, free_port, ui_server
+from refract_testlib import RefractServer, committed_counter, free_port, ui_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE = os.path.join(HERE, 'recovery_pipeline.py')
@@ -78,15 +77,7 @@ def job_state(endpoint, job_id):
 
 def distinct_events(endpoint, job_id):
   """The job's committed `recovery/distinct_events` counter."""
-  with grpc.insecure_channel(endpoint) as channel:
-    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
-    metrics = stub.GetJobMetrics(
-        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id),
-        timeout=10).metrics
-  return sum(
-      VarIntCoder().decode(info.payload)
-      for info in metrics.committed
-      if info.labels.get('NAME') == 'distinct_events')
+  return committed_counter(endpoint, job_id, 'distinct_events')
 
 
 def wait_for_end(server, job_id, timeout_s=180):
