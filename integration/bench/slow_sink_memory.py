@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'integration', 'python'))
 BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
 
-from refract_testlib import RefractServer, committed_counter, free_port  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, committed_counter, free_port, rss_bytes  # pylint: disable=wrong-import-position
 
 PIPELINE = r'''
 import json, sys, time
@@ -73,14 +73,6 @@ _ = (p | beam.Impulse() | beam.ParDo(Records()) | beam.Reshuffle()
      | beam.ParDo(SlowSink()))
 print(p.run()._job_id, flush=True)
 '''
-
-
-def rss_bytes(pid):
-  with open('/proc/%d/status' % pid) as f:
-    for line in f:
-      if line.startswith('VmRSS:'):
-        return int(line.split()[1]) * 1024
-  return 0
 
 
 def main():

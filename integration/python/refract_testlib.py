@@ -36,6 +36,19 @@ def committed_counter(endpoint, job_id, name):
       if info.labels.get('NAME') == name)
 
 
+def rss_bytes(pid):
+  """Resident set size of process `pid` (0 once it is gone), for the
+  memory benchmarks."""
+  try:
+    with open('/proc/%d/status' % pid) as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
 def stop_process_group(proc, grace_s=10):
   """Sends SIGTERM to the process's group, then SIGKILL if needed."""
   if proc.poll() is None:

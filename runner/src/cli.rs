@@ -168,9 +168,16 @@ pub struct ServeArgs {
     pub staging_dir: Option<PathBuf>,
     /// Memory a job's elements waiting between stages may take (e.g.
     /// `512m`, `2g`), split over its stages; a stage whose consumer is over
-    /// its share is not scheduled. Default: a quarter of the machine's RAM.
+    /// its share is not scheduled, and a batch GroupByKey holding more than
+    /// its share spills to `--spill_dir`. Default: a quarter of the
+    /// machine's RAM.
     #[arg(long = "memory_budget", value_parser = crate::memory::parse_byte_size)]
     pub memory_budget: Option<usize>,
+    /// Where GroupByKey buffers larger than their memory share spill (a
+    /// RocksDB database, emptied at start). Default: `STATE_DIR/spill` with
+    /// `--state_dir`, else a temporary directory removed at exit.
+    #[arg(long = "spill_dir")]
+    pub spill_dir: Option<PathBuf>,
 }
 
 /// Log verbosity, as Beam's PrismRunner names it.

@@ -9,7 +9,7 @@
 //! bundle's are dropped.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -115,6 +115,9 @@ pub struct HarnessExecutor {
     /// Stage names, for the telemetry of each bundle.
     stage_names: Arc<HashMap<StageIdx, String>>,
     recorder: BundleRecorder,
+    /// A splittable bundle that has sent back this many bytes is split
+    /// (its output waits in memory until it ends).
+    split_output_bytes: u64,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -142,23 +145,48 @@ fn residual(r: &DelayedBundleApplication) -> Option<Residual> {
 /// split it, so that the rest of its work can run as separate bundles.
 const SPLIT_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
 
-/// Ask the SDK to split the bundle `bundle_id` reading `source` at half of
-/// what remains. What the SDK gives back — residual restrictions, and the
-/// input elements it will not reach (each input chunk of a splittable stage
-/// is one element) — becomes residual work for the engine. Failures are
-/// logged and mean no split: the bundle simply runs to the end.
+/// Output of a splittable bundle past which it is split, without a
+/// budget.
+const DEFAULT_SPLIT_OUTPUT_BYTES: u64 = 64 << 20;
+
+/// How often a running splittable bundle's output size is looked at.
+const SPLIT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What a splittable bundle's `n`-th split (from 0) keeps of its
+/// remaining work. The first halves it, so the other half can run on
+/// another worker at once; later ones stop the bundle where it is. A
+/// bundle's outputs wait in the runner's memory until it commits, so no
+/// bundle may read for long: one reading a large source whole would hold
+/// all of it.
+fn split_fraction(n: u32) -> f64 {
+    if n == 0 {
+        0.5
+    } else {
+        0.0
+    }
+}
+
+/// Ask the SDK to split the bundle `bundle_id` reading `source`, keeping
+/// `fraction` of what remains. What the SDK gives back — residual
+/// restrictions, and the input elements it will not reach (each input
+/// chunk of a splittable stage is one element; `inputs` are those not
+/// given back by an earlier split) — becomes residual work for the
+/// engine, and the new end of the bundle's inputs is returned. Failures
+/// are logged and mean no split: the bundle simply runs to the end.
 async fn split_bundle(
     worker: &Worker,
     bundle_id: &str,
     source: &str,
     inputs: &[bytes::Bytes],
-) -> Vec<Residual> {
+    fraction: f64,
+) -> (Vec<Residual>, usize) {
+    let unsplit = (Vec::new(), inputs.len());
     let request = instruction_request::Request::ProcessBundleSplit(ProcessBundleSplitRequest {
         instruction_id: bundle_id.to_string(),
         desired_splits: [(
             source.to_string(),
             process_bundle_split_request::DesiredSplit {
-                fraction_of_remainder: 0.5,
+                fraction_of_remainder: fraction,
                 estimated_input_elements: inputs.len() as i64,
                 allowed_split_points: Vec::new(),
             },
@@ -170,31 +198,40 @@ async fn split_bundle(
         Ok(r) if r.error.is_empty() => r,
         Ok(r) => {
             debug!(bundle = bundle_id, error = %r.error, "split refused");
-            return Vec::new();
+            return unsplit;
         }
         Err(e) => {
             debug!(bundle = bundle_id, error = %e, "split failed");
-            return Vec::new();
+            return unsplit;
         }
     };
     let Some(instruction_response::Response::ProcessBundleSplit(split)) = response.response else {
-        return Vec::new();
+        return unsplit;
     };
     let mut out: Vec<Residual> = split.residual_roots.iter().filter_map(residual).collect();
+    let mut end = inputs.len();
     for channel in split
         .channel_splits
         .iter()
         .filter(|c| c.transform_id == source)
     {
-        let first = usize::try_from(channel.first_residual_element).unwrap_or(usize::MAX);
-        out.extend(inputs.iter().skip(first).map(|element| Residual {
+        let first = usize::try_from(channel.first_residual_element)
+            .unwrap_or(usize::MAX)
+            .min(end);
+        out.extend(inputs[first..end].iter().map(|element| Residual {
             element: element.clone(),
             delay_ms: 0,
             watermark: None,
         }));
+        end = first;
     }
-    debug!(bundle = bundle_id, residuals = out.len(), "bundle split");
-    out
+    debug!(
+        bundle = bundle_id,
+        residuals = out.len(),
+        fraction,
+        "bundle split"
+    );
+    (out, end)
 }
 
 /// State for bundles that must not use any (window merging).
@@ -227,7 +264,16 @@ impl HarnessExecutor {
             job,
             stage_names: Arc::new(stage_names),
             recorder,
+            split_output_bytes: DEFAULT_SPLIT_OUTPUT_BYTES,
         }
+    }
+
+    /// Split a splittable bundle once its output reaches `bytes` (a
+    /// stage's share of the job's memory budget), not only after it has
+    /// run for a while.
+    pub fn with_split_output_bytes(mut self, bytes: usize) -> Self {
+        self.split_output_bytes = bytes as u64;
+        self
     }
 }
 
@@ -277,6 +323,7 @@ impl StageExecutor for HarnessExecutor {
         };
         let job = self.job.clone();
         let recorder = self.recorder.clone();
+        let split_output_bytes = self.split_output_bytes;
         let stage_name = self
             .stage_names
             .get(&input.stage)
@@ -288,7 +335,7 @@ impl StageExecutor for HarnessExecutor {
             let clock = Instant::now();
             let bundle_id = input.bundle_id.clone();
             let input_bytes: usize = input.elements.iter().map(bytes::Bytes::len).sum();
-            let result = run_bundle(&worker, &stage, input, &job).await;
+            let result = run_bundle(&worker, &stage, input, &job, split_output_bytes).await;
             let error = result.as_ref().err().map(ToString::to_string);
             recorder.record(&BundleRecord {
                 stage: &stage_name,
@@ -314,12 +361,14 @@ impl StageExecutor for HarnessExecutor {
 }
 
 /// Runs one bundle of `stage` on `worker` (splitting a splittable one that
-/// takes long) and turns the worker's answer into the engine's terms.
+/// takes long or whose output passes `split_output_bytes`) and turns the
+/// worker's answer into the engine's terms.
 async fn run_bundle(
     worker: &Arc<Worker>,
     stage: &SdkStageDescriptor,
     input: BundleInput,
     job: &Arc<Job>,
+    split_output_bytes: u64,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone();
     let split_inputs = if stage.splittable {
@@ -347,17 +396,40 @@ async fn run_bundle(
         expected_timer_families: stage.timer_families.clone(),
         state: Arc::new(StateBridge::new(input.state)),
     };
-    let bundle = worker.process_bundle(request);
+    let received = Arc::new(AtomicU64::new(0));
+    let bundle = worker.process_bundle_counted(request, received.clone());
     tokio::pin!(bundle);
     let mut split_residuals = Vec::new();
     let result = match (&split_source, stage.splittable) {
         (Some(source), true) => {
-            tokio::select! {
-                r = &mut bundle => r,
-                _ = tokio::time::sleep(SPLIT_AFTER) => {
-                    split_residuals =
-                        split_bundle(worker, &input.bundle_id, source, &split_inputs).await;
-                    bundle.await
+            let (mut splits, mut end) = (0u32, split_inputs.len());
+            let started = Instant::now();
+            loop {
+                tokio::select! {
+                    r = &mut bundle => break r,
+                    _ = tokio::time::sleep(SPLIT_CHECK_EVERY) => {
+                        // Split every second, and once the output passed
+                        // `split_output_bytes` (halved, then stopped: the
+                        // second split follows the first at once).
+                        let due_by_time = started.elapsed() >= SPLIT_AFTER * (splits + 1);
+                        let due_by_size =
+                            splits < 2 && received.load(Ordering::Relaxed) >= split_output_bytes;
+                        if !due_by_time && !due_by_size {
+                            continue;
+                        }
+                        let fraction = split_fraction(splits);
+                        splits += 1;
+                        let (residuals, new_end) = split_bundle(
+                            worker,
+                            &input.bundle_id,
+                            source,
+                            &split_inputs[..end],
+                            fraction,
+                        )
+                        .await;
+                        split_residuals.extend(residuals);
+                        end = new_end;
+                    }
                 }
             }
         }

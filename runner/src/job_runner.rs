@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, SnapshotError, StageStats};
 use refract_engine::plan::StageKind;
+use refract_engine::spill::SpillStore;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::{Job, JobRunner};
 use refract_proto::fn_api::ProvisionInfo;
@@ -95,6 +96,8 @@ pub struct RefractRunner {
     durability: Option<Arc<Durability>>,
     /// Bytes a job's waiting elements may take, over all its stages.
     memory_budget: Option<usize>,
+    /// Where GroupByKey buffers over their share of the budget spill.
+    spill: Option<Arc<dyn SpillStore>>,
 }
 
 impl RefractRunner {
@@ -109,7 +112,16 @@ impl RefractRunner {
             otlp: None,
             durability: None,
             memory_budget: None,
+            spill: None,
         }
+    }
+
+    /// Let a job's batch GroupByKey buffers spill to `store` once one holds
+    /// more than a stage's share of the memory budget (see
+    /// [`refract_engine::spill`]); without it they stay in memory.
+    pub fn with_spill(mut self, store: Arc<dyn SpillStore>) -> Self {
+        self.spill = Some(store);
+        self
     }
 
     /// Bound each job's waiting elements to `bytes` in all (split over its
@@ -161,7 +173,11 @@ impl JobRunner for RefractRunner {
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
-        let memory_budget = self.memory_budget;
+        let resources = JobResources {
+            memory_budget: self.memory_budget,
+            spill: self.spill.clone(),
+            workers_per_env: 0,
+        };
         let workers = match option_usize(job.options(), "sdk_worker_parallelism") {
             Some(0) | None => self.default_workers,
             Some(n) => n,
@@ -197,7 +213,10 @@ impl JobRunner for RefractRunner {
                     job.clone(),
                     fn_server,
                     config,
-                    (workers, memory_budget),
+                    JobResources {
+                        workers_per_env: workers,
+                        ..resources
+                    },
                     watchers,
                 )
                 .await;
@@ -330,13 +349,25 @@ struct JobWatchers {
     durability: Option<Arc<Durability>>,
 }
 
+/// What the server gives each job to run with.
+struct JobResources {
+    workers_per_env: usize,
+    memory_budget: Option<usize>,
+    spill: Option<Arc<dyn SpillStore>>,
+}
+
 async fn run_job(
     job: Arc<Job>,
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
-    (workers_per_env, memory_budget): (usize, Option<usize>),
+    resources: JobResources,
     watchers: JobWatchers,
 ) -> Result<(), JobError> {
+    let JobResources {
+        workers_per_env,
+        memory_budget,
+        spill,
+    } = resources;
     let JobWatchers {
         stats,
         view,
@@ -528,14 +559,10 @@ async fn run_job(
             .enumerate()
             .map(|(idx, stage)| (idx, stage.name.clone()))
             .collect();
-        let executor = Arc::new(HarnessExecutor::new(
-            stages,
-            mergers,
-            workers,
-            job.clone(),
-            stage_names,
-            recorder,
-        ));
+        let executor = Arc::new(
+            HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
+                .with_split_output_bytes(max_pending_bytes),
+        );
         let mut engine = Engine::new(
             translated.plan,
             executor,
@@ -545,6 +572,11 @@ async fn run_job(
         )?
         .with_drain(job.drain_requested())
         .with_stats(stats);
+        if let Some(store) = spill {
+            // A GroupByKey may hold a stage's share of the budget before it
+            // spills (without a budget, the engine's queue bound).
+            engine = engine.with_spill(store, job.id().as_bytes(), max_pending_bytes);
+        }
         if let Some(checkpoint) = latest_checkpoint {
             engine.restore(&checkpoint.parts)?;
             crate::durability::restore_metrics(&job, &checkpoint.parts)?;
@@ -587,8 +619,19 @@ async fn run_job(
         info!(
             bundles = summary.bundles,
             dropped_late = summary.dropped_late,
+            spilled_bytes = summary.spilled_bytes,
             "engine finished"
         );
+        if summary.spilled_bytes > 0 {
+            job.message(
+                MessageImportance::JobMessageBasic,
+                format!(
+                    "GroupByKey buffers larger than their share of the memory budget spilled \
+                     {:.1} MiB to disk",
+                    summary.spilled_bytes as f64 / f64::from(1 << 20)
+                ),
+            );
+        }
         job.metrics()
             .commit(&dropped_late_metrics(&summary.dropped_late_by_stage));
         Ok::<(), JobError>(())

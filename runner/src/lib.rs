@@ -14,6 +14,7 @@ pub mod metric_payload;
 mod options;
 pub mod run_command;
 pub mod serve;
+pub mod spill_store;
 mod state_bridge;
 pub mod telemetry;
 pub mod ui;

@@ -5,8 +5,9 @@
 //! bound gets no new bundles, so a fast source or a slow sink cannot fill
 //! memory. The budget is split evenly over the job's stages, so a job's
 //! queues together stay near it (a bundle already running may overshoot
-//! its consumer's share by what it outputs). GroupByKey buffers are not
-//! bounded by it: they hold what they must until their windows close.
+//! its consumer's share by what it outputs). A batch GroupByKey may hold one
+//! share in memory and spills the rest (`refract_engine::spill`); a
+//! splittable bundle is split once its output reaches a share.
 
 use std::path::Path;
 

@@ -17,6 +17,7 @@ use crate::cli::{parse_go_duration, ServeArgs};
 use crate::durability::Durability;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
+use crate::spill_store::RocksSpillStore;
 use crate::telemetry::{self, OtlpExport};
 
 /// A server started by [`start`], running until [`Server::stop`] or its
@@ -95,9 +96,25 @@ pub async fn start(
         memory_budget,
         "memory budget for each job's waiting elements"
     );
+    let (spill_dir, temporary_spill) = match (&args.spill_dir, &args.state_dir) {
+        (Some(dir), _) => (dir.clone(), false),
+        (None, Some(state)) => (state.join("spill"), false),
+        (None, None) => (
+            std::env::temp_dir().join(format!(
+                "refract-spill-{}-{}",
+                std::process::id(),
+                job_endpoint.port()
+            )),
+            true,
+        ),
+    };
+    let spill = RocksSpillStore::open(&spill_dir)
+        .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
+    let _remove_spill = temporary_spill.then(|| RemoveOnExit(spill_dir.clone()));
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
-        .with_memory_budget(memory_budget);
+        .with_memory_budget(memory_budget)
+        .with_spill(Arc::new(spill));
     let insights = runner.insights();
     let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
         Some(endpoint) => {
@@ -188,4 +205,15 @@ async fn start_ui(
             tracing::warn!(%error, "the web UI stopped");
         }
     });
+}
+
+/// Removes a temporary directory when the server returns.
+struct RemoveOnExit(std::path::PathBuf);
+
+impl Drop for RemoveOnExit {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_dir_all(&self.0) {
+            tracing::debug!(%error, dir = %self.0.display(), "cannot remove a temporary directory");
+        }
+    }
 }

@@ -7,6 +7,7 @@
 //! at once: a failed SDK bundle may never close its outputs.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -36,6 +37,9 @@ pub(crate) struct BundleCollector {
     timers: HashMap<(String, String), Vec<u8>>,
     response: Option<ProcessBundleResponse>,
     state: Arc<dyn StateHandler>,
+    /// Output bytes received so far, for whoever runs the bundle (it may
+    /// split a bundle whose output grows large).
+    received: Arc<AtomicU64>,
 }
 
 impl BundleCollector {
@@ -44,8 +48,10 @@ impl BundleCollector {
         sinks: impl IntoIterator<Item = String>,
         timer_families: impl IntoIterator<Item = (String, String)>,
         state: Arc<dyn StateHandler>,
+        received: Arc<AtomicU64>,
     ) -> Self {
         Self {
+            received,
             open_sinks: sinks.into_iter().collect(),
             open_timer_families: timer_families.into_iter().collect(),
             closed_sinks: HashSet::new(),
@@ -71,6 +77,8 @@ impl BundleCollector {
             ))));
         }
         if !data.data.is_empty() {
+            self.received
+                .fetch_add(data.data.len() as u64, Ordering::Relaxed);
             append(&mut self.outputs, data.transform_id.clone(), data.data);
         }
         if data.is_last {
@@ -210,6 +218,7 @@ mod tests {
             ["sink".to_string()],
             [("pardo".to_string(), "ts-t".to_string())],
             Arc::new(NoState),
+            Arc::default(),
         )
     }
 

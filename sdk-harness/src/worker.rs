@@ -1,6 +1,7 @@
 //! A started SDK harness worker: run bundles and other instructions on it,
 //! and stop it.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use refract_proto::fn_api::{
@@ -49,6 +50,18 @@ impl Worker {
     /// and every expected sink and timer `is_last` arrived. An SDK error ends
     /// it at once. Dropping the future abandons the bundle.
     pub async fn process_bundle(&self, req: BundleRequest) -> Result<BundleResult, BundleError> {
+        self.process_bundle_counted(req, Arc::default()).await
+    }
+
+    /// [`Self::process_bundle`], adding the bytes of output the bundle
+    /// sends back to `received` as they arrive (all of a bundle's output
+    /// waits in memory until it ends: a caller may split a bundle whose
+    /// output grows too large).
+    pub async fn process_bundle_counted(
+        &self,
+        req: BundleRequest,
+        received: Arc<AtomicU64>,
+    ) -> Result<BundleResult, BundleError> {
         let BundleRequest {
             instruction_id,
             descriptor_id,
@@ -62,6 +75,7 @@ impl Worker {
             expected_sinks,
             expected_timer_families.iter().cloned(),
             state,
+            received,
         );
         let outcome = self
             .link

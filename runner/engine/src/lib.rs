@@ -24,6 +24,7 @@ pub mod grouping;
 mod holds;
 pub mod manager;
 pub mod plan;
+pub mod spill;
 pub mod state;
 pub mod store;
 pub mod time;

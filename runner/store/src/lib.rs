@@ -24,6 +24,7 @@
 mod kv;
 mod manifest;
 pub mod savepoint;
+mod spill;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -36,6 +37,7 @@ use thiserror::Error;
 pub use kv::{Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
 pub use savepoint::{read_savepoint, write_savepoint};
+pub use spill::SpillDb;
 
 /// Why the store failed.
 #[derive(Debug, Error)]

@@ -81,6 +81,14 @@ pub enum EngineError {
     /// No work can run but the pipeline is not finished.
     #[error("the pipeline cannot make progress: {0}")]
     Stuck(String),
+    /// A GroupByKey could not spill to, or read back from, its spill store.
+    #[error("GroupByKey '{stage}': {source}")]
+    Spill {
+        /// The grouping stage's name.
+        stage: String,
+        /// What the store said.
+        source: crate::spill::SpillError,
+    },
     /// The plan is not executable (e.g. a cycle).
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
@@ -140,6 +148,8 @@ pub struct RunSummary {
     pub dropped_late_by_stage: Vec<(String, u64)>,
     /// The most bytes of elements that waited for any one stage.
     pub peak_pending_bytes: usize,
+    /// Bytes GroupByKey buffers spilled to the spill store.
+    pub spilled_bytes: u64,
 }
 
 /// Run-time state of one stage.
@@ -458,6 +468,41 @@ impl Engine {
         self
     }
 
+    /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
+    /// spill to `store` once it holds more than `limit_bytes`, under keys
+    /// that start with `prefix` (unique to the job) and the stage.
+    ///
+    /// While some buffer has spilled data, periodic checkpoints are not
+    /// taken (a checkpoint would have to copy the spilled bytes back into
+    /// memory); only a savepoint, or a stable-input stage waiting for one,
+    /// takes a checkpoint then. Call before [`Self::restore`].
+    pub fn with_spill(
+        mut self,
+        store: Arc<dyn crate::spill::SpillStore>,
+        prefix: &[u8],
+        limit_bytes: usize,
+    ) -> Self {
+        for (idx, s) in self.stages.iter_mut().enumerate() {
+            if let Some(g) = s.grouping.as_mut() {
+                let mut key = Vec::with_capacity(prefix.len() + 8);
+                key.extend_from_slice(&(prefix.len() as u32).to_be_bytes());
+                key.extend_from_slice(prefix);
+                key.extend_from_slice(&(idx as u32).to_be_bytes());
+                if g.enable_spill(store.clone(), key, limit_bytes) {
+                    debug!(stage = %self.plan.stages[idx].name, limit_bytes, "GroupByKey may spill");
+                }
+            }
+        }
+        self
+    }
+
+    /// Whether some GroupByKey buffer has data in the spill store.
+    fn spilled(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.grouping.as_ref().is_some_and(GroupingBuffer::has_spilled))
+    }
+
     /// Answer each request on `requests` with a checkpoint of the engine as
     /// it is when the request is seen (between two commits), for
     /// savepoints.
@@ -480,6 +525,14 @@ impl Engine {
             sink.last.elapsed() >= sink.every
         };
         if !due && !awaited {
+            return;
+        }
+        if !awaited && self.spilled() {
+            // Not worth copying spilled bytes back: the previous checkpoint
+            // stays the latest until the spilled windows are out.
+            if let Some(sink) = &mut self.checkpoints {
+                sink.last = Instant::now();
+            }
             return;
         }
         if sink.tx.capacity() == 0 {
@@ -628,7 +681,17 @@ impl Engine {
                         action.run();
                     }
                 }
-                info!(bundles = self.summary.bundles, "pipeline finished");
+                self.summary.spilled_bytes = self
+                    .stages
+                    .iter()
+                    .filter_map(|s| s.grouping.as_ref())
+                    .map(GroupingBuffer::spilled_bytes)
+                    .sum();
+                info!(
+                    bundles = self.summary.bundles,
+                    spilled_bytes = self.summary.spilled_bytes,
+                    "pipeline finished"
+                );
                 self.publish_stats(true);
                 return Ok(self.summary);
             }

@@ -3,7 +3,12 @@
 
 use super::*;
 use crate::coder::{BorrowedWindowedValues, TimerValue};
+use crate::grouping::GroupingError;
 use crate::plan::SdkStage;
+
+/// Most bytes of a spilled GroupByKey's output emitted in one step (less
+/// if the consumer's queue bound is smaller).
+const SPILL_DRAIN_STEP_BYTES: usize = 4 << 20;
 
 impl Engine {
     /// Deliver encoded windowed values produced into PCollection `pcoll`.
@@ -65,7 +70,7 @@ impl Engine {
                     continue;
                 };
                 let added = g.add_value(&header, kv, input_wm, now);
-                added.map_err(|source| decode_error(self, source))?;
+                added.map_err(|e| self.grouping_error(stage, pcoll, e))?;
                 if self.config.streaming {
                     self.fire_grouping(stage, input_wm, now)?;
                 }
@@ -84,6 +89,10 @@ impl Engine {
         input_wm: Timestamp,
         now: Timestamp,
     ) -> Result<bool, EngineError> {
+        // A spilled window is emitted only as fast as its consumers take
+        // it, a step at a time.
+        let room = !self.backpressured(stage);
+        let step = self.config.max_pending_bytes.min(SPILL_DRAIN_STEP_BYTES);
         let Some(g) = self.stages[stage].grouping.as_mut() else {
             return Ok(false);
         };
@@ -91,12 +100,16 @@ impl Engine {
             return Ok(false);
         }
         let mut out = Vec::new();
-        let fired = g
-            .evaluate(input_wm, now, &mut out)
-            .map_err(|source| EngineError::Decode {
-                pcollection: format!("output of '{}'", self.plan.stages[stage].name),
-                source,
-            })?;
+        let mut fired = g.evaluate(input_wm, now, &mut out);
+        if let Ok(n) = &mut fired {
+            if room && g.is_draining() {
+                match g.drain_spilled(input_wm, now, &mut out, step) {
+                    Ok(m) => *n += m,
+                    Err(e) => fired = Err(e),
+                }
+            }
+        }
+        let fired = fired.map_err(|e| self.grouping_output_error(stage, e))?;
         if fired > 0 {
             let bytes = Bytes::from(out);
             for o in 0..self.plan.stages[stage].outputs.len() {
@@ -105,6 +118,40 @@ impl Engine {
             }
         }
         Ok(fired > 0)
+    }
+
+    /// The engine's error for a grouping stage's failure to take input.
+    fn grouping_error(
+        &self,
+        stage: StageIdx,
+        pcoll: PCollectionIdx,
+        e: GroupingError,
+    ) -> EngineError {
+        match e {
+            GroupingError::Coder(source) => EngineError::Decode {
+                pcollection: self.plan.pcollections[pcoll].id.clone(),
+                source,
+            },
+            GroupingError::Spill(source) => EngineError::Spill {
+                stage: self.plan.stages[stage].name.clone(),
+                source,
+            },
+        }
+    }
+
+    /// The engine's error for a grouping stage's failure to emit.
+    fn grouping_output_error(&self, stage: StageIdx, e: GroupingError) -> EngineError {
+        let name = &self.plan.stages[stage].name;
+        match e {
+            GroupingError::Coder(source) => EngineError::Decode {
+                pcollection: format!("output of '{name}'"),
+                source,
+            },
+            GroupingError::Spill(source) => EngineError::Spill {
+                stage: name.clone(),
+                source,
+            },
+        }
     }
 
     pub(super) fn route_element(
@@ -173,11 +220,9 @@ impl Engine {
                     // the elements it took in.
                     s.counters.elements_processed += 1;
                     s.counters.bytes_processed += element.encoded.len() as u64;
-                    g.add(element, input_wm, now)
-                        .map_err(|source| EngineError::Decode {
-                            pcollection: self.plan.pcollections[pcoll].id.clone(),
-                            source,
-                        })?;
+                    if let Err(e) = g.add(element, input_wm, now) {
+                        return Err(self.grouping_error(stage, pcoll, e));
+                    }
                     if streaming {
                         self.fire_grouping(stage, input_wm, now)?;
                     }

@@ -42,6 +42,10 @@ pub enum SnapshotError {
     /// The checkpoint was taken of a different pipeline.
     #[error("the checkpoint does not belong to this pipeline: {0}")]
     Mismatch(String),
+    /// A spilled GroupByKey buffer could not be read back (taking) or
+    /// spilled again (restoring).
+    #[error("checkpoint of a GroupByKey buffer: {0}")]
+    Grouping(String),
 }
 
 /// Version of the encoding; a checkpoint of another version is refused.
@@ -195,7 +199,12 @@ impl Engine {
                 &StageRecord {
                     pending,
                     delayed,
-                    grouping: s.grouping.as_ref().map(GroupingBuffer::snapshot),
+                    grouping: s
+                        .grouping
+                        .as_ref()
+                        .map(GroupingBuffer::snapshot)
+                        .transpose()
+                        .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
                     timers,
                     input_wm: s.input_wm,
                     output_wm: s.output_wm,
@@ -264,7 +273,9 @@ impl Engine {
                 .map(|(wait, e, hold)| (now + Duration::from_millis(wait), e.into_element(), hold))
                 .collect();
             match (s.grouping.as_mut(), record.grouping) {
-                (Some(g), Some(snapshot)) => g.restore(snapshot),
+                (Some(g), Some(snapshot)) => g
+                    .restore(snapshot)
+                    .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
                 (None, None) => {}
                 _ => {
                     return Err(SnapshotError::Mismatch(format!(

@@ -12,6 +12,12 @@
 //! While data is buffered, the stage holds its output watermark at the
 //! timestamp its next pane will carry, so downstream stages never see a
 //! watermark that has passed data still to come.
+//!
+//! A buffer given a spill store ([`GroupingBuffer::enable_spill`]) moves
+//! what it holds there when it outgrows its memory share, and emits the
+//! spilled windows a few megabytes at a time when they fire (`spill`).
+
+mod spill;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -19,6 +25,7 @@ use std::collections::BTreeSet;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use bytes::Bytes;
+use thiserror::Error;
 
 use crate::coder::{
     encode_iterable_len, Coder, CoderError, DecodedElement, PaneInfo, PaneTiming,
@@ -29,9 +36,22 @@ use crate::plan::{
     AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
     WindowingStrategy,
 };
+use crate::spill::SpillError;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
+use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
+
+/// Why a grouping buffer could not take or emit elements.
+#[derive(Debug, Error)]
+pub enum GroupingError {
+    /// Element bytes did not match the coders.
+    #[error(transparent)]
+    Coder(#[from] CoderError),
+    /// The spill store failed.
+    #[error(transparent)]
+    Spill(#[from] SpillError),
+}
 
 /// Values buffered for one (key, window), with its trigger.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -142,6 +162,11 @@ pub struct GroupingBuffer {
     rescan: bool,
     /// Output times of the panes holding unfired data.
     holds: Holds,
+    /// About how many bytes the buffered panes take (values plus
+    /// bookkeeping estimates): what the spill limit is checked against.
+    memory_bytes: usize,
+    /// Where the buffer spills, if it may.
+    spill: Option<spill::Spill>,
 }
 
 /// The changing part of a grouping buffer, for checkpoints: the strategy
@@ -181,28 +206,40 @@ impl GroupingBuffer {
             next_wake: MAX_TIMESTAMP,
             rescan: false,
             holds: Holds::default(),
+            memory_bytes: 0,
+            spill: None,
         }
     }
 
-    /// What a checkpoint keeps of this buffer.
-    pub(crate) fn snapshot(&self) -> GroupingSnapshot {
-        let mut panes: Vec<(Bytes, Vec<(Window, Pane)>)> = self
-            .panes
-            .iter()
-            .map(|(key, windows)| (key.clone(), windows.clone()))
-            .collect();
+    /// What a checkpoint keeps of this buffer: everything, spilled panes
+    /// read back included.
+    pub(crate) fn snapshot(&self) -> Result<GroupingSnapshot, SpillError> {
+        let mut panes: Vec<(Bytes, Vec<(Window, Pane)>)> = if self.has_spilled() {
+            let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
+                .panes
+                .iter()
+                .map(|(key, windows)| (key.clone(), windows.clone()))
+                .collect();
+            self.with_spilled(&mut all)?;
+            all.into_iter().collect()
+        } else {
+            self.panes
+                .iter()
+                .map(|(key, windows)| (key.clone(), windows.clone()))
+                .collect()
+        };
         panes.sort_by(|a, b| a.0.cmp(&b.0));
-        GroupingSnapshot {
+        Ok(GroupingSnapshot {
             panes,
             dropped_late: self.dropped_late,
             output_watermark: self.output_watermark,
             unmerged: self.unmerged.iter().cloned().collect(),
-        }
+        })
     }
 
     /// Puts back what [`Self::snapshot`] kept; the next evaluation looks at
-    /// every pane again.
-    pub(crate) fn restore(&mut self, snapshot: GroupingSnapshot) {
+    /// every pane again. (Spills again if that is more than memory allows.)
+    pub(crate) fn restore(&mut self, snapshot: GroupingSnapshot) -> Result<(), GroupingError> {
         self.panes = snapshot.panes.into_iter().collect();
         self.dropped_late = snapshot.dropped_late;
         self.output_watermark = snapshot.output_watermark;
@@ -210,13 +247,17 @@ impl GroupingBuffer {
         self.touched.clear();
         self.rescan = true;
         self.holds = Holds::default();
-        for windows in self.panes.values() {
+        self.memory_bytes = 0;
+        for (key, windows) in &self.panes {
+            self.memory_bytes += key.len() + KEY_OVERHEAD;
             for (window, pane) in windows {
+                self.memory_bytes += pane.values.len() + PANE_OVERHEAD;
                 if let Some(h) = pane_hold(&self.strategy, window, pane) {
                     self.holds.add(h);
                 }
             }
         }
+        self.reset_spill()
     }
 
     /// Number of late elements dropped so far.
@@ -224,9 +265,14 @@ impl GroupingBuffer {
         self.dropped_late
     }
 
-    /// Whether nothing is buffered.
+    /// Whether nothing is buffered (in memory or spilled).
     pub fn is_empty(&self) -> bool {
-        self.panes.is_empty()
+        self.panes.is_empty() && !self.has_spilled()
+    }
+
+    /// About how many bytes the in-memory panes take.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory_bytes
     }
 
     /// A window is garbage-collected once the watermark passes its end plus
@@ -243,7 +289,7 @@ impl GroupingBuffer {
         element: &DecodedElement,
         input_watermark: Timestamp,
         now: Timestamp,
-    ) -> Result<(), CoderError> {
+    ) -> Result<(), GroupingError> {
         self.add_value(&element.header, &element.value, input_watermark, now)
     }
 
@@ -255,7 +301,7 @@ impl GroupingBuffer {
         kv: &[u8],
         input_watermark: Timestamp,
         now: Timestamp,
-    ) -> Result<(), CoderError> {
+    ) -> Result<(), GroupingError> {
         let key_len = self.key_coder_kv.kv_key_len(kv)?;
         let key = &kv[..key_len];
         let value = &kv[key_len..];
@@ -289,6 +335,7 @@ impl GroupingBuffer {
                 // Most keys have one window: room for exactly that.
                 self.panes
                     .insert(Bytes::copy_from_slice(key), Vec::with_capacity(1));
+                self.memory_bytes += key.len() + KEY_OVERHEAD;
             }
             let trigger = &self.strategy.trigger;
             let Some(windows) = self.panes.get_mut(key) else {
@@ -298,6 +345,7 @@ impl GroupingBuffer {
                 Ok(at) => at,
                 Err(at) => {
                     windows.insert(at, (window.clone(), Pane::new(trigger)));
+                    self.memory_bytes += PANE_OVERHEAD;
                     at
                 }
             };
@@ -310,6 +358,7 @@ impl GroupingBuffer {
                 pane.trigger = TriggerState::new(trigger);
             }
             pane.add(value, hold);
+            self.memory_bytes += value.len();
             pane.trigger.on_element(&ctx);
             let after = pane_hold(&self.strategy, window, pane);
             update_holds(&mut self.holds, before, after);
@@ -333,7 +382,7 @@ impl GroupingBuffer {
                 self.touched.insert(Bytes::copy_from_slice(key));
             }
         }
-        Ok(())
+        self.maybe_spill()
     }
 
     /// Whether some key's windows wait for the SDK to merge them; panes are
@@ -398,7 +447,10 @@ impl GroupingBuffer {
     /// The earliest timestamp a pane still buffered here may be emitted at,
     /// which holds the stage's output watermark.
     pub fn hold(&self) -> Option<Timestamp> {
-        self.holds.min()
+        match (self.holds.min(), self.spilled_hold()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The earliest processing time at which some trigger may fire.
@@ -416,13 +468,15 @@ impl GroupingBuffer {
     /// Fire every pane whose trigger is ready, and close every window that
     /// expired (emitting what its trigger left unfired), appending encoded
     /// `KV<K, Iterable<V>>` windowed values to `out`. Returns the number of
-    /// elements emitted.
+    /// elements emitted. Spilled windows that are ready are not emitted
+    /// here but start draining ([`Self::drain_spilled`]).
     pub fn evaluate(
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
         out: &mut Vec<u8>,
-    ) -> Result<usize, CoderError> {
+    ) -> Result<usize, GroupingError> {
+        self.start_drains(input_watermark);
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
         // The keys to look at, taken out of the map (survivors go back).
@@ -447,6 +501,7 @@ impl GroupingBuffer {
             holds,
             output_watermark,
             next_wake,
+            memory_bytes,
             ..
         } = self;
         let firing = Firing {
@@ -460,6 +515,7 @@ impl GroupingBuffer {
             while i < windows.len() {
                 let (window, pane) = &mut windows[i];
                 let before = pane_hold(strategy, window, pane);
+                let size_before = pane.values.len();
                 let ctx = TriggerContext {
                     window_end: window.max_timestamp(),
                     watermark: input_watermark,
@@ -492,22 +548,36 @@ impl GroupingBuffer {
                     }
                     update_holds(holds, before, None);
                     windows.remove(i);
+                    *memory_bytes = memory_bytes.saturating_sub(size_before + PANE_OVERHEAD);
                     continue;
                 }
+                // A discarding firing emptied the pane.
+                *memory_bytes =
+                    memory_bytes.saturating_sub(size_before.saturating_sub(pane.values.len()));
                 update_holds(holds, before, pane_hold(strategy, window, pane));
                 *next_wake =
                     (*next_wake).min(wake(window, input_watermark, strategy.allowed_lateness));
                 i += 1;
             }
-            if !windows.is_empty() {
+            if windows.is_empty() {
+                *memory_bytes = memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
+            } else {
                 panes.insert(key, windows);
             }
         }
+        if self.panes.is_empty() {
+            self.memory_bytes = 0;
+        }
+        self.publish(input_watermark);
+        Ok(emitted)
+    }
+
+    /// Records the output watermark the stage publishes after a firing.
+    fn publish(&mut self, input_watermark: Timestamp) {
         let published = self
             .hold()
             .map_or(input_watermark, |h| h.min(input_watermark));
         self.output_watermark = self.output_watermark.max(published);
-        Ok(emitted)
     }
 }
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Benchmark: a batch GroupByKey larger than the memory budget (issue 5;
+it reports, it does not assert).
+
+Runs integration/python/gbk_spill_pipeline.py — a splittable source of
+incompressible values, a GroupByKey, totals checked in the pipeline — on
+`refract serve --memory_budget B` (LOOPBACK workers, in the client), and
+samples the runner's resident set size every half second. The report: the
+job's wall time and final state, the runner's peak RSS, and how much the
+GroupByKey spilled (from the runner's log).
+
+    integration/bench/gbk_spill_memory.py --bin target/release/refract \\
+        [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g]
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PY = os.path.join(REPO, 'integration', 'python')
+sys.path.insert(0, PY)
+
+from refract_testlib import RefractServer, free_port, rss_bytes  # pylint: disable=wrong-import-position
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--bin', required=True, help='refract binary')
+  ap.add_argument('--total_mb', type=int, default=5120)
+  ap.add_argument('--value_kb', type=int, default=100)
+  ap.add_argument('--keys', type=int, default=5000)
+  ap.add_argument('--memory_budget', default='1g')
+  args = ap.parse_args()
+  work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
+  log = os.path.join(work, 'refract.log')
+  server = RefractServer(
+      os.path.abspath(args.bin), log, port=free_port(),
+      extra_args=['--memory_budget', args.memory_budget, '--serve_http=false',
+                  '--spill_dir', os.path.join(work, 'spill')]).wait_ready()
+  samples = []
+  done = threading.Event()
+
+  def sample():
+    while not done.is_set():
+      samples.append(rss_bytes(server.proc.pid))
+      time.sleep(0.5)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  start = time.monotonic()
+  try:
+    run = subprocess.run(
+        [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
+         server.endpoint, str(args.total_mb), str(args.value_kb),
+         str(args.keys)],
+        capture_output=True, text=True, check=False)
+    elapsed = time.monotonic() - start
+  finally:
+    done.set()
+    sampler.join()
+    server.stop()
+  lines = run.stdout.strip().splitlines()
+  state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
+  with open(log, encoding='utf-8', errors='replace') as f:
+    found = re.findall(r'engine finished.*?spilled_bytes=(\d+)', f.read())
+  spilled = int(found[-1]) if found else 0
+  mib = lambda b: b / (1 << 20)
+  if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
+    print('RSS MiB every 0.5 s:', ' '.join('%.0f' % mib(s) for s in samples))
+  print('GroupByKey of %d MiB (%d KiB values, %d keys), --memory_budget %s: '
+        '%s in %.1f s; runner peak RSS %.0f MiB; spilled %.0f MiB (log in %s)'
+        % (args.total_mb, args.value_kb, args.keys, args.memory_budget, state,
+           elapsed, mib(max(samples or [0])), mib(spilled), work))
+  return 0 if state == 'DONE' else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

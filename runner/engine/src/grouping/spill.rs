@@ -1,0 +1,780 @@
+//! Spilling a grouping buffer that outgrew its share of memory (see
+//! [`crate::spill`] for why and where).
+//!
+//! Only buffers whose panes fire exactly once, when the watermark passes
+//! the end of a window that then closes at once (the default trigger, no
+//! allowed lateness, windows that do not merge: every batch GroupByKey of
+//! a pipeline that does not ask for more), spill: their panes need no
+//! trigger state, so a spilled pane is just its values, their count and
+//! its output-time holds.
+//!
+//! Layout in the store, under the buffer's prefix: for each window, the
+//! window's encoded bytes (length first), then for each key the key
+//! (length first) and the run's number, big-endian. A window's entries are
+//! therefore contiguous, and within it one key's runs are adjacent and in
+//! the order they were written. Keys come out ordered by (length, bytes);
+//! the in-memory panes of a window are sorted the same way and merged in.
+//!
+//! A spilled window keeps the output-time holds of its panes, so the
+//! stage's output watermark stays behind everything not yet emitted until
+//! the window's last key is out.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{pane_hold, update_holds, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane};
+use crate::holds::Holds;
+use crate::plan::{Trigger, WindowFn};
+use crate::spill::{prefix_end, SpillError, SpillStore};
+use crate::time::Timestamp;
+use crate::trigger::TriggerContext;
+use crate::window::Window;
+
+/// Bookkeeping bytes of a buffered key besides its bytes (map slot,
+/// `Bytes` handle, the allocation of its panes): an estimate for the bound.
+pub(super) const KEY_OVERHEAD: usize = 96;
+/// Bookkeeping bytes of a buffered pane besides its values.
+pub(super) const PANE_OVERHEAD: usize = 160;
+/// Most bytes written to the store in one batch.
+const WRITE_BATCH_BYTES: usize = 8 << 20;
+/// About how many bytes are read from the store at once while draining.
+const PAGE_BYTES: usize = 4 << 20;
+/// Bytes of a spilled pane's value before its values: count, earliest and
+/// latest hold.
+const PANE_HEADER: usize = 24;
+
+/// A buffer's spill space and what it put there.
+#[derive(Debug)]
+pub(super) struct Spill {
+    store: Arc<dyn SpillStore>,
+    /// Every key of this buffer starts with it.
+    prefix: Vec<u8>,
+    /// Bytes the buffer may hold in memory before it spills.
+    limit: usize,
+    /// Runs written so far (the next run's number).
+    runs: u32,
+    /// Bytes written to the store so far.
+    pub(super) spilled_bytes: u64,
+    /// Windows with spilled panes.
+    windows: BTreeMap<Window, SpilledWindow>,
+    /// Windows being emitted, oldest first.
+    drains: VecDeque<Drain>,
+}
+
+/// A window some of whose panes are in the store.
+#[derive(Debug)]
+struct SpilledWindow {
+    /// The store key prefix of its entries.
+    start: Vec<u8>,
+    /// Output-time holds of its panes not yet emitted (spilled ones, and
+    /// the in-memory ones a drain took).
+    holds: Holds,
+    /// A drain emits it now.
+    draining: bool,
+}
+
+/// A spilled window being emitted, key by key.
+#[derive(Debug)]
+struct Drain {
+    window: Window,
+    start: Vec<u8>,
+    end: Vec<u8>,
+    /// Its in-memory panes, in store key order.
+    memory: VecDeque<(Bytes, Pane)>,
+    /// Entries read from the store and not emitted yet: (key, pane).
+    page: VecDeque<(Bytes, SpilledPane)>,
+    /// Where the next read starts; `None` once the store is read out.
+    next: Option<Vec<u8>>,
+}
+
+/// One run's part of a pane, as stored.
+#[derive(Debug)]
+struct SpilledPane {
+    count: usize,
+    hold_min: Timestamp,
+    hold_max: Timestamp,
+    values: Vec<u8>,
+}
+
+/// Whether a buffer with this strategy may spill: its panes fire once,
+/// at the end of the window, which then closes.
+pub(super) fn spillable(strategy: &crate::plan::WindowingStrategy) -> bool {
+    let once_at_end = match &strategy.trigger {
+        Trigger::Default => true,
+        Trigger::AfterEndOfWindow { early, late } => early.is_none() && late.is_none(),
+        _ => false,
+    };
+    let merging = matches!(
+        strategy.window_fn,
+        WindowFn::Sessions { .. } | WindowFn::Custom { merging: true }
+    );
+    once_at_end && !merging && strategy.allowed_lateness == 0
+}
+
+/// Store keys order keys by (length, bytes); so must the in-memory side.
+fn key_order(a: &[u8], b: &[u8]) -> Ordering {
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+}
+
+fn put_len(out: &mut Vec<u8>, len: usize) -> Result<(), SpillError> {
+    let len = u32::try_from(len)
+        .map_err(|_| SpillError(format!("a key or window of {len} bytes is too large")))?;
+    out.extend_from_slice(&len.to_be_bytes());
+    Ok(())
+}
+
+fn corrupt(what: &str) -> SpillError {
+    SpillError(format!("a spilled entry is corrupt ({what})"))
+}
+
+/// Reads a stored entry of the window whose keys start with `start`.
+fn decode_entry(
+    start: &[u8],
+    key: &[u8],
+    value: Vec<u8>,
+) -> Result<(Bytes, SpilledPane), SpillError> {
+    let rest = key.strip_prefix(start).ok_or_else(|| corrupt("prefix"))?;
+    let len_bytes: [u8; 4] = rest
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("key length"))?;
+    let len = u32::from_be_bytes(len_bytes) as usize;
+    let user_key = rest.get(4..4 + len).ok_or_else(|| corrupt("key"))?;
+    let word = |at: usize| -> Result<[u8; 8], SpillError> {
+        value
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| corrupt("pane header"))
+    };
+    let count = usize::try_from(u64::from_le_bytes(word(0)?)).map_err(|_| corrupt("count"))?;
+    let hold_min = i64::from_le_bytes(word(8)?);
+    let hold_max = i64::from_le_bytes(word(16)?);
+    let mut values = value;
+    values.drain(..PANE_HEADER);
+    Ok((
+        Bytes::copy_from_slice(user_key),
+        SpilledPane {
+            count,
+            hold_min,
+            hold_max,
+            values,
+        },
+    ))
+}
+
+impl Pane {
+    fn add_spilled(&mut self, part: SpilledPane) {
+        if self.values.is_empty() {
+            self.values = part.values;
+        } else {
+            self.values.extend_from_slice(&part.values);
+        }
+        self.count += part.count;
+        self.new_data = true;
+        self.hold_min = Some(
+            self.hold_min
+                .map_or(part.hold_min, |m| m.min(part.hold_min)),
+        );
+        self.hold_max = Some(
+            self.hold_max
+                .map_or(part.hold_max, |m| m.max(part.hold_max)),
+        );
+    }
+}
+
+impl Spill {
+    /// The spilled window `window`, created (with its store prefix) if new.
+    fn window(
+        &mut self,
+        window: &Window,
+        window_coder: &crate::coder::Coder,
+    ) -> Result<&mut SpilledWindow, GroupingError> {
+        if !self.windows.contains_key(window) {
+            let mut encoded = Vec::new();
+            window_coder.encode_window(window, &mut encoded)?;
+            let mut start = self.prefix.clone();
+            put_len(&mut start, encoded.len())?;
+            start.extend_from_slice(&encoded);
+            self.windows.insert(
+                window.clone(),
+                SpilledWindow {
+                    start,
+                    holds: Holds::default(),
+                    draining: false,
+                },
+            );
+        }
+        self.windows
+            .get_mut(window)
+            .ok_or_else(|| GroupingError::Spill(SpillError("a spilled window vanished".into())))
+    }
+
+    /// Everything of this buffer's range still in the store (for a
+    /// checkpoint), with what drains hold, by window.
+    fn read_back(&self, trigger: &Trigger) -> Result<Vec<(Window, Bytes, Pane)>, SpillError> {
+        let mut out = Vec::new();
+        let mut read = |window: &Window, start: &[u8], from: &[u8]| -> Result<(), SpillError> {
+            let end = prefix_end(start).unwrap_or_default();
+            for (k, v) in self.store.scan(from, &end, usize::MAX)? {
+                let (key, part) = decode_entry(start, &k, v)?;
+                let mut pane = Pane::new(trigger);
+                pane.add_spilled(part);
+                out.push((window.clone(), key, pane));
+            }
+            Ok(())
+        };
+        for drain in &self.drains {
+            if let Some(next) = &drain.next {
+                read(&drain.window, &drain.start, next)?;
+            }
+        }
+        for (window, spilled) in &self.windows {
+            if !spilled.draining {
+                read(window, &spilled.start, &spilled.start)?;
+            }
+        }
+        for drain in &self.drains {
+            for (key, pane) in &drain.memory {
+                out.push((drain.window.clone(), key.clone(), pane.clone()));
+            }
+            for (key, part) in &drain.page {
+                let mut pane = Pane::new(trigger);
+                pane.add_spilled(SpilledPane {
+                    count: part.count,
+                    hold_min: part.hold_min,
+                    hold_max: part.hold_max,
+                    values: part.values.clone(),
+                });
+                out.push((drain.window.clone(), key.clone(), pane));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Spill {
+    /// Spilled bytes are scratch: gone with the buffer (job done, failed or
+    /// cancelled). A failure here only leaves garbage a restart clears.
+    fn drop(&mut self) {
+        let end = prefix_end(&self.prefix).unwrap_or_default();
+        if let Err(error) = self.store.delete_range(&self.prefix, &end) {
+            tracing::warn!(%error, "cannot remove a GroupByKey's spilled data");
+        }
+    }
+}
+
+impl Drain {
+    /// Reads the next page from the store if the current one is used up.
+    fn refill(&mut self, store: &dyn SpillStore) -> Result<(), SpillError> {
+        if !self.page.is_empty() {
+            return Ok(());
+        }
+        let Some(from) = self.next.take() else {
+            return Ok(());
+        };
+        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
+        if let Some((last, _)) = entries.last() {
+            let mut next = last.clone();
+            next.push(0);
+            self.next = Some(next);
+        }
+        for (k, v) in entries {
+            self.page.push_back(decode_entry(&self.start, &k, v)?);
+        }
+        Ok(())
+    }
+
+    /// The next key's whole pane (its runs in order, then its in-memory
+    /// part), or `None` when the window is done.
+    fn next_group(
+        &mut self,
+        store: &dyn SpillStore,
+        trigger: &Trigger,
+    ) -> Result<Option<(Bytes, Pane)>, SpillError> {
+        self.refill(store)?;
+        let key = match (self.page.front(), self.memory.front()) {
+            (None, None) => return Ok(None),
+            (Some((k, _)), None) | (None, Some((k, _))) => k.clone(),
+            (Some((a, _)), Some((b, _))) => {
+                if key_order(a, b) == Ordering::Greater {
+                    b.clone()
+                } else {
+                    a.clone()
+                }
+            }
+        };
+        let mut pane = Pane::new(trigger);
+        while self.page.front().is_some_and(|(k, _)| *k == key) {
+            if let Some((_, part)) = self.page.pop_front() {
+                pane.add_spilled(part);
+            }
+            self.refill(store)?;
+        }
+        if self.memory.front().is_some_and(|(k, _)| *k == key) {
+            if let Some((_, part)) = self.memory.pop_front() {
+                pane.absorb(part);
+            }
+        }
+        Ok(Some((key, pane)))
+    }
+}
+
+impl GroupingBuffer {
+    /// Lets this buffer spill to `store` under `prefix` once it holds more
+    /// than `limit` bytes, if its strategy allows (see the module docs);
+    /// whether it does.
+    pub fn enable_spill(
+        &mut self,
+        store: Arc<dyn SpillStore>,
+        prefix: Vec<u8>,
+        limit: usize,
+    ) -> bool {
+        if !spillable(&self.strategy) {
+            return false;
+        }
+        self.spill = Some(Spill {
+            store,
+            prefix,
+            limit,
+            runs: 0,
+            spilled_bytes: 0,
+            windows: BTreeMap::new(),
+            drains: VecDeque::new(),
+        });
+        true
+    }
+
+    /// Bytes written to the spill store so far.
+    pub fn spilled_bytes(&self) -> u64 {
+        self.spill.as_ref().map_or(0, |s| s.spilled_bytes)
+    }
+
+    /// Whether some of what this buffer holds is in the spill store.
+    pub fn has_spilled(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| !s.windows.is_empty())
+    }
+
+    /// Whether a spilled window is ready and waits to be emitted
+    /// ([`Self::drain_spilled`]).
+    pub fn is_draining(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| !s.drains.is_empty())
+    }
+
+    /// The earliest hold of the spilled windows.
+    pub(super) fn spilled_hold(&self) -> Option<Timestamp> {
+        self.spill
+            .as_ref()?
+            .windows
+            .values()
+            .filter_map(|w| w.holds.min())
+            .min()
+    }
+
+    /// Spills if the buffer holds more than its limit.
+    pub(super) fn maybe_spill(&mut self) -> Result<(), GroupingError> {
+        match &self.spill {
+            Some(spill) if self.memory_bytes > spill.limit => self.spill_out(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes every buffered pane to the store as one run and empties the
+    /// in-memory buffer.
+    fn spill_out(&mut self) -> Result<(), GroupingError> {
+        let GroupingBuffer {
+            strategy,
+            window_coder,
+            panes,
+            holds,
+            spill,
+            touched,
+            memory_bytes,
+            ..
+        } = self;
+        let Some(spill) = spill.as_mut() else {
+            return Ok(());
+        };
+        let run = spill.runs;
+        spill.runs = spill
+            .runs
+            .checked_add(1)
+            .ok_or_else(|| SpillError("too many spill runs".into()))?;
+        let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut keys = 0usize;
+        for (key, windows) in std::mem::take(panes) {
+            keys += 1;
+            for (window, pane) in windows {
+                if pane.count == 0 {
+                    continue;
+                }
+                let hold = pane_hold(strategy, &window, &pane);
+                let spilled = spill.window(&window, window_coder)?;
+                if let Some(h) = hold {
+                    holds.remove(h);
+                    spilled.holds.add(h);
+                }
+                let mut k = Vec::with_capacity(spilled.start.len() + key.len() + 8);
+                k.extend_from_slice(&spilled.start);
+                put_len(&mut k, key.len())?;
+                k.extend_from_slice(&key);
+                k.extend_from_slice(&run.to_be_bytes());
+                let end = window.max_timestamp();
+                let mut v = Vec::with_capacity(PANE_HEADER + pane.values.len());
+                v.extend_from_slice(&(pane.count as u64).to_le_bytes());
+                v.extend_from_slice(&pane.hold_min.unwrap_or(end).to_le_bytes());
+                v.extend_from_slice(&pane.hold_max.unwrap_or(end).to_le_bytes());
+                v.extend_from_slice(&pane.values);
+                batch_bytes += k.len() + v.len();
+                batch.push((k, v));
+                if batch_bytes >= WRITE_BATCH_BYTES {
+                    spill.store.put(std::mem::take(&mut batch))?;
+                    spill.spilled_bytes += batch_bytes as u64;
+                    batch_bytes = 0;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            spill.store.put(batch)?;
+            spill.spilled_bytes += batch_bytes as u64;
+        }
+        tracing::debug!(
+            run,
+            keys,
+            bytes = *memory_bytes,
+            spilled_total = spill.spilled_bytes,
+            "GroupByKey buffer spilled"
+        );
+        touched.clear();
+        *memory_bytes = 0;
+        Ok(())
+    }
+
+    /// Starts emitting every spilled window the watermark has passed: its
+    /// in-memory panes move to the drain (their holds to the window's).
+    pub(super) fn start_drains(&mut self, input_watermark: Timestamp) {
+        let GroupingBuffer {
+            strategy,
+            panes,
+            holds,
+            spill,
+            memory_bytes,
+            ..
+        } = self;
+        let Some(spill) = spill.as_mut() else {
+            return;
+        };
+        let ready: BTreeSet<Window> = spill
+            .windows
+            .iter()
+            .filter(|(w, s)| !s.draining && w.max_timestamp() < input_watermark)
+            .map(|(w, _)| w.clone())
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        let mut taken: BTreeMap<Window, Vec<(Bytes, Pane)>> = BTreeMap::new();
+        panes.retain(|key, windows: &mut KeyPanes| {
+            let mut i = 0;
+            while i < windows.len() {
+                if ready.contains(&windows[i].0) {
+                    let (window, pane) = windows.remove(i);
+                    *memory_bytes = memory_bytes.saturating_sub(pane.values.len() + PANE_OVERHEAD);
+                    let hold = pane_hold(strategy, &window, &pane);
+                    update_holds(holds, hold, None);
+                    if let (Some(h), Some(spilled)) = (hold, spill.windows.get_mut(&window)) {
+                        spilled.holds.add(h);
+                    }
+                    taken.entry(window).or_default().push((key.clone(), pane));
+                } else {
+                    i += 1;
+                }
+            }
+            if windows.is_empty() {
+                *memory_bytes = memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
+            }
+            !windows.is_empty()
+        });
+        for window in ready {
+            let Some(spilled) = spill.windows.get_mut(&window) else {
+                continue;
+            };
+            spilled.draining = true;
+            let mut memory = taken.remove(&window).unwrap_or_default();
+            memory.sort_unstable_by(|a, b| key_order(&a.0, &b.0));
+            let start = spilled.start.clone();
+            spill.drains.push_back(Drain {
+                end: prefix_end(&start).unwrap_or_default(),
+                next: Some(start.clone()),
+                start,
+                window,
+                memory: memory.into(),
+                page: VecDeque::new(),
+            });
+        }
+    }
+
+    /// Emits the next keys of ready spilled windows into `out`, until it
+    /// holds about `max_bytes` or no window is left to emit; the number of
+    /// panes emitted. A window's spilled bytes are deleted once it is out.
+    pub fn drain_spilled(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Result<usize, GroupingError> {
+        let GroupingBuffer {
+            strategy,
+            window_coder,
+            spill,
+            output_watermark,
+            ..
+        } = self;
+        let Some(spill) = spill.as_mut() else {
+            return Ok(0);
+        };
+        let firing = Firing {
+            strategy,
+            window_coder,
+            output_watermark: *output_watermark,
+        };
+        let mut emitted = 0;
+        while out.len() < max_bytes {
+            let Some(drain) = spill.drains.front_mut() else {
+                break;
+            };
+            match drain.next_group(spill.store.as_ref(), &strategy.trigger)? {
+                Some((key, mut pane)) => {
+                    let ctx = TriggerContext {
+                        window_end: drain.window.max_timestamp(),
+                        watermark: input_watermark,
+                        now,
+                    };
+                    emitted += firing.emit(&key, &drain.window, &mut pane, &ctx, true, out)?;
+                }
+                None => {
+                    if let Some(done) = spill.drains.pop_front() {
+                        spill.store.delete_range(&done.start, &done.end)?;
+                        spill.windows.remove(&done.window);
+                    }
+                }
+            }
+        }
+        self.publish(input_watermark);
+        Ok(emitted)
+    }
+
+    /// For a checkpoint: every spilled pane read back, merged into `panes`
+    /// (so the checkpoint needs no spill store to be restored).
+    pub(super) fn with_spilled(
+        &self,
+        panes: &mut BTreeMap<Bytes, KeyPanes>,
+    ) -> Result<(), SpillError> {
+        let Some(spill) = &self.spill else {
+            return Ok(());
+        };
+        for (window, key, pane) in spill.read_back(&self.strategy.trigger)? {
+            let windows = panes.entry(key).or_default();
+            match super::position(windows, &window) {
+                Ok(at) => windows[at].1.absorb(pane),
+                Err(at) => windows.insert(at, (window, pane)),
+            }
+        }
+        Ok(())
+    }
+
+    /// After a restore: forget what was spilled before (the checkpoint
+    /// holds it), then spill again if what came back is too much.
+    pub(super) fn reset_spill(&mut self) -> Result<(), GroupingError> {
+        if let Some(spill) = &mut self.spill {
+            let end = prefix_end(&spill.prefix).unwrap_or_default();
+            spill.store.delete_range(&spill.prefix, &end)?;
+            spill.windows.clear();
+            spill.drains.clear();
+        }
+        self.maybe_spill()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::{
+        decode_windowed_values, Coder, DecodedElement, PaneInfo, WindowedValueHeader,
+    };
+    use crate::plan::WindowingStrategy;
+    use crate::spill::MemorySpillStore;
+    use crate::time::MAX_TIMESTAMP;
+
+    fn element(key: &[u8], value: u8, window: Window) -> DecodedElement {
+        let mut v = vec![key.len() as u8];
+        v.extend_from_slice(key);
+        v.push(value);
+        let value = Bytes::from(v);
+        DecodedElement {
+            header: WindowedValueHeader {
+                timestamp: 0,
+                windows: smallvec::smallvec![window],
+                pane: PaneInfo::NO_FIRING,
+            },
+            encoded: value.clone(),
+            value,
+        }
+    }
+
+    fn kv() -> Coder {
+        Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
+    }
+
+    /// (key, values, pane index, is_last) of every pane in `out`, sorted.
+    fn panes(out: Vec<u8>, window_coder: &Coder) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let coder = Coder::Kv(
+            Box::new(Coder::Bytes),
+            Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+        );
+        let mut p: Vec<(Vec<u8>, Vec<u8>)> =
+            decode_windowed_values(&Bytes::from(out), &coder, window_coder)
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    assert!(e.header.pane.is_first && e.header.pane.is_last);
+                    let klen = e.value[0] as usize;
+                    let key = e.value[1..1 + klen].to_vec();
+                    let mut values = e.value[1 + klen + 4..].to_vec();
+                    values.sort();
+                    (key, values)
+                })
+                .collect();
+        p.sort();
+        p
+    }
+
+    #[test]
+    fn a_spilled_buffer_emits_what_an_unspilled_one_does() {
+        let store = MemorySpillStore::shared();
+        let mut spilling = GroupingBuffer::new(
+            WindowingStrategy::global_default(),
+            kv(),
+            Coder::GlobalWindow,
+        );
+        assert!(spilling.enable_spill(store.clone(), b"s/".to_vec(), 600));
+        let mut plain = GroupingBuffer::new(
+            WindowingStrategy::global_default(),
+            kv(),
+            Coder::GlobalWindow,
+        );
+        // (Values stay below 128: one-byte varints.)
+        for i in 0..120u8 {
+            let key = [b'k', i % 37];
+            for g in [&mut spilling, &mut plain] {
+                g.add(&element(&key, i, Window::Global), 0, 0).unwrap();
+            }
+        }
+        assert!(spilling.has_spilled());
+        assert!(store.len() > 37, "several runs were written");
+        assert_eq!(spilling.hold(), plain.hold());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        // Emitted a little at a time, as a busy consumer would take it.
+        let mut fired = spilling.evaluate(MAX_TIMESTAMP, 0, &mut a).unwrap();
+        while spilling.is_draining() {
+            assert!(spilling.hold().is_some(), "held until the last key is out");
+            let step = a.len() + 20;
+            fired += spilling
+                .drain_spilled(MAX_TIMESTAMP, 0, &mut a, step)
+                .unwrap();
+        }
+        assert_eq!(fired, 37);
+        plain.evaluate(MAX_TIMESTAMP, 0, &mut b).unwrap();
+        assert_eq!(
+            panes(a, &Coder::GlobalWindow),
+            panes(b, &Coder::GlobalWindow)
+        );
+        assert!(spilling.is_empty() && spilling.hold().is_none());
+        assert!(store.is_empty(), "a drained window's bytes are deleted");
+    }
+
+    #[test]
+    fn a_checkpoint_of_a_spilled_buffer_holds_everything() {
+        let store = MemorySpillStore::shared();
+        let mut g = GroupingBuffer::new(
+            WindowingStrategy::global_default(),
+            kv(),
+            Coder::GlobalWindow,
+        );
+        g.enable_spill(store.clone(), b"s/".to_vec(), 300);
+        for i in 0..100u8 {
+            g.add(&element(&[i % 10], i, Window::Global), 0, 0).unwrap();
+        }
+        // Half drained when the checkpoint is taken.
+        let mut first = Vec::new();
+        g.evaluate(MAX_TIMESTAMP, 0, &mut first).unwrap();
+        g.drain_spilled(MAX_TIMESTAMP, 0, &mut first, 1).unwrap();
+        let snapshot = g.snapshot().unwrap();
+        let mut restored = GroupingBuffer::new(
+            WindowingStrategy::global_default(),
+            kv(),
+            Coder::GlobalWindow,
+        );
+        restored.enable_spill(MemorySpillStore::shared(), b"r/".to_vec(), 300);
+        restored.restore(snapshot).unwrap();
+        let mut rest = Vec::new();
+        restored.evaluate(MAX_TIMESTAMP, 0, &mut rest).unwrap();
+        while restored.is_draining() {
+            restored
+                .drain_spilled(MAX_TIMESTAMP, 0, &mut rest, usize::MAX)
+                .unwrap();
+        }
+        let mut all = panes(first, &Coder::GlobalWindow);
+        all.extend(panes(rest, &Coder::GlobalWindow));
+        all.sort();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (0..10u8)
+            .map(|k| (vec![k], (0..100u8).filter(|v| v % 10 == k).collect()))
+            .collect();
+        assert_eq!(all, want);
+    }
+
+    #[test]
+    fn fixed_windows_spill_and_drain_as_the_watermark_passes_each() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.window_fn = WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        };
+        let store = MemorySpillStore::shared();
+        let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
+        g.enable_spill(store.clone(), b"s/".to_vec(), 200);
+        let w = |s| Window::Interval {
+            start: s,
+            end: s + 10,
+        };
+        for i in 0..60u8 {
+            g.add(&element(&[i % 3], i, w(i64::from(i % 2) * 10)), 0, 0)
+                .unwrap();
+        }
+        assert!(g.has_spilled());
+        assert_eq!(g.hold(), Some(9));
+        let mut out = Vec::new();
+        g.evaluate(10, 0, &mut out).unwrap();
+        while g.is_draining() {
+            g.drain_spilled(10, 0, &mut out, usize::MAX).unwrap();
+        }
+        assert_eq!(g.hold(), Some(19), "the second window still holds");
+        assert_eq!(panes(out, &Coder::IntervalWindow).len(), 3);
+    }
+
+    #[test]
+    fn triggers_that_fire_more_than_once_do_not_spill() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.trigger = Trigger::ElementCount(2);
+        let mut g = GroupingBuffer::new(strategy, kv(), Coder::GlobalWindow);
+        assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+        let mut lateness = WindowingStrategy::global_default();
+        lateness.allowed_lateness = 5;
+        let mut g = GroupingBuffer::new(lateness, kv(), Coder::GlobalWindow);
+        assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+    }
+}

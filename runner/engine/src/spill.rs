@@ -1,0 +1,137 @@
+//! Where a GroupByKey puts what does not fit in its share of memory.
+//!
+//! A batch GroupByKey must hold all of a window's values until the window
+//! closes, which for a bounded input is the end of the input: its buffer
+//! can be far larger than memory. Once a buffer outgrows its share of the
+//! job's `--memory_budget`, it writes what it holds to a [`SpillStore`] as
+//! one *run* and starts over in memory; when the window fires, the runs
+//! and what is still in memory are merged key by key and emitted a few
+//! megabytes at a time, as fast as the consumer takes them.
+//!
+//! The store is an ordered key-value space: ordering does the merge (all
+//! runs of one key are adjacent), so no sort happens in the runner. The
+//! runner backs it with RocksDB; [`MemorySpillStore`] is for tests.
+//! Spilled bytes are scratch space, not durable state: a checkpoint that
+//! must include a spilled buffer reads it back (see the grouping module).
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use thiserror::Error;
+
+/// Entries as written and read: (key, value).
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The spill store failed (I/O, a full disk).
+#[derive(Debug, Clone, Error)]
+#[error("spilling a GroupByKey to disk: {0}")]
+pub struct SpillError(pub String);
+
+/// An ordered key-value space for spilled grouping buffers. Keys written
+/// by different buffers never overlap (each has its own prefix).
+pub trait SpillStore: Send + Sync + Debug {
+    /// Writes `entries` (no durability needed: a crash discards them).
+    fn put(&self, entries: Entries) -> Result<(), SpillError>;
+    /// Entries with keys in `[from, to)`, in key order, stopping after the
+    /// first entry that brings the values read past `max_bytes` (so at
+    /// least one entry if any is there). Empty when the range is.
+    fn scan(&self, from: &[u8], to: &[u8], max_bytes: usize) -> Result<Entries, SpillError>;
+    /// Forgets every key in `[from, to)`.
+    fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError>;
+}
+
+/// A [`SpillStore`] in memory, for engine tests: it exercises the same
+/// spill, merge and drain logic without a disk.
+#[derive(Debug, Default)]
+pub struct MemorySpillStore {
+    entries: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl MemorySpillStore {
+    /// An empty store, shareable by an engine's buffers.
+    pub fn shared() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// How many entries it holds (tests check spilled data is removed).
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.lock().is_empty()
+    }
+}
+
+impl SpillStore for MemorySpillStore {
+    fn put(&self, entries: Entries) -> Result<(), SpillError> {
+        self.entries.lock().extend(entries);
+        Ok(())
+    }
+
+    fn scan(&self, from: &[u8], to: &[u8], max_bytes: usize) -> Result<Entries, SpillError> {
+        let entries = self.entries.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (k, v) in entries.range(from.to_vec()..to.to_vec()) {
+            bytes += v.len();
+            out.push((k.clone(), v.clone()));
+            if bytes > max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError> {
+        let mut entries = self.entries.lock();
+        let doomed: Vec<Vec<u8>> = entries
+            .range(from.to_vec()..to.to_vec())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            entries.remove(&k);
+        }
+        Ok(())
+    }
+}
+
+/// The first key after every key that starts with `prefix` (for ranges
+/// over a prefix); `None` if there is none (all bytes 0xFF).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_is_the_first_key_past_the_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xFF]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
+    }
+
+    #[test]
+    fn scans_stop_after_the_byte_limit_and_deletes_remove_ranges() {
+        let s = MemorySpillStore::default();
+        let put: Vec<(Vec<u8>, Vec<u8>)> = (0u8..10).map(|i| (vec![1, i], vec![i; 4])).collect();
+        s.put(put).unwrap();
+        let page = s.scan(&[1], &[2], 5).unwrap();
+        assert_eq!(page.len(), 2);
+        s.delete_range(&[1, 0], &[1, 5]).unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.scan(&[1], &[2], usize::MAX).unwrap()[0].0, vec![1, 5]);
+    }
+}

@@ -1,0 +1,164 @@
+//! Scratch space for GroupByKey buffers larger than memory.
+//!
+//! A RocksDB database of its own, apart from the job store: what is spilled
+//! is not durable state (a checkpoint never points into it), so writes skip
+//! the write-ahead log and are never synced, and the database is emptied
+//! when opened — whatever a previous process left there is garbage.
+
+use std::path::{Path, PathBuf};
+
+use crate::StoreError;
+
+/// Spilled entries: (key, value).
+pub type SpillEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The spill database.
+pub struct SpillDb {
+    db: rocksdb::DB,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for SpillDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillDb").field("dir", &self.dir).finish()
+    }
+}
+
+fn backend(e: rocksdb::Error) -> StoreError {
+    StoreError::Backend(e.into_string())
+}
+
+fn options() -> rocksdb::Options {
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    // Spilled values are mostly user bytes; LZ4 is cheap when they do not
+    // compress.
+    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Memtables are what the spill costs in memory: two of 32 MiB.
+    options.set_write_buffer_size(32 << 20);
+    options.set_max_write_buffer_number(2);
+    options
+}
+
+impl SpillDb {
+    /// Opens an empty spill database in `dir` (created if missing; a
+    /// database already there is destroyed first).
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
+        let options = options();
+        rocksdb::DB::destroy(&options, dir).map_err(|e| {
+            StoreError::Backend(format!("clearing {}: {}", dir.display(), e.into_string()))
+        })?;
+        let db = rocksdb::DB::open(&options, dir).map_err(|e| {
+            StoreError::Backend(format!("opening {}: {}", dir.display(), e.into_string()))
+        })?;
+        Ok(SpillDb {
+            db,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Where it lives.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn write_options() -> rocksdb::WriteOptions {
+        let mut options = rocksdb::WriteOptions::default();
+        options.disable_wal(true);
+        options
+    }
+
+    /// Writes `entries` (not durable).
+    pub fn put(&self, entries: SpillEntries) -> Result<(), StoreError> {
+        let mut batch = rocksdb::WriteBatch::default();
+        for (k, v) in entries {
+            batch.put(k, v);
+        }
+        self.db
+            .write_opt(batch, &Self::write_options())
+            .map_err(backend)
+    }
+
+    /// Entries with keys in `[from, to)` in key order, stopping after the
+    /// entry that brings the values read past `max_bytes`.
+    pub fn scan(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<SpillEntries, StoreError> {
+        let mut read = rocksdb::ReadOptions::default();
+        read.set_iterate_upper_bound(to.to_vec());
+        // A drain reads each entry once: keep it out of the block cache.
+        read.fill_cache(false);
+        let iter = self.db.iterator_opt(
+            rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward),
+            read,
+        );
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for item in iter {
+            let (k, v) = item.map_err(backend)?;
+            bytes += v.len();
+            out.push((k.to_vec(), v.to_vec()));
+            if bytes > max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets every key in `[from, to)`.
+    pub fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.delete_range(from, to);
+        self.db
+            .write_opt(batch, &Self::write_options())
+            .map_err(backend)?;
+        // Give the disk space back now rather than at some later
+        // compaction: a large spill is gigabytes.
+        self.db.compact_range(Some(from), Some(to));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_come_back_in_key_order_until_deleted_and_reopening_clears() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SpillDb::open(dir.path()).unwrap();
+        db.put(vec![
+            (b"b2".to_vec(), b"x".to_vec()),
+            (b"b1".to_vec(), b"yy".to_vec()),
+        ])
+        .unwrap();
+        db.put(vec![
+            (b"a".to_vec(), b"z".to_vec()),
+            (b"c".to_vec(), b"w".to_vec()),
+        ])
+        .unwrap();
+        let all = db.scan(b"b", b"c", usize::MAX).unwrap();
+        assert_eq!(
+            all,
+            vec![
+                (b"b1".to_vec(), b"yy".to_vec()),
+                (b"b2".to_vec(), b"x".to_vec())
+            ]
+        );
+        assert_eq!(
+            db.scan(b"a", b"d", 0).unwrap().len(),
+            1,
+            "stops past the limit"
+        );
+        db.delete_range(b"b", b"c").unwrap();
+        assert!(db.scan(b"b", b"c", usize::MAX).unwrap().is_empty());
+        drop(db);
+        let db = SpillDb::open(dir.path()).unwrap();
+        assert!(db.scan(b"", b"\xff", usize::MAX).unwrap().is_empty());
+    }
+}
