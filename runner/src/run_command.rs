@@ -233,6 +233,7 @@ mod tests {
             bundles_committed: 1,
             elements_processed: 12,
             throttled_ms: 0,
+            spilled_bytes: 0,
             ..StageStats::default()
         };
         let lines = progress_lines(&[

@@ -22,6 +22,7 @@ pub mod coder;
 pub mod executor;
 pub mod grouping;
 mod holds;
+pub mod key_groups;
 pub mod manager;
 pub mod plan;
 pub mod spill;

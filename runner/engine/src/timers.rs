@@ -171,12 +171,25 @@ impl TimerStore {
         now: Timestamp,
         last: Option<(&str, &str)>,
     ) -> Vec<(TimeDomain, FiredTimer)> {
+        self.take_ready_where(input_watermark, now, last, |_| true)
+    }
+
+    /// [`Self::take_ready`] among the timers `eligible` accepts (the others
+    /// stay, ready or not: their keys are busy in another bundle).
+    pub fn take_ready_where(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        last: Option<(&str, &str)>,
+        eligible: impl Fn(&TimerValue) -> bool,
+    ) -> Vec<(TimeDomain, FiredTimer)> {
         let is_ready = |(domain, t): &(TimeDomain, TimerValue)| {
-            input_watermark >= MAX_TIMESTAMP
-                || match domain {
-                    TimeDomain::EventTime => t.fire_timestamp < input_watermark,
-                    TimeDomain::ProcessingTime => t.fire_timestamp <= now,
-                }
+            eligible(t)
+                && (input_watermark >= MAX_TIMESTAMP
+                    || match domain {
+                        TimeDomain::EventTime => t.fire_timestamp < input_watermark,
+                        TimeDomain::ProcessingTime => t.fire_timestamp <= now,
+                    })
         };
         let is_last = |id: &TimerId| last.is_some_and(|(t, f)| id.0 == t && id.1 == f);
         let mut ready: Vec<TimerId> = self

@@ -280,6 +280,13 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
                 &labels,
                 format!("{:.3}", stage.throttled_ms as f64 / 1000.0),
             );
+            families.add(
+                "refract_stage_spilled_bytes_total",
+                "Bytes a GroupByKey stage spilled to disk because its buffer outgrew its memory share.",
+                "counter",
+                &labels,
+                stage.spilled_bytes.to_string(),
+            );
         }
     }
     for job in jobs.iter().filter(|j| j.checkpoints.enabled) {
@@ -491,6 +498,7 @@ mod tests {
                     bundles_committed: 2,
                     elements_processed: 9,
                     throttled_ms: 1_500,
+                    spilled_bytes: 4_096,
                     bytes_out: 77,
                     ..StageStats::default()
                 }],
@@ -517,6 +525,7 @@ mod tests {
             "refract_stage_pending_bytes{job=\"job-2\",stage=\"Read+Split\"} 40",
             "refract_stage_elements_total{job=\"job-2\",stage=\"Read+Split\"} 9",
             "refract_stage_throttled_seconds_total{job=\"job-2\",stage=\"Read+Split\"} 1.500",
+            "refract_stage_spilled_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 4096",
             "refract_stage_output_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 77",
             "refract_stage_output_watermark_lag_seconds{job=\"job-2\",stage=\"Read+Split\"} 3.000",
             "refract_harnesses_live 3",

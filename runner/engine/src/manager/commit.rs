@@ -20,6 +20,7 @@ impl Engine {
         {
             let s = &mut self.stages[idx];
             s.in_flight -= 1;
+            s.locked_key_groups &= !flight.key_groups;
             for h in &flight.holds {
                 s.in_flight_holds.remove(*h);
             }

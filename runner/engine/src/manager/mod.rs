@@ -53,6 +53,7 @@ mod watermarks;
 mod window_merging;
 
 use crate::holds::Holds;
+use crate::key_groups::{group_of, KeyGroupSet};
 use pending::Pending;
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;
@@ -177,6 +178,8 @@ struct StageRt {
     retry_at: Option<Instant>,
     /// What the stage did, for [`StageStats`].
     counters: StageCounters,
+    /// Keyed stages: the key groups bundles in flight hold.
+    locked_key_groups: KeyGroupSet,
 }
 
 /// Where elements of a PCollection go.
@@ -196,6 +199,8 @@ struct InFlight {
     fired_timers: Vec<(TimeDomain, FiredTimer)>,
     /// The bundle's input, put back for a retry if the bundle fails.
     elements: Vec<DecodedElement>,
+    /// The key groups the bundle locks (keyed stages only).
+    key_groups: KeyGroupSet,
 }
 
 enum Report {
@@ -379,6 +384,7 @@ impl Engine {
                 failures: 0,
                 retry_at: None,
                 counters: StageCounters::default(),
+                locked_key_groups: 0,
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();

@@ -2,6 +2,8 @@
 //! of each SDK stage, and when.
 
 use super::*;
+use crate::coder::TimerValue;
+use crate::key_groups::{slice_mask, KEY_GROUPS};
 
 /// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
 pub(super) fn chunk_elements(elements: &[DecodedElement], chunk_bytes: usize) -> Vec<Bytes> {
@@ -59,6 +61,21 @@ impl Engine {
                 .as_ref()
                 .map(|e| (e.transform_id.clone(), e.family_id.clone()));
             let families = sdk.timer_families.clone();
+            // A keyed stage runs several bundles at once, on disjoint key
+            // groups (see `key_groups`); its input is `KV`.
+            let keyed = stateful || !families.is_empty();
+            let key_coder = if keyed {
+                self.plan.stages[idx]
+                    .inputs
+                    .first()
+                    .map(|&p| self.plan.pcollections[p].value_coder.clone())
+            } else {
+                None
+            };
+            let key_slices = self
+                .config
+                .max_bundles_per_stage
+                .clamp(1, KEY_GROUPS as usize);
             let streaming = self.config.streaming;
             let gate = self.side_input_gate(idx);
             if gate
@@ -90,14 +107,17 @@ impl Engine {
             loop {
                 let now = self.now();
                 let s = &mut self.stages[idx];
-                let limit = if stateful || !families.is_empty() {
-                    1
-                } else {
-                    self.config.max_bundles_per_stage
-                };
-                if s.in_flight >= limit {
+                if s.in_flight >= self.config.max_bundles_per_stage {
                     break;
                 }
+                let element_group = |e: &DecodedElement| -> KeyGroupSet {
+                    match &key_coder {
+                        Some(coder) => coder
+                            .kv_key_len(&e.value)
+                            .map_or(1, |n| group_of(&e.value[..n])),
+                        None => 0,
+                    }
+                };
                 // Time-sorted input: an element goes out only once the input
                 // watermark passed it, so nothing earlier can still arrive.
                 let input_wm = s.input_wm;
@@ -115,34 +135,59 @@ impl Engine {
                 // hold it back (processing-time timers wait for the queue
                 // to empty), so that event-time timers are not starved.
                 let last = expiration.as_ref().map(|(t, f)| (t.as_str(), f.as_str()));
-                let fired = if families.is_empty() {
-                    Vec::new()
-                } else if !has_input {
-                    s.timers.take_ready(s.input_wm, now, last)
-                } else if streaming {
-                    let before_waiting = s.pending.hold().map_or(s.input_wm, |h| h.min(s.input_wm));
-                    s.timers.take_ready(before_waiting, MIN_TIMESTAMP, last)
+                // A keyed stage's bundle takes one slice of the key groups,
+                // a slice no bundle in flight holds, so that the other
+                // slices are left for bundles running beside it.
+                let candidates: Vec<KeyGroupSet> = if keyed {
+                    (0..key_slices)
+                        .map(|k| slice_mask(k, key_slices))
+                        .filter(|m| m & s.locked_key_groups == 0)
+                        .collect()
                 } else {
-                    Vec::new()
+                    vec![KeyGroupSet::MAX]
                 };
-                if !has_input && fired.is_empty() {
-                    break;
+                let mut picked = None;
+                for allowed in candidates {
+                    let in_slice = |e: &DecodedElement| !keyed || element_group(e) & allowed != 0;
+                    let eligible = |t: &TimerValue| !keyed || group_of(&t.user_key) & allowed != 0;
+                    let fired = if families.is_empty() {
+                        Vec::new()
+                    } else if !has_input {
+                        s.timers.take_ready_where(s.input_wm, now, last, eligible)
+                    } else if streaming {
+                        let before_waiting =
+                            s.pending.hold().map_or(s.input_wm, |h| h.min(s.input_wm));
+                        s.timers
+                            .take_ready_where(before_waiting, MIN_TIMESTAMP, last, eligible)
+                    } else {
+                        Vec::new()
+                    };
+                    let elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted && !keyed
+                    {
+                        s.pending.take(self.config.max_bundle_elements)
+                    } else {
+                        // Only elements whose side inputs are ready, in
+                        // the bundle's key slice.
+                        s.pending.take_where(self.config.max_bundle_elements, |e| {
+                            released(e)
+                                && in_slice(e)
+                                && gate.iter().all(|g| g.allows(e, streaming))
+                        })
+                    };
+                    if !elements.is_empty() || !fired.is_empty() {
+                        picked = Some((allowed, elements, fired));
+                        break;
+                    }
                 }
-                let mut elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted {
-                    s.pending.take(self.config.max_bundle_elements)
-                } else {
-                    // Only elements whose side inputs are ready.
-                    s.pending.take_where(self.config.max_bundle_elements, |e| {
-                        released(e) && gate.iter().all(|g| g.allows(e, streaming))
-                    })
+                let Some((allowed, mut elements, fired)) = picked else {
+                    break;
                 };
                 if time_sorted {
                     elements.sort_by_key(|e| e.header.timestamp);
                 }
                 let take = elements.len();
-                if elements.is_empty() && fired.is_empty() {
-                    break;
-                }
+                let key_groups: KeyGroupSet = if keyed { allowed } else { 0 };
+                s.locked_key_groups |= key_groups;
                 let mut holds = Vec::with_capacity(elements.len() + fired.len());
                 for e in &elements {
                     s.in_flight_holds.add(e.header.timestamp);
@@ -198,6 +243,7 @@ impl Engine {
                         overlay: overlay.clone(),
                         fired_timers: fired,
                         elements,
+                        key_groups,
                     },
                 );
                 let input = BundleInput {

@@ -42,6 +42,9 @@ pub struct StageStats {
     /// Time the stage was not scheduled because a consumer was over its
     /// bound (backpressure), in ms.
     pub throttled_ms: u64,
+    /// Bytes a GroupByKey stage spilled to disk (its buffer outgrew its
+    /// memory share).
+    pub spilled_bytes: u64,
 }
 
 /// Per-stage counters the snapshots report.
@@ -174,6 +177,10 @@ impl Engine {
                     elements_out: s.counters.elements_out,
                     bytes_out: s.counters.bytes_out,
                     throttled_ms: s.counters.throttled_ms(now),
+                    spilled_bytes: s
+                        .grouping
+                        .as_ref()
+                        .map_or(0, GroupingBuffer::spilled_bytes),
                 }
             })
             .collect();
