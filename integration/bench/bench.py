@@ -131,6 +131,11 @@ class Server:
       # as a process of its own, not a thread under the client's GIL: a
       # runner that starts several workers then gets several cores.
       options.append('--experiments=use_loopback_process_worker')
+    workers = os.environ.get('REFRACT_BENCH_SDK_WORKERS')
+    if workers:
+      # Python's default is 1 (and runners honour it): the same number of
+      # SDK workers for every runner.
+      options.append('--sdk_worker_parallelism=' + workers)
     return options
 
 

@@ -1,10 +1,11 @@
 """Runner-initiated splits of a splittable DoFn's bundle.
 
 A bundle of a splittable DoFn that runs for more than a second is asked to
-split at half of its remaining work, and every second after that to stop
-where it is (a bundle's output waits in the runner until it commits, so no
-bundle may read for long); the SDK keeps the primary and hands back the
-residual restriction, which Refract runs as a bundle of its own. Every
+split at half of its remaining work, and every second after that to keep
+1% of what is left (a bundle's output waits in the runner until it commits,
+so no bundle may read for long); the SDK keeps the primary and hands back
+the residual restriction, which Refract starts as a bundle of its own at
+once. Every
 offset is still produced exactly once.
 """
 

@@ -16,7 +16,8 @@ use std::time::{Instant, SystemTime};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use refract_engine::executor::{
-    BundleInput, BundleOutput, CommitAction, ExecError, Residual, StageExecutor, TimerInput,
+    BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, StageExecutor,
+    TimerInput,
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
@@ -154,16 +155,30 @@ const SPLIT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(
 
 /// What a splittable bundle's `n`-th split (from 0) keeps of its
 /// remaining work. The first halves it, so the other half can run on
-/// another worker at once; later ones stop the bundle where it is. A
-/// bundle's outputs wait in the runner's memory until it commits, so no
-/// bundle may read for long: one reading a large source whole would hold
-/// all of it.
+/// another worker at once; later ones stop the bundle soon. A bundle's
+/// outputs wait in the runner's memory until it commits, so no bundle may
+/// read for long: one reading a large source whole would hold all of it.
+/// (Not 0: Python's wrapper of a `BoundedSource` refuses to split at the
+/// position it is at.)
 fn split_fraction(n: u32) -> f64 {
     if n == 0 {
         0.5
     } else {
-        0.0
+        0.01
     }
+}
+
+/// What a split of a running bundle gave.
+struct SplitOutcome {
+    /// Residual restrictions and the input elements the bundle will not
+    /// reach.
+    residuals: Vec<Residual>,
+    /// The new end of the bundle's inputs.
+    end: usize,
+    /// How many input elements the bundle still does whole, and its
+    /// primary restrictions, when the SDK said (a channel split, or a
+    /// one-element bundle).
+    kept: Option<(usize, Vec<bytes::Bytes>)>,
 }
 
 /// Ask the SDK to split the bundle `bundle_id` reading `source`, keeping
@@ -171,16 +186,20 @@ fn split_fraction(n: u32) -> f64 {
 /// restrictions, and the input elements it will not reach (each input
 /// chunk of a splittable stage is one element; `inputs` are those not
 /// given back by an earlier split) — becomes residual work for the
-/// engine, and the new end of the bundle's inputs is returned. Failures
-/// are logged and mean no split: the bundle simply runs to the end.
+/// engine. Failures are logged and mean no split: the bundle simply runs
+/// to the end.
 async fn split_bundle(
     worker: &Worker,
     bundle_id: &str,
     source: &str,
     inputs: &[bytes::Bytes],
     fraction: f64,
-) -> (Vec<Residual>, usize) {
-    let unsplit = (Vec::new(), inputs.len());
+) -> SplitOutcome {
+    let unsplit = SplitOutcome {
+        residuals: Vec::new(),
+        end: inputs.len(),
+        kept: None,
+    };
     let request = instruction_request::Request::ProcessBundleSplit(ProcessBundleSplitRequest {
         instruction_id: bundle_id.to_string(),
         desired_splits: [(
@@ -209,7 +228,13 @@ async fn split_bundle(
         return unsplit;
     };
     let mut out: Vec<Residual> = split.residual_roots.iter().filter_map(residual).collect();
+    let primaries: Vec<bytes::Bytes> = split
+        .primary_roots
+        .iter()
+        .map(|p| bytes::Bytes::copy_from_slice(&p.element))
+        .collect();
     let mut end = inputs.len();
+    let mut kept = None;
     for channel in split
         .channel_splits
         .iter()
@@ -224,6 +249,17 @@ async fn split_bundle(
             watermark: None,
         }));
         end = first;
+        // `last_primary_element` is -1 when the split is in the first one.
+        let whole = usize::try_from(channel.last_primary_element.saturating_add(1))
+            .unwrap_or(0)
+            .min(first);
+        kept = Some((whole, primaries.clone()));
+    }
+    if kept.is_none() && inputs.len() == 1 && !primaries.is_empty() {
+        kept = Some((0, primaries));
+    }
+    if out.is_empty() {
+        kept = None;
     }
     debug!(
         bundle = bundle_id,
@@ -231,7 +267,11 @@ async fn split_bundle(
         fraction,
         "bundle split"
     );
-    (out, end)
+    SplitOutcome {
+        residuals: out,
+        end,
+        kept,
+    }
 }
 
 /// State for bundles that must not use any (window merging).
@@ -371,6 +411,7 @@ async fn run_bundle(
     split_output_bytes: u64,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone();
+    let split_sink = input.splits.clone();
     let split_inputs = if stage.splittable {
         input.elements.clone()
     } else {
@@ -419,7 +460,7 @@ async fn run_bundle(
                         }
                         let fraction = split_fraction(splits);
                         splits += 1;
-                        let (residuals, new_end) = split_bundle(
+                        let outcome = split_bundle(
                             worker,
                             &input.bundle_id,
                             source,
@@ -427,8 +468,19 @@ async fn run_bundle(
                             fraction,
                         )
                         .await;
-                        split_residuals.extend(residuals);
-                        end = new_end;
+                        end = outcome.end;
+                        match outcome.kept {
+                            // The engine runs the residuals now, and a retry
+                            // of this bundle does only what it kept.
+                            Some((kept_elements, primaries)) if split_sink.is_connected() => {
+                                split_sink.send(BundleSplit {
+                                    kept_elements,
+                                    primaries,
+                                    residuals: outcome.residuals,
+                                });
+                            }
+                            _ => split_residuals.extend(outcome.residuals),
+                        }
                     }
                 }
             }

@@ -35,6 +35,58 @@ pub struct BundleInput {
     /// The job is draining: splittable stages must truncate their
     /// restrictions before processing them.
     pub draining: bool,
+    /// Where the executor reports a split of this bundle as soon as the SDK
+    /// agreed to it, so that the work split off runs at once (on another
+    /// worker) instead of after the bundle.
+    pub splits: SplitSink,
+}
+
+/// A split the SDK made of a running bundle: the bundle now does its first
+/// `kept_elements` input elements and the `primaries`, and the `residuals`
+/// are work of their own. If the bundle then fails, only what it kept is
+/// done again.
+#[derive(Debug, Clone, Default)]
+pub struct BundleSplit {
+    /// How many of the bundle's input elements, in order, it still does
+    /// whole.
+    pub kept_elements: usize,
+    /// What the bundle keeps of the element it was in: encoded windowed
+    /// values in the stage's input port coder (a splittable element's
+    /// primary restriction).
+    pub primaries: Vec<Bytes>,
+    /// The work split off: residual restrictions, and input elements the
+    /// bundle will not reach.
+    pub residuals: Vec<Residual>,
+}
+
+/// Hands a running bundle's splits to the engine.
+#[derive(Clone, Default)]
+pub struct SplitSink(Option<Arc<dyn Fn(BundleSplit) + Send + Sync>>);
+
+impl SplitSink {
+    /// A sink calling `report` with every split.
+    pub fn new(report: impl Fn(BundleSplit) + Send + Sync + 'static) -> Self {
+        SplitSink(Some(Arc::new(report)))
+    }
+
+    /// Whether anyone takes splits (a sink made with `default` does not:
+    /// the executor then returns residuals with the bundle's output).
+    pub fn is_connected(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Reports `split`.
+    pub fn send(&self, split: BundleSplit) {
+        if let Some(report) = &self.0 {
+            report(split);
+        }
+    }
+}
+
+impl std::fmt::Debug for SplitSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SplitSink")
+    }
 }
 
 /// Timers for one (transform, family) pair in a bundle.

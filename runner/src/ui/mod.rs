@@ -392,6 +392,7 @@ fn stage_json(s: &StageStats, latency: Option<&LatencyHistogram>) -> Value {
         "elements_out": s.elements_out,
         "bytes_out": s.bytes_out,
         "throttled_ms": s.throttled_ms,
+        "spilled_bytes": s.spilled_bytes,
         "bundle_latency": latency.map(|h| json!({"count": h.count(), "sum": h.sum()})),
     })
 }

@@ -7,6 +7,7 @@ impl Engine {
     pub(super) fn commit(&mut self, report: Report) -> Result<(), EngineError> {
         let (bundle, result) = match report {
             Report::Bundle { bundle, result } => (bundle, result),
+            Report::Split { bundle, split } => return self.apply_split(bundle, split),
             Report::Merge {
                 stage,
                 keys,
@@ -103,33 +104,71 @@ impl Engine {
                     .apply(&t.transform_id, &t.family_id, fam.domain, timers);
             }
         }
-        if !output.residuals.is_empty() {
-            let input = self.plan.stages[idx].inputs.first().copied();
-            if let Some(input) = input {
-                let pc = &self.plan.pcollections[input];
-                for r in &output.residuals {
-                    let decoded =
-                        decode_windowed_values(&r.element, &pc.value_coder, &pc.window_coder)
-                            .map_err(|source| EngineError::Decode {
-                                pcollection: pc.id.clone(),
-                                source,
-                            })?;
-                    for e in decoded {
-                        let hold = r.watermark.unwrap_or(e.header.timestamp);
-                        let delay = if self.draining {
-                            0
-                        } else {
-                            r.delay_ms.max(0) as u64
-                        };
-                        let at = Instant::now() + Duration::from_millis(delay);
-                        self.stages[idx].delayed.push((at, e, hold));
-                    }
-                }
-            }
-        }
+        self.defer_residuals(idx, &output.residuals)?;
         for (pcoll, bytes) in output.outputs {
             self.route(pcoll, bytes)?;
         }
+        Ok(())
+    }
+
+    /// Queues residual work of stage `idx` (after its requested delay).
+    fn defer_residuals(
+        &mut self,
+        idx: StageIdx,
+        residuals: &[Residual],
+    ) -> Result<(), EngineError> {
+        let Some(input) = self.plan.stages[idx].inputs.first().copied() else {
+            return Ok(());
+        };
+        let pc = &self.plan.pcollections[input];
+        for r in residuals {
+            let decoded = decode_windowed_values(&r.element, &pc.value_coder, &pc.window_coder)
+                .map_err(|source| EngineError::Decode {
+                    pcollection: pc.id.clone(),
+                    source,
+                })?;
+            for e in decoded {
+                let hold = r.watermark.unwrap_or(e.header.timestamp);
+                let delay = if self.draining {
+                    0
+                } else {
+                    r.delay_ms.max(0) as u64
+                };
+                let at = Instant::now() + Duration::from_millis(delay);
+                self.stages[idx].delayed.push((at, e, hold));
+            }
+        }
+        Ok(())
+    }
+
+    /// A running bundle was split: what it gave up runs as work of its own
+    /// now, and a retry of the bundle (if it fails) does only what it kept.
+    /// The bundle's holds stay until it ends: what it kept is no earlier
+    /// than what it took.
+    fn apply_split(&mut self, bundle: u64, split: BundleSplit) -> Result<(), EngineError> {
+        let Some(flight) = self.in_flight.get(&bundle) else {
+            return Ok(());
+        };
+        let idx = flight.stage;
+        let mut primaries = Vec::new();
+        if let Some(&input) = self.plan.stages[idx].inputs.first() {
+            let pc = &self.plan.pcollections[input];
+            for p in &split.primaries {
+                let decoded = decode_windowed_values(p, &pc.value_coder, &pc.window_coder)
+                    .map_err(|source| EngineError::Decode {
+                        pcollection: pc.id.clone(),
+                        source,
+                    })?;
+                primaries.extend(decoded);
+            }
+        }
+        if let Some(flight) = self.in_flight.get_mut(&bundle) {
+            flight.elements.truncate(split.kept_elements);
+            flight.elements.extend(primaries);
+        }
+        self.defer_residuals(idx, &split.residuals)?;
+        // Runnable at once (a split's residuals ask for no delay).
+        self.release_delayed();
         Ok(())
     }
 }

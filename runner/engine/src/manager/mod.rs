@@ -28,7 +28,8 @@ use crate::coder::{
     PaneInfo, WindowedValueHeader,
 };
 use crate::executor::{
-    BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor, TimerInput,
+    BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, SplitSink,
+    StageExecutor, TimerInput,
 };
 use crate::grouping::GroupingBuffer;
 use crate::plan::{
@@ -204,6 +205,8 @@ struct InFlight {
 }
 
 enum Report {
+    /// The SDK split a running bundle.
+    Split { bundle: u64, split: BundleSplit },
     /// An SDK stage's bundle finished.
     Bundle {
         bundle: u64,

@@ -253,6 +253,12 @@ impl Engine {
                     timers: timer_inputs,
                     state: overlay,
                     draining: self.draining,
+                    splits: {
+                        let tx = tx.clone();
+                        SplitSink::new(move |split| {
+                            let _ = tx.send(Report::Split { bundle, split });
+                        })
+                    },
                 };
                 debug!(stage = %self.plan.stages[idx].name, bundle, elements = take, "starting bundle");
                 let fut = self.executor.execute(input);

@@ -177,10 +177,7 @@ impl Engine {
                     elements_out: s.counters.elements_out,
                     bytes_out: s.counters.bytes_out,
                     throttled_ms: s.counters.throttled_ms(now),
-                    spilled_bytes: s
-                        .grouping
-                        .as_ref()
-                        .map_or(0, GroupingBuffer::spilled_bytes),
+                    spilled_bytes: s.grouping.as_ref().map_or(0, GroupingBuffer::spilled_bytes),
                 }
             })
             .collect();

@@ -1,0 +1,176 @@
+//! A split of a running bundle takes effect at once: the work split off
+//! runs beside the bundle, and if the bundle then fails, its retry does
+//! only what it kept — every position is still emitted exactly once.
+//!
+//! Plan: impulse → make (one restriction [0, 100)) → read (splittable) →
+//! sink. The first attempt of the bundle reading [0, 100) splits at 50,
+//! waits until the residual's bundle has started, then fails.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod common;
+
+use bytes::Bytes;
+use common::{global_pcollection, stage};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use refract_engine::coder::{
+    decode_windowed_values, encode_windowed_value, Coder, PaneInfo, WindowedValueHeader,
+};
+use refract_engine::executor::{
+    BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor,
+};
+use refract_engine::manager::{Engine, EngineConfig};
+use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::window::Window;
+use tokio::sync::{watch, Notify};
+
+#[derive(Default)]
+struct Reader {
+    /// The residual's bundle started.
+    residual_started: Notify,
+    failed_once: AtomicBool,
+    /// Ranges each attempt of the read stage was given.
+    attempts: Mutex<Vec<(u8, u8)>>,
+    /// Positions the sink got, with how often.
+    seen: Mutex<BTreeMap<u8, usize>>,
+}
+
+fn windowed(value: &[u8]) -> Bytes {
+    let header = WindowedValueHeader {
+        timestamp: 0,
+        windows: smallvec::smallvec![Window::Global],
+        pane: PaneInfo::NO_FIRING,
+    };
+    let mut out = Vec::new();
+    encode_windowed_value(&header, &Coder::GlobalWindow, value, &mut out).expect("encodes");
+    Bytes::from(out)
+}
+
+fn restriction(from: u8, to: u8) -> Bytes {
+    windowed(&[2, from, to])
+}
+
+fn values(chunks: &[Bytes]) -> Vec<Bytes> {
+    chunks
+        .iter()
+        .flat_map(|c| {
+            decode_windowed_values(c, &Coder::Bytes, &Coder::GlobalWindow).expect("decodes")
+        })
+        .map(|e| e.value)
+        .collect()
+}
+
+struct Fake(Arc<Reader>);
+
+impl StageExecutor for Fake {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let me = self.0.clone();
+        async move {
+            match input.stage {
+                1 => Ok(BundleOutput {
+                    outputs: vec![(1, restriction(0, 100))],
+                    ..Default::default()
+                }),
+                2 => {
+                    let given = values(&input.elements);
+                    let (from, to) = (given[0][1], given[0][2]);
+                    me.attempts.lock().push((from, to));
+                    if (from, to) == (0, 100) && !me.failed_once.swap(true, Ordering::SeqCst) {
+                        input.splits.send(BundleSplit {
+                            kept_elements: 0,
+                            primaries: vec![restriction(0, 50)],
+                            residuals: vec![Residual {
+                                element: restriction(50, 100),
+                                delay_ms: 0,
+                                watermark: None,
+                            }],
+                        });
+                        tokio::time::timeout(
+                            Duration::from_secs(5),
+                            me.residual_started.notified(),
+                        )
+                        .await
+                        .map_err(|_| ExecError::Sdk("the residual never started".into()))?;
+                        return Err(ExecError::Sdk("failing after the split".into()));
+                    }
+                    if from == 50 {
+                        me.residual_started.notify_one();
+                    }
+                    let mut out = Vec::new();
+                    for n in from..to {
+                        out.extend_from_slice(&windowed(&[1, n]));
+                    }
+                    Ok(BundleOutput {
+                        outputs: vec![(2, Bytes::from(out))],
+                        ..Default::default()
+                    })
+                }
+                _ => {
+                    let mut seen = me.seen.lock();
+                    for v in values(&input.elements) {
+                        *seen.entry(v[1]).or_default() += 1;
+                    }
+                    Ok(BundleOutput::default())
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+fn plan() -> Plan {
+    let sdk = |splittable| {
+        StageKind::Sdk(SdkStage {
+            splittable,
+            ..SdkStage::default()
+        })
+    };
+    Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("restrictions", Coder::Bytes),
+            global_pcollection("positions", Coder::Bytes),
+        ],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage("make", sdk(false), vec![0], vec![1]),
+            stage("read", sdk(true), vec![1], vec![2]),
+            stage("sink", sdk(false), vec![2], vec![]),
+        ],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_runs_its_residual_at_once_and_a_retry_redoes_only_the_primary() {
+    let reader = Arc::new(Reader::default());
+    let config = EngineConfig {
+        retry_backoff: Duration::from_millis(1),
+        ..EngineConfig::default()
+    };
+    let (_cancel, cancelled) = watch::channel(false);
+    Engine::new(
+        plan(),
+        Arc::new(Fake(reader.clone())),
+        config,
+        "sp",
+        Arc::new(|| 0),
+    )
+    .expect("a valid plan")
+    .run(cancelled)
+    .await
+    .expect("the run succeeds");
+    let attempts = reader.attempts.lock().clone();
+    assert_eq!(
+        attempts,
+        vec![(0, 100), (50, 100), (0, 50)],
+        "the residual ran beside the first attempt; the retry had only the primary"
+    );
+    let seen = reader.seen.lock().clone();
+    let want: BTreeMap<u8, usize> = (0..100).map(|n| (n, 1)).collect();
+    assert_eq!(seen, want, "every position exactly once");
+}
