@@ -5,35 +5,38 @@ The server gets a 16 MiB budget; the pipeline (gbk_spill_pipeline.py)
 groups 200 MiB of incompressible 64 KiB values under 1 000 keys and
 checks the totals in the pipeline itself. The runner says in the job's
 messages how much it spilled; its spill directory is empty afterwards.
-(Peak memory is measured by integration/bench/gbk_spill_memory.py, not
-asserted here.)
+The same, smaller, with the default spill directory (a temporary one the
+server creates and removes when it stops). (Peak memory is measured by
+integration/bench/gbk_spill_memory.py, not asserted here.)
 """
 
 import os
 import subprocess
 import sys
 
+import pytest
+
 from refract_testlib import RefractServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.parametrize('spill_dir_flag,total_mb', [(True, 200), (False, 96)],
+                         ids=['spill_dir', 'default_spill_dir'])
 def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
-    request, refract_bin, tmp_path):
+    request, refract_bin, tmp_path, spill_dir_flag, total_mb):
   spill_dir = tmp_path / 'spill'
+  extra = ['--memory_budget', '16m', '--serve_http=false']
+  if spill_dir_flag:
+    extra += ['--spill_dir', str(spill_dir)]
   server = RefractServer(
-      refract_bin,
-      tmp_path / 'refract-serve.log',
-      extra_args=[
-          '--memory_budget', '16m', '--spill_dir', str(spill_dir),
-          '--serve_http=false'
-      ])
+      refract_bin, tmp_path / 'refract-serve.log', extra_args=extra)
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
-         server.endpoint, '200', '64', '1000'],
+         server.endpoint, str(total_mb), '64', '1000'],
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout

@@ -110,7 +110,9 @@ pub async fn start(
     };
     let spill = RocksSpillStore::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
-    let _remove_spill = temporary_spill.then(|| RemoveOnExit(spill_dir.clone()));
+    // Removed when the server has finished (not when this function returns:
+    // the server runs on after it).
+    let remove_spill = temporary_spill.then(|| RemoveOnExit(spill_dir.clone()));
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
         .with_memory_budget(memory_budget)
@@ -161,6 +163,7 @@ pub async fn start(
             }
         };
         let served = serve(listener, runner, config, shutdown).await;
+        drop(remove_spill);
         let _ = ui_stop.send(());
         if let Some(otlp) = otlp {
             // The exporters flush on threads of their own; do not hold a
