@@ -450,8 +450,9 @@ async fn run_bundle(
                     r = &mut bundle => break r,
                     _ = tokio::time::sleep(SPLIT_CHECK_EVERY) => {
                         // Split every second, and once the output passed
-                        // `split_output_bytes` (halved, then stopped: the
-                        // second split follows the first at once).
+                        // `split_output_bytes` (halved, then cut to 1% of
+                        // the rest: the second split follows the first at
+                        // once).
                         let due_by_time = started.elapsed() >= SPLIT_AFTER * (splits + 1);
                         let due_by_size =
                             splits < 2 && received.load(Ordering::Relaxed) >= split_output_bytes;

@@ -174,13 +174,12 @@ impl JobRunner for RefractRunner {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
         let resources = JobResources {
+            workers_per_env: match option_usize(job.options(), "sdk_worker_parallelism") {
+                Some(0) | None => self.default_workers,
+                Some(n) => n,
+            },
             memory_budget: self.memory_budget,
             spill: self.spill.clone(),
-            workers_per_env: 0,
-        };
-        let workers = match option_usize(job.options(), "sdk_worker_parallelism") {
-            Some(0) | None => self.default_workers,
-            Some(n) => n,
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
@@ -209,17 +208,7 @@ impl JobRunner for RefractRunner {
                     recorder,
                     durability: durability.clone(),
                 };
-                let outcome = run_job(
-                    job.clone(),
-                    fn_server,
-                    config,
-                    JobResources {
-                        workers_per_env: workers,
-                        ..resources
-                    },
-                    watchers,
-                )
-                .await;
+                let outcome = run_job(job.clone(), fn_server, config, resources, watchers).await;
                 view.clear_workers();
                 activity.job_ended();
                 let error = match outcome {

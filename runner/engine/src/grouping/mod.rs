@@ -270,11 +270,6 @@ impl GroupingBuffer {
         self.panes.is_empty() && !self.has_spilled()
     }
 
-    /// About how many bytes the in-memory panes take.
-    pub fn memory_bytes(&self) -> usize {
-        self.memory_bytes
-    }
-
     /// A window is garbage-collected once the watermark passes its end plus
     /// the allowed lateness, capped at the end of the global window (as
     /// Beam caps it), so that huge lateness still closes at the end of time.
@@ -793,11 +788,14 @@ mod tests {
     use crate::plan::WindowFn;
     use crate::time::MAX_TIMESTAMP;
 
-    fn kv_coder() -> Coder {
+    /// `KV<bytes, varint>`, what the buffer tests (here and in `spill`)
+    /// group.
+    pub(super) fn kv_coder() -> Coder {
         Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
     }
 
-    fn element(key: &[u8], value: u8, ts: Timestamp, window: Window) -> DecodedElement {
+    /// A `KV<bytes, varint>` element (`value` below 128: a one-byte varint).
+    pub(super) fn element(key: &[u8], value: u8, ts: Timestamp, window: Window) -> DecodedElement {
         let mut v = vec![key.len() as u8];
         v.extend_from_slice(key);
         v.push(value);

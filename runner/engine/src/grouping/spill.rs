@@ -20,6 +20,7 @@
 //! the window's last key is out.
 
 use std::cmp::Ordering;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -192,24 +193,21 @@ impl Spill {
         window: &Window,
         window_coder: &crate::coder::Coder,
     ) -> Result<&mut SpilledWindow, GroupingError> {
-        if !self.windows.contains_key(window) {
-            let mut encoded = Vec::new();
-            window_coder.encode_window(window, &mut encoded)?;
-            let mut start = self.prefix.clone();
-            put_len(&mut start, encoded.len())?;
-            start.extend_from_slice(&encoded);
-            self.windows.insert(
-                window.clone(),
-                SpilledWindow {
+        match self.windows.entry(window.clone()) {
+            Entry::Occupied(spilled) => Ok(spilled.into_mut()),
+            Entry::Vacant(slot) => {
+                let mut encoded = Vec::new();
+                window_coder.encode_window(window, &mut encoded)?;
+                let mut start = self.prefix.clone();
+                put_len(&mut start, encoded.len())?;
+                start.extend_from_slice(&encoded);
+                Ok(slot.insert(SpilledWindow {
                     start,
                     holds: Holds::default(),
                     draining: false,
-                },
-            );
+                }))
+            }
         }
-        self.windows
-            .get_mut(window)
-            .ok_or_else(|| GroupingError::Spill(SpillError("a spilled window vanished".into())))
     }
 
     /// Everything of this buffer's range still in the store (for a
@@ -602,35 +600,15 @@ impl GroupingBuffer {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{element, kv_coder as kv};
     use super::*;
-    use crate::coder::{
-        decode_windowed_values, Coder, DecodedElement, PaneInfo, WindowedValueHeader,
-    };
+    use crate::coder::{decode_windowed_values, Coder};
     use crate::plan::WindowingStrategy;
     use crate::spill::MemorySpillStore;
     use crate::time::MAX_TIMESTAMP;
 
-    fn element(key: &[u8], value: u8, window: Window) -> DecodedElement {
-        let mut v = vec![key.len() as u8];
-        v.extend_from_slice(key);
-        v.push(value);
-        let value = Bytes::from(v);
-        DecodedElement {
-            header: WindowedValueHeader {
-                timestamp: 0,
-                windows: smallvec::smallvec![window],
-                pane: PaneInfo::NO_FIRING,
-            },
-            encoded: value.clone(),
-            value,
-        }
-    }
-
-    fn kv() -> Coder {
-        Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
-    }
-
-    /// (key, values, pane index, is_last) of every pane in `out`, sorted.
+    /// (key, its values sorted) of every pane in `out`, sorted; each pane
+    /// must be its window's only one (first and last).
     fn panes(out: Vec<u8>, window_coder: &Coder) -> Vec<(Vec<u8>, Vec<u8>)> {
         let coder = Coder::Kv(
             Box::new(Coder::Bytes),
@@ -671,7 +649,7 @@ mod tests {
         for i in 0..120u8 {
             let key = [b'k', i % 37];
             for g in [&mut spilling, &mut plain] {
-                g.add(&element(&key, i, Window::Global), 0, 0).unwrap();
+                g.add(&element(&key, i, 0, Window::Global), 0, 0).unwrap();
             }
         }
         assert!(spilling.has_spilled());
@@ -707,7 +685,8 @@ mod tests {
         );
         g.enable_spill(store.clone(), b"s/".to_vec(), 300);
         for i in 0..100u8 {
-            g.add(&element(&[i % 10], i, Window::Global), 0, 0).unwrap();
+            g.add(&element(&[i % 10], i, 0, Window::Global), 0, 0)
+                .unwrap();
         }
         // Half drained when the checkpoint is taken.
         let mut first = Vec::new();
@@ -752,7 +731,7 @@ mod tests {
             end: s + 10,
         };
         for i in 0..60u8 {
-            g.add(&element(&[i % 3], i, w(i64::from(i % 2) * 10)), 0, 0)
+            g.add(&element(&[i % 3], i, 0, w(i64::from(i % 2) * 10)), 0, 0)
                 .unwrap();
         }
         assert!(g.has_spilled());

@@ -111,23 +111,34 @@ impl Engine {
         Ok(())
     }
 
+    /// Elements of stage `idx`'s main input, encoded in its port coder (a
+    /// residual or primary the SDK handed back). Nothing for a stage
+    /// without input.
+    fn decode_input(
+        &self,
+        idx: StageIdx,
+        bytes: &Bytes,
+    ) -> Result<Vec<DecodedElement>, EngineError> {
+        let Some(&input) = self.plan.stages[idx].inputs.first() else {
+            return Ok(Vec::new());
+        };
+        let pc = &self.plan.pcollections[input];
+        decode_windowed_values(bytes, &pc.value_coder, &pc.window_coder).map_err(|source| {
+            EngineError::Decode {
+                pcollection: pc.id.clone(),
+                source,
+            }
+        })
+    }
+
     /// Queues residual work of stage `idx` (after its requested delay).
     fn defer_residuals(
         &mut self,
         idx: StageIdx,
         residuals: &[Residual],
     ) -> Result<(), EngineError> {
-        let Some(input) = self.plan.stages[idx].inputs.first().copied() else {
-            return Ok(());
-        };
-        let pc = &self.plan.pcollections[input];
         for r in residuals {
-            let decoded = decode_windowed_values(&r.element, &pc.value_coder, &pc.window_coder)
-                .map_err(|source| EngineError::Decode {
-                    pcollection: pc.id.clone(),
-                    source,
-                })?;
-            for e in decoded {
+            for e in self.decode_input(idx, &r.element)? {
                 let hold = r.watermark.unwrap_or(e.header.timestamp);
                 let delay = if self.draining {
                     0
@@ -151,16 +162,8 @@ impl Engine {
         };
         let idx = flight.stage;
         let mut primaries = Vec::new();
-        if let Some(&input) = self.plan.stages[idx].inputs.first() {
-            let pc = &self.plan.pcollections[input];
-            for p in &split.primaries {
-                let decoded = decode_windowed_values(p, &pc.value_coder, &pc.window_coder)
-                    .map_err(|source| EngineError::Decode {
-                        pcollection: pc.id.clone(),
-                        source,
-                    })?;
-                primaries.extend(decoded);
-            }
+        for p in &split.primaries {
+            primaries.extend(self.decode_input(idx, p)?);
         }
         if let Some(flight) = self.in_flight.get_mut(&bundle) {
             flight.elements.truncate(split.kept_elements);

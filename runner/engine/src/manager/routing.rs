@@ -70,7 +70,10 @@ impl Engine {
                     continue;
                 };
                 let added = g.add_value(&header, kv, input_wm, now);
-                added.map_err(|e| self.grouping_error(stage, pcoll, e))?;
+                added.map_err(|e| {
+                    let pcollection = self.plan.pcollections[pcoll].id.clone();
+                    self.grouping_error(stage, pcollection, e)
+                })?;
                 if self.config.streaming {
                     self.fire_grouping(stage, input_wm, now)?;
                 }
@@ -89,10 +92,6 @@ impl Engine {
         input_wm: Timestamp,
         now: Timestamp,
     ) -> Result<bool, EngineError> {
-        // A spilled window is emitted only as fast as its consumers take
-        // it, a step at a time.
-        let room = !self.backpressured(stage);
-        let step = self.config.max_pending_bytes.min(SPILL_DRAIN_STEP_BYTES);
         let Some(g) = self.stages[stage].grouping.as_mut() else {
             return Ok(false);
         };
@@ -100,16 +99,22 @@ impl Engine {
             return Ok(false);
         }
         let mut out = Vec::new();
-        let mut fired = g.evaluate(input_wm, now, &mut out);
-        if let Ok(n) = &mut fired {
-            if room && g.is_draining() {
-                match g.drain_spilled(input_wm, now, &mut out, step) {
-                    Ok(m) => *n += m,
-                    Err(e) => fired = Err(e),
-                }
+        let evaluated = g.evaluate(input_wm, now, &mut out);
+        let output = || format!("output of '{}'", self.plan.stages[stage].name);
+        let mut fired = evaluated.map_err(|e| self.grouping_error(stage, output(), e))?;
+        // A spilled window is emitted only as fast as its consumers take
+        // it, a step at a time.
+        let draining = self.stages[stage]
+            .grouping
+            .as_ref()
+            .is_some_and(GroupingBuffer::is_draining);
+        if draining && !self.backpressured(stage) {
+            let step = self.config.max_pending_bytes.min(SPILL_DRAIN_STEP_BYTES);
+            if let Some(g) = self.stages[stage].grouping.as_mut() {
+                let drained = g.drain_spilled(input_wm, now, &mut out, step);
+                fired += drained.map_err(|e| self.grouping_error(stage, output(), e))?;
             }
         }
-        let fired = fired.map_err(|e| self.grouping_output_error(stage, e))?;
         if fired > 0 {
             let bytes = Bytes::from(out);
             for o in 0..self.plan.stages[stage].outputs.len() {
@@ -120,35 +125,22 @@ impl Engine {
         Ok(fired > 0)
     }
 
-    /// The engine's error for a grouping stage's failure to take input.
+    /// The engine's error for a grouping stage's failure: bytes of
+    /// `pcollection` (its input, or what it emits) that do not decode, or
+    /// its spill store failing.
     fn grouping_error(
         &self,
         stage: StageIdx,
-        pcoll: PCollectionIdx,
+        pcollection: String,
         e: GroupingError,
     ) -> EngineError {
         match e {
             GroupingError::Coder(source) => EngineError::Decode {
-                pcollection: self.plan.pcollections[pcoll].id.clone(),
+                pcollection,
                 source,
             },
             GroupingError::Spill(source) => EngineError::Spill {
                 stage: self.plan.stages[stage].name.clone(),
-                source,
-            },
-        }
-    }
-
-    /// The engine's error for a grouping stage's failure to emit.
-    fn grouping_output_error(&self, stage: StageIdx, e: GroupingError) -> EngineError {
-        let name = &self.plan.stages[stage].name;
-        match e {
-            GroupingError::Coder(source) => EngineError::Decode {
-                pcollection: format!("output of '{name}'"),
-                source,
-            },
-            GroupingError::Spill(source) => EngineError::Spill {
-                stage: name.clone(),
                 source,
             },
         }
@@ -221,7 +213,8 @@ impl Engine {
                     s.counters.elements_processed += 1;
                     s.counters.bytes_processed += element.encoded.len() as u64;
                     if let Err(e) = g.add(element, input_wm, now) {
-                        return Err(self.grouping_error(stage, pcoll, e));
+                        let pcollection = self.plan.pcollections[pcoll].id.clone();
+                        return Err(self.grouping_error(stage, pcollection, e));
                     }
                     if streaming {
                         self.fire_grouping(stage, input_wm, now)?;
