@@ -9,7 +9,7 @@
 //! bundle's are dropped.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -26,86 +26,15 @@ use refract_proto::fn_api::{
     DelayedBundleApplication, ProcessBundleSplitRequest, StateRequest, StateResponse,
 };
 use refract_proto::job_api::job_message::MessageImportance;
-use refract_sdk_harness::{BundleError, BundleRequest, HarnessError, StateHandler, Worker};
+use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
 
+use crate::split_policy::SplitPolicy;
 use crate::telemetry::{BundleRecord, BundleRecorder};
+use crate::worker_set::WorkerSet;
 
 use crate::state_bridge::StateBridge;
-
-/// Starts a replacement worker for an environment (its argument numbers
-/// the replacement, for a unique worker id).
-pub type WorkerFactory =
-    Arc<dyn Fn(usize) -> BoxFuture<'static, Result<Arc<Worker>, HarnessError>> + Send + Sync>;
-
-/// Workers of one environment, used round-robin. A worker whose connection
-/// died (its process crashed, say) is dropped and, once no live worker is
-/// left, replaced through the factory, so a retried bundle finds a healthy
-/// worker.
-pub struct WorkerSet {
-    workers: parking_lot::Mutex<Vec<Arc<Worker>>>,
-    next: AtomicUsize,
-    replacements: AtomicUsize,
-    factory: Option<WorkerFactory>,
-    /// Serializes replacements so a burst of failures starts one worker.
-    replacing: tokio::sync::Mutex<()>,
-}
-
-impl WorkerSet {
-    /// A set over already started workers; `factory` starts replacements.
-    pub fn new(workers: Vec<Arc<Worker>>, factory: Option<WorkerFactory>) -> Self {
-        WorkerSet {
-            workers: parking_lot::Mutex::new(workers),
-            next: AtomicUsize::new(0),
-            replacements: AtomicUsize::new(0),
-            factory,
-            replacing: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    fn pick_live(&self) -> Option<Arc<Worker>> {
-        let mut workers = self.workers.lock();
-        workers.retain(|w| match w.disconnected() {
-            None => true,
-            Some(why) => {
-                warn!(worker = %w.id(), reason = %why, "dropping a dead SDK worker");
-                false
-            }
-        });
-        if workers.is_empty() {
-            return None;
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % workers.len();
-        Some(workers[i].clone())
-    }
-
-    /// A live worker, starting a replacement if none is left.
-    async fn pick(&self) -> Result<Arc<Worker>, ExecError> {
-        if let Some(w) = self.pick_live() {
-            return Ok(w);
-        }
-        let _guard = self.replacing.lock().await;
-        if let Some(w) = self.pick_live() {
-            return Ok(w);
-        }
-        let Some(factory) = &self.factory else {
-            return Err(ExecError::Harness("no live SDK worker".into()));
-        };
-        let n = self.replacements.fetch_add(1, Ordering::Relaxed);
-        let worker = factory(n)
-            .await
-            .map_err(|e| ExecError::Harness(format!("replacing a dead SDK worker: {e}")))?;
-        warn!(worker = %worker.id(), "started a replacement SDK worker");
-        self.workers.lock().push(worker.clone());
-        Ok(worker)
-    }
-
-    /// Every worker, for shutdown.
-    pub fn workers(&self) -> Vec<Arc<Worker>> {
-        self.workers.lock().clone()
-    }
-}
 
 /// A [`StageExecutor`] backed by SDK harness workers.
 pub struct HarnessExecutor {
@@ -142,31 +71,12 @@ fn residual(r: &DelayedBundleApplication) -> Option<Residual> {
     })
 }
 
-/// How long a splittable bundle runs before the runner asks the SDK to
-/// split it, so that the rest of its work can run as separate bundles.
-const SPLIT_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
-
 /// Output of a splittable bundle past which it is split, without a
 /// budget.
 const DEFAULT_SPLIT_OUTPUT_BYTES: u64 = 64 << 20;
 
 /// How often a running splittable bundle's output size is looked at.
 const SPLIT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// What a splittable bundle's `n`-th split (from 0) keeps of its
-/// remaining work. The first halves it, so the other half can run on
-/// another worker at once; later ones stop the bundle soon. A bundle's
-/// outputs wait in the runner's memory until it commits, so no bundle may
-/// read for long: one reading a large source whole would hold all of it.
-/// (Not 0: Python's wrapper of a `BoundedSource` refuses to split at the
-/// position it is at.)
-fn split_fraction(n: u32) -> f64 {
-    if n == 0 {
-        0.5
-    } else {
-        0.01
-    }
-}
 
 /// What a split of a running bundle gave.
 struct SplitOutcome {
@@ -333,7 +243,8 @@ impl StageExecutor for HarnessExecutor {
             return async move { Err(ExecError::Runner(msg)) }.boxed();
         };
         async move {
-            let worker = set.pick().await?;
+            let lease = set.lease().await?;
+            let worker = lease.worker();
             let request = BundleRequest {
                 instruction_id: bundle_id,
                 descriptor_id: merger.descriptor.id.clone(),
@@ -370,12 +281,13 @@ impl StageExecutor for HarnessExecutor {
             .cloned()
             .unwrap_or_default();
         async move {
-            let worker = set.pick().await?;
+            let lease = set.lease().await?;
+            let worker = lease.worker();
             let started = SystemTime::now();
             let clock = Instant::now();
             let bundle_id = input.bundle_id.clone();
             let input_bytes: usize = input.elements.iter().map(bytes::Bytes::len).sum();
-            let result = run_bundle(&worker, &stage, input, &job, split_output_bytes).await;
+            let result = run_bundle(worker, &set, &stage, input, &job, split_output_bytes).await;
             let error = result.as_ref().err().map(ToString::to_string);
             recorder.record(&BundleRecord {
                 stage: &stage_name,
@@ -405,6 +317,7 @@ impl StageExecutor for HarnessExecutor {
 /// worker's answer into the engine's terms.
 async fn run_bundle(
     worker: &Arc<Worker>,
+    workers: &WorkerSet,
     stage: &SdkStageDescriptor,
     input: BundleInput,
     job: &Arc<Job>,
@@ -443,24 +356,19 @@ async fn run_bundle(
     let mut split_residuals = Vec::new();
     let result = match (&split_source, stage.splittable) {
         (Some(source), true) => {
-            let (mut splits, mut end) = (0u32, split_inputs.len());
-            let started = Instant::now();
+            let mut end = split_inputs.len();
+            let mut policy = SplitPolicy::new(split_output_bytes, Instant::now());
             loop {
                 tokio::select! {
                     r = &mut bundle => break r,
                     _ = tokio::time::sleep(SPLIT_CHECK_EVERY) => {
-                        // Split every second, and once the output passed
-                        // `split_output_bytes` (halved, then cut to 1% of
-                        // the rest: the second split follows the first at
-                        // once).
-                        let due_by_time = started.elapsed() >= SPLIT_AFTER * (splits + 1);
-                        let due_by_size =
-                            splits < 2 && received.load(Ordering::Relaxed) >= split_output_bytes;
-                        if !due_by_time && !due_by_size {
+                        let Some(fraction) = policy.due(
+                            Instant::now(),
+                            received.load(Ordering::Relaxed),
+                            workers.has_idle_worker(),
+                        ) else {
                             continue;
-                        }
-                        let fraction = split_fraction(splits);
-                        splits += 1;
+                        };
                         let outcome = split_bundle(
                             worker,
                             &input.bundle_id,

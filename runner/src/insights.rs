@@ -17,8 +17,8 @@ use refract_proto::job_api::job_state::Enum as JobState;
 use refract_store::CheckpointStats;
 use tokio::sync::{mpsc, watch};
 
-use crate::harness_executor::WorkerSet;
 use crate::telemetry::histogram::LatencyHistogram;
+use crate::worker_set::WorkerSet;
 
 /// What the runner shows of one job.
 pub struct JobView {

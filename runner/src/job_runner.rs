@@ -26,10 +26,11 @@ use tracing::{error, info, Instrument};
 
 use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
-use crate::harness_executor::{HarnessExecutor, WorkerFactory, WorkerSet};
+use crate::harness_executor::HarnessExecutor;
 use crate::insights::{Insights, JobView};
 use crate::options::{experiment_value, has_experiment, option_bool, option_usize};
 use crate::telemetry::{BundleRecorder, OtlpExport};
+use crate::worker_set::{WorkerFactory, WorkerSet};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -550,7 +551,10 @@ async fn run_job(
             .collect();
         let executor = Arc::new(
             HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
-                .with_split_output_bytes(max_pending_bytes),
+                // Up to `max_bundles_per_stage` bundles of a stage run at
+                // once, and their outputs wait in memory until each commits:
+                // together they stay within the stage's queue bound.
+                .with_split_output_bytes(max_pending_bytes / config.max_bundles_per_stage.max(1)),
         );
         let mut engine = Engine::new(
             translated.plan,

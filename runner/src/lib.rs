@@ -15,6 +15,8 @@ mod options;
 pub mod run_command;
 pub mod serve;
 pub mod spill_store;
+mod split_policy;
 mod state_bridge;
 pub mod telemetry;
 pub mod ui;
+pub mod worker_set;

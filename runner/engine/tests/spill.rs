@@ -1,12 +1,14 @@
-//! A GroupByKey far larger than its memory share spills and still emits
-//! every key's values exactly once, paced by its consumer's queue bound.
+//! A GroupByKey's output is paced by its consumer's queue bound, whether it
+//! fits in memory or not: one far larger than its memory share spills and
+//! still emits every key's values exactly once, and one held in memory
+//! emits its big firing a step at a time.
 //!
 //! Plan: impulse → source (several bundles of KV<bytes, bytes>) →
-//! GroupByKey (allowed to hold 256 KiB) → sink (queue bound 128 KiB).
-//! The sink parses every group; the test compares with what the source
-//! made, checks the spill store is empty afterwards, and that the sink's
-//! queue never held much more than its bound although the group output
-//! is ~30 times larger.
+//! GroupByKey (spilling: allowed to hold 256 KiB) → sink (queue bound
+//! 128 KiB). The sink parses every group; the tests compare with what the
+//! source made, check the spill store is empty afterwards, and that the
+//! sink's queue never held much more than its bound although the group
+//! output is ~30 times larger.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -170,43 +172,61 @@ fn plan() -> Plan {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
+/// The grouped output of [`record`]s, values sorted per key.
+fn expected_groups() -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
+    let mut want: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
+    for i in 0..PER_BUNDLE * BUNDLES {
+        let (k, v) = record(i);
+        want.entry(k).or_default().push(v);
+    }
+    for values in want.values_mut() {
+        values.sort();
+    }
+    want
+}
+
+/// Runs [`plan`] with a sink queue bound of 128 KiB (and the spill store,
+/// if given, at a 256 KiB share): what the run reported, and the groups
+/// the sink saw (values sorted per key).
+async fn run(
+    spill: Option<Arc<dyn SpillStore>>,
+) -> (
+    refract_engine::manager::RunSummary,
+    BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
+) {
     let seen: Seen = Arc::default();
-    let groups = Arc::new(Mutex::new(0));
     let executor = Arc::new(Fake {
         seen: seen.clone(),
-        groups: groups.clone(),
+        groups: Arc::new(Mutex::new(0)),
     });
-    let store = MemorySpillStore::shared();
     let config = EngineConfig {
         max_pending_bytes: 128 << 10,
         max_bundle_elements: 50,
         ..EngineConfig::default()
     };
     let (_cancel, cancelled) = watch::channel(false);
-    let spill: Arc<dyn SpillStore> = store.clone();
-    let summary = Engine::new(plan(), executor, config, "s", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_spill(spill, b"job", 256 << 10)
-        .run(cancelled)
-        .await
-        .expect("the run succeeds");
-
-    let mut want: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
-    for i in 0..PER_BUNDLE * BUNDLES {
-        let (k, v) = record(i);
-        want.entry(k).or_default().push(v);
+    let mut engine =
+        Engine::new(plan(), executor, config, "s", Arc::new(|| 0)).expect("a valid plan");
+    if let Some(store) = spill {
+        engine = engine.with_spill(store, b"job", 256 << 10);
     }
+    let summary = engine.run(cancelled).await.expect("the run succeeds");
     let mut got = seen.lock().clone();
     for values in got.values_mut() {
         values.sort();
     }
-    for values in want.values_mut() {
-        values.sort();
-    }
+    (summary, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
+    let store = MemorySpillStore::shared();
+    let (summary, got) = run(Some(store.clone())).await;
     assert_eq!(got.len(), KEYS as usize);
-    assert!(got == want, "every key's values, each exactly once");
+    assert!(
+        got == expected_groups(),
+        "every key's values, each exactly once"
+    );
     let input_bytes: u64 = (PER_BUNDLE * BUNDLES) as u64 * 28;
     assert!(
         summary.spilled_bytes > input_bytes / 2,
@@ -216,6 +236,23 @@ async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
     assert!(store.is_empty(), "spilled bytes are deleted once emitted");
     // The sink's queue: its bound, plus at most one drain step and one
     // group past it (the grouped output is ~6 MB).
+    assert!(
+        summary.peak_pending_bytes < (128 << 10) * 3,
+        "the sink's queue grew to {} bytes",
+        summary.peak_pending_bytes
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
+    let (summary, got) = run(None).await;
+    assert_eq!(summary.spilled_bytes, 0);
+    assert!(
+        got == expected_groups(),
+        "every key's values, each exactly once"
+    );
+    // All 500 keys fire at once (~6 MB), but the sink's queue holds its
+    // bound plus at most one step (a step is at most the bound).
     assert!(
         summary.peak_pending_bytes < (128 << 10) * 3,
         "the sink's queue grew to {} bytes",

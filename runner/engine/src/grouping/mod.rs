@@ -188,6 +188,21 @@ struct Firing<'a> {
     output_watermark: Timestamp,
 }
 
+/// One evaluation's view of a buffer, borrowed apart from its panes, and
+/// what it has done so far.
+struct Evaluation<'a> {
+    firing: Firing<'a>,
+    input_watermark: Timestamp,
+    now: Timestamp,
+    holds: &'a mut Holds,
+    next_wake: &'a mut Timestamp,
+    memory_bytes: &'a mut usize,
+    /// Elements emitted.
+    emitted: usize,
+    /// The first failure; evaluation stops at it.
+    error: Option<CoderError>,
+}
+
 impl GroupingBuffer {
     /// A buffer for a GroupByKey whose input elements are `input_value_coder`
     /// (a `Kv` coder) in windows of `window_coder`.
@@ -441,11 +456,20 @@ impl GroupingBuffer {
 
     /// The earliest timestamp a pane still buffered here may be emitted at,
     /// which holds the stage's output watermark.
+    ///
+    /// While some keys wait for evaluation it is no later than the output
+    /// watermark already published: a key not looked at yet may owe a pane
+    /// that holds nothing (an empty closing pane), which must not come out
+    /// behind a watermark that moved on without it.
     pub fn hold(&self) -> Option<Timestamp> {
-        match (self.holds.min(), self.spilled_hold()) {
+        let held = match (self.holds.min(), self.spilled_hold()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        if self.has_unevaluated() {
+            return Some(held.map_or(self.output_watermark, |h| h.min(self.output_watermark)));
         }
+        held
     }
 
     /// The earliest processing time at which some trigger may fire.
@@ -465,30 +489,24 @@ impl GroupingBuffer {
     /// `KV<K, Iterable<V>>` windowed values to `out`. Returns the number of
     /// elements emitted. Spilled windows that are ready are not emitted
     /// here but start draining ([`Self::drain_spilled`]).
+    ///
+    /// Stops taking keys once `out` holds `max_bytes` (at least one key is
+    /// looked at): the rest wait for the next call ([`Self::has_unevaluated`])
+    /// and keep holding the output watermark meanwhile. A GroupByKey whose
+    /// window closes over half a million keys thus emits a few megabytes at
+    /// a time, and its consumers start on the first while the rest is
+    /// still being emitted. Keys come out in the map's order, not sorted:
+    /// Beam promises no order, and sorting cost more than the emitting.
     pub fn evaluate(
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
         out: &mut Vec<u8>,
+        max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         self.start_drains(input_watermark);
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
-        // The keys to look at, taken out of the map (survivors go back).
-        let mut entries: Vec<(Bytes, KeyPanes)> = if every_key {
-            self.touched.clear();
-            self.rescan = false;
-            self.next_wake = MAX_TIMESTAMP;
-            self.panes.drain().collect()
-        } else {
-            let touched = std::mem::take(&mut self.touched);
-            touched
-                .into_iter()
-                .filter_map(|key| self.panes.remove_entry(&key))
-                .collect()
-        };
-        // Deterministic output order makes tests and debugging simpler.
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let GroupingBuffer {
             strategy,
             window_coder,
@@ -497,74 +515,83 @@ impl GroupingBuffer {
             output_watermark,
             next_wake,
             memory_bytes,
+            touched,
+            rescan,
             ..
         } = self;
-        let firing = Firing {
-            strategy,
-            window_coder,
-            output_watermark: *output_watermark,
+        let mut firing = Evaluation {
+            firing: Firing {
+                strategy,
+                window_coder,
+                output_watermark: *output_watermark,
+            },
+            input_watermark,
+            now,
+            holds,
+            next_wake,
+            memory_bytes,
+            emitted: 0,
+            error: None,
         };
-        let mut emitted = 0;
-        for (key, mut windows) in entries {
-            let mut i = 0;
-            while i < windows.len() {
-                let (window, pane) = &mut windows[i];
-                let before = pane_hold(strategy, window, pane);
-                let size_before = pane.values.len();
-                let ctx = TriggerContext {
-                    window_end: window.max_timestamp(),
-                    watermark: input_watermark,
-                    now,
-                };
-                let expired =
-                    window.garbage_collection_time(strategy.allowed_lateness) < input_watermark;
-                let mut emitted_last = false;
-                if pane.trigger.should_fire(&ctx) {
-                    pane.trigger.on_fire(&ctx);
-                    let last = expired || pane.trigger.is_finished();
-                    let fire_empty = ctx.watermark > ctx.window_end
-                        && pane.nonspeculative_fired == 0
-                        && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
-                    if pane.new_data || fire_empty {
-                        emitted += firing.emit(&key, window, pane, &ctx, last, out)?;
-                        emitted_last = last;
+        let full =
+            |out: &Vec<u8>, firing: &Evaluation| out.len() >= max_bytes || firing.error.is_some();
+        if every_key {
+            touched.clear();
+            *rescan = false;
+            *firing.next_wake = MAX_TIMESTAMP;
+            let mut stopped = false;
+            panes.retain(|key, windows| {
+                if !stopped && full(out, &firing) {
+                    stopped = true;
+                }
+                if stopped {
+                    return true;
+                }
+                firing.key(key, windows, out);
+                !windows.is_empty()
+            });
+            // The keys not reached are looked at by the next call (which
+            // recomputes the wake point over every key).
+            *rescan = stopped;
+        } else {
+            touched.retain(|key| {
+                if full(out, &firing) {
+                    return true;
+                }
+                if let Some(windows) = panes.get_mut(key) {
+                    firing.key(key, windows, out);
+                    if windows.is_empty() {
+                        panes.remove(key);
                     }
                 }
-                if expired {
-                    // A finished trigger closed the window: nothing more is
-                    // owed. Otherwise EMIT_ALWAYS asks for a final pane.
-                    let final_pane = pane.new_data
-                        || (strategy.closing_behavior == ClosingBehavior::EmitAlways
-                            && pane.fired > 0
-                            && !pane.trigger.is_finished()
-                            && !emitted_last);
-                    if final_pane {
-                        emitted += firing.emit(&key, window, pane, &ctx, true, out)?;
-                    }
-                    update_holds(holds, before, None);
-                    windows.remove(i);
-                    *memory_bytes = memory_bytes.saturating_sub(size_before + PANE_OVERHEAD);
-                    continue;
-                }
-                // A discarding firing emptied the pane.
-                *memory_bytes =
-                    memory_bytes.saturating_sub(size_before.saturating_sub(pane.values.len()));
-                update_holds(holds, before, pane_hold(strategy, window, pane));
-                *next_wake =
-                    (*next_wake).min(wake(window, input_watermark, strategy.allowed_lateness));
-                i += 1;
-            }
-            if windows.is_empty() {
-                *memory_bytes = memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
-            } else {
-                panes.insert(key, windows);
-            }
+                false
+            });
         }
+        if let Some(e) = firing.error {
+            return Err(e.into());
+        }
+        let emitted = firing.emitted;
         if self.panes.is_empty() {
             self.memory_bytes = 0;
         }
         self.publish(input_watermark);
         Ok(emitted)
+    }
+
+    /// The input watermark reached `input_watermark` but evaluation has to
+    /// wait (the consumers are over their bound, or windows wait for the
+    /// SDK to merge them): if that may make panes ready, every key is owed
+    /// a look, and the output watermark stays where it is until then.
+    pub fn postpone(&mut self, input_watermark: Timestamp) {
+        if self.uses_processing_time || input_watermark > self.next_wake {
+            self.rescan = true;
+        }
+    }
+
+    /// Whether some keys wait for [`Self::evaluate`] to look at them (it
+    /// stopped at its byte limit, or they got data since).
+    pub fn has_unevaluated(&self) -> bool {
+        self.rescan || !self.touched.is_empty()
     }
 
     /// Records the output watermark the stage publishes after a firing.
@@ -573,6 +600,92 @@ impl GroupingBuffer {
             .hold()
             .map_or(input_watermark, |h| h.min(input_watermark));
         self.output_watermark = self.output_watermark.max(published);
+    }
+}
+
+impl Evaluation<'_> {
+    /// Fires what is ready in one key's windows and closes the expired
+    /// ones (removing them from `windows`), appending the panes to `out`.
+    fn key(&mut self, key: &Bytes, windows: &mut KeyPanes, out: &mut Vec<u8>) {
+        let strategy = self.firing.strategy;
+        let mut i = 0;
+        while i < windows.len() {
+            let (window, pane) = &mut windows[i];
+            let before = pane_hold(strategy, window, pane);
+            let size_before = pane.values.len();
+            let ctx = TriggerContext {
+                window_end: window.max_timestamp(),
+                watermark: self.input_watermark,
+                now: self.now,
+            };
+            let expired =
+                window.garbage_collection_time(strategy.allowed_lateness) < self.input_watermark;
+            let mut emitted_last = false;
+            if pane.trigger.should_fire(&ctx) {
+                pane.trigger.on_fire(&ctx);
+                let last = expired || pane.trigger.is_finished();
+                let fire_empty = ctx.watermark > ctx.window_end
+                    && pane.nonspeculative_fired == 0
+                    && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
+                if pane.new_data || fire_empty {
+                    let emitted = self.firing.emit(key, window, pane, &ctx, last, out);
+                    if !self.counted(emitted) {
+                        return;
+                    }
+                    emitted_last = last;
+                }
+            }
+            if expired {
+                // A finished trigger closed the window: nothing more is
+                // owed. Otherwise EMIT_ALWAYS asks for a final pane.
+                let final_pane = pane.new_data
+                    || (strategy.closing_behavior == ClosingBehavior::EmitAlways
+                        && pane.fired > 0
+                        && !pane.trigger.is_finished()
+                        && !emitted_last);
+                if final_pane {
+                    let emitted = self.firing.emit(key, window, pane, &ctx, true, out);
+                    if !self.counted(emitted) {
+                        return;
+                    }
+                }
+                update_holds(self.holds, before, None);
+                windows.remove(i);
+                *self.memory_bytes = self
+                    .memory_bytes
+                    .saturating_sub(size_before + PANE_OVERHEAD);
+                continue;
+            }
+            // A discarding firing emptied the pane.
+            *self.memory_bytes = self
+                .memory_bytes
+                .saturating_sub(size_before.saturating_sub(pane.values.len()));
+            update_holds(self.holds, before, pane_hold(strategy, window, pane));
+            *self.next_wake = (*self.next_wake).min(wake(
+                window,
+                self.input_watermark,
+                strategy.allowed_lateness,
+            ));
+            i += 1;
+        }
+        if windows.is_empty() {
+            *self.memory_bytes = self.memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
+        }
+    }
+
+    /// Counts what [`Firing::emit`] emitted or keeps its error; whether it
+    /// succeeded.
+    fn counted(&mut self, emitted: Result<usize, CoderError>) -> bool {
+        match emitted {
+            Ok(n) => {
+                self.emitted += n;
+                true
+            }
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
     }
 }
 
@@ -829,9 +942,12 @@ mod tests {
         g.add(&element(b"b", 2, 5, Window::Global), 0, 0).unwrap();
         g.add(&element(b"a", 3, 7, Window::Global), 0, 0).unwrap();
         let mut out = Vec::new();
-        assert_eq!(g.evaluate(1000, 0, &mut out).unwrap(), 0);
+        assert_eq!(g.evaluate(1000, 0, &mut out, usize::MAX).unwrap(), 0);
         assert_eq!(g.hold(), Some(Window::Global.max_timestamp()));
-        assert_eq!(g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap(), 2);
+        assert_eq!(
+            g.evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX).unwrap(),
+            2
+        );
         assert!(g.is_empty());
         let decoded =
             decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::GlobalWindow).unwrap();
@@ -859,7 +975,10 @@ mod tests {
         g.add(&element(b"a", 2, 25, w(25)), 0, 0).unwrap();
         g.add(&element(b"a", 3, 5, w(5)), 0, 0).unwrap();
         let mut out = Vec::new();
-        assert_eq!(g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap(), 2);
+        assert_eq!(
+            g.evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX).unwrap(),
+            2
+        );
         let decoded =
             decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::IntervalWindow)
                 .unwrap();
@@ -887,7 +1006,7 @@ mod tests {
         g.add(&element(b"a", 2, 11, w(10)), 0, 0).unwrap();
         assert_eq!(g.hold(), Some(9));
         let mut out = Vec::new();
-        assert_eq!(g.evaluate(10, 0, &mut out).unwrap(), 1);
+        assert_eq!(g.evaluate(10, 0, &mut out, usize::MAX).unwrap(), 1);
         assert_eq!(g.hold(), Some(19));
         // Late data for the fired window is dropped once the window expired.
         g.add(&element(b"a", 3, 2, w(0)), 10, 0).unwrap();
@@ -952,12 +1071,12 @@ mod trigger_tests {
             for (k, v) in [(b'A', t), (b'B', t + 5)] {
                 g.add(&element(&[k], v, i64::from(v)), 0, 0).unwrap();
                 if per_element {
-                    g.evaluate(0, 0, &mut out).unwrap();
+                    g.evaluate(0, 0, &mut out, usize::MAX).unwrap();
                 }
             }
         }
-        g.evaluate(0, 0, &mut out).unwrap();
-        g.evaluate(MAX_TIMESTAMP, 0, &mut out).unwrap();
+        g.evaluate(0, 0, &mut out, usize::MAX).unwrap();
+        g.evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX).unwrap();
         let mut p = panes(out);
         p.sort();
         p

@@ -657,7 +657,9 @@ mod tests {
         assert_eq!(spilling.hold(), plain.hold());
         let (mut a, mut b) = (Vec::new(), Vec::new());
         // Emitted a little at a time, as a busy consumer would take it.
-        let mut fired = spilling.evaluate(MAX_TIMESTAMP, 0, &mut a).unwrap();
+        let mut fired = spilling
+            .evaluate(MAX_TIMESTAMP, 0, &mut a, usize::MAX)
+            .unwrap();
         while spilling.is_draining() {
             assert!(spilling.hold().is_some(), "held until the last key is out");
             let step = a.len() + 20;
@@ -666,7 +668,9 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(fired, 37);
-        plain.evaluate(MAX_TIMESTAMP, 0, &mut b).unwrap();
+        plain
+            .evaluate(MAX_TIMESTAMP, 0, &mut b, usize::MAX)
+            .unwrap();
         assert_eq!(
             panes(a, &Coder::GlobalWindow),
             panes(b, &Coder::GlobalWindow)
@@ -690,7 +694,8 @@ mod tests {
         }
         // Half drained when the checkpoint is taken.
         let mut first = Vec::new();
-        g.evaluate(MAX_TIMESTAMP, 0, &mut first).unwrap();
+        g.evaluate(MAX_TIMESTAMP, 0, &mut first, usize::MAX)
+            .unwrap();
         g.drain_spilled(MAX_TIMESTAMP, 0, &mut first, 1).unwrap();
         let snapshot = g.snapshot().unwrap();
         let mut restored = GroupingBuffer::new(
@@ -701,7 +706,9 @@ mod tests {
         restored.enable_spill(MemorySpillStore::shared(), b"r/".to_vec(), 300);
         restored.restore(snapshot).unwrap();
         let mut rest = Vec::new();
-        restored.evaluate(MAX_TIMESTAMP, 0, &mut rest).unwrap();
+        restored
+            .evaluate(MAX_TIMESTAMP, 0, &mut rest, usize::MAX)
+            .unwrap();
         while restored.is_draining() {
             restored
                 .drain_spilled(MAX_TIMESTAMP, 0, &mut rest, usize::MAX)
@@ -737,7 +744,7 @@ mod tests {
         assert!(g.has_spilled());
         assert_eq!(g.hold(), Some(9));
         let mut out = Vec::new();
-        g.evaluate(10, 0, &mut out).unwrap();
+        g.evaluate(10, 0, &mut out, usize::MAX).unwrap();
         while g.is_draining() {
             g.drain_spilled(10, 0, &mut out, usize::MAX).unwrap();
         }

@@ -5,6 +5,7 @@ use super::*;
 impl Engine {
     /// Apply a finished bundle's effects, or drop them if it failed.
     pub(super) fn commit(&mut self, report: Report) -> Result<(), EngineError> {
+        self.refill_fire_budgets();
         let (bundle, result) = match report {
             Report::Bundle { bundle, result } => (bundle, result),
             Report::Split { bundle, split } => return self.apply_split(bundle, split),
@@ -21,6 +22,7 @@ impl Engine {
         {
             let s = &mut self.stages[idx];
             s.in_flight -= 1;
+            s.in_flight_bytes = s.in_flight_bytes.saturating_sub(flight.input_bytes);
             s.locked_key_groups &= !flight.key_groups;
             for h in &flight.holds {
                 s.in_flight_holds.remove(*h);

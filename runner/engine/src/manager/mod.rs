@@ -158,6 +158,9 @@ pub struct RunSummary {
 struct StageRt {
     pending: Pending,
     in_flight: usize,
+    /// Input bytes of the bundles in flight: with `pending`, what the
+    /// stage's queue bound limits.
+    in_flight_bytes: usize,
     in_flight_holds: Holds,
     delayed: Vec<(Instant, DecodedElement, Timestamp)>,
     grouping: Option<GroupingBuffer>,
@@ -171,6 +174,10 @@ struct StageRt {
     stream_wm: Timestamp,
     /// Grouping: a window-merge request is with the SDK.
     merging: bool,
+    /// Grouping: bytes of panes it may still emit before the engine
+    /// schedules bundles again (refilled by every `advance` and commit), so
+    /// that its consumers start on a big firing while the rest follows.
+    fire_budget: usize,
     /// Stateful stages: the input watermark of the last state collection.
     state_gc_wm: Timestamp,
     /// Bundles of this stage that failed in a row.
@@ -202,6 +209,9 @@ struct InFlight {
     elements: Vec<DecodedElement>,
     /// The key groups the bundle locks (keyed stages only).
     key_groups: KeyGroupSet,
+    /// Encoded bytes of the input it was given (counted against its
+    /// stage's queue bound until it reports back).
+    input_bytes: usize,
 }
 
 enum Report {
@@ -373,6 +383,7 @@ impl Engine {
             stages.push(StageRt {
                 pending: Pending::default(),
                 in_flight: 0,
+                in_flight_bytes: 0,
                 in_flight_holds: Holds::default(),
                 delayed: Vec::new(),
                 grouping,
@@ -383,6 +394,7 @@ impl Engine {
                 stream_cursor: 0,
                 stream_wm: MIN_TIMESTAMP,
                 merging: false,
+                fire_budget: 0,
                 state_gc_wm: MIN_TIMESTAMP,
                 failures: 0,
                 retry_at: None,
@@ -816,10 +828,28 @@ impl Engine {
                 let wait = deadline.saturating_sub(self.now()).max(0);
                 Instant::now() + Duration::from_millis(wait as u64)
             });
-        match (delayed, processing) {
+        let earliest = match (delayed, processing) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        if self.more_to_fire() {
+            return Some(Instant::now());
         }
+        earliest
+    }
+
+    /// Whether a GroupByKey stopped at its step's byte budget with panes
+    /// still to emit (and may go on now): the engine comes straight back
+    /// to it after scheduling what it emitted.
+    fn more_to_fire(&self) -> bool {
+        self.stages.iter().enumerate().any(|(idx, s)| {
+            s.grouping.as_ref().is_some_and(|g| {
+                !s.merging
+                    && !g.needs_merge()
+                    && (g.has_unevaluated() || g.is_draining())
+                    && !self.backpressured(idx)
+            })
+        })
     }
 
     /// Nothing is running on the executor: no bundle and no merge request.

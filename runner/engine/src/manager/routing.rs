@@ -6,9 +6,11 @@ use crate::coder::{BorrowedWindowedValues, TimerValue};
 use crate::grouping::GroupingError;
 use crate::plan::SdkStage;
 
-/// Most bytes of a spilled GroupByKey's output emitted in one step (less
-/// if the consumer's queue bound is smaller).
-const SPILL_DRAIN_STEP_BYTES: usize = 4 << 20;
+/// Most bytes of a GroupByKey's output emitted in one step of the engine
+/// (less if the consumer's queue bound is smaller): a window closing over
+/// many keys, or a spilled one, is emitted a step at a time, with bundles
+/// scheduled between steps.
+const FIRE_STEP_BYTES: usize = 4 << 20;
 
 impl Engine {
     /// Deliver encoded windowed values produced into PCollection `pcoll`.
@@ -92,29 +94,33 @@ impl Engine {
         input_wm: Timestamp,
         now: Timestamp,
     ) -> Result<bool, EngineError> {
+        // A GroupByKey emits only while its consumers are under their
+        // queue bound, and a step's worth at a time: what it did not get
+        // to waits for the next step (holding the output watermark).
+        let budget = self.stages[stage].fire_budget;
+        let blocked = budget == 0 || self.backpressured(stage);
         let Some(g) = self.stages[stage].grouping.as_mut() else {
             return Ok(false);
         };
-        if g.needs_merge() {
+        if blocked || g.needs_merge() {
+            g.postpone(input_wm);
             return Ok(false);
         }
         let mut out = Vec::new();
-        let evaluated = g.evaluate(input_wm, now, &mut out);
+        let evaluated = g.evaluate(input_wm, now, &mut out, budget);
         let output = || format!("output of '{}'", self.plan.stages[stage].name);
         let mut fired = evaluated.map_err(|e| self.grouping_error(stage, output(), e))?;
-        // A spilled window is emitted only as fast as its consumers take
-        // it, a step at a time.
         let draining = self.stages[stage]
             .grouping
             .as_ref()
             .is_some_and(GroupingBuffer::is_draining);
-        if draining && !self.backpressured(stage) {
-            let step = self.config.max_pending_bytes.min(SPILL_DRAIN_STEP_BYTES);
+        if draining && out.len() < budget {
             if let Some(g) = self.stages[stage].grouping.as_mut() {
-                let drained = g.drain_spilled(input_wm, now, &mut out, step);
+                let drained = g.drain_spilled(input_wm, now, &mut out, budget);
                 fired += drained.map_err(|e| self.grouping_error(stage, output(), e))?;
             }
         }
+        self.stages[stage].fire_budget = budget.saturating_sub(out.len());
         if fired > 0 {
             let bytes = Bytes::from(out);
             for o in 0..self.plan.stages[stage].outputs.len() {
@@ -123,6 +129,14 @@ impl Engine {
             }
         }
         Ok(fired > 0)
+    }
+
+    /// Gives every GroupByKey a step's worth of output ([`FIRE_STEP_BYTES`]).
+    pub(super) fn refill_fire_budgets(&mut self) {
+        let step = self.config.max_pending_bytes.clamp(1, FIRE_STEP_BYTES);
+        for s in &mut self.stages {
+            s.fire_budget = step;
+        }
     }
 
     /// The engine's error for a grouping stage's failure: bytes of

@@ -30,7 +30,9 @@ impl Engine {
         self.plan.stages[idx].outputs.iter().any(|&p| {
             self.consumers[p].stages.iter().any(|&c| {
                 let s = &self.stages[c];
-                if s.pending.bytes() <= self.config.max_pending_bytes {
+                // What waits and what runs: a consumer that takes its whole
+                // queue into bundles does not make room for more.
+                if s.pending.bytes() + s.in_flight_bytes <= self.config.max_pending_bytes {
                     return false;
                 }
                 if s.in_flight > 0 || self.plan.stages[c].side_inputs.is_empty() {
@@ -146,6 +148,14 @@ impl Engine {
                 } else {
                     vec![KeyGroupSet::MAX]
                 };
+                let bundle_elements = balanced_bundle_elements(
+                    s.pending.len(),
+                    self.config
+                        .max_bundles_per_stage
+                        .saturating_sub(s.in_flight),
+                    self.config.max_bundle_elements,
+                    splittable,
+                );
                 let mut picked = None;
                 for allowed in candidates {
                     let in_slice = |e: &DecodedElement| !keyed || element_group(e) & allowed != 0;
@@ -164,11 +174,11 @@ impl Engine {
                     };
                     let elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted && !keyed
                     {
-                        s.pending.take(self.config.max_bundle_elements)
+                        s.pending.take(bundle_elements)
                     } else {
                         // Only elements whose side inputs are ready, in
                         // the bundle's key slice.
-                        s.pending.take_where(self.config.max_bundle_elements, |e| {
+                        s.pending.take_where(bundle_elements, |e| {
                             released(e)
                                 && in_slice(e)
                                 && gate.iter().all(|g| g.allows(e, streaming))
@@ -198,6 +208,8 @@ impl Engine {
                     holds.push(f.timer.hold_timestamp);
                 }
                 s.in_flight += 1;
+                let input_bytes: usize = elements.iter().map(|e| e.encoded.len()).sum();
+                s.in_flight_bytes += input_bytes;
                 let mut timer_inputs = Vec::with_capacity(families.len());
                 for fam in &families {
                     let of_family: Vec<&FiredTimer> = fired
@@ -244,6 +256,7 @@ impl Engine {
                         fired_timers: fired,
                         elements,
                         key_groups,
+                        input_bytes,
                     },
                 );
                 let input = BundleInput {
@@ -270,5 +283,58 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+/// Fewest elements a bundle is cut down to so that waiting work is shared
+/// between bundles (a non-splittable stage's; each of a splittable stage's
+/// elements is a whole restriction, so there it is one).
+const MIN_SHARED_BUNDLE_ELEMENTS: usize = 1_000;
+
+/// How many of `waiting` elements the next bundle of a stage with
+/// `free_slots` bundles still to start takes: an even share, so that the
+/// last of a stage's input (a GroupByKey's final firing, say) runs on
+/// every worker at once rather than as one bundle on one worker while the
+/// others idle. At most `max`, and not below a size whose per-bundle cost
+/// would show.
+fn balanced_bundle_elements(
+    waiting: usize,
+    free_slots: usize,
+    max: usize,
+    splittable: bool,
+) -> usize {
+    let floor = if splittable {
+        1
+    } else {
+        MIN_SHARED_BUNDLE_ELEMENTS
+    };
+    waiting
+        .div_ceil(free_slots.max(1))
+        .max(floor)
+        .min(max.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balanced_bundle_elements;
+
+    #[test]
+    fn waiting_elements_are_shared_between_free_bundles() {
+        // 100k waiting, four bundles may start: a quarter each.
+        assert_eq!(balanced_bundle_elements(100_000, 4, 100_000, false), 25_000);
+        assert_eq!(balanced_bundle_elements(75_000, 3, 100_000, false), 25_000);
+        // Never more than the maximum...
+        assert_eq!(
+            balanced_bundle_elements(1_000_000, 2, 100_000, false),
+            100_000
+        );
+        // ...nor tiny bundles of a cheap stage's few elements.
+        assert_eq!(balanced_bundle_elements(10, 4, 100_000, false), 1_000);
+        // A splittable stage's restrictions are shared one by one.
+        assert_eq!(balanced_bundle_elements(10, 4, 100_000, true), 3);
+        assert_eq!(balanced_bundle_elements(1, 4, 100_000, true), 1);
+        // No free slot counts as one (the caller checks there is one).
+        assert_eq!(balanced_bundle_elements(5_000, 0, 100_000, false), 5_000);
+        assert_eq!(balanced_bundle_elements(5_000, 4, 0, false), 1);
     }
 }

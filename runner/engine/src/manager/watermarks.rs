@@ -8,6 +8,7 @@ impl Engine {
     /// Recompute watermarks, run runner-executed stages and fire ready
     /// panes, until nothing changes.
     pub(super) fn advance(&mut self) -> Result<(), EngineError> {
+        self.refill_fire_budgets();
         loop {
             let mut changed = false;
             for i in 0..self.topo.len() {

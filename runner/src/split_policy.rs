@@ -1,0 +1,175 @@
+//! When the executor asks the SDK to split a running splittable bundle,
+//! and how much of the remaining work the bundle keeps.
+//!
+//! Three reasons, looked at every few milliseconds while the bundle runs:
+//!
+//! * **time**: after a quarter second, then every second. A source read
+//!   as one restriction otherwise keeps one worker busy while the others
+//!   idle, and a bundle's outputs wait in the runner's memory until it
+//!   commits, so no bundle may read for long.
+//! * **size**: once the bundle has sent back its share of the memory
+//!   budget (the stage's queue bound over the bundles it may run at once).
+//! * **an idle worker** in the bundle's environment (seen at two looks in a
+//!   row, so not one merely between two bundles): the idle worker can take
+//!   half of what is left. At most every 100 ms, so the residual can reach
+//!   it before the next look.
+//!
+//! The first split of a bundle keeps half (the other half can start on
+//! another worker at once); later splits for time or size keep 1% of what
+//! is left, which ends the bundle soon; splits for an idle worker keep
+//! half. (Never 0: Python's wrapper of a `BoundedSource` refuses to split
+//! at the position it is at.)
+
+use std::time::{Duration, Instant};
+
+/// When a bundle is first split for time.
+const FIRST_SPLIT_AFTER: Duration = Duration::from_millis(250);
+
+/// How long after its previous split a bundle is split for time again.
+const SPLIT_AFTER: Duration = Duration::from_millis(1000);
+
+/// How long after its previous split a bundle is split for an idle worker.
+const IDLE_SPLIT_EVERY: Duration = Duration::from_millis(100);
+
+/// What a bundle keeps of its remaining work at its first split.
+const FIRST_FRACTION: f64 = 0.5;
+
+/// What a bundle keeps at a later split for time or size.
+const LATER_FRACTION: f64 = 0.01;
+
+/// The split decisions for one running bundle.
+#[derive(Debug)]
+pub(crate) struct SplitPolicy {
+    output_limit: u64,
+    last_split: Instant,
+    splits: u32,
+    size_splits: u32,
+    idle_seen: bool,
+}
+
+impl SplitPolicy {
+    /// A bundle that started at `started` and is split once it has sent
+    /// back `output_limit` bytes.
+    pub(crate) fn new(output_limit: u64, started: Instant) -> Self {
+        SplitPolicy {
+            output_limit,
+            last_split: started,
+            splits: 0,
+            size_splits: 0,
+            idle_seen: false,
+        }
+    }
+
+    /// One look at the bundle at `now`, which has sent back `received`
+    /// bytes, while some worker of its environment is or is not idle: the
+    /// fraction of its remaining work to keep, if it is to be split now.
+    pub(crate) fn due(&mut self, now: Instant, received: u64, worker_idle: bool) -> Option<f64> {
+        let idle_before = self.idle_seen;
+        self.idle_seen = worker_idle;
+        let since = now.saturating_duration_since(self.last_split);
+        let later = if self.splits == 0 {
+            FIRST_FRACTION
+        } else {
+            LATER_FRACTION
+        };
+        // The second split for size follows the first at once (the output
+        // is still past the limit) and ends the bundle; no third.
+        let by_size = self.size_splits < 2 && received >= self.output_limit;
+        let period = if self.splits == 0 {
+            FIRST_SPLIT_AFTER
+        } else {
+            SPLIT_AFTER
+        };
+        let fraction = if by_size {
+            self.size_splits += 1;
+            later
+        } else if since >= period {
+            later
+        } else if idle_before && worker_idle && since >= IDLE_SPLIT_EVERY {
+            FIRST_FRACTION
+        } else {
+            return None;
+        };
+        self.splits += 1;
+        self.last_split = now;
+        Some(fraction)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOOK: Duration = Duration::from_millis(20);
+
+    /// Looks every 20 ms from `from` until a split is due: its time since
+    /// `start` and fraction.
+    fn next_split(
+        p: &mut SplitPolicy,
+        start: Instant,
+        from: Duration,
+        received: u64,
+        idle: bool,
+    ) -> (Duration, f64) {
+        let mut at = from;
+        loop {
+            at += LOOK;
+            if let Some(f) = p.due(start + at, received, idle) {
+                return (at, f);
+            }
+            assert!(at < Duration::from_secs(60), "no split in a minute");
+        }
+    }
+
+    #[test]
+    fn a_busy_bundle_is_halved_after_a_quarter_second_then_cut_every_second() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::new(u64::MAX, start);
+        let (at, f) = next_split(&mut p, start, Duration::ZERO, 0, false);
+        assert_eq!((at, f), (Duration::from_millis(260), 0.5));
+        let (at2, f2) = next_split(&mut p, start, at, 0, false);
+        assert_eq!((at2 - at, f2), (Duration::from_millis(1000), 0.01));
+    }
+
+    #[test]
+    fn output_past_the_limit_halves_then_ends_the_bundle_once() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::new(1000, start);
+        assert_eq!(p.due(start + LOOK, 999, false), None);
+        assert_eq!(p.due(start + LOOK * 2, 1000, false), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 3, 5000, false), Some(0.01));
+        // No third split for size; the next is for time, a second later.
+        assert_eq!(p.due(start + LOOK * 4, 9000, false), None);
+        assert_eq!(
+            p.due(start + LOOK * 3 + Duration::from_secs(1), 9000, false),
+            Some(0.01)
+        );
+    }
+
+    #[test]
+    fn an_idle_worker_seen_twice_gets_half_of_what_is_left() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::new(u64::MAX, start);
+        // Idle at one look only (a worker between two bundles): no split.
+        assert_eq!(p.due(start + LOOK * 5, 0, true), None);
+        assert_eq!(p.due(start + LOOK * 6, 0, false), None);
+        assert_eq!(p.due(start + LOOK * 7, 0, true), None);
+        assert_eq!(p.due(start + LOOK * 8, 0, true), Some(0.5));
+        // Not again within 100 ms, even though the worker is still idle.
+        assert_eq!(p.due(start + LOOK * 9, 0, true), None);
+        assert_eq!(p.due(start + LOOK * 12, 0, true), None);
+        assert_eq!(p.due(start + LOOK * 13, 0, true), Some(0.5));
+    }
+
+    #[test]
+    fn idle_splits_do_not_use_up_the_splits_for_size() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::new(1000, start);
+        p.due(start + LOOK, 0, true);
+        assert_eq!(p.due(start + LOOK * 6, 0, true), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 12, 0, true), Some(0.5));
+        // The output then passes the limit: cut to 1% (not the first split).
+        assert_eq!(p.due(start + LOOK * 13, 2000, false), Some(0.01));
+        assert_eq!(p.due(start + LOOK * 14, 3000, false), Some(0.01));
+    }
+}
