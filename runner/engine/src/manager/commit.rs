@@ -43,11 +43,7 @@ impl Engine {
                 }
                 // The bundle left nothing behind: put its input back, to be
                 // processed again after a backoff.
-                let backoff = self
-                    .config
-                    .retry_backoff
-                    .saturating_mul(1 << (s.failures - 1).min(16))
-                    .min(Duration::from_secs(10));
+                let backoff = retry_delay(&self.config, &error, s.failures);
                 s.retry_at = Some(Instant::now() + backoff);
                 for e in flight.elements.into_iter().rev() {
                     s.pending.push_front(e);
@@ -175,5 +171,37 @@ impl Engine {
         // Runnable at once (a split's residuals ask for no delay).
         self.release_delayed();
         Ok(())
+    }
+}
+
+/// How long a stage waits before retrying after its `failures`-th failure
+/// in a row (from 1) with `error`: the base for that kind of error,
+/// doubling, at most ten seconds.
+fn retry_delay(config: &EngineConfig, error: &ExecError, failures: u32) -> Duration {
+    let base = match error {
+        ExecError::Sdk(_) => config.sdk_error_backoff,
+        ExecError::Harness(_) | ExecError::Runner(_) => config.retry_backoff,
+    };
+    base.saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(Duration::from_secs(10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sdk_error_is_retried_sooner_than_a_dead_harness() {
+        let config = EngineConfig::default();
+        let sdk = ExecError::Sdk("ValueError".into());
+        let harness = ExecError::Harness("connection reset".into());
+        let waits = |e: &ExecError| -> Vec<u128> {
+            (1..=3)
+                .map(|n| retry_delay(&config, e, n).as_millis())
+                .collect()
+        };
+        assert_eq!(waits(&sdk), [10, 20, 40]);
+        assert_eq!(waits(&harness), [100, 200, 400]);
+        assert_eq!(retry_delay(&config, &harness, 40), Duration::from_secs(10));
     }
 }

@@ -116,8 +116,13 @@ pub struct EngineConfig {
     /// its input is simply processed again.
     pub max_attempts: u32,
     /// Wait before the first retry of a failed bundle's input; it doubles
-    /// with every further failure, up to ten seconds.
+    /// with every further failure, up to ten seconds. For a harness that
+    /// failed (a worker died): time for its replacement to be found.
     pub retry_backoff: Duration,
+    /// The same for an error the SDK reported from a live worker (a DoFn
+    /// raised): shorter, since no worker needs replacing, and a job whose
+    /// code fails every time should fail without waiting long.
+    pub sdk_error_backoff: Duration,
     /// Backpressure: a stage whose consumer has more than this many bytes
     /// of elements waiting (and is working through them) gets no new
     /// bundles, so memory stays bounded however fast its input is.
@@ -133,6 +138,7 @@ impl Default for EngineConfig {
             streaming: false,
             max_attempts: 4,
             retry_backoff: Duration::from_millis(100),
+            sdk_error_backoff: Duration::from_millis(10),
             max_pending_bytes: 64 << 20,
         }
     }
