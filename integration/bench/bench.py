@@ -131,6 +131,11 @@ class Server:
       # as a process of its own, not a thread under the client's GIL: a
       # runner that starts several workers then gets several cores.
       options.append('--experiments=use_loopback_process_worker')
+    # The client's Job API calls, its job-state stream included, have a
+    # deadline (300 s by default): a run longer than that fails on the
+    # client's side, whatever the runner does. Give it the bench's timeout.
+    options.append('--job_server_timeout=%d' %
+                   env_int('REFRACT_BENCH_TIMEOUT', 600))
     workers = os.environ.get('REFRACT_BENCH_SDK_WORKERS')
     if workers:
       # Python's default is 1 (and runners honour it): the same number of
