@@ -218,9 +218,10 @@ impl HarnessExecutor {
         }
     }
 
-    /// Split a splittable bundle once its output reaches `bytes` (a
-    /// stage's share of the job's memory budget), not only after it has
-    /// run for a while.
+    /// Split a splittable bundle once its output reaches `bytes` (its part
+    /// of a stage's share of the job's memory budget: the share over the
+    /// bundles a stage may run at once), not only after it has run for a
+    /// while.
     pub fn with_split_output_bytes(mut self, bytes: usize) -> Self {
         self.split_output_bytes = bytes as u64;
         self
