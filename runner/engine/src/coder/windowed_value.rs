@@ -155,12 +155,18 @@ pub fn encode_windowed_value(
 /// `KV<K, Iterable<V>>` by hand (prefix, then the values' bytes), so it needs
 /// the prefix alone; counts beyond `i32::MAX` cannot be written.
 pub fn encode_iterable_len(count: usize, out: &mut Vec<u8>) -> Result<(), CoderError> {
+    out.extend_from_slice(&iterable_len_bytes(count)?);
+    Ok(())
+}
+
+/// [`encode_iterable_len`]'s bytes on the stack: a firing checks the count
+/// before it writes anything, without a heap buffer per pane.
+pub fn iterable_len_bytes(count: usize) -> Result<[u8; 4], CoderError> {
     let count = i32::try_from(count).map_err(|_| CoderError::Invalid {
         what: "iterable length",
         detail: format!("{count} elements do not fit a known-length iterable"),
     })?;
-    out.extend_from_slice(&count.to_be_bytes());
-    Ok(())
+    Ok(count.to_be_bytes())
 }
 
 /// Reads a windowed-value header; shared with walking.

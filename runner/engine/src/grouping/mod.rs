@@ -17,18 +17,20 @@
 //! what it holds there when it outgrows its memory share, and emits the
 //! spilled windows a few megabytes at a time when they fire (`spill`).
 
+mod key_table;
 mod spill;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
+use smallvec::SmallVec;
 
 use bytes::Bytes;
 use thiserror::Error;
 
 use crate::coder::{
-    encode_iterable_len, Coder, CoderError, DecodedElement, PaneInfo, PaneTiming,
+    iterable_len_bytes, Coder, CoderError, DecodedElement, PaneInfo, PaneTiming,
     WindowedValueHeader,
 };
 use crate::holds::Holds;
@@ -40,6 +42,7 @@ use crate::spill::SpillError;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
+use key_table::KeyTable;
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
 /// Why a grouping buffer could not take or emit elements.
@@ -59,8 +62,10 @@ pub(crate) struct Pane {
     /// Nested-encoded values not yet discarded (all values when
     /// accumulating), one after another: a pane is emitted as exactly
     /// these bytes after the iterable's length, so they are kept that way
-    /// (and copied out of the input, which is then free to go).
-    values: Vec<u8>,
+    /// (and copied out of the input, which is then free to go). A pane of
+    /// one small value — a GroupByKey over distinct keys — keeps it in
+    /// place, without an allocation of its own.
+    values: PaneValues,
     /// How many values `values` holds.
     count: usize,
     /// Data arrived since the last firing.
@@ -80,7 +85,7 @@ pub(crate) struct Pane {
 impl Pane {
     fn new(trigger: &Trigger) -> Self {
         Pane {
-            values: Vec::new(),
+            values: PaneValues::new(),
             count: 0,
             new_data: false,
             hold_min: None,
@@ -113,9 +118,14 @@ impl Pane {
     }
 }
 
-/// One key's panes, sorted by window. Most keys have one window or a few,
-/// so a sorted vector (one allocation) beats a map per key.
-type KeyPanes = Vec<(Window, Pane)>;
+/// A pane's values; up to 16 bytes need no allocation.
+type PaneValues = SmallVec<[u8; 16]>;
+
+/// One key's panes, sorted by window. Most keys have one window, kept in
+/// place (in the key's table entry: no allocation per key, and an
+/// evaluation walks the entries' memory in order); more go to the heap as
+/// a sorted vector, which beats a map per key.
+type KeyPanes = SmallVec<[(Window, Pane); 1]>;
 
 /// Where `window` is (or would go) in `panes`.
 fn position(panes: &KeyPanes, window: &Window) -> Result<usize, usize> {
@@ -137,9 +147,8 @@ pub struct GroupingBuffer {
     strategy: WindowingStrategy,
     key_coder_kv: Coder,
     window_coder: Coder,
-    /// key -> its panes. (Keys are the runner's own encoded bytes, hashed
-    /// with a fast hash: nothing here needs a keyed one.)
-    panes: FxHashMap<Bytes, KeyPanes>,
+    /// key -> its panes (keys are the runner's own encoded bytes).
+    panes: KeyTable<KeyPanes>,
     /// Elements dropped because they arrived after their window expired.
     dropped_late: u64,
     /// The output watermark this stage last published (as far as this
@@ -175,7 +184,7 @@ pub struct GroupingBuffer {
 /// skip it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct GroupingSnapshot {
-    panes: Vec<(Bytes, Vec<(Window, Pane)>)>,
+    panes: Vec<(Bytes, KeyPanes)>,
     dropped_late: u64,
     output_watermark: Timestamp,
     unmerged: Vec<Bytes>,
@@ -197,6 +206,10 @@ struct Evaluation<'a> {
     holds: &'a mut Holds,
     next_wake: &'a mut Timestamp,
     memory_bytes: &'a mut usize,
+    /// What `out` is given room for at the first pane: what is buffered,
+    /// up to the byte limit (so that a big firing does not grow `out` by
+    /// doubling, copying what it holds each time).
+    room: usize,
     /// Elements emitted.
     emitted: usize,
     /// The first failure; evaluation stops at it.
@@ -213,7 +226,7 @@ impl GroupingBuffer {
             strategy,
             key_coder_kv: input_value_coder,
             window_coder,
-            panes: FxHashMap::default(),
+            panes: KeyTable::default(),
             dropped_late: 0,
             output_watermark: crate::time::MIN_TIMESTAMP,
             unmerged: BTreeSet::new(),
@@ -229,18 +242,18 @@ impl GroupingBuffer {
     /// What a checkpoint keeps of this buffer: everything, spilled panes
     /// read back included.
     pub(crate) fn snapshot(&self) -> Result<GroupingSnapshot, SpillError> {
-        let mut panes: Vec<(Bytes, Vec<(Window, Pane)>)> = if self.has_spilled() {
+        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() {
             let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
                 .panes
                 .iter()
-                .map(|(key, windows)| (key.clone(), windows.clone()))
+                .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
                 .collect();
             self.with_spilled(&mut all)?;
             all.into_iter().collect()
         } else {
             self.panes
                 .iter()
-                .map(|(key, windows)| (key.clone(), windows.clone()))
+                .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
                 .collect()
         };
         panes.sort_by(|a, b| a.0.cmp(&b.0));
@@ -263,7 +276,7 @@ impl GroupingBuffer {
         self.rescan = true;
         self.holds = Holds::default();
         self.memory_bytes = 0;
-        for (key, windows) in &self.panes {
+        for (key, windows) in self.panes.iter() {
             self.memory_bytes += key.len() + KEY_OVERHEAD;
             for (window, pane) in windows {
                 self.memory_bytes += pane.values.len() + PANE_OVERHEAD;
@@ -338,19 +351,14 @@ impl GroupingBuffer {
             } else {
                 ts.min(end)
             };
-            // Looked up by the borrowed bytes: a key is copied once, when
-            // it is new, and its `Bytes` is cloned only when it is recorded
-            // elsewhere (below).
-            if !self.panes.contains_key(key) {
-                // Most keys have one window: room for exactly that.
-                self.panes
-                    .insert(Bytes::copy_from_slice(key), Vec::with_capacity(1));
+            // Looked up by the borrowed bytes: a key is copied into the
+            // table once, when it is new (and again only when it is recorded
+            // elsewhere, below).
+            let (windows, new_key) = self.panes.get_or_insert_with(key, KeyPanes::new);
+            if new_key {
                 self.memory_bytes += key.len() + KEY_OVERHEAD;
             }
             let trigger = &self.strategy.trigger;
-            let Some(windows) = self.panes.get_mut(key) else {
-                continue;
-            };
             let at = match position(windows, window) {
                 Ok(at) => at,
                 Err(at) => {
@@ -529,6 +537,7 @@ impl GroupingBuffer {
             now,
             holds,
             next_wake,
+            room: (*memory_bytes).min(max_bytes),
             memory_bytes,
             emitted: 0,
             error: None,
@@ -606,7 +615,7 @@ impl GroupingBuffer {
 impl Evaluation<'_> {
     /// Fires what is ready in one key's windows and closes the expired
     /// ones (removing them from `windows`), appending the panes to `out`.
-    fn key(&mut self, key: &Bytes, windows: &mut KeyPanes, out: &mut Vec<u8>) {
+    fn key(&mut self, key: &[u8], windows: &mut KeyPanes, out: &mut Vec<u8>) {
         let strategy = self.firing.strategy;
         let mut i = 0;
         while i < windows.len() {
@@ -628,6 +637,7 @@ impl Evaluation<'_> {
                     && pane.nonspeculative_fired == 0
                     && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
                 if pane.new_data || fire_empty {
+                    make_room(out, &mut self.room);
                     let emitted = self.firing.emit(key, window, pane, &ctx, last, out);
                     if !self.counted(emitted) {
                         return;
@@ -644,6 +654,7 @@ impl Evaluation<'_> {
                         && !pane.trigger.is_finished()
                         && !emitted_last);
                 if final_pane {
+                    make_room(out, &mut self.room);
                     let emitted = self.firing.emit(key, window, pane, &ctx, true, out);
                     if !self.counted(emitted) {
                         return;
@@ -689,10 +700,18 @@ impl Evaluation<'_> {
     }
 }
 
+/// Gives `out` the room an evaluation expects to fill, once (`room` is
+/// zeroed after).
+fn make_room(out: &mut Vec<u8>, room: &mut usize) {
+    if *room > 0 {
+        out.reserve(std::mem::take(room));
+    }
+}
+
 impl Firing<'_> {
     fn emit(
         &self,
-        key: &Bytes,
+        key: &[u8],
         window: &Window,
         pane: &mut Pane,
         ctx: &TriggerContext,
@@ -730,8 +749,7 @@ impl Firing<'_> {
         };
         // Straight into `out`: header, key, count, values (checked first,
         // so that an error writes nothing).
-        let mut count = Vec::with_capacity(4);
-        encode_iterable_len(pane.count, &mut count)?;
+        let count = iterable_len_bytes(pane.count)?;
         header.encode(self.window_coder, out)?;
         out.reserve(key.len() + count.len() + pane.values.len());
         out.extend_from_slice(key);

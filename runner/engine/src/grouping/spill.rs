@@ -26,7 +26,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{pane_hold, update_holds, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane};
+use super::{
+    pane_hold, update_holds, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane, PaneValues,
+};
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
 use crate::spill::{prefix_end, SpillError, SpillStore};
@@ -34,11 +36,12 @@ use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
 
-/// Bookkeeping bytes of a buffered key besides its bytes (map slot,
-/// `Bytes` handle, the allocation of its panes): an estimate for the bound.
-pub(super) const KEY_OVERHEAD: usize = 96;
-/// Bookkeeping bytes of a buffered pane besides its values.
-pub(super) const PANE_OVERHEAD: usize = 160;
+/// Bookkeeping bytes of a buffered key besides its bytes (its table entry
+/// less its first pane, and its index slot): an estimate for the bound.
+pub(super) const KEY_OVERHEAD: usize = 64;
+/// Bookkeeping bytes of a buffered pane besides its values (a window and
+/// its pane, 224 bytes, in the key's entry or its heap vector).
+pub(super) const PANE_OVERHEAD: usize = 224;
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
 /// About how many bytes are read from the store at once while draining.
@@ -169,7 +172,7 @@ fn decode_entry(
 impl Pane {
     fn add_spilled(&mut self, part: SpilledPane) {
         if self.values.is_empty() {
-            self.values = part.values;
+            self.values = PaneValues::from_vec(part.values);
         } else {
             self.values.extend_from_slice(&part.values);
         }
@@ -486,7 +489,10 @@ impl GroupingBuffer {
                     if let (Some(h), Some(spilled)) = (hold, spill.windows.get_mut(&window)) {
                         spilled.holds.add(h);
                     }
-                    taken.entry(window).or_default().push((key.clone(), pane));
+                    taken
+                        .entry(window)
+                        .or_default()
+                        .push((Bytes::copy_from_slice(key), pane));
                 } else {
                     i += 1;
                 }
@@ -606,6 +612,21 @@ mod tests {
     use crate::plan::WindowingStrategy;
     use crate::spill::MemorySpillStore;
     use crate::time::MAX_TIMESTAMP;
+
+    /// The spill bound counts memory by these estimates: they must not
+    /// fall behind the real layout (a window and its pane; the rest of a
+    /// key's table entry).
+    #[test]
+    fn the_overhead_estimates_cover_the_layout() {
+        let pane = std::mem::size_of::<(Window, Pane)>();
+        assert!(PANE_OVERHEAD >= pane, "a pane takes {pane} bytes");
+        let entry = std::mem::size_of::<(super::super::key_table::Key, KeyPanes)>();
+        let index_slot = std::mem::size_of::<usize>();
+        assert!(
+            KEY_OVERHEAD + PANE_OVERHEAD >= entry + index_slot,
+            "a key's entry takes {entry} bytes"
+        );
+    }
 
     /// (key, its values sorted) of every pane in `out`, sorted; each pane
     /// must be its window's only one (first and last).

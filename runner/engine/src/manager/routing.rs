@@ -122,6 +122,11 @@ impl Engine {
         }
         self.stages[stage].fire_budget = budget.saturating_sub(out.len());
         if fired > 0 {
+            // Evaluation gives `out` room for all it may emit; what it
+            // did not fill must not stay allocated behind the queued bytes.
+            if out.capacity() > 2 * out.len() {
+                out.shrink_to_fit();
+            }
             let bytes = Bytes::from(out);
             for o in 0..self.plan.stages[stage].outputs.len() {
                 let out = self.plan.stages[stage].outputs[o];
