@@ -1,6 +1,7 @@
 """The command lines Beam uses to start a runner binary must work as-is."""
 
 import os
+import signal
 
 import pytest
 
@@ -41,6 +42,28 @@ def test_job_service_starts(request, refract_bin, tmp_path, flags):
   try:
     server.wait_ready()
     assert server.proc.poll() is None
+  finally:
+    server.stop()
+
+
+def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
+                                          monkeypatch):
+  """SIGTERM (`docker stop`, systemd, test harnesses) shuts the server down
+  as Ctrl-C does: it exits 0 and removes the spill and staging directories
+  it made for itself (before, SIGTERM killed it where it stood and they
+  piled up in the temp directory)."""
+  tmp = tmp_path / 'tmp'
+  tmp.mkdir()
+  monkeypatch.setenv('TMPDIR', str(tmp))
+  server = RefractServer(refract_bin, tmp_path / 'refract.log')
+  request.node.refract_processes = [server]  # log shown if the test fails
+  try:
+    server.wait_ready()
+    made = sorted(p.name.rsplit('-', 2)[0] for p in tmp.iterdir())
+    assert made == ['refract-spill', 'refract-staging'], made
+    os.kill(server.proc.pid, signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0
+    assert not list(tmp.iterdir())
   finally:
     server.stop()
 

@@ -35,6 +35,7 @@ async fn run_server(args: ServeArgs) -> Result<()> {
     let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
+            _ = terminate_signal() => {}
             _ = idle_rx => {}
         }
     };
@@ -53,6 +54,25 @@ async fn run_server(args: ServeArgs) -> Result<()> {
         });
     }
     server.wait().await
+}
+
+/// Resolves when the process is asked to terminate (SIGTERM: `docker stop`,
+/// systemd, a test harness), so the server shuts down as on Ctrl-C —
+/// removing its temporary directories and flushing telemetry — instead of
+/// dying where it stands. Never resolves where there is no such signal.
+async fn terminate_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+                return;
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM"),
+        }
+    }
+    std::future::pending::<()>().await
 }
 
 /// Run a client command on a small runtime of its own.

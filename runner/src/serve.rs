@@ -73,17 +73,23 @@ pub async fn start(
         }
         None => None,
     };
-    let staging_dir = match (&args.staging_dir, &args.state_dir) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(state)) => state.join("staging"),
-        (None, None) => std::env::temp_dir().join(format!(
-            "refract-staging-{}-{}",
-            std::process::id(),
-            job_endpoint.port()
-        )),
+    let (staging_dir, temporary_staging) = match (&args.staging_dir, &args.state_dir) {
+        (Some(dir), _) => (dir.clone(), false),
+        (None, Some(state)) => (state.join("staging"), false),
+        (None, None) => (
+            std::env::temp_dir().join(format!(
+                "refract-staging-{}-{}",
+                std::process::id(),
+                job_endpoint.port()
+            )),
+            true,
+        ),
     };
     std::fs::create_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
+    // A staging directory of the server's own making goes when the server
+    // has finished, like the spill directory below.
+    let remove_staging = temporary_staging.then(|| RemoveOnExit(staging_dir.clone()));
     info!(job_endpoint = %job_endpoint, fn_api = %fn_server.url(), "refract is serving");
     let default_workers = match args.sdk_worker_parallelism {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
@@ -164,6 +170,7 @@ pub async fn start(
         };
         let served = serve(listener, runner, config, shutdown).await;
         drop(remove_spill);
+        drop(remove_staging);
         let _ = ui_stop.send(());
         if let Some(otlp) = otlp {
             // The exporters flush on threads of their own; do not hold a
