@@ -73,23 +73,14 @@ pub async fn start(
         }
         None => None,
     };
-    let (staging_dir, temporary_staging) = match (&args.staging_dir, &args.state_dir) {
-        (Some(dir), _) => (dir.clone(), false),
-        (None, Some(state)) => (state.join("staging"), false),
-        (None, None) => (
-            std::env::temp_dir().join(format!(
-                "refract-staging-{}-{}",
-                std::process::id(),
-                job_endpoint.port()
-            )),
-            true,
-        ),
-    };
+    let (staging_dir, remove_staging) = server_dir(
+        args.staging_dir.as_ref(),
+        args.state_dir.as_ref(),
+        "staging",
+        job_endpoint.port(),
+    );
     std::fs::create_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
-    // A staging directory of the server's own making goes when the server
-    // has finished, like the spill directory below.
-    let remove_staging = temporary_staging.then(|| RemoveOnExit(staging_dir.clone()));
     info!(job_endpoint = %job_endpoint, fn_api = %fn_server.url(), "refract is serving");
     let default_workers = match args.sdk_worker_parallelism {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
@@ -102,23 +93,14 @@ pub async fn start(
         memory_budget,
         "memory budget for each job's waiting elements"
     );
-    let (spill_dir, temporary_spill) = match (&args.spill_dir, &args.state_dir) {
-        (Some(dir), _) => (dir.clone(), false),
-        (None, Some(state)) => (state.join("spill"), false),
-        (None, None) => (
-            std::env::temp_dir().join(format!(
-                "refract-spill-{}-{}",
-                std::process::id(),
-                job_endpoint.port()
-            )),
-            true,
-        ),
-    };
+    let (spill_dir, remove_spill) = server_dir(
+        args.spill_dir.as_ref(),
+        args.state_dir.as_ref(),
+        "spill",
+        job_endpoint.port(),
+    );
     let spill = RocksSpillStore::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
-    // Removed when the server has finished (not when this function returns:
-    // the server runs on after it).
-    let remove_spill = temporary_spill.then(|| RemoveOnExit(spill_dir.clone()));
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
         .with_memory_budget(memory_budget)
@@ -218,6 +200,27 @@ async fn start_ui(
 }
 
 /// Removes a temporary directory when the server returns.
+/// Where the server keeps `what` (staged artifacts, spilled data): the
+/// directory given for it, else under `--state_dir`, else a directory of
+/// its own in the temp dir — which goes when the server has finished (the
+/// guard returned; not when `start` returns: the server runs on after it).
+fn server_dir(
+    given: Option<&std::path::PathBuf>,
+    state_dir: Option<&std::path::PathBuf>,
+    what: &str,
+    port: u16,
+) -> (std::path::PathBuf, Option<RemoveOnExit>) {
+    match (given, state_dir) {
+        (Some(dir), _) => (dir.clone(), None),
+        (None, Some(state)) => (state.join(what), None),
+        (None, None) => {
+            let dir =
+                std::env::temp_dir().join(format!("refract-{what}-{}-{port}", std::process::id()));
+            (dir.clone(), Some(RemoveOnExit(dir)))
+        }
+    }
+}
+
 struct RemoveOnExit(std::path::PathBuf);
 
 impl Drop for RemoveOnExit {
