@@ -282,7 +282,7 @@ fn register_observers(meter: &Meter, insights: Insights) {
         ),
         (
             "refract.stage.backlog.bytes",
-            "Encoded bytes waiting for a bundle of a stage.",
+            "Encoded bytes waiting for a bundle of a stage, or in a GroupByKey's buffer.",
             "By",
             false,
             |s| Some(s.pending_bytes as f64),

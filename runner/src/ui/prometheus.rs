@@ -210,7 +210,7 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
                 ),
                 (
                     "refract_stage_pending_bytes",
-                    "Encoded bytes waiting for a bundle of the stage (the backlog).",
+                    "Encoded bytes waiting for a bundle of the stage, or in a GroupByKey's buffer (the backlog).",
                     stage.pending_bytes.to_string(),
                 ),
                 (

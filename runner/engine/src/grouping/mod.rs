@@ -597,6 +597,12 @@ impl GroupingBuffer {
         }
     }
 
+    /// About how many bytes the buffer holds in memory (what its spill
+    /// limit is checked against): a GroupByKey's backlog.
+    pub fn buffered_bytes(&self) -> usize {
+        self.memory_bytes
+    }
+
     /// Whether some keys wait for [`Self::evaluate`] to look at them (it
     /// stopped at its byte limit, or they got data since).
     pub fn has_unevaluated(&self) -> bool {

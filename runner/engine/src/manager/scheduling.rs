@@ -30,6 +30,17 @@ impl Engine {
         self.plan.stages[idx].outputs.iter().any(|&p| {
             self.consumers[p].stages.iter().any(|&c| {
                 let s = &self.stages[c];
+                if let Some(g) = &s.grouping {
+                    // A GroupByKey has no queue: what it takes in waits in
+                    // its buffer. Data there that is owed to consumers now
+                    // (its keys wait to fire, as a streaming trigger's do)
+                    // but held back by their bound is a backlog like a
+                    // queue's, so its producers wait too. (A batch buffer
+                    // waiting for the watermark spills instead.)
+                    return g.has_unevaluated()
+                        && g.buffered_bytes() > self.config.max_pending_bytes
+                        && self.backpressured(c);
+                }
                 // What waits and what runs: a consumer that takes its whole
                 // queue into bundles does not make room for more.
                 if s.pending.bytes() + s.in_flight_bytes <= self.config.max_pending_bytes {

@@ -24,7 +24,8 @@ pub struct StageStats {
     pub output_watermark: Timestamp,
     /// Elements waiting for a bundle (or in a grouping buffer's queue).
     pub pending_elements: usize,
-    /// Their encoded size.
+    /// Their encoded size; for a GroupByKey, about what its buffer holds in
+    /// memory (its backlog).
     pub pending_bytes: usize,
     /// Bundles of the stage in flight.
     pub bundles_in_flight: usize,
@@ -169,7 +170,10 @@ impl Engine {
                     input_watermark: s.input_wm,
                     output_watermark: s.output_wm,
                     pending_elements: s.pending.len(),
-                    pending_bytes: s.pending.bytes(),
+                    pending_bytes: s.pending.bytes()
+                        + s.grouping
+                            .as_ref()
+                            .map_or(0, GroupingBuffer::buffered_bytes),
                     bundles_in_flight: s.in_flight,
                     bundles_committed: s.counters.bundles_committed,
                     elements_processed: s.counters.elements_processed,
