@@ -199,7 +199,6 @@ async fn start_ui(
     });
 }
 
-/// Removes a temporary directory when the server returns.
 /// Where the server keeps `what` (staged artifacts, spilled data): the
 /// directory given for it, else under `--state_dir`, else a directory of
 /// its own in the temp dir — which goes when the server has finished (the
@@ -221,6 +220,7 @@ fn server_dir(
     }
 }
 
+/// Removes a temporary directory when the server returns.
 struct RemoveOnExit(std::path::PathBuf);
 
 impl Drop for RemoveOnExit {
