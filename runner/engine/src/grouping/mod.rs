@@ -206,9 +206,12 @@ struct Evaluation<'a> {
     holds: &'a mut Holds,
     next_wake: &'a mut Timestamp,
     memory_bytes: &'a mut usize,
-    /// What `out` is given room for at the first pane: what is buffered,
-    /// up to the byte limit (so that a big firing does not grow `out` by
-    /// doubling, copying what it holds each time).
+    /// What `out` is given room for at the first pane: when every key is
+    /// looked at (a window closing over the whole buffer), what is
+    /// buffered, up to the byte limit, so that a big firing does not grow
+    /// `out` by doubling, copying what it holds each time. Nothing when
+    /// only the keys that got data are (a streaming trigger firing after
+    /// an element: a pane or two, not the buffer).
     room: usize,
     /// Elements emitted.
     emitted: usize,
@@ -537,7 +540,11 @@ impl GroupingBuffer {
             now,
             holds,
             next_wake,
-            room: (*memory_bytes).min(max_bytes),
+            room: if every_key {
+                (*memory_bytes).min(max_bytes)
+            } else {
+                0
+            },
             memory_bytes,
             emitted: 0,
             error: None,
