@@ -37,7 +37,7 @@ impl TriggerContext {
 pub struct TriggerState {
     node: Node,
     finished: bool,
-    children: Vec<TriggerState>,
+    children: Box<[TriggerState]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,11 +55,9 @@ enum Node {
         target: i64,
         seen: i64,
     },
-    ProcessingTime {
-        delay: i64,
-        align: Option<(i64, i64)>,
-        deadline: Option<Timestamp>,
-    },
+    /// Out of line: it is the biggest node, and every pane of a grouping
+    /// buffer holds a node.
+    ProcessingTime(Box<ProcessingTimeNode>),
     All,
     Any,
     Each {
@@ -71,6 +69,25 @@ enum Node {
     Never,
     OrFinally,
     Repeat,
+}
+
+/// An AfterProcessingTime trigger's delay and alignment, and when it fires
+/// once an element has started its clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ProcessingTimeNode {
+    delay: i64,
+    align: Option<(i64, i64)>,
+    deadline: Option<Timestamp>,
+}
+
+impl Node {
+    fn processing_time(delay: i64, align: Option<(i64, i64)>) -> Self {
+        Node::ProcessingTime(Box::new(ProcessingTimeNode {
+            delay,
+            align,
+            deadline: None,
+        }))
+    }
 }
 
 impl TriggerState {
@@ -102,22 +119,10 @@ impl TriggerState {
                 },
                 vec![],
             ),
-            Trigger::AfterProcessingTime { delay_ms, align } => (
-                Node::ProcessingTime {
-                    delay: *delay_ms,
-                    align: *align,
-                    deadline: None,
-                },
-                vec![],
-            ),
-            Trigger::AfterSynchronizedProcessingTime => (
-                Node::ProcessingTime {
-                    delay: 0,
-                    align: None,
-                    deadline: None,
-                },
-                vec![],
-            ),
+            Trigger::AfterProcessingTime { delay_ms, align } => {
+                (Node::processing_time(*delay_ms, *align), vec![])
+            }
+            Trigger::AfterSynchronizedProcessingTime => (Node::processing_time(0, None), vec![]),
             Trigger::AfterAll(subs) => (Node::All, subs.iter().map(TriggerState::new).collect()),
             Trigger::AfterAny(subs) => (Node::Any, subs.iter().map(TriggerState::new).collect()),
             Trigger::AfterEach(subs) => (
@@ -135,7 +140,7 @@ impl TriggerState {
         TriggerState {
             node,
             finished: false,
-            children,
+            children: children.into_boxed_slice(),
         }
     }
 
@@ -171,22 +176,18 @@ impl TriggerState {
         }
         match &mut self.node {
             Node::ElementCount { seen, .. } => *seen += 1,
-            Node::ProcessingTime {
-                delay,
-                align,
-                deadline,
-            } => {
-                if deadline.is_none() {
-                    let mut at = ctx.now.saturating_add(*delay);
-                    if let Some((period, offset)) = align {
-                        if *period > 0 {
-                            let rem = (at - *offset).rem_euclid(*period);
+            Node::ProcessingTime(clock) => {
+                if clock.deadline.is_none() {
+                    let mut at = ctx.now.saturating_add(clock.delay);
+                    if let Some((period, offset)) = clock.align {
+                        if period > 0 {
+                            let rem = (at - offset).rem_euclid(period);
                             if rem != 0 {
-                                at += *period - rem;
+                                at += period - rem;
                             }
                         }
                     }
-                    *deadline = Some(at);
+                    clock.deadline = Some(at);
                 }
             }
             Node::Always { pending } => *pending = true,
@@ -219,8 +220,8 @@ impl TriggerState {
         self.finished = self.finished && other.finished;
         match (&mut self.node, &other.node) {
             (Node::ElementCount { seen, .. }, Node::ElementCount { seen: s2, .. }) => *seen += s2,
-            (Node::ProcessingTime { deadline, .. }, Node::ProcessingTime { deadline: d2, .. }) => {
-                *deadline = match (*deadline, *d2) {
+            (Node::ProcessingTime(clock), Node::ProcessingTime(other)) => {
+                clock.deadline = match (clock.deadline, other.deadline) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 }
@@ -261,7 +262,7 @@ impl TriggerState {
                 }
             }
             Node::ElementCount { target, seen } => seen >= target,
-            Node::ProcessingTime { deadline, .. } => deadline.is_some_and(|d| ctx.now >= d),
+            Node::ProcessingTime(clock) => clock.deadline.is_some_and(|d| ctx.now >= d),
             Node::All => self
                 .children
                 .iter()
@@ -315,7 +316,7 @@ impl TriggerState {
                     }
                 }
             }
-            Node::ElementCount { .. } | Node::ProcessingTime { .. } => self.finished = true,
+            Node::ElementCount { .. } | Node::ProcessingTime(_) => self.finished = true,
             Node::All | Node::Any => {
                 for c in &mut self.children {
                     c.finished = true;
@@ -363,7 +364,7 @@ impl TriggerState {
         self.finished = false;
         match &mut self.node {
             Node::ElementCount { seen, .. } => *seen = 0,
-            Node::ProcessingTime { deadline, .. } => *deadline = None,
+            Node::ProcessingTime(clock) => clock.deadline = None,
             Node::Each { current } => *current = 0,
             Node::Always { pending } => *pending = false,
             Node::EndOfWindow { on_time_fired, .. } => *on_time_fired = false,
@@ -381,7 +382,7 @@ impl TriggerState {
             return None;
         }
         let own = match &self.node {
-            Node::ProcessingTime { deadline, .. } => *deadline,
+            Node::ProcessingTime(clock) => clock.deadline,
             _ => None,
         };
         self.children

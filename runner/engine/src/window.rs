@@ -21,18 +21,34 @@ pub enum Window {
         /// Exclusive end.
         end: Timestamp,
     },
-    /// A window of a coder the runner does not understand, prefixed by its
-    /// max timestamp (`beam:coder:custom_window:v1`). `encoded` holds the
-    /// window's own length-prefixed bytes (without the timestamp prefix).
-    Custom {
-        /// The window's max timestamp, as written by the SDK.
-        max_timestamp: Timestamp,
-        /// The length-prefixed window bytes.
-        encoded: Bytes,
-    },
+    /// A window of a coder the runner does not understand
+    /// (`beam:coder:custom_window:v1`), kept out of line: it is rare, and
+    /// in place it would make every window (and every grouping buffer's
+    /// pane) twice as big.
+    Custom(Box<CustomWindow>),
+}
+
+/// A window the runner knows only by its max timestamp, which the SDK
+/// prefixes to the window's own bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CustomWindow {
+    /// The window's max timestamp, as written by the SDK.
+    pub max_timestamp: Timestamp,
+    /// The window's own length-prefixed bytes (without the timestamp
+    /// prefix).
+    pub encoded: Bytes,
 }
 
 impl Window {
+    /// A custom window of `max_timestamp` whose own bytes (length-prefixed)
+    /// are `encoded`.
+    pub fn custom(max_timestamp: Timestamp, encoded: Bytes) -> Self {
+        Window::Custom(Box::new(CustomWindow {
+            max_timestamp,
+            encoded,
+        }))
+    }
+
     /// When the window's state is garbage-collected: its end plus the
     /// allowed lateness, capped at the end of the global window (as Beam
     /// caps it), so that even a huge lateness expires at the end of time.
@@ -48,7 +64,7 @@ impl Window {
         match self {
             Window::Global => GLOBAL_WINDOW_MAX_TIMESTAMP,
             Window::Interval { end, .. } => end.saturating_sub(1),
-            Window::Custom { max_timestamp, .. } => *max_timestamp,
+            Window::Custom(custom) => custom.max_timestamp,
         }
     }
 }

@@ -106,9 +106,8 @@ pub(super) fn arb_window_with(coder: Coder) -> BoxedStrategy<Window> {
         })
         .boxed(),
         Coder::CustomWindow => (any::<i64>(), vec(any::<u8>(), 0..20))
-            .prop_map(|(max_timestamp, window)| Window::Custom {
-                max_timestamp,
-                encoded: Bytes::from(length_prefixed(window)),
+            .prop_map(|(max_timestamp, window)| {
+                Window::custom(max_timestamp, Bytes::from(length_prefixed(window)))
             })
             .boxed(),
         _ => Just(Window::Global).boxed(),
@@ -490,10 +489,7 @@ fn python_windows() -> Result<(), CoderError> {
         // what the SDK writes for a custom window coder after translation.
         (
             Coder::CustomWindow,
-            Window::Custom {
-                max_timestamp: 9_999,
-                encoded: Bytes::from(hex("0a 8000000000002710 904e")),
-            },
+            Window::custom(9_999, Bytes::from(hex("0a 8000000000002710 904e"))),
             hex("800000000000270f 0a 8000000000002710 904e"),
         ),
         (Coder::GlobalWindow, Window::Global, Vec::new()),

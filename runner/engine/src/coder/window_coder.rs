@@ -44,16 +44,10 @@ impl Coder {
                 encode_varint_i64(span, out);
                 Ok(())
             }
-            (
-                Coder::CustomWindow,
-                Window::Custom {
-                    max_timestamp,
-                    encoded,
-                },
-            ) => {
-                check_length_prefixed(encoded)?;
-                encode_timestamp(*max_timestamp, out);
-                out.extend_from_slice(encoded);
+            (Coder::CustomWindow, Window::Custom(custom)) => {
+                check_length_prefixed(&custom.encoded)?;
+                encode_timestamp(custom.max_timestamp, out);
+                out.extend_from_slice(&custom.encoded);
                 Ok(())
             }
             (Coder::GlobalWindow | Coder::IntervalWindow | Coder::CustomWindow, _) => {
@@ -85,10 +79,7 @@ impl Coder {
                 let start = r.pos();
                 let len = r.length("custom window")?;
                 r.skip(len, "custom window")?;
-                Ok(Window::Custom {
-                    max_timestamp,
-                    encoded: r.bytes_since(start)?,
-                })
+                Ok(Window::custom(max_timestamp, r.bytes_since(start)?))
             }
             other => Err(not_a_window_coder(other)),
         }
@@ -180,10 +171,7 @@ mod tests {
         assert!(Coder::IntervalWindow
             .encode_window(&overflowing, &mut out)
             .is_err());
-        let bad_custom = Window::Custom {
-            max_timestamp: 0,
-            encoded: Bytes::from_static(&[3, 1, 2]),
-        };
+        let bad_custom = Window::custom(0, Bytes::from_static(&[3, 1, 2]));
         assert!(Coder::CustomWindow
             .encode_window(&bad_custom, &mut out)
             .is_err());

@@ -5,10 +5,19 @@
 //! holding the entries themselves keeps up to half its slots empty and
 //! moves every entry each time it grows; one holding pointers to them costs
 //! an allocation per key and a cache miss per look. So the entries live in
-//! one dense vector, in the order the keys arrived (an evaluation walks it
-//! front to back), and a hash table of positions finds a key's entry. A
-//! removed entry's place is taken by the last one, whose position is
-//! updated.
+//! one dense vector, mostly in the order the keys arrived (an evaluation
+//! walks it front to back), and a hash table of positions finds a key's
+//! entry. Each position carries its key's hash, so the table grows, and
+//! entries leave it, without reading the entries again.
+//!
+//! A firing walks the entries and may stop part way (it emits a few
+//! megabytes per step): the entries it removed leave a gap, which the
+//! last entries fill, so a step costs what it removed, not what is left
+//! (closing the gap by sliding the rest down made a firing over `n` keys
+//! cost `n²/step`). A walk does not keep the index up to date as it goes
+//! (a cache miss per key in a big index, for a batch firing that empties
+//! the table anyway): it marks it stale, and the next lookup rebuilds it
+//! from the entries, which costs about what the walk did.
 
 use std::hash::BuildHasher;
 
@@ -21,12 +30,46 @@ use smallvec::SmallVec;
 /// an allocation or a second cache miss to compare them.
 pub(super) type Key = SmallVec<[u8; 24]>;
 
+/// Where a key's entry is, and the key's hash (so that neither growing the
+/// index nor a lookup that collides on the hash table's tag reads the
+/// entry).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    at: u32,
+    hash: u32,
+}
+
 /// Keys (the runner's own encoded bytes) and a value for each.
 #[derive(Debug, Clone)]
 pub(super) struct KeyTable<V> {
-    /// Positions into `entries`, hashed by the entry's key.
-    index: HashTable<usize>,
+    /// Positions into `entries`, hashed by the entry's key; out of date
+    /// while `stale`.
+    index: HashTable<Slot>,
     entries: Vec<(Key, V)>,
+    /// A walk moved or removed entries since the index was built.
+    stale: bool,
+}
+
+/// What [`KeyTable::retain`] does with the entry it was shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retain {
+    /// The entry stays.
+    Keep,
+    /// The entry goes.
+    Remove,
+    /// The entry and every one not looked at yet stay; the walk ends.
+    Stop,
+}
+
+impl Retain {
+    /// [`Retain::Keep`] if `keep`, else [`Retain::Remove`].
+    pub(super) fn keep_if(keep: bool) -> Self {
+        if keep {
+            Retain::Keep
+        } else {
+            Retain::Remove
+        }
+    }
 }
 
 impl<V> Default for KeyTable<V> {
@@ -34,14 +77,29 @@ impl<V> Default for KeyTable<V> {
         KeyTable {
             index: HashTable::new(),
             entries: Vec::new(),
+            stale: false,
         }
     }
 }
 
 /// The hash of a key, the same for its bytes and its `Bytes`. (No keyed
-/// hash needed: keys are looked up, never iterated by hash.)
-fn hash(key: &[u8]) -> u64 {
-    FxBuildHasher.hash_one(key)
+/// hash needed: keys are looked up, never iterated by hash.) 32 bits are
+/// kept; they are spread over the 64 the index looks at (its top bits pick
+/// the tag, its low bits the bucket).
+fn hash(key: &[u8]) -> u32 {
+    let h = FxBuildHasher.hash_one(key);
+    (h ^ (h >> 32)) as u32
+}
+
+fn spread(hash: u32) -> u64 {
+    (u64::from(hash) << 32) | u64::from(hash)
+}
+
+/// A position as the index keeps it. Four billion keys in one buffer would
+/// take a terabyte of entries; a buffer spills long before.
+fn slot_at(at: usize) -> u32 {
+    debug_assert!(u32::try_from(at).is_ok(), "key table position {at}");
+    at as u32
 }
 
 impl<V> KeyTable<V> {
@@ -51,10 +109,17 @@ impl<V> KeyTable<V> {
     }
 
     fn position(&self, key: &[u8]) -> Option<usize> {
+        if self.stale {
+            // Only a lookup that cannot rebuild the index gets here.
+            return self.entries.iter().position(|(k, _)| k.as_ref() == key);
+        }
         let entries = &self.entries;
+        let h = hash(key);
         self.index
-            .find(hash(key), |&at| entries[at].0.as_ref() == key)
-            .copied()
+            .find(spread(h), |s| {
+                s.hash == h && entries[s.at as usize].0.as_ref() == key
+            })
+            .map(|s| s.at as usize)
     }
 
     /// The value of `key`.
@@ -64,6 +129,7 @@ impl<V> KeyTable<V> {
 
     /// The value of `key`, to change.
     pub(super) fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
+        self.refresh();
         self.position(key).map(|at| &mut self.entries[at].1)
     }
 
@@ -74,6 +140,7 @@ impl<V> KeyTable<V> {
         key: &[u8],
         make: impl FnOnce() -> V,
     ) -> (&mut V, bool) {
+        self.refresh();
         match self.position(key) {
             Some(at) => (&mut self.entries[at].1, false),
             None => (self.push(Key::from_slice(key), make()), true),
@@ -90,60 +157,110 @@ impl<V> KeyTable<V> {
 
     fn push(&mut self, key: Key, value: V) -> &mut V {
         let at = self.entries.len();
-        let entries = &self.entries;
+        let slot = Slot {
+            at: slot_at(at),
+            hash: hash(&key),
+        };
         self.index
-            .insert_unique(hash(&key), at, |&i| hash(&entries[i].0));
+            .insert_unique(spread(slot.hash), slot, |s| spread(s.hash));
         self.entries.push((key, value));
         &mut self.entries[at].1
     }
 
     /// Removes `key` and its value.
     pub(super) fn remove(&mut self, key: &[u8]) -> Option<V> {
+        self.refresh();
         let at = self.position(key)?;
-        Some(self.remove_at(at))
+        self.unindex(at);
+        let (_, value) = self.entries.swap_remove(at);
+        if at < self.entries.len() {
+            self.reindex(self.entries.len(), at);
+        }
+        self.give_back_room();
+        Some(value)
     }
 
-    /// Removes the entry at `at`; the last entry takes its place.
-    fn remove_at(&mut self, at: usize) -> V {
-        let entries = &self.entries;
-        if let Ok(found) = self.index.find_entry(hash(&entries[at].0), |&i| i == at) {
+    /// Takes the entry at `at` out of the index (the entry stays).
+    fn unindex(&mut self, at: usize) {
+        let h = hash(&self.entries[at].0);
+        let at = slot_at(at);
+        if let Ok(found) = self.index.find_entry(spread(h), |s| s.at == at) {
             found.remove();
         }
-        let (_, value) = self.entries.swap_remove(at);
-        if let Some((moved, _)) = self.entries.get(at) {
-            let from = self.entries.len();
-            if let Some(slot) = self.index.find_mut(hash(moved), |&i| i == from) {
-                *slot = at;
-            }
-        }
-        self.give_back_room();
-        value
     }
 
-    /// Keeps the entries for which `keep` says so, looking at each once,
-    /// in order. Kept entries move down over removed ones (each at most
-    /// once), so a firing that removes every key moves none.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&[u8], &mut V) -> bool) {
-        let mut kept = 0;
-        for at in 0..self.entries.len() {
-            let (key, value) = &mut self.entries[at];
-            let h = hash(key);
-            if !keep(key, value) {
-                if let Ok(found) = self.index.find_entry(h, |&i| i == at) {
-                    found.remove();
-                }
-                continue;
-            }
-            if kept != at {
-                if let Some(slot) = self.index.find_mut(h, |&i| i == at) {
-                    *slot = kept;
-                }
-                self.entries.swap(kept, at);
-            }
-            kept += 1;
+    /// The entry indexed at `from` now sits at `to`.
+    fn reindex(&mut self, from: usize, to: usize) {
+        let h = hash(&self.entries[to].0);
+        let from = slot_at(from);
+        if let Some(slot) = self.index.find_mut(spread(h), |s| s.at == from) {
+            slot.at = slot_at(to);
         }
-        self.entries.truncate(kept);
+    }
+
+    /// Shows `keep` the entries in order, each at most once, until it says
+    /// [`Retain::Stop`]; removes those it says [`Retain::Remove`] to. Kept
+    /// entries move down over removed ones; the gap left at the stop is
+    /// filled from the end. A walk that removes every entry moves none, and
+    /// one that stops moves at most as many as it removed.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&[u8], &mut V) -> Retain) {
+        let len = self.entries.len();
+        let mut kept = 0;
+        let mut at = 0;
+        while at < len {
+            let (key, value) = &mut self.entries[at];
+            match keep(key, value) {
+                Retain::Stop => break,
+                Retain::Remove => {}
+                Retain::Keep => {
+                    if kept != at {
+                        self.entries.swap(kept, at);
+                    }
+                    kept += 1;
+                }
+            }
+            at += 1;
+        }
+        // Removed entries are in [kept, at); [at, len) were not looked at.
+        let gap = at - kept;
+        if gap == 0 {
+            return;
+        }
+        let rest = len - at;
+        // The rest slides down when it is no longer than the gap (its order
+        // kept); otherwise the gap's worth of last entries fill it.
+        let from = if rest <= gap { at } else { len - gap };
+        for (i, source) in (from..len).enumerate() {
+            self.entries.swap(kept + i, source);
+        }
+        self.entries.truncate(len - gap);
+        if self.entries.is_empty() {
+            self.index.clear();
+            self.stale = false;
+        } else {
+            self.stale = true;
+        }
         self.give_back_room();
+    }
+
+    /// Rebuilds the index if a walk left it stale.
+    fn refresh(&mut self) {
+        if !self.stale {
+            return;
+        }
+        self.stale = false;
+        self.index.clear();
+        let len = self.entries.len();
+        self.index.shrink_to(len, |s| spread(s.hash));
+        self.index.reserve(len, |s| spread(s.hash));
+        for (at, (key, _)) in self.entries.iter().enumerate() {
+            let slot = Slot {
+                at: slot_at(at),
+                hash: hash(key),
+            };
+            self.index
+                .insert_unique(spread(slot.hash), slot, |s| spread(s.hash));
+        }
     }
 
     /// After most keys went (a window fired over them), returns the room
@@ -153,8 +270,9 @@ impl<V> KeyTable<V> {
         let len = self.entries.len();
         if self.entries.capacity() > 1024 && len * 4 < self.entries.capacity() {
             self.entries.shrink_to(len * 2);
-            let entries = &self.entries;
-            self.index.shrink_to(len * 2, |&i| hash(&entries[i].0));
+            if !self.stale {
+                self.index.shrink_to(len * 2, |s| spread(s.hash));
+            }
         }
     }
 
@@ -219,8 +337,25 @@ mod tests {
             for i in (0..613).step_by(3 + round as usize) {
                 assert_eq!(table.remove(&key(i)), oracle.remove(&key(i)));
             }
-            table.retain(|_, v| *v % 5 != round);
+            table.retain(|_, v| Retain::keep_if(*v % 5 != round));
             oracle.retain(|_, v| *v % 5 != round);
+            // A walk that stops part way, having kept some and removed some.
+            let mut looked = 0;
+            let mut removed = Vec::new();
+            table.retain(|k, v| {
+                looked += 1;
+                if looked > 37 + round {
+                    return Retain::Stop;
+                }
+                if *v % 3 == 0 {
+                    removed.push(k.to_vec());
+                    return Retain::Remove;
+                }
+                Retain::Keep
+            });
+            for k in removed {
+                assert!(oracle.remove(&k).is_some());
+            }
             assert_eq!(table.iter().count(), oracle.len());
             for (k, v) in &oracle {
                 assert_eq!(table.get(k), Some(v));
@@ -234,10 +369,44 @@ mod tests {
         }
     }
 
+    /// Walks that each remove what they look at and stop after `step`
+    /// keys (a firing emitting a few megabytes per step) see every key
+    /// exactly once, and leave every other key findable, however the steps
+    /// fall against the table's length.
+    #[test]
+    fn walks_that_stop_part_way_see_each_key_once() {
+        for (keys, step) in [(100u32, 7u32), (100, 60), (1000, 1), (10, 100), (64, 32)] {
+            let mut table: KeyTable<u32> = (0..keys).map(|i| (Bytes::from(key(i)), i)).collect();
+            let mut seen = Vec::new();
+            while !table.is_empty() {
+                let mut left = step;
+                table.retain(|_, v| {
+                    if left == 0 {
+                        return Retain::Stop;
+                    }
+                    left -= 1;
+                    seen.push(*v);
+                    Retain::Remove
+                });
+                let keys: Vec<(Vec<u8>, u32)> =
+                    table.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+                for (k, mut v) in keys {
+                    assert_eq!(table.get_mut(&k), Some(&mut v));
+                }
+            }
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                (0..keys).collect::<Vec<_>>(),
+                "{keys} keys, {step} a step"
+            );
+        }
+    }
+
     #[test]
     fn a_table_emptied_by_a_firing_gives_its_room_back() {
         let mut table: KeyTable<u32> = (0..10_000).map(|i| (Bytes::from(key(i)), i)).collect();
-        table.retain(|_, v| *v < 10);
+        table.retain(|_, v| Retain::keep_if(*v < 10));
         assert!(
             table.entries.capacity() <= 20,
             "{}",
@@ -254,7 +423,7 @@ mod tests {
         let mut looked = Vec::new();
         table.retain(|_, v| {
             looked.push(*v);
-            *v % 2 == 0
+            Retain::keep_if(*v % 2 == 0)
         });
         looked.sort_unstable();
         assert_eq!(looked, (0..100).collect::<Vec<_>>());

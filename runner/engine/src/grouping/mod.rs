@@ -42,7 +42,7 @@ use crate::spill::SpillError;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
-use key_table::KeyTable;
+use key_table::{KeyTable, Retain};
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
 /// Why a grouping buffer could not take or emit elements.
@@ -557,14 +557,12 @@ impl GroupingBuffer {
             *firing.next_wake = MAX_TIMESTAMP;
             let mut stopped = false;
             panes.retain(|key, windows| {
-                if !stopped && full(out, &firing) {
+                if full(out, &firing) {
                     stopped = true;
-                }
-                if stopped {
-                    return true;
+                    return Retain::Stop;
                 }
                 firing.key(key, windows, out);
-                !windows.is_empty()
+                Retain::keep_if(!windows.is_empty())
             });
             // The keys not reached are looked at by the next call (which
             // recomputes the wake point over every key).

@@ -28,6 +28,7 @@ use bytes::Bytes;
 
 use super::{
     pane_hold, update_holds, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane, PaneValues,
+    Retain,
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
@@ -40,8 +41,8 @@ use crate::window::Window;
 /// less its first pane, and its index slot): an estimate for the bound.
 pub(super) const KEY_OVERHEAD: usize = 64;
 /// Bookkeeping bytes of a buffered pane besides its values (a window and
-/// its pane, 224 bytes, in the key's entry or its heap vector).
-pub(super) const PANE_OVERHEAD: usize = 224;
+/// its pane, 160 bytes, in the key's entry or its heap vector).
+pub(super) const PANE_OVERHEAD: usize = 160;
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
 /// About how many bytes are read from the store at once while draining.
@@ -500,7 +501,7 @@ impl GroupingBuffer {
             if windows.is_empty() {
                 *memory_bytes = memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
             }
-            !windows.is_empty()
+            Retain::keep_if(!windows.is_empty())
         });
         for window in ready {
             let Some(spilled) = spill.windows.get_mut(&window) else {
