@@ -9,8 +9,13 @@ samples the runner's resident set size every half second. The report: the
 job's wall time and final state, the runner's peak RSS, and how much the
 GroupByKey spilled (from the runner's log).
 
+With `--fan_out_inputs N` the values come from N reshuffled elements, each
+emitting its share from a plain DoFn instead: bundles whose output dwarfs
+their input, which the runner bounds by splitting them at an element.
+
     integration/bench/gbk_spill_memory.py --bin target/release/refract \\
-        [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g]
+        [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g] \\
+        [--fan_out_inputs 0]
 """
 
 import argparse
@@ -37,6 +42,7 @@ def main():
   ap.add_argument('--value_kb', type=int, default=100)
   ap.add_argument('--keys', type=int, default=5000)
   ap.add_argument('--memory_budget', default='1g')
+  ap.add_argument('--fan_out_inputs', type=int, default=0)
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
@@ -59,7 +65,7 @@ def main():
     run = subprocess.run(
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys)],
+         str(args.keys), str(args.fan_out_inputs)],
         capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - start
   finally:
@@ -74,10 +80,13 @@ def main():
   mib = lambda b: b / (1 << 20)
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
     print('RSS MiB every 0.5 s:', ' '.join('%.0f' % mib(s) for s in samples))
-  print('GroupByKey of %d MiB (%d KiB values, %d keys), --memory_budget %s: '
-        '%s in %.1f s; runner peak RSS %.0f MiB; spilled %.0f MiB (log in %s)'
-        % (args.total_mb, args.value_kb, args.keys, args.memory_budget, state,
-           elapsed, mib(max(samples or [0])), mib(spilled), work))
+  source = ('%d elements fanned out' % args.fan_out_inputs
+            if args.fan_out_inputs else 'a splittable source')
+  print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s), '
+        '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
+        'spilled %.0f MiB (log in %s)'
+        % (args.total_mb, args.value_kb, args.keys, source, args.memory_budget,
+           state, elapsed, mib(max(samples or [0])), mib(spilled), work))
   return 0 if state == 'DONE' else 1
 
 

@@ -6,7 +6,13 @@ GroupByKey groups them; each group is reduced to (1 key, its count, its
 bytes) and the totals are checked in the pipeline: every value arrived,
 exactly once, under its key.
 
-    python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS]
+With FAN_OUT_INPUTS > 0 the same values come instead from that many
+elements, reshuffled, each emitting its share from a plain DoFn (not
+splittable): a bundle whose output is far bigger than its input, which
+the runner can only split at an element.
+
+    python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] \
+        [FAN_OUT_INPUTS]
 
 prints the job id, waits for the job and exits 0 when it is DONE.
 """
@@ -40,6 +46,11 @@ class Indices(beam.RestrictionProvider):
     yield restriction
 
 
+def record(i, value_bytes, keys):
+  at = (i * 7919) % (len(BLOCK) - value_bytes)
+  return b'key-%08d' % (i % keys), BLOCK[at:at + value_bytes]
+
+
 class Generate(beam.DoFn):
   def __init__(self, value_bytes, keys):
     self._value_bytes = value_bytes
@@ -48,9 +59,24 @@ class Generate(beam.DoFn):
   def process(self, n, tracker=beam.DoFn.RestrictionParam(Indices())):
     i = tracker.current_restriction().start
     while tracker.try_claim(i):
-      at = (i * 7919) % (len(BLOCK) - self._value_bytes)
-      yield b'key-%08d' % (i % self._keys), BLOCK[at:at + self._value_bytes]
+      yield record(i, self._value_bytes, self._keys)
       i += 1
+
+
+class FanOut(beam.DoFn):
+  """Input `part` of `parts` emits its share of the records."""
+
+  def __init__(self, records, parts, value_bytes, keys):
+    self._records = records
+    self._parts = parts
+    self._value_bytes = value_bytes
+    self._keys = keys
+
+  def process(self, part):
+    first = part * self._records // self._parts
+    end = (part + 1) * self._records // self._parts
+    for i in range(first, end):
+      yield record(i, self._value_bytes, self._keys)
 
 
 def summarize(kv):
@@ -74,12 +100,21 @@ def add(rows):
   return (keys, low, high, count, size)
 
 
-def build(p, records, value_bytes, keys):
+def build(p, records, value_bytes, keys, fan_out_inputs=0):
   per_key = records // keys
+  if fan_out_inputs > 0:
+    values = (
+        p
+        | beam.Create(list(range(fan_out_inputs)))
+        | beam.Reshuffle()
+        | beam.ParDo(FanOut(records, fan_out_inputs, value_bytes, keys)))
+  else:
+    values = (
+        p
+        | beam.Create([records])
+        | beam.ParDo(Generate(value_bytes, keys)))
   totals = (
-      p
-      | beam.Create([records])
-      | beam.ParDo(Generate(value_bytes, keys))
+      values
       | beam.GroupByKey()
       | beam.Map(summarize)
       | beam.CombineGlobally(add))
@@ -93,6 +128,7 @@ def main(argv):
   endpoint, total_mb = argv[1], int(argv[2])
   value_kb = int(argv[3]) if len(argv) > 3 else 100
   keys = int(argv[4]) if len(argv) > 4 else 5000
+  fan_out_inputs = int(argv[5]) if len(argv) > 5 else 0
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
@@ -101,7 +137,7 @@ def main(argv):
       '--environment_type=LOOPBACK'
   ])
   p = beam.Pipeline(options=options)
-  build(p, records, value_bytes, keys)
+  build(p, records, value_bytes, keys, fan_out_inputs)
   result = p.run()
   print(result._job_id, flush=True)  # pylint: disable=protected-access
   state = result.wait_until_finish()

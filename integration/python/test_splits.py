@@ -1,12 +1,17 @@
-"""Runner-initiated splits of a splittable DoFn's bundle.
+"""Runner-initiated splits of running bundles.
 
 A bundle of a splittable DoFn that runs for more than a second is asked to
 split at half of its remaining work, and every second after that to keep
 1% of what is left (a bundle's output waits in the runner until it commits,
 so no bundle may read for long); the SDK keeps the primary and hands back
 the residual restriction, which Refract starts as a bundle of its own at
-once. Every
-offset is still produced exactly once.
+once. Every offset is still produced exactly once.
+
+Any other bundle that reads data is split the same way, at an element,
+once its output passes its share of the memory budget: a DoFn that emits
+far more than it reads gives back the elements it has not reached, which
+run as bundles of their own. Every element's output still arrives exactly
+once.
 """
 
 import time
@@ -19,6 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 from apache_beam.transforms.core import RestrictionProvider
+
+from refract_testlib import RefractServer
 
 COUNT = 30
 
@@ -56,4 +63,59 @@ def test_a_long_bundle_is_split_and_nothing_is_lost_or_repeated(
   result.wait_until_finish()
   bundles = result.metrics().query(
       beam.metrics.MetricsFilter().with_name('bundles'))['counters']
+  assert sum(c.committed for c in bundles) >= 2, bundles
+
+
+INPUTS = 40
+FAN_OUT = 500
+
+
+class FanOut(beam.DoFn):
+  """Emits FAN_OUT 1 KiB values per input: 500 KiB for each element read.
+
+  The SDK sends a bundle's output in 10 MB flushes, so the runner sees the
+  bundle's output only 20 elements in; the pause per element keeps the
+  bundle running well past that (the runner looks every 20 ms).
+  """
+
+  def start_bundle(self):
+    Metrics.counter('fan_out', 'bundles').inc()
+
+  def process(self, element):
+    time.sleep(0.02)
+    for j in range(FAN_OUT):
+      yield element, b'%06d' % j + b'x' * 1018
+
+
+def test_a_bundle_whose_output_outgrows_its_share_is_split_at_an_element(
+    request, refract_bin, tmp_path):
+  # A 16 MiB budget gives each bundle of a stage 1 MiB of output; the one
+  # bundle the 40 reshuffled elements would make emits 20 MiB.
+  server = RefractServer(
+      refract_bin, tmp_path / 'refract-serve.log',
+      extra_args=['--memory_budget', '16m', '--serve_http=false'])
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    p = beam.Pipeline(options=PipelineOptions(server.portable_args()))
+    sizes = (
+        p
+        | beam.Create(list(range(INPUTS)))
+        | beam.Reshuffle()
+        | beam.ParDo(FanOut())
+        # A GroupByKey the SDK cannot pre-combine: every value the fan-out
+        # emits comes back to the runner in its bundle's output.
+        | beam.GroupByKey()
+        | beam.MapTuple(lambda k, vs: (k, sorted(v[:6] for v in vs))))
+    assert_that(
+        sizes,
+        equal_to([(i, [b'%06d' % j for j in range(FAN_OUT)])
+                  for i in range(INPUTS)]))
+    result = p.run()
+    result.wait_until_finish()
+    bundles = result.metrics().query(
+        beam.metrics.MetricsFilter().with_name('bundles'))['counters']
+  finally:
+    server.stop()
+  # Without splits the 40 elements are one bundle.
   assert sum(c.committed for c in bundles) >= 2, bundles

@@ -45,8 +45,8 @@ pub struct HarnessExecutor {
     /// Stage names, for the telemetry of each bundle.
     stage_names: Arc<HashMap<StageIdx, String>>,
     recorder: BundleRecorder,
-    /// A splittable bundle that has sent back this many bytes is split
-    /// (its output waits in memory until it ends).
+    /// A bundle that has sent back this many bytes is split (its output
+    /// waits in memory until it ends).
     split_output_bytes: u64,
 }
 
@@ -71,11 +71,10 @@ fn residual(r: &DelayedBundleApplication) -> Option<Residual> {
     })
 }
 
-/// Output of a splittable bundle past which it is split, without a
-/// budget.
+/// Output of a bundle past which it is split, without a budget.
 const DEFAULT_SPLIT_OUTPUT_BYTES: u64 = 64 << 20;
 
-/// How often a running splittable bundle's output size is looked at.
+/// How often a running bundle's output size is looked at.
 const SPLIT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What a split of a running bundle gave.
@@ -93,10 +92,9 @@ struct SplitOutcome {
 
 /// Ask the SDK to split the bundle `bundle_id` reading `source`, keeping
 /// `fraction` of what remains. What the SDK gives back — residual
-/// restrictions, and the input elements it will not reach (each input
-/// chunk of a splittable stage is one element; `inputs` are those not
-/// given back by an earlier split) — becomes residual work for the
-/// engine. Failures are logged and mean no split: the bundle simply runs
+/// restrictions, and the input elements it will not reach (`inputs` are
+/// the bundle's elements not given back by an earlier split) — becomes
+/// residual work for the engine. Failures are logged and mean no split: the bundle simply runs
 /// to the end.
 async fn split_bundle(
     worker: &Worker,
@@ -218,10 +216,10 @@ impl HarnessExecutor {
         }
     }
 
-    /// Split a splittable bundle once its output reaches `bytes` (its part
-    /// of a stage's share of the job's memory budget: the share over the
-    /// bundles a stage may run at once), not only after it has run for a
-    /// while.
+    /// Split a bundle once its output reaches `bytes` (its part of a
+    /// stage's share of the job's memory budget: the share over the
+    /// bundles a stage may run at once) — a splittable one also after it
+    /// has run for a while.
     pub fn with_split_output_bytes(mut self, bytes: usize) -> Self {
         self.split_output_bytes = bytes as u64;
         self
@@ -313,9 +311,48 @@ impl StageExecutor for HarnessExecutor {
     }
 }
 
-/// Runs one bundle of `stage` on `worker` (splitting a splittable one that
-/// takes long or whose output passes `split_output_bytes`) and turns the
-/// worker's answer into the engine's terms.
+/// The elements of a bundle's input, one `Bytes` each (slices of its
+/// chunks, not copies), for a split to give back those after its point.
+fn element_slices(chunks: &[bytes::Bytes], lengths: &[usize]) -> Vec<bytes::Bytes> {
+    let mut out = Vec::with_capacity(lengths.len());
+    let mut lengths = lengths.iter();
+    for chunk in chunks {
+        let mut at = 0;
+        while at < chunk.len() {
+            let Some(&len) = lengths.next() else {
+                return out;
+            };
+            let end = (at + len).min(chunk.len());
+            out.push(chunk.slice(at..end));
+            at = end;
+        }
+    }
+    out
+}
+
+/// How a running bundle may be split: a splittable DoFn's for time, size
+/// and idle workers; any other bundle that reads data (and sets no timers)
+/// once its output passes the limit, at an element boundary — a DoFn that
+/// emits far more than it reads must not hold a whole bundle's output in
+/// the runner's memory.
+fn split_policy(
+    stage: &SdkStageDescriptor,
+    elements: usize,
+    output_limit: u64,
+) -> Option<SplitPolicy> {
+    stage.input_transform_id.as_ref()?;
+    if stage.splittable {
+        Some(SplitPolicy::new(output_limit, Instant::now()))
+    } else if stage.timer_families.is_empty() && elements > 1 {
+        Some(SplitPolicy::by_size_only(output_limit))
+    } else {
+        None
+    }
+}
+
+/// Runs one bundle of `stage` on `worker` (splitting one that takes long or
+/// whose output passes `split_output_bytes`, see [`split_policy`]) and
+/// turns the worker's answer into the engine's terms.
 async fn run_bundle(
     worker: &Arc<Worker>,
     workers: &WorkerSet,
@@ -324,13 +361,17 @@ async fn run_bundle(
     job: &Arc<Job>,
     split_output_bytes: u64,
 ) -> Result<BundleOutput, ExecError> {
-    let split_source = stage.input_transform_id.clone();
+    let split_source = stage.input_transform_id.clone().unwrap_or_default();
     let split_sink = input.splits.clone();
-    let split_inputs = if stage.splittable {
+    let policy = split_policy(stage, input.element_lengths.len(), split_output_bytes);
+    // Kept to cut into elements if the bundle is split (a splittable
+    // stage's chunks are one element each).
+    let split_chunks = if policy.is_some() {
         input.elements.clone()
     } else {
         Vec::new()
     };
+    let element_lengths = input.element_lengths;
     let inputs = match &stage.input_transform_id {
         Some(t) => vec![(t.clone(), input.elements)],
         None => Vec::new(),
@@ -355,10 +396,10 @@ async fn run_bundle(
     let bundle = worker.process_bundle_counted(request, received.clone());
     tokio::pin!(bundle);
     let mut split_residuals = Vec::new();
-    let result = match (&split_source, stage.splittable) {
-        (Some(source), true) => {
-            let mut end = split_inputs.len();
-            let mut policy = SplitPolicy::new(split_output_bytes, Instant::now());
+    let result = match policy {
+        Some(mut policy) => {
+            let mut split_inputs: Option<Vec<bytes::Bytes>> = None;
+            let mut end = element_lengths.len();
             loop {
                 tokio::select! {
                     r = &mut bundle => break r,
@@ -370,11 +411,13 @@ async fn run_bundle(
                         ) else {
                             continue;
                         };
+                        let inputs = split_inputs
+                            .get_or_insert_with(|| element_slices(&split_chunks, &element_lengths));
                         let outcome = split_bundle(
                             worker,
                             &input.bundle_id,
-                            source,
-                            &split_inputs[..end],
+                            &split_source,
+                            &inputs[..end.min(inputs.len())],
                             fraction,
                         )
                         .await;
@@ -395,7 +438,7 @@ async fn run_bundle(
                 }
             }
         }
-        _ => bundle.await,
+        None => bundle.await,
     };
     let mut result = result.map_err(|e| match e {
         BundleError::Sdk(text) => ExecError::Sdk(text),
@@ -449,4 +492,23 @@ async fn run_bundle(
         on_commit: Some(on_commit),
         on_durable,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundles_chunks_are_cut_into_its_elements_without_copies() {
+        let chunks = [
+            bytes::Bytes::from_static(b"aabbbc"),
+            bytes::Bytes::from_static(b"dddd"),
+        ];
+        let elements = element_slices(&chunks, &[2, 3, 1, 4]);
+        assert_eq!(elements, ["aa", "bbb", "c", "dddd"].map(str::as_bytes));
+        assert_eq!(elements[1].as_ptr(), chunks[0][2..].as_ptr());
+        // Lengths that do not match the chunks give what they can.
+        assert_eq!(element_slices(&chunks, &[2]).len(), 1);
+        assert_eq!(element_slices(&chunks, &[5, 9]).len(), 2);
+    }
 }

@@ -1,7 +1,9 @@
-//! When the executor asks the SDK to split a running splittable bundle,
-//! and how much of the remaining work the bundle keeps.
+//! When the executor asks the SDK to split a running bundle, and how much
+//! of the remaining work the bundle keeps.
 //!
-//! Three reasons, looked at every few milliseconds while the bundle runs:
+//! Three reasons for a splittable DoFn's bundle, looked at every few
+//! milliseconds while it runs (only the second for any other bundle,
+//! which is split at an element boundary):
 //!
 //! * **time**: after a quarter second, then every second. A source read
 //!   as one restriction otherwise keeps one worker busy while the others
@@ -45,6 +47,10 @@ pub(crate) struct SplitPolicy {
     splits: u32,
     size_splits: u32,
     idle_seen: bool,
+    /// Split only for size (a bundle that is not a splittable DoFn's: its
+    /// elements are not restrictions to share out, and cutting it for time
+    /// would only make more, smaller bundles).
+    size_only: bool,
 }
 
 impl SplitPolicy {
@@ -57,6 +63,16 @@ impl SplitPolicy {
             splits: 0,
             size_splits: 0,
             idle_seen: false,
+            size_only: false,
+        }
+    }
+
+    /// A bundle that is split only once it has sent back `output_limit`
+    /// bytes.
+    pub(crate) fn by_size_only(output_limit: u64) -> Self {
+        SplitPolicy {
+            size_only: true,
+            ..SplitPolicy::new(output_limit, Instant::now())
         }
     }
 
@@ -67,7 +83,9 @@ impl SplitPolicy {
         let idle_before = self.idle_seen;
         self.idle_seen = worker_idle;
         let since = now.saturating_duration_since(self.last_split);
-        let later = if self.splits == 0 {
+        // A bundle split only for size keeps little from the start: the
+        // split is for memory, and what it gives back is shared out anew.
+        let later = if self.splits == 0 && !self.size_only {
             FIRST_FRACTION
         } else {
             LATER_FRACTION
@@ -83,6 +101,8 @@ impl SplitPolicy {
         let fraction = if by_size {
             self.size_splits += 1;
             later
+        } else if self.size_only {
+            return None;
         } else if since >= period {
             later
         } else if idle_before && worker_idle && since >= IDLE_SPLIT_EVERY {
@@ -129,6 +149,19 @@ mod tests {
         assert_eq!((at, f), (Duration::from_millis(260), 0.5));
         let (at2, f2) = next_split(&mut p, start, at, 0, false);
         assert_eq!((at2 - at, f2), (Duration::from_millis(1000), 0.01));
+    }
+
+    #[test]
+    fn a_bundle_split_only_for_size_is_never_split_for_time_or_idle_workers() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::by_size_only(1000);
+        for look in 1..200 {
+            assert_eq!(p.due(start + LOOK * look, 999, true), None);
+        }
+        let later = start + Duration::from_secs(5);
+        assert_eq!(p.due(later, 1000, false), Some(0.01));
+        assert_eq!(p.due(later + LOOK, 5000, false), Some(0.01));
+        assert_eq!(p.due(later + Duration::from_secs(10), 9000, true), None);
     }
 
     #[test]

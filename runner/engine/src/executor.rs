@@ -26,6 +26,10 @@ pub struct BundleInput {
     /// stage's input port coder. Each chunk holds whole elements; for
     /// splittable stages each chunk is exactly one element.
     pub elements: Vec<Bytes>,
+    /// The encoded length of each element, in order across `elements`: a
+    /// split of a bundle that is not splittable is at an element boundary,
+    /// and gives back the elements after it.
+    pub element_lengths: Vec<usize>,
     /// Timers to deliver, per (transform id, timer family id): concatenated
     /// nested timer values. Every family of the stage appears, possibly empty.
     pub timers: Vec<TimerInput>,

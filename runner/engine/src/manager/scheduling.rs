@@ -252,6 +252,7 @@ impl Engine {
                     self.config.chunk_bytes
                 };
                 let chunks = chunk_elements(&elements, chunk_bytes);
+                let element_lengths = elements.iter().map(|e| e.encoded.len()).collect();
                 let overlay = Arc::new(BundleOverlay::new(
                     self.side_inputs.clone(),
                     self.user_state[idx].clone(),
@@ -274,6 +275,7 @@ impl Engine {
                     stage: idx,
                     bundle_id: format!("{}-b{}", self.bundle_prefix, bundle),
                     elements: chunks,
+                    element_lengths,
                     timers: timer_inputs,
                     state: overlay,
                     draining: self.draining,
