@@ -6,8 +6,10 @@
 //!
 //! Each benchmark reports throughput in elements; ns per element is
 //! 1e9 / (elements per second). Per-shuffle / per-hop figures: the GBK
-//! pipeline has one shuffle, the flatten and SDK-chain pipelines have the
-//! number of hops in their name.
+//! pipelines have one shuffle, the flatten and SDK-chain pipelines have the
+//! number of hops in their name. `gbk_streaming` is a streaming job's
+//! GroupByKey whose trigger fires after every element (Reshuffle's), so it
+//! measures a firing per element rather than one at the end.
 //!
 //!   cargo bench -p refract-engine --bench engine
 //!   REFRACT_BENCH_ELEMENTS=1000000 cargo bench -p refract-engine --bench engine
@@ -28,7 +30,7 @@ use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValu
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, Stage, StageIdx, StageKind, WindowingStrategy,
+    PCollection, Plan, SdkStage, Stage, StageIdx, StageKind, Trigger, WindowingStrategy,
 };
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -129,8 +131,8 @@ fn sink(seen: Arc<AtomicUsize>) -> StageFn {
     })
 }
 
-/// Impulse -> source (N KVs) -> GroupByKey -> sink.
-fn gbk_plan(block: Bytes) -> (Plan, FakeExecutor) {
+/// Impulse -> source (N KVs) -> GroupByKey (`strategy`) -> sink.
+fn gbk_plan(block: Bytes, strategy: WindowingStrategy) -> (Plan, FakeExecutor) {
     let grouped = Coder::Kv(
         Box::new(Coder::Bytes),
         Box::new(Coder::Iterable(Box::new(Coder::Bytes))),
@@ -144,12 +146,7 @@ fn gbk_plan(block: Bytes) -> (Plan, FakeExecutor) {
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("source", sdk(), vec![0], vec![1]),
-            stage(
-                "gbk",
-                StageKind::GroupByKey(WindowingStrategy::global_default()),
-                vec![1],
-                vec![2],
-            ),
+            stage("gbk", StageKind::GroupByKey(strategy), vec![1], vec![2]),
             stage("sink", sdk(), vec![2], vec![]),
         ],
     };
@@ -200,12 +197,20 @@ fn chain_plan(block: Bytes, hops: usize, sdk_hops: bool) -> (Plan, FakeExecutor)
 }
 
 fn run_once(rt: &tokio::runtime::Runtime, plan: Plan, exec: FakeExecutor) -> usize {
+    run_with(rt, plan, exec, EngineConfig::default())
+}
+
+fn run_with(
+    rt: &tokio::runtime::Runtime,
+    plan: Plan,
+    exec: FakeExecutor,
+    config: EngineConfig,
+) -> usize {
     let seen = exec.sink_bytes.clone();
     let exec = Arc::new(exec);
     rt.block_on(async move {
         let (_tx, rx) = watch::channel(false);
-        let engine = Engine::new(plan, exec, EngineConfig::default(), "bench", Arc::new(|| 0))
-            .expect("valid plan");
+        let engine = Engine::new(plan, exec, config, "bench", Arc::new(|| 0)).expect("valid plan");
         engine.run(rx).await.expect("the run succeeds");
     });
     let n = seen.load(Ordering::Relaxed);
@@ -244,12 +249,32 @@ fn bench_gbk(c: &mut Criterion) {
             &block,
             |b, block| {
                 b.iter(|| {
-                    let (plan, exec) = gbk_plan(block.clone());
+                    let (plan, exec) = gbk_plan(block.clone(), WindowingStrategy::global_default());
                     black_box(run_once(&rt, plan, exec))
                 })
             },
         );
     }
+    // A streaming GroupByKey firing after every element, over 1 000 keys.
+    let block = source_block(n, 1_000);
+    let per_element = WindowingStrategy {
+        trigger: Trigger::Repeat(Box::new(Trigger::ElementCount(1))),
+        ..WindowingStrategy::global_default()
+    };
+    g.bench_with_input(
+        BenchmarkId::new(format!("gbk_streaming_{n}_elements"), "1000_keys"),
+        &block,
+        |b, block| {
+            b.iter(|| {
+                let (plan, exec) = gbk_plan(block.clone(), per_element.clone());
+                let config = EngineConfig {
+                    streaming: true,
+                    ..EngineConfig::default()
+                };
+                black_box(run_with(&rt, plan, exec, config))
+            })
+        },
+    );
     g.finish();
 }
 

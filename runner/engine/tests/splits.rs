@@ -5,6 +5,10 @@
 //! Plan: impulse → make (one restriction [0, 100)) → read (splittable) →
 //! sink. The first attempt of the bundle reading [0, 100) splits at 50,
 //! waits until the residual's bundle has started, then fails.
+//!
+//! A bundle of a stage that is not splittable is split at an element (a
+//! channel split): the elements after the split point run as a bundle of
+//! their own, each exactly once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +69,27 @@ fn values(chunks: &[Bytes]) -> Vec<Bytes> {
         .collect()
 }
 
+/// A bundle's output: the one-byte numbers `numbers` on `pcollection`.
+fn numbered(pcollection: usize, numbers: impl IntoIterator<Item = u8>) -> BundleOutput {
+    let mut out = Vec::new();
+    for n in numbers {
+        out.extend_from_slice(&windowed(&[1, n]));
+    }
+    BundleOutput {
+        outputs: vec![(pcollection, Bytes::from(out))],
+        ..Default::default()
+    }
+}
+
+/// The sink: counts the numbers it is given.
+fn count_into(seen: &Mutex<BTreeMap<u8, usize>>, input: &BundleInput) -> BundleOutput {
+    let mut seen = seen.lock();
+    for v in values(&input.elements) {
+        *seen.entry(v[1]).or_default() += 1;
+    }
+    BundleOutput::default()
+}
+
 struct Fake(Arc<Reader>);
 
 impl StageExecutor for Fake {
@@ -101,48 +126,47 @@ impl StageExecutor for Fake {
                     if from == 50 {
                         me.residual_started.notify_one();
                     }
-                    let mut out = Vec::new();
-                    for n in from..to {
-                        out.extend_from_slice(&windowed(&[1, n]));
-                    }
-                    Ok(BundleOutput {
-                        outputs: vec![(2, Bytes::from(out))],
-                        ..Default::default()
-                    })
+                    Ok(numbered(2, from..to))
                 }
-                _ => {
-                    let mut seen = me.seen.lock();
-                    for v in values(&input.elements) {
-                        *seen.entry(v[1]).or_default() += 1;
-                    }
-                    Ok(BundleOutput::default())
-                }
+                _ => Ok(count_into(&me.seen, &input)),
             }
         }
         .boxed()
     }
 }
 
-fn plan() -> Plan {
-    let sdk = |splittable| {
-        StageKind::Sdk(SdkStage {
-            splittable,
-            ..SdkStage::default()
-        })
-    };
+fn sdk(splittable: bool) -> StageKind {
+    StageKind::Sdk(SdkStage {
+        splittable,
+        ..SdkStage::default()
+    })
+}
+
+/// impulse → make → read (splittable or not) → sink.
+fn plan(splittable: bool) -> Plan {
     Plan {
         pcollections: vec![
             global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("restrictions", Coder::Bytes),
-            global_pcollection("positions", Coder::Bytes),
+            global_pcollection("inputs", Coder::Bytes),
+            global_pcollection("outputs", Coder::Bytes),
         ],
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("make", sdk(false), vec![0], vec![1]),
-            stage("read", sdk(true), vec![1], vec![2]),
+            stage("read", sdk(splittable), vec![1], vec![2]),
             stage("sink", sdk(false), vec![2], vec![]),
         ],
     }
+}
+
+/// Runs `plan` on `executor` to the end.
+async fn run(plan: Plan, executor: Arc<dyn StageExecutor>, config: EngineConfig) {
+    let (_cancel, cancelled) = watch::channel(false);
+    Engine::new(plan, executor, config, "sp", Arc::new(|| 0))
+        .expect("a valid plan")
+        .run(cancelled)
+        .await
+        .expect("the run succeeds");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,18 +176,7 @@ async fn a_split_runs_its_residual_at_once_and_a_retry_redoes_only_the_primary()
         retry_backoff: Duration::from_millis(1),
         ..EngineConfig::default()
     };
-    let (_cancel, cancelled) = watch::channel(false);
-    Engine::new(
-        plan(),
-        Arc::new(Fake(reader.clone())),
-        config,
-        "sp",
-        Arc::new(|| 0),
-    )
-    .expect("a valid plan")
-    .run(cancelled)
-    .await
-    .expect("the run succeeds");
+    run(plan(true), Arc::new(Fake(reader.clone())), config).await;
     let attempts = reader.attempts.lock().clone();
     assert_eq!(
         attempts,
@@ -173,4 +186,97 @@ async fn a_split_runs_its_residual_at_once_and_a_retry_redoes_only_the_primary()
     let seen = reader.seen.lock().clone();
     let want: BTreeMap<u8, usize> = (0..100).map(|n| (n, 1)).collect();
     assert_eq!(seen, want, "every position exactly once");
+}
+
+/// Elements the channel-split test's source emits, in one block.
+const ELEMENTS: u8 = 10;
+
+/// Where the channel-split test's fan-out bundle is split.
+const KEPT: usize = 3;
+
+#[derive(Default)]
+struct FanOut {
+    /// The elements each attempt of the fan-out stage was given.
+    attempts: Mutex<Vec<Vec<u8>>>,
+    /// Elements the sink got, with how often.
+    seen: Mutex<BTreeMap<u8, usize>>,
+}
+
+/// The input elements of a bundle, one `Bytes` each, by their lengths.
+fn elements(input: &BundleInput) -> Vec<Bytes> {
+    let all: Vec<u8> = input.elements.iter().flat_map(|c| c.to_vec()).collect();
+    let all = Bytes::from(all);
+    let mut at = 0;
+    input
+        .element_lengths
+        .iter()
+        .map(|&len| {
+            let element = all.slice(at..at + len);
+            at += len;
+            element
+        })
+        .collect()
+}
+
+struct FanOutFake(Arc<FanOut>);
+
+impl StageExecutor for FanOutFake {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let me = self.0.clone();
+        async move {
+            match input.stage {
+                1 => Ok(numbered(1, 0..ELEMENTS)),
+                2 => {
+                    let given = elements(&input);
+                    let numbers: Vec<u8> = values(&given).iter().map(|v| v[1]).collect();
+                    let first = me.attempts.lock().is_empty();
+                    me.attempts.lock().push(numbers.clone());
+                    let mut done = numbers.as_slice();
+                    if first {
+                        // The SDK stops after the first KEPT elements and
+                        // hands back the rest.
+                        input.splits.send(BundleSplit {
+                            kept_elements: KEPT,
+                            primaries: Vec::new(),
+                            residuals: given[KEPT..]
+                                .iter()
+                                .map(|e| Residual {
+                                    element: e.clone(),
+                                    delay_ms: 0,
+                                    watermark: None,
+                                })
+                                .collect(),
+                        });
+                        done = &numbers[..KEPT];
+                    }
+                    Ok(numbered(2, done.iter().copied()))
+                }
+                _ => Ok(count_into(&me.seen, &input)),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_split_at_an_element_runs_the_elements_after_it_once() {
+    let fan_out = Arc::new(FanOut::default());
+    run(
+        plan(false),
+        Arc::new(FanOutFake(fan_out.clone())),
+        EngineConfig::default(),
+    )
+    .await;
+    let attempts = fan_out.attempts.lock().clone();
+    assert_eq!(
+        attempts,
+        vec![
+            (0..ELEMENTS).collect::<Vec<_>>(),
+            (KEPT as u8..ELEMENTS).collect()
+        ],
+        "one bundle of every element, then one of those after the split"
+    );
+    let seen = fan_out.seen.lock().clone();
+    let want: BTreeMap<u8, usize> = (0..ELEMENTS).map(|n| (n, 1)).collect();
+    assert_eq!(seen, want, "every element's output exactly once");
 }

@@ -163,7 +163,7 @@ pub struct GroupingBuffer {
     /// (custom merging window functions only).
     unmerged: BTreeSet<Bytes>,
     /// Keys that got data or merged windows since the last evaluation.
-    touched: FxHashSet<Bytes>,
+    touched: FxHashSet<key_table::Key>,
     /// The earliest watermark at which some buffered window's trigger may
     /// fire or the window expire without new data (a lower bound).
     next_wake: Timestamp,
@@ -400,7 +400,7 @@ impl GroupingBuffer {
             // Before the watermark passes the window, an element cannot
             // make a trigger that waits for it ready.
             if (late || !self.fires_only_past_end) && !self.touched.contains(key) {
-                self.touched.insert(Bytes::copy_from_slice(key));
+                self.touched.insert(key_table::Key::from_slice(key));
             }
         }
         self.maybe_spill()
@@ -435,7 +435,7 @@ impl GroupingBuffer {
         self.unmerged.remove(key);
         // Only this key's windows changed; the earliest wake point stays a
         // lower bound (a merged window ends no earlier than its parts).
-        self.touched.insert(key.clone());
+        self.touched.insert(key_table::Key::from_slice(key));
         let Some(windows) = self.panes.get_mut(key) else {
             return;
         };
