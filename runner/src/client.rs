@@ -153,7 +153,7 @@ pub async fn status(args: JobArgs) -> Result<()> {
 
 /// A readable value for the common metric payloads.
 fn describe_payload(kind: &str, payload: &[u8]) -> String {
-    use crate::metric_payload::{decode, IntMetric};
+    use refract_jobservice::{decode_int_metric as decode, IntMetric};
     match decode(kind, payload) {
         Some(IntMetric::Counter(v) | IntMetric::Gauge(v)) => v.to_string(),
         Some(IntMetric::Distribution {

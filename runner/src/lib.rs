@@ -10,7 +10,6 @@ pub(crate) mod harness_executor;
 pub mod insights;
 pub mod job_runner;
 pub mod memory;
-pub mod metric_payload;
 mod options;
 pub mod run_command;
 pub mod serve;

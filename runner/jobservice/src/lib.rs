@@ -29,6 +29,8 @@ pub use config::{JobServiceConfig, RecoveredJob};
 pub use error::JobServiceError;
 pub use job::Job;
 pub use job_state::{is_terminal, JobState};
-pub use metrics::JobMetrics;
+pub use metrics::{
+    decode_int_metric, IntMetric, JobMetrics, DISTRIBUTION_INT64, LATEST_INT64, SUM_INT64,
+};
 pub use runner::JobRunner;
 pub use server::serve;

@@ -35,11 +35,11 @@ use serde_json::{json, Value};
 
 use crate::client::state_name;
 use crate::insights::{CheckpointSummary, Insights};
-use crate::metric_payload::{decode, IntMetric};
 use crate::telemetry::histogram::LatencyHistogram;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("index.html");

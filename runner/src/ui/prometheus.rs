@@ -10,8 +10,8 @@ use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
-use crate::metric_payload::{decode, IntMetric};
 use crate::telemetry::histogram::LatencyHistogram;
+use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// URN of the runner's per-PCollection element counter.
 const ELEMENT_COUNT: &str = "beam:metric:element_count:v1";
@@ -438,13 +438,13 @@ mod tests {
                 metrics: vec![
                     info(
                         ELEMENT_COUNT,
-                        crate::metric_payload::SUM_INT64,
+                        refract_jobservice::SUM_INT64,
                         &[("PCOLLECTION", "words")],
                         vec![0x96, 0x01],
                     ),
                     info(
                         "beam:metric:user:sum_int64:v1",
-                        crate::metric_payload::SUM_INT64,
+                        refract_jobservice::SUM_INT64,
                         &[
                             ("PTRANSFORM", "Split \"lines\""),
                             ("NAMESPACE", "ns"),
@@ -454,7 +454,7 @@ mod tests {
                     ),
                     info(
                         "beam:metric:user:distribution_int64:v1",
-                        crate::metric_payload::DISTRIBUTION_INT64,
+                        refract_jobservice::DISTRIBUTION_INT64,
                         &[("PTRANSFORM", "t"), ("NAMESPACE", "ns"), ("NAME", "len")],
                         vec![2, 10, 4, 6],
                     ),

@@ -2,6 +2,7 @@
 //! successful bundles, and their presentation for `GetJobMetrics`.
 
 mod coding;
+mod int_metric;
 mod value;
 
 use std::collections::{BTreeMap, HashMap};
@@ -11,6 +12,8 @@ use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::MonitoringInfo;
 
 use value::MetricValue;
+
+pub use int_metric::{decode_int_metric, IntMetric, DISTRIBUTION_INT64, LATEST_INT64, SUM_INT64};
 
 /// URN prefix of user metrics, the only ones `GetJobMetrics` returns (the
 /// Python client would otherwise list system counters as user counters in

@@ -12,10 +12,13 @@ use super::coding::{put_double, put_string_iterable, put_varint, DecodeError, Re
 
 /// Type URNs (`MonitoringInfo.type`) this module understands.
 pub(crate) mod type_urn {
+    /// An int64 counter.
     pub const SUM_INT64: &str = "beam:metrics:sum_int64:v1";
     pub const SUM_DOUBLE: &str = "beam:metrics:sum_double:v1";
+    /// An int64 distribution (count, sum, min, max).
     pub const DISTRIBUTION_INT64: &str = "beam:metrics:distribution_int64:v1";
     pub const DISTRIBUTION_DOUBLE: &str = "beam:metrics:distribution_double:v1";
+    /// An int64 gauge (timestamp, value).
     pub const LATEST_INT64: &str = "beam:metrics:latest_int64:v1";
     pub const LATEST_DOUBLE: &str = "beam:metrics:latest_double:v1";
     pub const SET_STRING: &str = "beam:metrics:set_string:v1";
