@@ -8,10 +8,11 @@ the residual restriction, which Refract starts as a bundle of its own at
 once. Every offset is still produced exactly once.
 
 Any other bundle that reads data is split the same way, at an element,
-once its output passes its share of the memory budget: a DoFn that emits
-far more than it reads gives back the elements it has not reached, which
-run as bundles of their own. Every element's output still arrives exactly
-once.
+once its output passes its share of the memory budget (a DoFn that emits
+far more than it reads) and, unless its stage is stateful, when a worker
+idles while it runs (a few slow elements make one bundle): it gives back
+the elements it has not reached, which run as bundles of their own.
+Every element's output still arrives exactly once.
 """
 
 import time
@@ -118,4 +119,39 @@ def test_a_bundle_whose_output_outgrows_its_share_is_split_at_an_element(
   finally:
     server.stop()
   # Without splits the 40 elements are one bundle.
+  assert sum(c.committed for c in bundles) >= 2, bundles
+
+
+SLOW_ELEMENTS = 12
+
+
+class Slow(beam.DoFn):
+  """0.2 s per element: a bundle of all of them would take 2.4 s."""
+
+  def start_bundle(self):
+    Metrics.counter('slow', 'bundles').inc()
+
+  def process(self, element):
+    time.sleep(0.2)
+    yield element
+
+
+def test_a_bundle_of_slow_elements_is_shared_with_an_idle_worker(
+    refract_server):
+  # Two workers; the twelve reshuffled elements make one bundle (bundles
+  # are cut no smaller than 1 000 elements), which one worker would run
+  # alone while the other idles.
+  p = beam.Pipeline(
+      options=PipelineOptions(
+          refract_server.portable_args('--sdk_worker_parallelism=2')))
+  out = (
+      p
+      | beam.Create(list(range(SLOW_ELEMENTS)))
+      | beam.Reshuffle()
+      | beam.ParDo(Slow()))
+  assert_that(out, equal_to(list(range(SLOW_ELEMENTS))))
+  result = p.run()
+  result.wait_until_finish()
+  bundles = result.metrics().query(
+      beam.metrics.MetricsFilter().with_name('bundles'))['counters']
   assert sum(c.committed for c in bundles) >= 2, bundles

@@ -332,9 +332,11 @@ fn element_slices(chunks: &[bytes::Bytes], lengths: &[usize]) -> Vec<bytes::Byte
 
 /// How a running bundle may be split: a splittable DoFn's for time, size
 /// and idle workers; any other bundle that reads data (and sets no timers)
-/// once its output passes the limit, at an element boundary — a DoFn that
+/// at an element boundary, once its output passes the limit — a DoFn that
 /// emits far more than it reads must not hold a whole bundle's output in
-/// the runner's memory.
+/// the runner's memory — and, unless the stage is stateful, when a worker
+/// idles while it runs (a few slow elements are one bundle, which one
+/// worker would otherwise do alone).
 fn split_policy(
     stage: &SdkStageDescriptor,
     elements: usize,
@@ -344,7 +346,11 @@ fn split_policy(
     if stage.splittable {
         Some(SplitPolicy::new(output_limit, Instant::now()))
     } else if stage.timer_families.is_empty() && elements > 1 {
-        Some(SplitPolicy::by_size_only(output_limit))
+        Some(SplitPolicy::for_elements(
+            output_limit,
+            Instant::now(),
+            !stage.stateful,
+        ))
     } else {
         None
     }

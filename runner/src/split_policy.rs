@@ -2,8 +2,10 @@
 //! of the remaining work the bundle keeps.
 //!
 //! Three reasons for a splittable DoFn's bundle, looked at every few
-//! milliseconds while it runs (only the second for any other bundle,
-//! which is split at an element boundary):
+//! milliseconds while it runs. Any other bundle is split at an element
+//! boundary, for size and for an idle worker but not for time (its
+//! elements are not restrictions to share out); a stateful stage's only
+//! for size (what it gives back waits for the bundle's keys anyway):
 //!
 //! * **time**: after a quarter second, then every second. A source read
 //!   as one restriction otherwise keeps one worker busy while the others
@@ -47,10 +49,10 @@ pub(crate) struct SplitPolicy {
     splits: u32,
     size_splits: u32,
     idle_seen: bool,
-    /// Split only for size (a bundle that is not a splittable DoFn's: its
-    /// elements are not restrictions to share out, and cutting it for time
-    /// would only make more, smaller bundles).
-    size_only: bool,
+    /// Split for time (a splittable DoFn's bundle).
+    for_time: bool,
+    /// Split for an idle worker.
+    for_idle: bool,
 }
 
 impl SplitPolicy {
@@ -63,16 +65,18 @@ impl SplitPolicy {
             splits: 0,
             size_splits: 0,
             idle_seen: false,
-            size_only: false,
+            for_time: true,
+            for_idle: true,
         }
     }
 
-    /// A bundle that is split only once it has sent back `output_limit`
-    /// bytes.
-    pub(crate) fn by_size_only(output_limit: u64) -> Self {
+    /// A bundle of elements (not restrictions), split once it has sent
+    /// back `output_limit` bytes and, if `for_idle`, when a worker idles.
+    pub(crate) fn for_elements(output_limit: u64, started: Instant, for_idle: bool) -> Self {
         SplitPolicy {
-            size_only: true,
-            ..SplitPolicy::new(output_limit, Instant::now())
+            for_time: false,
+            for_idle,
+            ..SplitPolicy::new(output_limit, started)
         }
     }
 
@@ -83,9 +87,10 @@ impl SplitPolicy {
         let idle_before = self.idle_seen;
         self.idle_seen = worker_idle;
         let since = now.saturating_duration_since(self.last_split);
-        // A bundle split only for size keeps little from the start: the
-        // split is for memory, and what it gives back is shared out anew.
-        let later = if self.splits == 0 && !self.size_only {
+        // A bundle not split for time keeps little at a split for size
+        // from the start: that split is for memory, and what it gives back
+        // is shared out anew.
+        let later = if self.splits == 0 && self.for_time {
             FIRST_FRACTION
         } else {
             LATER_FRACTION
@@ -101,11 +106,9 @@ impl SplitPolicy {
         let fraction = if by_size {
             self.size_splits += 1;
             later
-        } else if self.size_only {
-            return None;
-        } else if since >= period {
+        } else if self.for_time && since >= period {
             later
-        } else if idle_before && worker_idle && since >= IDLE_SPLIT_EVERY {
+        } else if self.for_idle && idle_before && worker_idle && since >= IDLE_SPLIT_EVERY {
             FIRST_FRACTION
         } else {
             return None;
@@ -154,7 +157,7 @@ mod tests {
     #[test]
     fn a_bundle_split_only_for_size_is_never_split_for_time_or_idle_workers() {
         let start = Instant::now();
-        let mut p = SplitPolicy::by_size_only(1000);
+        let mut p = SplitPolicy::for_elements(1000, start, false);
         for look in 1..200 {
             assert_eq!(p.due(start + LOOK * look, 999, true), None);
         }
@@ -162,6 +165,18 @@ mod tests {
         assert_eq!(p.due(later, 1000, false), Some(0.01));
         assert_eq!(p.due(later + LOOK, 5000, false), Some(0.01));
         assert_eq!(p.due(later + Duration::from_secs(10), 9000, true), None);
+    }
+
+    #[test]
+    fn a_bundle_of_elements_is_halved_for_an_idle_worker_but_never_for_time() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::for_elements(1000, start, true);
+        for look in 1..200 {
+            assert_eq!(p.due(start + LOOK * look, 0, false), None);
+        }
+        let (at, f) = next_split(&mut p, start, LOOK * 200, 0, true);
+        assert_eq!((at, f), (LOOK * 202, 0.5), "two idle looks in a row");
+        assert_eq!(p.due(start + at + LOOK * 6, 1000, false), Some(0.01));
     }
 
     #[test]

@@ -256,6 +256,7 @@ pub(crate) fn build(
         descriptor: SdkStageDescriptor {
             drain_descriptor,
             splittable: stage.splittable,
+            stateful: stage.stateful,
             descriptor,
             environment_id: group.env.clone(),
             input_transform_id,

@@ -109,6 +109,9 @@ pub struct SdkStageDescriptor {
     /// The stage's input feeds a splittable DoFn's process step: the runner
     /// may split its bundles.
     pub splittable: bool,
+    /// Keyed state: what a split of a bundle gives back waits for the
+    /// bundle's keys, so splitting it cannot share work.
+    pub stateful: bool,
 }
 
 /// Check a pipeline at submission: every leaf transform URN, every
