@@ -31,6 +31,20 @@ from refract_testlib import RefractServer
 COUNT = 30
 
 
+def run_and_count_bundles(p):
+  """Runs `p` to the end: the 'bundles' counters its DoFns' start_bundle
+  count."""
+  result = p.run()
+  result.wait_until_finish()
+  return result.metrics().query(
+      beam.metrics.MetricsFilter().with_name('bundles'))['counters']
+
+
+def assert_split(bundles):
+  """What one bundle would have done took more than one."""
+  assert sum(c.committed for c in bundles) >= 2, bundles
+
+
 class Offsets(RestrictionProvider):
   def initial_restriction(self, element):
     return OffsetRange(0, element)
@@ -60,11 +74,7 @@ def test_a_long_bundle_is_split_and_nothing_is_lost_or_repeated(
   p = beam.Pipeline(options=PipelineOptions(refract_server.portable_args()))
   out = p | beam.Create([COUNT]) | beam.ParDo(SlowRange())
   assert_that(out, equal_to(list(range(COUNT))))
-  result = p.run()
-  result.wait_until_finish()
-  bundles = result.metrics().query(
-      beam.metrics.MetricsFilter().with_name('bundles'))['counters']
-  assert sum(c.committed for c in bundles) >= 2, bundles
+  assert_split(run_and_count_bundles(p))
 
 
 INPUTS = 40
@@ -112,14 +122,11 @@ def test_a_bundle_whose_output_outgrows_its_share_is_split_at_an_element(
         sizes,
         equal_to([(i, [b'%06d' % j for j in range(FAN_OUT)])
                   for i in range(INPUTS)]))
-    result = p.run()
-    result.wait_until_finish()
-    bundles = result.metrics().query(
-        beam.metrics.MetricsFilter().with_name('bundles'))['counters']
+    bundles = run_and_count_bundles(p)
   finally:
     server.stop()
   # Without splits the 40 elements are one bundle.
-  assert sum(c.committed for c in bundles) >= 2, bundles
+  assert_split(bundles)
 
 
 SLOW_ELEMENTS = 12
@@ -150,8 +157,4 @@ def test_a_bundle_of_slow_elements_is_shared_with_an_idle_worker(
       | beam.Reshuffle()
       | beam.ParDo(Slow()))
   assert_that(out, equal_to(list(range(SLOW_ELEMENTS))))
-  result = p.run()
-  result.wait_until_finish()
-  bundles = result.metrics().query(
-      beam.metrics.MetricsFilter().with_name('bundles'))['counters']
-  assert sum(c.committed for c in bundles) >= 2, bundles
+  assert_split(run_and_count_bundles(p))
