@@ -94,8 +94,8 @@ struct SplitOutcome {
 /// `fraction` of what remains. What the SDK gives back — residual
 /// restrictions, and the input elements it will not reach (`inputs` are
 /// the bundle's elements not given back by an earlier split) — becomes
-/// residual work for the engine. Failures are logged and mean no split: the bundle simply runs
-/// to the end.
+/// residual work for the engine. Failures are logged and mean no split:
+/// the bundle simply runs to the end.
 async fn split_bundle(
     worker: &Worker,
     bundle_id: &str,
