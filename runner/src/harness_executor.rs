@@ -23,7 +23,8 @@ use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
 use refract_proto::fn_api::{
     instruction_request, instruction_response, process_bundle_split_request,
-    DelayedBundleApplication, ProcessBundleSplitRequest, StateRequest, StateResponse,
+    process_bundle_split_response, DelayedBundleApplication, ProcessBundleSplitRequest,
+    ProcessBundleSplitResponse, StateRequest, StateResponse,
 };
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
@@ -143,11 +144,7 @@ async fn split_bundle(
         .collect();
     let mut end = inputs.len();
     let mut kept = None;
-    for channel in split
-        .channel_splits
-        .iter()
-        .filter(|c| c.transform_id == source)
-    {
+    for channel in channel_splits_of(&split, source) {
         let first = usize::try_from(channel.first_residual_element)
             .unwrap_or(usize::MAX)
             .min(end);
@@ -180,6 +177,21 @@ async fn split_bundle(
         end,
         kept,
     }
+}
+
+/// The channel splits of `split` that are about the data input `source`.
+/// Java's harness (2.x) leaves a channel split's `transform_id` empty; the
+/// split was asked for `source` alone, so an empty one is about it too.
+/// Ignoring it would lose the elements after the split point: the SDK
+/// stops there whatever the runner makes of its answer.
+fn channel_splits_of<'a>(
+    split: &'a ProcessBundleSplitResponse,
+    source: &'a str,
+) -> impl Iterator<Item = &'a process_bundle_split_response::ChannelSplit> + 'a {
+    split
+        .channel_splits
+        .iter()
+        .filter(move |c| c.transform_id == source || c.transform_id.is_empty())
 }
 
 /// State for bundles that must not use any (window merging).
@@ -503,6 +515,23 @@ async fn run_bundle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_channel_split_without_a_transform_id_is_about_the_input_split() {
+        let channel = |id: &str, first| process_bundle_split_response::ChannelSplit {
+            transform_id: id.into(),
+            last_primary_element: first - 1,
+            first_residual_element: first,
+        };
+        let split = ProcessBundleSplitResponse {
+            channel_splits: vec![channel("", 410), channel("other", 3), channel("in", 7)],
+            ..Default::default()
+        };
+        let firsts: Vec<i64> = channel_splits_of(&split, "in")
+            .map(|c| c.first_residual_element)
+            .collect();
+        assert_eq!(firsts, [410, 7]);
+    }
 
     #[test]
     fn a_bundles_chunks_are_cut_into_its_elements_without_copies() {
