@@ -219,7 +219,9 @@ impl Engine {
                     holds.push(f.timer.hold_timestamp);
                 }
                 s.in_flight += 1;
-                let input_bytes: usize = elements.iter().map(|e| e.encoded.len()).sum();
+                let element_lengths: Vec<usize> =
+                    elements.iter().map(|e| e.encoded.len()).collect();
+                let input_bytes: usize = element_lengths.iter().sum();
                 s.in_flight_bytes += input_bytes;
                 let mut timer_inputs = Vec::with_capacity(families.len());
                 for fam in &families {
@@ -252,7 +254,6 @@ impl Engine {
                     self.config.chunk_bytes
                 };
                 let chunks = chunk_elements(&elements, chunk_bytes);
-                let element_lengths = elements.iter().map(|e| e.encoded.len()).collect();
                 let overlay = Arc::new(BundleOverlay::new(
                     self.side_inputs.clone(),
                     self.user_state[idx].clone(),
