@@ -94,7 +94,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
-use refract_engine::grouping::GroupingBuffer;
+use refract_engine::grouping::{Fired, GroupingBuffer};
 use refract_engine::plan::{
     AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
     WindowingStrategy,
@@ -677,10 +677,10 @@ fn check_stream_case(case: &StreamCase, strictness: Strictness) -> Result<(), Te
                 // One key per call (the smallest byte budget), until every
                 // key was looked at: the engine emits a big firing in steps,
                 // and the steps together must be the one firing.
-                let mut out = Vec::new();
+                let mut out = Fired::default();
                 let mut n = 0;
                 loop {
-                    let one_more = out.len() + 1;
+                    let one_more = out.bytes.len() + 1;
                     n += engine
                         .evaluate(watermark, 0, &mut out, one_more)
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -688,7 +688,8 @@ fn check_stream_case(case: &StreamCase, strictness: Strictness) -> Result<(), Te
                         break;
                     }
                 }
-                let mut got = wire::decode_panes(&out, &window_coder);
+                prop_assert_eq!(n, out.element_count(), "evaluate's count, as recorded");
+                let mut got = wire::decode_panes(&out.bytes, &window_coder);
                 prop_assert_eq!(n, got.len(), "evaluate's count");
                 let mut want = reference.evaluate(watermark, output_watermark);
                 for p in &got {

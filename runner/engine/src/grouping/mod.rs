@@ -17,6 +17,7 @@
 //! what it holds there when it outgrows its memory share, and emits the
 //! spilled windows a few megabytes at a time when they fire (`spill`).
 
+mod fired;
 mod key_table;
 mod spill;
 
@@ -42,6 +43,7 @@ use crate::spill::SpillError;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
+pub use fired::Fired;
 use key_table::{KeyTable, Retain};
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
@@ -512,7 +514,7 @@ impl GroupingBuffer {
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
-        out: &mut Vec<u8>,
+        out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         self.start_drains(input_watermark);
@@ -549,8 +551,9 @@ impl GroupingBuffer {
             emitted: 0,
             error: None,
         };
-        let full =
-            |out: &Vec<u8>, firing: &Evaluation| out.len() >= max_bytes || firing.error.is_some();
+        let full = |out: &Fired, firing: &Evaluation| {
+            out.bytes.len() >= max_bytes || firing.error.is_some()
+        };
         if every_key {
             touched.clear();
             *rescan = false;
@@ -626,7 +629,7 @@ impl GroupingBuffer {
 impl Evaluation<'_> {
     /// Fires what is ready in one key's windows and closes the expired
     /// ones (removing them from `windows`), appending the panes to `out`.
-    fn key(&mut self, key: &[u8], windows: &mut KeyPanes, out: &mut Vec<u8>) {
+    fn key(&mut self, key: &[u8], windows: &mut KeyPanes, out: &mut Fired) {
         let strategy = self.firing.strategy;
         let mut i = 0;
         while i < windows.len() {
@@ -713,9 +716,9 @@ impl Evaluation<'_> {
 
 /// Gives `out` the room an evaluation expects to fill, once (`room` is
 /// zeroed after).
-fn make_room(out: &mut Vec<u8>, room: &mut usize) {
+fn make_room(out: &mut Fired, room: &mut usize) {
     if *room > 0 {
-        out.reserve(std::mem::take(room));
+        out.bytes.reserve(std::mem::take(room));
     }
 }
 
@@ -727,7 +730,7 @@ impl Firing<'_> {
         pane: &mut Pane,
         ctx: &TriggerContext,
         is_last: bool,
-        out: &mut Vec<u8>,
+        out: &mut Fired,
     ) -> Result<usize, CoderError> {
         // As Beam labels panes: LATE once the published output watermark is
         // past the window (downstream already considers it done), else
@@ -761,12 +764,16 @@ impl Firing<'_> {
         // Straight into `out`: header, key, count, values (checked first,
         // so that an error writes nothing).
         let count = iterable_len_bytes(pane.count)?;
-        header.encode(self.window_coder, out)?;
-        out.reserve(key.len() + count.len() + pane.values.len());
-        out.extend_from_slice(key);
-        out.extend_from_slice(&count);
-        out.extend_from_slice(&pane.values);
+        let start = out.bytes.len();
+        header.encode(self.window_coder, &mut out.bytes)?;
+        let value_start = out.bytes.len();
+        let bytes = &mut out.bytes;
+        bytes.reserve(key.len() + count.len() + pane.values.len());
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(&count);
+        bytes.extend_from_slice(&pane.values);
         tracing::trace!(?window, values = pane.count, pane = ?header.pane, "pane fired");
+        out.record(header, start, value_start);
         pane.fired += 1;
         if timing != PaneTiming::Early {
             pane.nonspeculative_fired += 1;
@@ -953,7 +960,16 @@ mod tests {
         }
     }
 
-    fn out_coder() -> Coder {
+    /// What a firing emitted, as the engine routes it; checked against
+    /// decoding its bytes (what a consumer will do).
+    pub(super) fn emitted(out: Fired, window_coder: &Coder) -> Vec<DecodedElement> {
+        let (bytes, got) = out.into_elements();
+        let want = decode_windowed_values(&bytes, &out_coder(), window_coder).unwrap();
+        assert_eq!(got, want, "what the firing recorded is what its bytes hold");
+        got
+    }
+
+    pub(super) fn out_coder() -> Coder {
         Coder::Kv(
             Box::new(Coder::Bytes),
             Box::new(Coder::Iterable(Box::new(Coder::Varint))),
@@ -970,7 +986,7 @@ mod tests {
         g.add(&element(b"a", 1, 0, Window::Global), 0, 0).unwrap();
         g.add(&element(b"b", 2, 5, Window::Global), 0, 0).unwrap();
         g.add(&element(b"a", 3, 7, Window::Global), 0, 0).unwrap();
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         assert_eq!(g.evaluate(1000, 0, &mut out, usize::MAX).unwrap(), 0);
         assert_eq!(g.hold(), Some(Window::Global.max_timestamp()));
         assert_eq!(
@@ -978,8 +994,7 @@ mod tests {
             2
         );
         assert!(g.is_empty());
-        let decoded =
-            decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::GlobalWindow).unwrap();
+        let decoded = emitted(out, &Coder::GlobalWindow);
         let values: Vec<Vec<u8>> = decoded.iter().map(|e| e.value.to_vec()).collect();
         assert_eq!(
             values,
@@ -1003,14 +1018,12 @@ mod tests {
         g.add(&element(b"a", 1, 0, w(0)), 0, 0).unwrap();
         g.add(&element(b"a", 2, 25, w(25)), 0, 0).unwrap();
         g.add(&element(b"a", 3, 5, w(5)), 0, 0).unwrap();
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         assert_eq!(
             g.evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX).unwrap(),
             2
         );
-        let decoded =
-            decode_windowed_values(&Bytes::from(out), &out_coder(), &Coder::IntervalWindow)
-                .unwrap();
+        let decoded = emitted(out, &Coder::IntervalWindow);
         let windows: Vec<Window> = decoded
             .iter()
             .map(|e| e.header.windows[0].clone())
@@ -1034,7 +1047,7 @@ mod tests {
         g.add(&element(b"a", 1, 1, w(0)), 0, 0).unwrap();
         g.add(&element(b"a", 2, 11, w(10)), 0, 0).unwrap();
         assert_eq!(g.hold(), Some(9));
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         assert_eq!(g.evaluate(10, 0, &mut out, usize::MAX).unwrap(), 1);
         assert_eq!(g.hold(), Some(19));
         // Late data for the fired window is dropped once the window expired.
@@ -1046,7 +1059,7 @@ mod tests {
 #[cfg(test)]
 mod trigger_tests {
     use super::*;
-    use crate::coder::decode_windowed_values;
+    use crate::grouping::tests::emitted;
     use crate::plan::WindowFn;
     use crate::time::MAX_TIMESTAMP;
 
@@ -1071,13 +1084,8 @@ mod trigger_tests {
     }
 
     /// (key, values, is_last) of every pane emitted.
-    fn panes(out: Vec<u8>) -> Vec<(u8, Vec<u8>, bool)> {
-        let coder = Coder::Kv(
-            Box::new(Coder::Bytes),
-            Box::new(Coder::Iterable(Box::new(Coder::Varint))),
-        );
-        decode_windowed_values(&Bytes::from(out), &coder, &Coder::IntervalWindow)
-            .unwrap()
+    fn panes(out: Fired) -> Vec<(u8, Vec<u8>, bool)> {
+        emitted(out, &Coder::IntervalWindow)
             .into_iter()
             .map(|e| (e.value[1], e.value[6..].to_vec(), e.header.pane.is_last))
             .collect()
@@ -1095,7 +1103,7 @@ mod trigger_tests {
         };
         let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint));
         let mut g = GroupingBuffer::new(strategy, kv, Coder::IntervalWindow);
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         for t in [1u8, 2, 3, 4, 5, 10, 11] {
             for (k, v) in [(b'A', t), (b'B', t + 5)] {
                 g.add(&element(&[k], v, i64::from(v)), 0, 0).unwrap();

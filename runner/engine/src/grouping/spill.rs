@@ -27,8 +27,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{
-    pane_hold, update_holds, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane, PaneValues,
-    Retain,
+    pane_hold, update_holds, Fired, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane,
+    PaneValues, Retain,
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
@@ -529,7 +529,7 @@ impl GroupingBuffer {
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
-        out: &mut Vec<u8>,
+        out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         let GroupingBuffer {
@@ -548,7 +548,7 @@ impl GroupingBuffer {
             output_watermark: *output_watermark,
         };
         let mut emitted = 0;
-        while out.len() < max_bytes {
+        while out.bytes.len() < max_bytes {
             let Some(drain) = spill.drains.front_mut() else {
                 break;
             };
@@ -607,9 +607,9 @@ impl GroupingBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{element, kv_coder as kv};
+    use super::super::tests::{element, emitted, kv_coder as kv};
     use super::*;
-    use crate::coder::{decode_windowed_values, Coder};
+    use crate::coder::Coder;
     use crate::plan::WindowingStrategy;
     use crate::spill::MemorySpillStore;
     use crate::time::MAX_TIMESTAMP;
@@ -631,24 +631,18 @@ mod tests {
 
     /// (key, its values sorted) of every pane in `out`, sorted; each pane
     /// must be its window's only one (first and last).
-    fn panes(out: Vec<u8>, window_coder: &Coder) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let coder = Coder::Kv(
-            Box::new(Coder::Bytes),
-            Box::new(Coder::Iterable(Box::new(Coder::Varint))),
-        );
-        let mut p: Vec<(Vec<u8>, Vec<u8>)> =
-            decode_windowed_values(&Bytes::from(out), &coder, window_coder)
-                .unwrap()
-                .into_iter()
-                .map(|e| {
-                    assert!(e.header.pane.is_first && e.header.pane.is_last);
-                    let klen = e.value[0] as usize;
-                    let key = e.value[1..1 + klen].to_vec();
-                    let mut values = e.value[1 + klen + 4..].to_vec();
-                    values.sort();
-                    (key, values)
-                })
-                .collect();
+    fn panes(out: Fired, window_coder: &Coder) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut p: Vec<(Vec<u8>, Vec<u8>)> = emitted(out, window_coder)
+            .into_iter()
+            .map(|e| {
+                assert!(e.header.pane.is_first && e.header.pane.is_last);
+                let klen = e.value[0] as usize;
+                let key = e.value[1..1 + klen].to_vec();
+                let mut values = e.value[1 + klen + 4..].to_vec();
+                values.sort();
+                (key, values)
+            })
+            .collect();
         p.sort();
         p
     }
@@ -677,14 +671,14 @@ mod tests {
         assert!(spilling.has_spilled());
         assert!(store.len() > 37, "several runs were written");
         assert_eq!(spilling.hold(), plain.hold());
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (Fired::default(), Fired::default());
         // Emitted a little at a time, as a busy consumer would take it.
         let mut fired = spilling
             .evaluate(MAX_TIMESTAMP, 0, &mut a, usize::MAX)
             .unwrap();
         while spilling.is_draining() {
             assert!(spilling.hold().is_some(), "held until the last key is out");
-            let step = a.len() + 20;
+            let step = a.bytes.len() + 20;
             fired += spilling
                 .drain_spilled(MAX_TIMESTAMP, 0, &mut a, step)
                 .unwrap();
@@ -715,7 +709,7 @@ mod tests {
                 .unwrap();
         }
         // Half drained when the checkpoint is taken.
-        let mut first = Vec::new();
+        let mut first = Fired::default();
         g.evaluate(MAX_TIMESTAMP, 0, &mut first, usize::MAX)
             .unwrap();
         g.drain_spilled(MAX_TIMESTAMP, 0, &mut first, 1).unwrap();
@@ -727,7 +721,7 @@ mod tests {
         );
         restored.enable_spill(MemorySpillStore::shared(), b"r/".to_vec(), 300);
         restored.restore(snapshot).unwrap();
-        let mut rest = Vec::new();
+        let mut rest = Fired::default();
         restored
             .evaluate(MAX_TIMESTAMP, 0, &mut rest, usize::MAX)
             .unwrap();
@@ -765,7 +759,7 @@ mod tests {
         }
         assert!(g.has_spilled());
         assert_eq!(g.hold(), Some(9));
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         g.evaluate(10, 0, &mut out, usize::MAX).unwrap();
         while g.is_draining() {
             g.drain_spilled(10, 0, &mut out, usize::MAX).unwrap();

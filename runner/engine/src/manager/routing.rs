@@ -2,8 +2,9 @@
 //! grouping buffers and side-input stores.
 
 use super::*;
+use crate::coder::DecodedElement;
 use crate::coder::{BorrowedWindowedValues, TimerValue};
-use crate::grouping::GroupingError;
+use crate::grouping::{Fired, GroupingError};
 use crate::plan::SdkStage;
 
 /// Most bytes of a GroupByKey's output emitted in one step of the engine
@@ -18,14 +19,7 @@ impl Engine {
         if bytes.is_empty() {
             return Ok(());
         }
-        let consumers = &self.consumers[pcoll];
-        if consumers.side_inputs.is_empty()
-            && !consumers.stages.is_empty()
-            && consumers
-                .stages
-                .iter()
-                .all(|&c| self.stages[c].grouping.is_some())
-        {
+        if self.only_groupings_consume(pcoll) {
             return self.route_to_grouping(pcoll, &bytes);
         }
         let pc = &self.plan.pcollections[pcoll];
@@ -39,6 +33,35 @@ impl Engine {
             self.route_element(pcoll, e)?;
         }
         Ok(())
+    }
+
+    /// [`Self::route`] for elements already decoded from `bytes` (what a
+    /// GroupByKey's firing emitted, with its record of each element).
+    fn route_decoded(
+        &mut self,
+        pcoll: PCollectionIdx,
+        bytes: &[u8],
+        elements: Vec<DecodedElement>,
+    ) -> Result<(), EngineError> {
+        if self.only_groupings_consume(pcoll) {
+            return self.route_to_grouping(pcoll, bytes);
+        }
+        for e in elements {
+            self.route_element(pcoll, e)?;
+        }
+        Ok(())
+    }
+
+    /// Whether every consumer of `pcoll` is a GroupByKey (and none reads it
+    /// as a side input): its elements then go straight into their buffers.
+    fn only_groupings_consume(&self, pcoll: PCollectionIdx) -> bool {
+        let consumers = &self.consumers[pcoll];
+        consumers.side_inputs.is_empty()
+            && !consumers.stages.is_empty()
+            && consumers
+                .stages
+                .iter()
+                .all(|&c| self.stages[c].grouping.is_some())
     }
 
     /// [`Self::route`] when every consumer is a GroupByKey: elements are
@@ -106,7 +129,7 @@ impl Engine {
             g.postpone(input_wm);
             return Ok(false);
         }
-        let mut out = Vec::new();
+        let mut out = Fired::default();
         let evaluated = g.evaluate(input_wm, now, &mut out, budget);
         let output = || format!("output of '{}'", self.plan.stages[stage].name);
         let mut fired = evaluated.map_err(|e| self.grouping_error(stage, output(), e))?;
@@ -114,23 +137,27 @@ impl Engine {
             .grouping
             .as_ref()
             .is_some_and(GroupingBuffer::is_draining);
-        if draining && out.len() < budget {
+        if draining && out.bytes.len() < budget {
             if let Some(g) = self.stages[stage].grouping.as_mut() {
                 let drained = g.drain_spilled(input_wm, now, &mut out, budget);
                 fired += drained.map_err(|e| self.grouping_error(stage, output(), e))?;
             }
         }
-        self.stages[stage].fire_budget = budget.saturating_sub(out.len());
+        self.stages[stage].fire_budget = budget.saturating_sub(out.bytes.len());
         if fired > 0 {
-            // Evaluation gives `out` room for all it may emit; what it
-            // did not fill must not stay allocated behind the queued bytes.
-            if out.capacity() > 2 * out.len() {
-                out.shrink_to_fit();
-            }
-            let bytes = Bytes::from(out);
-            for o in 0..self.plan.stages[stage].outputs.len() {
-                let out = self.plan.stages[stage].outputs[o];
-                self.route(out, bytes.clone())?;
+            // The firing recorded each element's header and extent while
+            // encoding it: routed as they are, not decoded again.
+            let (bytes, elements) = out.into_elements();
+            let outputs = self.plan.stages[stage].outputs.len();
+            let mut elements = Some(elements);
+            for o in 0..outputs {
+                let pcoll = self.plan.stages[stage].outputs[o];
+                let these = if o + 1 == outputs {
+                    elements.take().unwrap_or_default()
+                } else {
+                    elements.clone().unwrap_or_default()
+                };
+                self.route_decoded(pcoll, &bytes, these)?;
             }
         }
         Ok(fired > 0)

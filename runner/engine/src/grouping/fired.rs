@@ -1,0 +1,124 @@
+//! What a GroupByKey's firing emits, kept so that the engine can route it
+//! without decoding it.
+//!
+//! A firing encodes each pane as a windowed `KV<K, Iterable<V>>` (the
+//! bytes its consumers receive). Routing those bytes to a consumer's queue
+//! needs each element's header and where its value starts and ends; the
+//! firing had all of that in hand while encoding, whereas decoding it again
+//! walks every value of every iterable (with all keys distinct, that second
+//! walk was a fifth of the engine's time per element). So the firing
+//! records it next to the bytes.
+
+use bytes::Bytes;
+
+use crate::coder::{DecodedElement, WindowedValueHeader};
+
+/// Encoded elements, back to back, and where each one lies in them.
+#[derive(Debug, Default)]
+pub struct Fired {
+    /// The elements as their consumers receive them.
+    pub bytes: Vec<u8>,
+    /// One per element in `bytes`, in order.
+    elements: Vec<FiredElement>,
+}
+
+/// One element of [`Fired::bytes`].
+#[derive(Debug)]
+struct FiredElement {
+    header: WindowedValueHeader,
+    /// Where its header starts.
+    start: usize,
+    /// Where its value starts (its header's end).
+    value_start: usize,
+    /// Where it ends.
+    end: usize,
+}
+
+impl Fired {
+    /// Appends an element: `header` encoded as `bytes[start..value_start]`,
+    /// then its value up to the current end of `bytes`.
+    pub(super) fn record(&mut self, header: WindowedValueHeader, start: usize, value_start: usize) {
+        self.elements.push(FiredElement {
+            header,
+            start,
+            value_start,
+            end: self.bytes.len(),
+        });
+    }
+
+    /// How many elements were emitted.
+    pub fn element_count(&self) -> usize {
+        self.elements.len()
+    }
+
+    /// Whether nothing was emitted.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty()
+    }
+
+    /// The bytes, frozen, and each element as a slice of them — what
+    /// decoding the bytes would give, without decoding them.
+    pub fn into_elements(mut self) -> (Bytes, Vec<DecodedElement>) {
+        // Evaluation reserves room for all it may emit; what it did not
+        // fill must not stay allocated behind the queued slices.
+        if self.bytes.capacity() > 2 * self.bytes.len() {
+            self.bytes.shrink_to_fit();
+        }
+        let bytes = Bytes::from(self.bytes);
+        let elements = self
+            .elements
+            .into_iter()
+            .map(|e| DecodedElement {
+                header: e.header,
+                value: bytes.slice(e.value_start..e.end),
+                encoded: bytes.slice(e.start..e.end),
+            })
+            .collect();
+        (bytes, elements)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::{decode_windowed_values, Coder, PaneInfo, PaneTiming};
+    use crate::window::Window;
+
+    #[test]
+    fn recorded_elements_are_what_decoding_the_bytes_gives() {
+        let window_coder = Coder::GlobalWindow;
+        let value_coder = Coder::Bytes;
+        let mut fired = Fired::default();
+        for (i, (ts, value)) in [(5, &b"ab"[..]), (7, &b""[..]), (-3, &b"xyz"[..])]
+            .into_iter()
+            .enumerate()
+        {
+            let header = WindowedValueHeader {
+                timestamp: ts,
+                windows: smallvec::smallvec![Window::Global],
+                pane: PaneInfo {
+                    is_first: i == 0,
+                    is_last: i == 2,
+                    timing: PaneTiming::Late,
+                    index: i as i64,
+                    nonspeculative_index: i as i64,
+                },
+            };
+            let start = fired.bytes.len();
+            header.encode(&window_coder, &mut fired.bytes).unwrap();
+            let value_start = fired.bytes.len();
+            fired.bytes.push(value.len() as u8);
+            fired.bytes.extend_from_slice(value);
+            fired.record(header, start, value_start);
+        }
+        assert_eq!(fired.element_count(), 3);
+        let (bytes, got) = fired.into_elements();
+        let want = decode_windowed_values(&bytes, &value_coder, &window_coder).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.header, w.header);
+            assert_eq!(g.value, w.value);
+            assert_eq!(g.encoded, w.encoded);
+        }
+    }
+}
