@@ -51,11 +51,6 @@ impl Fired {
         self.elements.len()
     }
 
-    /// Whether nothing was emitted.
-    pub fn is_empty(&self) -> bool {
-        self.elements.is_empty()
-    }
-
     /// The bytes, frozen, and each element as a slice of them — what
     /// decoding the bytes would give, without decoding them.
     pub fn into_elements(mut self) -> (Bytes, Vec<DecodedElement>) {
@@ -114,11 +109,6 @@ mod tests {
         assert_eq!(fired.element_count(), 3);
         let (bytes, got) = fired.into_elements();
         let want = decode_windowed_values(&bytes, &value_coder, &window_coder).unwrap();
-        assert_eq!(got.len(), want.len());
-        for (g, w) in got.iter().zip(&want) {
-            assert_eq!(g.header, w.header);
-            assert_eq!(g.value, w.value);
-            assert_eq!(g.encoded, w.encoded);
-        }
+        assert_eq!(got, want);
     }
 }

@@ -2,8 +2,7 @@
 //! grouping buffers and side-input stores.
 
 use super::*;
-use crate::coder::DecodedElement;
-use crate::coder::{BorrowedWindowedValues, TimerValue};
+use crate::coder::{BorrowedWindowedValues, DecodedElement, TimerValue};
 use crate::grouping::{Fired, GroupingError};
 use crate::plan::SdkStage;
 
@@ -148,16 +147,12 @@ impl Engine {
             // The firing recorded each element's header and extent while
             // encoding it: routed as they are, not decoded again.
             let (bytes, elements) = out.into_elements();
-            let outputs = self.plan.stages[stage].outputs.len();
-            let mut elements = Some(elements);
-            for o in 0..outputs {
-                let pcoll = self.plan.stages[stage].outputs[o];
-                let these = if o + 1 == outputs {
-                    elements.take().unwrap_or_default()
-                } else {
-                    elements.clone().unwrap_or_default()
-                };
-                self.route_decoded(pcoll, &bytes, these)?;
+            let outputs = self.plan.stages[stage].outputs.clone();
+            if let Some((&last, others)) = outputs.split_last() {
+                for &pcoll in others {
+                    self.route_decoded(pcoll, &bytes, elements.clone())?;
+                }
+                self.route_decoded(last, &bytes, elements)?;
             }
         }
         Ok(fired > 0)
