@@ -8,7 +8,8 @@
 #                                     eval "$(integration/setup.sh --print-env)"
 #
 # What it sets up:
-#   - protoc (Debian's protobuf-compiler), needed by the beam-proto crate;
+#   - protoc and protobuf's well-known .proto files (Debian's
+#     protobuf-compiler, libprotobuf-dev), needed by the beam-proto crate;
 #   - libclang-dev, only once the workspace depends on bindgen (rocksdb);
 #   - a JDK (17+) and Maven, for the Java SDK tests (integration/java);
 #   - Chromium, for the headless browser test of the web UI;
@@ -73,8 +74,12 @@ apt_install() {
 }
 
 # --- system packages -------------------------------------------------------
-if ! command -v protoc >/dev/null 2>&1; then
-  apt_install protobuf-compiler
+# beam-proto's protos import protobuf's well-known types (descriptor.proto),
+# which Debian ships in libprotobuf-dev, not with protoc itself: a machine
+# with protoc alone fails the build with "descriptor.proto: File not found".
+if ! command -v protoc >/dev/null 2>&1 ||
+  [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+  apt_install protobuf-compiler libprotobuf-dev
 fi
 
 # The Java SDK tests build integration/java with Maven on a JDK.
