@@ -1,30 +1,133 @@
 //! Watermark holds: the timestamps a stage still owes its consumers.
+//!
+//! Every element waiting for a stage, in a bundle, or buffered in a
+//! GroupByKey's pane adds a hold and releases it later, so a hold is
+//! touched several times per element. Most holds share a handful of
+//! timestamps (a batch's elements all sit at one; a GroupByKey's panes of
+//! one window at its end), so the multiset keeps up to [`FEW`] distinct
+//! timestamps in a short sorted vector, where adding and releasing is a
+//! scan of a cache line, and moves to an ordered map only when there are
+//! more (a stream's elements, each at its own time).
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use crate::time::Timestamp;
+
+/// Most distinct timestamps kept in the vector before the map takes over.
+const FEW: usize = 8;
 
 /// A multiset of timestamps, for holds: each thing a stage still owes
 /// adds its timestamp, and the minimum is what holds the watermark.
+///
+/// At most one of `few` and `many` holds anything: `many` once more than
+/// [`FEW`] distinct timestamps were held at once, until it empties.
 #[derive(Debug, Default)]
-pub(crate) struct Holds(BTreeMap<Timestamp, usize>);
+pub(crate) struct Holds {
+    /// Distinct timestamps, ascending, each with how many hold there.
+    few: SmallVec<[(Timestamp, usize); FEW]>,
+    many: BTreeMap<Timestamp, usize>,
+}
 
 impl Holds {
     /// Hold at `ts` once more.
     pub(crate) fn add(&mut self, ts: Timestamp) {
-        *self.0.entry(ts).or_default() += 1;
+        if !self.many.is_empty() {
+            *self.many.entry(ts).or_default() += 1;
+            return;
+        }
+        match self.few.iter().position(|&(t, _)| t >= ts) {
+            Some(at) if self.few[at].0 == ts => self.few[at].1 += 1,
+            _ if self.few.len() == FEW => {
+                self.many.extend(self.few.drain(..));
+                self.many.insert(ts, 1);
+            }
+            Some(at) => self.few.insert(at, (ts, 1)),
+            None => self.few.push((ts, 1)),
+        }
     }
+
     /// Release one hold at `ts`.
     pub(crate) fn remove(&mut self, ts: Timestamp) {
-        if let Some(n) = self.0.get_mut(&ts) {
-            *n -= 1;
-            if *n == 0 {
-                self.0.remove(&ts);
+        if !self.many.is_empty() {
+            if let Some(n) = self.many.get_mut(&ts) {
+                *n -= 1;
+                if *n == 0 {
+                    self.many.remove(&ts);
+                }
+            }
+            return;
+        }
+        if let Some(at) = self.few.iter().position(|&(t, _)| t == ts) {
+            self.few[at].1 -= 1;
+            if self.few[at].1 == 0 {
+                self.few.remove(at);
             }
         }
     }
+
     /// The earliest hold.
     pub(crate) fn min(&self) -> Option<Timestamp> {
-        self.0.keys().next().copied()
+        match self.many.keys().next() {
+            Some(&ts) => Some(ts),
+            None => self.few.first().map(|&(ts, _)| ts),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The multiset agrees with a counting map through adds and releases
+    /// that cross between the vector and the map both ways.
+    #[test]
+    fn agrees_with_a_counting_map() {
+        let mut holds = Holds::default();
+        let mut oracle: BTreeMap<Timestamp, usize> = BTreeMap::new();
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            seed >> 33
+        };
+        for round in 0..2_000 {
+            // Phases of few and of many distinct timestamps.
+            let spread = if (round / 200) % 2 == 0 { 4 } else { 40 };
+            let ts = (next() % spread) as Timestamp - 2;
+            if next() % 3 == 0 {
+                holds.remove(ts);
+                if let Some(n) = oracle.get_mut(&ts) {
+                    *n -= 1;
+                    if *n == 0 {
+                        oracle.remove(&ts);
+                    }
+                }
+            } else {
+                holds.add(ts);
+                *oracle.entry(ts).or_default() += 1;
+            }
+            assert_eq!(holds.min(), oracle.keys().next().copied(), "round {round}");
+            assert!(holds.few.is_empty() || holds.many.is_empty());
+        }
+        // Draining everything leaves no hold, in either representation.
+        for (ts, n) in oracle {
+            for _ in 0..n {
+                holds.remove(ts);
+            }
+        }
+        assert_eq!(holds.min(), None);
+        assert!(holds.few.is_empty() && holds.many.is_empty());
+    }
+
+    #[test]
+    fn releasing_what_was_never_held_changes_nothing() {
+        let mut holds = Holds::default();
+        holds.add(5);
+        holds.remove(3);
+        assert_eq!(holds.min(), Some(5));
+        holds.remove(5);
+        holds.remove(5);
+        assert_eq!(holds.min(), None);
     }
 }

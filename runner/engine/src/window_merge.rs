@@ -69,7 +69,7 @@ pub fn decode_response(
     };
     let mut result = Vec::new();
     for element in decode_windowed_values(buf, &answer, &Coder::GlobalWindow)? {
-        let value = &element.value[..];
+        let value = element.value();
         let nonce_len = Coder::Bytes.nested_len(value)?;
         let (len, prefix) = crate::coder::decode_varint_u64(value)?;
         let nonce = std::str::from_utf8(&value[prefix..prefix + len as usize])

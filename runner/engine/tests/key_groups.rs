@@ -91,8 +91,8 @@ impl StageExecutor for Counting {
                     .expect("decodes")
                 {
                     // The nested key: its length byte and its bytes.
-                    let n = e.value[0] as usize;
-                    keys.push(e.value[..1 + n].to_vec());
+                    let n = e.value()[0] as usize;
+                    keys.push(e.value()[..1 + n].to_vec());
                 }
             }
             let distinct: HashSet<Vec<u8>> = keys.iter().cloned().collect();

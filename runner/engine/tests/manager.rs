@@ -142,11 +142,11 @@ fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeEx
         }
         for chunk in &input.elements {
             for e in decode_windowed_values(chunk, &grouped, &Coder::IntervalWindow).unwrap() {
-                let key_len = grouped.kv_key_len(&e.value).unwrap();
-                let key = String::from_utf8(e.value[1..key_len].to_vec()).unwrap();
+                let key_len = grouped.kv_key_len(e.value()).unwrap();
+                let key = String::from_utf8(e.value()[1..key_len].to_vec()).unwrap();
                 records.lock().push((
                     key,
-                    e.value[key_len..].to_vec(),
+                    e.value()[key_len..].to_vec(),
                     e.header.windows[0].clone(),
                 ));
             }
@@ -466,7 +466,8 @@ fn window_by_hundreds() -> StageFn {
                     }],
                     pane: PaneInfo::NO_FIRING,
                 };
-                encode_windowed_value(&header, &Coder::IntervalWindow, &e.value, &mut out).unwrap();
+                encode_windowed_value(&header, &Coder::IntervalWindow, e.value(), &mut out)
+                    .unwrap();
             }
         }
         Ok(BundleOutput {
@@ -572,7 +573,7 @@ async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers()
             for e in
                 decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
             {
-                let key = e.value.slice(..2);
+                let key = e.value_bytes().slice(..2);
                 log.push(Seen::Element(key.to_vec(), e.header.timestamp));
                 TimerValue {
                     user_key: key,
@@ -689,7 +690,7 @@ async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
                 log.push(format!("element@{}", e.header.timestamp));
                 if e.header.timestamp == 1 {
                     TimerValue {
-                        user_key: e.value.slice(..2),
+                        user_key: e.value_bytes().slice(..2),
                         dynamic_tag: String::new(),
                         windows: e.header.windows.clone(),
                         clear: false,

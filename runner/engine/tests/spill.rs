@@ -124,7 +124,7 @@ fn parse_groups(chunk: &[u8], seen: &Seen, groups: &Mutex<u64>) {
     )
     .expect("the sink's input decodes");
     for e in decoded {
-        let v = &e.value;
+        let v = e.value();
         let klen = v[0] as usize;
         let key = v[1..1 + klen].to_vec();
         let mut at = 1 + klen;

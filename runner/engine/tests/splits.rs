@@ -65,7 +65,7 @@ fn values(chunks: &[Bytes]) -> Vec<Bytes> {
         .flat_map(|c| {
             decode_windowed_values(c, &Coder::Bytes, &Coder::GlobalWindow).expect("decodes")
         })
-        .map(|e| e.value)
+        .map(|e| e.value_bytes())
         .collect()
 }
 

@@ -75,7 +75,7 @@ impl StageExecutor for Sdk {
                     for e in decode_windowed_values(chunk, &Coder::Varint, &Coder::GlobalWindow)
                         .expect("decodes")
                     {
-                        values.push(decode_varint_i64(&e.value).expect("a varint").0);
+                        values.push(decode_varint_i64(e.value()).expect("a varint").0);
                     }
                 }
                 self.seen.lock().extend(values.iter().copied());

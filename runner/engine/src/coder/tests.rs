@@ -384,7 +384,7 @@ fn python_windowed_values() -> Result<(), CoderError> {
         smallvec::smallvec![Window::Global] as crate::coder::Windows
     );
     assert_eq!(elements[0].header.pane, PaneInfo::NO_FIRING);
-    assert_eq!(&elements[0].value[..], [0x05]);
+    assert_eq!(elements[0].value(), [0x05]);
     assert_eq!(elements[0].encoded, buf);
 
     // KV<bytes, varint>(b"key", 42) at 7 s in [0, 10 s) and [5 s, 15 s),
@@ -428,12 +428,12 @@ fn python_windowed_values() -> Result<(), CoderError> {
         assert_eq!(&element.header, header);
         assert_eq!(&element.encoded[..], &bytes[..]);
         let mut again = Vec::new();
-        encode_windowed_value(header, &Coder::IntervalWindow, &element.value, &mut again)?;
+        encode_windowed_value(header, &Coder::IntervalWindow, element.value(), &mut again)?;
         assert_eq!(&again, bytes);
     }
-    assert_eq!(coder.kv_key_len(&elements[0].value)?, 4);
-    assert_eq!(&elements[0].value[..4], b"\x03key");
-    assert_eq!(coder.kv_key_len(&elements[1].value)?, 1);
+    assert_eq!(coder.kv_key_len(elements[0].value())?, 4);
+    assert_eq!(&elements[0].value()[..4], b"\x03key");
+    assert_eq!(coder.kv_key_len(elements[1].value())?, 1);
     let wv_coder = Coder::WindowedValue {
         value: Box::new(coder),
         window: Box::new(Coder::IntervalWindow),
@@ -459,10 +459,10 @@ fn python_chunked_iterables() -> Result<(), CoderError> {
     let value_coder = kv(Coder::StringUtf8, iterable(Coder::Varint));
     let elements = decode_windowed_values(&buf, &value_coder, &Coder::GlobalWindow)?;
     assert_eq!(elements.len(), 2);
-    assert_eq!(&elements[0].value[..], hex("0161 ffffffff 02 01 ac02 00"));
+    assert_eq!(elements[0].value(), hex("0161 ffffffff 02 01 ac02 00"));
     assert_eq!(elements[1].header.timestamp, 1_000_000);
-    assert_eq!(&elements[1].value[..], hex("026263 00000001 07"));
-    assert_eq!(value_coder.kv_key_len(&elements[1].value)?, 3);
+    assert_eq!(elements[1].value(), hex("026263 00000001 07"));
+    assert_eq!(value_coder.kv_key_len(elements[1].value())?, 3);
     Ok(())
 }
 
@@ -507,7 +507,7 @@ fn python_windows() -> Result<(), CoderError> {
     let elements = decode_windowed_values(&buf, &Coder::Bytes, &Coder::CustomWindow)?;
     assert_eq!(elements.len(), 1);
     assert_eq!(elements[0].header.windows[0].max_timestamp(), 9_999);
-    assert_eq!(&elements[0].value[..], [0x01, 0x78]);
+    assert_eq!(elements[0].value(), [0x01, 0x78]);
     Ok(())
 }
 

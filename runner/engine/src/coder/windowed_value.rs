@@ -22,17 +22,51 @@ use super::{Coder, CoderError, PaneInfo, WindowedValueHeader, Windows};
 use crate::window::Window;
 
 /// One element of a stream of concatenated nested windowed values: its
-/// header and its value bytes (zero-copy slice of the input). This is what
+/// header and its bytes (a zero-copy slice of the input). This is what
 /// the engine stores and routes; `encoded` lets it forward the element
 /// unchanged without re-encoding the header.
+///
+/// The value is found by its offset in `encoded` rather than held as a
+/// `Bytes` of its own: most elements are only queued and forwarded, and a
+/// second `Bytes` cost two atomic reference-count updates per element (a
+/// GroupByKey over distinct keys routes one element per input element).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodedElement {
     /// Timestamp, windows and pane.
     pub header: WindowedValueHeader,
-    /// The value, still nested-encoded in the value coder.
-    pub value: Bytes,
     /// The whole element, header included.
     pub encoded: Bytes,
+    /// Where the value starts in `encoded` (it runs to the end).
+    value_start: usize,
+}
+
+impl DecodedElement {
+    /// The element whose bytes are `encoded`, its value from `value_start`
+    /// on (clamped to the end: an element is never made of bytes that do
+    /// not hold its value).
+    pub fn new(header: WindowedValueHeader, encoded: Bytes, value_start: usize) -> Self {
+        DecodedElement {
+            header,
+            value_start: value_start.min(encoded.len()),
+            encoded,
+        }
+    }
+
+    /// The value, still nested-encoded in the value coder.
+    pub fn value(&self) -> &[u8] {
+        &self.encoded[self.value_start..]
+    }
+
+    /// [`Self::value`] as shared bytes, for whoever keeps it (side inputs,
+    /// timer keys).
+    pub fn value_bytes(&self) -> Bytes {
+        self.encoded.slice(self.value_start..)
+    }
+
+    /// Where the value starts in [`Self::encoded`](DecodedElement::encoded).
+    pub fn value_start(&self) -> usize {
+        self.value_start
+    }
 }
 
 impl WindowedValueHeader {
@@ -82,11 +116,11 @@ pub fn decode_windowed_values(
         let header = read_header(&mut r, window_coder)?;
         let value_start = r.pos();
         value_coder.skip(&mut r)?;
-        elements.push(DecodedElement {
+        elements.push(DecodedElement::new(
             header,
-            value: r.bytes_since(value_start)?,
-            encoded: r.bytes_since(start)?,
-        });
+            r.bytes_since(start)?,
+            value_start - start,
+        ));
     }
     Ok(elements)
 }
@@ -308,7 +342,7 @@ mod tests {
             prop_assert_eq!(decoded.len(), expected.len());
             for (element, (header, value, encoded)) in decoded.iter().zip(&expected) {
                 prop_assert_eq!(&element.header, header);
-                prop_assert_eq!(&element.value[..], &value[..]);
+                prop_assert_eq!(element.value(), &value[..]);
                 prop_assert_eq!(&element.encoded[..], &encoded[..]);
                 // Zero-copy: the slices point into the input buffer.
                 prop_assert!(buf.as_ptr_range().contains(&element.encoded.as_ptr()) || element.encoded.is_empty());

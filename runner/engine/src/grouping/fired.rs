@@ -63,10 +63,9 @@ impl Fired {
         let elements = self
             .elements
             .into_iter()
-            .map(|e| DecodedElement {
-                header: e.header,
-                value: bytes.slice(e.value_start..e.end),
-                encoded: bytes.slice(e.start..e.end),
+            .map(|e| {
+                let value_start = e.value_start - e.start;
+                DecodedElement::new(e.header, bytes.slice(e.start..e.end), value_start)
             })
             .collect();
         (bytes, elements)

@@ -318,7 +318,7 @@ impl GroupingBuffer {
         input_watermark: Timestamp,
         now: Timestamp,
     ) -> Result<(), GroupingError> {
-        self.add_value(&element.header, &element.value, input_watermark, now)
+        self.add_value(&element.header, element.value(), input_watermark, now)
     }
 
     /// [`Self::add`] for an element given as its header and its `KV` value
@@ -359,17 +359,24 @@ impl GroupingBuffer {
             // Looked up by the borrowed bytes: a key is copied into the
             // table once, when it is new (and again only when it is recorded
             // elsewhere, below).
-            let (windows, new_key) = self.panes.get_or_insert_with(key, KeyPanes::new);
-            if new_key {
-                self.memory_bytes += key.len() + KEY_OVERHEAD;
-            }
+            // A new key's entry is made with its pane in it: written once,
+            // where it stays (a GroupByKey over distinct keys makes one per
+            // element).
             let trigger = &self.strategy.trigger;
-            let at = match position(windows, window) {
-                Ok(at) => at,
-                Err(at) => {
-                    windows.insert(at, (window.clone(), Pane::new(trigger)));
-                    self.memory_bytes += PANE_OVERHEAD;
-                    at
+            let (windows, new_key) = self.panes.get_or_insert_with(key, || {
+                smallvec::smallvec![(window.clone(), Pane::new(trigger))]
+            });
+            let at = if new_key {
+                self.memory_bytes += key.len() + KEY_OVERHEAD + PANE_OVERHEAD;
+                0
+            } else {
+                match position(windows, window) {
+                    Ok(at) => at,
+                    Err(at) => {
+                        windows.insert(at, (window.clone(), Pane::new(trigger)));
+                        self.memory_bytes += PANE_OVERHEAD;
+                        at
+                    }
                 }
             };
             let (window, pane) = &mut windows[at];
@@ -948,16 +955,12 @@ mod tests {
         let mut v = vec![key.len() as u8];
         v.extend_from_slice(key);
         v.push(value);
-        let value = Bytes::from(v);
-        DecodedElement {
-            header: WindowedValueHeader {
-                timestamp: ts,
-                windows: smallvec::smallvec![window],
-                pane: PaneInfo::NO_FIRING,
-            },
-            encoded: value.clone(),
-            value,
-        }
+        let header = WindowedValueHeader {
+            timestamp: ts,
+            windows: smallvec::smallvec![window],
+            pane: PaneInfo::NO_FIRING,
+        };
+        DecodedElement::new(header, Bytes::from(v), 0)
     }
 
     /// What a firing emitted, as the engine routes it; checked against
@@ -995,7 +998,7 @@ mod tests {
         );
         assert!(g.is_empty());
         let decoded = emitted(out, &Coder::GlobalWindow);
-        let values: Vec<Vec<u8>> = decoded.iter().map(|e| e.value.to_vec()).collect();
+        let values: Vec<Vec<u8>> = decoded.iter().map(|e| e.value().to_vec()).collect();
         assert_eq!(
             values,
             vec![
@@ -1063,31 +1066,21 @@ mod trigger_tests {
     use crate::plan::WindowFn;
     use crate::time::MAX_TIMESTAMP;
 
+    /// A `KV<bytes, varint>` element in its 10 ms fixed window.
     fn element(key: &[u8], value: u8, ts: Timestamp) -> DecodedElement {
-        let mut v = vec![key.len() as u8];
-        v.extend_from_slice(key);
-        v.push(value);
-        let value = Bytes::from(v);
         let start = ts - ts.rem_euclid(10);
-        DecodedElement {
-            header: WindowedValueHeader {
-                timestamp: ts,
-                windows: smallvec::smallvec![Window::Interval {
-                    start,
-                    end: start + 10,
-                }],
-                pane: PaneInfo::NO_FIRING,
-            },
-            encoded: value.clone(),
-            value,
-        }
+        let window = Window::Interval {
+            start,
+            end: start + 10,
+        };
+        crate::grouping::tests::element(key, value, ts, window)
     }
 
     /// (key, values, is_last) of every pane emitted.
     fn panes(out: Fired) -> Vec<(u8, Vec<u8>, bool)> {
         emitted(out, &Coder::IntervalWindow)
             .into_iter()
-            .map(|e| (e.value[1], e.value[6..].to_vec(), e.header.pane.is_last))
+            .map(|e| (e.value()[1], e.value()[6..].to_vec(), e.header.pane.is_last))
             .collect()
     }
 

@@ -636,9 +636,9 @@ mod tests {
             .into_iter()
             .map(|e| {
                 assert!(e.header.pane.is_first && e.header.pane.is_last);
-                let klen = e.value[0] as usize;
-                let key = e.value[1..1 + klen].to_vec();
-                let mut values = e.value[1 + klen + 4..].to_vec();
+                let klen = e.value()[0] as usize;
+                let key = e.value()[1..1 + klen].to_vec();
+                let mut values = e.value()[1 + klen + 4..].to_vec();
                 values.sort();
                 (key, values)
             })

@@ -213,10 +213,10 @@ impl Engine {
                 for (transform, tag, access) in &consumers.side_inputs {
                     match access {
                         SideInputAccess::Iterable => {
-                            store.add_iterable(transform, tag, wbytes.clone(), e.value.clone())
+                            store.add_iterable(transform, tag, wbytes.clone(), e.value_bytes())
                         }
                         SideInputAccess::Multimap => {
-                            let n = pc.value_coder.kv_key_len(&e.value).map_err(|source| {
+                            let n = pc.value_coder.kv_key_len(e.value()).map_err(|source| {
                                 EngineError::Decode {
                                     pcollection: pc.id.clone(),
                                     source,
@@ -226,8 +226,8 @@ impl Engine {
                                 transform,
                                 tag,
                                 wbytes.clone(),
-                                e.value.slice(..n),
-                                e.value.slice(n..),
+                                e.value_bytes().slice(..n),
+                                e.value_bytes().slice(n..),
                             );
                         }
                     }
@@ -271,12 +271,12 @@ impl Engine {
                         let pc = &self.plan.pcollections[pcoll];
                         let key_len =
                             pc.value_coder
-                                .kv_key_len(&element.value)
+                                .kv_key_len(element.value())
                                 .map_err(|source| EngineError::Decode {
                                     pcollection: pc.id.clone(),
                                     source,
                                 })?;
-                        let key = element.value.slice(..key_len);
+                        let key = element.value_bytes().slice(..key_len);
                         for window in &element.header.windows {
                             s.timers.set_if_absent(
                                 &expiration.transform_id,

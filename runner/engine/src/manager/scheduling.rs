@@ -126,8 +126,8 @@ impl Engine {
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
                         Some(coder) => coder
-                            .kv_key_len(&e.value)
-                            .map_or(1, |n| group_of(&e.value[..n])),
+                            .kv_key_len(e.value())
+                            .map_or(1, |n| group_of(&e.value()[..n])),
                         None => 0,
                     }
                 };

@@ -64,18 +64,13 @@ impl ElementRecord {
     fn of(e: &DecodedElement) -> Self {
         ElementRecord {
             header: e.header.clone(),
-            value_offset: e.encoded.len().saturating_sub(e.value.len()) as u32,
+            value_offset: e.value_start() as u32,
             encoded: e.encoded.clone(),
         }
     }
 
     fn into_element(self) -> DecodedElement {
-        let offset = (self.value_offset as usize).min(self.encoded.len());
-        DecodedElement {
-            header: self.header,
-            value: self.encoded.slice(offset..),
-            encoded: self.encoded,
-        }
+        DecodedElement::new(self.header, self.encoded, self.value_offset as usize)
     }
 }
 

@@ -56,7 +56,7 @@ pub fn decoded_input(input: &Input, windows: Vec<Window>, window_coder: &Coder) 
 
 /// Reads an input element back: its key, id and timestamp.
 pub fn read_input(element: &DecodedElement) -> Input {
-    let value = &element.value;
+    let value = element.value();
     assert_eq!(value[0], 1, "keys are one byte long");
     let (id, _) = decode_varint_i64(&value[2..]).expect("varint value");
     Input {
@@ -86,10 +86,10 @@ pub fn decode_panes(bytes: &[u8], window_coder: &Coder) -> Vec<Pane> {
             let [window] = &e.header.windows[..] else {
                 panic!("a group is in exactly one window: {:?}", e.header);
             };
-            let key_len = coder.kv_key_len(&e.value).expect("kv");
+            let key_len = coder.kv_key_len(e.value()).expect("kv");
             assert_eq!(key_len, 2, "keys are one byte long");
-            let key: Key = e.value[1];
-            let rest = &e.value[key_len..];
+            let key: Key = e.value()[1];
+            let rest = &e.value()[key_len..];
             let count = i32::from_be_bytes(rest[..4].try_into().expect("iterable length"));
             let mut pos = 4;
             let mut values = Vec::new();
