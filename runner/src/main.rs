@@ -85,6 +85,8 @@ fn block_on(command: impl std::future::Future<Output = Result<()>>) -> Result<()
 }
 
 fn main() -> Result<()> {
+    // Before any thread allocates: see the module's docs for why.
+    let allocator_tuned = refract_engine::allocator::tune_system_allocator();
     let cli = Cli::parse_from(normalize_args(std::env::args()));
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
@@ -113,6 +115,7 @@ fn main() -> Result<()> {
         None => cli.serve,
     };
     init_logging(&args);
+    tracing::debug!(allocator_tuned, "fixed glibc's mmap and trim thresholds");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -301,6 +301,9 @@ fn bench_chains(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
+    // As the `refract` binary does: otherwise which of glibc's two trim
+    // modes a run lands in decides the figures (see the module's docs).
+    refract_engine::allocator::tune_system_allocator();
     // Short by default (a few seconds per benchmark); criterion's own flags
     // (--measurement-time, --sample-size) override these.
     Criterion::default()

@@ -18,6 +18,7 @@
 //! a transaction: its consumed input, outputs, state writes and timers are
 //! committed together or not at all.
 
+pub mod allocator;
 pub mod coder;
 pub mod executor;
 pub mod grouping;

@@ -18,6 +18,7 @@
 //! spilled windows a few megabytes at a time when they fire (`spill`).
 
 mod fired;
+mod hold_range;
 mod key_table;
 mod spill;
 
@@ -44,6 +45,7 @@ use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
 pub use fired::Fired;
+use hold_range::HoldRange;
 use key_table::{KeyTable, Retain};
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
@@ -72,10 +74,9 @@ pub(crate) struct Pane {
     count: usize,
     /// Data arrived since the last firing.
     new_data: bool,
-    /// Earliest output-time hold of the elements since the last firing.
-    hold_min: Option<Timestamp>,
-    /// Latest output-time hold of the elements since the last firing.
-    hold_max: Option<Timestamp>,
+    /// Earliest and latest output-time hold of the elements since the
+    /// last firing.
+    holds: HoldRange,
     /// Panes already fired for this window.
     fired: i64,
     /// Non-early panes already fired.
@@ -90,8 +91,7 @@ impl Pane {
             values: PaneValues::new(),
             count: 0,
             new_data: false,
-            hold_min: None,
-            hold_max: None,
+            holds: HoldRange::EMPTY,
             fired: 0,
             nonspeculative_fired: 0,
             trigger: TriggerState::new(trigger),
@@ -102,18 +102,14 @@ impl Pane {
         self.values.extend_from_slice(value);
         self.count += 1;
         self.new_data = true;
-        self.hold_min = Some(self.hold_min.map_or(hold, |m| m.min(hold)));
-        self.hold_max = Some(self.hold_max.map_or(hold, |m| m.max(hold)));
+        self.holds.add(hold);
     }
 
     fn absorb(&mut self, other: Pane) {
         self.values.extend_from_slice(&other.values);
         self.count += other.count;
         self.new_data |= other.new_data;
-        for h in [other.hold_min, other.hold_max].into_iter().flatten() {
-            self.hold_min = Some(self.hold_min.map_or(h, |m| m.min(h)));
-            self.hold_max = Some(self.hold_max.map_or(h, |m| m.max(h)));
-        }
+        self.holds.absorb(other.holds);
         self.fired = self.fired.max(other.fired);
         self.nonspeculative_fired = self.nonspeculative_fired.max(other.nonspeculative_fired);
         self.trigger.merge(&other.trigger);
@@ -787,8 +783,7 @@ impl Firing<'_> {
         }
         pane.new_data = false;
         // Holds are released by a firing, in either accumulation mode.
-        pane.hold_min = None;
-        pane.hold_max = None;
+        pane.holds = HoldRange::EMPTY;
         if self.strategy.accumulation == AccumulationMode::Discarding {
             pane.values.clear();
             pane.count = 0;
@@ -802,8 +797,8 @@ fn output_timestamp(strategy: &WindowingStrategy, window: &Window, pane: &Pane) 
     let end = window.max_timestamp();
     match strategy.output_time {
         OutputTime::EndOfWindow => end,
-        OutputTime::EarliestInPane => pane.hold_min.unwrap_or(end).min(end),
-        OutputTime::LatestInPane => pane.hold_max.unwrap_or(end).min(end),
+        OutputTime::EarliestInPane => pane.holds.min().unwrap_or(end).min(end),
+        OutputTime::LatestInPane => pane.holds.max().unwrap_or(end).min(end),
     }
 }
 

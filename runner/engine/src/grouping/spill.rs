@@ -179,14 +179,8 @@ impl Pane {
         }
         self.count += part.count;
         self.new_data = true;
-        self.hold_min = Some(
-            self.hold_min
-                .map_or(part.hold_min, |m| m.min(part.hold_min)),
-        );
-        self.hold_max = Some(
-            self.hold_max
-                .map_or(part.hold_max, |m| m.max(part.hold_max)),
-        );
+        self.holds.add(part.hold_min);
+        self.holds.add(part.hold_max);
     }
 }
 
@@ -427,8 +421,8 @@ impl GroupingBuffer {
                 let end = window.max_timestamp();
                 let mut v = Vec::with_capacity(PANE_HEADER + pane.values.len());
                 v.extend_from_slice(&(pane.count as u64).to_le_bytes());
-                v.extend_from_slice(&pane.hold_min.unwrap_or(end).to_le_bytes());
-                v.extend_from_slice(&pane.hold_max.unwrap_or(end).to_le_bytes());
+                v.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
+                v.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
                 v.extend_from_slice(&pane.values);
                 batch_bytes += k.len() + v.len();
                 batch.push((k, v));
