@@ -212,6 +212,67 @@ async fn groups_by_key_and_window_under_every_bundle_shape() {
     assert_eq!(results[0], results[2]);
 }
 
+/// A GroupByKey whose output only another GroupByKey reads: the firing is
+/// handed over as bytes (no elements made), and every group arrives,
+/// grouped again, under every bundle shape.
+#[tokio::test]
+async fn a_groupbykey_feeding_only_a_groupbykey_hands_over_every_group() {
+    let regrouped = Coder::Kv(
+        Box::new(Coder::Bytes),
+        Box::new(Coder::Iterable(Box::new(Coder::Iterable(Box::new(
+            Coder::Varint,
+        ))))),
+    );
+    for shape in [1, 100_000] {
+        let (mut plan, mut exec) = gbk_pipeline(Arc::new(Mutex::new(Vec::new())), 0);
+        let gbk = plan.stages[2].clone();
+        plan.pcollections
+            .push(pc("regrouped", regrouped.clone(), Coder::IntervalWindow));
+        plan.stages[3] = Stage {
+            name: "regroup".into(),
+            inputs: vec![2],
+            outputs: vec![3],
+            ..gbk
+        };
+        plan.stages.push(sdk_stage("sink", vec![3], vec![]));
+        let records: Records = Arc::new(Mutex::new(Vec::new()));
+        let (seen, coder) = (records.clone(), regrouped.clone());
+        let sink: StageFn = Arc::new(move |input| {
+            for chunk in &input.elements {
+                for e in decode_windowed_values(chunk, &coder, &Coder::IntervalWindow).unwrap() {
+                    let key_len = coder.kv_key_len(e.value()).unwrap();
+                    let key = String::from_utf8(e.value()[1..key_len].to_vec()).unwrap();
+                    let window = e.header.windows[0].clone();
+                    seen.lock()
+                        .push((key, e.value()[key_len..].to_vec(), window));
+                }
+            }
+            Ok(BundleOutput::default())
+        });
+        exec.stages.remove(&3);
+        exec.stages.insert(4, sink);
+        run(plan, exec, config(shape)).await.unwrap();
+        let mut got = records.lock().clone();
+        got.sort();
+        let w = |s| Window::Interval {
+            start: s,
+            end: s + 10,
+        };
+        let group_of_one = |inner: &[u8]| [&[0, 0, 0, 1][..], inner].concat();
+        assert_eq!(
+            got,
+            vec![
+                ("a".to_string(), group_of_one(&[0, 0, 0, 1, 4]), w(10)),
+                ("a".to_string(), group_of_one(&[0, 0, 0, 2, 0, 2]), w(0)),
+                ("b".to_string(), group_of_one(&[0, 0, 0, 1, 1]), w(0)),
+                ("b".to_string(), group_of_one(&[0, 0, 0, 1, 5]), w(20)),
+                ("c".to_string(), group_of_one(&[0, 0, 0, 1, 3]), w(10)),
+            ],
+            "bundle shape {shape}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn stage_snapshots_show_the_finished_graph() {
     let records = Arc::new(Mutex::new(Vec::new()));

@@ -354,10 +354,9 @@ impl GroupingBuffer {
             };
             // Looked up by the borrowed bytes: a key is copied into the
             // table once, when it is new (and again only when it is recorded
-            // elsewhere, below).
-            // A new key's entry is made with its pane in it: written once,
-            // where it stays (a GroupByKey over distinct keys makes one per
-            // element).
+            // elsewhere, below). A new key's entry is made with its pane in
+            // it: written once, where it stays (a GroupByKey over distinct
+            // keys makes one per element).
             let trigger = &self.strategy.trigger;
             let (windows, new_key) = self.panes.get_or_insert_with(key, || {
                 smallvec::smallvec![(window.clone(), Pane::new(trigger))]

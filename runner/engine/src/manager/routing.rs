@@ -144,10 +144,17 @@ impl Engine {
         }
         self.stages[stage].fire_budget = budget.saturating_sub(out.bytes.len());
         if fired > 0 {
+            let outputs = self.plan.stages[stage].outputs.clone();
+            if outputs.iter().all(|&p| self.only_groupings_consume(p)) {
+                // GroupByKeys read the bytes in place: no element needed.
+                for &pcoll in &outputs {
+                    self.route_to_grouping(pcoll, &out.bytes)?;
+                }
+                return Ok(true);
+            }
             // The firing recorded each element's header and extent while
             // encoding it: routed as they are, not decoded again.
             let (bytes, elements) = out.into_elements();
-            let outputs = self.plan.stages[stage].outputs.clone();
             if let Some((&last, others)) = outputs.split_last() {
                 for &pcoll in others {
                     self.route_decoded(pcoll, &bytes, elements.clone())?;
@@ -216,7 +223,8 @@ impl Engine {
                             store.add_iterable(transform, tag, wbytes.clone(), e.value_bytes())
                         }
                         SideInputAccess::Multimap => {
-                            let n = pc.value_coder.kv_key_len(e.value()).map_err(|source| {
+                            let value = e.value_bytes();
+                            let n = pc.value_coder.kv_key_len(&value).map_err(|source| {
                                 EngineError::Decode {
                                     pcollection: pc.id.clone(),
                                     source,
@@ -226,8 +234,8 @@ impl Engine {
                                 transform,
                                 tag,
                                 wbytes.clone(),
-                                e.value_bytes().slice(..n),
-                                e.value_bytes().slice(n..),
+                                value.slice(..n),
+                                value.slice(n..),
                             );
                         }
                     }
