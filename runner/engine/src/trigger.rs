@@ -51,9 +51,12 @@ enum Node {
         has_late: bool,
         on_time_fired: bool,
     },
+    /// 32-bit counts keep the node (held by every pane of a grouping
+    /// buffer) at 16 bytes: Beam's `AfterCount` is an int32, and counting
+    /// stops mattering once `seen` reaches `target`, so it saturates.
     ElementCount {
-        target: i64,
-        seen: i64,
+        target: i32,
+        seen: i32,
     },
     /// Out of line: it is the biggest node, and every pane of a grouping
     /// buffer holds a node.
@@ -61,7 +64,7 @@ enum Node {
     All,
     Any,
     Each {
-        current: usize,
+        current: u32,
     },
     Always {
         pending: bool,
@@ -114,7 +117,7 @@ impl TriggerState {
             }
             Trigger::ElementCount(n) => (
                 Node::ElementCount {
-                    target: (*n).max(1),
+                    target: i32::try_from(*n).unwrap_or(i32::MAX).max(1),
                     seen: 0,
                 },
                 vec![],
@@ -175,7 +178,7 @@ impl TriggerState {
             return;
         }
         match &mut self.node {
-            Node::ElementCount { seen, .. } => *seen += 1,
+            Node::ElementCount { seen, .. } => *seen = seen.saturating_add(1),
             Node::ProcessingTime(clock) => {
                 if clock.deadline.is_none() {
                     let mut at = ctx.now.saturating_add(clock.delay);
@@ -202,7 +205,7 @@ impl TriggerState {
                 }
             }
             Node::Each { current } => {
-                let c = *current;
+                let c = *current as usize;
                 if let Some(child) = self.children.get_mut(c) {
                     child.on_element(ctx);
                 }
@@ -219,7 +222,9 @@ impl TriggerState {
     pub fn merge(&mut self, other: &TriggerState) {
         self.finished = self.finished && other.finished;
         match (&mut self.node, &other.node) {
-            (Node::ElementCount { seen, .. }, Node::ElementCount { seen: s2, .. }) => *seen += s2,
+            (Node::ElementCount { seen, .. }, Node::ElementCount { seen: s2, .. }) => {
+                *seen = seen.saturating_add(*s2)
+            }
             (Node::ProcessingTime(clock), Node::ProcessingTime(other)) => {
                 clock.deadline = match (clock.deadline, other.deadline) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -270,7 +275,7 @@ impl TriggerState {
             Node::Any => self.children.iter().any(|c| c.should_fire(ctx)),
             Node::Each { current } => self
                 .children
-                .get(*current)
+                .get(*current as usize)
                 .is_some_and(|c| c.should_fire(ctx)),
             Node::Always { pending } => *pending,
             Node::Never => false,
@@ -324,15 +329,18 @@ impl TriggerState {
                 self.finished = true;
             }
             Node::Each { current } => {
-                let c = *current;
+                let c = *current as usize;
                 if let Some(child) = self.children.get_mut(c) {
                     child.on_fire(ctx);
                     if child.finished {
                         let next = c + 1;
-                        if next >= self.children.len() {
-                            self.finished = true;
-                        } else if let Node::Each { current } = &mut self.node {
-                            *current = next;
+                        match u32::try_from(next) {
+                            Ok(next) if (next as usize) < self.children.len() => {
+                                if let Node::Each { current } = &mut self.node {
+                                    *current = next;
+                                }
+                            }
+                            _ => self.finished = true,
                         }
                     }
                 }
@@ -424,6 +432,57 @@ mod tests {
         assert!(t.should_fire(&ctx(0, 0)));
         t.on_fire(&ctx(0, 0));
         assert!(t.is_finished());
+    }
+
+    /// Counts are 32-bit: a count past an int32 (not in Beam's protos,
+    /// but a `Trigger` can say it) waits as long as one can, and counting
+    /// saturates instead of wrapping round to "not yet".
+    #[test]
+    fn element_counts_saturate() {
+        let mut t = TriggerState::new(&Trigger::ElementCount(1 << 40));
+        t.on_element(&ctx(0, 0));
+        assert!(!t.should_fire(&ctx(0, 0)));
+        for _ in 0..40 {
+            let other = t.clone();
+            t.merge(&other);
+        }
+        assert!(t.should_fire(&ctx(0, 0)));
+        t.on_element(&ctx(0, 0));
+        assert!(t.should_fire(&ctx(0, 0)));
+    }
+
+    /// Checkpoints written when the counts were 64-bit read back the same:
+    /// postcard writes both widths as the same varints.
+    #[test]
+    fn narrower_counts_keep_the_checkpoint_bytes() {
+        #[derive(Serialize)]
+        enum WideNode {
+            _Default,
+            _EndOfWindow(bool, bool, bool),
+            ElementCount { target: i64, seen: i64 },
+        }
+        #[derive(Serialize)]
+        struct WideState {
+            node: WideNode,
+            finished: bool,
+            children: Vec<WideState>,
+        }
+        let mut t = TriggerState::new(&Trigger::ElementCount(300));
+        for _ in 0..200 {
+            t.on_element(&ctx(0, 0));
+        }
+        let wide = WideState {
+            node: WideNode::ElementCount {
+                target: 300,
+                seen: 200,
+            },
+            finished: false,
+            children: Vec::new(),
+        };
+        let narrow = postcard::to_allocvec(&t).expect("encodes");
+        assert_eq!(narrow, postcard::to_allocvec(&wide).expect("encodes"));
+        let back: TriggerState = postcard::from_bytes(&narrow).expect("decodes");
+        assert_eq!(back, t);
     }
 
     #[test]

@@ -57,6 +57,12 @@ impl<'a> Reader<'a> {
         self.buf.get(self.pos..).unwrap_or_default()
     }
 
+    /// Whether the next bytes are `prefix` (nothing is consumed): lets a
+    /// decoder take a common encoding's short path.
+    pub(super) fn next_is(&self, prefix: &[u8]) -> bool {
+        self.rest().starts_with(prefix)
+    }
+
     /// One byte.
     pub(super) fn byte(&mut self, what: &'static str) -> Result<u8, CoderError> {
         let b = *self.rest().first().ok_or(CoderError::Truncated(what))?;

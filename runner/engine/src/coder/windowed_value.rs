@@ -218,12 +218,21 @@ pub(super) fn read_header(
     })
 }
 
+/// The known-length iterable prefix of a list of one window.
+const ONE_WINDOW: [u8; 4] = 1i32.to_be_bytes();
+
 /// Reads a list of windows (iterable framing); shared with timers.
 pub(super) fn read_windows(
     r: &mut Reader<'_>,
     window_coder: &Coder,
     what: &'static str,
 ) -> Result<Windows, CoderError> {
+    // One window, counted up front: nearly every element is in exactly one,
+    // and this is read for each of them.
+    if r.next_is(&ONE_WINDOW) {
+        r.skip(ONE_WINDOW.len(), what)?;
+        return Ok(smallvec::smallvec![window_coder.read_window(r)?]);
+    }
     let mut windows = Windows::new();
     let token = for_each_block(r, what, |r, n| {
         let left = r.remaining();
@@ -305,6 +314,37 @@ mod tests {
         let mut out = vec![0xaa];
         assert!(encode_windowed_value(&header, &Coder::GlobalWindow, &[1], &mut out).is_err());
         assert_eq!(out, [0xaa]);
+    }
+
+    /// One window read by the counted form's short path, and the same
+    /// window in blocks (as a writer that did not count them sends it),
+    /// decode alike; so do two windows.
+    #[test]
+    fn one_window_reads_the_same_counted_or_in_blocks() {
+        let counted = hex("8000000000000005 00000001 8000000000000009 03 0f 01 aa");
+        let blocks = hex("8000000000000005 ffffffff 01 8000000000000009 03 00 0f 01 aa");
+        let two = hex("8000000000000005 00000002 8000000000000009 03 8000000000000011 02 0f 01 aa");
+        let read = |buf: Vec<u8>| {
+            decode_windowed_values(&Bytes::from(buf), &Coder::Bytes, &Coder::IntervalWindow)
+        };
+        let (counted, blocks, two) = (read(counted), read(blocks), read(two));
+        let window = Window::Interval { start: 6, end: 9 };
+        let header = &counted.as_ref().expect("counted")[0].header;
+        assert_eq!(header.timestamp, 5);
+        assert_eq!(header.windows.as_slice(), std::slice::from_ref(&window));
+        assert_eq!(
+            counted.as_ref().map(|e| e[0].value().to_vec()),
+            Ok(vec![1, 0xaa])
+        );
+        assert_eq!(
+            blocks.as_ref().map(|e| e[0].header.clone()),
+            Ok(header.clone())
+        );
+        let later = Window::Interval { start: 15, end: 17 };
+        assert_eq!(
+            two.map(|e| e[0].header.windows.to_vec()),
+            Ok(vec![window, later])
+        );
     }
 
     #[test]

@@ -46,6 +46,13 @@ impl Fired {
         });
     }
 
+    /// Room for `bytes` more bytes and `elements` more elements (a big
+    /// firing would otherwise grow both by doubling, copying each time).
+    pub(super) fn reserve(&mut self, bytes: usize, elements: usize) {
+        self.bytes.reserve(bytes);
+        self.elements.reserve(elements);
+    }
+
     /// How many elements were emitted.
     pub fn element_count(&self) -> usize {
         self.elements.len()

@@ -22,6 +22,7 @@
 use std::hash::BuildHasher;
 
 use bytes::Bytes;
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
@@ -48,6 +49,11 @@ pub(super) struct KeyTable<V> {
     entries: Vec<(Key, V)>,
     /// A walk moved or removed entries since the index was built.
     stale: bool,
+    /// Lookups that could insert since [`KeyTable::expect_lookups`] last
+    /// looked (or the table was last empty), and how many of them made a
+    /// key: its guess of what more lookups will add.
+    lookups: usize,
+    made: usize,
 }
 
 /// What [`KeyTable::retain`] does with the entry it was shown.
@@ -78,6 +84,8 @@ impl<V> Default for KeyTable<V> {
             index: HashTable::new(),
             entries: Vec::new(),
             stale: false,
+            lookups: 0,
+            made: 0,
         }
     }
 }
@@ -95,6 +103,12 @@ fn spread(hash: u32) -> u64 {
     (u64::from(hash) << 32) | u64::from(hash)
 }
 
+/// Lookups seen before [`KeyTable::expect_lookups`] trusts their share of
+/// new keys.
+const EXPECT_AFTER_LOOKUPS: usize = 512;
+/// Fewer expected new keys than this are left to ordinary growth.
+const EXPECT_AT_LEAST: usize = 1024;
+
 /// A position as the index keeps it. Four billion keys in one buffer would
 /// take a terabyte of entries; a buffer spills long before.
 fn slot_at(at: usize) -> u32 {
@@ -103,6 +117,11 @@ fn slot_at(at: usize) -> u32 {
 }
 
 impl<V> KeyTable<V> {
+    /// How many keys there are.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Whether there are no keys.
     pub(super) fn is_empty(&self) -> bool {
         self.entries.is_empty()
@@ -141,9 +160,60 @@ impl<V> KeyTable<V> {
         make: impl FnOnce() -> V,
     ) -> (&mut V, bool) {
         self.refresh();
-        match self.position(key) {
-            Some(at) => (&mut self.entries[at].1, false),
-            None => (self.push(Key::from_slice(key), make()), true),
+        self.lookups += 1;
+        // One probe of the index whether the key is there or not (a find
+        // and then an insert would probe twice for every new key).
+        let h = hash(key);
+        let at = self.entries.len();
+        let entries = &self.entries;
+        let found = self.index.entry(
+            spread(h),
+            |s| s.hash == h && entries[s.at as usize].0.as_ref() == key,
+            |s| spread(s.hash),
+        );
+        match found {
+            Entry::Occupied(slot) => {
+                let at = slot.get().at as usize;
+                (&mut self.entries[at].1, false)
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(Slot {
+                    at: slot_at(at),
+                    hash: h,
+                });
+                self.made += 1;
+                self.entries.push((Key::from_slice(key), make()));
+                (&mut self.entries[at].1, true)
+            }
+        }
+    }
+
+    /// About `lookups` more [`KeyTable::get_or_insert_with`]s are coming
+    /// (the rest of an input chunk): makes room at once for the keys they
+    /// are likely to add, judged by the share of the lookups since the
+    /// last call that added one. A GroupByKey over distinct keys otherwise
+    /// grows its entries and its index by doubling, copying every entry
+    /// and rehashing every position about once more in all. (The recent
+    /// share, not the overall one: over few keys, the first lookups all
+    /// add one, the later ones none.)
+    pub(super) fn expect_lookups(&mut self, lookups: usize) {
+        if self.lookups < EXPECT_AFTER_LOOKUPS {
+            return;
+        }
+        let new = lookups.saturating_mul(self.made) / self.lookups;
+        self.lookups = 0;
+        self.made = 0;
+        if new < EXPECT_AT_LEAST || self.entries.capacity() - self.entries.len() >= new {
+            return;
+        }
+        // Exactly, with an eighth more for the guess's error: `reserve`
+        // would double the vector whenever the guess exceeds the room by
+        // even one (200k entries' room for 100k, past glibc's mmap
+        // threshold, mapped and unmapped at every firing).
+        let room = new.saturating_add(new / 8);
+        self.entries.reserve_exact(room);
+        if !self.stale {
+            self.index.reserve(room, |s| spread(s.hash));
         }
     }
 
@@ -153,18 +223,6 @@ impl<V> KeyTable<V> {
         V: Default,
     {
         self.get_or_insert_with(key, V::default).0
-    }
-
-    fn push(&mut self, key: Key, value: V) -> &mut V {
-        let at = self.entries.len();
-        let slot = Slot {
-            at: slot_at(at),
-            hash: hash(&key),
-        };
-        self.index
-            .insert_unique(spread(slot.hash), slot, |s| spread(s.hash));
-        self.entries.push((key, value));
-        &mut self.entries[at].1
     }
 
     /// Removes `key` and its value.
@@ -265,9 +323,14 @@ impl<V> KeyTable<V> {
 
     /// After most keys went (a window fired over them), returns the room
     /// they took: a buffer's memory is counted by what it holds, so it
-    /// must not keep the peak's allocation.
+    /// must not keep the peak's allocation. An empty table also forgets
+    /// its lookups: the next input may have other keys.
     fn give_back_room(&mut self) {
         let len = self.entries.len();
+        if len == 0 {
+            self.lookups = 0;
+            self.made = 0;
+        }
         if self.entries.capacity() > 1024 && len * 4 < self.entries.capacity() {
             self.entries.shrink_to(len * 2);
             if !self.stale {
@@ -401,6 +464,45 @@ mod tests {
                 "{keys} keys, {step} a step"
             );
         }
+    }
+
+    /// `n` lookups of keys from `first` on, each key `repeat` times in a row.
+    fn look_up(table: &mut KeyTable<u32>, first: u32, n: u32, repeat: u32) {
+        for i in 0..n {
+            *table.get_or_insert_with(&key(first + i / repeat), || 0).0 += 1;
+        }
+    }
+
+    /// A stream of new keys is given room for what is announced at once,
+    /// within an eighth over; a stream of known keys is given none; an
+    /// emptied table forgets what it saw. The contents stay right either
+    /// way.
+    #[test]
+    fn expected_lookups_make_room_by_the_recent_share_of_new_keys() {
+        let mut distinct: KeyTable<u32> = KeyTable::default();
+        look_up(&mut distinct, 0, 2_000, 1);
+        distinct.expect_lookups(98_000);
+        let room = distinct.entries.capacity();
+        assert!((100_000..=112_250).contains(&room), "{room}");
+        look_up(&mut distinct, 2_000, 98_000, 1);
+        assert_eq!(distinct.entries.capacity(), room, "grown again");
+        assert_eq!(distinct.len(), 100_000);
+        assert_eq!(distinct.get(&key(77_777)), Some(&1));
+
+        // 1 000 keys, each looked up 50 times: the first lookups all made
+        // a key, the ones just before the call none.
+        let mut few: KeyTable<u32> = KeyTable::default();
+        look_up(&mut few, 0, 2_000, 1);
+        few.expect_lookups(0);
+        look_up(&mut few, 0, 2_000, 2);
+        few.expect_lookups(1_000_000);
+        assert!(few.entries.capacity() < 4_096, "{}", few.entries.capacity());
+
+        // Too few lookups since the table was emptied: no guess.
+        distinct.retain(|_, _| Retain::Remove);
+        look_up(&mut distinct, 0, 100, 1);
+        distinct.expect_lookups(1_000_000);
+        assert!(distinct.entries.capacity() < 100_000);
     }
 
     #[test]

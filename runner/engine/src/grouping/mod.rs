@@ -70,8 +70,10 @@ pub(crate) struct Pane {
     /// one small value — a GroupByKey over distinct keys — keeps it in
     /// place, without an allocation of its own.
     values: PaneValues,
-    /// How many values `values` holds.
-    count: usize,
+    /// How many values `values` holds. (32 bits: a pane is emitted as an
+    /// iterable, whose length is an int32 on the wire, so a longer one could
+    /// not be written anyway; it saturates and then fails to encode.)
+    count: u32,
     /// Data arrived since the last firing.
     new_data: bool,
     /// Earliest and latest output-time hold of the elements since the
@@ -100,14 +102,14 @@ impl Pane {
 
     fn add(&mut self, value: &[u8], hold: Timestamp) {
         self.values.extend_from_slice(value);
-        self.count += 1;
+        self.count = self.count.saturating_add(1);
         self.new_data = true;
         self.holds.add(hold);
     }
 
     fn absorb(&mut self, other: Pane) {
         self.values.extend_from_slice(&other.values);
-        self.count += other.count;
+        self.count = self.count.saturating_add(other.count);
         self.new_data |= other.new_data;
         self.holds.absorb(other.holds);
         self.fired = self.fired.max(other.fired);
@@ -211,6 +213,9 @@ struct Evaluation<'a> {
     /// only the keys that got data are (a streaming trigger firing after
     /// an element: a pane or two, not the buffer).
     room: usize,
+    /// Likewise, how many elements `out` is given room to record
+    /// ([`expected_elements`]).
+    room_elements: usize,
     /// Elements emitted.
     emitted: usize,
     /// The first failure; evaluation stops at it.
@@ -317,6 +322,13 @@ impl GroupingBuffer {
         self.add_value(&element.header, element.value(), input_watermark, now)
     }
 
+    /// About `elements` more are about to be added (the rest of the chunk
+    /// being routed): makes room for the keys they will likely add at once
+    /// rather than by doubling (see [`key_table::KeyTable::expect_lookups`]).
+    pub fn expect_elements(&mut self, elements: usize) {
+        self.panes.expect_lookups(elements);
+    }
+
     /// [`Self::add`] for an element given as its header and its `KV` value
     /// bytes (which are copied, not kept).
     pub fn add_value(
@@ -359,7 +371,7 @@ impl GroupingBuffer {
             // keys makes one per element).
             let trigger = &self.strategy.trigger;
             let (windows, new_key) = self.panes.get_or_insert_with(key, || {
-                smallvec::smallvec![(window.clone(), Pane::new(trigger))]
+                KeyPanes::from_buf([(window.clone(), Pane::new(trigger))])
             });
             let at = if new_key {
                 self.memory_bytes += key.len() + KEY_OVERHEAD + PANE_OVERHEAD;
@@ -549,6 +561,11 @@ impl GroupingBuffer {
             } else {
                 0
             },
+            room_elements: if every_key {
+                expected_elements(panes.len(), *memory_bytes, max_bytes)
+            } else {
+                0
+            },
             memory_bytes,
             emitted: 0,
             error: None,
@@ -653,7 +670,7 @@ impl Evaluation<'_> {
                     && pane.nonspeculative_fired == 0
                     && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
                 if pane.new_data || fire_empty {
-                    make_room(out, &mut self.room);
+                    make_room(out, &mut self.room, &mut self.room_elements);
                     let emitted = self.firing.emit(key, window, pane, &ctx, last, out);
                     if !self.counted(emitted) {
                         return;
@@ -670,14 +687,20 @@ impl Evaluation<'_> {
                         && !pane.trigger.is_finished()
                         && !emitted_last);
                 if final_pane {
-                    make_room(out, &mut self.room);
+                    make_room(out, &mut self.room, &mut self.room_elements);
                     let emitted = self.firing.emit(key, window, pane, &ctx, true, out);
                     if !self.counted(emitted) {
                         return;
                     }
                 }
                 update_holds(self.holds, before, None);
-                windows.remove(i);
+                if i + 1 == windows.len() {
+                    // Dropped where it is (removing it would move it out
+                    // first): the last window, often the key's only one.
+                    windows.truncate(i);
+                } else {
+                    windows.remove(i);
+                }
                 *self.memory_bytes = self
                     .memory_bytes
                     .saturating_sub(size_before + PANE_OVERHEAD);
@@ -716,12 +739,24 @@ impl Evaluation<'_> {
     }
 }
 
-/// Gives `out` the room an evaluation expects to fill, once (`room` is
+/// Gives `out` the room an evaluation expects to fill, once (both are
 /// zeroed after).
-fn make_room(out: &mut Fired, room: &mut usize) {
-    if *room > 0 {
-        out.bytes.reserve(std::mem::take(room));
+fn make_room(out: &mut Fired, room: &mut usize, room_elements: &mut usize) {
+    if *room > 0 || *room_elements > 0 {
+        out.reserve(std::mem::take(room), std::mem::take(room_elements));
     }
+}
+
+/// The bytes a fired element takes besides its key and values: a header
+/// (timestamp, window count, pane byte) and the iterable's count.
+const FIRED_ELEMENT_FRAMING: usize = 8 + 4 + 1 + 4;
+
+/// About how many panes a walk over every key emits before it reaches
+/// `max_bytes`: a pane per key, each its key's share of the buffered bytes
+/// without their bookkeeping estimates, plus framing.
+fn expected_elements(keys: usize, memory_bytes: usize, max_bytes: usize) -> usize {
+    let payload = (memory_bytes / keys.max(1)).saturating_sub(KEY_OVERHEAD + PANE_OVERHEAD);
+    keys.min(max_bytes / (payload + FIRED_ELEMENT_FRAMING))
 }
 
 impl Firing<'_> {
@@ -765,7 +800,7 @@ impl Firing<'_> {
         };
         // Straight into `out`: header, key, count, values (checked first,
         // so that an error writes nothing).
-        let count = iterable_len_bytes(pane.count)?;
+        let count = iterable_len_bytes(pane.count as usize)?;
         let start = out.bytes.len();
         header.encode(self.window_coder, &mut out.bytes)?;
         let value_start = out.bytes.len();
@@ -971,6 +1006,33 @@ mod tests {
             Box::new(Coder::Bytes),
             Box::new(Coder::Iterable(Box::new(Coder::Varint))),
         )
+    }
+
+    /// A GroupByKey over distinct keys writes a pane (with its window and
+    /// trigger state) for every element and reads it back at the firing:
+    /// its size is per-element memory traffic, so it must not creep up.
+    #[test]
+    fn a_pane_stays_small() {
+        assert!(std::mem::size_of::<crate::trigger::TriggerState>() <= 40);
+        assert!(std::mem::size_of::<Pane>() <= 104);
+        assert!(std::mem::size_of::<(key_table::Key, KeyPanes)>() <= 168);
+    }
+
+    /// A firing over every key expects a pane per key, as many as fit its
+    /// byte limit at the keys' average size (their bookkeeping estimates
+    /// taken off).
+    #[test]
+    fn a_firing_expects_what_fits_its_limit() {
+        let per_key = KEY_OVERHEAD + PANE_OVERHEAD + 18;
+        let per_element = 18 + FIRED_ELEMENT_FRAMING;
+        assert_eq!(expected_elements(1000, 1000 * per_key, 4 << 20), 1000);
+        assert_eq!(
+            expected_elements(1_000_000, 1_000_000 * per_key, 4 << 20),
+            (4 << 20) / per_element
+        );
+        assert_eq!(expected_elements(0, 0, 4 << 20), 0);
+        // Estimates above what is buffered: framing alone.
+        assert_eq!(expected_elements(10, 10, 170), 10);
     }
 
     #[test]

@@ -177,7 +177,10 @@ impl Pane {
         } else {
             self.values.extend_from_slice(&part.values);
         }
-        self.count += part.count;
+        // Saturating: a pane past an int32's count fails when it is
+        // encoded, which is where that limit is reported.
+        let count = u32::try_from(part.count).unwrap_or(u32::MAX);
+        self.count = self.count.saturating_add(count);
         self.new_data = true;
         self.holds.add(part.hold_min);
         self.holds.add(part.hold_max);
@@ -420,7 +423,7 @@ impl GroupingBuffer {
                 k.extend_from_slice(&run.to_be_bytes());
                 let end = window.max_timestamp();
                 let mut v = Vec::with_capacity(PANE_HEADER + pane.values.len());
-                v.extend_from_slice(&(pane.count as u64).to_le_bytes());
+                v.extend_from_slice(&u64::from(pane.count).to_le_bytes());
                 v.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
                 v.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
                 v.extend_from_slice(&pane.values);

@@ -12,6 +12,11 @@ use crate::plan::SdkStage;
 /// scheduled between steps.
 const FIRE_STEP_BYTES: usize = 4 << 20;
 
+/// Elements of a chunk routed to GroupByKeys before the rest of the chunk
+/// is announced to them ([`GroupingBuffer::expect_elements`]): enough to
+/// judge the elements' size.
+const EXPECT_AFTER_ELEMENTS: usize = 1024;
+
 impl Engine {
     /// Deliver encoded windowed values produced into PCollection `pcoll`.
     pub(super) fn route(&mut self, pcoll: PCollectionIdx, bytes: Bytes) -> Result<(), EngineError> {
@@ -77,8 +82,20 @@ impl Engine {
             pcollection: engine.plan.pcollections[pcoll].id.clone(),
             source,
         };
+        // Every eighth of a big chunk, the GroupByKeys hear how many
+        // elements are left (by the size of those so far).
+        let (mut routed, mut routed_bytes) = (0usize, 0usize);
+        let eighth = bytes.len() / 8;
+        let mut next_mark = eighth;
         for item in BorrowedWindowedValues::new(bytes, &value_coder, &window_coder) {
             let (header, kv, len) = item.map_err(|source| decode_error(self, source))?;
+            routed += 1;
+            routed_bytes += len;
+            if routed_bytes >= next_mark && routed >= EXPECT_AFTER_ELEMENTS {
+                next_mark = routed_bytes + eighth;
+                let left = bytes.len().saturating_sub(routed_bytes) / routed_bytes.div_ceil(routed);
+                self.expect_grouped(pcoll, left);
+            }
             if let Some(producer) = self.producers[pcoll] {
                 let counters = &mut self.stages[producer].counters;
                 counters.elements_out += 1;
@@ -104,6 +121,16 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Tells the GroupByKeys reading `pcoll` that about `elements` more of
+    /// its elements are coming.
+    fn expect_grouped(&mut self, pcoll: PCollectionIdx, elements: usize) {
+        for &stage in &self.consumers[pcoll].stages {
+            if let Some(g) = self.stages[stage].grouping.as_mut() {
+                g.expect_elements(elements);
+            }
+        }
     }
 
     /// Evaluates a grouping stage's triggers (unless some key's windows
