@@ -173,6 +173,29 @@ pub enum ExecError {
     Runner(String),
 }
 
+/// `work` (an executor's bundle or merge), with a panic in it turned into
+/// a runner error that names it. The engine runs such work on tasks of its
+/// own and waits for their reports: a task that died of a panic would
+/// never report, and the job would hang instead of failing.
+pub async fn panics_as_errors<T>(
+    work: BoxFuture<'static, Result<T, ExecError>>,
+) -> Result<T, ExecError> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            Err(ExecError::Runner(format!(
+                "bundle execution panicked: {message}"
+            )))
+        }
+    }
+}
+
 /// Runs bundles of SDK stages.
 pub trait StageExecutor: Send + Sync {
     /// Run one bundle to completion. The future must not hold the engine's

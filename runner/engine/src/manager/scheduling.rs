@@ -291,7 +291,7 @@ impl Engine {
                 let fut = self.executor.execute(input);
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let result = fut.await;
+                    let result = crate::executor::panics_as_errors(fut).await;
                     let _ = tx.send(Report::Bundle { bundle, result });
                 });
             }

@@ -45,7 +45,7 @@ impl Engine {
             let tx = tx.clone();
             self.merges_in_flight += 1;
             tokio::spawn(async move {
-                let result = fut.await;
+                let result = crate::executor::panics_as_errors(fut).await;
                 let _ = tx.send(Report::Merge {
                     stage: idx,
                     keys,
