@@ -171,16 +171,20 @@ impl TimerStore {
         now: Timestamp,
         last: Option<(&str, &str)>,
     ) -> Vec<(TimeDomain, FiredTimer)> {
-        self.take_ready_where(input_watermark, now, last, |_| true)
+        self.take_ready_where(input_watermark, now, last, usize::MAX, |_| true)
     }
 
     /// [`Self::take_ready`] among the timers `eligible` accepts (the others
-    /// stay, ready or not: their keys are busy in another bundle).
+    /// stay, ready or not: their keys are busy in another bundle), at most
+    /// `max` of them: the earliest, so that the rest fire in later bundles
+    /// after them (a bundle's timers are bounded like its elements; a
+    /// window closing over a million keys is not one bundle).
     pub fn take_ready_where(
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
         last: Option<(&str, &str)>,
+        max: usize,
         eligible: impl Fn(&TimerValue) -> bool,
     ) -> Vec<(TimeDomain, FiredTimer)> {
         let is_ready = |(domain, t): &(TimeDomain, TimerValue)| {
@@ -192,23 +196,25 @@ impl TimerStore {
                     })
         };
         let is_last = |id: &TimerId| last.is_some_and(|(t, f)| id.0 == t && id.1 == f);
-        let mut ready: Vec<TimerId> = self
-            .timers
-            .iter()
-            .filter(|(id, v)| !is_last(id) && is_ready(v))
-            .map(|(id, _)| id.clone())
-            .collect();
-        if ready.is_empty() {
-            ready = self
-                .timers
+        let ready_of = |last_family: bool| -> Vec<(Timestamp, TimerId)> {
+            self.timers
                 .iter()
-                .filter(|(id, v)| is_last(id) && is_ready(v))
-                .map(|(id, _)| id.clone())
-                .collect();
+                .filter(|(id, v)| is_last(id) == last_family && is_ready(v))
+                .map(|(id, (_, t))| (t.fire_timestamp, id.clone()))
+                .collect()
+        };
+        let mut ready = ready_of(false);
+        if ready.is_empty() {
+            ready = ready_of(true);
+        }
+        let max = max.max(1);
+        if ready.len() > max {
+            ready.select_nth_unstable_by_key(max, |(at, _)| *at);
+            ready.truncate(max);
         }
         let mut fired: Vec<(TimeDomain, FiredTimer)> = ready
             .into_iter()
-            .filter_map(|id| {
+            .filter_map(|(_, id)| {
                 self.timers.remove(&id).map(|(domain, timer)| {
                     (
                         domain,
@@ -317,6 +323,36 @@ mod tests {
         let fired = s.take_ready(20, 0, last);
         assert_eq!(fired.len(), 2);
         assert!(fired.iter().all(|(_, f)| f.timer.fire_timestamp == 19));
+    }
+
+    /// At most `max` timers are taken, the earliest; the others stay and
+    /// come next, still ahead of the window-expiration family.
+    #[test]
+    fn a_bounded_take_fires_the_earliest_first() {
+        let mut s = TimerStore::default();
+        let keys = ["a", "b", "c", "d", "e", "f", "g"];
+        for (i, k) in keys.iter().enumerate() {
+            let at = 10 - i as i64;
+            s.apply("t", "e", TimeDomain::EventTime, vec![timer(k, at, false)]);
+        }
+        assert!(s.set_if_absent("t", "owe", timer("a", 3, false)));
+        let last = Some(("t", "owe"));
+        let times = |fired: Vec<(TimeDomain, FiredTimer)>| -> Vec<i64> {
+            fired.iter().map(|(_, f)| f.timer.fire_timestamp).collect()
+        };
+        assert_eq!(
+            times(s.take_ready_where(20, 0, last, 3, |_| true)),
+            [4, 5, 6]
+        );
+        assert_eq!(
+            times(s.take_ready_where(20, 0, last, 3, |_| true)),
+            [7, 8, 9]
+        );
+        assert_eq!(times(s.take_ready_where(20, 0, last, 3, |_| true)), [10]);
+        let expiry = s.take_ready_where(20, 0, last, 3, |_| true);
+        assert_eq!(expiry.len(), 1);
+        assert_eq!(expiry[0].1.family_id, "owe");
+        assert!(s.is_empty());
     }
 
     #[test]

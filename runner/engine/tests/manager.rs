@@ -610,6 +610,38 @@ enum Seen {
     Timer(String, Vec<u8>, Window, i64),
 }
 
+/// What a fake stateful stage returns when each element of its bundle (a
+/// one-letter key) sets a "user" timer in its window at `fire_at` of its
+/// timestamp.
+fn user_timer_per_element(input: &BundleInput, fire_at: impl Fn(i64) -> i64) -> BundleOutput {
+    let mut set = Vec::new();
+    for chunk in &input.elements {
+        for e in decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+        {
+            let at = fire_at(e.header.timestamp);
+            TimerValue {
+                user_key: e.value_bytes().slice(..2),
+                dynamic_tag: String::new(),
+                windows: e.header.windows.clone(),
+                clear: false,
+                fire_timestamp: at,
+                hold_timestamp: at,
+                pane: PaneInfo::NO_FIRING,
+            }
+            .encode(&Coder::IntervalWindow, &mut set)
+            .unwrap();
+        }
+    }
+    BundleOutput {
+        timers: vec![TimerInput {
+            transform_id: "t".into(),
+            family_id: "user".into(),
+            data: Bytes::from(set),
+        }],
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers() {
     let events = vec![
@@ -650,34 +682,14 @@ async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers()
                 ));
             }
         }
-        let mut set = Vec::new();
         for chunk in &input.elements {
             for e in
                 decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
             {
-                let key = e.value_bytes().slice(..2);
-                log.push(Seen::Element(key.to_vec(), e.header.timestamp));
-                TimerValue {
-                    user_key: key,
-                    dynamic_tag: String::new(),
-                    windows: e.header.windows.clone(),
-                    clear: false,
-                    fire_timestamp: e.header.timestamp + 1,
-                    hold_timestamp: e.header.timestamp + 1,
-                    pane: PaneInfo::NO_FIRING,
-                }
-                .encode(&Coder::IntervalWindow, &mut set)
-                .unwrap();
+                log.push(Seen::Element(e.value()[..2].to_vec(), e.header.timestamp));
             }
         }
-        Ok(BundleOutput {
-            timers: vec![TimerInput {
-                transform_id: "t".into(),
-                family_id: "user".into(),
-                data: Bytes::from(set),
-            }],
-            ..Default::default()
-        })
+        Ok(user_timer_per_element(input, |ts| ts + 1))
     });
     let exec = FakeExecutor {
         stages: [(1, window_by_hundreds()), (2, stateful)]
@@ -722,6 +734,55 @@ async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers()
         assert!(!user_timer_after, "{seen:?}");
     }
     assert!(seen.contains(&Seen::Timer("user".into(), b"\x01a".to_vec(), first, 4)));
+}
+
+/// Timers that come due together (a window closing over many keys) are
+/// spread over bundles no bigger than the element bound, and each fires
+/// once.
+#[tokio::test]
+async fn timers_due_together_fire_in_bundles_of_the_element_bound() {
+    let keys = ["a", "b", "c", "d", "e", "f", "g"];
+    let events = vec![TestStreamEvent::Elements {
+        output: 0,
+        elements: keys.iter().map(|k| keyed_at(k, 1)).collect(),
+    }];
+    let plan = stateful_plan(
+        events,
+        SdkStage {
+            stateful: true,
+            timer_families: vec![event_time_family("user")],
+            ..SdkStage::default()
+        },
+    );
+    let per_bundle = Arc::new(Mutex::new(Vec::new()));
+    let per_bundle2 = per_bundle.clone();
+    // Every element sets a timer at 50, in its window [0, 100).
+    let stateful: StageFn = Arc::new(move |input| {
+        let mut fired = Vec::new();
+        for t in &input.timers {
+            for timer in decode_timers(&t.data, &Coder::Bytes, &Coder::IntervalWindow).unwrap() {
+                fired.push(timer.user_key.to_vec());
+            }
+        }
+        per_bundle2.lock().push(fired);
+        Ok(user_timer_per_element(input, |_| 50))
+    });
+    let exec = FakeExecutor {
+        stages: [(1, window_by_hundreds()), (2, stateful)]
+            .into_iter()
+            .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(2)).await.unwrap();
+    let per_bundle = per_bundle.lock().clone();
+    assert!(per_bundle.iter().all(|t| t.len() <= 2), "{per_bundle:?}");
+    let mut fired: Vec<Vec<u8>> = per_bundle.into_iter().flatten().collect();
+    fired.sort();
+    let want: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| [&[1u8][..], k.as_bytes()].concat())
+        .collect();
+    assert_eq!(fired, want);
 }
 
 #[tokio::test]

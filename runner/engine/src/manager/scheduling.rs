@@ -167,6 +167,9 @@ impl Engine {
                     self.config.max_bundle_elements,
                     splittable,
                 );
+                // A bundle fires at most as many timers as it may take
+                // elements.
+                let max_timers = self.config.max_bundle_elements;
                 let mut picked = None;
                 for allowed in candidates {
                     let in_slice = |e: &DecodedElement| !keyed || element_group(e) & allowed != 0;
@@ -174,12 +177,18 @@ impl Engine {
                     let fired = if families.is_empty() {
                         Vec::new()
                     } else if !has_input {
-                        s.timers.take_ready_where(s.input_wm, now, last, eligible)
+                        s.timers
+                            .take_ready_where(s.input_wm, now, last, max_timers, eligible)
                     } else if streaming {
                         let before_waiting =
                             s.pending.hold().map_or(s.input_wm, |h| h.min(s.input_wm));
-                        s.timers
-                            .take_ready_where(before_waiting, MIN_TIMESTAMP, last, eligible)
+                        s.timers.take_ready_where(
+                            before_waiting,
+                            MIN_TIMESTAMP,
+                            last,
+                            max_timers,
+                            eligible,
+                        )
                     } else {
                         Vec::new()
                     };
