@@ -93,7 +93,8 @@ impl Engine {
             routed_bytes += len;
             if routed_bytes >= next_mark && routed >= EXPECT_AFTER_ELEMENTS {
                 next_mark = routed_bytes + eighth;
-                let left = bytes.len().saturating_sub(routed_bytes) / routed_bytes.div_ceil(routed);
+                let per_element = routed_bytes.div_ceil(routed).max(1);
+                let left = bytes.len().saturating_sub(routed_bytes) / per_element;
                 self.expect_grouped(pcoll, left);
             }
             if let Some(producer) = self.producers[pcoll] {
