@@ -196,11 +196,13 @@ impl TimerStore {
                     })
         };
         let is_last = |id: &TimerId| last.is_some_and(|(t, f)| id.0 == t && id.1 == f);
-        let ready_of = |last_family: bool| -> Vec<(Timestamp, TimerId)> {
+        // Borrowed while choosing: only the chosen ids are copied (a
+        // bounded take out of many ready timers must not copy them all).
+        let ready_of = |last_family: bool| -> Vec<(Timestamp, &TimerId)> {
             self.timers
                 .iter()
                 .filter(|(id, v)| is_last(id) == last_family && is_ready(v))
-                .map(|(id, (_, t))| (t.fire_timestamp, id.clone()))
+                .map(|(id, (_, t))| (t.fire_timestamp, id))
                 .collect()
         };
         let mut ready = ready_of(false);
@@ -212,9 +214,10 @@ impl TimerStore {
             ready.select_nth_unstable_by_key(max, |(at, _)| *at);
             ready.truncate(max);
         }
-        let mut fired: Vec<(TimeDomain, FiredTimer)> = ready
+        let chosen: Vec<TimerId> = ready.into_iter().map(|(_, id)| id.clone()).collect();
+        let mut fired: Vec<(TimeDomain, FiredTimer)> = chosen
             .into_iter()
-            .filter_map(|(_, id)| {
+            .filter_map(|id| {
                 self.timers.remove(&id).map(|(domain, timer)| {
                     (
                         domain,
