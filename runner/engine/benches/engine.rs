@@ -10,6 +10,9 @@
 //! number of hops in their name. `gbk_streaming` is a streaming job's
 //! GroupByKey whose trigger fires after every element (Reshuffle's), so it
 //! measures a firing per element rather than one at the end.
+//! `stateful_timers` is a streaming stateful DoFn that sets one event-time
+//! timer per key in bundles of 1 000 elements, all of which fire at the end:
+//! what keeping, holding and firing many pending timers costs per element.
 //!
 //!   cargo bench -p refract-engine --bench engine
 //!   REFRACT_BENCH_ELEMENTS=1000000 cargo bench -p refract-engine --bench engine
@@ -26,11 +29,15 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
+use refract_engine::coder::{
+    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo, TimerValue,
+    WindowedValueHeader,
+};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, Stage, StageIdx, StageKind, Trigger, WindowingStrategy,
+    PCollection, Plan, SdkStage, Stage, StageIdx, StageKind, TimeDomain, TimerFamily, Trigger,
+    WindowingStrategy,
 };
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -196,6 +203,73 @@ fn chain_plan(block: Bytes, hops: usize, sdk_hops: bool) -> (Plan, FakeExecutor)
     )
 }
 
+/// Impulse -> source (N KVs) -> a stateful stage that sets an event-time
+/// timer at 1 for each element's key and counts the timers it is handed.
+fn stateful_timers_plan(block: Bytes) -> (Plan, FakeExecutor) {
+    let family = TimerFamily {
+        transform_id: "t".into(),
+        family_id: "user".into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::GlobalWindow,
+    };
+    let stateful = SdkStage {
+        stateful: true,
+        timer_families: vec![family],
+        ..SdkStage::default()
+    };
+    let plan = Plan {
+        pcollections: vec![pc("impulse", Coder::Bytes), pc("kvs", kv_coder())],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage("source", sdk(), vec![0], vec![1]),
+            stage("stateful", StageKind::Sdk(stateful), vec![1], vec![]),
+        ],
+    };
+    let fired = Arc::new(AtomicUsize::new(0));
+    let counted = fired.clone();
+    let stateful: StageFn = Arc::new(move |input| {
+        for t in &input.timers {
+            let timers = decode_timers(&t.data, &Coder::Bytes, &Coder::GlobalWindow)
+                .expect("the engine's timers decode");
+            counted.fetch_add(timers.len(), Ordering::Relaxed);
+        }
+        let mut set = Vec::new();
+        for chunk in &input.elements {
+            let elements = decode_windowed_values(chunk, &kv_coder(), &Coder::GlobalWindow)
+                .expect("the engine's elements decode");
+            for e in elements {
+                let value = e.value_bytes();
+                let key_len = 1 + usize::from(value[0]);
+                TimerValue {
+                    user_key: value.slice(..key_len),
+                    dynamic_tag: String::new(),
+                    windows: e.header.windows.clone(),
+                    clear: false,
+                    fire_timestamp: 1,
+                    hold_timestamp: 1,
+                    pane: PaneInfo::NO_FIRING,
+                }
+                .encode(&Coder::GlobalWindow, &mut set)
+                .expect("a timer encodes");
+            }
+        }
+        BundleOutput {
+            timers: vec![refract_engine::executor::TimerInput {
+                transform_id: "t".into(),
+                family_id: "user".into(),
+                data: Bytes::from(set),
+            }],
+            ..Default::default()
+        }
+    });
+    let exec = FakeExecutor {
+        stages: [(1, emit(1, block)), (2, stateful)].into_iter().collect(),
+        sink_bytes: fired,
+    };
+    (plan, exec)
+}
+
 fn run_once(rt: &tokio::runtime::Runtime, plan: Plan, exec: FakeExecutor) -> usize {
     run_with(rt, plan, exec, EngineConfig::default())
 }
@@ -278,6 +352,32 @@ fn bench_gbk(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_stateful(c: &mut Criterion) {
+    let rt = runtime();
+    let n = elements();
+    let mut g = c.benchmark_group("stateful");
+    g.throughput(Throughput::Elements(n as u64));
+    let block = source_block(n, n);
+    g.bench_with_input(
+        BenchmarkId::new(format!("timers_{n}_elements"), format!("{n}_keys")),
+        &block,
+        |b, block| {
+            b.iter(|| {
+                let (plan, exec) = stateful_timers_plan(block.clone());
+                let config = EngineConfig {
+                    streaming: true,
+                    max_bundle_elements: 1_000,
+                    ..EngineConfig::default()
+                };
+                let fired = run_with(&rt, plan, exec, config);
+                assert_eq!(fired, n, "one timer per key fired");
+                black_box(fired)
+            })
+        },
+    );
+    g.finish();
+}
+
 fn bench_chains(c: &mut Criterion) {
     let rt = runtime();
     let n = elements();
@@ -316,6 +416,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_gbk, bench_chains
+    targets = bench_gbk, bench_chains, bench_stateful
 }
 criterion_main!(benches);

@@ -23,7 +23,7 @@ const FEW: usize = 8;
 ///
 /// At most one of `few` and `many` holds anything: `many` once more than
 /// [`FEW`] distinct timestamps were held at once, until it empties.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Holds {
     /// Distinct timestamps, ascending, each with how many hold there.
     few: SmallVec<[(Timestamp, usize); FEW]>,

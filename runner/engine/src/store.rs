@@ -8,7 +8,8 @@
 //! succeeded. That is what makes a bundle a transaction: a failed bundle's
 //! state writes are simply dropped with its overlay.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -324,6 +325,37 @@ impl UserStateStore {
         self.bags = snapshot.bags.into_iter().collect();
         self.ordered_lists = snapshot.ordered_lists.into_iter().collect();
         self.multimaps = snapshot.multimaps.into_iter().collect();
+        self.windows.clear();
+        let cells = (self.bags.keys())
+            .chain(self.ordered_lists.keys())
+            .chain(self.multimaps.keys());
+        for (_, _, window, _) in cells {
+            *self.windows.entry(window.clone()).or_default() += 1;
+        }
+    }
+}
+
+/// The cell `id` of `cells`, made empty if new, and whether it was there.
+fn cell_entry<'a, V: Default>(cells: &'a mut HashMap<CellId, V>, id: &CellId) -> (&'a mut V, bool) {
+    match cells.entry(id.clone()) {
+        Entry::Occupied(cell) => (cell.into_mut(), true),
+        Entry::Vacant(slot) => (slot.insert(V::default()), false),
+    }
+}
+
+/// Counts a cell of `window` that came or went.
+fn count_cell(windows: &mut HashMap<Bytes, usize>, window: &Bytes, existed: bool, exists: bool) {
+    match (existed, exists) {
+        (false, true) => *windows.entry(window.clone()).or_default() += 1,
+        (true, false) => {
+            if let Some(n) = windows.get_mut(window) {
+                *n -= 1;
+                if *n == 0 {
+                    windows.remove(window);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -333,6 +365,10 @@ pub struct UserStateStore {
     bags: HashMap<BagId, Vec<Bytes>>,
     ordered_lists: HashMap<CellId, OrderedList>,
     multimaps: HashMap<CellId, Multimap>,
+    /// How many cells (of any kind) each encoded window has: expiring
+    /// windows is asked about at every watermark advance, and must not
+    /// walk every cell to find that none expired.
+    windows: HashMap<Bytes, usize>,
     /// (transform id, state id) -> the multimap's value coder, needed only to
     /// count values when serving multimap entries.
     multimap_value_coders: HashMap<(String, String), Coder>,
@@ -342,17 +378,19 @@ impl UserStateStore {
     /// Apply a committed bundle's writes.
     pub fn apply(&mut self, writes: UserStateWrites) {
         for (id, write) in writes.bags {
-            let bag = self.bags.entry(id.clone()).or_default();
+            let (bag, existed) = cell_entry(&mut self.bags, &id);
             if write.cleared {
                 bag.clear();
             }
             bag.extend(write.appended);
-            if bag.is_empty() {
+            let exists = !bag.is_empty();
+            if !exists {
                 self.bags.remove(&id);
             }
+            count_cell(&mut self.windows, &id.2, existed, exists);
         }
         for (id, write) in writes.ordered_lists {
-            let list = self.ordered_lists.entry(id.clone()).or_default();
+            let (list, existed) = cell_entry(&mut self.ordered_lists, &id);
             for op in write.ops {
                 match op {
                     OrderedListOp::Clear(range) => remove_range(list, range),
@@ -363,12 +401,14 @@ impl UserStateStore {
                     }
                 }
             }
-            if list.is_empty() {
+            let exists = !list.is_empty();
+            if !exists {
                 self.ordered_lists.remove(&id);
             }
+            count_cell(&mut self.windows, &id.2, existed, exists);
         }
         for (id, write) in writes.multimaps {
-            let map = self.multimaps.entry(id.clone()).or_default();
+            let (map, existed) = cell_entry(&mut self.multimaps, &id);
             if write.cleared {
                 map.clear();
             }
@@ -380,9 +420,11 @@ impl UserStateStore {
                     map.entry(map_key).or_default().extend(w.appended);
                 }
             }
-            if map.is_empty() {
+            let exists = !map.is_empty();
+            if !exists {
                 self.multimaps.remove(&id);
             }
+            count_cell(&mut self.windows, &id.2, existed, exists);
         }
     }
 
@@ -399,12 +441,20 @@ impl UserStateStore {
     }
 
     /// Drop all state (of every kind) of windows whose expiry has passed:
-    /// `keep` decides from the encoded window.
+    /// `keep` decides from the encoded window, once per window. Walks the
+    /// cells only when some window goes.
     pub fn retain_windows(&mut self, mut keep: impl FnMut(&Bytes) -> bool) {
-        self.bags.retain(|(_, _, window, _), _| keep(window));
+        let gone: HashSet<Bytes> = self.windows.keys().filter(|w| !keep(w)).cloned().collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.bags
+            .retain(|(_, _, window, _), _| !gone.contains(window));
         self.ordered_lists
-            .retain(|(_, _, window, _), _| keep(window));
-        self.multimaps.retain(|(_, _, window, _), _| keep(window));
+            .retain(|(_, _, window, _), _| !gone.contains(window));
+        self.multimaps
+            .retain(|(_, _, window, _), _| !gone.contains(window));
+        self.windows.retain(|window, _| !gone.contains(window));
     }
 
     /// Number of non-empty state cells (bags, ordered lists and multimaps),
@@ -1247,5 +1297,44 @@ mod tests {
         assert_eq!(us.lock().len(), 3);
         us.lock().retain_windows(|_| false);
         assert!(us.lock().is_empty());
+    }
+
+    /// Expiry asks about each window that has state, once, and only those:
+    /// a window whose cells were all cleared is not asked about, nor after
+    /// a checkpoint's restore.
+    #[test]
+    fn expiry_asks_only_about_windows_that_have_state() {
+        let (si, us) = stores();
+        let bag = |w: &'static [u8], key: &'static str| StateKey::BagUserState {
+            transform_id: "t".into(),
+            state_id: "s".into(),
+            window: Bytes::from_static(w),
+            key: nested(key),
+        };
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        for (w, key) in [(&b"a"[..], "k"), (b"a", "j"), (b"b", "k"), (b"b", "j")] {
+            o.append(&bag(w, key), nested("x")).unwrap();
+        }
+        us.lock().apply(o.take_writes());
+        let o = BundleOverlay::new(si.clone(), us.clone());
+        o.clear(&bag(b"a", "k")).unwrap();
+        o.clear(&bag(b"a", "j")).unwrap();
+        us.lock().apply(o.take_writes());
+        let asked = |us: &Mutex<UserStateStore>| {
+            let mut asked = Vec::new();
+            us.lock().retain_windows(|w| {
+                asked.push(w.clone());
+                true
+            });
+            asked
+        };
+        assert_eq!(asked(&us), [Bytes::from_static(b"b")]);
+        let snapshot = us.lock().snapshot();
+        let restored = Mutex::new(UserStateStore::default());
+        restored.lock().restore(snapshot);
+        assert_eq!(asked(&restored), [Bytes::from_static(b"b")]);
+        us.lock().retain_windows(|w| &w[..] != b"b");
+        assert!(us.lock().is_empty());
+        assert!(asked(&us).is_empty());
     }
 }

@@ -6,19 +6,43 @@
 //! the SDK once its time domain has passed its firing time. A pending timer
 //! holds the stage's output watermark at its hold timestamp, so output the
 //! timer will produce is never late.
+//!
+//! A stage may have a timer pending for every key it has seen (a stateful
+//! DoFn's window-expiration callback sets one per key and window), and the
+//! engine asks about them between every two bundles: what is ready, the
+//! earliest hold, the next processing time. So nothing here walks all
+//! pending timers. Each family keeps its timers in a hash map by identity
+//! and again ordered by (firing time, arrival) per time domain, so that
+//! taking the ready ones reads only those; the holds are a multiset, and
+//! the windows with timers are counted. Timers due at the same time fire
+//! in the order they were set.
 
+use serde::de::Deserializer;
+use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
+use rustc_hash::FxHashMap;
 
 use crate::coder::{Coder, TimerValue};
+use crate::holds::Holds;
 use crate::plan::TimeDomain;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
 /// Identity of a timer: a later write with the same id replaces it.
+/// (transform, family, user key, dynamic tag, window): the form
+/// checkpoints keep.
 type TimerId = (String, String, Bytes, String, Window);
+
+/// Where a timer sits in its family: (window, user key, dynamic tag).
+type Slot = (Window, Bytes, String);
+
+/// A timer's place in its family's firing order: (firing time, arrival
+/// number).
+type Due = (Timestamp, u64);
 
 /// A timer ready to be delivered, with where it goes.
 #[derive(Debug, Clone)]
@@ -31,13 +55,233 @@ pub struct FiredTimer {
     pub timer: TimerValue,
 }
 
+/// A pending timer, with where it is in its family's firing order.
+#[derive(Debug, Clone)]
+struct Pending {
+    domain: TimeDomain,
+    timer: TimerValue,
+    arrival: u64,
+}
+
+impl Pending {
+    fn due(&self) -> Due {
+        (self.timer.fire_timestamp, self.arrival)
+    }
+}
+
+/// The pending timers of one (transform, family).
+#[derive(Debug, Clone)]
+struct Family {
+    transform_id: String,
+    family_id: String,
+    /// Latest write per slot (one window each).
+    timers: FxHashMap<Slot, Pending>,
+    /// The same timers in firing order, per time domain
+    /// ([`domain_index`]).
+    by_time: [BTreeMap<Due, Slot>; 2],
+    /// Arrival number of the next timer set.
+    arrivals: u64,
+}
+
+/// Where a time domain's timers are in [`Family::by_time`].
+fn domain_index(domain: TimeDomain) -> usize {
+    match domain {
+        TimeDomain::EventTime => 0,
+        TimeDomain::ProcessingTime => 1,
+    }
+}
+
+/// The pending timers of one window.
+#[derive(Debug, Clone, Default)]
+struct WindowTimers {
+    count: usize,
+    /// Expiry looked at them all since the last one was set (those left
+    /// are due, and fire before the window goes).
+    swept: bool,
+}
+
+/// What the store keeps over all families, updated with every timer that
+/// comes or goes.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    /// Hold timestamps of the pending timers.
+    holds: Holds,
+    /// The windows with pending timers.
+    windows: BTreeMap<Window, WindowTimers>,
+}
+
+impl Totals {
+    fn added(&mut self, window: &Window, timer: &TimerValue) {
+        self.holds.add(timer.hold_timestamp);
+        match self.windows.get_mut(window) {
+            Some(w) => {
+                w.count += 1;
+                w.swept = false;
+            }
+            None => {
+                let one = WindowTimers {
+                    count: 1,
+                    swept: false,
+                };
+                self.windows.insert(window.clone(), one);
+            }
+        }
+    }
+
+    fn removed(&mut self, window: &Window, timer: &TimerValue) {
+        self.holds.remove(timer.hold_timestamp);
+        if let Some(w) = self.windows.get_mut(window) {
+            w.count -= 1;
+            if w.count == 0 {
+                self.windows.remove(window);
+            }
+        }
+    }
+}
+
+impl Family {
+    fn new(transform_id: &str, family_id: &str) -> Self {
+        Family {
+            transform_id: transform_id.to_string(),
+            family_id: family_id.to_string(),
+            timers: FxHashMap::default(),
+            by_time: [BTreeMap::new(), BTreeMap::new()],
+            arrivals: 0,
+        }
+    }
+
+    /// Sets the timer at `slot` (its `windows` the slot's one window),
+    /// replacing what was there unless `keep_existing`.
+    fn put(
+        &mut self,
+        slot: Slot,
+        domain: TimeDomain,
+        timer: TimerValue,
+        keep_existing: bool,
+        totals: &mut Totals,
+    ) -> bool {
+        // A runner-owned timer is set again for every element of its key
+        // and window: that case is one lookup.
+        if keep_existing && self.timers.contains_key(&slot) {
+            return false;
+        }
+        totals.added(&slot.0, &timer);
+        let new = Pending {
+            domain,
+            timer,
+            arrival: self.arrivals,
+        };
+        self.arrivals += 1;
+        let due = new.due();
+        let Family {
+            timers, by_time, ..
+        } = self;
+        match timers.entry(slot) {
+            Entry::Vacant(empty) => {
+                by_time[domain_index(domain)].insert(due, empty.key().clone());
+                empty.insert(new);
+            }
+            Entry::Occupied(mut set) => {
+                let old = std::mem::replace(set.get_mut(), new);
+                totals.removed(&set.key().0, &old.timer);
+                let slot = by_time[domain_index(old.domain)]
+                    .remove(&old.due())
+                    .unwrap_or_else(|| set.key().clone());
+                by_time[domain_index(domain)].insert(due, slot);
+            }
+        }
+        true
+    }
+
+    fn remove(&mut self, slot: &Slot, totals: &mut Totals) -> Option<(TimeDomain, TimerValue)> {
+        let pending = self.timers.remove(slot)?;
+        totals.removed(&slot.0, &pending.timer);
+        self.by_time[domain_index(pending.domain)].remove(&pending.due());
+        Some((pending.domain, pending.timer))
+    }
+
+    /// Removes the timer at `due` in `domain`'s order.
+    fn remove_due(
+        &mut self,
+        domain: TimeDomain,
+        due: &Due,
+        totals: &mut Totals,
+    ) -> Option<(TimeDomain, TimerValue)> {
+        let slot = self.by_time[domain_index(domain)].remove(due)?;
+        let pending = self.timers.remove(&slot)?;
+        totals.removed(&slot.0, &pending.timer);
+        Some((pending.domain, pending.timer))
+    }
+
+    /// Every timer in firing order, both domains merged: the order
+    /// checkpoints keep them in, so that a restored store fires timers due
+    /// together in the same order.
+    fn in_firing_order(&self) -> Vec<(&Slot, &Pending)> {
+        let [event, processing] = &self.by_time;
+        let mut all: Vec<(&Due, &Slot)> = event.iter().chain(processing.iter()).collect();
+        // Two sorted runs: a merge, in effect.
+        all.sort_by_key(|(due, _)| **due);
+        all.into_iter()
+            .filter_map(|(_, slot)| self.timers.get(slot).map(|p| (slot, p)))
+            .collect()
+    }
+}
+
 /// Timers of one stage.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone)]
 pub struct TimerStore {
-    timers: BTreeMap<TimerId, (TimeDomain, TimerValue)>,
+    /// Ordered by (transform, family); a stage has a handful.
+    families: Vec<Family>,
+    totals: Totals,
+}
+
+/// The family (transform, family) of `families`, added if new.
+fn family_of<'a>(
+    families: &'a mut Vec<Family>,
+    transform_id: &str,
+    family_id: &str,
+) -> &'a mut Family {
+    let at = match families.binary_search_by(|f| {
+        (f.transform_id.as_str(), f.family_id.as_str()).cmp(&(transform_id, family_id))
+    }) {
+        Ok(at) => at,
+        Err(at) => {
+            families.insert(at, Family::new(transform_id, family_id));
+            at
+        }
+    };
+    &mut families[at]
 }
 
 impl TimerStore {
+    /// Sets `timer` in each of its windows; whether any was new.
+    fn put(
+        &mut self,
+        transform_id: &str,
+        family_id: &str,
+        domain: TimeDomain,
+        timer: TimerValue,
+        keep_existing: bool,
+    ) -> bool {
+        let TimerStore { families, totals } = self;
+        let family = family_of(families, transform_id, family_id);
+        let mut put_one = |window: Window, timer: TimerValue| {
+            let slot = (window, timer.user_key.clone(), timer.dynamic_tag.clone());
+            family.put(slot, domain, timer, keep_existing, totals)
+        };
+        if timer.windows.len() == 1 {
+            let window = timer.windows[0].clone();
+            return put_one(window, timer);
+        }
+        let mut any = false;
+        for window in &timer.windows {
+            let mut one = timer.clone();
+            one.windows = smallvec::smallvec![window.clone()];
+            any |= put_one(window.clone(), one);
+        }
+        any
+    }
+
     /// Apply the timer writes of a committed bundle, in order.
     pub fn apply(
         &mut self,
@@ -47,21 +291,19 @@ impl TimerStore {
         writes: Vec<TimerValue>,
     ) {
         for timer in writes {
-            for window in &timer.windows {
-                let id = (
-                    transform_id.to_string(),
-                    family_id.to_string(),
-                    timer.user_key.clone(),
-                    timer.dynamic_tag.clone(),
-                    window.clone(),
-                );
-                if timer.clear {
-                    self.timers.remove(&id);
-                } else {
-                    let mut single = timer.clone();
-                    single.windows = smallvec::smallvec![window.clone()];
-                    self.timers.insert(id, (domain, single));
+            if timer.clear {
+                let TimerStore { families, totals } = self;
+                let family = family_of(families, transform_id, family_id);
+                for window in &timer.windows {
+                    let slot = (
+                        window.clone(),
+                        timer.user_key.clone(),
+                        timer.dynamic_tag.clone(),
+                    );
+                    family.remove(&slot, totals);
                 }
+            } else {
+                self.put(transform_id, family_id, domain, timer, false);
             }
         }
     }
@@ -76,52 +318,33 @@ impl TimerStore {
         family_id: &str,
         timer: TimerValue,
     ) -> bool {
-        let Some(window) = timer.windows.first().cloned() else {
-            return false;
-        };
-        let id = (
-            transform_id.to_string(),
-            family_id.to_string(),
-            timer.user_key.clone(),
-            timer.dynamic_tag.clone(),
-            window,
-        );
-        if self.timers.contains_key(&id) {
+        if timer.windows.len() != 1 {
             return false;
         }
-        self.timers.insert(id, (TimeDomain::EventTime, timer));
-        true
+        self.put(transform_id, family_id, TimeDomain::EventTime, timer, true)
     }
 
     /// Put back timers of a bundle that failed, unless a newer write replaced them.
     pub fn restore(&mut self, fired: Vec<(TimeDomain, FiredTimer)>) {
         for (domain, f) in fired {
-            for window in &f.timer.windows {
-                let id = (
-                    f.transform_id.clone(),
-                    f.family_id.clone(),
-                    f.timer.user_key.clone(),
-                    f.timer.dynamic_tag.clone(),
-                    window.clone(),
-                );
-                self.timers
-                    .entry(id)
-                    .or_insert_with(|| (domain, f.timer.clone()));
-            }
+            self.put(&f.transform_id, &f.family_id, domain, f.timer, true);
         }
     }
 
     /// The earliest hold of any pending timer.
     pub fn hold(&self) -> Option<Timestamp> {
-        self.timers.values().map(|(_, t)| t.hold_timestamp).min()
+        self.totals.holds.min()
     }
 
     /// The earliest firing time of a pending processing-time timer.
     pub fn next_processing_time(&self) -> Option<Timestamp> {
-        self.timers
-            .values()
-            .filter(|(d, _)| *d == TimeDomain::ProcessingTime)
-            .map(|(_, t)| t.fire_timestamp)
+        self.families
+            .iter()
+            .filter_map(|f| {
+                f.by_time[domain_index(TimeDomain::ProcessingTime)]
+                    .first_key_value()
+                    .map(|((at, _), _)| *at)
+            })
             .min()
     }
 
@@ -134,27 +357,53 @@ impl TimerStore {
         input_watermark: Timestamp,
         mut expired_at: impl FnMut(&Window) -> Timestamp,
     ) -> usize {
-        let before = self.timers.len();
-        self.timers.retain(|(_, _, _, _, window), (domain, timer)| {
-            let gc = expired_at(window);
-            gc >= input_watermark
-                || (*domain == TimeDomain::EventTime && timer.fire_timestamp <= gc)
-        });
-        before - self.timers.len()
+        // Windows swept before keep only timers that are due; a window
+        // expiring is rare, so a sweep may read every timer.
+        let expired: BTreeMap<Window, Timestamp> = self
+            .totals
+            .windows
+            .iter()
+            .filter(|(_, w)| !w.swept)
+            .map(|(window, _)| (window.clone(), expired_at(window)))
+            .filter(|(_, gc)| *gc < input_watermark)
+            .collect();
+        if expired.is_empty() {
+            return 0;
+        }
+        let mut dropped = 0;
+        for family in &mut self.families {
+            let gone: Vec<Slot> = family
+                .timers
+                .iter()
+                .filter(|(slot, p)| {
+                    expired.get(&slot.0).is_some_and(|gc| {
+                        p.domain != TimeDomain::EventTime || p.timer.fire_timestamp > *gc
+                    })
+                })
+                .map(|(slot, _)| slot.clone())
+                .collect();
+            for slot in gone {
+                family.remove(&slot, &mut self.totals);
+                dropped += 1;
+            }
+        }
+        for window in expired.keys() {
+            if let Some(w) = self.totals.windows.get_mut(window) {
+                w.swept = true;
+            }
+        }
+        dropped
     }
 
     /// The windows that still have a pending timer (their state must live
     /// until those timers fired).
-    pub fn windows(&self) -> std::collections::BTreeSet<Window> {
-        self.timers
-            .keys()
-            .map(|(_, _, _, _, w)| w.clone())
-            .collect()
+    pub fn windows(&self) -> BTreeSet<Window> {
+        self.totals.windows.keys().cloned().collect()
     }
 
     /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
-        self.timers.is_empty()
+        self.totals.windows.is_empty()
     }
 
     /// Remove and return the timers that may fire: event-time timers whose
@@ -174,63 +423,75 @@ impl TimerStore {
         self.take_ready_where(input_watermark, now, last, usize::MAX, |_| true)
     }
 
-    /// [`Self::take_ready`] among the timers `eligible` accepts (the others
-    /// stay, ready or not: their keys are busy in another bundle), at most
-    /// `max` of them: the earliest, so that the rest fire in later bundles
-    /// after them (a bundle's timers are bounded like its elements; a
-    /// window closing over a million keys is not one bundle).
+    /// [`Self::take_ready`] among the timers whose user key `eligible`
+    /// accepts (the others stay, ready or not: their keys are busy in
+    /// another bundle), at most `max` of them: the earliest, so that the
+    /// rest fire in later bundles after them (a bundle's timers are bounded
+    /// like its elements; a window closing over a million keys is not one
+    /// bundle). Reads only ready timers, in firing order, and of those at
+    /// most `max` eligible ones per family and domain.
     pub fn take_ready_where(
         &mut self,
         input_watermark: Timestamp,
         now: Timestamp,
         last: Option<(&str, &str)>,
         max: usize,
-        eligible: impl Fn(&TimerValue) -> bool,
+        eligible: impl Fn(&[u8]) -> bool,
     ) -> Vec<(TimeDomain, FiredTimer)> {
-        let is_ready = |(domain, t): &(TimeDomain, TimerValue)| {
-            eligible(t)
-                && (input_watermark >= MAX_TIMESTAMP
-                    || match domain {
-                        TimeDomain::EventTime => t.fire_timestamp < input_watermark,
-                        TimeDomain::ProcessingTime => t.fire_timestamp <= now,
-                    })
-        };
-        let is_last = |id: &TimerId| last.is_some_and(|(t, f)| id.0 == t && id.1 == f);
-        // Borrowed while choosing: only the chosen ids are copied (a
-        // bounded take out of many ready timers must not copy them all).
-        let ready_of = |last_family: bool| -> Vec<(Timestamp, &TimerId)> {
-            self.timers
-                .iter()
-                .filter(|(id, v)| is_last(id) == last_family && is_ready(v))
-                .map(|(id, (_, t))| (t.fire_timestamp, id))
-                .collect()
-        };
-        let mut ready = ready_of(false);
-        if ready.is_empty() {
-            ready = ready_of(true);
-        }
         let max = max.max(1);
+        let complete = input_watermark >= MAX_TIMESTAMP;
+        let is_last =
+            |f: &Family| last.is_some_and(|(t, id)| f.transform_id == t && f.family_id == id);
+        // (firing order, family, domain): small keys, copied while choosing.
+        let mut ready: Vec<(Due, usize, TimeDomain)> = Vec::new();
+        for last_family in [false, true] {
+            for (at, family) in self.families.iter().enumerate() {
+                if is_last(family) != last_family {
+                    continue;
+                }
+                for domain in [TimeDomain::EventTime, TimeDomain::ProcessingTime] {
+                    let due = |fire: Timestamp| {
+                        complete
+                            || match domain {
+                                TimeDomain::EventTime => fire < input_watermark,
+                                TimeDomain::ProcessingTime => fire <= now,
+                            }
+                    };
+                    let of_this = family.by_time[domain_index(domain)]
+                        .iter()
+                        .take_while(|((fire, _), _)| due(*fire))
+                        .filter(|(_, slot)| eligible(&slot.1))
+                        .take(max)
+                        .map(|(d, _)| (*d, at, domain));
+                    ready.extend(of_this);
+                }
+            }
+            if !ready.is_empty() {
+                break;
+            }
+        }
+        let order = |a: &(Due, usize, TimeDomain), b: &(Due, usize, TimeDomain)| {
+            (a.0 .0, a.1, a.0 .1).cmp(&(b.0 .0, b.1, b.0 .1))
+        };
         if ready.len() > max {
-            ready.select_nth_unstable_by_key(max, |(at, _)| *at);
+            ready.select_nth_unstable_by(max, order);
             ready.truncate(max);
         }
-        let chosen: Vec<TimerId> = ready.into_iter().map(|(_, id)| id.clone()).collect();
-        let mut fired: Vec<(TimeDomain, FiredTimer)> = chosen
-            .into_iter()
-            .filter_map(|id| {
-                self.timers.remove(&id).map(|(domain, timer)| {
-                    (
-                        domain,
-                        FiredTimer {
-                            transform_id: id.0,
-                            family_id: id.1,
-                            timer,
-                        },
-                    )
-                })
-            })
-            .collect();
-        fired.sort_by_key(|(_, f)| f.timer.fire_timestamp);
+        ready.sort_unstable_by(order);
+        let mut fired = Vec::with_capacity(ready.len());
+        for (due, at, domain) in ready {
+            let family = &mut self.families[at];
+            if let Some((domain, timer)) = family.remove_due(domain, &due, &mut self.totals) {
+                fired.push((
+                    domain,
+                    FiredTimer {
+                        transform_id: family.transform_id.clone(),
+                        family_id: family.family_id.clone(),
+                        timer,
+                    },
+                ));
+            }
+        }
         fired
     }
 
@@ -247,10 +508,86 @@ impl TimerStore {
     }
 }
 
+/// Checkpoints keep a store as `{ timers: map of TimerId to (domain,
+/// timer) }`, the form it had before it was indexed, so that checkpoints
+/// written by either form restore in the other. Families in order, each
+/// in firing order: the same store always gives the same bytes, and the
+/// store read back fires timers due together in the same order.
+impl Serialize for TimerStore {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut record = serializer.serialize_struct("TimerStore", 1)?;
+        record.serialize_field("timers", &Entries(self))?;
+        record.end()
+    }
+}
+
+/// The entries of a store, as the checkpoint's map.
+struct Entries<'a>(&'a TimerStore);
+
+impl Serialize for Entries<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let len = self.0.families.iter().map(|f| f.timers.len()).sum();
+        let mut map = serializer.serialize_map(Some(len))?;
+        for family in &self.0.families {
+            for ((window, key, tag), pending) in family.in_firing_order() {
+                let id = (&family.transform_id, &family.family_id, key, tag, window);
+                map.serialize_entry(&id, &(pending.domain, &pending.timer))?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The checkpoint form, read back (entries in the order written).
+#[derive(Deserialize)]
+#[serde(rename = "TimerStore")]
+struct StoredTimers {
+    timers: StoredEntries,
+}
+
+/// A checkpoint's entries, in the order they were written.
+struct StoredEntries(Vec<(TimerId, (TimeDomain, TimerValue))>);
+
+impl<'de> Deserialize<'de> for StoredEntries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InOrder;
+        impl<'de> serde::de::Visitor<'de> for InOrder {
+            type Value = StoredEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of timers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<StoredEntries, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(StoredEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(InOrder)
+    }
+}
+
+impl<'de> Deserialize<'de> for TimerStore {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let stored = StoredTimers::deserialize(deserializer)?;
+        let mut store = TimerStore::default();
+        for ((transform_id, family_id, _, _, window), (domain, mut timer)) in stored.timers.0 {
+            timer.windows = smallvec::smallvec![window];
+            store.put(&transform_id, &family_id, domain, timer, false);
+        }
+        Ok(store)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::coder::PaneInfo;
+    use proptest::prelude::*;
 
     fn timer(key: &str, fire: Timestamp, clear: bool) -> TimerValue {
         TimerValue {
@@ -374,5 +711,230 @@ mod tests {
         assert_eq!(fired[0].1.family_id, "e");
         assert_eq!(s.take_ready(11, 100, None).len(), 1);
         assert!(s.is_empty());
+    }
+
+    /// The checkpoint form of a store (and the store as it was before it
+    /// was indexed).
+    #[derive(Default, Serialize, Deserialize, PartialEq, Debug)]
+    #[serde(rename = "TimerStore")]
+    struct Plain {
+        timers: BTreeMap<TimerId, (TimeDomain, TimerValue)>,
+    }
+
+    /// The oracle: one map by identity, every question answered by a walk
+    /// over all of it. Each timer set gets the next arrival number, so
+    /// that timers due together are taken in the order they were set.
+    #[derive(Default)]
+    struct Oracle {
+        timers: BTreeMap<TimerId, (TimeDomain, TimerValue, u64)>,
+        arrivals: u64,
+    }
+
+    impl Oracle {
+        fn write(&mut self, t: &str, f: &str, domain: TimeDomain, timer: TimerValue, keep: bool) {
+            let window = timer.windows[0].clone();
+            let id = (
+                t.into(),
+                f.into(),
+                timer.user_key.clone(),
+                timer.dynamic_tag.clone(),
+                window,
+            );
+            if timer.clear {
+                self.timers.remove(&id);
+            } else if !(keep && self.timers.contains_key(&id)) {
+                self.timers.insert(id, (domain, timer, self.arrivals));
+                self.arrivals += 1;
+            }
+        }
+
+        fn plain(&self) -> Plain {
+            let timers = self
+                .timers
+                .iter()
+                .map(|(id, (d, t, _))| (id.clone(), (*d, t.clone())));
+            Plain {
+                timers: timers.collect(),
+            }
+        }
+
+        fn take(
+            &mut self,
+            wm: Timestamp,
+            now: Timestamp,
+            last: (&str, &str),
+            max: usize,
+            eligible: impl Fn(&[u8]) -> bool,
+        ) -> Vec<(TimeDomain, FiredTimer)> {
+            let ready = |last_family: bool| -> Vec<TimerId> {
+                let mut ids: Vec<(&TimerId, Timestamp, u64)> = self
+                    .timers
+                    .iter()
+                    .filter(|(id, (d, t, _))| {
+                        ((id.0.as_str(), id.1.as_str()) == last) == last_family
+                            && eligible(&id.2)
+                            && (wm >= MAX_TIMESTAMP
+                                || match d {
+                                    TimeDomain::EventTime => t.fire_timestamp < wm,
+                                    TimeDomain::ProcessingTime => t.fire_timestamp <= now,
+                                })
+                    })
+                    .map(|(id, (_, t, arrival))| (id, t.fire_timestamp, *arrival))
+                    .collect();
+                ids.sort_by_key(|(id, fire, arrival)| {
+                    (*fire, id.0.clone(), id.1.clone(), *arrival)
+                });
+                ids.into_iter()
+                    .take(max)
+                    .map(|(id, _, _)| id.clone())
+                    .collect()
+            };
+            let mut ids = ready(false);
+            if ids.is_empty() {
+                ids = ready(true);
+            }
+            ids.into_iter()
+                .filter_map(|id| {
+                    let (domain, timer, _) = self.timers.remove(&id)?;
+                    Some((
+                        domain,
+                        FiredTimer {
+                            transform_id: id.0,
+                            family_id: id.1,
+                            timer,
+                        },
+                    ))
+                })
+                .collect()
+        }
+
+        fn drop_expired(&mut self, wm: Timestamp, gc: impl Fn(&Window) -> Timestamp) -> usize {
+            let before = self.timers.len();
+            self.timers.retain(|id, (d, t, _)| {
+                let at = gc(&id.4);
+                at >= wm || (*d == TimeDomain::EventTime && t.fire_timestamp <= at)
+            });
+            before - self.timers.len()
+        }
+
+        fn hold(&self) -> Option<Timestamp> {
+            self.timers.values().map(|(_, t, _)| t.hold_timestamp).min()
+        }
+
+        fn next_processing_time(&self) -> Option<Timestamp> {
+            self.timers
+                .values()
+                .filter(|(d, _, _)| *d == TimeDomain::ProcessingTime)
+                .map(|(_, t, _)| t.fire_timestamp)
+                .min()
+        }
+
+        fn windows(&self) -> BTreeSet<Window> {
+            self.timers.keys().map(|id| id.4.clone()).collect()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Family 0 (event), 1 (processing) or 2 (window expiration,
+        /// runner-owned); key; window; fire; hold offset; clear.
+        Write(usize, u8, usize, i64, i64, bool),
+        Take(i64, i64, usize, u8),
+        /// The last take's bundle failed: its timers go back.
+        Restore,
+        DropExpired(i64),
+        Checkpoint,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..3usize, 0..5u8, 0..3usize, 0..40i64, 0..5i64, any::<bool>())
+                .prop_map(|(f, k, w, at, h, c)| Op::Write(f, k, w, at, h, c)),
+            2 => (0..45i64, 0..45i64, 1..4usize, 0..32u8)
+                .prop_map(|(wm, now, max, mask)| Op::Take(wm, now, max, mask)),
+            1 => Just(Op::Restore),
+            1 => (0..45i64).prop_map(Op::DropExpired),
+            1 => Just(Op::Checkpoint),
+        ]
+    }
+
+    fn window_of(w: usize) -> Window {
+        match w {
+            0 => Window::Global,
+            w => Window::Interval {
+                start: (w as i64 - 1) * 20,
+                end: w as i64 * 20,
+            },
+        }
+    }
+
+    proptest! {
+        /// Any sequence of writes, bounded takes, expirations and
+        /// checkpoint round trips leaves the indexed store answering every
+        /// question as the walk over all timers does.
+        #[test]
+        fn answers_as_a_walk_over_every_timer_would(ops in proptest::collection::vec(op(), 1..60)) {
+            let families = [("t", "e", TimeDomain::EventTime), ("t", "p", TimeDomain::ProcessingTime), ("t", "owe", TimeDomain::EventTime)];
+            let last = ("t", "owe");
+            let gc = |w: &Window| w.max_timestamp().saturating_add(3);
+            let mut store = TimerStore::default();
+            let mut oracle = Oracle::default();
+            let mut taken = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Write(f, k, w, at, h, clear) => {
+                        let (t, family, domain) = families[f];
+                        let mut write = timer(&format!("k{k}"), at, clear && f != 2);
+                        write.windows = smallvec::smallvec![window_of(w)];
+                        write.hold_timestamp = at + h;
+                        if f == 2 {
+                            store.set_if_absent(t, family, write.clone());
+                            oracle.write(t, family, domain, write, true);
+                        } else {
+                            store.apply(t, family, domain, vec![write.clone()]);
+                            oracle.write(t, family, domain, write, false);
+                        }
+                    }
+                    Op::Take(wm, now, max, mask) => {
+                        let eligible = |key: &[u8]| mask & (1 << (key[1] - b'0')) != 0;
+                        let wm = if wm == 44 { MAX_TIMESTAMP } else { wm };
+                        let got = store.take_ready_where(wm, now, Some(last), max, eligible);
+                        let want = oracle.take(wm, now, last, max, eligible);
+                        let seen = |fired: &[(TimeDomain, FiredTimer)]| -> Vec<(String, TimerValue)> {
+                            fired.iter().map(|(_, f)| (f.family_id.clone(), f.timer.clone())).collect()
+                        };
+                        prop_assert_eq!(seen(&got), seen(&want));
+                        taken = got;
+                    }
+                    Op::Restore => {
+                        for (domain, f) in &taken {
+                            oracle.write(&f.transform_id, &f.family_id, *domain, f.timer.clone(), true);
+                        }
+                        store.restore(std::mem::take(&mut taken));
+                    }
+                    Op::DropExpired(wm) => {
+                        prop_assert_eq!(store.drop_expired(wm, gc), oracle.drop_expired(wm, gc));
+                    }
+                    Op::Checkpoint => {
+                        let bytes = postcard::to_stdvec(&store).unwrap();
+                        // The checkpoint form, readable as the plain map...
+                        let plain: Plain = postcard::from_bytes(&bytes).unwrap();
+                        prop_assert_eq!(&plain, &oracle.plain());
+                        // ... and the plain map's checkpoints readable as a store.
+                        let from_plain: TimerStore =
+                            postcard::from_bytes(&postcard::to_stdvec(&plain).unwrap()).unwrap();
+                        let again: Plain = postcard::from_bytes(&postcard::to_stdvec(&from_plain).unwrap()).unwrap();
+                        prop_assert_eq!(&again, &plain);
+                        // Restored, the store fires timers due together in the same order.
+                        store = postcard::from_bytes(&bytes).unwrap();
+                        prop_assert_eq!(postcard::to_stdvec(&store).unwrap(), bytes);
+                    }
+                }
+                prop_assert_eq!(store.hold(), oracle.hold());
+                prop_assert_eq!(store.next_processing_time(), oracle.next_processing_time());
+                prop_assert_eq!(store.windows(), oracle.windows());
+                prop_assert_eq!(store.is_empty(), oracle.timers.is_empty());
+            }
+        }
     }
 }

@@ -107,29 +107,38 @@ impl Pending {
     }
 
     /// Take up to `max` elements that `ready` accepts, keeping the order of
-    /// the rest.
+    /// the rest. Reads the queue only as far as it has to: a keyed stage
+    /// takes a bundle for one slice of its keys out of a long queue again
+    /// and again, and each take must not cost the whole queue.
     pub(super) fn take_where(
         &mut self,
         max: usize,
         mut ready: impl FnMut(&DecodedElement) -> bool,
     ) -> Vec<DecodedElement> {
-        let mut taken = Vec::new();
-        let mut waiting = VecDeque::with_capacity(self.queue.len());
         let takeable = self.takeable();
+        let mut taken = Vec::new();
+        let mut passed_over = Vec::new();
+        let mut scanned = 0;
         let mut kept_durable = 0;
-        for (i, e) in self.queue.drain(..).enumerate() {
-            if i < takeable && taken.len() < max && ready(&e) {
+        while scanned < takeable && taken.len() < max {
+            let Some(e) = self.queue.pop_front() else {
+                break;
+            };
+            if ready(&e) {
                 taken.push(e);
             } else {
-                if i < self.durable {
+                if scanned < self.durable {
                     kept_durable += 1;
                 }
-                waiting.push_back(e);
+                passed_over.push(e);
             }
+            scanned += 1;
         }
-        self.queue = waiting;
+        for e in passed_over.into_iter().rev() {
+            self.queue.push_front(e);
+        }
         // Durable elements left behind are still the queue's first ones.
-        self.durable = kept_durable;
+        self.durable = kept_durable + self.durable.saturating_sub(scanned);
         for e in &taken {
             self.release(e);
         }
@@ -164,5 +173,69 @@ impl Pending {
     /// The earliest timestamp waiting.
     pub(super) fn hold(&self) -> Option<Timestamp> {
         self.holds.min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::{PaneInfo, WindowedValueHeader};
+
+    /// An element whose one byte of value is `n`, at timestamp `n`.
+    fn element(n: u8) -> DecodedElement {
+        let header = WindowedValueHeader {
+            timestamp: i64::from(n),
+            windows: smallvec::smallvec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        DecodedElement::new(header, Bytes::copy_from_slice(&[n]), 0)
+    }
+
+    fn values(elements: &[DecodedElement]) -> Vec<u8> {
+        elements.iter().map(|e| e.value()[0]).collect()
+    }
+
+    fn queue(n: u8) -> Pending {
+        let mut p = Pending::default();
+        for i in 0..n {
+            p.push_back(element(i));
+        }
+        p
+    }
+
+    #[test]
+    fn a_take_where_stops_at_its_bound_and_keeps_the_order_of_the_rest() {
+        let mut p = queue(10);
+        let odd = |e: &DecodedElement| e.value()[0] % 2 == 1;
+        assert_eq!(values(&p.take_where(2, odd)), [1, 3]);
+        assert_eq!(
+            values(&p.iter().cloned().collect::<Vec<_>>()),
+            [0, 2, 4, 5, 6, 7, 8, 9]
+        );
+        assert_eq!((p.len(), p.bytes(), p.hold()), (8, 8, Some(0)));
+        assert_eq!(values(&p.take_where(10, odd)), [5, 7, 9]);
+        assert_eq!(values(&p.take_where(10, |_| true)), [0, 2, 4, 6, 8]);
+        assert!(p.is_empty() && p.hold().is_none() && p.bytes() == 0);
+    }
+
+    /// A gated queue hands out only its durable prefix, and what it passes
+    /// over there stays durable and first.
+    #[test]
+    fn a_gated_take_where_keeps_the_durable_prefix() {
+        let mut p = queue(4);
+        p.gate();
+        let mark = p.checkpoint_mark();
+        p.push_back(element(4));
+        p.push_back(element(5));
+        p.made_durable(mark);
+        assert!(p.awaits_checkpoint());
+        let even = |e: &DecodedElement| e.value()[0].is_multiple_of(2);
+        assert_eq!(values(&p.take_where(1, even)), [0]);
+        assert_eq!(values(&p.take_where(10, even)), [2], "4 is not durable");
+        assert_eq!(values(&p.take(10)), [1, 3], "the durable rest, in order");
+        assert!(p.take(10).is_empty());
+        p.made_durable(p.checkpoint_mark());
+        assert_eq!(values(&p.take_where(10, even)), [4]);
+        assert_eq!(values(&p.take(10)), [5]);
     }
 }

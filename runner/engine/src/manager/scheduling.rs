@@ -2,7 +2,6 @@
 //! of each SDK stage, and when.
 
 use super::*;
-use crate::coder::TimerValue;
 use crate::key_groups::{slice_mask, KEY_GROUPS};
 
 /// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
@@ -173,7 +172,7 @@ impl Engine {
                 let mut picked = None;
                 for allowed in candidates {
                     let in_slice = |e: &DecodedElement| !keyed || element_group(e) & allowed != 0;
-                    let eligible = |t: &TimerValue| !keyed || group_of(&t.user_key) & allowed != 0;
+                    let eligible = |key: &[u8]| !keyed || group_of(key) & allowed != 0;
                     let fired = if families.is_empty() {
                         Vec::new()
                     } else if !has_input {
