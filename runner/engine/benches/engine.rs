@@ -48,7 +48,8 @@ type StageFn = Arc<dyn Fn(&BundleInput) -> BundleOutput + Send + Sync>;
 /// Plays the SDK: each stage is a closure run inline (no harness, no gRPC).
 struct FakeExecutor {
     stages: BTreeMap<StageIdx, StageFn>,
-    /// Elements (well, bytes) seen by the sink, so the work is not elided.
+    /// What the last stage counted (bytes the sink saw, or timers fired),
+    /// so the work is not elided.
     sink_bytes: Arc<AtomicUsize>,
 }
 
