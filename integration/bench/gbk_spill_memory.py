@@ -13,9 +13,12 @@ With `--fan_out_inputs N` the values come from N reshuffled elements, each
 emitting its share from a plain DoFn instead: bundles whose output dwarfs
 their input, which the runner bounds by splitting them at an element.
 
+With `--session_len L` they are grouped in session windows of L values
+each (per key) instead of the global window.
+
     integration/bench/gbk_spill_memory.py --bin target/release/refract \\
         [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g] \\
-        [--fan_out_inputs 0]
+        [--fan_out_inputs 0] [--session_len 0]
 """
 
 import argparse
@@ -43,6 +46,7 @@ def main():
   ap.add_argument('--keys', type=int, default=5000)
   ap.add_argument('--memory_budget', default='1g')
   ap.add_argument('--fan_out_inputs', type=int, default=0)
+  ap.add_argument('--session_len', type=int, default=0)
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
@@ -65,7 +69,7 @@ def main():
     run = subprocess.run(
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys), str(args.fan_out_inputs)],
+         str(args.keys), str(args.fan_out_inputs), str(args.session_len)],
         capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - start
   finally:
@@ -82,11 +86,14 @@ def main():
     print('RSS MiB every 0.5 s:', ' '.join('%.0f' % mib(s) for s in samples))
   source = ('%d elements fanned out' % args.fan_out_inputs
             if args.fan_out_inputs else 'a splittable source')
-  print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s), '
+  windows = ('sessions of %d values' % args.session_len
+             if args.session_len else 'the global window')
+  print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s, in %s), '
         '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
         'spilled %.0f MiB (log in %s)'
-        % (args.total_mb, args.value_kb, args.keys, source, args.memory_budget,
-           state, elapsed, mib(max(samples or [0])), mib(spilled), work))
+        % (args.total_mb, args.value_kb, args.keys, source, windows,
+           args.memory_budget, state, elapsed, mib(max(samples or [0])),
+           mib(spilled), work))
   return 0 if state == 'DONE' else 1
 
 

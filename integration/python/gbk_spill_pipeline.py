@@ -11,16 +11,25 @@ elements, reshuffled, each emitting its share from a plain DoFn (not
 splittable): a bundle whose output is far bigger than its input, which
 the runner can only split at an element.
 
+With SESSION_LEN > 0 the values are grouped in session windows instead of
+the global window: a key's values are one second apart in event time, with
+a 100-second pause after every SESSION_LEN of them, and the sessions have
+a 10-second gap; so each key has sessions of SESSION_LEN values (the last
+one maybe fewer), which the runner only finds by merging each key's
+windows. The totals are then per session.
+
     python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] \
-        [FAN_OUT_INPUTS]
+        [FAN_OUT_INPUTS] [SESSION_LEN]
 
 prints the job id, waits for the job and exits 0 when it is DONE.
 """
 
 import os
 import sys
+import typing
 
 import apache_beam as beam
+from apache_beam import window
 from apache_beam.io.restriction_trackers import OffsetRange
 from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -46,37 +55,51 @@ class Indices(beam.RestrictionProvider):
     yield restriction
 
 
-def record(i, value_bytes, keys):
+# (Declared: with timestamps, what the DoFns yield is not inferred as KVs.)
+KV = typing.Tuple[bytes, bytes]
+SESSION_GAP_S = 10
+SESSION_PAUSE_S = 100
+
+
+def record(i, value_bytes, keys, session_len=0):
+  """Record i: (key, value), at its event time when grouped in sessions."""
   at = (i * 7919) % (len(BLOCK) - value_bytes)
-  return b'key-%08d' % (i % keys), BLOCK[at:at + value_bytes]
+  kv = b'key-%08d' % (i % keys), BLOCK[at:at + value_bytes]
+  if session_len <= 0:
+    return kv
+  j = i // keys  # the record's place among its key's records
+  return window.TimestampedValue(
+      kv, j + (j // session_len) * SESSION_PAUSE_S)
 
 
 class Generate(beam.DoFn):
-  def __init__(self, value_bytes, keys):
+  def __init__(self, value_bytes, keys, session_len=0):
     self._value_bytes = value_bytes
     self._keys = keys
+    self._session_len = session_len
 
   def process(self, n, tracker=beam.DoFn.RestrictionParam(Indices())):
     i = tracker.current_restriction().start
     while tracker.try_claim(i):
-      yield record(i, self._value_bytes, self._keys)
+      yield record(i, self._value_bytes, self._keys, self._session_len)
       i += 1
 
 
 class FanOut(beam.DoFn):
   """Input `part` of `parts` emits its share of the records."""
 
-  def __init__(self, records, parts, value_bytes, keys):
+  def __init__(self, records, parts, value_bytes, keys, session_len=0):
     self._records = records
     self._parts = parts
     self._value_bytes = value_bytes
     self._keys = keys
+    self._session_len = session_len
 
   def process(self, part):
     first = part * self._records // self._parts
     end = (part + 1) * self._records // self._parts
     for i in range(first, end):
-      yield record(i, self._value_bytes, self._keys)
+      yield record(i, self._value_bytes, self._keys, self._session_len)
 
 
 def summarize(kv):
@@ -100,28 +123,45 @@ def add(rows):
   return (keys, low, high, count, size)
 
 
-def build(p, records, value_bytes, keys, fan_out_inputs=0):
-  per_key = records // keys
+def expected(records, value_bytes, keys, session_len=0):
+  """(groups, fewest and most values in a group, values, bytes)."""
+  sizes = []
+  for k in range(keys):
+    n = records // keys + (1 if k < records % keys else 0)
+    if session_len <= 0:
+      sizes.append(n)
+    else:
+      sizes.extend([session_len] * (n // session_len))
+      if n % session_len:
+        sizes.append(n % session_len)
+  return (len(sizes), min(sizes), max(sizes), records, records * value_bytes)
+
+
+def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0):
   if fan_out_inputs > 0:
     values = (
         p
         | beam.Create(list(range(fan_out_inputs)))
         | beam.Reshuffle()
-        | beam.ParDo(FanOut(records, fan_out_inputs, value_bytes, keys)))
+        | beam.ParDo(
+            FanOut(records, fan_out_inputs, value_bytes, keys,
+                   session_len)).with_output_types(KV))
   else:
     values = (
         p
         | beam.Create([records])
-        | beam.ParDo(Generate(value_bytes, keys)))
-  totals = (
-      values
-      | beam.GroupByKey()
-      | beam.Map(summarize)
-      | beam.CombineGlobally(add))
-  # keys, fewest and most values under one key, values, bytes.
-  want = (keys, per_key, per_key + (1 if records % keys else 0), records,
-          records * value_bytes)
-  assert_that(totals, equal_to([want]))
+        | beam.ParDo(Generate(value_bytes, keys,
+                              session_len)).with_output_types(KV))
+  if session_len > 0:
+    values = values | 'Sessions' >> beam.WindowInto(
+        window.Sessions(SESSION_GAP_S))
+  groups = values | beam.GroupByKey() | beam.Map(summarize)
+  if session_len > 0:
+    groups = groups | 'Global' >> beam.WindowInto(window.GlobalWindows())
+  totals = groups | beam.CombineGlobally(add)
+  assert_that(
+      totals,
+      equal_to([expected(records, value_bytes, keys, session_len)]))
 
 
 def main(argv):
@@ -129,6 +169,7 @@ def main(argv):
   value_kb = int(argv[3]) if len(argv) > 3 else 100
   keys = int(argv[4]) if len(argv) > 4 else 5000
   fan_out_inputs = int(argv[5]) if len(argv) > 5 else 0
+  session_len = int(argv[6]) if len(argv) > 6 else 0
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
@@ -137,7 +178,7 @@ def main(argv):
       '--environment_type=LOOPBACK'
   ])
   p = beam.Pipeline(options=options)
-  build(p, records, value_bytes, keys, fan_out_inputs)
+  build(p, records, value_bytes, keys, fan_out_inputs, session_len)
   result = p.run()
   print(result._job_id, flush=True)  # pylint: disable=protected-access
   state = result.wait_until_finish()

@@ -6,8 +6,10 @@ groups 200 MiB of incompressible 64 KiB values under 1 000 keys and
 checks the totals in the pipeline itself. The runner says in the job's
 messages how much it spilled; its spill directory is empty afterwards.
 The same, smaller, with the default spill directory (a temporary one the
-server creates and removes when it stops). (Peak memory is measured by
-integration/bench/gbk_spill_memory.py, not asserted here.)
+server creates and removes when it stops); and grouped in session
+windows, which the runner finds only by merging each key's spilled
+pieces. (Peak memory is measured by integration/bench/gbk_spill_memory.py,
+not asserted here.)
 """
 
 import os
@@ -21,10 +23,13 @@ from refract_testlib import RefractServer
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize('spill_dir_flag,total_mb', [(True, 200), (False, 96)],
-                         ids=['spill_dir', 'default_spill_dir'])
+@pytest.mark.parametrize(
+    'spill_dir_flag,total_mb,keys,session_len',
+    [(True, 200, 1000, 0), (False, 96, 1000, 0), (True, 96, 100, 4)],
+    ids=['spill_dir', 'default_spill_dir', 'sessions'])
 def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
-    request, refract_bin, tmp_path, spill_dir_flag, total_mb):
+    request, refract_bin, tmp_path, spill_dir_flag, total_mb, keys,
+    session_len):
   spill_dir = tmp_path / 'spill'
   extra = ['--memory_budget', '16m', '--serve_http=false']
   if spill_dir_flag:
@@ -36,7 +41,8 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
     server.wait_ready()
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
-         server.endpoint, str(total_mb), '64', '1000'],
+         server.endpoint, str(total_mb), '64', str(keys), '0',
+         str(session_len)],
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout

@@ -6,7 +6,8 @@
 //! job's `--memory_budget`, it writes what it holds to a [`SpillStore`] as
 //! one *run* and starts over in memory; when the window fires, the runs
 //! and what is still in memory are merged key by key and emitted a few
-//! megabytes at a time, as fast as the consumer takes them.
+//! megabytes at a time, as fast as the consumer takes them. (Sessions are
+//! filed by key instead, and merged as they are read back.)
 //!
 //! The store is an ordered key-value space: ordering does the merge (all
 //! runs of one key are adjacent), so no sort happens in the runner. The

@@ -174,8 +174,10 @@ pub struct GroupingBuffer {
     /// About how many bytes the buffered panes take (values plus
     /// bookkeeping estimates): what the spill limit is checked against.
     memory_bytes: usize,
-    /// Where the buffer spills, if it may.
+    /// Where the buffer spills, if it may and its windows do not merge.
     spill: Option<spill::Spill>,
+    /// Where the buffer spills, if it may and its windows are sessions.
+    sessions: Option<spill::SessionSpill>,
 }
 
 /// The changing part of a grouping buffer, for checkpoints: the strategy
@@ -242,6 +244,7 @@ impl GroupingBuffer {
             holds: Holds::default(),
             memory_bytes: 0,
             spill: None,
+            sessions: None,
         }
     }
 
@@ -531,6 +534,9 @@ impl GroupingBuffer {
         out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
+        if let Some(emitted) = self.evaluate_spilled_sessions(input_watermark)? {
+            return Ok(emitted);
+        }
         self.start_drains(input_watermark);
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;

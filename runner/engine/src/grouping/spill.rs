@@ -3,10 +3,12 @@
 //!
 //! Only buffers whose panes fire exactly once, when the watermark passes
 //! the end of a window that then closes at once (the default trigger, no
-//! allowed lateness, windows that do not merge: every batch GroupByKey of
-//! a pipeline that does not ask for more), spill: their panes need no
-//! trigger state, so a spilled pane is just its values, their count and
-//! its output-time holds.
+//! allowed lateness: every batch GroupByKey of a pipeline that does not ask
+//! for more), spill: their panes need no trigger state, so a spilled pane
+//! is just its values, their count and its output-time holds. Windows that
+//! do not merge are filed as below; sessions, whose windows are only known
+//! once a key's pieces are merged, by key (`sessions`). Windows the SDK
+//! merges (custom merging window functions) do not spill.
 //!
 //! Layout in the store, under the buffer's prefix: for each window, the
 //! window's encoded bytes (length first), then for each key the key
@@ -36,6 +38,9 @@ use crate::spill::{prefix_end, SpillError, SpillStore};
 use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
+
+mod sessions;
+pub(super) use sessions::SessionSpill;
 
 /// Bookkeeping bytes of a buffered key besides its bytes (its table entry
 /// less its first pane, and its index slot): an estimate for the bound.
@@ -86,17 +91,118 @@ struct SpilledWindow {
 struct Drain {
     window: Window,
     start: Vec<u8>,
-    end: Vec<u8>,
     /// Its in-memory panes, in store key order.
     memory: VecDeque<(Bytes, Pane)>,
     /// Entries read from the store and not emitted yet: (key, pane).
     page: VecDeque<(Bytes, SpilledPane)>,
-    /// Where the next read starts; `None` once the store is read out.
+    /// What is left to read of the window's entries.
+    range: PagedRange,
+}
+
+/// A key range of the store read a page at a time, in key order.
+#[derive(Debug)]
+struct PagedRange {
+    /// The first key past the range.
+    end: Vec<u8>,
+    /// Where the next read starts; `None` once the range is read out.
     next: Option<Vec<u8>>,
 }
 
+impl PagedRange {
+    /// Every key that starts with `start`.
+    fn prefixed(start: &[u8]) -> Self {
+        PagedRange {
+            end: prefix_end(start).unwrap_or_default(),
+            next: Some(start.to_vec()),
+        }
+    }
+
+    /// The next [`PAGE_BYTES`] or so of entries; none once read out.
+    fn next_page(&mut self, store: &dyn SpillStore) -> Result<crate::spill::Entries, SpillError> {
+        let Some(from) = self.next.take() else {
+            return Ok(Vec::new());
+        };
+        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
+        if let Some((last, _)) = entries.last() {
+            let mut next = last.clone();
+            next.push(0);
+            self.next = Some(next);
+        }
+        Ok(entries)
+    }
+
+    /// Everything not read yet.
+    fn rest(&self, store: &dyn SpillStore) -> Result<crate::spill::Entries, SpillError> {
+        match &self.next {
+            Some(from) => store.scan(from, &self.end, usize::MAX),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The store key of `key`'s part in run `run`, under `start`.
+fn run_key(start: &[u8], key: &[u8], run: u32) -> Result<Vec<u8>, SpillError> {
+    let mut k = Vec::with_capacity(start.len() + key.len() + 8);
+    k.extend_from_slice(start);
+    put_len(&mut k, key.len())?;
+    k.extend_from_slice(key);
+    k.extend_from_slice(&run.to_be_bytes());
+    Ok(k)
+}
+
+/// Appends a spilled pane's header: its count and the earliest and latest
+/// hold of its values (`end`, the window's, if it has none).
+fn put_pane_header(out: &mut Vec<u8>, pane: &Pane, end: Timestamp) {
+    out.extend_from_slice(&u64::from(pane.count).to_le_bytes());
+    out.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
+    out.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
+}
+
+/// A run's entries on their way to the store, written a batch at a time.
+#[derive(Default)]
+struct RunWriter {
+    batch: crate::spill::Entries,
+    bytes: usize,
+}
+
+impl RunWriter {
+    /// Adds an entry; writes the batch once it is big enough. Counts what
+    /// it writes in `spilled_bytes`.
+    fn push(
+        &mut self,
+        store: &dyn SpillStore,
+        entry: (Vec<u8>, Vec<u8>),
+        spilled_bytes: &mut u64,
+    ) -> Result<(), SpillError> {
+        self.bytes += entry.0.len() + entry.1.len();
+        self.batch.push(entry);
+        if self.bytes >= WRITE_BATCH_BYTES {
+            self.flush(store, spilled_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is left.
+    fn flush(&mut self, store: &dyn SpillStore, spilled_bytes: &mut u64) -> Result<(), SpillError> {
+        if !self.batch.is_empty() {
+            store.put(std::mem::take(&mut self.batch))?;
+            *spilled_bytes += std::mem::take(&mut self.bytes) as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Drops everything under `prefix` (a buffer's scratch space, when the
+/// buffer goes). A failure only leaves garbage a restart clears.
+fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) {
+    let end = prefix_end(prefix).unwrap_or_default();
+    if let Err(error) = store.delete_range(prefix, &end) {
+        tracing::warn!(%error, "cannot remove a GroupByKey's spilled data");
+    }
+}
+
 /// One run's part of a pane, as stored.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct SpilledPane {
     count: usize,
     hold_min: Timestamp,
@@ -104,19 +210,31 @@ struct SpilledPane {
     values: Vec<u8>,
 }
 
-/// Whether a buffer with this strategy may spill: its panes fire once,
-/// at the end of the window, which then closes.
-pub(super) fn spillable(strategy: &crate::plan::WindowingStrategy) -> bool {
+/// How a buffer with some strategy spills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SpillKind {
+    /// Filed by window (windows that do not merge).
+    ByWindow,
+    /// Filed by key, merged when read back (sessions).
+    ByKey,
+}
+
+/// How a buffer with this strategy may spill, if at all: only if its panes
+/// fire once, at the end of the window, which then closes.
+fn spill_kind(strategy: &crate::plan::WindowingStrategy) -> Option<SpillKind> {
     let once_at_end = match &strategy.trigger {
         Trigger::Default => true,
         Trigger::AfterEndOfWindow { early, late } => early.is_none() && late.is_none(),
         _ => false,
     };
-    let merging = matches!(
-        strategy.window_fn,
-        WindowFn::Sessions { .. } | WindowFn::Custom { merging: true }
-    );
-    once_at_end && !merging && strategy.allowed_lateness == 0
+    if !once_at_end || strategy.allowed_lateness != 0 {
+        return None;
+    }
+    match strategy.window_fn {
+        WindowFn::Sessions { .. } => Some(SpillKind::ByKey),
+        WindowFn::Custom { merging: true } => None,
+        _ => Some(SpillKind::ByWindow),
+    }
 }
 
 /// Store keys order keys by (length, bytes); so must the in-memory side.
@@ -135,28 +253,40 @@ fn corrupt(what: &str) -> SpillError {
     SpillError(format!("a spilled entry is corrupt ({what})"))
 }
 
+/// `N` bytes of `buf` at `at`; `what` names them if they are missing.
+fn take<const N: usize>(buf: &[u8], at: usize, what: &str) -> Result<[u8; N], SpillError> {
+    buf.get(at..at + N)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt(what))
+}
+
+/// The user key of a store key written by [`run_key`] under `start`.
+fn run_key_user_key<'a>(start: &[u8], key: &'a [u8]) -> Result<&'a [u8], SpillError> {
+    let rest = key.strip_prefix(start).ok_or_else(|| corrupt("prefix"))?;
+    let len = u32::from_be_bytes(take::<4>(rest, 0, "key length")?) as usize;
+    rest.get(4..4 + len).ok_or_else(|| corrupt("key"))
+}
+
+/// Reads what [`put_pane_header`] wrote at `at`: count, earliest and
+/// latest hold.
+fn pane_header(value: &[u8], at: usize) -> Result<(usize, Timestamp, Timestamp), SpillError> {
+    let word = |at: usize| take::<8>(value, at, "pane header");
+    let count = usize::try_from(u64::from_le_bytes(word(at)?)).map_err(|_| corrupt("count"))?;
+    Ok((
+        count,
+        i64::from_le_bytes(word(at + 8)?),
+        i64::from_le_bytes(word(at + 16)?),
+    ))
+}
+
 /// Reads a stored entry of the window whose keys start with `start`.
 fn decode_entry(
     start: &[u8],
     key: &[u8],
     value: Vec<u8>,
 ) -> Result<(Bytes, SpilledPane), SpillError> {
-    let rest = key.strip_prefix(start).ok_or_else(|| corrupt("prefix"))?;
-    let len_bytes: [u8; 4] = rest
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| corrupt("key length"))?;
-    let len = u32::from_be_bytes(len_bytes) as usize;
-    let user_key = rest.get(4..4 + len).ok_or_else(|| corrupt("key"))?;
-    let word = |at: usize| -> Result<[u8; 8], SpillError> {
-        value
-            .get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| corrupt("pane header"))
-    };
-    let count = usize::try_from(u64::from_le_bytes(word(0)?)).map_err(|_| corrupt("count"))?;
-    let hold_min = i64::from_le_bytes(word(8)?);
-    let hold_max = i64::from_le_bytes(word(16)?);
+    let user_key = run_key_user_key(start, key)?;
+    let (count, hold_min, hold_max) = pane_header(&value, 0)?;
     let mut values = value;
     values.drain(..PANE_HEADER);
     Ok((
@@ -215,24 +345,26 @@ impl Spill {
     /// checkpoint), with what drains hold, by window.
     fn read_back(&self, trigger: &Trigger) -> Result<Vec<(Window, Bytes, Pane)>, SpillError> {
         let mut out = Vec::new();
-        let mut read = |window: &Window, start: &[u8], from: &[u8]| -> Result<(), SpillError> {
-            let end = prefix_end(start).unwrap_or_default();
-            for (k, v) in self.store.scan(from, &end, usize::MAX)? {
+        let store = self.store.as_ref();
+        let mut read = |window: &Window, start: &[u8], range: &PagedRange| {
+            for (k, v) in range.rest(store)? {
                 let (key, part) = decode_entry(start, &k, v)?;
                 let mut pane = Pane::new(trigger);
                 pane.add_spilled(part);
                 out.push((window.clone(), key, pane));
             }
-            Ok(())
+            Ok::<(), SpillError>(())
         };
         for drain in &self.drains {
-            if let Some(next) = &drain.next {
-                read(&drain.window, &drain.start, next)?;
-            }
+            read(&drain.window, &drain.start, &drain.range)?;
         }
         for (window, spilled) in &self.windows {
             if !spilled.draining {
-                read(window, &spilled.start, &spilled.start)?;
+                read(
+                    window,
+                    &spilled.start,
+                    &PagedRange::prefixed(&spilled.start),
+                )?;
             }
         }
         for drain in &self.drains {
@@ -258,10 +390,7 @@ impl Drop for Spill {
     /// Spilled bytes are scratch: gone with the buffer (job done, failed or
     /// cancelled). A failure here only leaves garbage a restart clears.
     fn drop(&mut self) {
-        let end = prefix_end(&self.prefix).unwrap_or_default();
-        if let Err(error) = self.store.delete_range(&self.prefix, &end) {
-            tracing::warn!(%error, "cannot remove a GroupByKey's spilled data");
-        }
+        delete_prefix(self.store.as_ref(), &self.prefix);
     }
 }
 
@@ -271,16 +400,7 @@ impl Drain {
         if !self.page.is_empty() {
             return Ok(());
         }
-        let Some(from) = self.next.take() else {
-            return Ok(());
-        };
-        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
-        if let Some((last, _)) = entries.last() {
-            let mut next = last.clone();
-            next.push(0);
-            self.next = Some(next);
-        }
-        for (k, v) in entries {
+        for (k, v) in self.range.next_page(store)? {
             self.page.push_back(decode_entry(&self.start, &k, v)?);
         }
         Ok(())
@@ -331,8 +451,13 @@ impl GroupingBuffer {
         prefix: Vec<u8>,
         limit: usize,
     ) -> bool {
-        if !spillable(&self.strategy) {
-            return false;
+        match spill_kind(&self.strategy) {
+            None => return false,
+            Some(SpillKind::ByKey) => {
+                self.sessions = Some(SessionSpill::new(store, prefix, limit));
+                return true;
+            }
+            Some(SpillKind::ByWindow) => {}
         }
         self.spill = Some(Spill {
             store,
@@ -349,21 +474,27 @@ impl GroupingBuffer {
     /// Bytes written to the spill store so far.
     pub fn spilled_bytes(&self) -> u64 {
         self.spill.as_ref().map_or(0, |s| s.spilled_bytes)
+            + self.sessions.as_ref().map_or(0, |s| s.spilled_bytes)
     }
 
     /// Whether some of what this buffer holds is in the spill store.
     pub fn has_spilled(&self) -> bool {
         self.spill.as_ref().is_some_and(|s| !s.windows.is_empty())
+            || self.sessions.as_ref().is_some_and(SessionSpill::holds_data)
     }
 
     /// Whether a spilled window is ready and waits to be emitted
     /// ([`Self::drain_spilled`]).
     pub fn is_draining(&self) -> bool {
         self.spill.as_ref().is_some_and(|s| !s.drains.is_empty())
+            || self.sessions.as_ref().is_some_and(SessionSpill::in_pass)
     }
 
     /// The earliest hold of the spilled windows.
     pub(super) fn spilled_hold(&self) -> Option<Timestamp> {
+        if let Some(sessions) = &self.sessions {
+            return sessions.hold();
+        }
         self.spill
             .as_ref()?
             .windows
@@ -374,8 +505,9 @@ impl GroupingBuffer {
 
     /// Spills if the buffer holds more than its limit.
     pub(super) fn maybe_spill(&mut self) -> Result<(), GroupingError> {
-        match &self.spill {
-            Some(spill) if self.memory_bytes > spill.limit => self.spill_out(),
+        match (&self.spill, &self.sessions) {
+            (Some(spill), _) if self.memory_bytes > spill.limit => self.spill_out(),
+            (_, Some(sessions)) if self.memory_bytes > sessions.limit => self.spill_sessions(),
             _ => Ok(()),
         }
     }
@@ -401,8 +533,7 @@ impl GroupingBuffer {
             .runs
             .checked_add(1)
             .ok_or_else(|| SpillError("too many spill runs".into()))?;
-        let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut batch_bytes = 0usize;
+        let mut writer = RunWriter::default();
         let mut keys = 0usize;
         for (key, windows) in std::mem::take(panes) {
             keys += 1;
@@ -416,30 +547,14 @@ impl GroupingBuffer {
                     holds.remove(h);
                     spilled.holds.add(h);
                 }
-                let mut k = Vec::with_capacity(spilled.start.len() + key.len() + 8);
-                k.extend_from_slice(&spilled.start);
-                put_len(&mut k, key.len())?;
-                k.extend_from_slice(&key);
-                k.extend_from_slice(&run.to_be_bytes());
-                let end = window.max_timestamp();
+                let k = run_key(&spilled.start, &key, run)?;
                 let mut v = Vec::with_capacity(PANE_HEADER + pane.values.len());
-                v.extend_from_slice(&u64::from(pane.count).to_le_bytes());
-                v.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
-                v.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
+                put_pane_header(&mut v, &pane, window.max_timestamp());
                 v.extend_from_slice(&pane.values);
-                batch_bytes += k.len() + v.len();
-                batch.push((k, v));
-                if batch_bytes >= WRITE_BATCH_BYTES {
-                    spill.store.put(std::mem::take(&mut batch))?;
-                    spill.spilled_bytes += batch_bytes as u64;
-                    batch_bytes = 0;
-                }
+                writer.push(spill.store.as_ref(), (k, v), &mut spill.spilled_bytes)?;
             }
         }
-        if !batch.is_empty() {
-            spill.store.put(batch)?;
-            spill.spilled_bytes += batch_bytes as u64;
-        }
+        writer.flush(spill.store.as_ref(), &mut spill.spilled_bytes)?;
         tracing::debug!(
             run,
             keys,
@@ -509,8 +624,7 @@ impl GroupingBuffer {
             memory.sort_unstable_by(|a, b| key_order(&a.0, &b.0));
             let start = spilled.start.clone();
             spill.drains.push_back(Drain {
-                end: prefix_end(&start).unwrap_or_default(),
-                next: Some(start.clone()),
+                range: PagedRange::prefixed(&start),
                 start,
                 window,
                 memory: memory.into(),
@@ -529,6 +643,9 @@ impl GroupingBuffer {
         out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
+        if self.sessions.is_some() {
+            return self.drain_sessions(input_watermark, now, out, max_bytes);
+        }
         let GroupingBuffer {
             strategy,
             window_coder,
@@ -560,7 +677,7 @@ impl GroupingBuffer {
                 }
                 None => {
                     if let Some(done) = spill.drains.pop_front() {
-                        spill.store.delete_range(&done.start, &done.end)?;
+                        spill.store.delete_range(&done.start, &done.range.end)?;
                         spill.windows.remove(&done.window);
                     }
                 }
@@ -576,6 +693,9 @@ impl GroupingBuffer {
         &self,
         panes: &mut BTreeMap<Bytes, KeyPanes>,
     ) -> Result<(), SpillError> {
+        if self.sessions.is_some() {
+            return self.with_spilled_sessions(panes);
+        }
         let Some(spill) = &self.spill else {
             return Ok(());
         };
@@ -597,6 +717,9 @@ impl GroupingBuffer {
             spill.store.delete_range(&spill.prefix, &end)?;
             spill.windows.clear();
             spill.drains.clear();
+        }
+        if let Some(sessions) = &mut self.sessions {
+            sessions.clear()?;
         }
         self.maybe_spill()
     }
@@ -763,6 +886,18 @@ mod tests {
         }
         assert_eq!(g.hold(), Some(19), "the second window still holds");
         assert_eq!(panes(out, &Coder::IntervalWindow).len(), 3);
+    }
+
+    #[test]
+    fn windows_the_sdk_merges_do_not_spill() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.window_fn = WindowFn::Custom { merging: true };
+        let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
+        assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+        let mut sessions = WindowingStrategy::global_default();
+        sessions.window_fn = WindowFn::Sessions { gap: 10 };
+        let mut g = GroupingBuffer::new(sessions, kv(), Coder::IntervalWindow);
+        assert!(g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
     }
 
     #[test]
