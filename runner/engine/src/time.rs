@@ -18,6 +18,15 @@ pub fn finite(t: Timestamp) -> Option<Timestamp> {
     (t > MIN_TIMESTAMP && t < MAX_TIMESTAMP).then_some(t)
 }
 
+/// The earlier of two optional deadlines or holds, where none means no
+/// bound (so `Option`'s own order, which puts `None` first, will not do).
+pub fn earliest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The wall clock in event-time units (ms since the epoch). The engine never
 /// reads it itself — its processing time is a clock it is handed — but the
 /// runner hands it this one and measures watermark lags against it.

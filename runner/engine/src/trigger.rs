@@ -226,10 +226,7 @@ impl TriggerState {
                 *seen = seen.saturating_add(*s2)
             }
             (Node::ProcessingTime(clock), Node::ProcessingTime(other)) => {
-                clock.deadline = match (clock.deadline, other.deadline) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                clock.deadline = crate::time::earliest(clock.deadline, other.deadline)
             }
             (Node::Always { pending }, Node::Always { pending: p2 }) => *pending |= p2,
             (

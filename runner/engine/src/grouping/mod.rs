@@ -41,7 +41,7 @@ use crate::plan::{
     WindowingStrategy,
 };
 use crate::spill::SpillError;
-use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
 pub use fired::Fired;
@@ -174,10 +174,8 @@ pub struct GroupingBuffer {
     /// About how many bytes the buffered panes take (values plus
     /// bookkeeping estimates): what the spill limit is checked against.
     memory_bytes: usize,
-    /// Where the buffer spills, if it may and its windows do not merge.
-    spill: Option<spill::Spill>,
-    /// Where the buffer spills, if it may and its windows are sessions.
-    sessions: Option<spill::SessionSpill>,
+    /// Where the buffer spills, if it may.
+    spill: Option<spill::SpillSpace>,
 }
 
 /// The changing part of a grouping buffer, for checkpoints: the strategy
@@ -244,7 +242,6 @@ impl GroupingBuffer {
             holds: Holds::default(),
             memory_bytes: 0,
             spill: None,
-            sessions: None,
         }
     }
 
@@ -492,10 +489,7 @@ impl GroupingBuffer {
     /// that holds nothing (an empty closing pane), which must not come out
     /// behind a watermark that moved on without it.
     pub fn hold(&self) -> Option<Timestamp> {
-        let held = match (self.holds.min(), self.spilled_hold()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let held = earliest(self.holds.min(), self.spilled_hold());
         if self.has_unevaluated() {
             return Some(held.map_or(self.output_watermark, |h| h.min(self.output_watermark)));
         }

@@ -40,7 +40,7 @@ use crate::trigger::TriggerContext;
 use crate::window::Window;
 
 mod sessions;
-pub(super) use sessions::SessionSpill;
+use sessions::SessionSpill;
 
 /// Bookkeeping bytes of a buffered key besides its bytes (its table entry
 /// less its first pane, and its index slot): an estimate for the bound.
@@ -56,7 +56,17 @@ const PAGE_BYTES: usize = 4 << 20;
 /// latest hold.
 const PANE_HEADER: usize = 24;
 
-/// A buffer's spill space and what it put there.
+/// Where a buffer spills, by how it files what it spills.
+#[derive(Debug)]
+pub(super) enum SpillSpace {
+    /// Windows that do not merge: filed by window.
+    ByWindow(Spill),
+    /// Sessions: filed by key, merged when read back. (Boxed: it is the
+    /// larger, and rarer.)
+    ByKey(Box<SessionSpill>),
+}
+
+/// A by-window buffer's spill space and what it put there.
 #[derive(Debug)]
 pub(super) struct Spill {
     store: Arc<dyn SpillStore>,
@@ -192,13 +202,28 @@ impl RunWriter {
     }
 }
 
-/// Drops everything under `prefix` (a buffer's scratch space, when the
-/// buffer goes). A failure only leaves garbage a restart clears.
-fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) {
+/// Deletes everything under `prefix` (a buffer's scratch space).
+fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
     let end = prefix_end(prefix).unwrap_or_default();
-    if let Err(error) = store.delete_range(prefix, &end) {
+    store.delete_range(prefix, &end)
+}
+
+/// [`delete_prefix`] when the buffer goes (job done, failed or cancelled):
+/// a failure only leaves garbage a restart clears.
+fn drop_prefix(store: &dyn SpillStore, prefix: &[u8]) {
+    if let Err(error) = delete_prefix(store, prefix) {
         tracing::warn!(%error, "cannot remove a GroupByKey's spilled data");
     }
+}
+
+/// Takes the next number of `counter` (a run or a generation); an error
+/// once it would wrap.
+fn next_number(counter: &mut u32, what: &str) -> Result<u32, SpillError> {
+    let n = *counter;
+    *counter = n
+        .checked_add(1)
+        .ok_or_else(|| SpillError(format!("too many spill {what}")))?;
+    Ok(n)
 }
 
 /// One run's part of a pane, as stored.
@@ -387,10 +412,9 @@ impl Spill {
 }
 
 impl Drop for Spill {
-    /// Spilled bytes are scratch: gone with the buffer (job done, failed or
-    /// cancelled). A failure here only leaves garbage a restart clears.
+    /// Spilled bytes are scratch: gone with the buffer.
     fn drop(&mut self) {
-        delete_prefix(self.store.as_ref(), &self.prefix);
+        drop_prefix(self.store.as_ref(), &self.prefix);
     }
 }
 
@@ -451,63 +475,67 @@ impl GroupingBuffer {
         prefix: Vec<u8>,
         limit: usize,
     ) -> bool {
-        match spill_kind(&self.strategy) {
-            None => return false,
-            Some(SpillKind::ByKey) => {
-                self.sessions = Some(SessionSpill::new(store, prefix, limit));
-                return true;
+        let Some(kind) = spill_kind(&self.strategy) else {
+            return false;
+        };
+        self.spill = Some(match kind {
+            SpillKind::ByKey => {
+                SpillSpace::ByKey(Box::new(SessionSpill::new(store, prefix, limit)))
             }
-            Some(SpillKind::ByWindow) => {}
-        }
-        self.spill = Some(Spill {
-            store,
-            prefix,
-            limit,
-            runs: 0,
-            spilled_bytes: 0,
-            windows: BTreeMap::new(),
-            drains: VecDeque::new(),
+            SpillKind::ByWindow => SpillSpace::ByWindow(Spill {
+                store,
+                prefix,
+                limit,
+                runs: 0,
+                spilled_bytes: 0,
+                windows: BTreeMap::new(),
+                drains: VecDeque::new(),
+            }),
         });
         true
     }
 
     /// Bytes written to the spill store so far.
     pub fn spilled_bytes(&self) -> u64 {
-        self.spill.as_ref().map_or(0, |s| s.spilled_bytes)
-            + self.sessions.as_ref().map_or(0, |s| s.spilled_bytes)
+        match &self.spill {
+            Some(SpillSpace::ByWindow(s)) => s.spilled_bytes,
+            Some(SpillSpace::ByKey(s)) => s.spilled_bytes,
+            None => 0,
+        }
     }
 
     /// Whether some of what this buffer holds is in the spill store.
     pub fn has_spilled(&self) -> bool {
-        self.spill.as_ref().is_some_and(|s| !s.windows.is_empty())
-            || self.sessions.as_ref().is_some_and(SessionSpill::holds_data)
+        match &self.spill {
+            Some(SpillSpace::ByWindow(s)) => !s.windows.is_empty(),
+            Some(SpillSpace::ByKey(s)) => s.holds_data(),
+            None => false,
+        }
     }
 
     /// Whether a spilled window is ready and waits to be emitted
     /// ([`Self::drain_spilled`]).
     pub fn is_draining(&self) -> bool {
-        self.spill.as_ref().is_some_and(|s| !s.drains.is_empty())
-            || self.sessions.as_ref().is_some_and(SessionSpill::in_pass)
+        match &self.spill {
+            Some(SpillSpace::ByWindow(s)) => !s.drains.is_empty(),
+            Some(SpillSpace::ByKey(s)) => s.in_pass(),
+            None => false,
+        }
     }
 
     /// The earliest hold of the spilled windows.
     pub(super) fn spilled_hold(&self) -> Option<Timestamp> {
-        if let Some(sessions) = &self.sessions {
-            return sessions.hold();
+        match self.spill.as_ref()? {
+            SpillSpace::ByWindow(s) => s.windows.values().filter_map(|w| w.holds.min()).min(),
+            SpillSpace::ByKey(s) => s.hold(),
         }
-        self.spill
-            .as_ref()?
-            .windows
-            .values()
-            .filter_map(|w| w.holds.min())
-            .min()
     }
 
     /// Spills if the buffer holds more than its limit.
     pub(super) fn maybe_spill(&mut self) -> Result<(), GroupingError> {
-        match (&self.spill, &self.sessions) {
-            (Some(spill), _) if self.memory_bytes > spill.limit => self.spill_out(),
-            (_, Some(sessions)) if self.memory_bytes > sessions.limit => self.spill_sessions(),
+        match &self.spill {
+            Some(SpillSpace::ByWindow(s)) if self.memory_bytes > s.limit => self.spill_out(),
+            Some(SpillSpace::ByKey(s)) if self.memory_bytes > s.limit => self.spill_sessions(),
             _ => Ok(()),
         }
     }
@@ -525,14 +553,10 @@ impl GroupingBuffer {
             memory_bytes,
             ..
         } = self;
-        let Some(spill) = spill.as_mut() else {
+        let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
             return Ok(());
         };
-        let run = spill.runs;
-        spill.runs = spill
-            .runs
-            .checked_add(1)
-            .ok_or_else(|| SpillError("too many spill runs".into()))?;
+        let run = next_number(&mut spill.runs, "runs")?;
         let mut writer = RunWriter::default();
         let mut keys = 0usize;
         for (key, windows) in std::mem::take(panes) {
@@ -578,7 +602,7 @@ impl GroupingBuffer {
             memory_bytes,
             ..
         } = self;
-        let Some(spill) = spill.as_mut() else {
+        let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
             return;
         };
         let ready: BTreeSet<Window> = spill
@@ -643,9 +667,6 @@ impl GroupingBuffer {
         out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
-        if self.sessions.is_some() {
-            return self.drain_sessions(input_watermark, now, out, max_bytes);
-        }
         let GroupingBuffer {
             strategy,
             window_coder,
@@ -653,8 +674,12 @@ impl GroupingBuffer {
             output_watermark,
             ..
         } = self;
-        let Some(spill) = spill.as_mut() else {
-            return Ok(0);
+        let spill = match spill.as_mut() {
+            Some(SpillSpace::ByWindow(spill)) => spill,
+            Some(SpillSpace::ByKey(_)) => {
+                return self.drain_sessions(input_watermark, now, out, max_bytes)
+            }
+            None => return Ok(0),
         };
         let firing = Firing {
             strategy,
@@ -693,11 +718,10 @@ impl GroupingBuffer {
         &self,
         panes: &mut BTreeMap<Bytes, KeyPanes>,
     ) -> Result<(), SpillError> {
-        if self.sessions.is_some() {
-            return self.with_spilled_sessions(panes);
-        }
-        let Some(spill) = &self.spill else {
-            return Ok(());
+        let spill = match &self.spill {
+            Some(SpillSpace::ByWindow(spill)) => spill,
+            Some(SpillSpace::ByKey(_)) => return self.with_spilled_sessions(panes),
+            None => return Ok(()),
         };
         for (window, key, pane) in spill.read_back(&self.strategy.trigger)? {
             let windows = panes.entry(key).or_default();
@@ -712,14 +736,14 @@ impl GroupingBuffer {
     /// After a restore: forget what was spilled before (the checkpoint
     /// holds it), then spill again if what came back is too much.
     pub(super) fn reset_spill(&mut self) -> Result<(), GroupingError> {
-        if let Some(spill) = &mut self.spill {
-            let end = prefix_end(&spill.prefix).unwrap_or_default();
-            spill.store.delete_range(&spill.prefix, &end)?;
-            spill.windows.clear();
-            spill.drains.clear();
-        }
-        if let Some(sessions) = &mut self.sessions {
-            sessions.clear()?;
+        match &mut self.spill {
+            Some(SpillSpace::ByWindow(spill)) => {
+                delete_prefix(spill.store.as_ref(), &spill.prefix)?;
+                spill.windows.clear();
+                spill.drains.clear();
+            }
+            Some(SpillSpace::ByKey(spill)) => spill.clear()?,
+            None => {}
         }
         self.maybe_spill()
     }

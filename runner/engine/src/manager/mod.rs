@@ -36,7 +36,7 @@ use crate::plan::{
     PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
 };
 use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
-use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 use crate::window::Window;
 
@@ -824,24 +824,17 @@ impl Engine {
             .filter_map(|s| {
                 let grouping = s.grouping.as_ref().and_then(GroupingBuffer::next_deadline);
                 let timers = s.timers.next_processing_time();
-                match (grouping, timers) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                earliest(grouping, timers)
             })
             .min()
             .map(|deadline| {
                 let wait = deadline.saturating_sub(self.now()).max(0);
                 Instant::now() + Duration::from_millis(wait as u64)
             });
-        let earliest = match (delayed, processing) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         if self.more_to_fire() {
             return Some(Instant::now());
         }
-        earliest
+        earliest(delayed, processing)
     }
 
     /// Whether a GroupByKey stopped at its step's byte budget with panes

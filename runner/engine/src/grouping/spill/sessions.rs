@@ -45,8 +45,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{
-    corrupt, delete_prefix, pane_header, put_len, put_pane_header, run_key, run_key_user_key, take,
-    PagedRange, RunWriter, SpilledPane, PANE_HEADER,
+    corrupt, delete_prefix, drop_prefix, next_number, pane_header, put_len, put_pane_header,
+    run_key, run_key_user_key, take, PagedRange, RunWriter, SpillSpace, SpilledPane, PANE_HEADER,
 };
 use crate::coder::Coder;
 use crate::grouping::{
@@ -54,8 +54,8 @@ use crate::grouping::{
     KeyPanes, Pane, KEY_OVERHEAD, PANE_OVERHEAD,
 };
 use crate::holds::Holds;
-use crate::spill::{prefix_end, SpillError, SpillStore};
-use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::spill::{SpillError, SpillStore};
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::trigger::TriggerContext;
 use crate::window::Window;
 
@@ -136,11 +136,7 @@ impl SessionSpill {
 
     /// The earliest output-time hold of what is in the store.
     pub(in crate::grouping) fn hold(&self) -> Option<Timestamp> {
-        let pass = self.pass.as_ref().and_then(|p| p.hold);
-        match (self.holds.min(), pass) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(self.holds.min(), self.pass.as_ref().and_then(|p| p.hold))
     }
 
     /// The first store key of generation `generation`.
@@ -153,8 +149,7 @@ impl SessionSpill {
     /// Forgets everything written (after a restore, which brought it back
     /// into memory).
     pub(in crate::grouping) fn clear(&mut self) -> Result<(), SpillError> {
-        let end = prefix_end(&self.prefix).unwrap_or_default();
-        self.store.delete_range(&self.prefix, &end)?;
+        delete_prefix(self.store.as_ref(), &self.prefix)?;
         self.runs = 0;
         self.pieces = 0;
         self.earliest_end = MAX_TIMESTAMP;
@@ -198,7 +193,7 @@ impl SessionSpill {
 impl Drop for SessionSpill {
     /// Spilled bytes are scratch: gone with the buffer.
     fn drop(&mut self) {
-        delete_prefix(self.store.as_ref(), &self.prefix);
+        drop_prefix(self.store.as_ref(), &self.prefix);
     }
 }
 
@@ -296,6 +291,14 @@ fn decode_entry(
 }
 
 impl GroupingBuffer {
+    /// The sessions spill space, if this buffer has one.
+    fn sessions(&self) -> Option<&SessionSpill> {
+        match &self.spill {
+            Some(SpillSpace::ByKey(s)) => Some(s.as_ref()),
+            _ => None,
+        }
+    }
+
     /// Writes every buffered key's windows to the current generation as one
     /// run and empties the in-memory buffer.
     pub(super) fn spill_sessions(&mut self) -> Result<(), GroupingError> {
@@ -304,22 +307,18 @@ impl GroupingBuffer {
             window_coder,
             panes,
             holds,
-            sessions,
+            spill,
             touched,
             memory_bytes,
             ..
         } = self;
-        let Some(spill) = sessions.as_mut() else {
+        let Some(SpillSpace::ByKey(spill)) = spill.as_mut() else {
             return Ok(());
         };
         if panes.is_empty() {
             return Ok(());
         }
-        let run = spill.runs;
-        spill.runs = spill
-            .runs
-            .checked_add(1)
-            .ok_or_else(|| SpillError("too many spill runs".into()))?;
+        let run = next_number(&mut spill.runs, "runs")?;
         let start = spill.generation_start(spill.generation);
         let mut writer = RunWriter::default();
         let mut encoded_window = Vec::new();
@@ -371,24 +370,20 @@ impl GroupingBuffer {
         &mut self,
         input_watermark: Timestamp,
     ) -> Result<Option<usize>, GroupingError> {
-        if !self.sessions.as_ref().is_some_and(SessionSpill::holds_data) {
+        if !self.sessions().is_some_and(SessionSpill::holds_data) {
             return Ok(None);
         }
         self.touched.clear();
         self.rescan = false;
         let due = self
-            .sessions
-            .as_ref()
+            .sessions()
             .is_some_and(|s| !s.in_pass() && input_watermark > s.earliest_end.min(self.next_wake));
         if due {
             self.spill_sessions()?;
             self.next_wake = MAX_TIMESTAMP;
-            if let Some(spill) = self.sessions.as_mut() {
-                let start = spill.generation_start(spill.generation);
-                spill.generation = spill
-                    .generation
-                    .checked_add(1)
-                    .ok_or_else(|| SpillError("too many spill generations".into()))?;
+            if let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() {
+                let generation = next_number(&mut spill.generation, "generations")?;
+                let start = spill.generation_start(generation);
                 spill.pass = Some(Pass {
                     watermark: input_watermark,
                     hold: spill.holds.min(),
@@ -417,7 +412,7 @@ impl GroupingBuffer {
     ) -> Result<usize, GroupingError> {
         let mut emitted = 0;
         while out.bytes.len() < max_bytes {
-            let Some(spill) = self.sessions.as_mut() else {
+            let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() else {
                 break;
             };
             let store = spill.store.clone();
@@ -508,7 +503,7 @@ impl GroupingBuffer {
         &self,
         panes: &mut std::collections::BTreeMap<Bytes, KeyPanes>,
     ) -> Result<(), SpillError> {
-        let Some(spill) = &self.sessions else {
+        let Some(spill) = self.sessions() else {
             return Ok(());
         };
         let trigger = &self.strategy.trigger;
