@@ -11,14 +11,18 @@ GroupByKey spilled (from the runner's log).
 
 With `--fan_out_inputs N` the values come from N reshuffled elements, each
 emitting its share from a plain DoFn instead: bundles whose output dwarfs
-their input, which the runner bounds by splitting them at an element.
+their input, which the runner bounds by splitting them at an element, and
+by writing to disk what one element emits past its bundle's share.
+
+With `--reshuffle` they are reshuffled again (and passed through a Map)
+before the GroupByKey: they then wait in the Map stage's queue.
 
 With `--session_len L` they are grouped in session windows of L values
 each (per key) instead of the global window.
 
     integration/bench/gbk_spill_memory.py --bin target/release/refract \\
         [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g] \\
-        [--fan_out_inputs 0] [--session_len 0]
+        [--fan_out_inputs 0] [--session_len 0] [--reshuffle]
 """
 
 import argparse
@@ -47,6 +51,7 @@ def main():
   ap.add_argument('--memory_budget', default='1g')
   ap.add_argument('--fan_out_inputs', type=int, default=0)
   ap.add_argument('--session_len', type=int, default=0)
+  ap.add_argument('--reshuffle', action='store_true')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
@@ -69,7 +74,8 @@ def main():
     run = subprocess.run(
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys), str(args.fan_out_inputs), str(args.session_len)],
+         str(args.keys), str(args.fan_out_inputs), str(args.session_len),
+         '1' if args.reshuffle else '0'],
         capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - start
   finally:
@@ -79,21 +85,32 @@ def main():
   lines = run.stdout.strip().splitlines()
   state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
   with open(log, encoding='utf-8', errors='replace') as f:
-    found = re.findall(r'engine finished.*?spilled_bytes=(\d+)', f.read())
-  spilled = int(found[-1]) if found else 0
+    finished = [l for l in f if 'engine finished' in l]
+
+  def logged(what):
+    found = re.search(r'\b%s=(\d+)' % what, finished[-1]) if finished else None
+    return int(found.group(1)) if found else 0
+
+  spilled = logged('spilled_bytes')
+  # Bundle output and queues that waited on disk (not logged before
+  # they could).
+  output_spilled = logged('output_spilled_bytes') + logged(
+      'queue_spilled_bytes')
   mib = lambda b: b / (1 << 20)
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
     print('RSS MiB every 0.5 s:', ' '.join('%.0f' % mib(s) for s in samples))
   source = ('%d elements fanned out' % args.fan_out_inputs
             if args.fan_out_inputs else 'a splittable source')
+  if args.reshuffle:
+    source += ', reshuffled'
   windows = ('sessions of %d values' % args.session_len
              if args.session_len else 'the global window')
   print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s, in %s), '
         '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
-        'spilled %.0f MiB (log in %s)'
+        'GroupByKey spilled %.0f MiB, outputs and queues %.0f MiB (log in %s)'
         % (args.total_mb, args.value_kb, args.keys, source, windows,
            args.memory_budget, state, elapsed, mib(max(samples or [0])),
-           mib(spilled), work))
+           mib(spilled), mib(output_spilled), work))
   return 0 if state == 'DONE' else 1
 
 

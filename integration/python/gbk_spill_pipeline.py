@@ -18,8 +18,12 @@ a 10-second gap; so each key has sessions of SESSION_LEN values (the last
 one maybe fewer), which the runner only finds by merging each key's
 windows. The totals are then per session.
 
+With RESHUFFLE = 1 the values are reshuffled (and passed through a Map)
+before they are grouped: they then wait in a queue for the Map's stage,
+not in the GroupByKey's buffer.
+
     python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] \
-        [FAN_OUT_INPUTS] [SESSION_LEN]
+        [FAN_OUT_INPUTS] [SESSION_LEN] [RESHUFFLE]
 
 prints the job id, waits for the job and exits 0 when it is DONE.
 """
@@ -137,7 +141,8 @@ def expected(records, value_bytes, keys, session_len=0):
   return (len(sizes), min(sizes), max(sizes), records, records * value_bytes)
 
 
-def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0):
+def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
+          reshuffle=False):
   if fan_out_inputs > 0:
     values = (
         p
@@ -152,6 +157,11 @@ def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0):
         | beam.Create([records])
         | beam.ParDo(Generate(value_bytes, keys,
                               session_len)).with_output_types(KV))
+  if reshuffle:
+    values = (
+        values
+        | 'Again' >> beam.Reshuffle()
+        | 'Pass' >> beam.Map(lambda kv: kv).with_output_types(KV))
   if session_len > 0:
     values = values | 'Sessions' >> beam.WindowInto(
         window.Sessions(SESSION_GAP_S))
@@ -170,6 +180,7 @@ def main(argv):
   keys = int(argv[4]) if len(argv) > 4 else 5000
   fan_out_inputs = int(argv[5]) if len(argv) > 5 else 0
   session_len = int(argv[6]) if len(argv) > 6 else 0
+  reshuffle = len(argv) > 7 and argv[7] == '1'
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
@@ -178,7 +189,7 @@ def main(argv):
       '--environment_type=LOOPBACK'
   ])
   p = beam.Pipeline(options=options)
-  build(p, records, value_bytes, keys, fan_out_inputs, session_len)
+  build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle)
   result = p.run()
   print(result._job_id, flush=True)  # pylint: disable=protected-access
   state = result.wait_until_finish()

@@ -8,11 +8,14 @@ messages how much it spilled; its spill directory is empty afterwards.
 The same, smaller, with the default spill directory (a temporary one the
 server creates and removes when it stops); and grouped in session
 windows, which the runner finds only by merging each key's spilled
-pieces. (Peak memory is measured by integration/bench/gbk_spill_memory.py,
+pieces; and with all values emitted by one element, whose output (which
+cannot be split) waits on disk for its bundle to end — and then, once
+committed, in the next stage's queue (through a Reshuffle). (Peak memory is measured by integration/bench/gbk_spill_memory.py,
 not asserted here.)
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -23,13 +26,22 @@ from refract_testlib import RefractServer
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def spilled_bytes(line, what):
+  found = re.search(r'\b%s=(\d+)' % what, line)
+  assert found, line
+  return int(found.group(1))
+
+
 @pytest.mark.parametrize(
-    'spill_dir_flag,total_mb,keys,session_len',
-    [(True, 200, 1000, 0), (False, 96, 1000, 0), (True, 96, 100, 4)],
-    ids=['spill_dir', 'default_spill_dir', 'sessions'])
+    'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle',
+    [(True, 200, 1000, 0, 0, 0), (False, 96, 1000, 0, 0, 0),
+     (True, 96, 100, 0, 4, 0), (True, 96, 100, 1, 0, 0),
+     (True, 96, 100, 1, 0, 1)],
+    ids=['spill_dir', 'default_spill_dir', 'sessions', 'one_element_fans_out',
+         'one_element_fans_out_into_a_queue'])
 def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
-    request, refract_bin, tmp_path, spill_dir_flag, total_mb, keys,
-    session_len):
+    request, refract_bin, tmp_path, spill_dir_flag, total_mb, keys, fan_out,
+    session_len, reshuffle):
   spill_dir = tmp_path / 'spill'
   extra = ['--memory_budget', '16m', '--serve_http=false']
   if spill_dir_flag:
@@ -41,17 +53,27 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
     server.wait_ready()
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
-         server.endpoint, str(total_mb), '64', str(keys), '0',
-         str(session_len)],
+         server.endpoint, str(total_mb), '64', str(keys), str(fan_out),
+         str(session_len), str(reshuffle)],
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout
     log = server.log_tail(1 << 20)
   finally:
     server.stop()
-  spilled = [l for l in log.splitlines() if 'engine finished' in l]
-  assert spilled and 'spilled_bytes=' in spilled[-1], log[-3000:]
-  assert 'spilled_bytes=0 ' not in spilled[-1] + ' ', spilled[-1]
+  finished = [l for l in log.splitlines() if 'engine finished' in l]
+  assert finished, log[-3000:]
+  assert spilled_bytes(finished[-1], 'spilled_bytes') > 0, finished[-1]
+  # One element's output (the fan-out's) cannot be split: past its
+  # bundle's share it waits on disk until the bundle ends.
+  if fan_out:
+    output_spilled = spilled_bytes(finished[-1], 'output_spilled_bytes')
+    assert output_spilled > (total_mb << 20) // 2, finished[-1]
+  # Committed at once, that output lands in the next stage's queue, far
+  # past its bound: the queue keeps its back on disk.
+  if reshuffle:
+    queue_spilled = spilled_bytes(finished[-1], 'queue_spilled_bytes')
+    assert queue_spilled > (total_mb << 20) // 2, finished[-1]
   # Spilled bytes are deleted as windows are emitted (RocksDB's own files
   # stay, without the data).
   assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20

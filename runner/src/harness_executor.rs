@@ -31,6 +31,7 @@ use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
 
+use crate::output_spill::OutputSpill;
 use crate::split_policy::SplitPolicy;
 use crate::telemetry::{BundleRecord, BundleRecorder};
 use crate::worker_set::WorkerSet;
@@ -49,6 +50,9 @@ pub struct HarnessExecutor {
     /// A bundle that has sent back this many bytes is split (its output
     /// waits in memory until it ends).
     split_output_bytes: u64,
+    /// Where a bundle's output past that goes while the bundle runs on
+    /// (one element's output cannot be split).
+    output_spill: Option<Arc<OutputSpill>>,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -225,6 +229,7 @@ impl HarnessExecutor {
             stage_names: Arc::new(stage_names),
             recorder,
             split_output_bytes: DEFAULT_SPLIT_OUTPUT_BYTES,
+            output_spill: None,
         }
     }
 
@@ -234,6 +239,13 @@ impl HarnessExecutor {
     /// has run for a while.
     pub fn with_split_output_bytes(mut self, bytes: usize) -> Self {
         self.split_output_bytes = bytes as u64;
+        self
+    }
+
+    /// Write a bundle's output to `spill` once more of it waits in memory
+    /// than its limit, instead of holding it all until the bundle ends.
+    pub fn with_output_spill(mut self, spill: OutputSpill) -> Self {
+        self.output_spill = Some(Arc::new(spill));
         self
     }
 }
@@ -264,6 +276,7 @@ impl StageExecutor for HarnessExecutor {
                 expected_sinks: vec![merger.sink.clone()],
                 expected_timer_families: Vec::new(),
                 state: Arc::new(NoState),
+                overflow: None,
             };
             let mut result = worker.process_bundle(request).await.map_err(|e| match e {
                 BundleError::Sdk(text) => ExecError::Sdk(text),
@@ -286,6 +299,7 @@ impl StageExecutor for HarnessExecutor {
         let job = self.job.clone();
         let recorder = self.recorder.clone();
         let split_output_bytes = self.split_output_bytes;
+        let output_spill = self.output_spill.clone();
         let stage_name = self
             .stage_names
             .get(&input.stage)
@@ -298,7 +312,11 @@ impl StageExecutor for HarnessExecutor {
             let clock = Instant::now();
             let bundle_id = input.bundle_id.clone();
             let input_bytes: usize = input.elements.iter().map(bytes::Bytes::len).sum();
-            let result = run_bundle(worker, &set, &stage, input, &job, split_output_bytes).await;
+            let limits = OutputLimits {
+                split_bytes: split_output_bytes,
+                spill: output_spill.as_deref(),
+            };
+            let result = run_bundle(worker, &set, &stage, input, &job, limits).await;
             let error = result.as_ref().err().map(ToString::to_string);
             recorder.record(&BundleRecord {
                 stage: &stage_name,
@@ -368,20 +386,39 @@ fn split_policy(
     }
 }
 
+/// What a bundle's output may grow to in memory.
+#[derive(Clone, Copy)]
+struct OutputLimits<'a> {
+    /// The bundle is split once it has sent back this many bytes.
+    split_bytes: u64,
+    /// Where the output of a bundle that cannot be split at any position
+    /// goes past the stage's share, if anywhere.
+    spill: Option<&'a OutputSpill>,
+}
+
 /// Runs one bundle of `stage` on `worker` (splitting one that takes long or
-/// whose output passes `split_output_bytes`, see [`split_policy`]) and
-/// turns the worker's answer into the engine's terms.
+/// whose output passes its limit, see [`split_policy`], and spilling output
+/// that still passes it) and turns the worker's answer into the engine's
+/// terms.
 async fn run_bundle(
     worker: &Arc<Worker>,
     workers: &WorkerSet,
     stage: &SdkStageDescriptor,
     input: BundleInput,
     job: &Arc<Job>,
-    split_output_bytes: u64,
+    limits: OutputLimits<'_>,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone().unwrap_or_default();
     let split_sink = input.splits.clone();
-    let policy = split_policy(stage, input.element_lengths.len(), split_output_bytes);
+    let policy = split_policy(stage, input.element_lengths.len(), limits.split_bytes);
+    // Not a splittable DoFn's bundle: splits at any position bound its
+    // output, and its output to disk would be written twice for nothing.
+    // (Splits take effect late — the SDK is ahead of what has arrived — so
+    // such a bundle can still send back several times its limit.)
+    let overflow = limits
+        .spill
+        .filter(|_| !stage.splittable)
+        .map(|spill| spill.for_bundle(stage.outputs.iter().map(|(s, _)| s.clone()).collect()));
     // Kept to cut into elements if the bundle is split (a splittable
     // stage's chunks are one element each).
     let split_chunks = if policy.is_some() {
@@ -409,6 +446,9 @@ async fn run_bundle(
         expected_sinks: stage.outputs.iter().map(|(sink, _)| sink.clone()).collect(),
         expected_timer_families: stage.timer_families.clone(),
         state: Arc::new(StateBridge::new(input.state)),
+        overflow: overflow
+            .clone()
+            .map(|o| o as Arc<dyn refract_sdk_harness::OutputOverflow>),
     };
     let received = Arc::new(AtomicU64::new(0));
     let bundle = worker.process_bundle_counted(request, received.clone());
@@ -474,6 +514,12 @@ async fn run_bundle(
             outputs.push((*pcoll, bytes));
         }
     }
+    let spilled = overflow.map_or_else(Vec::new, |o| {
+        o.take()
+            .into_iter()
+            .filter_map(|(at, output)| Some((stage.outputs.get(at)?.1, output)))
+            .collect()
+    });
     let timers = result
         .timers
         .into_iter()
@@ -505,6 +551,7 @@ async fn run_bundle(
     });
     Ok(BundleOutput {
         outputs,
+        spilled,
         timers,
         residuals,
         on_commit: Some(on_commit),

@@ -22,13 +22,14 @@ use refract_proto::prost_types;
 use refract_sdk_harness::{ArtifactSource, FnApiServer, LogSink, WorkerConfig};
 use refract_translate::{translate, validate, TranslateOptions};
 use thiserror::Error;
-use tracing::{error, info, Instrument};
+use tracing::{error, info, warn, Instrument};
 
 use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::harness_executor::HarnessExecutor;
 use crate::insights::{Insights, JobView};
 use crate::options::{experiment_value, has_experiment, option_bool, option_usize};
+use crate::output_spill::OutputSpill;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use crate::worker_set::{WorkerFactory, WorkerSet};
 
@@ -243,6 +244,20 @@ impl JobRunner for RefractRunner {
             }
             .instrument(span),
         );
+    }
+}
+
+/// Gives back the disk space of everything job `job_id` spilled: queues
+/// and bundle outputs forget their parts as they read them without
+/// compacting (cheap, but the space stays until RocksDB compacts those
+/// files); one compaction over the job's whole space when it ends does it.
+fn reclaim_spill_space(store: &dyn SpillStore, job_id: &str) {
+    let space = refract_engine::spill::job_space(job_id.as_bytes());
+    let Some(end) = refract_engine::spill::prefix_end(&space) else {
+        return;
+    };
+    if let Err(e) = store.delete_range(&space, &end) {
+        warn!(job_id, error = %e, "could not give back a job's spill space");
     }
 }
 
@@ -549,13 +564,23 @@ async fn run_job(
             .enumerate()
             .map(|(idx, stage)| (idx, stage.name.clone()))
             .collect();
-        let executor = Arc::new(
+        // Up to `max_bundles_per_stage` bundles of a stage run at once, and
+        // their outputs wait until each commits: together they stay within
+        // the stage's queue bound, in memory, so a bundle is split once its
+        // output passes its part of it. Past the whole share, one that
+        // cannot be split further (one element's output) goes to disk.
+        let bundle_output_bytes = max_pending_bytes / config.max_bundles_per_stage.max(1);
+        let mut executor =
             HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
-                // Up to `max_bundles_per_stage` bundles of a stage run at
-                // once, and their outputs wait in memory until each commits:
-                // together they stay within the stage's queue bound.
-                .with_split_output_bytes(max_pending_bytes / config.max_bundles_per_stage.max(1)),
-        );
+                .with_split_output_bytes(bundle_output_bytes);
+        if let Some(store) = &spill {
+            executor = executor.with_output_spill(OutputSpill::new(
+                store.clone(),
+                job.id().as_bytes(),
+                max_pending_bytes,
+            ));
+        }
+        let executor = Arc::new(executor);
         let mut engine = Engine::new(
             translated.plan,
             executor,
@@ -565,7 +590,7 @@ async fn run_job(
         )?
         .with_drain(job.drain_requested())
         .with_stats(stats);
-        if let Some(store) = spill {
+        if let Some(store) = spill.clone() {
             // A GroupByKey may hold a stage's share of the budget before it
             // spills (without a budget, the engine's queue bound).
             engine = engine.with_spill(store, job.id().as_bytes(), max_pending_bytes);
@@ -603,6 +628,12 @@ async fn run_job(
         view.set_savepoint_channel(Some(savepoint_tx));
         let summary = engine.run(job.cancel_requested()).await;
         view.set_savepoint_channel(None);
+        let spilled = summary.as_ref().map_or(true, |s| {
+            s.spilled_bytes + s.output_spilled_bytes + s.queue_spilled_bytes > 0
+        });
+        if let (Some(store), true) = (&spill, spilled) {
+            reclaim_spill_space(store.as_ref(), job.id());
+        }
         let summary = summary?;
         if let Some(task) = checkpoint_writer {
             // The engine dropped its sender: the task ends after the
@@ -613,8 +644,21 @@ async fn run_job(
             bundles = summary.bundles,
             dropped_late = summary.dropped_late,
             spilled_bytes = summary.spilled_bytes,
+            output_spilled_bytes = summary.output_spilled_bytes,
+            queue_spilled_bytes = summary.queue_spilled_bytes,
             "engine finished"
         );
+        let waited_on_disk = summary.output_spilled_bytes + summary.queue_spilled_bytes;
+        if waited_on_disk > 0 {
+            job.message(
+                MessageImportance::JobMessageBasic,
+                format!(
+                    "bundle outputs and queues larger than their share of the memory budget \
+                     waited on disk ({:.1} MiB)",
+                    waited_on_disk as f64 / f64::from(1 << 20)
+                ),
+            );
+        }
         if summary.spilled_bytes > 0 {
             job.message(
                 MessageImportance::JobMessageBasic,

@@ -11,6 +11,7 @@ pub mod insights;
 pub mod job_runner;
 pub mod memory;
 mod options;
+pub mod output_spill;
 pub mod run_command;
 pub mod serve;
 pub mod spill_store;

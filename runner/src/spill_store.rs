@@ -1,6 +1,6 @@
 //! The engine's spill store ([`refract_engine::spill`]) over the RocksDB
-//! spill database: where a job's GroupByKey buffers go when they outgrow
-//! their share of `--memory_budget`.
+//! spill database: where a job's GroupByKey buffers, queues and bundle
+//! outputs go when they outgrow their share of `--memory_budget`.
 
 use std::path::Path;
 
@@ -38,5 +38,9 @@ impl SpillStore for RocksSpillStore {
 
     fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError> {
         self.0.delete_range(from, to).map_err(spill_error)
+    }
+
+    fn forget_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError> {
+        self.0.forget_range(from, to).map_err(spill_error)
     }
 }

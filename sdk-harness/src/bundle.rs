@@ -37,6 +37,25 @@ pub struct BundleRequest {
     pub expected_timer_families: Vec<(String, String)>,
     /// Answers the bundle's state requests.
     pub state: Arc<dyn StateHandler>,
+    /// Where the bundle's output goes once more of it waits than may stay
+    /// in memory; `None` keeps it all in memory.
+    pub overflow: Option<Arc<dyn OutputOverflow>>,
+}
+
+/// Takes the part of a bundle's output that does not fit in memory.
+///
+/// A bundle's output can only be handed on once the bundle succeeds, and
+/// one element of a DoFn that emits far more than it reads cannot be
+/// split: without somewhere else to put it, its whole output would wait in
+/// memory. The runner implements it over its spill store.
+pub trait OutputOverflow: Send + Sync {
+    /// Bytes of output (all sinks together) a bundle keeps in memory before
+    /// it writes what it holds here.
+    fn memory_limit(&self) -> usize;
+    /// Keeps `bytes`, the next part of `sink`'s output stream (not cut at
+    /// element boundaries), out of memory. The parts of a sink written
+    /// here come before what the bundle's result still holds for it.
+    fn write(&self, sink: &str, bytes: Vec<u8>) -> Result<(), String>;
 }
 
 /// What a successful bundle produced.
@@ -45,7 +64,8 @@ pub struct BundleResult {
     /// The SDK's response (residuals, metrics, finalization flag).
     pub response: ProcessBundleResponse,
     /// Per sink transform id: all output bytes concatenated (elements may span
-    /// Data messages, so only the whole is decodable).
+    /// Data messages, so only the whole is decodable) — or, if some went to
+    /// the request's [`OutputOverflow`], what came after it.
     pub outputs: HashMap<String, Bytes>,
     /// Per `(transform_id, timer_family_id)`: all output timers concatenated.
     pub timers: HashMap<(String, String), Bytes>,

@@ -15,7 +15,7 @@ use refract_proto::fn_api::{
     elements, instruction_response, InstructionResponse, ProcessBundleResponse,
 };
 
-use crate::bundle::{BundleResult, StateHandler};
+use crate::bundle::{BundleResult, OutputOverflow, StateHandler};
 use crate::error::BundleError;
 
 /// Where a bundle stands after an event.
@@ -40,7 +40,18 @@ pub(crate) struct BundleCollector {
     /// Output bytes received so far, for whoever runs the bundle (it may
     /// split a bundle whose output grows large).
     received: Arc<AtomicU64>,
+    /// Where output goes once `outputs` holds more than its limit.
+    overflow: Option<Arc<dyn OutputOverflow>>,
+    /// Bytes `outputs` holds.
+    output_bytes: usize,
+    /// Some output went to the overflow: the rest follows in parts of
+    /// [`OVERFLOW_PART_BYTES`], not a whole limit's worth each.
+    overflowed: bool,
 }
+
+/// Once a bundle's output overflows, how much of it is held before the
+/// next part is written.
+const OVERFLOW_PART_BYTES: usize = 4 << 20;
 
 impl BundleCollector {
     /// Starts collecting for a bundle that will close `sinks` and `timer_families`.
@@ -49,9 +60,13 @@ impl BundleCollector {
         timer_families: impl IntoIterator<Item = (String, String)>,
         state: Arc<dyn StateHandler>,
         received: Arc<AtomicU64>,
+        overflow: Option<Arc<dyn OutputOverflow>>,
     ) -> Self {
         Self {
             received,
+            overflow,
+            output_bytes: 0,
+            overflowed: false,
             open_sinks: sinks.into_iter().collect(),
             open_timer_families: timer_families.into_iter().collect(),
             closed_sinks: HashSet::new(),
@@ -79,7 +94,14 @@ impl BundleCollector {
         if !data.data.is_empty() {
             self.received
                 .fetch_add(data.data.len() as u64, Ordering::Relaxed);
+            self.output_bytes += data.data.len();
             append(&mut self.outputs, data.transform_id.clone(), data.data);
+            if let Err(e) = self.overflow_if_full() {
+                return done(Err(BundleError::Overflow(format!(
+                    "instruction {}: {e}",
+                    data.instruction_id
+                ))));
+            }
         }
         if data.is_last {
             if !self.open_sinks.remove(&data.transform_id) {
@@ -92,6 +114,32 @@ impl BundleCollector {
             self.closed_sinks.insert(data.transform_id);
         }
         self.check()
+    }
+
+    /// Hands everything `outputs` holds to the overflow once it holds more
+    /// than the overflow's limit (after the first time, more than a part).
+    /// All of it, each sink's as one part: a sink's parts then go out in
+    /// order, and what stays behind for it is what came after them.
+    fn overflow_if_full(&mut self) -> Result<(), String> {
+        let Some(overflow) = &self.overflow else {
+            return Ok(());
+        };
+        let limit = if self.overflowed {
+            OVERFLOW_PART_BYTES.min(overflow.memory_limit())
+        } else {
+            overflow.memory_limit()
+        };
+        if self.output_bytes <= limit {
+            return Ok(());
+        }
+        self.overflowed = true;
+        for (sink, bytes) in &mut self.outputs {
+            if !bytes.is_empty() {
+                overflow.write(sink, std::mem::take(bytes))?;
+            }
+        }
+        self.output_bytes = 0;
+        Ok(())
     }
 
     /// Takes one output Timers entry.
@@ -219,6 +267,7 @@ mod tests {
             [("pardo".to_string(), "ts-t".to_string())],
             Arc::new(NoState),
             Arc::default(),
+            None,
         )
     }
 
@@ -295,6 +344,73 @@ mod tests {
         };
         match finished(c.on_response(r)) {
             Some(Err(BundleError::Sdk(text))) => assert!(text.contains("boom")),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Records what it is given; fails once told to.
+    #[derive(Default)]
+    struct Recorder {
+        written: parking_lot::Mutex<Vec<(String, Vec<u8>)>>,
+        fail: bool,
+    }
+
+    impl OutputOverflow for Recorder {
+        fn memory_limit(&self) -> usize {
+            4
+        }
+        fn write(&self, sink: &str, bytes: Vec<u8>) -> Result<(), String> {
+            if self.fail {
+                return Err("disk full".into());
+            }
+            self.written.lock().push((sink.to_string(), bytes));
+            Ok(())
+        }
+    }
+
+    fn overflowing(overflow: Arc<Recorder>) -> BundleCollector {
+        BundleCollector::new(
+            ["sink".to_string()],
+            [],
+            Arc::new(NoState),
+            Arc::default(),
+            Some(overflow),
+        )
+    }
+
+    #[test]
+    fn output_past_the_limit_overflows_and_the_rest_stays() {
+        let overflow = Arc::new(Recorder::default());
+        let mut c = overflowing(overflow.clone());
+        assert!(matches!(c.on_data(data(b"ab", false)), Progress::Waiting));
+        assert!(overflow.written.lock().is_empty(), "under the limit");
+        assert!(matches!(c.on_data(data(b"cde", false)), Progress::Waiting));
+        assert!(matches!(c.on_data(data(b"fg", false)), Progress::Waiting));
+        assert!(matches!(c.on_data(data(b"hij", false)), Progress::Waiting));
+        assert!(matches!(c.on_data(data(b"k", true)), Progress::Waiting));
+        let Some(Ok(result)) = finished(c.on_response(ok_response())) else {
+            panic!("bundle should be complete");
+        };
+        let written = overflow.written.lock().clone();
+        assert_eq!(
+            written,
+            [
+                ("sink".to_string(), b"abcde".to_vec()),
+                ("sink".to_string(), b"fghij".to_vec())
+            ]
+        );
+        assert_eq!(result.outputs["sink"], Bytes::from_static(b"k"));
+    }
+
+    #[test]
+    fn an_overflow_that_fails_fails_the_bundle() {
+        let overflow = Arc::new(Recorder {
+            fail: true,
+            ..Recorder::default()
+        });
+        let mut c = overflowing(overflow);
+        match finished(c.on_data(data(b"abcdef", false))) {
+            Some(Err(BundleError::Overflow(msg))) => assert!(msg.contains("disk full")),
             other => panic!("unexpected {other:?}"),
         }
     }

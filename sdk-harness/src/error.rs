@@ -105,4 +105,8 @@ pub enum BundleError {
     /// The SDK or the caller broke the Fn API protocol.
     #[error("Fn API protocol error: {0}")]
     Protocol(String),
+    /// The bundle's output outgrew memory and could not be written where it
+    /// overflows to (a full disk).
+    #[error("keeping a bundle's output out of memory failed: {0}")]
+    Overflow(String),
 }

@@ -70,12 +70,14 @@ impl Worker {
             expected_sinks,
             expected_timer_families,
             state,
+            overflow,
         } = req;
         let collector = BundleCollector::new(
             expected_sinks,
             expected_timer_families.iter().cloned(),
             state,
             received,
+            overflow,
         );
         let outcome = self
             .link

@@ -12,7 +12,7 @@ use refract_proto::fn_api::{
     InstructionRequest, InstructionResponse, ProcessBundleDescriptor, ProcessBundleResponse,
     StateAppendRequest, StateGetRequest, StateKey, StateRequest,
 };
-use refract_sdk_harness::{BundleError, BundleRequest, BundleResult, Worker};
+use refract_sdk_harness::{BundleError, BundleRequest, BundleResult, OutputOverflow, Worker};
 
 fn request(instruction_id: &str, descriptor_id: &str) -> BundleRequest {
     BundleRequest {
@@ -23,6 +23,7 @@ fn request(instruction_id: &str, descriptor_id: &str) -> BundleRequest {
         expected_sinks: vec!["sink".to_string()],
         expected_timer_families: vec![],
         state: Arc::new(RecordingState::default()),
+        overflow: None,
     }
 }
 
@@ -181,6 +182,58 @@ async fn response_before_last_data_waits_for_is_last() {
         .expect("join")
         .expect("ok");
     assert_eq!(result.outputs["sink"], Bytes::from_static(b"first+second"));
+}
+
+/// Keeps what it is given, in order, and says how much it was given.
+#[derive(Default)]
+struct KeptOverflow(parking_lot::Mutex<Vec<(String, Vec<u8>)>>);
+
+impl OutputOverflow for KeptOverflow {
+    fn memory_limit(&self) -> usize {
+        8
+    }
+    fn write(&self, sink: &str, bytes: Vec<u8>) -> Result<(), String> {
+        self.0.lock().push((sink.to_string(), bytes));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_past_the_overflow_limit_leaves_memory_in_order() {
+    let mut s = setup("w-overflow").await;
+    let overflow = Arc::new(KeptOverflow::default());
+    let bundle = spawn_bundle(
+        &s.worker,
+        BundleRequest {
+            overflow: Some(overflow.clone()),
+            ..request("b-over", "pbd")
+        },
+    );
+    s.sdk.next_instruction().await;
+    let mut data_stream = s.sdk.open_data().await;
+    data_stream.recv_input("b-over", &["src"], &[]).await;
+    for part in [&b"0123"[..], b"4567", b"89", b"abcdefghij", b"k"] {
+        data_stream.send_data("b-over", "sink", part);
+    }
+    data_stream.close_sink("b-over", "sink");
+    s.sdk
+        .bundle_done("b-over", ProcessBundleResponse::default());
+    let result = within("the bundle", bundle)
+        .await
+        .expect("join")
+        .expect("ok");
+    let written: Vec<u8> = overflow
+        .0
+        .lock()
+        .iter()
+        .flat_map(|(sink, bytes)| {
+            assert_eq!(sink, "sink");
+            bytes.clone()
+        })
+        .collect();
+    // Past 8 bytes held, everything held goes; what came after stays.
+    assert_eq!(written, b"0123456789abcdefghij");
+    assert_eq!(result.outputs["sink"], Bytes::from_static(b"k"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

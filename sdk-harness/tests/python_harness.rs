@@ -291,6 +291,7 @@ fn bundle(
         expected_sinks: vec!["sink".to_string()],
         expected_timer_families: vec![],
         state: Arc::new(NoState),
+        overflow: None,
     }
 }
 

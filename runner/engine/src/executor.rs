@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 use thiserror::Error;
 
 use crate::plan::{PCollectionIdx, StageIdx};
+use crate::spilled_output::SpilledOutput;
 use crate::state::BundleState;
 use crate::time::Timestamp;
 
@@ -110,6 +111,9 @@ pub struct BundleOutput {
     /// Output elements per PCollection (concatenated nested windowed values,
     /// in the PCollection's port coder).
     pub outputs: Vec<(PCollectionIdx, Bytes)>,
+    /// Output that did not fit in memory, per PCollection: it comes before
+    /// that PCollection's bytes in `outputs` (see [`crate::spilled_output`]).
+    pub spilled: Vec<(PCollectionIdx, SpilledOutput)>,
     /// Timers set or cleared by the bundle, per (transform, family).
     pub timers: Vec<TimerInput>,
     /// Work the SDK deferred (splittable DoFn self-checkpoints).

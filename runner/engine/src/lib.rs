@@ -27,6 +27,7 @@ pub mod key_groups;
 pub mod manager;
 pub mod plan;
 pub mod spill;
+pub mod spilled_output;
 pub mod state;
 pub mod store;
 pub mod time;

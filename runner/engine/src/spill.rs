@@ -14,6 +14,12 @@
 //! runner backs it with RocksDB; [`MemorySpillStore`] is for tests.
 //! Spilled bytes are scratch space, not durable state: a checkpoint that
 //! must include a spilled buffer reads it back (see the grouping module).
+//!
+//! The same store also takes what a GroupByKey is not the only place for:
+//! the output of a bundle that cannot be split
+//! ([`crate::spilled_output`]) and the back of a queue that output
+//! overfills (the manager's `pending` module). Those are read once, soon,
+//! in the order written, and deleted with [`SpillStore::forget_range`].
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -27,7 +33,7 @@ pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// The spill store failed (I/O, a full disk).
 #[derive(Debug, Clone, Error)]
-#[error("spilling a GroupByKey to disk: {0}")]
+#[error("spilling to disk: {0}")]
 pub struct SpillError(pub String);
 
 /// An ordered key-value space for spilled grouping buffers. Keys written
@@ -39,8 +45,16 @@ pub trait SpillStore: Send + Sync + Debug {
     /// first entry that brings the values read past `max_bytes` (so at
     /// least one entry if any is there). Empty when the range is.
     fn scan(&self, from: &[u8], to: &[u8], max_bytes: usize) -> Result<Entries, SpillError>;
-    /// Forgets every key in `[from, to)`.
+    /// Forgets every key in `[from, to)`, giving the space back soon (a
+    /// GroupByKey's drained window: large, and rare).
     fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError>;
+    /// Forgets every key in `[from, to)`, without hurrying to give the
+    /// space back: for small ranges deleted often, soon after they were
+    /// written (a queue's segments, a bundle's output), where reclaiming
+    /// each at once would cost far more than the data.
+    fn forget_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError> {
+        self.delete_range(from, to)
+    }
 }
 
 /// A [`SpillStore`] in memory, for engine tests: it exercises the same
@@ -98,6 +112,15 @@ impl SpillStore for MemorySpillStore {
         }
         Ok(())
     }
+}
+
+/// Where everything a job spills is filed: `job_prefix` (unique to the
+/// job), length first, so that no job's space is the start of another's.
+pub fn job_space(job_prefix: &[u8]) -> Vec<u8> {
+    let mut space = Vec::with_capacity(job_prefix.len() + 8);
+    space.extend_from_slice(&(job_prefix.len() as u32).to_be_bytes());
+    space.extend_from_slice(job_prefix);
+    space
 }
 
 /// The first key after every key that starts with `prefix` (for ranges

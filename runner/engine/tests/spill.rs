@@ -8,7 +8,8 @@
 //! 128 KiB). The sink parses every group; the tests compare with what the
 //! source made, check the spill store is empty afterwards, and that the
 //! sink's queue never held much more than its bound although the group
-//! output is ~30 times larger.
+//! output is ~30 times larger. And with the source's output handed over
+//! through the spill store, in parts cut inside elements.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use refract_engine::executor::{BundleInput, BundleOutput, ExecError, Residual, S
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind, WindowingStrategy};
 use refract_engine::spill::{MemorySpillStore, SpillStore};
+use refract_engine::spilled_output::SpilledOutput;
 use refract_engine::window::Window;
 use tokio::sync::watch;
 
@@ -38,6 +40,42 @@ type Seen = Arc<Mutex<BTreeMap<Vec<u8>, Vec<Vec<u8>>>>>;
 struct Fake {
     seen: Seen,
     groups: Arc<Mutex<u64>>,
+    /// Where the source puts most of each bundle's output (as an executor
+    /// does with output past a bundle's share), if anywhere.
+    output_spill: Option<Arc<MemorySpillStore>>,
+}
+
+/// Bytes of one part of a spilled output: not a multiple of an element's
+/// length, so parts end inside elements.
+const PART_BYTES: usize = 1000;
+
+/// `out` as the source's output: all in memory, or (with a store) all but
+/// its last bytes written in parts under a prefix of the bundle's own.
+fn source_output(out: Vec<u8>, bundle: u32, store: Option<&Arc<MemorySpillStore>>) -> BundleOutput {
+    let Some(store) = store else {
+        return BundleOutput {
+            outputs: vec![(1, Bytes::from(out))],
+            ..Default::default()
+        };
+    };
+    let cut = out.len() - 7;
+    let prefix = format!("out-{bundle:04}-").into_bytes();
+    let parts = out[..cut]
+        .chunks(PART_BYTES)
+        .enumerate()
+        .map(|(i, part)| {
+            let mut key = prefix.clone();
+            key.extend_from_slice(&(i as u32).to_be_bytes());
+            (key, part.to_vec())
+        })
+        .collect();
+    store.put(parts).expect("puts");
+    let spilled = SpilledOutput::new(store.clone(), prefix, cut as u64).expect("a prefix");
+    BundleOutput {
+        outputs: vec![(1, Bytes::copy_from_slice(&out[cut..]))],
+        spilled: vec![(1, spilled)],
+        ..Default::default()
+    }
 }
 
 fn kv(key: &[u8], value: &[u8]) -> Vec<u8> {
@@ -58,6 +96,7 @@ impl StageExecutor for Fake {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let seen = self.seen.clone();
         let groups = self.groups.clone();
+        let output_spill = self.output_spill.clone();
         async move {
             let header = WindowedValueHeader {
                 timestamp: 0,
@@ -93,9 +132,8 @@ impl StageExecutor for Fake {
                         });
                     }
                     Ok(BundleOutput {
-                        outputs: vec![(1, Bytes::from(out))],
                         residuals,
-                        ..Default::default()
+                        ..source_output(out, n, output_spill.as_ref())
                     })
                 }
                 3 => {
@@ -190,6 +228,7 @@ fn expected_groups() -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
 /// the sink saw (values sorted per key).
 async fn run(
     spill: Option<Arc<dyn SpillStore>>,
+    output_spill: Option<Arc<MemorySpillStore>>,
 ) -> (
     refract_engine::manager::RunSummary,
     BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
@@ -198,6 +237,7 @@ async fn run(
     let executor = Arc::new(Fake {
         seen: seen.clone(),
         groups: Arc::new(Mutex::new(0)),
+        output_spill,
     });
     let config = EngineConfig {
         max_pending_bytes: 128 << 10,
@@ -221,7 +261,7 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
     let store = MemorySpillStore::shared();
-    let (summary, got) = run(Some(store.clone())).await;
+    let (summary, got) = run(Some(store.clone()), None).await;
     assert_eq!(got.len(), KEYS as usize);
     assert!(
         got == expected_groups(),
@@ -245,7 +285,7 @@ async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
-    let (summary, got) = run(None).await;
+    let (summary, got) = run(None, None).await;
     assert_eq!(summary.spilled_bytes, 0);
     assert!(
         got == expected_groups(),
@@ -258,4 +298,120 @@ async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
         "the sink's queue grew to {} bytes",
         summary.peak_pending_bytes
     );
+}
+
+/// A bundle's output that waited in the spill store (cut into parts
+/// anywhere, the end of it still in memory) is read back whole when the
+/// bundle commits, and its parts are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_spilled_output_comes_back_whole_and_is_deleted() {
+    let outputs = MemorySpillStore::shared();
+    let (summary, got) = run(None, Some(outputs.clone())).await;
+    assert!(
+        got == expected_groups(),
+        "every key's values, each exactly once"
+    );
+    let input_bytes: u64 = (PER_BUNDLE * BUNDLES) as u64 * 28;
+    assert!(
+        summary.output_spilled_bytes > input_bytes * 9 / 10,
+        "{} of ~{input_bytes} bytes went through the store",
+        summary.output_spilled_bytes
+    );
+    assert!(outputs.is_empty(), "spilled output is deleted once read");
+}
+
+/// The sink of [`reshuffle_plan`]: records the values it is given.
+struct Recorder {
+    source: Fake,
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl StageExecutor for Recorder {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        if input.stage != 3 {
+            return self.source.execute(input);
+        }
+        let received = self.received.clone();
+        async move {
+            let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
+            for chunk in &input.elements {
+                let decoded =
+                    refract_engine::coder::decode_windowed_values(chunk, &kv, &Coder::GlobalWindow)
+                        .expect("the sink's input decodes");
+                received
+                    .lock()
+                    .extend(decoded.iter().map(|e| e.value().to_vec()));
+            }
+            Ok(BundleOutput::default())
+        }
+        .boxed()
+    }
+}
+
+/// impulse → source (as in [`plan`]) → Flatten (a `Reshuffle`) → sink.
+fn reshuffle_plan() -> Plan {
+    let sdk = || StageKind::Sdk(SdkStage::default());
+    let kv = || Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
+    Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("read", kv()),
+            global_pcollection("reshuffled", kv()),
+        ],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage("read", sdk(), vec![0], vec![1]),
+            stage("reshuffle", StageKind::Flatten, vec![1], vec![2]),
+            stage("sink", sdk(), vec![2], vec![]),
+        ],
+    }
+}
+
+/// A queue far past its bound — every source bundle's output is ~5 times
+/// the sink's bound, and it arrives through a Flatten in one commit —
+/// keeps its back in the spill store, and the sink still gets every
+/// element once; nothing is left in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_far_past_its_bound_waits_on_disk_and_every_element_arrives() {
+    let store = MemorySpillStore::shared();
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let executor = Arc::new(Recorder {
+        source: Fake {
+            seen: Arc::default(),
+            groups: Arc::default(),
+            output_spill: Some(store.clone()),
+        },
+        received: received.clone(),
+    });
+    let config = EngineConfig {
+        max_pending_bytes: 128 << 10,
+        max_bundle_elements: 50,
+        ..EngineConfig::default()
+    };
+    let (_cancel, cancelled) = watch::channel(false);
+    let summary = Engine::new(reshuffle_plan(), executor, config, "s", Arc::new(|| 0))
+        .expect("a valid plan")
+        .with_spill(store.clone(), b"job", 128 << 10)
+        .run(cancelled)
+        .await
+        .expect("the run succeeds");
+    let mut want: Vec<Vec<u8>> = (0..PER_BUNDLE * BUNDLES)
+        .map(|i| {
+            let (k, v) = record(i);
+            kv(&k, &v)
+        })
+        .collect();
+    // Bundles of the sink run side by side: compare in one order.
+    let mut got = received.lock().clone();
+    assert_eq!(got.len(), want.len());
+    got.sort();
+    want.sort();
+    assert!(got == want, "every element once");
+    let input_bytes: u64 = (PER_BUNDLE * BUNDLES) as u64 * 28;
+    assert!(
+        summary.queue_spilled_bytes > input_bytes / 2,
+        "{} of ~{input_bytes} bytes waited in the store",
+        summary.queue_spilled_bytes
+    );
+    assert!(store.is_empty(), "read-back segments are deleted");
 }

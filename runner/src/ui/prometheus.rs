@@ -282,7 +282,7 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
             );
             families.add(
                 "refract_stage_spilled_bytes_total",
-                "Bytes a GroupByKey stage spilled to disk because its buffer outgrew its memory share.",
+                "Bytes a stage spilled to disk: a GroupByKey's buffer that outgrew its memory share, or a queue far past its bound.",
                 "counter",
                 &labels,
                 stage.spilled_bytes.to_string(),

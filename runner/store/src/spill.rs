@@ -110,17 +110,25 @@ impl SpillDb {
         Ok(out)
     }
 
-    /// Forgets every key in `[from, to)`.
+    /// Forgets every key in `[from, to)` and gives their disk space back
+    /// now rather than at some later compaction (a large spill is
+    /// gigabytes). The compaction rewrites every file that overlaps the
+    /// range: for a few large ranges, not many small ones.
     pub fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        self.forget_range(from, to)?;
+        self.db.compact_range(Some(from), Some(to));
+        Ok(())
+    }
+
+    /// Forgets every key in `[from, to)`, leaving their disk space to
+    /// RocksDB's own compactions: for ranges deleted often and soon after
+    /// they were written (most never leave the memtable).
+    pub fn forget_range(&self, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
         let mut batch = rocksdb::WriteBatch::default();
         batch.delete_range(from, to);
         self.db
             .write_opt(batch, &Self::write_options())
-            .map_err(backend)?;
-        // Give the disk space back now rather than at some later
-        // compaction: a large spill is gigabytes.
-        self.db.compact_range(Some(from), Some(to));
-        Ok(())
+            .map_err(backend)
     }
 }
 

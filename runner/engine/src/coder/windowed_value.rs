@@ -125,6 +125,27 @@ pub fn decode_windowed_values(
     Ok(elements)
 }
 
+/// How many bytes at the start of `buf` are whole nested windowed values:
+/// up to the start of the first that the buffer ends inside (a stream read
+/// in parts, cut anywhere). Bytes that cannot be a windowed value at all
+/// are an error, not a cut.
+pub fn whole_elements_len(
+    buf: &[u8],
+    value_coder: &Coder,
+    window_coder: &Coder,
+) -> Result<usize, CoderError> {
+    let mut r = Reader::new(buf);
+    let mut whole = 0;
+    while !r.is_empty() {
+        match read_header(&mut r, window_coder).and_then(|_| value_coder.skip(&mut r)) {
+            Ok(()) => whole = r.pos(),
+            Err(CoderError::Truncated(_)) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(whole)
+}
+
 /// The windowed values of a buffer, one at a time, borrowed: each is its
 /// header, its value bytes and its whole encoded length. For consumers that
 /// copy what they keep (grouping), this saves making two `Bytes` (two

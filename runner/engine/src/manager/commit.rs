@@ -1,6 +1,8 @@
 //! Committing a finished bundle's effects, or retrying its input.
 
 use super::*;
+use crate::spilled_output::{SpilledOutput, SpilledOutputError};
+use bytes::BytesMut;
 
 impl Engine {
     /// Apply a finished bundle's effects, or drop them if it failed.
@@ -103,10 +105,61 @@ impl Engine {
             }
         }
         self.defer_residuals(idx, &output.residuals)?;
+        // A PCollection's spilled output comes first; the start of an
+        // element it ends inside goes on in memory.
+        let mut rests: Vec<(PCollectionIdx, BytesMut)> = Vec::new();
+        for (pcoll, spilled) in &output.spilled {
+            self.summary.output_spilled_bytes += spilled.bytes();
+            rests.push((*pcoll, self.route_spilled(*pcoll, spilled)?));
+        }
+        drop(output.spilled);
         for (pcoll, bytes) in output.outputs {
-            self.route(pcoll, bytes)?;
+            match rests.iter().position(|(p, _)| *p == pcoll) {
+                Some(at) => {
+                    let (_, mut rest) = rests.swap_remove(at);
+                    rest.extend_from_slice(&bytes);
+                    self.route(pcoll, rest.freeze())?;
+                }
+                None => self.route(pcoll, bytes)?,
+            }
+        }
+        for (pcoll, rest) in rests {
+            self.route(pcoll, rest.freeze())?;
         }
         Ok(())
+    }
+
+    /// Routes the whole elements of `pcoll`'s spilled output a page at a
+    /// time, and returns the start of the element it ends inside (if any).
+    fn route_spilled(
+        &mut self,
+        pcoll: PCollectionIdx,
+        spilled: &SpilledOutput,
+    ) -> Result<BytesMut, EngineError> {
+        let pc = &self.plan.pcollections[pcoll];
+        let (value_coder, window_coder) = (pc.value_coder.clone(), pc.window_coder.clone());
+        spilled
+            .read(&value_coder, &window_coder, |page| {
+                self.route(pcoll, page)
+                    .and_then(|()| self.forward_flattens())
+                    .map_err(ReadSpilled::Route)
+            })
+            .map_err(|e| {
+                let pcollection = self.plan.pcollections[pcoll].id.clone();
+                match e {
+                    ReadSpilled::Route(e) => e,
+                    ReadSpilled::Read(SpilledOutputError::Decode(source)) => EngineError::Decode {
+                        pcollection,
+                        source,
+                    },
+                    ReadSpilled::Read(SpilledOutputError::Store(source)) => {
+                        EngineError::OutputSpill {
+                            pcollection,
+                            source,
+                        }
+                    }
+                }
+            })
     }
 
     /// Elements of stage `idx`'s main input, encoded in its port coder (a
@@ -169,8 +222,21 @@ impl Engine {
         }
         self.defer_residuals(idx, &split.residuals)?;
         // Runnable at once (a split's residuals ask for no delay).
-        self.release_delayed();
+        self.release_delayed()?;
         Ok(())
+    }
+}
+
+/// Why routing a spilled output stopped: routing a page failed, or
+/// reading one did.
+enum ReadSpilled {
+    Route(EngineError),
+    Read(SpilledOutputError),
+}
+
+impl From<SpilledOutputError> for ReadSpilled {
+    fn from(e: SpilledOutputError) -> Self {
+        ReadSpilled::Read(e)
     }
 }
 

@@ -55,7 +55,7 @@ mod window_merging;
 
 use crate::holds::Holds;
 use crate::key_groups::{group_of, KeyGroupSet};
-use pending::Pending;
+use pending::{Overflow, Pending};
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;
 pub use stats::StageStats;
@@ -83,11 +83,21 @@ pub enum EngineError {
     /// No work can run but the pipeline is not finished.
     #[error("the pipeline cannot make progress: {0}")]
     Stuck(String),
-    /// A GroupByKey could not spill to, or read back from, its spill store.
-    #[error("GroupByKey '{stage}': {source}")]
+    /// A GroupByKey or a stage's queue could not spill to, or read back
+    /// from, the spill store.
+    #[error("stage '{stage}': {source}")]
     Spill {
-        /// The grouping stage's name.
+        /// The stage's name.
         stage: String,
+        /// What the store said.
+        source: crate::spill::SpillError,
+    },
+    /// A bundle's output that went to the spill store could not be read
+    /// back.
+    #[error("reading back the spilled output of PCollection '{pcollection}': {source}")]
+    OutputSpill {
+        /// The PCollection's id.
+        pcollection: String,
         /// What the store said.
         source: crate::spill::SpillError,
     },
@@ -158,6 +168,12 @@ pub struct RunSummary {
     pub peak_pending_bytes: usize,
     /// Bytes GroupByKey buffers spilled to the spill store.
     pub spilled_bytes: u64,
+    /// Bytes of bundle output that waited in the spill store for their
+    /// bundle to end.
+    pub output_spilled_bytes: u64,
+    /// Bytes of elements that waited in the spill store for a stage whose
+    /// queue was far past its bound.
+    pub queue_spilled_bytes: u64,
 }
 
 /// Run-time state of one stage.
@@ -496,10 +512,11 @@ impl Engine {
     }
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
-    /// spill to `store` once it holds more than `limit_bytes`, under keys
-    /// that start with `prefix` (unique to the job) and the stage.
+    /// spill to `store` once it holds more than `limit_bytes`, and every SDK
+    /// stage's queue once it holds more than twice that, under keys that
+    /// start with `prefix` (unique to the job) and the stage.
     ///
-    /// While some buffer has spilled data, periodic checkpoints are not
+    /// While some buffer or queue has spilled data, periodic checkpoints are not
     /// taken (a checkpoint would have to copy the spilled bytes back into
     /// memory); only a savepoint, or a stable-input stage waiting for one,
     /// takes a checkpoint then. Call before [`Self::restore`].
@@ -510,24 +527,42 @@ impl Engine {
         limit_bytes: usize,
     ) -> Self {
         for (idx, s) in self.stages.iter_mut().enumerate() {
+            let mut key = crate::spill::job_space(prefix);
+            key.extend_from_slice(&(idx as u32).to_be_bytes());
             if let Some(g) = s.grouping.as_mut() {
-                let mut key = Vec::with_capacity(prefix.len() + 8);
-                key.extend_from_slice(&(prefix.len() as u32).to_be_bytes());
-                key.extend_from_slice(prefix);
-                key.extend_from_slice(&(idx as u32).to_be_bytes());
                 if g.enable_spill(store.clone(), key, limit_bytes) {
                     debug!(stage = %self.plan.stages[idx].name, limit_bytes, "GroupByKey may spill");
                 }
+                continue;
+            }
+            // An SDK stage's queue, past twice its bound (one bundle's
+            // output can be any size). Not one whose input is taken in
+            // time order: it must see every waiting element to pick.
+            let stage = &self.plan.stages[idx];
+            let StageKind::Sdk(sdk) = &stage.kind else {
+                continue;
+            };
+            let Some(&input) = stage.inputs.first() else {
+                continue;
+            };
+            if !sdk.time_sorted_input {
+                let window_coder = self.plan.pcollections[input].window_coder.clone();
+                s.pending.enable_overflow(Overflow::new(
+                    store.clone(),
+                    key,
+                    window_coder,
+                    limit_bytes,
+                ));
             }
         }
         self
     }
 
-    /// Whether some GroupByKey buffer has data in the spill store.
+    /// Whether some GroupByKey buffer or queue has data in the spill store.
     fn spilled(&self) -> bool {
-        self.stages
-            .iter()
-            .any(|s| s.grouping.as_ref().is_some_and(GroupingBuffer::has_spilled))
+        self.stages.iter().any(|s| {
+            s.pending.has_spilled() || s.grouping.as_ref().is_some_and(GroupingBuffer::has_spilled)
+        })
     }
 
     /// Answer each request on `requests` with a checkpoint of the engine as
@@ -676,7 +711,7 @@ impl Engine {
                         d.0 = now;
                     }
                 }
-                self.release_delayed();
+                self.release_delayed()?;
             }
             self.advance()?;
             self.schedule(&tx)?;
@@ -714,6 +749,8 @@ impl Engine {
                     .filter_map(|s| s.grouping.as_ref())
                     .map(GroupingBuffer::spilled_bytes)
                     .sum();
+                self.summary.queue_spilled_bytes =
+                    self.stages.iter().map(|s| s.pending.spilled_bytes()).sum();
                 info!(
                     bundles = self.summary.bundles,
                     spilled_bytes = self.summary.spilled_bytes,
@@ -749,7 +786,7 @@ impl Engine {
                     }
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
-                    self.release_delayed();
+                    self.release_delayed()?;
                 }
                 written = async {
                     match acks.as_mut() {
@@ -892,15 +929,21 @@ impl Engine {
         )
     }
 
-    fn release_delayed(&mut self) {
+    fn release_delayed(&mut self) -> Result<(), EngineError> {
         let now = Instant::now();
-        for s in &mut self.stages {
+        for (idx, s) in self.stages.iter_mut().enumerate() {
             let (ready, waiting): (Vec<_>, Vec<_>) =
                 s.delayed.drain(..).partition(|(at, _, _)| *at <= now);
             s.delayed = waiting;
             for (_, e, _) in ready {
-                s.pending.push_back(e);
+                s.pending
+                    .push_back(e)
+                    .map_err(|source| EngineError::Spill {
+                        stage: self.plan.stages[idx].name.clone(),
+                        source,
+                    })?;
             }
         }
+        Ok(())
     }
 }

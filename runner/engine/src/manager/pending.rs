@@ -10,15 +10,30 @@
 //! ones leave from the front and a retried bundle's come back to the front
 //! (they were durable when taken), so the durable elements are always a
 //! prefix of the queue: its length is all the queue needs to know.
+//!
+//! A queue far past its bound (one bundle's output can be any size) keeps
+//! its back in the spill store (`overflow`); bundles take only from its
+//! memory part, which is refilled from the store as it drains.
 
 use super::*;
+use crate::spill::SpillError;
+
+mod overflow;
+pub(super) use overflow::Overflow;
 
 /// A stage's queue of elements waiting for a bundle.
 #[derive(Default)]
 pub(super) struct Pending {
+    /// The front of the queue, in memory.
     queue: VecDeque<DecodedElement>,
+    /// Holds of every waiting element, wherever it waits.
     holds: Holds,
+    /// Bytes of every waiting element.
     bytes: usize,
+    /// Bytes of the elements in `queue`.
+    memory_bytes: usize,
+    /// The back of the queue, in the spill store, if it may spill.
+    overflow: Option<Overflow>,
     /// Only the durable prefix may be taken.
     gated: bool,
     /// Length of the durable prefix.
@@ -28,12 +43,48 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// Queue an element last.
-    pub(super) fn push_back(&mut self, e: DecodedElement) {
+    /// Let the queue keep its back in the spill store once it holds more
+    /// than twice `overflow`'s bound (not for a gated queue, whose durable
+    /// prefix is counted in memory).
+    pub(super) fn enable_overflow(&mut self, overflow: Overflow) {
+        if !self.gated {
+            self.overflow = Some(overflow);
+        }
+    }
+
+    /// An empty queue that spills as this one does.
+    pub(super) fn emptied(&self) -> Pending {
+        Pending {
+            overflow: self.overflow.as_ref().map(Overflow::emptied),
+            gated: self.gated,
+            ..Pending::default()
+        }
+    }
+
+    /// Bytes the queue wrote to the spill store so far.
+    pub(super) fn spilled_bytes(&self) -> u64 {
+        self.overflow.as_ref().map_or(0, |o| o.written)
+    }
+
+    /// Whether some waiting elements are in the spill store.
+    pub(super) fn has_spilled(&self) -> bool {
+        self.overflow.as_ref().is_some_and(|o| !o.is_empty())
+    }
+
+    /// Queue an element last. Errors only if the spill store does.
+    pub(super) fn push_back(&mut self, e: DecodedElement) -> Result<(), SpillError> {
         self.holds.add(e.header.timestamp);
-        self.bytes += e.encoded.len();
-        self.queue.push_back(e);
+        let len = e.encoded.len();
+        self.bytes += len;
         self.pushed += 1;
+        match &mut self.overflow {
+            Some(o) if o.takes(self.memory_bytes, len) => o.push(e)?,
+            _ => {
+                self.memory_bytes += len;
+                self.queue.push_back(e);
+            }
+        }
+        Ok(())
     }
 
     /// Queue an element first (a retried bundle's input, durable if the
@@ -41,13 +92,33 @@ impl Pending {
     pub(super) fn push_front(&mut self, e: DecodedElement) {
         self.holds.add(e.header.timestamp);
         self.bytes += e.encoded.len();
+        self.memory_bytes += e.encoded.len();
         self.queue.push_front(e);
         self.durable += 1;
     }
 
-    /// From now on, hand out only elements a durable checkpoint holds.
+    /// Reads spilled elements back while the memory part holds less than
+    /// the queue's bound. Bundles take only from memory: call it first.
+    pub(super) fn refill(&mut self) -> Result<(), SpillError> {
+        let Some(o) = &mut self.overflow else {
+            return Ok(());
+        };
+        while self.memory_bytes < o.limit && !o.is_empty() {
+            for e in o.pop_front()? {
+                self.memory_bytes += e.encoded.len();
+                self.queue.push_back(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// From now on, hand out only elements a durable checkpoint holds. (A
+    /// gated queue does not spill; stages are gated before they run.)
     pub(super) fn gate(&mut self) {
         self.gated = true;
+        if !self.has_spilled() {
+            self.overflow = None;
+        }
     }
 
     /// Whether the stage is gated and some waiting element is not durable
@@ -86,17 +157,19 @@ impl Pending {
     fn release(&mut self, e: &DecodedElement) {
         self.holds.remove(e.header.timestamp);
         self.bytes -= e.encoded.len();
+        self.memory_bytes -= e.encoded.len();
     }
 
-    /// Take up to `max` elements from the front.
+    /// Take up to `max` elements from the front (of the memory part).
     pub(super) fn take(&mut self, max: usize) -> Vec<DecodedElement> {
         let n = self.takeable().min(max);
         self.durable = self.durable.saturating_sub(n);
-        if n == self.queue.len() {
+        if n == self.queue.len() && !self.has_spilled() {
             // Everything: hand over the queue's buffer instead of moving
             // each element, and drop the holds and bytes all at once.
             self.holds = Holds::default();
             self.bytes = 0;
+            self.memory_bytes = 0;
             return Vec::from(std::mem::take(&mut self.queue));
         }
         let taken: Vec<DecodedElement> = self.queue.drain(..n).collect();
@@ -106,8 +179,8 @@ impl Pending {
         taken
     }
 
-    /// Take up to `max` elements that `ready` accepts, keeping the order of
-    /// the rest. Reads the queue only as far as it has to: a keyed stage
+    /// Take up to `max` elements of the memory part that `ready` accepts,
+    /// keeping the order of the rest. Reads the queue only as far as it has to: a keyed stage
     /// takes a bundle for one slice of its keys out of a long queue again
     /// and again, and each take must not cost the whole queue.
     pub(super) fn take_where(
@@ -145,24 +218,30 @@ impl Pending {
         taken
     }
 
-    /// Whether some waiting element satisfies `pred`.
+    /// Whether some element of the memory part satisfies `pred` (what a
+    /// bundle could take now).
     pub(super) fn any(&self, pred: impl FnMut(&DecodedElement) -> bool) -> bool {
         self.queue.iter().any(pred)
     }
 
-    /// The waiting elements, oldest first.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &DecodedElement> {
-        self.queue.iter()
+    /// Calls `f` with every waiting element, oldest first, reading spilled
+    /// ones back (a checkpoint records them all).
+    pub(super) fn for_each(&self, mut f: impl FnMut(&DecodedElement)) -> Result<(), SpillError> {
+        self.queue.iter().for_each(&mut f);
+        match &self.overflow {
+            Some(o) => o.for_each(f),
+            None => Ok(()),
+        }
     }
 
     /// Number of waiting elements.
     pub(super) fn len(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.overflow.as_ref().map_or(0, Overflow::len)
     }
 
     /// Whether nothing waits.
     pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.queue.is_empty() && !self.has_spilled()
     }
 
     /// Encoded bytes waiting.
@@ -179,7 +258,8 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coder::{PaneInfo, WindowedValueHeader};
+    use crate::coder::{Coder, PaneInfo, WindowedValueHeader};
+    use crate::spill::MemorySpillStore;
 
     /// An element whose one byte of value is `n`, at timestamp `n`.
     fn element(n: u8) -> DecodedElement {
@@ -198,9 +278,15 @@ mod tests {
     fn queue(n: u8) -> Pending {
         let mut p = Pending::default();
         for i in 0..n {
-            p.push_back(element(i));
+            p.push_back(element(i)).unwrap();
         }
         p
+    }
+
+    fn all(p: &Pending) -> Vec<DecodedElement> {
+        let mut out = Vec::new();
+        p.for_each(|e| out.push(e.clone())).unwrap();
+        out
     }
 
     #[test]
@@ -208,10 +294,7 @@ mod tests {
         let mut p = queue(10);
         let odd = |e: &DecodedElement| e.value()[0] % 2 == 1;
         assert_eq!(values(&p.take_where(2, odd)), [1, 3]);
-        assert_eq!(
-            values(&p.iter().cloned().collect::<Vec<_>>()),
-            [0, 2, 4, 5, 6, 7, 8, 9]
-        );
+        assert_eq!(values(&all(&p)), [0, 2, 4, 5, 6, 7, 8, 9]);
         assert_eq!((p.len(), p.bytes(), p.hold()), (8, 8, Some(0)));
         assert_eq!(values(&p.take_where(10, odd)), [5, 7, 9]);
         assert_eq!(values(&p.take_where(10, |_| true)), [0, 2, 4, 6, 8]);
@@ -225,8 +308,8 @@ mod tests {
         let mut p = queue(4);
         p.gate();
         let mark = p.checkpoint_mark();
-        p.push_back(element(4));
-        p.push_back(element(5));
+        p.push_back(element(4)).unwrap();
+        p.push_back(element(5)).unwrap();
         p.made_durable(mark);
         assert!(p.awaits_checkpoint());
         let even = |e: &DecodedElement| e.value()[0].is_multiple_of(2);
@@ -237,5 +320,98 @@ mod tests {
         p.made_durable(p.checkpoint_mark());
         assert_eq!(values(&p.take_where(10, even)), [4]);
         assert_eq!(values(&p.take(10)), [5]);
+    }
+
+    /// A queue with a bound of `limit` bytes that spills to `store`.
+    fn spilling(store: &Arc<MemorySpillStore>, limit: usize) -> Pending {
+        let mut p = Pending::default();
+        p.enable_overflow(Overflow::new(
+            store.clone(),
+            b"q".to_vec(),
+            Coder::GlobalWindow,
+            limit,
+        ));
+        p
+    }
+
+    /// An element of about 1 MiB, at timestamp `n`.
+    fn big(n: u8) -> DecodedElement {
+        let header = WindowedValueHeader {
+            timestamp: i64::from(n),
+            windows: smallvec::smallvec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        let mut encoded = Vec::new();
+        header.encode(&Coder::GlobalWindow, &mut encoded).unwrap();
+        let value_start = encoded.len();
+        encoded.push(n);
+        encoded.resize(value_start + (1 << 20), n);
+        DecodedElement::new(header, Bytes::from(encoded), value_start)
+    }
+
+    /// Past twice its bound a queue keeps its back in the store, counts
+    /// it all (length, bytes, holds), hands out only what is in memory,
+    /// reads the rest back in order as it drains, and leaves the store
+    /// empty.
+    #[test]
+    fn a_queue_far_past_its_bound_spills_its_back_and_reads_it_back_in_order() {
+        let store = MemorySpillStore::shared();
+        let mut p = spilling(&store, 2 << 20);
+        for n in (0..40).rev() {
+            p.push_back(big(n)).unwrap();
+        }
+        assert!(p.has_spilled());
+        assert!(!store.is_empty(), "whole segments were written");
+        assert_eq!(p.len(), 40);
+        assert!(p.bytes() > 40 << 20);
+        assert_eq!(p.hold(), Some(0), "the spilled elements hold too");
+        assert!(p.spilled_bytes() > 30 << 20);
+        let everything = all(&p);
+        assert_eq!(everything.len(), 40);
+        assert_eq!(everything[39].value()[0], 0);
+        let mut order = Vec::new();
+        while !p.is_empty() {
+            p.refill().unwrap();
+            let taken = p.take(3);
+            assert!(!taken.is_empty(), "a refilled queue has something to take");
+            assert!(p.memory_bytes <= 6 << 20, "memory holds about the bound");
+            order.extend(taken.iter().map(|e| e.value()[0]));
+        }
+        assert_eq!(order, (0..40).rev().collect::<Vec<u8>>());
+        assert_eq!((p.bytes(), p.hold()), (0, None));
+        assert!(store.is_empty(), "segments are deleted as they are read");
+    }
+
+    /// A checkpoint sees every element; a restored queue spills as the
+    /// old one did; a dropped one deletes what it spilled.
+    #[test]
+    fn spilled_elements_are_in_checkpoints_and_go_with_their_queue() {
+        let store = MemorySpillStore::shared();
+        let mut p = spilling(&store, 1 << 20);
+        for n in 0..12 {
+            p.push_back(big(n)).unwrap();
+        }
+        let recorded = all(&p);
+        assert_eq!(values(&recorded), (0..12).collect::<Vec<u8>>());
+        let mut restored = p.emptied();
+        drop(p);
+        assert!(store.is_empty(), "a dropped queue's segments are deleted");
+        for e in recorded {
+            restored.push_back(e).unwrap();
+        }
+        assert!(restored.has_spilled() && !store.is_empty());
+        // A gated queue never spills.
+        let mut gated = Pending::default();
+        gated.gate();
+        gated.enable_overflow(Overflow::new(
+            store.clone(),
+            b"g".to_vec(),
+            Coder::GlobalWindow,
+            1,
+        ));
+        for n in 0..8 {
+            gated.push_back(big(n)).unwrap();
+        }
+        assert!(!gated.has_spilled());
     }
 }

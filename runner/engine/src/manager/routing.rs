@@ -323,7 +323,12 @@ impl Engine {
                     }
                     let queued = if i + 1 == n { e.take() } else { e.clone() };
                     if let Some(queued) = queued {
-                        s.pending.push_back(queued);
+                        s.pending
+                            .push_back(queued)
+                            .map_err(|source| EngineError::Spill {
+                                stage: self.plan.stages[stage].name.clone(),
+                                source,
+                            })?;
                     }
                     self.summary.peak_pending_bytes =
                         self.summary.peak_pending_bytes.max(s.pending.bytes());

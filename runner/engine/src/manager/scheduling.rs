@@ -122,6 +122,12 @@ impl Engine {
                 if s.in_flight >= self.config.max_bundles_per_stage {
                     break;
                 }
+                // Bundles take from the queue's memory part: bring spilled
+                // elements back as it drains.
+                s.pending.refill().map_err(|source| EngineError::Spill {
+                    stage: self.plan.stages[idx].name.clone(),
+                    source,
+                })?;
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
                         Some(coder) => coder

@@ -46,6 +46,15 @@ pub enum SnapshotError {
     /// spilled again (restoring).
     #[error("checkpoint of a GroupByKey buffer: {0}")]
     Grouping(String),
+    /// A stage's spilled queue could not be read back (taking) or spilled
+    /// again (restoring).
+    #[error("checkpoint of the queue of stage '{stage}': {source}")]
+    Queue {
+        /// The stage's name.
+        stage: String,
+        /// What the spill store said.
+        source: crate::spill::SpillError,
+    },
 }
 
 /// Version of the encoding; a checkpoint of another version is refused.
@@ -180,7 +189,12 @@ impl Engine {
                     timers.to_mut().restore(flight.fired_timers.clone());
                 }
             }
-            pending.extend(s.pending.iter().map(ElementRecord::of));
+            s.pending
+                .for_each(|e| pending.push(ElementRecord::of(e)))
+                .map_err(|source| SnapshotError::Queue {
+                    stage: self.plan.stages[idx].name.clone(),
+                    source,
+                })?;
             let delayed = s
                 .delayed
                 .iter()
@@ -253,9 +267,14 @@ impl Engine {
             let gated = self.checkpoints.is_some()
                 && matches!(&self.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
             let s = &mut self.stages[idx];
-            s.pending = Pending::default();
+            s.pending = s.pending.emptied();
             for e in record.pending {
-                s.pending.push_back(e.into_element());
+                s.pending
+                    .push_back(e.into_element())
+                    .map_err(|source| SnapshotError::Queue {
+                        stage: self.plan.stages[idx].name.clone(),
+                        source,
+                    })?;
             }
             // It came from a checkpoint: it is stable input.
             s.pending.all_durable();

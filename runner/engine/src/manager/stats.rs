@@ -43,8 +43,8 @@ pub struct StageStats {
     /// Time the stage was not scheduled because a consumer was over its
     /// bound (backpressure), in ms.
     pub throttled_ms: u64,
-    /// Bytes a GroupByKey stage spilled to disk (its buffer outgrew its
-    /// memory share).
+    /// Bytes a stage spilled to disk: a GroupByKey's buffer that outgrew
+    /// its memory share, or a queue far past its bound.
     pub spilled_bytes: u64,
 }
 
@@ -181,7 +181,8 @@ impl Engine {
                     elements_out: s.counters.elements_out,
                     bytes_out: s.counters.bytes_out,
                     throttled_ms: s.counters.throttled_ms(now),
-                    spilled_bytes: s.grouping.as_ref().map_or(0, GroupingBuffer::spilled_bytes),
+                    spilled_bytes: s.grouping.as_ref().map_or(0, GroupingBuffer::spilled_bytes)
+                        + s.pending.spilled_bytes(),
                 }
             })
             .collect();

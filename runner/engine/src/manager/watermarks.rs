@@ -46,21 +46,7 @@ impl Engine {
                         }
                     }
                     StageKind::Flatten => {
-                        if !self.stages[idx].pending.is_empty() {
-                            let elements = self.stages[idx].pending.take(usize::MAX);
-                            let outputs = self.plan.stages[idx].outputs.clone();
-                            // Copies for all outputs but the last, which
-                            // takes the elements themselves.
-                            if let Some((&last, others)) = outputs.split_last() {
-                                for &out in others {
-                                    for e in &elements {
-                                        self.route_element(out, e.clone())?;
-                                    }
-                                }
-                                for e in elements {
-                                    self.route_element(last, e)?;
-                                }
-                            }
+                        if self.forward_flatten(idx)? {
                             changed = true;
                         }
                     }
@@ -159,5 +145,42 @@ impl Engine {
             wm = MAX_TIMESTAMP - 1;
         }
         wm
+    }
+}
+
+impl Engine {
+    /// Hands what waits at Flatten `idx` to its outputs' consumers (a copy
+    /// for each output but the last); whether anything waited.
+    fn forward_flatten(&mut self, idx: StageIdx) -> Result<bool, EngineError> {
+        if self.stages[idx].pending.is_empty() {
+            return Ok(false);
+        }
+        let elements = self.stages[idx].pending.take(usize::MAX);
+        let outputs = self.plan.stages[idx].outputs.clone();
+        if let Some((&last, others)) = outputs.split_last() {
+            for &out in others {
+                for e in &elements {
+                    self.route_element(out, e.clone())?;
+                }
+            }
+            for e in elements {
+                self.route_element(last, e)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// [`Self::forward_flatten`] for every Flatten, upstream first: while a
+    /// large output is routed a page at a time, each page moves on to
+    /// queues that can spill instead of piling up at a Flatten (a
+    /// `Reshuffle` is one) until the next watermark pass.
+    pub(super) fn forward_flattens(&mut self) -> Result<(), EngineError> {
+        for i in 0..self.topo.len() {
+            let idx = self.topo[i];
+            if matches!(self.plan.stages[idx].kind, StageKind::Flatten) {
+                self.forward_flatten(idx)?;
+            }
+        }
+        Ok(())
     }
 }

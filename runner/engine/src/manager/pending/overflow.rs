@@ -1,0 +1,231 @@
+//! The part of a stage's queue that waits in the spill store.
+//!
+//! Backpressure keeps a queue near its bound by not scheduling its
+//! producers, but it cannot stop a bundle that is already running: one
+//! element whose DoFn emits gigabytes, committed at once, lands in its
+//! consumer's queue whole. Past twice its bound, later elements of a queue
+//! go to the store instead, in segments of up to a few megabytes, oldest first;
+//! the queue reads them back a segment at a time as its memory part drains
+//! below its bound. Order is kept (the store part is always the queue's
+//! back), and so are the holds and byte counts (the queue counts every
+//! element, wherever it is, so producers stay throttled until the backlog,
+//! not only its memory part, is worked off).
+//!
+//! A segment is its elements one after another, each as its value's
+//! offset, its length (both `u32` little-endian) and its encoding; read
+//! back, the elements are slices of the segment's one buffer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
+use crate::spill::{prefix_end, SpillError, SpillStore};
+
+/// About how many bytes of elements one segment holds at most: half the
+/// queue's bound, within these.
+const SEGMENT_BYTES: (usize, usize) = (64 << 10, 4 << 20);
+
+/// A queue's elements in the spill store, and those on their way there.
+#[derive(Debug)]
+pub(in crate::manager) struct Overflow {
+    store: Arc<dyn SpillStore>,
+    /// Every key of this queue starts with it.
+    prefix: Vec<u8>,
+    /// The window coder of the queue's elements (their headers are decoded
+    /// again when they are read back).
+    window_coder: Coder,
+    /// The queue's bound: it spills past twice this, and reads back while
+    /// its memory part holds less.
+    pub(super) limit: usize,
+    /// Segments written, oldest first.
+    segments: VecDeque<Segment>,
+    /// Elements after the last segment, not written yet.
+    open: Vec<DecodedElement>,
+    open_bytes: usize,
+    /// The next segment's number.
+    next: u64,
+    /// Elements here (segments and open).
+    len: usize,
+    /// Bytes written to the store so far.
+    pub(super) written: u64,
+}
+
+#[derive(Debug)]
+struct Segment {
+    number: u64,
+    elements: usize,
+}
+
+impl Overflow {
+    /// An empty overflow under `prefix` for a queue bound to `limit` bytes.
+    pub(in crate::manager) fn new(
+        store: Arc<dyn SpillStore>,
+        prefix: Vec<u8>,
+        window_coder: Coder,
+        limit: usize,
+    ) -> Self {
+        Overflow {
+            store,
+            prefix,
+            window_coder,
+            limit,
+            segments: VecDeque::new(),
+            open: Vec::new(),
+            open_bytes: 0,
+            next: 0,
+            len: 0,
+            written: 0,
+        }
+    }
+
+    /// The same space, empty (a queue restored from a checkpoint).
+    pub(super) fn emptied(&self) -> Self {
+        Overflow::new(
+            self.store.clone(),
+            self.prefix.clone(),
+            self.window_coder.clone(),
+            self.limit,
+        )
+    }
+
+    /// How many elements wait here.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing waits here.
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether an element of `bytes` joining a queue whose memory part
+    /// holds `memory_bytes` goes here: once anything is here (order), or
+    /// once memory would hold more than twice the bound.
+    pub(super) fn takes(&self, memory_bytes: usize, bytes: usize) -> bool {
+        !self.is_empty() || memory_bytes + bytes > self.limit.saturating_mul(2)
+    }
+
+    /// Queues `e` last.
+    pub(super) fn push(&mut self, e: DecodedElement) -> Result<(), SpillError> {
+        self.open_bytes += e.encoded.len();
+        self.open.push(e);
+        self.len += 1;
+        if self.open_bytes >= (self.limit / 2).clamp(SEGMENT_BYTES.0, SEGMENT_BYTES.1) {
+            self.write_open()?;
+        }
+        Ok(())
+    }
+
+    fn key(&self, number: u64) -> Vec<u8> {
+        let mut key = self.prefix.clone();
+        key.extend_from_slice(&number.to_be_bytes());
+        key
+    }
+
+    fn write_open(&mut self) -> Result<(), SpillError> {
+        let mut value = Vec::with_capacity(self.open_bytes + 8 * self.open.len());
+        for e in &self.open {
+            for n in [e.value_start(), e.encoded.len()] {
+                let n = u32::try_from(n).map_err(|_| {
+                    SpillError(format!(
+                        "an element of {} bytes is too large",
+                        e.encoded.len()
+                    ))
+                })?;
+                value.extend_from_slice(&n.to_le_bytes());
+            }
+            value.extend_from_slice(&e.encoded);
+        }
+        let number = self.next;
+        self.store.put(vec![(self.key(number), value)])?;
+        self.written += self.open_bytes as u64;
+        self.next += 1;
+        self.segments.push_back(Segment {
+            number,
+            elements: self.open.len(),
+        });
+        self.open.clear();
+        self.open_bytes = 0;
+        Ok(())
+    }
+
+    /// The oldest elements here (a segment, or what was not written yet),
+    /// removed; empty if nothing is here.
+    pub(super) fn pop_front(&mut self) -> Result<Vec<DecodedElement>, SpillError> {
+        let Some(segment) = self.segments.front() else {
+            self.len -= self.open.len();
+            self.open_bytes = 0;
+            return Ok(std::mem::take(&mut self.open));
+        };
+        let key = self.key(segment.number);
+        let elements = self.read(&key, segment.elements)?;
+        self.store
+            .forget_range(&key, &self.key(segment.number + 1))?;
+        self.segments.pop_front();
+        self.len -= elements.len();
+        Ok(elements)
+    }
+
+    fn read(&self, key: &[u8], count: usize) -> Result<Vec<DecodedElement>, SpillError> {
+        let mut end = key.to_vec();
+        end.push(0);
+        let mut found = self.store.scan(key, &end, usize::MAX)?;
+        let corrupt =
+            |what: &str| SpillError(format!("a spilled queue segment is corrupt ({what})"));
+        let (_, value) = found.pop().ok_or_else(|| corrupt("missing"))?;
+        let buf = Bytes::from(value);
+        let mut elements = Vec::with_capacity(count);
+        let mut at = 0;
+        while at < buf.len() {
+            let word = |at: usize| -> Result<usize, SpillError> {
+                let bytes: [u8; 4] = buf
+                    .get(at..at + 4)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| corrupt("lengths"))?;
+                Ok(u32::from_le_bytes(bytes) as usize)
+            };
+            let (value_start, len) = (word(at)?, word(at + 4)?);
+            let start = at + 8;
+            let encoded = buf
+                .get(start..start + len)
+                .map(|_| buf.slice(start..start + len))
+                .ok_or_else(|| corrupt("element"))?;
+            let (header, _) = WindowedValueHeader::decode(&encoded, &self.window_coder)
+                .map_err(|e| corrupt(&e.to_string()))?;
+            elements.push(DecodedElement::new(header, encoded, value_start));
+            at = start + len;
+        }
+        if elements.len() != count {
+            return Err(corrupt("element count"));
+        }
+        Ok(elements)
+    }
+
+    /// Calls `f` with every element here, oldest first (a checkpoint
+    /// records them).
+    pub(super) fn for_each(&self, mut f: impl FnMut(&DecodedElement)) -> Result<(), SpillError> {
+        for segment in &self.segments {
+            for e in self.read(&self.key(segment.number), segment.elements)? {
+                f(&e);
+            }
+        }
+        self.open.iter().for_each(f);
+        Ok(())
+    }
+}
+
+impl Drop for Overflow {
+    fn drop(&mut self) {
+        if self.segments.is_empty() {
+            return;
+        }
+        let Some(end) = prefix_end(&self.prefix) else {
+            return;
+        };
+        if let Err(e) = self.store.forget_range(&self.prefix, &end) {
+            tracing::warn!(error = %e, "could not delete a queue's spilled elements");
+        }
+    }
+}
