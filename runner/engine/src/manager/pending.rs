@@ -180,9 +180,10 @@ impl Pending {
     }
 
     /// Take up to `max` elements of the memory part that `ready` accepts,
-    /// keeping the order of the rest. Reads the queue only as far as it has to: a keyed stage
-    /// takes a bundle for one slice of its keys out of a long queue again
-    /// and again, and each take must not cost the whole queue.
+    /// keeping the order of the rest. Reads the queue only as far as it
+    /// has to: a keyed stage takes a bundle for one slice of its keys out
+    /// of a long queue again and again, and each take must not cost the
+    /// whole queue.
     pub(super) fn take_where(
         &mut self,
         max: usize,
