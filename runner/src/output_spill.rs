@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use refract_engine::spill::{job_space, prefix_end, SpillStore};
+use refract_engine::spill::{forget_prefix, job_space, SpillStore};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_sdk_harness::OutputOverflow;
 use tracing::warn;
@@ -153,10 +153,7 @@ impl Drop for BundleOverflow {
         if parts.handed_over || parts.sinks.iter().all(|p| p.count == 0) {
             return;
         }
-        let Some(end) = prefix_end(&self.prefix) else {
-            return;
-        };
-        if let Err(e) = self.store.forget_range(&self.prefix, &end) {
+        if let Err(e) = forget_prefix(self.store.as_ref(), &self.prefix) {
             warn!(error = %e, "could not delete a failed bundle's spilled output");
         }
     }

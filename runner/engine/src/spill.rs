@@ -114,6 +114,65 @@ impl SpillStore for MemorySpillStore {
     }
 }
 
+/// About how many bytes are read from the store at once by a reader that
+/// goes through a range in pages.
+const PAGE_BYTES: usize = 4 << 20;
+
+/// A key range of the store read a page at a time, in key order.
+#[derive(Debug)]
+pub(crate) struct PagedRange {
+    /// The first key past the range.
+    end: Vec<u8>,
+    /// Where the next read starts; `None` once the range is read out.
+    next: Option<Vec<u8>>,
+}
+
+impl PagedRange {
+    /// Every key that starts with `start`.
+    pub(crate) fn prefixed(start: &[u8]) -> Self {
+        PagedRange {
+            end: prefix_end(start).unwrap_or_default(),
+            next: Some(start.to_vec()),
+        }
+    }
+
+    /// The next [`PAGE_BYTES`] or so of entries; none once read out.
+    pub(crate) fn next_page(&mut self, store: &dyn SpillStore) -> Result<Entries, SpillError> {
+        let Some(from) = self.next.take() else {
+            return Ok(Vec::new());
+        };
+        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
+        if let Some((last, _)) = entries.last() {
+            let mut next = last.clone();
+            next.push(0);
+            self.next = Some(next);
+        }
+        Ok(entries)
+    }
+
+    /// Everything not read yet.
+    pub(crate) fn rest(&self, store: &dyn SpillStore) -> Result<Entries, SpillError> {
+        match &self.next {
+            Some(from) => store.scan(from, &self.end, usize::MAX),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Deletes everything under `prefix` and gives its space back soon
+/// ([`SpillStore::delete_range`]: a GroupByKey buffer's scratch space).
+pub(crate) fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
+    let end = prefix_end(prefix).unwrap_or_default();
+    store.delete_range(prefix, &end)
+}
+
+/// Forgets everything under `prefix` ([`SpillStore::forget_range`]: a queue's
+/// segments, a bundle's output parts).
+pub fn forget_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
+    let end = prefix_end(prefix).unwrap_or_default();
+    store.forget_range(prefix, &end)
+}
+
 /// Where everything a job spills is filed: `job_prefix` (unique to the
 /// job), length first, so that no job's space is the start of another's.
 pub fn job_space(job_prefix: &[u8]) -> Vec<u8> {

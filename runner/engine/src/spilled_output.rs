@@ -20,18 +20,14 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::coder::{whole_elements_len, Coder, CoderError};
-use crate::spill::{prefix_end, SpillError, SpillStore};
-
-/// About how many bytes are read from the store at once.
-const PAGE_BYTES: usize = 4 << 20;
+use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillStore};
 
 /// Parts of one output of one bundle in the spill store: every key under
 /// a prefix, in key order.
 #[derive(Debug)]
 pub struct SpilledOutput {
     store: Arc<dyn SpillStore>,
-    start: Vec<u8>,
-    end: Vec<u8>,
+    prefix: Vec<u8>,
     bytes: u64,
 }
 
@@ -51,11 +47,10 @@ impl SpilledOutput {
     /// they were written). `None` for a prefix of only `0xFF` bytes, which
     /// has no end.
     pub fn new(store: Arc<dyn SpillStore>, prefix: Vec<u8>, bytes: u64) -> Option<Self> {
-        let end = prefix_end(&prefix)?;
+        prefix_end(&prefix)?;
         Some(SpilledOutput {
             store,
-            start: prefix,
-            end,
+            prefix,
             bytes,
         })
     }
@@ -77,17 +72,14 @@ impl SpilledOutput {
         mut deliver: impl FnMut(Bytes) -> Result<(), E>,
     ) -> Result<BytesMut, E> {
         let mut carry = BytesMut::new();
-        let mut from = self.start.clone();
+        let mut range = PagedRange::prefixed(&self.prefix);
         loop {
-            let page = self
-                .store
-                .scan(&from, &self.end, PAGE_BYTES)
+            let page = range
+                .next_page(self.store.as_ref())
                 .map_err(SpilledOutputError::from)?;
-            let Some((last, _)) = page.last() else {
+            if page.is_empty() {
                 return Ok(carry);
-            };
-            from = last.clone();
-            from.push(0);
+            }
             for (_, part) in &page {
                 carry.extend_from_slice(part);
             }
@@ -102,7 +94,7 @@ impl SpilledOutput {
 
 impl Drop for SpilledOutput {
     fn drop(&mut self) {
-        if let Err(e) = self.store.forget_range(&self.start, &self.end) {
+        if let Err(e) = forget_prefix(self.store.as_ref(), &self.prefix) {
             tracing::warn!(error = %e, "could not delete a bundle's spilled output");
         }
     }

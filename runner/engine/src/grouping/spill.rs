@@ -34,7 +34,7 @@ use super::{
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
-use crate::spill::{prefix_end, SpillError, SpillStore};
+use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
 use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
@@ -50,8 +50,6 @@ pub(super) const KEY_OVERHEAD: usize = 64;
 pub(super) const PANE_OVERHEAD: usize = 160;
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
-/// About how many bytes are read from the store at once while draining.
-const PAGE_BYTES: usize = 4 << 20;
 /// Bytes of a spilled pane's value before its values: count, earliest and
 /// latest hold.
 const PANE_HEADER: usize = 24;
@@ -109,47 +107,6 @@ struct Drain {
     range: PagedRange,
 }
 
-/// A key range of the store read a page at a time, in key order.
-#[derive(Debug)]
-struct PagedRange {
-    /// The first key past the range.
-    end: Vec<u8>,
-    /// Where the next read starts; `None` once the range is read out.
-    next: Option<Vec<u8>>,
-}
-
-impl PagedRange {
-    /// Every key that starts with `start`.
-    fn prefixed(start: &[u8]) -> Self {
-        PagedRange {
-            end: prefix_end(start).unwrap_or_default(),
-            next: Some(start.to_vec()),
-        }
-    }
-
-    /// The next [`PAGE_BYTES`] or so of entries; none once read out.
-    fn next_page(&mut self, store: &dyn SpillStore) -> Result<crate::spill::Entries, SpillError> {
-        let Some(from) = self.next.take() else {
-            return Ok(Vec::new());
-        };
-        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
-        if let Some((last, _)) = entries.last() {
-            let mut next = last.clone();
-            next.push(0);
-            self.next = Some(next);
-        }
-        Ok(entries)
-    }
-
-    /// Everything not read yet.
-    fn rest(&self, store: &dyn SpillStore) -> Result<crate::spill::Entries, SpillError> {
-        match &self.next {
-            Some(from) => store.scan(from, &self.end, usize::MAX),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
 /// The store key of `key`'s part in run `run`, under `start`.
 fn run_key(start: &[u8], key: &[u8], run: u32) -> Result<Vec<u8>, SpillError> {
     let mut k = Vec::with_capacity(start.len() + key.len() + 8);
@@ -200,12 +157,6 @@ impl RunWriter {
         }
         Ok(())
     }
-}
-
-/// Deletes everything under `prefix` (a buffer's scratch space).
-fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
-    let end = prefix_end(prefix).unwrap_or_default();
-    store.delete_range(prefix, &end)
 }
 
 /// [`delete_prefix`] when the buffer goes (job done, failed or cancelled):
@@ -702,7 +653,7 @@ impl GroupingBuffer {
                 }
                 None => {
                     if let Some(done) = spill.drains.pop_front() {
-                        spill.store.delete_range(&done.start, &done.range.end)?;
+                        delete_prefix(spill.store.as_ref(), &done.start)?;
                         spill.windows.remove(&done.window);
                     }
                 }

@@ -45,8 +45,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{
-    corrupt, delete_prefix, drop_prefix, next_number, pane_header, put_len, put_pane_header,
-    run_key, run_key_user_key, take, PagedRange, RunWriter, SpillSpace, SpilledPane, PANE_HEADER,
+    corrupt, drop_prefix, next_number, pane_header, put_len, put_pane_header, run_key,
+    run_key_user_key, take, RunWriter, SpillSpace, SpilledPane, PANE_HEADER,
 };
 use crate::coder::Coder;
 use crate::grouping::{
@@ -54,7 +54,7 @@ use crate::grouping::{
     KeyPanes, Pane, KEY_OVERHEAD, PANE_OVERHEAD,
 };
 use crate::holds::Holds;
-use crate::spill::{SpillError, SpillStore};
+use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::trigger::TriggerContext;
 use crate::window::Window;
@@ -426,7 +426,7 @@ impl GroupingBuffer {
                     self.maybe_spill()?;
                 }
                 None => {
-                    store.delete_range(&pass.start, &pass.range.end)?;
+                    delete_prefix(store.as_ref(), &pass.start)?;
                     spill.pass = None;
                     // Windows put back may be due at the watermark as it is
                     // now: the next evaluation looks.

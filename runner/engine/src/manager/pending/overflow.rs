@@ -21,7 +21,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
-use crate::spill::{prefix_end, SpillError, SpillStore};
+use crate::spill::{forget_prefix, SpillError, SpillStore};
 
 /// About how many bytes of elements one segment holds at most: half the
 /// queue's bound, within these.
@@ -221,10 +221,7 @@ impl Drop for Overflow {
         if self.segments.is_empty() {
             return;
         }
-        let Some(end) = prefix_end(&self.prefix) else {
-            return;
-        };
-        if let Err(e) = self.store.forget_range(&self.prefix, &end) {
+        if let Err(e) = forget_prefix(self.store.as_ref(), &self.prefix) {
             tracing::warn!(error = %e, "could not delete a queue's spilled elements");
         }
     }
