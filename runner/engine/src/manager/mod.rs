@@ -176,6 +176,18 @@ pub struct RunSummary {
     pub queue_spilled_bytes: u64,
 }
 
+/// How a spill store error of stage `stage` reaches the job: naming the
+/// stage (its GroupByKey buffer or its queue spilled).
+fn spill_failed(
+    plan: &Plan,
+    stage: StageIdx,
+) -> impl Fn(crate::spill::SpillError) -> EngineError + '_ {
+    move |source| EngineError::Spill {
+        stage: plan.stages[stage].name.clone(),
+        source,
+    }
+}
+
 /// Run-time state of one stage.
 struct StageRt {
     pending: Pending,
@@ -938,10 +950,7 @@ impl Engine {
             for (_, e, _) in ready {
                 s.pending
                     .push_back(e)
-                    .map_err(|source| EngineError::Spill {
-                        stage: self.plan.stages[idx].name.clone(),
-                        source,
-                    })?;
+                    .map_err(spill_failed(&self.plan, idx))?;
             }
         }
         Ok(())

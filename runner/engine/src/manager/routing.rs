@@ -215,10 +215,7 @@ impl Engine {
                 pcollection,
                 source,
             },
-            GroupingError::Spill(source) => EngineError::Spill {
-                stage: self.plan.stages[stage].name.clone(),
-                source,
-            },
+            GroupingError::Spill(source) => spill_failed(&self.plan, stage)(source),
         }
     }
 
@@ -325,10 +322,7 @@ impl Engine {
                     if let Some(queued) = queued {
                         s.pending
                             .push_back(queued)
-                            .map_err(|source| EngineError::Spill {
-                                stage: self.plan.stages[stage].name.clone(),
-                                source,
-                            })?;
+                            .map_err(spill_failed(&self.plan, stage))?;
                     }
                     self.summary.peak_pending_bytes =
                         self.summary.peak_pending_bytes.max(s.pending.bytes());

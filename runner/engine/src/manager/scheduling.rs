@@ -124,10 +124,7 @@ impl Engine {
                 }
                 // Bundles take from the queue's memory part: bring spilled
                 // elements back as it drains.
-                s.pending.refill().map_err(|source| EngineError::Spill {
-                    stage: self.plan.stages[idx].name.clone(),
-                    source,
-                })?;
+                s.pending.refill().map_err(spill_failed(&self.plan, idx))?;
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
                         Some(coder) => coder
