@@ -282,7 +282,11 @@ impl StageExecutor for HarnessExecutor {
                 BundleError::Sdk(text) => ExecError::Sdk(text),
                 other => ExecError::Harness(other.to_string()),
             })?;
-            Ok(result.outputs.remove(&merger.sink).unwrap_or_default())
+            Ok(result
+                .outputs
+                .remove(&merger.sink)
+                .unwrap_or_default()
+                .concat())
         }
         .boxed()
     }
@@ -510,8 +514,8 @@ async fn run_bundle(
     let mut outputs = Vec::with_capacity(stage.outputs.len());
     let mut results = result.outputs;
     for (sink, pcoll) in &stage.outputs {
-        if let Some(bytes) = results.remove(sink) {
-            outputs.push((*pcoll, bytes));
+        if let Some(chunks) = results.remove(sink) {
+            outputs.extend(chunks.into_chunks().into_iter().map(|c| (*pcoll, c)));
         }
     }
     let spilled = overflow.map_or_else(Vec::new, |o| {

@@ -15,7 +15,7 @@ use refract_proto::fn_api::{
     elements, instruction_response, InstructionResponse, ProcessBundleResponse,
 };
 
-use crate::bundle::{BundleResult, OutputOverflow, StateHandler};
+use crate::bundle::{BundleResult, OutputChunks, OutputOverflow, StateHandler};
 use crate::error::BundleError;
 
 /// Where a bundle stands after an event.
@@ -33,7 +33,7 @@ pub(crate) struct BundleCollector {
     open_timer_families: HashSet<(String, String)>,
     closed_sinks: HashSet<String>,
     closed_timer_families: HashSet<(String, String)>,
-    outputs: HashMap<String, Vec<u8>>,
+    outputs: HashMap<String, OutputChunks>,
     timers: HashMap<(String, String), Vec<u8>>,
     response: Option<ProcessBundleResponse>,
     state: Arc<dyn StateHandler>,
@@ -95,7 +95,10 @@ impl BundleCollector {
             self.received
                 .fetch_add(data.data.len() as u64, Ordering::Relaxed);
             self.output_bytes += data.data.len();
-            append(&mut self.outputs, data.transform_id.clone(), data.data);
+            self.outputs
+                .entry(data.transform_id.clone())
+                .or_default()
+                .push(Bytes::from(data.data));
             if let Err(e) = self.overflow_if_full() {
                 return done(Err(BundleError::Overflow(format!(
                     "instruction {}: {e}",
@@ -133,9 +136,9 @@ impl BundleCollector {
             return Ok(());
         }
         self.overflowed = true;
-        for (sink, bytes) in &mut self.outputs {
-            if !bytes.is_empty() {
-                overflow.write(sink, std::mem::take(bytes))?;
+        for (sink, chunks) in &mut self.outputs {
+            if !chunks.is_empty() {
+                overflow.write(sink, chunks.take_concat())?;
             }
         }
         self.output_bytes = 0;
@@ -203,7 +206,7 @@ impl BundleCollector {
         };
         done(Ok(BundleResult {
             response,
-            outputs: freeze(std::mem::take(&mut self.outputs)),
+            outputs: std::mem::take(&mut self.outputs),
             timers: freeze(std::mem::take(&mut self.timers)),
         }))
     }
@@ -317,7 +320,9 @@ mod tests {
         let Some(Ok(result)) = finished(c.on_timers(timers(b"", true))) else {
             panic!("bundle should be complete");
         };
-        assert_eq!(result.outputs["sink"], Bytes::from_static(b"abc"));
+        assert_eq!(result.outputs["sink"].concat(), Bytes::from_static(b"abc"));
+        // As received: two chunks, not copied into one.
+        assert_eq!(result.outputs["sink"].clone().into_chunks(), ["ab", "c"]);
         let key = ("pardo".to_string(), "ts-t".to_string());
         assert_eq!(result.timers[&key], Bytes::from_static(b"t1"));
         assert!(result.response.requires_finalization);
@@ -399,7 +404,7 @@ mod tests {
                 ("sink".to_string(), b"fghij".to_vec())
             ]
         );
-        assert_eq!(result.outputs["sink"], Bytes::from_static(b"k"));
+        assert_eq!(result.outputs["sink"].concat(), Bytes::from_static(b"k"));
     }
 
     #[test]

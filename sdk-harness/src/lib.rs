@@ -25,7 +25,7 @@ mod server;
 mod services;
 mod worker;
 
-pub use bundle::{BundleRequest, BundleResult, OutputOverflow, StateHandler};
+pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputOverflow, StateHandler};
 pub use config::{ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig};
 pub use error::{BundleError, HarnessError};
 pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT};

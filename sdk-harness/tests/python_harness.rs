@@ -313,7 +313,7 @@ async fn exercise(worker: &Arc<Worker>, descriptor_id: &str, tag: &str) {
     .await
     .expect("bundle finishes")
     .expect("bundle succeeds");
-    let mut got = decode_outputs(&result.outputs["sink"]);
+    let mut got = decode_outputs(&result.outputs["sink"].concat());
     got.sort();
     let want: Vec<(String, String)> = [("a", "1"), ("bb", "22"), ("ccc", "333"), ("d", "4000000")]
         .iter()
@@ -369,7 +369,7 @@ async fn exercise(worker: &Arc<Worker>, descriptor_id: &str, tag: &str) {
     for (i, run) in runs.into_iter().enumerate() {
         let result = run.await.expect("join").expect("concurrent bundle");
         assert_eq!(
-            decode_outputs(&result.outputs["sink"]),
+            decode_outputs(&result.outputs["sink"].concat()),
             vec![(format!("k{i}"), i.to_string())]
         );
     }

@@ -109,7 +109,10 @@ pub struct TimerInput {
 #[derive(Debug, Default)]
 pub struct BundleOutput {
     /// Output elements per PCollection (concatenated nested windowed values,
-    /// in the PCollection's port coder).
+    /// in the PCollection's port coder), in one chunk or several: a
+    /// PCollection's chunks, in order, are its output, and an element may
+    /// span two of them (an SDK's data messages need not end at element
+    /// boundaries, and the runner does not copy them into one buffer).
     pub outputs: Vec<(PCollectionIdx, Bytes)>,
     /// Output that did not fit in memory, per PCollection: it comes before
     /// that PCollection's bytes in `outputs` (see [`crate::spilled_output`]).

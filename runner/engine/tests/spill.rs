@@ -43,18 +43,48 @@ struct Fake {
     /// Where the source puts most of each bundle's output (as an executor
     /// does with output past a bundle's share), if anywhere.
     output_spill: Option<Arc<MemorySpillStore>>,
+    /// The source's output in memory comes in chunks cut anywhere (as an
+    /// SDK's data messages may be), not in one.
+    chunked: bool,
 }
 
 /// Bytes of one part of a spilled output: not a multiple of an element's
 /// length, so parts end inside elements.
 const PART_BYTES: usize = 1000;
 
+/// Chunk lengths, repeated: the 1- and 3-byte ones end inside an element's
+/// header or value, as do most of the others (an element is 30 bytes).
+const CHUNK_BYTES: [usize; 5] = [1, 3, 17, 1000, 45];
+
+/// `bytes` as PCollection 1's output: one chunk, or several cut anywhere.
+fn in_memory(bytes: &[u8], chunked: bool) -> Vec<(usize, Bytes)> {
+    if !chunked {
+        return vec![(1, Bytes::copy_from_slice(bytes))];
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    for len in CHUNK_BYTES.iter().cycle() {
+        if at == bytes.len() {
+            break;
+        }
+        let end = (at + len).min(bytes.len());
+        out.push((1, Bytes::copy_from_slice(&bytes[at..end])));
+        at = end;
+    }
+    out
+}
+
 /// `out` as the source's output: all in memory, or (with a store) all but
 /// its last bytes written in parts under a prefix of the bundle's own.
-fn source_output(out: Vec<u8>, bundle: u32, store: Option<&Arc<MemorySpillStore>>) -> BundleOutput {
+fn source_output(
+    out: Vec<u8>,
+    bundle: u32,
+    store: Option<&Arc<MemorySpillStore>>,
+    chunked: bool,
+) -> BundleOutput {
     let Some(store) = store else {
         return BundleOutput {
-            outputs: vec![(1, Bytes::from(out))],
+            outputs: in_memory(&out, chunked),
             ..Default::default()
         };
     };
@@ -72,7 +102,7 @@ fn source_output(out: Vec<u8>, bundle: u32, store: Option<&Arc<MemorySpillStore>
     store.put(parts).expect("puts");
     let spilled = SpilledOutput::new(store.clone(), prefix, cut as u64).expect("a prefix");
     BundleOutput {
-        outputs: vec![(1, Bytes::copy_from_slice(&out[cut..]))],
+        outputs: in_memory(&out[cut..], chunked),
         spilled: vec![(1, spilled)],
         ..Default::default()
     }
@@ -97,6 +127,7 @@ impl StageExecutor for Fake {
         let seen = self.seen.clone();
         let groups = self.groups.clone();
         let output_spill = self.output_spill.clone();
+        let chunked = self.chunked;
         async move {
             let header = WindowedValueHeader {
                 timestamp: 0,
@@ -133,7 +164,7 @@ impl StageExecutor for Fake {
                     }
                     Ok(BundleOutput {
                         residuals,
-                        ..source_output(out, n, output_spill.as_ref())
+                        ..source_output(out, n, output_spill.as_ref(), chunked)
                     })
                 }
                 3 => {
@@ -229,6 +260,7 @@ fn expected_groups() -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
 async fn run(
     spill: Option<Arc<dyn SpillStore>>,
     output_spill: Option<Arc<MemorySpillStore>>,
+    chunked: bool,
 ) -> (
     refract_engine::manager::RunSummary,
     BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
@@ -238,6 +270,7 @@ async fn run(
         seen: seen.clone(),
         groups: Arc::new(Mutex::new(0)),
         output_spill,
+        chunked,
     });
     let config = EngineConfig {
         max_pending_bytes: 128 << 10,
@@ -261,7 +294,7 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
     let store = MemorySpillStore::shared();
-    let (summary, got) = run(Some(store.clone()), None).await;
+    let (summary, got) = run(Some(store.clone()), None, false).await;
     assert_eq!(got.len(), KEYS as usize);
     assert!(
         got == expected_groups(),
@@ -285,7 +318,7 @@ async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
-    let (summary, got) = run(None, None).await;
+    let (summary, got) = run(None, None, false).await;
     assert_eq!(summary.spilled_bytes, 0);
     assert!(
         got == expected_groups(),
@@ -306,7 +339,7 @@ async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bundles_spilled_output_comes_back_whole_and_is_deleted() {
     let outputs = MemorySpillStore::shared();
-    let (summary, got) = run(None, Some(outputs.clone())).await;
+    let (summary, got) = run(None, Some(outputs.clone()), false).await;
     assert!(
         got == expected_groups(),
         "every key's values, each exactly once"
@@ -317,6 +350,32 @@ async fn a_bundles_spilled_output_comes_back_whole_and_is_deleted() {
         "{} of ~{input_bytes} bytes went through the store",
         summary.output_spilled_bytes
     );
+    assert!(outputs.is_empty(), "spilled output is deleted once read");
+}
+
+/// A bundle's output in chunks cut anywhere — inside elements' headers
+/// and values, one byte at a time in places — is routed as the elements it
+/// holds, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_in_chunks_cut_inside_elements_arrives_whole() {
+    let (_, got) = run(None, None, true).await;
+    assert!(
+        got == expected_groups(),
+        "every key's values, each exactly once"
+    );
+}
+
+/// The same after a spilled part that ends inside an element: its start
+/// joins the first chunk in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_after_a_spilled_part_continue_its_last_element() {
+    let outputs = MemorySpillStore::shared();
+    let (summary, got) = run(None, Some(outputs.clone()), true).await;
+    assert!(
+        got == expected_groups(),
+        "every key's values, each exactly once"
+    );
+    assert!(summary.output_spilled_bytes > 0);
     assert!(outputs.is_empty(), "spilled output is deleted once read");
 }
 
@@ -380,6 +439,7 @@ async fn a_queue_far_past_its_bound_waits_on_disk_and_every_element_arrives() {
             seen: Arc::default(),
             groups: Arc::default(),
             output_spill: Some(store.clone()),
+            chunked: false,
         },
         received: received.clone(),
     });

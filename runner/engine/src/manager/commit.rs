@@ -1,6 +1,7 @@
 //! Committing a finished bundle's effects, or retrying its input.
 
 use super::*;
+use crate::coder::whole_elements_len;
 use crate::spilled_output::{SpilledOutput, SpilledOutputError};
 use bytes::BytesMut;
 
@@ -105,28 +106,69 @@ impl Engine {
             }
         }
         self.defer_residuals(idx, &output.residuals)?;
-        // A PCollection's spilled output comes first; the start of an
-        // element it ends inside goes on in memory.
+        // A PCollection's spilled output comes first, then its chunks in
+        // memory; the start of an element one of them ends inside waits in
+        // `rests` for the next.
         let mut rests: Vec<(PCollectionIdx, BytesMut)> = Vec::new();
         for (pcoll, spilled) in &output.spilled {
             self.summary.output_spilled_bytes += spilled.bytes();
             rests.push((*pcoll, self.route_spilled(*pcoll, spilled)?));
         }
         drop(output.spilled);
-        for (pcoll, bytes) in output.outputs {
-            match rests.iter().position(|(p, _)| *p == pcoll) {
+        let mut chunks_left: Vec<(PCollectionIdx, usize)> = Vec::new();
+        for (pcoll, _) in &output.outputs {
+            match chunks_left.iter_mut().find(|(p, _)| p == pcoll) {
+                Some((_, n)) => *n += 1,
+                None => chunks_left.push((*pcoll, 1)),
+            }
+        }
+        for (pcoll, chunk) in output.outputs {
+            let chunk = match rests.iter().position(|(p, _)| *p == pcoll) {
+                // Only an element that spans two chunks costs a copy.
                 Some(at) => {
                     let (_, mut rest) = rests.swap_remove(at);
-                    rest.extend_from_slice(&bytes);
-                    self.route(pcoll, rest.freeze())?;
+                    rest.extend_from_slice(&chunk);
+                    rest.freeze()
                 }
-                None => self.route(pcoll, bytes)?,
+                None => chunk,
+            };
+            let last = chunks_left
+                .iter_mut()
+                .find(|(p, _)| *p == pcoll)
+                .map(|(_, n)| {
+                    *n -= 1;
+                    *n == 0
+                })
+                .unwrap_or(true);
+            if last {
+                self.route(pcoll, chunk)?;
+                continue;
             }
+            let whole = self.whole_elements_len(pcoll, &chunk)?;
+            if whole < chunk.len() {
+                rests.push((pcoll, BytesMut::from(&chunk[whole..])));
+            }
+            self.route(pcoll, chunk.slice(..whole))?;
         }
         for (pcoll, rest) in rests {
             self.route(pcoll, rest.freeze())?;
         }
         Ok(())
+    }
+
+    /// How many bytes at the start of `bytes` are whole elements of `pcoll`.
+    fn whole_elements_len(
+        &self,
+        pcoll: PCollectionIdx,
+        bytes: &[u8],
+    ) -> Result<usize, EngineError> {
+        let pc = &self.plan.pcollections[pcoll];
+        whole_elements_len(bytes, &pc.value_coder, &pc.window_coder).map_err(|source| {
+            EngineError::Decode {
+                pcollection: pc.id.clone(),
+                source,
+            }
+        })
     }
 
     /// Routes the whole elements of `pcoll`'s spilled output a page at a
