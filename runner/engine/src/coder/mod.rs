@@ -56,8 +56,9 @@ pub use primitive::{
 };
 pub use timer::{decode_timers, TimerValue};
 pub use windowed_value::{
-    decode_windowed_values, encode_iterable_len, encode_windowed_value, iterable_len_bytes,
-    whole_elements_len, BorrowedWindowedValues, DecodedElement,
+    decode_whole_windowed_values, decode_windowed_values, encode_iterable_len,
+    encode_windowed_value, iterable_len_bytes, whole_elements_len, BorrowedWindowedValues,
+    DecodedElement,
 };
 
 /// Why bytes could not be read as the coder said they would be.

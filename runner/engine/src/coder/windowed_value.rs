@@ -112,17 +112,48 @@ pub fn decode_windowed_values(
     let mut r = Reader::shared(buf);
     let mut elements = Vec::new();
     while !r.is_empty() {
-        let start = r.pos();
-        let header = read_header(&mut r, window_coder)?;
-        let value_start = r.pos();
-        value_coder.skip(&mut r)?;
-        elements.push(DecodedElement::new(
-            header,
-            r.bytes_since(start)?,
-            value_start - start,
-        ));
+        elements.push(read_element(&mut r, value_coder, window_coder)?);
     }
     Ok(elements)
+}
+
+/// The whole windowed values at the start of `buf`, and how many bytes
+/// they take: [`decode_windowed_values`] for a stream read in parts, cut
+/// anywhere, which stops at the start of an element the buffer ends inside
+/// (decoding each element once, where [`whole_elements_len`] and then
+/// decoding would read each twice).
+pub fn decode_whole_windowed_values(
+    buf: &Bytes,
+    value_coder: &Coder,
+    window_coder: &Coder,
+) -> Result<(Vec<DecodedElement>, usize), CoderError> {
+    let mut r = Reader::shared(buf);
+    let mut elements = Vec::new();
+    while !r.is_empty() {
+        let start = r.pos();
+        match read_element(&mut r, value_coder, window_coder) {
+            Ok(element) => elements.push(element),
+            Err(CoderError::Truncated(_)) => return Ok((elements, start)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((elements, buf.len()))
+}
+
+fn read_element(
+    r: &mut Reader<'_>,
+    value_coder: &Coder,
+    window_coder: &Coder,
+) -> Result<DecodedElement, CoderError> {
+    let start = r.pos();
+    let header = read_header(r, window_coder)?;
+    let value_start = r.pos();
+    value_coder.skip(r)?;
+    Ok(DecodedElement::new(
+        header,
+        r.bytes_since(start)?,
+        value_start - start,
+    ))
 }
 
 /// How many bytes at the start of `buf` are whole nested windowed values:
@@ -366,6 +397,50 @@ mod tests {
             two.map(|e| e[0].header.windows.to_vec()),
             Ok(vec![window, later])
         );
+    }
+
+    /// A stream of three elements cut at every position: the whole
+    /// elements before the cut come back, decoded as the uncut stream
+    /// decodes them, with their length; bytes that are no element at all
+    /// are still an error.
+    #[test]
+    fn a_cut_stream_gives_its_whole_elements_and_where_they_end() {
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        for (ts, value) in [(1, &b"a"[..]), (2, &b"bcdef"[..]), (3, &b""[..])] {
+            let header = WindowedValueHeader {
+                timestamp: ts,
+                windows: smallvec::smallvec![Window::Global],
+                pane: PaneInfo::NO_FIRING,
+            };
+            let mut value_bytes = Vec::new();
+            encode_varint_u64(value.len() as u64, &mut value_bytes);
+            value_bytes.extend_from_slice(value);
+            encode_windowed_value(&header, &Coder::GlobalWindow, &value_bytes, &mut buf)
+                .expect("encodes");
+            ends.push(buf.len());
+        }
+        let all = decode_windowed_values(
+            &Bytes::from(buf.clone()),
+            &Coder::Bytes,
+            &Coder::GlobalWindow,
+        )
+        .expect("decodes");
+        for cut in 0..=buf.len() {
+            let part = Bytes::copy_from_slice(&buf[..cut]);
+            let (got, whole) =
+                decode_whole_windowed_values(&part, &Coder::Bytes, &Coder::GlobalWindow)
+                    .expect("a cut is not an error");
+            let n = ends.iter().filter(|&&end| end <= cut).count();
+            assert_eq!(whole, if n == 0 { 0 } else { ends[n - 1] }, "cut at {cut}");
+            assert_eq!(got.len(), n, "cut at {cut}");
+            for (g, a) in got.iter().zip(&all) {
+                assert_eq!((&g.header, g.value()), (&a.header, a.value()));
+            }
+        }
+        // A window count no element could have.
+        let bad = Bytes::from(hex("8000000000000000 7fffffff 0f 05"));
+        assert!(decode_whole_windowed_values(&bad, &Coder::Varint, &Coder::GlobalWindow).is_err());
     }
 
     #[test]

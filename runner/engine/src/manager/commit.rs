@@ -1,7 +1,6 @@
 //! Committing a finished bundle's effects, or retrying its input.
 
 use super::*;
-use crate::coder::whole_elements_len;
 use crate::spilled_output::{SpilledOutput, SpilledOutputError};
 use bytes::BytesMut;
 
@@ -144,31 +143,15 @@ impl Engine {
                 self.route(pcoll, chunk)?;
                 continue;
             }
-            let whole = self.whole_elements_len(pcoll, &chunk)?;
+            let whole = self.route_whole(pcoll, chunk.clone())?;
             if whole < chunk.len() {
                 rests.push((pcoll, BytesMut::from(&chunk[whole..])));
             }
-            self.route(pcoll, chunk.slice(..whole))?;
         }
         for (pcoll, rest) in rests {
             self.route(pcoll, rest.freeze())?;
         }
         Ok(())
-    }
-
-    /// How many bytes at the start of `bytes` are whole elements of `pcoll`.
-    fn whole_elements_len(
-        &self,
-        pcoll: PCollectionIdx,
-        bytes: &[u8],
-    ) -> Result<usize, EngineError> {
-        let pc = &self.plan.pcollections[pcoll];
-        whole_elements_len(bytes, &pc.value_coder, &pc.window_coder).map_err(|source| {
-            EngineError::Decode {
-                pcollection: pc.id.clone(),
-                source,
-            }
-        })
     }
 
     /// Routes the whole elements of `pcoll`'s spilled output a page at a

@@ -2,7 +2,9 @@
 //! grouping buffers and side-input stores.
 
 use super::*;
-use crate::coder::{BorrowedWindowedValues, DecodedElement, TimerValue};
+use crate::coder::{
+    decode_whole_windowed_values, BorrowedWindowedValues, CoderError, DecodedElement, TimerValue,
+};
 use crate::grouping::{Fired, GroupingError};
 use crate::plan::SdkStage;
 
@@ -24,7 +26,7 @@ impl Engine {
             return Ok(());
         }
         if self.only_groupings_consume(pcoll) {
-            return self.route_to_grouping(pcoll, &bytes);
+            return self.route_to_grouping(pcoll, &bytes, false).map(|_| ());
         }
         let pc = &self.plan.pcollections[pcoll];
         let elements = decode_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
@@ -39,6 +41,34 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Self::route`] for one chunk of a stream cut anywhere: routes the
+    /// whole elements at its start and returns how many bytes they take
+    /// (the rest is the start of an element the next chunk continues).
+    pub(super) fn route_whole(
+        &mut self,
+        pcoll: PCollectionIdx,
+        bytes: Bytes,
+    ) -> Result<usize, EngineError> {
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        if self.only_groupings_consume(pcoll) {
+            return self.route_to_grouping(pcoll, &bytes, true);
+        }
+        let pc = &self.plan.pcollections[pcoll];
+        let (elements, whole) =
+            decode_whole_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
+                |source| EngineError::Decode {
+                    pcollection: pc.id.clone(),
+                    source,
+                },
+            )?;
+        for e in elements {
+            self.route_element(pcoll, e)?;
+        }
+        Ok(whole)
+    }
+
     /// [`Self::route`] for elements already decoded from `bytes` (what a
     /// GroupByKey's firing emitted, with its record of each element).
     fn route_decoded(
@@ -48,7 +78,7 @@ impl Engine {
         elements: Vec<DecodedElement>,
     ) -> Result<(), EngineError> {
         if self.only_groupings_consume(pcoll) {
-            return self.route_to_grouping(pcoll, bytes);
+            return self.route_to_grouping(pcoll, bytes, false).map(|_| ());
         }
         for e in elements {
             self.route_element(pcoll, e)?;
@@ -70,12 +100,14 @@ impl Engine {
 
     /// [`Self::route`] when every consumer is a GroupByKey: elements are
     /// read in place and each buffer copies the bytes it keeps, so no
-    /// element is materialized.
+    /// element is materialized. With `cut`, `bytes` may end inside an
+    /// element, which is left unrouted: the bytes routed are returned.
     fn route_to_grouping(
         &mut self,
         pcoll: PCollectionIdx,
         bytes: &[u8],
-    ) -> Result<(), EngineError> {
+        cut: bool,
+    ) -> Result<usize, EngineError> {
         let pc = &self.plan.pcollections[pcoll];
         let (value_coder, window_coder) = (pc.value_coder.clone(), pc.window_coder.clone());
         let decode_error = |engine: &Engine, source| EngineError::Decode {
@@ -88,7 +120,11 @@ impl Engine {
         let eighth = bytes.len() / 8;
         let mut next_mark = eighth;
         for item in BorrowedWindowedValues::new(bytes, &value_coder, &window_coder) {
-            let (header, kv, len) = item.map_err(|source| decode_error(self, source))?;
+            let (header, kv, len) = match item {
+                Ok(element) => element,
+                Err(CoderError::Truncated(_)) if cut => return Ok(routed_bytes),
+                Err(source) => return Err(decode_error(self, source)),
+            };
             routed += 1;
             routed_bytes += len;
             if routed_bytes >= next_mark && routed >= EXPECT_AFTER_ELEMENTS {
@@ -121,7 +157,7 @@ impl Engine {
                 }
             }
         }
-        Ok(())
+        Ok(routed_bytes)
     }
 
     /// Tells the GroupByKeys reading `pcoll` that about `elements` more of
@@ -176,7 +212,7 @@ impl Engine {
             if outputs.iter().all(|&p| self.only_groupings_consume(p)) {
                 // GroupByKeys read the bytes in place: no element needed.
                 for &pcoll in &outputs {
-                    self.route_to_grouping(pcoll, &out.bytes)?;
+                    self.route_to_grouping(pcoll, &out.bytes, false)?;
                 }
                 return Ok(true);
             }
