@@ -127,14 +127,6 @@ impl OutputChunks {
     }
 }
 
-impl From<Bytes> for OutputChunks {
-    fn from(chunk: Bytes) -> Self {
-        let mut chunks = OutputChunks::default();
-        chunks.push(chunk);
-        chunks
-    }
-}
-
 /// What a successful bundle produced.
 #[derive(Debug, Clone, Default)]
 pub struct BundleResult {
