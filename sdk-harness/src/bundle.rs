@@ -66,27 +66,30 @@ pub trait OutputOverflow: Send + Sync {
 /// sequence is sure to decode.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutputChunks {
+    /// None of them empty.
     chunks: Vec<Bytes>,
-    bytes: usize,
 }
 
 impl OutputChunks {
     /// Appends the next chunk (an empty one is dropped).
     pub fn push(&mut self, chunk: Bytes) {
         if !chunk.is_empty() {
-            self.bytes += chunk.len();
             self.chunks.push(chunk);
         }
     }
 
-    /// The bytes of all chunks together.
-    pub fn len(&self) -> usize {
-        self.bytes
-    }
-
     /// Whether there are no bytes.
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.chunks.is_empty()
+    }
+
+    /// All chunks' bytes, copied into one buffer.
+    fn joined(chunks: &[Bytes]) -> Vec<u8> {
+        let mut all = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+        for chunk in chunks {
+            all.extend_from_slice(chunk);
+        }
+        all
     }
 
     /// The chunks, in order.
@@ -100,13 +103,7 @@ impl OutputChunks {
         match self.chunks.as_slice() {
             [] => Bytes::new(),
             [one] => one.clone(),
-            many => {
-                let mut all = Vec::with_capacity(self.bytes);
-                for chunk in many {
-                    all.extend_from_slice(chunk);
-                }
-                Bytes::from(all)
-            }
+            many => Bytes::from(Self::joined(many)),
         }
     }
 
@@ -119,11 +116,7 @@ impl OutputChunks {
                 return Vec::from(only);
             }
         }
-        let mut all = Vec::with_capacity(taken.bytes);
-        for chunk in &taken.chunks {
-            all.extend_from_slice(chunk);
-        }
-        all
+        Self::joined(&taken.chunks)
     }
 }
 

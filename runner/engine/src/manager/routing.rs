@@ -22,23 +22,7 @@ const EXPECT_AFTER_ELEMENTS: usize = 1024;
 impl Engine {
     /// Deliver encoded windowed values produced into PCollection `pcoll`.
     pub(super) fn route(&mut self, pcoll: PCollectionIdx, bytes: Bytes) -> Result<(), EngineError> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        if self.only_groupings_consume(pcoll) {
-            return self.route_to_grouping(pcoll, &bytes, false).map(|_| ());
-        }
-        let pc = &self.plan.pcollections[pcoll];
-        let elements = decode_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
-            |source| EngineError::Decode {
-                pcollection: pc.id.clone(),
-                source,
-            },
-        )?;
-        for e in elements {
-            self.route_element(pcoll, e)?;
-        }
-        Ok(())
+        self.route_elements(pcoll, bytes, false).map(|_| ())
     }
 
     /// [`Self::route`] for one chunk of a stream cut anywhere: routes the
@@ -49,24 +33,38 @@ impl Engine {
         pcoll: PCollectionIdx,
         bytes: Bytes,
     ) -> Result<usize, EngineError> {
+        self.route_elements(pcoll, bytes, true)
+    }
+
+    /// [`Self::route`] and, with `cut`, [`Self::route_whole`]: the bytes
+    /// routed.
+    fn route_elements(
+        &mut self,
+        pcoll: PCollectionIdx,
+        bytes: Bytes,
+        cut: bool,
+    ) -> Result<usize, EngineError> {
         if bytes.is_empty() {
             return Ok(0);
         }
         if self.only_groupings_consume(pcoll) {
-            return self.route_to_grouping(pcoll, &bytes, true);
+            return self.route_to_grouping(pcoll, &bytes, cut);
         }
         let pc = &self.plan.pcollections[pcoll];
-        let (elements, whole) =
-            decode_whole_windowed_values(&bytes, &pc.value_coder, &pc.window_coder).map_err(
-                |source| EngineError::Decode {
-                    pcollection: pc.id.clone(),
-                    source,
-                },
-            )?;
+        let decoded = if cut {
+            decode_whole_windowed_values(&bytes, &pc.value_coder, &pc.window_coder)
+        } else {
+            decode_windowed_values(&bytes, &pc.value_coder, &pc.window_coder)
+                .map(|elements| (elements, bytes.len()))
+        };
+        let (elements, routed) = decoded.map_err(|source| EngineError::Decode {
+            pcollection: pc.id.clone(),
+            source,
+        })?;
         for e in elements {
             self.route_element(pcoll, e)?;
         }
-        Ok(whole)
+        Ok(routed)
     }
 
     /// [`Self::route`] for elements already decoded from `bytes` (what a
