@@ -52,6 +52,9 @@ def main():
   ap.add_argument('--fan_out_inputs', type=int, default=0)
   ap.add_argument('--session_len', type=int, default=0)
   ap.add_argument('--reshuffle', action='store_true')
+  ap.add_argument('--allowed_lateness_s', type=int, default=0,
+                  help='with --session_len: fixed windows allowing this '
+                  'lateness instead of sessions')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
@@ -75,7 +78,7 @@ def main():
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
          str(args.keys), str(args.fan_out_inputs), str(args.session_len),
-         '1' if args.reshuffle else '0'],
+         '1' if args.reshuffle else '0', str(args.allowed_lateness_s)],
         capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - start
   finally:
@@ -103,8 +106,13 @@ def main():
             if args.fan_out_inputs else 'a splittable source')
   if args.reshuffle:
     source += ', reshuffled'
-  windows = ('sessions of %d values' % args.session_len
-             if args.session_len else 'the global window')
+  if args.session_len and args.allowed_lateness_s:
+    windows = ('fixed windows of %d values, %d s allowed lateness'
+               % (args.session_len, args.allowed_lateness_s))
+  elif args.session_len:
+    windows = 'sessions of %d values' % args.session_len
+  else:
+    windows = 'the global window'
   print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s, in %s), '
         '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
         'GroupByKey spilled %.0f MiB, outputs and queues %.0f MiB (log in %s)'

@@ -18,12 +18,18 @@ a 10-second gap; so each key has sessions of SESSION_LEN values (the last
 one maybe fewer), which the runner only finds by merging each key's
 windows. The totals are then per session.
 
+With LATENESS_S > 0 too, the same groups are made by fixed windows (each
+SESSION_LEN + 100 seconds long, so a window holds one of a key's runs of
+SESSION_LEN values) that allow LATENESS_S seconds of lateness and fire late
+panes for late data (none comes in a batch): windows that stay open after
+their on-time pane.
+
 With RESHUFFLE = 1 the values are reshuffled (and passed through a Map)
 before they are grouped: they then wait in a queue for the Map's stage,
 not in the GroupByKey's buffer.
 
     python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] \
-        [FAN_OUT_INPUTS] [SESSION_LEN] [RESHUFFLE]
+        [FAN_OUT_INPUTS] [SESSION_LEN] [RESHUFFLE] [LATENESS_S]
 
 prints the job id, waits for the job and exits 0 when it is DONE.
 """
@@ -34,6 +40,7 @@ import typing
 
 import apache_beam as beam
 from apache_beam import window
+from apache_beam.transforms import trigger
 from apache_beam.io.restriction_trackers import OffsetRange
 from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -142,7 +149,7 @@ def expected(records, value_bytes, keys, session_len=0):
 
 
 def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
-          reshuffle=False):
+          reshuffle=False, lateness_s=0):
   if fan_out_inputs > 0:
     values = (
         p
@@ -162,7 +169,13 @@ def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
         values
         | 'Again' >> beam.Reshuffle()
         | 'Pass' >> beam.Map(lambda kv: kv).with_output_types(KV))
-  if session_len > 0:
+  if session_len > 0 and lateness_s > 0:
+    values = values | 'Fixed' >> beam.WindowInto(
+        window.FixedWindows(session_len + SESSION_PAUSE_S),
+        trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        allowed_lateness=lateness_s)
+  elif session_len > 0:
     values = values | 'Sessions' >> beam.WindowInto(
         window.Sessions(SESSION_GAP_S))
   groups = values | beam.GroupByKey() | beam.Map(summarize)
@@ -181,6 +194,7 @@ def main(argv):
   fan_out_inputs = int(argv[5]) if len(argv) > 5 else 0
   session_len = int(argv[6]) if len(argv) > 6 else 0
   reshuffle = len(argv) > 7 and argv[7] == '1'
+  lateness_s = int(argv[8]) if len(argv) > 8 else 0
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
@@ -189,7 +203,8 @@ def main(argv):
       '--environment_type=LOOPBACK'
   ])
   p = beam.Pipeline(options=options)
-  build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle)
+  build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle,
+        lateness_s)
   result = p.run()
   print(result._job_id, flush=True)  # pylint: disable=protected-access
   state = result.wait_until_finish()

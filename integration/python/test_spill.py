@@ -8,7 +8,8 @@ messages how much it spilled; its spill directory is empty afterwards.
 The same, smaller, with the default spill directory (a temporary one the
 server creates and removes when it stops); and grouped in session
 windows, which the runner finds only by merging each key's spilled
-pieces; and with all values emitted by one element, whose output (which
+pieces; and in fixed windows that allow lateness (which stay open after
+their on-time pane); and with all values emitted by one element, whose output (which
 cannot be split) waits on disk for its bundle to end — and then, once
 committed, in the next stage's queue (through a Reshuffle). (Peak memory is measured by integration/bench/gbk_spill_memory.py,
 not asserted here.)
@@ -33,15 +34,16 @@ def spilled_bytes(line, what):
 
 
 @pytest.mark.parametrize(
-    'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle',
-    [(True, 200, 1000, 0, 0, 0), (False, 96, 1000, 0, 0, 0),
-     (True, 96, 100, 0, 4, 0), (True, 96, 100, 1, 0, 0),
-     (True, 96, 100, 1, 0, 1)],
-    ids=['spill_dir', 'default_spill_dir', 'sessions', 'one_element_fans_out',
+    'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle,lateness_s',
+    [(True, 200, 1000, 0, 0, 0, 0), (False, 96, 1000, 0, 0, 0, 0),
+     (True, 96, 100, 0, 4, 0, 0), (True, 96, 100, 0, 4, 0, 3600),
+     (True, 96, 100, 1, 0, 0, 0), (True, 96, 100, 1, 0, 1, 0)],
+    ids=['spill_dir', 'default_spill_dir', 'sessions',
+         'fixed_windows_allowing_lateness', 'one_element_fans_out',
          'one_element_fans_out_into_a_queue'])
 def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
     request, refract_bin, tmp_path, spill_dir_flag, total_mb, keys, fan_out,
-    session_len, reshuffle):
+    session_len, reshuffle, lateness_s):
   spill_dir = tmp_path / 'spill'
   extra = ['--memory_budget', '16m', '--serve_http=false']
   if spill_dir_flag:
@@ -54,7 +56,7 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
     run = subprocess.run(
         [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
          server.endpoint, str(total_mb), '64', str(keys), str(fan_out),
-         str(session_len), str(reshuffle)],
+         str(session_len), str(reshuffle), str(lateness_s)],
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout

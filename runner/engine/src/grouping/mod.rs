@@ -419,7 +419,7 @@ impl GroupingBuffer {
                 self.touched.insert(key_table::Key::from_slice(key));
             }
         }
-        self.maybe_spill()
+        self.maybe_spill(input_watermark)
     }
 
     /// Whether some key's windows wait for the SDK to merge them; panes are
@@ -531,7 +531,7 @@ impl GroupingBuffer {
         if let Some(emitted) = self.evaluate_spilled_sessions(input_watermark)? {
             return Ok(emitted);
         }
-        self.start_drains(input_watermark);
+        self.start_drains(input_watermark)?;
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
         let GroupingBuffer {

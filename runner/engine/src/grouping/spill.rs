@@ -1,14 +1,23 @@
 //! Spilling a grouping buffer that outgrew its share of memory (see
 //! [`crate::spill`] for why and where).
 //!
-//! Only buffers whose panes fire exactly once, when the watermark passes
-//! the end of a window that then closes at once (the default trigger, no
-//! allowed lateness: every batch GroupByKey of a pipeline that does not ask
-//! for more), spill: their panes need no trigger state, so a spilled pane
-//! is just its values, their count and its output-time holds. Windows that
-//! do not merge are filed as below; sessions, whose windows are only known
-//! once a key's pieces are merged, by key (`sessions`). Windows the SDK
+//! Only buffers whose trigger first fires when the watermark passes the end
+//! of a window (the default trigger, or an `AfterWatermark` without early
+//! firings: every batch GroupByKey of a pipeline that does not ask for
+//! more) spill, and only panes that have not fired: such a pane needs no
+//! trigger state, so a spilled pane is just its values, their count and
+//! its output-time holds. Windows that do not merge are filed as below;
+//! sessions, whose windows are only known once a key's pieces are merged,
+//! by key (`sessions`, and only without allowed lateness). Windows the SDK
 //! merges (custom merging window functions) do not spill.
+//!
+//! A spilled window the watermark passes is emitted from the store if it
+//! closes then too (no allowed lateness, or the watermark jumped past its
+//! lateness as well, as it does at the end of a batch input). One that
+//! stays open for late data comes back into memory instead and fires from
+//! there: its on-time panes must stay as panes that fired (late panes count
+//! from them, and accumulate onto them), which only memory keeps. Panes of
+//! such a window stay in memory until it closes.
 //!
 //! Layout in the store, under the buffer's prefix: for each window, the
 //! window's encoded bytes (length first), then for each key the key
@@ -29,8 +38,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{
-    pane_hold, update_holds, Fired, Firing, GroupingBuffer, GroupingError, KeyPanes, Pane,
-    PaneValues, Retain,
+    pane_hold, update_holds, Fired, Firing, GroupingBuffer, GroupingError, KeyPanes, KeyTable,
+    Pane, PaneValues, Retain,
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
@@ -39,6 +48,8 @@ use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
 
+#[cfg(test)]
+mod lateness_tests;
 mod sessions;
 use sessions::SessionSpill;
 
@@ -80,6 +91,10 @@ pub(super) struct Spill {
     windows: BTreeMap<Window, SpilledWindow>,
     /// Windows being emitted, oldest first.
     drains: VecDeque<Drain>,
+    /// Bytes the last spill left in memory (panes that may not spill): the
+    /// next spill waits until the limit is exceeded past them, so that
+    /// such panes are not walked again at every element.
+    pinned: usize,
 }
 
 /// A window some of whose panes are in the store.
@@ -195,22 +210,43 @@ enum SpillKind {
     ByKey,
 }
 
-/// How a buffer with this strategy may spill, if at all: only if its panes
-/// fire once, at the end of the window, which then closes.
+/// How a buffer with this strategy may spill, if at all: only if its
+/// trigger fires first at the end of the window; sessions only if the
+/// window then closes, too.
 fn spill_kind(strategy: &crate::plan::WindowingStrategy) -> Option<SpillKind> {
-    let once_at_end = match &strategy.trigger {
-        Trigger::Default => true,
-        Trigger::AfterEndOfWindow { early, late } => early.is_none() && late.is_none(),
-        _ => false,
-    };
-    if !once_at_end || strategy.allowed_lateness != 0 {
+    if !first_fires_at_end(&strategy.trigger) {
         return None;
     }
     match strategy.window_fn {
-        WindowFn::Sessions { .. } => Some(SpillKind::ByKey),
-        WindowFn::Custom { merging: true } => None,
+        WindowFn::Sessions { .. } if strategy.allowed_lateness == 0 => Some(SpillKind::ByKey),
+        WindowFn::Sessions { .. } | WindowFn::Custom { merging: true } => None,
         _ => Some(SpillKind::ByWindow),
     }
+}
+
+/// Whether `trigger` fires first when the watermark passes the end of the
+/// window, so that a pane has no trigger state worth keeping before then.
+fn first_fires_at_end(trigger: &Trigger) -> bool {
+    match trigger {
+        Trigger::Default => true,
+        Trigger::AfterEndOfWindow { early, .. } => early.is_none(),
+        Trigger::Repeat(inner) => first_fires_at_end(inner),
+        _ => false,
+    }
+}
+
+/// Whether `pane` of `window` may go to the store at `input_watermark`: it
+/// has not fired (a spilled pane comes back as one that has not), and its
+/// window is not open past its end (see the module docs).
+fn may_spill(
+    strategy: &crate::plan::WindowingStrategy,
+    window: &Window,
+    pane: &Pane,
+    input_watermark: Timestamp,
+) -> bool {
+    let past_end = window.max_timestamp() < input_watermark;
+    let closed = window.garbage_collection_time(strategy.allowed_lateness) < input_watermark;
+    pane.fired == 0 && (!past_end || closed)
 }
 
 /// Store keys order keys by (length, bytes); so must the in-memory side.
@@ -441,6 +477,7 @@ impl GroupingBuffer {
                 spilled_bytes: 0,
                 windows: BTreeMap::new(),
                 drains: VecDeque::new(),
+                pinned: 0,
             }),
         });
         true
@@ -482,18 +519,21 @@ impl GroupingBuffer {
         }
     }
 
-    /// Spills if the buffer holds more than its limit.
-    pub(super) fn maybe_spill(&mut self) -> Result<(), GroupingError> {
+    /// Spills if the buffer holds more than its limit (past what the last
+    /// spill had to leave in memory), given the input watermark.
+    pub(super) fn maybe_spill(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
         match &self.spill {
-            Some(SpillSpace::ByWindow(s)) if self.memory_bytes > s.limit => self.spill_out(),
+            Some(SpillSpace::ByWindow(s)) if self.memory_bytes > s.limit + s.pinned => {
+                self.spill_out(input_watermark)
+            }
             Some(SpillSpace::ByKey(s)) if self.memory_bytes > s.limit => self.spill_sessions(),
             _ => Ok(()),
         }
     }
 
-    /// Writes every buffered pane to the store as one run and empties the
-    /// in-memory buffer.
-    fn spill_out(&mut self) -> Result<(), GroupingError> {
+    /// Writes every buffered pane that may spill ([`may_spill`]) to the
+    /// store as one run and keeps only the others in memory.
+    fn spill_out(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
         let GroupingBuffer {
             strategy,
             window_coder,
@@ -510,9 +550,20 @@ impl GroupingBuffer {
         let run = next_number(&mut spill.runs, "runs")?;
         let mut writer = RunWriter::default();
         let mut keys = 0usize;
+        // The table is given up and the few panes that stay go to a new
+        // one: a table keeps the room it grew to, which after a spill of
+        // many keys would be most of what the spill freed.
+        let mut kept = KeyTable::<KeyPanes>::default();
+        let mut kept_bytes = 0usize;
         for (key, windows) in std::mem::take(panes) {
             keys += 1;
+            let mut stay = KeyPanes::new();
             for (window, pane) in windows {
+                if !may_spill(strategy, &window, &pane, input_watermark) {
+                    kept_bytes += pane.values.len() + PANE_OVERHEAD;
+                    stay.push((window, pane));
+                    continue;
+                }
                 if pane.count == 0 {
                     continue;
                 }
@@ -528,23 +579,59 @@ impl GroupingBuffer {
                 v.extend_from_slice(&pane.values);
                 writer.push(spill.store.as_ref(), (k, v), &mut spill.spilled_bytes)?;
             }
+            if !stay.is_empty() {
+                kept_bytes += key.len() + KEY_OVERHEAD;
+                *kept.get_or_default(&key) = stay;
+            }
         }
         writer.flush(spill.store.as_ref(), &mut spill.spilled_bytes)?;
         tracing::debug!(
             run,
             keys,
             bytes = *memory_bytes,
+            kept_bytes,
             spilled_total = spill.spilled_bytes,
             "GroupByKey buffer spilled"
         );
-        touched.clear();
-        *memory_bytes = 0;
+        *panes = kept;
+        if panes.is_empty() {
+            touched.clear();
+        } else {
+            touched.retain(|key| panes.get(key).is_some());
+        }
+        *memory_bytes = kept_bytes;
+        spill.pinned = kept_bytes;
         Ok(())
     }
 
-    /// Starts emitting every spilled window the watermark has passed: its
-    /// in-memory panes move to the drain (their holds to the window's).
-    pub(super) fn start_drains(&mut self, input_watermark: Timestamp) {
+    /// Starts emitting every spilled window the watermark has passed and
+    /// closed: its in-memory panes that have not fired move to the drain
+    /// (their holds to the window's). A spilled window the watermark has
+    /// passed but which stays open for late data comes back into memory
+    /// instead ([`Self::bring_back`]).
+    pub(super) fn start_drains(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
+        let lateness = self.strategy.allowed_lateness;
+        let Some(SpillSpace::ByWindow(spill)) = self.spill.as_ref() else {
+            return Ok(());
+        };
+        let mut ready = BTreeSet::new();
+        let mut open = Vec::new();
+        for (window, spilled) in &spill.windows {
+            if spilled.draining || window.max_timestamp() >= input_watermark {
+                continue;
+            }
+            if window.garbage_collection_time(lateness) < input_watermark {
+                ready.insert(window.clone());
+            } else {
+                open.push(window.clone());
+            }
+        }
+        for window in open {
+            self.bring_back(&window)?;
+        }
+        if ready.is_empty() {
+            return Ok(());
+        }
         let GroupingBuffer {
             strategy,
             panes,
@@ -554,22 +641,15 @@ impl GroupingBuffer {
             ..
         } = self;
         let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
-            return;
+            return Ok(());
         };
-        let ready: BTreeSet<Window> = spill
-            .windows
-            .iter()
-            .filter(|(w, s)| !s.draining && w.max_timestamp() < input_watermark)
-            .map(|(w, _)| w.clone())
-            .collect();
-        if ready.is_empty() {
-            return;
-        }
         let mut taken: BTreeMap<Window, Vec<(Bytes, Pane)>> = BTreeMap::new();
         panes.retain(|key, windows: &mut KeyPanes| {
             let mut i = 0;
             while i < windows.len() {
-                if ready.contains(&windows[i].0) {
+                // (A pane that fired came back with its window and closes
+                // from memory.)
+                if windows[i].1.fired == 0 && ready.contains(&windows[i].0) {
                     let (window, pane) = windows.remove(i);
                     *memory_bytes = memory_bytes.saturating_sub(pane.values.len() + PANE_OVERHEAD);
                     let hold = pane_hold(strategy, &window, &pane);
@@ -606,6 +686,66 @@ impl GroupingBuffer {
                 page: VecDeque::new(),
             });
         }
+        Ok(())
+    }
+
+    /// Reads spilled window `window` back into memory, as panes that have
+    /// not fired, and deletes it from the store; the next evaluation looks
+    /// at every key.
+    fn bring_back(&mut self, window: &Window) -> Result<(), GroupingError> {
+        let GroupingBuffer {
+            strategy,
+            panes,
+            holds,
+            spill,
+            memory_bytes,
+            rescan,
+            ..
+        } = self;
+        let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
+            return Ok(());
+        };
+        let Some(spilled) = spill.windows.remove(window) else {
+            return Ok(());
+        };
+        let store = spill.store.as_ref();
+        let mut range = PagedRange::prefixed(&spilled.start);
+        let mut entries = 0usize;
+        loop {
+            let page = range.next_page(store)?;
+            if page.is_empty() {
+                break;
+            }
+            for (k, v) in page {
+                let (key, part) = decode_entry(&spilled.start, &k, v)?;
+                entries += 1;
+                let (windows, new_key) = panes.get_or_insert_with(&key, KeyPanes::new);
+                if new_key {
+                    *memory_bytes += key.len() + KEY_OVERHEAD;
+                }
+                let at = match super::position(windows, window) {
+                    Ok(at) => at,
+                    Err(at) => {
+                        windows.insert(at, (window.clone(), Pane::new(&strategy.trigger)));
+                        *memory_bytes += PANE_OVERHEAD;
+                        at
+                    }
+                };
+                *memory_bytes += part.values.len();
+                let (w, pane) = &mut windows[at];
+                let before = pane_hold(strategy, w, pane);
+                pane.add_spilled(part);
+                update_holds(holds, before, pane_hold(strategy, w, pane));
+            }
+        }
+        delete_prefix(store, &spilled.start)?;
+        *rescan = true;
+        tracing::debug!(
+            entries,
+            bytes = *memory_bytes,
+            "a spilled window open for late data came back into memory"
+        );
+        Ok(())
     }
 
     /// Emits the next keys of ready spilled windows into `out`, until it
@@ -692,11 +832,15 @@ impl GroupingBuffer {
                 delete_prefix(spill.store.as_ref(), &spill.prefix)?;
                 spill.windows.clear();
                 spill.drains.clear();
+                spill.pinned = 0;
             }
             Some(SpillSpace::ByKey(spill)) => spill.clear()?,
             None => {}
         }
-        self.maybe_spill()
+        // The watermark is not known here: what spills is only what has not
+        // fired; a window it passed comes back at the next evaluation if
+        // it is still open.
+        self.maybe_spill(crate::time::MIN_TIMESTAMP)
     }
 }
 
@@ -876,14 +1020,38 @@ mod tests {
     }
 
     #[test]
-    fn triggers_that_fire_more_than_once_do_not_spill() {
-        let mut strategy = WindowingStrategy::global_default();
-        strategy.trigger = Trigger::ElementCount(2);
-        let mut g = GroupingBuffer::new(strategy, kv(), Coder::GlobalWindow);
-        assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
-        let mut lateness = WindowingStrategy::global_default();
-        lateness.allowed_lateness = 5;
-        let mut g = GroupingBuffer::new(lateness, kv(), Coder::GlobalWindow);
-        assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+    fn triggers_that_fire_before_the_end_of_the_window_do_not_spill() {
+        let spills = |trigger: Trigger, window_fn: WindowFn, allowed_lateness: i64| {
+            let mut strategy = WindowingStrategy::global_default();
+            strategy.trigger = trigger;
+            strategy.window_fn = window_fn;
+            strategy.allowed_lateness = allowed_lateness;
+            let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
+            g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0)
+        };
+        let fixed = || WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        };
+        let sessions = || WindowFn::Sessions { gap: 10 };
+        let at_end = |late: Option<Trigger>| Trigger::AfterEndOfWindow {
+            early: None,
+            late: late.map(Box::new),
+        };
+        assert!(!spills(Trigger::ElementCount(2), fixed(), 0));
+        assert!(!spills(
+            Trigger::AfterEndOfWindow {
+                early: Some(Box::new(Trigger::ElementCount(2))),
+                late: None,
+            },
+            fixed(),
+            0
+        ));
+        assert!(spills(Trigger::Default, fixed(), 5));
+        assert!(spills(at_end(Some(Trigger::ElementCount(2))), fixed(), 5));
+        assert!(spills(Trigger::Repeat(Box::new(at_end(None))), fixed(), 5));
+        // Sessions spill only if a window closes when it fires.
+        assert!(spills(at_end(Some(Trigger::Always)), sessions(), 0));
+        assert!(!spills(Trigger::Default, sessions(), 5));
     }
 }

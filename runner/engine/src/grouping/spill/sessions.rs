@@ -423,7 +423,7 @@ impl GroupingBuffer {
             match pass.next_key(store.as_ref(), &self.window_coder)? {
                 Some((key, pieces)) => {
                     emitted += self.settle_key(&key, pieces, watermark, now, out)?;
-                    self.maybe_spill()?;
+                    self.maybe_spill(watermark)?;
                 }
                 None => {
                     delete_prefix(store.as_ref(), &pass.start)?;
