@@ -18,28 +18,28 @@ With `--reshuffle` they are reshuffled again (and passed through a Map)
 before the GroupByKey: they then wait in the Map stage's queue.
 
 With `--session_len L` they are grouped in session windows of L values
-each (per key) instead of the global window.
+each (per key) instead of the global window; adding `--allowed_lateness_s
+S`, in fixed windows of L values each that allow S seconds of lateness and
+fire late panes (windows that stay open after their on-time pane).
 
     integration/bench/gbk_spill_memory.py --bin target/release/refract \\
         [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g] \\
-        [--fan_out_inputs 0] [--session_len 0] [--reshuffle]
+        [--fan_out_inputs 0] [--session_len 0] [--allowed_lateness_s 0] \\
+        [--reshuffle]
 """
 
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, free_port, rss_bytes  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -62,28 +62,14 @@ def main():
       os.path.abspath(args.bin), log, port=free_port(),
       extra_args=['--memory_budget', args.memory_budget, '--serve_http=false',
                   '--spill_dir', os.path.join(work, 'spill')]).wait_ready()
-  samples = []
-  done = threading.Event()
-
-  def sample():
-    while not done.is_set():
-      samples.append(rss_bytes(server.proc.pid))
-      time.sleep(0.5)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
-  start = time.monotonic()
   try:
-    run = subprocess.run(
+    run, elapsed, samples = run_sampling_rss(
+        server.proc.pid,
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
          str(args.keys), str(args.fan_out_inputs), str(args.session_len),
-         '1' if args.reshuffle else '0', str(args.allowed_lateness_s)],
-        capture_output=True, text=True, check=False)
-    elapsed = time.monotonic() - start
+         '1' if args.reshuffle else '0', str(args.allowed_lateness_s)])
   finally:
-    done.set()
-    sampler.join()
     server.stop()
   lines = run.stdout.strip().splitlines()
   state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]

@@ -46,6 +46,7 @@ from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
+from refract_testlib import run_pipeline_to_end
 
 # Random bytes, sliced at different offsets: values that do not compress.
 BLOCK = os.urandom(1 << 20)
@@ -205,11 +206,7 @@ def main(argv):
   p = beam.Pipeline(options=options)
   build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle,
         lateness_s)
-  result = p.run()
-  print(result._job_id, flush=True)  # pylint: disable=protected-access
-  state = result.wait_until_finish()
-  print(state, flush=True)
-  return 0 if state == 'DONE' else 1
+  return run_pipeline_to_end(p)
 
 
 if __name__ == '__main__':

@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import grpc
@@ -47,6 +48,40 @@ def rss_bytes(pid):
   except OSError:
     pass
   return 0
+
+
+def run_sampling_rss(pid, argv, every_s=0.5):
+  """Runs `argv` to its end while sampling process `pid`'s resident set
+  size every `every_s` seconds, for the memory benchmarks: the finished
+  run (output captured), its wall time in seconds, and the samples."""
+  samples = []
+  done = threading.Event()
+
+  def sample():
+    while not done.is_set():
+      samples.append(rss_bytes(pid))
+      time.sleep(every_s)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  start = time.monotonic()
+  try:
+    run = subprocess.run(argv, capture_output=True, text=True, check=False)
+  finally:
+    done.set()
+    sampler.join()
+  return run, time.monotonic() - start, samples
+
+
+def run_pipeline_to_end(pipeline):
+  """Runs `pipeline`, printing its job id and then its final state, for
+  the pipeline scripts the tests and benchmarks start: the exit code, 0 if
+  it is DONE."""
+  result = pipeline.run()
+  print(result._job_id, flush=True)  # pylint: disable=protected-access
+  state = result.wait_until_finish()
+  print(state, flush=True)
+  return 0 if state == 'DONE' else 1
 
 
 def stop_process_group(proc, grace_s=10):
