@@ -49,6 +49,9 @@ def main():
          str(args.keys)])
   finally:
     server.stop()
+  if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
+    print('RSS MiB every 0.5 s:',
+          ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
   lines = run.stdout.strip().splitlines()
   state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
   print('Bag state of %d MiB (%d KiB values, %d keys), --memory_budget %s: '

@@ -11,8 +11,10 @@ windows, which the runner finds only by merging each key's spilled
 pieces; and in fixed windows that allow lateness (which stay open after
 their on-time pane); and with all values emitted by one element, whose output (which
 cannot be split) waits on disk for its bundle to end — and then, once
-committed, in the next stage's queue (through a Reshuffle). (Peak memory is measured by integration/bench/gbk_spill_memory.py,
-not asserted here.)
+committed, in the next stage's queue (through a Reshuffle). A batch
+stateful DoFn's bag state spills likewise. (Peak memory is measured by
+integration/bench/gbk_spill_memory.py and stateful_memory.py, not asserted
+here.)
 """
 
 import os
@@ -33,6 +35,29 @@ def spilled_bytes(line, what):
   return int(found.group(1))
 
 
+def finished_line(request, refract_bin, tmp_path, extra, pipeline, args):
+  """Runs `pipeline` (a script here) with `args` after the endpoint on a
+  server started with `extra`, checks that it is DONE, and returns the
+  runner's "engine finished" log line (what it spilled)."""
+  server = RefractServer(
+      refract_bin, tmp_path / 'refract-serve.log', extra_args=extra)
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    run = subprocess.run(
+        [sys.executable, os.path.join(HERE, pipeline), server.endpoint] +
+        [str(a) for a in args],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout
+    log = server.log_tail(1 << 20)
+  finally:
+    server.stop()
+  finished = [l for l in log.splitlines() if 'engine finished' in l]
+  assert finished, log[-3000:]
+  return finished[-1]
+
+
 @pytest.mark.parametrize(
     'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle,lateness_s',
     [(True, 200, 1000, 0, 0, 0, 0), (False, 96, 1000, 0, 0, 0, 0),
@@ -48,34 +73,34 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
   extra = ['--memory_budget', '16m', '--serve_http=false']
   if spill_dir_flag:
     extra += ['--spill_dir', str(spill_dir)]
-  server = RefractServer(
-      refract_bin, tmp_path / 'refract-serve.log', extra_args=extra)
-  request.node.refract_processes = [server]
-  try:
-    server.wait_ready()
-    run = subprocess.run(
-        [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
-         server.endpoint, str(total_mb), '64', str(keys), str(fan_out),
-         str(session_len), str(reshuffle), str(lateness_s)],
-        capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout
-    log = server.log_tail(1 << 20)
-  finally:
-    server.stop()
-  finished = [l for l in log.splitlines() if 'engine finished' in l]
-  assert finished, log[-3000:]
-  assert spilled_bytes(finished[-1], 'spilled_bytes') > 0, finished[-1]
+  finished = finished_line(
+      request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py',
+      [total_mb, 64, keys, fan_out, session_len, reshuffle, lateness_s])
+  assert spilled_bytes(finished, 'spilled_bytes') > 0, finished
   # One element's output (the fan-out's) cannot be split: past its
   # bundle's share it waits on disk until the bundle ends.
   if fan_out:
-    output_spilled = spilled_bytes(finished[-1], 'output_spilled_bytes')
-    assert output_spilled > (total_mb << 20) // 2, finished[-1]
+    output_spilled = spilled_bytes(finished, 'output_spilled_bytes')
+    assert output_spilled > (total_mb << 20) // 2, finished
   # Committed at once, that output lands in the next stage's queue, far
   # past its bound: the queue keeps its back on disk.
   if reshuffle:
-    queue_spilled = spilled_bytes(finished[-1], 'queue_spilled_bytes')
-    assert queue_spilled > (total_mb << 20) // 2, finished[-1]
+    queue_spilled = spilled_bytes(finished, 'queue_spilled_bytes')
+    assert queue_spilled > (total_mb << 20) // 2, finished
   # Spilled bytes are deleted as windows are emitted (RocksDB's own files
   # stay, without the data).
   assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20
+
+
+def test_user_state_larger_than_the_memory_budget_spills_and_completes(
+    request, refract_bin, tmp_path):
+  """A stateful DoFn buffering 24 MiB in bag state until its end-of-window
+  timers read it back (stateful_bag_pipeline.py) under a 4 MiB budget: the
+  bags go to disk past the stage's share, every value comes back once (the
+  pipeline checks the totals), and the runner says how much spilled."""
+  extra = ['--memory_budget', '4m', '--serve_http=false',
+           '--spill_dir', str(tmp_path / 'spill')]
+  finished = finished_line(
+      request, refract_bin, tmp_path, extra, 'stateful_bag_pipeline.py',
+      [24, 1, 5000])
+  assert spilled_bytes(finished, 'state_spilled_bytes') > 0, finished

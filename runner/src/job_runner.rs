@@ -629,7 +629,8 @@ async fn run_job(
         let summary = engine.run(job.cancel_requested()).await;
         view.set_savepoint_channel(None);
         let spilled = summary.as_ref().map_or(true, |s| {
-            s.spilled_bytes + s.output_spilled_bytes + s.queue_spilled_bytes > 0
+            s.spilled_bytes + s.output_spilled_bytes + s.queue_spilled_bytes + s.state_spilled_bytes
+                > 0
         });
         if let (Some(store), true) = (&spill, spilled) {
             reclaim_spill_space(store.as_ref(), job.id());
@@ -646,6 +647,7 @@ async fn run_job(
             spilled_bytes = summary.spilled_bytes,
             output_spilled_bytes = summary.output_spilled_bytes,
             queue_spilled_bytes = summary.queue_spilled_bytes,
+            state_spilled_bytes = summary.state_spilled_bytes,
             "engine finished"
         );
         let waited_on_disk = summary.output_spilled_bytes + summary.queue_spilled_bytes;
@@ -666,6 +668,16 @@ async fn run_job(
                     "GroupByKey buffers larger than their share of the memory budget spilled \
                      {:.1} MiB to disk",
                     summary.spilled_bytes as f64 / f64::from(1 << 20)
+                ),
+            );
+        }
+        if summary.state_spilled_bytes > 0 {
+            job.message(
+                MessageImportance::JobMessageBasic,
+                format!(
+                    "user state larger than its stage's share of the memory budget spilled \
+                     {:.1} MiB to disk",
+                    summary.state_spilled_bytes as f64 / f64::from(1 << 20)
                 ),
             );
         }

@@ -17,10 +17,16 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::coder::Coder;
+use crate::spill::{SpillError, SpillStore};
 use crate::state::{
     decode_ordered_entries, encode_ordered_entry, BundleState, SortKeyRange, StateError, StateKey,
     StatePage,
 };
+
+mod bag_spill;
+#[cfg(test)]
+mod bag_spill_tests;
+use bag_spill::BagSpill;
 
 /// (consumer transform, side input tag, encoded window).
 type SideInputWindow = (String, String, Bytes);
@@ -306,22 +312,32 @@ pub(crate) struct UserStateSnapshot {
 }
 
 impl UserStateStore {
-    /// What a checkpoint keeps: every cell, sorted.
-    pub(crate) fn snapshot(&self) -> UserStateSnapshot {
+    /// What a checkpoint keeps: every cell, sorted, spilled bags read
+    /// back.
+    pub(crate) fn snapshot(&self) -> Result<UserStateSnapshot, SpillError> {
         fn sorted<V: Clone>(map: &HashMap<CellId, V>) -> Vec<(CellId, V)> {
             let mut cells: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             cells.sort_by(|a, b| a.0.cmp(&b.0));
             cells
         }
-        UserStateSnapshot {
-            bags: sorted(&self.bags),
+        let mut bags = self.bags.clone();
+        if let Some(spill) = &self.bag_spill {
+            for id in spill.cells() {
+                let mut chunks = spill.read_bag(id)?;
+                chunks.extend(self.bags.get(id).into_iter().flatten().cloned());
+                bags.insert(id.clone(), chunks);
+            }
+        }
+        Ok(UserStateSnapshot {
+            bags: sorted(&bags),
             ordered_lists: sorted(&self.ordered_lists),
             multimaps: sorted(&self.multimaps),
-        }
+        })
     }
 
-    /// Puts back the cells a checkpoint kept (registered coders stay).
-    pub(crate) fn restore(&mut self, snapshot: UserStateSnapshot) {
+    /// Puts back the cells a checkpoint kept (registered coders stay), and
+    /// spills bags again if they are more than memory allows.
+    pub(crate) fn restore(&mut self, snapshot: UserStateSnapshot) -> Result<(), SpillError> {
         self.bags = snapshot.bags.into_iter().collect();
         self.ordered_lists = snapshot.ordered_lists.into_iter().collect();
         self.multimaps = snapshot.multimaps.into_iter().collect();
@@ -332,6 +348,11 @@ impl UserStateStore {
         for (_, _, window, _) in cells {
             *self.windows.entry(window.clone()).or_default() += 1;
         }
+        self.bag_bytes = self.bags.values().flatten().map(Bytes::len).sum();
+        if let Some(spill) = &mut self.bag_spill {
+            spill.clear()?;
+        }
+        self.maybe_spill_bags()
     }
 }
 
@@ -359,10 +380,15 @@ fn count_cell(windows: &mut HashMap<Bytes, usize>, window: &Bytes, existed: bool
     }
 }
 
-/// Committed user state of one job.
+/// Committed user state of one stage.
 #[derive(Debug, Default)]
 pub struct UserStateStore {
+    /// Bags' chunks in memory (after their parts on disk, if any).
     bags: HashMap<BagId, Vec<Bytes>>,
+    /// Bytes of those chunks.
+    bag_bytes: usize,
+    /// Where bags go past the stage's share of memory, if anywhere.
+    bag_spill: Option<BagSpill>,
     ordered_lists: HashMap<CellId, OrderedList>,
     multimaps: HashMap<CellId, Multimap>,
     /// How many cells (of any kind) each encoded window has: expiring
@@ -375,18 +401,47 @@ pub struct UserStateStore {
 }
 
 impl UserStateStore {
-    /// Apply a committed bundle's writes.
-    pub fn apply(&mut self, writes: UserStateWrites) {
+    /// Lets the stage's bags spill to `store` under `prefix` once their
+    /// values in memory pass `limit` bytes (see `bag_spill`).
+    pub fn enable_bag_spill(&mut self, store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) {
+        self.bag_spill = Some(BagSpill::new(store, prefix, limit));
+    }
+
+    /// Whether some bag has parts on disk.
+    pub fn has_spilled(&self) -> bool {
+        self.bag_spill.as_ref().is_some_and(BagSpill::holds_data)
+    }
+
+    /// Bytes of bags written to disk so far.
+    pub fn spilled_bytes(&self) -> u64 {
+        self.bag_spill.as_ref().map_or(0, BagSpill::spilled_bytes)
+    }
+
+    fn bag_on_disk(&self, id: &BagId) -> bool {
+        self.bag_spill.as_ref().is_some_and(|s| s.contains(id))
+    }
+
+    /// Apply a committed bundle's writes (spilling bags if they are now
+    /// more than memory allows).
+    pub fn apply(&mut self, writes: UserStateWrites) -> Result<(), SpillError> {
         for (id, write) in writes.bags {
-            let (bag, existed) = cell_entry(&mut self.bags, &id);
+            let existed = self.bags.contains_key(&id) || self.bag_on_disk(&id);
             if write.cleared {
-                bag.clear();
+                if let Some(chunks) = self.bags.remove(&id) {
+                    self.bag_bytes -= chunks.iter().map(Bytes::len).sum::<usize>();
+                }
+                if let Some(spill) = &mut self.bag_spill {
+                    spill.forget(&id)?;
+                }
             }
-            bag.extend(write.appended);
-            let exists = !bag.is_empty();
-            if !exists {
-                self.bags.remove(&id);
+            if !write.appended.is_empty() {
+                self.bag_bytes += write.appended.iter().map(Bytes::len).sum::<usize>();
+                self.bags
+                    .entry(id.clone())
+                    .or_default()
+                    .extend(write.appended);
             }
+            let exists = self.bags.contains_key(&id) || self.bag_on_disk(&id);
             count_cell(&mut self.windows, &id.2, existed, exists);
         }
         for (id, write) in writes.ordered_lists {
@@ -426,6 +481,20 @@ impl UserStateStore {
             }
             count_cell(&mut self.windows, &id.2, existed, exists);
         }
+        self.maybe_spill_bags()
+    }
+
+    /// Moves every bag's chunks to disk if they take more than the limit.
+    fn maybe_spill_bags(&mut self) -> Result<(), SpillError> {
+        let Some(spill) = &mut self.bag_spill else {
+            return Ok(());
+        };
+        if self.bag_bytes <= spill.limit() {
+            return Ok(());
+        }
+        spill.spill(&mut self.bags)?;
+        self.bag_bytes = 0;
+        Ok(())
     }
 
     /// Tell the store the value coder of a multimap user state.
@@ -443,24 +512,40 @@ impl UserStateStore {
     /// Drop all state (of every kind) of windows whose expiry has passed:
     /// `keep` decides from the encoded window, once per window. Walks the
     /// cells only when some window goes.
-    pub fn retain_windows(&mut self, mut keep: impl FnMut(&Bytes) -> bool) {
+    pub fn retain_windows(
+        &mut self,
+        mut keep: impl FnMut(&Bytes) -> bool,
+    ) -> Result<(), SpillError> {
         let gone: HashSet<Bytes> = self.windows.keys().filter(|w| !keep(w)).cloned().collect();
         if gone.is_empty() {
-            return;
+            return Ok(());
         }
-        self.bags
-            .retain(|(_, _, window, _), _| !gone.contains(window));
+        let bag_bytes = &mut self.bag_bytes;
+        self.bags.retain(|(_, _, window, _), chunks| {
+            let keep = !gone.contains(window);
+            if !keep {
+                *bag_bytes -= chunks.iter().map(Bytes::len).sum::<usize>();
+            }
+            keep
+        });
+        if let Some(spill) = &mut self.bag_spill {
+            spill.forget_windows(&gone)?;
+        }
         self.ordered_lists
             .retain(|(_, _, window, _), _| !gone.contains(window));
         self.multimaps
             .retain(|(_, _, window, _), _| !gone.contains(window));
         self.windows.retain(|window, _| !gone.contains(window));
+        Ok(())
     }
 
     /// Number of non-empty state cells (bags, ordered lists and multimaps),
     /// for tests and metrics.
     pub fn len(&self) -> usize {
-        self.bags.len() + self.ordered_lists.len() + self.multimaps.len()
+        let only_on_disk = self.bag_spill.as_ref().map_or(0, |s| {
+            s.cells().filter(|id| !self.bags.contains_key(*id)).count()
+        });
+        self.bags.len() + only_on_disk + self.ordered_lists.len() + self.multimaps.len()
     }
 
     /// Whether no state is held.
@@ -565,6 +650,52 @@ impl BundleOverlay {
         std::mem::take(&mut *self.writes.lock())
     }
 
+    /// The page of bag `id` that starts at its chunk `start`: its chunks
+    /// are those on disk, then those in memory, then the bundle's own
+    /// appends (unless the bundle cleared it), and the continuation token
+    /// is the next chunk's index — which a spill between two pages does
+    /// not move (see `bag_spill`).
+    fn bag_page(&self, id: &BagId, start: usize) -> Result<StatePage, StateError> {
+        let write = self.writes.lock().bags.get(id).cloned();
+        let cleared = write.as_ref().is_some_and(|w| w.cleared);
+        let appended = write.map(|w| w.appended).unwrap_or_default();
+        let state = self.user_state.lock();
+        let (on_disk, in_memory): (usize, &[Bytes]) = if cleared {
+            (0, &[])
+        } else {
+            (
+                state.bag_spill.as_ref().map_or(0, |s| s.parts(id)),
+                state.bags.get(id).map_or(&[], Vec::as_slice),
+            )
+        };
+        let total = on_disk + in_memory.len() + appended.len();
+        let mut data = Vec::new();
+        let mut next = start;
+        while next < total {
+            let chunk = if next < on_disk {
+                let spill = state.bag_spill.as_ref();
+                spill
+                    .map(|s| s.read_part(id, next))
+                    .transpose()
+                    .map_err(|e| StateError(e.to_string()))?
+                    .unwrap_or_default()
+            } else if next < on_disk + in_memory.len() {
+                in_memory[next - on_disk].clone()
+            } else {
+                appended[next - on_disk - in_memory.len()].clone()
+            };
+            if !data.is_empty() && data.len() + chunk.len() > self.page_bytes {
+                break;
+            }
+            data.extend_from_slice(&chunk);
+            next += 1;
+        }
+        Ok(StatePage {
+            data: Bytes::from(data),
+            continuation: (next < total).then(|| Bytes::from(next.to_string())),
+        })
+    }
+
     /// Everything `key` currently holds, as whole units that a page may not
     /// split (value chunks, encoded entries, map keys).
     fn read_all(&self, key: &StateKey) -> Result<Vec<Bytes>, StateError> {
@@ -572,23 +703,8 @@ impl BundleOverlay {
             return self.side_inputs.lock().read(key);
         };
         match user {
-            UserKey::Bag(id) => {
-                let write = self.writes.lock().bags.get(&id).cloned();
-                let mut chunks = if write.as_ref().is_some_and(|w| w.cleared) {
-                    Vec::new()
-                } else {
-                    self.user_state
-                        .lock()
-                        .bags
-                        .get(&id)
-                        .cloned()
-                        .unwrap_or_default()
-                };
-                if let Some(w) = write {
-                    chunks.extend(w.appended);
-                }
-                Ok(chunks)
-            }
+            // Paged by `bag_page`, which reads only the chunks a page takes.
+            UserKey::Bag(_) => Err(StateError("a bag is read a page at a time".into())),
             UserKey::OrderedList(id, range) => {
                 let range = required_range(range, "get")?;
                 let ops = self
@@ -774,7 +890,6 @@ fn read_only(key: &StateKey) -> StateError {
 
 impl BundleState for BundleOverlay {
     fn get(&self, key: &StateKey, continuation: Option<&[u8]>) -> Result<StatePage, StateError> {
-        let units = self.read_all(key)?;
         let start = match continuation {
             None => 0,
             Some(token) => std::str::from_utf8(token)
@@ -782,6 +897,10 @@ impl BundleState for BundleOverlay {
                 .and_then(|s| s.parse::<usize>().ok())
                 .ok_or_else(|| StateError("invalid continuation token".into()))?,
         };
+        if let Some(UserKey::Bag(id)) = user_key(key) {
+            return self.bag_page(&id, start);
+        }
+        let units = self.read_all(key)?;
         let mut data = Vec::new();
         let mut next = start;
         while next < units.len() {
@@ -1004,7 +1123,7 @@ mod tests {
         o.append(&bag("k"), Bytes::from_static(b"\x01a")).unwrap();
         assert_eq!(&o.get(&bag("k"), None).unwrap().data[..], b"\x01a");
         assert!(us.lock().is_empty());
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         let o2 = BundleOverlay::new(si.clone(), us.clone());
         o2.clear(&bag("k")).unwrap();
         o2.append(&bag("k"), Bytes::from_static(b"\x01b")).unwrap();
@@ -1054,7 +1173,7 @@ mod tests {
         ]);
         assert_eq!(read_ordered(&o, &all()), expected);
         assert!(us.lock().is_empty(), "nothing is committed before apply");
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         assert_eq!(us.lock().len(), 1);
 
         // Committed entries come before a later bundle's equal sort keys.
@@ -1086,7 +1205,7 @@ mod tests {
             entries(&[(1, "a"), (2, "b"), (3, "c"), (4, "d"), (10, "e")]),
         )
         .unwrap();
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
 
         let o = BundleOverlay::new(si.clone(), us.clone());
         assert_eq!(
@@ -1109,14 +1228,14 @@ mod tests {
             read_ordered(&o, &ordered(Some((3, 5)))),
             owned(&[(3, "c2"), (4, "d")])
         );
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         let o = BundleOverlay::new(si.clone(), us.clone());
         assert_eq!(read_ordered(&o, &all()), expected);
 
         // A full clear empties the list, and the store drops it on commit.
         o.clear(&all()).unwrap();
         assert!(read_ordered(&o, &all()).is_empty());
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         assert!(us.lock().is_empty());
     }
 
@@ -1189,7 +1308,7 @@ mod tests {
         assert!(read(&o, &mm_values("zzz")).is_empty());
         assert_eq!(read(&o, &mm_keys()), nested_all(&["a", "b", "v"]));
         assert!(us.lock().is_empty());
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         assert_eq!(us.lock().len(), 1);
 
         let o = BundleOverlay::new(si.clone(), us.clone());
@@ -1210,12 +1329,12 @@ mod tests {
         assert!(read(&o, &mm_values("a")).is_empty());
         o.append(&mm_values("c"), nested_all(&["5"])).unwrap();
         assert_eq!(read(&o, &mm_keys()), nested_all(&["c"]));
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         let o = BundleOverlay::new(si.clone(), us.clone());
         assert_eq!(read(&o, &mm_keys()), nested_all(&["c"]));
         assert_eq!(read(&o, &mm_values("c")), nested_all(&["5"]));
         o.clear(&mm_values("c")).unwrap();
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         assert!(us.lock().is_empty());
 
         // Keys and entries are get/clear only.
@@ -1291,11 +1410,11 @@ mod tests {
             o.append(&l, entries(&[(1, "x")])).unwrap();
             o.append(&m, nested("x")).unwrap();
         }
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         assert_eq!(us.lock().len(), 6);
-        us.lock().retain_windows(|w| &w[..] != b"old");
+        us.lock().retain_windows(|w| &w[..] != b"old").unwrap();
         assert_eq!(us.lock().len(), 3);
-        us.lock().retain_windows(|_| false);
+        us.lock().retain_windows(|_| false).unwrap();
         assert!(us.lock().is_empty());
     }
 
@@ -1315,25 +1434,27 @@ mod tests {
         for (w, key) in [(&b"a"[..], "k"), (b"a", "j"), (b"b", "k"), (b"b", "j")] {
             o.append(&bag(w, key), nested("x")).unwrap();
         }
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         let o = BundleOverlay::new(si.clone(), us.clone());
         o.clear(&bag(b"a", "k")).unwrap();
         o.clear(&bag(b"a", "j")).unwrap();
-        us.lock().apply(o.take_writes());
+        us.lock().apply(o.take_writes()).unwrap();
         let asked = |us: &Mutex<UserStateStore>| {
             let mut asked = Vec::new();
-            us.lock().retain_windows(|w| {
-                asked.push(w.clone());
-                true
-            });
+            us.lock()
+                .retain_windows(|w| {
+                    asked.push(w.clone());
+                    true
+                })
+                .unwrap();
             asked
         };
         assert_eq!(asked(&us), [Bytes::from_static(b"b")]);
-        let snapshot = us.lock().snapshot();
+        let snapshot = us.lock().snapshot().unwrap();
         let restored = Mutex::new(UserStateStore::default());
-        restored.lock().restore(snapshot);
+        restored.lock().restore(snapshot).unwrap();
         assert_eq!(asked(&restored), [Bytes::from_static(b"b")]);
-        us.lock().retain_windows(|w| &w[..] != b"b");
+        us.lock().retain_windows(|w| &w[..] != b"b").unwrap();
         assert!(us.lock().is_empty());
         assert!(asked(&us).is_empty());
     }

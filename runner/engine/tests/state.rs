@@ -157,7 +157,7 @@ proptest! {
                 }
             }
             if succeeds {
-                user_state.lock().apply(o.take_writes());
+                user_state.lock().apply(o.take_writes()).unwrap();
                 committed = model;
             }
             let check = BundleOverlay::new(side_inputs.clone(), user_state.clone());
@@ -213,7 +213,7 @@ proptest! {
                 }
             }
             if succeeds {
-                user_state.lock().apply(o.take_writes());
+                user_state.lock().apply(o.take_writes()).unwrap();
                 committed = model;
             }
             let check = BundleOverlay::new(side_inputs.clone(), user_state.clone());

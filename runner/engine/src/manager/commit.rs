@@ -83,7 +83,8 @@ impl Engine {
         }
         self.user_state[idx]
             .lock()
-            .apply(flight.overlay.take_writes());
+            .apply(flight.overlay.take_writes())
+            .map_err(spill_failed(&self.plan, idx))?;
         if let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind {
             for t in &output.timers {
                 let Some(fam) = sdk

@@ -174,10 +174,17 @@ pub struct RunSummary {
     /// Bytes of elements that waited in the spill store for a stage whose
     /// queue was far past its bound.
     pub queue_spilled_bytes: u64,
+    /// Bytes of bag user state written to the spill store.
+    pub state_spilled_bytes: u64,
 }
 
+/// The "stage number" under a job's spill prefix under which stateful
+/// stages' bags are filed, each under its own stage's number after it
+/// (bundle outputs use `u32::MAX`).
+const USER_STATE_SPACE: u32 = u32::MAX - 1;
+
 /// How a spill store error of stage `stage` reaches the job: naming the
-/// stage (its GroupByKey buffer or its queue spilled).
+/// stage (its GroupByKey buffer, its queue or its user state spilled).
 fn spill_failed(
     plan: &Plan,
     stage: StageIdx,
@@ -524,9 +531,10 @@ impl Engine {
     }
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
-    /// spill to `store` once it holds more than `limit_bytes`, and every SDK
-    /// stage's queue once it holds more than twice that, under keys that
-    /// start with `prefix` (unique to the job) and the stage.
+    /// spill to `store` once it holds more than `limit_bytes`, every SDK
+    /// stage's queue once it holds more than twice that, and in batch every
+    /// stateful stage's bags once they hold more than `limit_bytes`, under
+    /// keys that start with `prefix` (unique to the job) and the stage.
     ///
     /// While some buffer or queue has spilled data, periodic checkpoints are not
     /// taken (a checkpoint would have to copy the spilled bytes back into
@@ -554,6 +562,20 @@ impl Engine {
             let StageKind::Sdk(sdk) = &stage.kind else {
                 continue;
             };
+            // A stateful stage's bags, past its share (under a space of
+            // their own: the queue's is the stage's). Only in batch: while
+            // state is on disk no periodic checkpoint is taken, which a
+            // batch job (whose state goes when its input ends) can afford
+            // and a streaming one, whose state may stay there for good,
+            // cannot.
+            if sdk.stateful && !self.config.streaming {
+                let mut state_key = crate::spill::job_space(prefix);
+                state_key.extend_from_slice(&USER_STATE_SPACE.to_be_bytes());
+                state_key.extend_from_slice(&(idx as u32).to_be_bytes());
+                self.user_state[idx]
+                    .lock()
+                    .enable_bag_spill(store.clone(), state_key, limit_bytes);
+            }
             let Some(&input) = stage.inputs.first() else {
                 continue;
             };
@@ -570,11 +592,12 @@ impl Engine {
         self
     }
 
-    /// Whether some GroupByKey buffer or queue has data in the spill store.
+    /// Whether some GroupByKey buffer, queue or stage's user state has
+    /// data in the spill store.
     fn spilled(&self) -> bool {
         self.stages.iter().any(|s| {
             s.pending.has_spilled() || s.grouping.as_ref().is_some_and(GroupingBuffer::has_spilled)
-        })
+        }) || self.user_state.iter().any(|u| u.lock().has_spilled())
     }
 
     /// Answer each request on `requests` with a checkpoint of the engine as
@@ -763,6 +786,11 @@ impl Engine {
                     .sum();
                 self.summary.queue_spilled_bytes =
                     self.stages.iter().map(|s| s.pending.spilled_bytes()).sum();
+                self.summary.state_spilled_bytes = self
+                    .user_state
+                    .iter()
+                    .map(|u| u.lock().spilled_bytes())
+                    .sum();
                 info!(
                     bundles = self.summary.bundles,
                     spilled_bytes = self.summary.spilled_bytes,

@@ -46,6 +46,15 @@ pub enum SnapshotError {
     /// spilled again (restoring).
     #[error("checkpoint of a GroupByKey buffer: {0}")]
     Grouping(String),
+    /// A stage's spilled user state could not be read back (taking) or
+    /// spilled again (restoring).
+    #[error("checkpoint of the user state of stage '{stage}': {source}")]
+    UserState {
+        /// The stage's name.
+        stage: String,
+        /// What the spill store said.
+        source: crate::spill::SpillError,
+    },
     /// A stage's spilled queue could not be read back (taking) or spilled
     /// again (restoring).
     #[error("checkpoint of the queue of stage '{stage}': {source}")]
@@ -224,7 +233,13 @@ impl Engine {
                     counters: s.counters.record(now),
                 },
             )?);
-            let state: UserStateSnapshot = self.user_state[idx].lock().snapshot();
+            let state: UserStateSnapshot =
+                self.user_state[idx].lock().snapshot().map_err(|source| {
+                    SnapshotError::UserState {
+                        stage: self.plan.stages[idx].name.clone(),
+                        source,
+                    }
+                })?;
             parts.push(encode(format!("user_state/{idx}"), &state)?);
         }
         let side_inputs: SideInputSnapshot = self.side_inputs.lock().snapshot();
@@ -307,7 +322,13 @@ impl Engine {
             s.counters = StageCounters::from_record(record.counters);
             let name = format!("user_state/{idx}");
             let state: UserStateSnapshot = decode(&name, part(&name)?)?;
-            self.user_state[idx].lock().restore(state);
+            self.user_state[idx]
+                .lock()
+                .restore(state)
+                .map_err(|source| SnapshotError::UserState {
+                    stage: self.plan.stages[idx].name.clone(),
+                    source,
+                })?;
         }
         let side_inputs: SideInputSnapshot = decode("side_inputs", part("side_inputs")?)?;
         *self.side_inputs.lock() = crate::store::SideInputStore::restore(side_inputs);

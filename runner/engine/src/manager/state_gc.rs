@@ -32,13 +32,16 @@ impl Engine {
         let timer_windows = s.timers.windows();
         s.state_gc_wm = input_wm;
         let window_coder = &self.plan.pcollections[input].window_coder;
-        self.user_state[idx].lock().retain_windows(|bytes| {
-            match window_coder.decode_window(bytes) {
-                Ok((w, _)) => timer_windows.contains(&w) || gc_time(&w) >= input_wm,
-                // Keep what cannot be read; it is freed with the job.
-                Err(_) => true,
-            }
-        });
+        self.user_state[idx]
+            .lock()
+            .retain_windows(|bytes| {
+                match window_coder.decode_window(bytes) {
+                    Ok((w, _)) => timer_windows.contains(&w) || gc_time(&w) >= input_wm,
+                    // Keep what cannot be read; it is freed with the job.
+                    Err(_) => true,
+                }
+            })
+            .map_err(spill_failed(&self.plan, idx))?;
         Ok(())
     }
 }

@@ -155,7 +155,8 @@ impl Engine {
             .stages
             .iter()
             .zip(&self.stages)
-            .map(|(stage, s)| {
+            .zip(&self.user_state)
+            .map(|((stage, s), user_state)| {
                 let mut inputs: Vec<StageIdx> = stage
                     .inputs
                     .iter()
@@ -182,7 +183,8 @@ impl Engine {
                     bytes_out: s.counters.bytes_out,
                     throttled_ms: s.counters.throttled_ms(now),
                     spilled_bytes: s.grouping.as_ref().map_or(0, GroupingBuffer::spilled_bytes)
-                        + s.pending.spilled_bytes(),
+                        + s.pending.spilled_bytes()
+                        + user_state.lock().spilled_bytes(),
                 }
             })
             .collect();
