@@ -234,8 +234,9 @@ fn a_window_closing_with_fired_and_spilled_panes_emits_each_once() {
         let mut pair = Pair::new(strategy);
         pair.add(60, 5, 0, 0);
         assert_eq!(pair.evaluate(10), 5, "on time");
-        // A late pane for a new key, not evaluated before [0, 10) closes
-        // (at 29) and more data for a later window spills it.
+        // Late data for a key that fired (it stays in memory) and for a
+        // new key, not evaluated before [0, 10) closes (at 29); more data
+        // for a later window then spills the new key's pane.
         pair.add(1, 1, 0, 10);
         let key = [b'z'];
         let e = crate::grouping::tests::element(&key, 1, 3, window(0));
