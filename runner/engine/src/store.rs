@@ -672,17 +672,12 @@ impl BundleOverlay {
         let mut data = Vec::new();
         let mut next = start;
         while next < total {
-            let chunk = if next < on_disk {
-                let spill = state.bag_spill.as_ref();
-                spill
-                    .map(|s| s.read_part(id, next))
-                    .transpose()
-                    .map_err(|e| StateError(e.to_string()))?
-                    .unwrap_or_default()
-            } else if next < on_disk + in_memory.len() {
-                in_memory[next - on_disk].clone()
-            } else {
-                appended[next - on_disk - in_memory.len()].clone()
+            let chunk = match &state.bag_spill {
+                Some(spill) if next < on_disk => spill
+                    .read_part(id, next)
+                    .map_err(|e| StateError(e.to_string()))?,
+                _ if next < on_disk + in_memory.len() => in_memory[next - on_disk].clone(),
+                _ => appended[next - on_disk - in_memory.len()].clone(),
             };
             if !data.is_empty() && data.len() + chunk.len() > self.page_bytes {
                 break;

@@ -610,7 +610,6 @@ impl GroupingBuffer {
     /// passed but which stays open for late data comes back into memory
     /// instead ([`Self::bring_back`]).
     pub(super) fn start_drains(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
-        let lateness = self.strategy.allowed_lateness;
         let Some(SpillSpace::ByWindow(spill)) = self.spill.as_ref() else {
             return Ok(());
         };
@@ -620,7 +619,7 @@ impl GroupingBuffer {
             if spilled.draining || window.max_timestamp() >= input_watermark {
                 continue;
             }
-            if window.garbage_collection_time(lateness) < input_watermark {
+            if self.expired(window, input_watermark) {
                 ready.insert(window.clone());
             } else {
                 open.push(window.clone());

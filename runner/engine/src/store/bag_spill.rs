@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::BagId;
-use crate::spill::{forget_prefix, prefix_end, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillStore};
 
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
@@ -170,9 +170,22 @@ impl BagSpill {
         }
     }
 
-    /// Every part of bag `id`, in order (for a checkpoint).
+    /// Every part of bag `id`, in order (for a checkpoint): one scan of
+    /// the cell's range, whose part numbers sort as written.
     pub(super) fn read_bag(&self, id: &BagId) -> Result<Vec<Bytes>, SpillError> {
-        (0..self.parts(id)).map(|p| self.read_part(id, p)).collect()
+        let Some(cell) = self.cells.get(id) else {
+            return Ok(Vec::new());
+        };
+        let parts =
+            PagedRange::prefixed(&self.cell_prefix(cell.number)).rest(self.store.as_ref())?;
+        if parts.len() != cell.parts as usize {
+            return Err(SpillError(format!(
+                "a spilled bag has {} of its {} parts",
+                parts.len(),
+                cell.parts
+            )));
+        }
+        Ok(parts.into_iter().map(|(_, v)| Bytes::from(v)).collect())
     }
 
     /// Forgets bag `id`'s parts (it was cleared).
