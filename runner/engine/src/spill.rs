@@ -138,10 +138,21 @@ impl PagedRange {
 
     /// The next [`PAGE_BYTES`] or so of entries; none once read out.
     pub(crate) fn next_page(&mut self, store: &dyn SpillStore) -> Result<Entries, SpillError> {
+        self.next_entries(store, PAGE_BYTES)
+    }
+
+    /// The next entries, up to the one whose value brings them past
+    /// `max_bytes` (so at least one, if any is left; with 0, one that is
+    /// not empty); none once read out.
+    pub(crate) fn next_entries(
+        &mut self,
+        store: &dyn SpillStore,
+        max_bytes: usize,
+    ) -> Result<Entries, SpillError> {
         let Some(from) = self.next.take() else {
             return Ok(Vec::new());
         };
-        let entries = store.scan(&from, &self.end, PAGE_BYTES)?;
+        let entries = store.scan(&from, &self.end, max_bytes)?;
         if let Some((last, _)) = entries.last() {
             let mut next = last.clone();
             next.push(0);

@@ -344,6 +344,27 @@ impl<V> KeyTable<V> {
         self.entries.iter().map(|(k, v)| (k.as_slice(), v))
     }
 
+    /// The entry at position `at` of [`KeyTable::iter`]'s order.
+    ///
+    /// # Panics
+    /// If there is no such entry: positions come from `iter`, on a table
+    /// not changed since.
+    pub(super) fn entry_at(&self, at: u32) -> (&[u8], &V) {
+        let (k, v) = &self.entries[at as usize];
+        (k.as_slice(), v)
+    }
+
+    /// The key at position `at` (see [`KeyTable::entry_at`]).
+    pub(super) fn key_at(&self, at: u32) -> &[u8] {
+        self.entry_at(at).0
+    }
+
+    /// Every key and its value, the table given up (without copying the
+    /// keys out, as `into_iter` does).
+    pub(super) fn into_entries(self) -> impl Iterator<Item = (Key, V)> {
+        self.entries.into_iter()
+    }
+
     /// Every value.
     pub(super) fn values(&self) -> impl Iterator<Item = &V> {
         self.entries.iter().map(|(_, v)| v)

@@ -1001,6 +1001,17 @@ mod tests {
         got
     }
 
+    /// An emitted `KV<key, Iterable<varint>>`'s key and its values
+    /// sorted (for keys and values under 128: one-byte lengths and
+    /// varints, as the tests write them).
+    pub(super) fn key_and_sorted_values(e: &DecodedElement) -> (Vec<u8>, Vec<u8>) {
+        let klen = e.value()[0] as usize;
+        let key = e.value()[1..1 + klen].to_vec();
+        let mut values = e.value()[1 + klen + 4..].to_vec();
+        values.sort();
+        (key, values)
+    }
+
     pub(super) fn out_coder() -> Coder {
         Coder::Kv(
             Box::new(Coder::Bytes),

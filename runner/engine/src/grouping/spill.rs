@@ -20,11 +20,11 @@
 //! such a window stay in memory until it closes.
 //!
 //! Layout in the store, under the buffer's prefix: for each window, the
-//! window's encoded bytes (length first), then for each key the key
-//! (length first) and the run's number, big-endian. A window's entries are
-//! therefore contiguous, and within it one key's runs are adjacent and in
-//! the order they were written. Keys come out ordered by (length, bytes);
-//! the in-memory panes of a window are sorted the same way and merged in.
+//! window's encoded bytes (length first), then each run of it as sorted
+//! blocks of records (`blocks`). A window's entries are therefore
+//! contiguous; its runs are merged when it is read back, keys coming out
+//! ordered by (length, bytes), and the in-memory panes of the window are
+//! sorted the same way and merged in.
 //!
 //! A spilled window keeps the output-time holds of its panes, so the
 //! stage's output watermark stays behind everything not yet emitted until
@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use super::{
     pane_hold, update_holds, Fired, Firing, GroupingBuffer, GroupingError, KeyPanes, KeyTable,
-    Pane, PaneValues, Retain,
+    Pane, PaneValues,
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
@@ -48,9 +48,13 @@ use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
 
+mod blocks;
 #[cfg(test)]
 mod lateness_tests;
+#[cfg(test)]
+mod merge_tests;
 mod sessions;
+use blocks::{BlockWriter, MergedRuns, Record};
 use sessions::SessionSpill;
 
 /// Bookkeeping bytes of a buffered key besides its bytes (its table entry
@@ -107,6 +111,8 @@ struct SpilledWindow {
     holds: Holds,
     /// A drain emits it now.
     draining: bool,
+    /// The runs that wrote some of its panes, ascending.
+    runs: Vec<u32>,
 }
 
 /// A spilled window being emitted, key by key.
@@ -114,12 +120,8 @@ struct SpilledWindow {
 struct Drain {
     window: Window,
     start: Vec<u8>,
-    /// Its in-memory panes, in store key order.
-    memory: VecDeque<(Bytes, Pane)>,
-    /// Entries read from the store and not emitted yet: (key, pane).
-    page: VecDeque<(Bytes, SpilledPane)>,
-    /// What is left to read of the window's entries.
-    range: PagedRange,
+    /// Its runs, merged (its in-memory panes were written as the last).
+    runs: MergedRuns,
 }
 
 /// The store key of `key`'s part in run `run`, under `start`.
@@ -198,7 +200,7 @@ struct SpilledPane {
     count: usize,
     hold_min: Timestamp,
     hold_max: Timestamp,
-    values: Vec<u8>,
+    values: Bytes,
 }
 
 /// How a buffer with some strategy spills.
@@ -249,6 +251,35 @@ fn may_spill(
     pane.fired == 0 && (!past_end || closed)
 }
 
+/// A key a spill sorts, by its position in the key table, with its length
+/// and first bytes alongside so that most comparisons need not look at the
+/// table.
+#[derive(Debug, Clone, Copy)]
+struct SortedKey {
+    len: u32,
+    head: u64,
+    at: u32,
+}
+
+impl SortedKey {
+    fn new(key: &[u8], at: usize) -> Result<Self, SpillError> {
+        let mut head = [0u8; 8];
+        let n = key.len().min(8);
+        head[..n].copy_from_slice(&key[..n]);
+        let too_many = || SpillError(format!("cannot spill a table of {at} keys or more"));
+        Ok(SortedKey {
+            len: u32::try_from(key.len()).map_err(|_| too_many())?,
+            head: u64::from_be_bytes(head),
+            at: u32::try_from(at).map_err(|_| too_many())?,
+        })
+    }
+
+    /// [`key_order`] as far as length and first bytes tell.
+    fn order(&self, other: &Self) -> Ordering {
+        (self.len, self.head).cmp(&(other.len, other.head))
+    }
+}
+
 /// Store keys order keys by (length, bytes); so must the in-memory side.
 fn key_order(a: &[u8], b: &[u8]) -> Ordering {
     a.len().cmp(&b.len()).then_with(|| a.cmp(b))
@@ -291,31 +322,10 @@ fn pane_header(value: &[u8], at: usize) -> Result<(usize, Timestamp, Timestamp),
     ))
 }
 
-/// Reads a stored entry of the window whose keys start with `start`.
-fn decode_entry(
-    start: &[u8],
-    key: &[u8],
-    value: Vec<u8>,
-) -> Result<(Bytes, SpilledPane), SpillError> {
-    let user_key = run_key_user_key(start, key)?;
-    let (count, hold_min, hold_max) = pane_header(&value, 0)?;
-    let mut values = value;
-    values.drain(..PANE_HEADER);
-    Ok((
-        Bytes::copy_from_slice(user_key),
-        SpilledPane {
-            count,
-            hold_min,
-            hold_max,
-            values,
-        },
-    ))
-}
-
 impl Pane {
     fn add_spilled(&mut self, part: SpilledPane) {
         if self.values.is_empty() {
-            self.values = PaneValues::from_vec(part.values);
+            self.values = PaneValues::from_slice(&part.values);
         } else {
             self.values.extend_from_slice(&part.values);
         }
@@ -348,6 +358,7 @@ impl Spill {
                     start,
                     holds: Holds::default(),
                     draining: false,
+                    runs: Vec::new(),
                 }))
             }
         }
@@ -358,40 +369,20 @@ impl Spill {
     fn read_back(&self, trigger: &Trigger) -> Result<Vec<(Window, Bytes, Pane)>, SpillError> {
         let mut out = Vec::new();
         let store = self.store.as_ref();
-        let mut read = |window: &Window, start: &[u8], range: &PagedRange| {
-            for (k, v) in range.rest(store)? {
-                let (key, part) = decode_entry(start, &k, v)?;
+        let mut add = |window: &Window, records: Vec<Record>| {
+            for Record { key, part } in records {
                 let mut pane = Pane::new(trigger);
                 pane.add_spilled(part);
                 out.push((window.clone(), key, pane));
             }
-            Ok::<(), SpillError>(())
         };
         for drain in &self.drains {
-            read(&drain.window, &drain.start, &drain.range)?;
+            add(&drain.window, drain.runs.rest(store)?);
         }
         for (window, spilled) in &self.windows {
             if !spilled.draining {
-                read(
-                    window,
-                    &spilled.start,
-                    &PagedRange::prefixed(&spilled.start),
-                )?;
-            }
-        }
-        for drain in &self.drains {
-            for (key, pane) in &drain.memory {
-                out.push((drain.window.clone(), key.clone(), pane.clone()));
-            }
-            for (key, part) in &drain.page {
-                let mut pane = Pane::new(trigger);
-                pane.add_spilled(SpilledPane {
-                    count: part.count,
-                    hold_min: part.hold_min,
-                    hold_max: part.hold_max,
-                    values: part.values.clone(),
-                });
-                out.push((drain.window.clone(), key.clone(), pane));
+                let records = blocks::read_all(&PagedRange::prefixed(&spilled.start), store)?;
+                add(window, records);
             }
         }
         Ok(out)
@@ -406,47 +397,19 @@ impl Drop for Spill {
 }
 
 impl Drain {
-    /// Reads the next page from the store if the current one is used up.
-    fn refill(&mut self, store: &dyn SpillStore) -> Result<(), SpillError> {
-        if !self.page.is_empty() {
-            return Ok(());
-        }
-        for (k, v) in self.range.next_page(store)? {
-            self.page.push_back(decode_entry(&self.start, &k, v)?);
-        }
-        Ok(())
-    }
-
-    /// The next key's whole pane (its runs in order, then its in-memory
-    /// part), or `None` when the window is done.
+    /// The next key's whole pane (its runs in order), or `None` when the
+    /// window is done.
     fn next_group(
         &mut self,
         store: &dyn SpillStore,
         trigger: &Trigger,
     ) -> Result<Option<(Bytes, Pane)>, SpillError> {
-        self.refill(store)?;
-        let key = match (self.page.front(), self.memory.front()) {
-            (None, None) => return Ok(None),
-            (Some((k, _)), None) | (None, Some((k, _))) => k.clone(),
-            (Some((a, _)), Some((b, _))) => {
-                if key_order(a, b) == Ordering::Greater {
-                    b.clone()
-                } else {
-                    a.clone()
-                }
-            }
+        let Some(key) = self.runs.peek_key(store)?.cloned() else {
+            return Ok(None);
         };
         let mut pane = Pane::new(trigger);
-        while self.page.front().is_some_and(|(k, _)| *k == key) {
-            if let Some((_, part)) = self.page.pop_front() {
-                pane.add_spilled(part);
-            }
-            self.refill(store)?;
-        }
-        if self.memory.front().is_some_and(|(k, _)| *k == key) {
-            if let Some((_, part)) = self.memory.pop_front() {
-                pane.absorb(part);
-            }
+        while let Some(part) = self.runs.take_if(&key, store)? {
+            pane.add_spilled(part);
         }
         Ok(Some((key, pane)))
     }
@@ -524,16 +487,25 @@ impl GroupingBuffer {
     pub(super) fn maybe_spill(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
         match &self.spill {
             Some(SpillSpace::ByWindow(s)) if self.memory_bytes > s.limit + s.pinned => {
-                self.spill_out(input_watermark)
+                let kept = self.write_run(input_watermark, None)?;
+                if let Some(SpillSpace::ByWindow(spill)) = self.spill.as_mut() {
+                    spill.pinned = kept;
+                }
+                Ok(())
             }
             Some(SpillSpace::ByKey(s)) if self.memory_bytes > s.limit => self.spill_sessions(),
             _ => Ok(()),
         }
     }
 
-    /// Writes every buffered pane that may spill ([`may_spill`]) to the
-    /// store as one run and keeps only the others in memory.
-    fn spill_out(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
+    /// Writes every buffered pane that may spill ([`may_spill`]) — of the
+    /// windows in `only`, if given — to the store as one run, and keeps
+    /// only the others in memory; the bytes kept.
+    fn write_run(
+        &mut self,
+        input_watermark: Timestamp,
+        only: Option<&BTreeSet<Window>>,
+    ) -> Result<usize, GroupingError> {
         let GroupingBuffer {
             strategy,
             window_coder,
@@ -545,49 +517,89 @@ impl GroupingBuffer {
             ..
         } = self;
         let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
-            return Ok(());
+            return Ok(*memory_bytes);
+        };
+        let goes = |window: &Window, pane: &Pane| {
+            may_spill(strategy, window, pane, input_watermark)
+                && only.is_none_or(|only| only.contains(window))
         };
         let run = next_number(&mut spill.runs, "runs")?;
+        // What goes, by window, sorted by key; the holds move to the
+        // windows' as it is picked.
+        let mut by_window: Vec<(Window, Vec<SortedKey>)> = Vec::new();
+        for (at, (key, windows)) in panes.iter().enumerate() {
+            for (window, pane) in windows {
+                if pane.count == 0 || !goes(window, pane) {
+                    continue;
+                }
+                let group = match by_window.iter().rposition(|(w, _)| w == window) {
+                    Some(group) => group,
+                    None => {
+                        let spilled = spill.window(window, window_coder)?;
+                        if spilled.runs.last() != Some(&run) {
+                            spilled.runs.push(run);
+                        }
+                        by_window.push((window.clone(), Vec::new()));
+                        by_window.len() - 1
+                    }
+                };
+                if let Some(h) = pane_hold(strategy, window, pane) {
+                    holds.remove(h);
+                    if let Some(spilled) = spill.windows.get_mut(window) {
+                        spilled.holds.add(h);
+                    }
+                }
+                by_window[group].1.push(SortedKey::new(key, at)?);
+            }
+        }
         let mut writer = RunWriter::default();
-        let mut keys = 0usize;
+        let mut spilled_panes = 0usize;
+        for (window, mut keys) in by_window {
+            keys.sort_unstable_by(|a, b| {
+                a.order(b)
+                    .then_with(|| key_order(panes.key_at(a.at), panes.key_at(b.at)))
+            });
+            let Some(spilled) = spill.windows.get(&window) else {
+                continue;
+            };
+            let mut blocks = BlockWriter::new(&spilled.start, run);
+            for k in &keys {
+                let (key, windows) = panes.entry_at(k.at);
+                let Ok(at) = super::position(windows, &window) else {
+                    continue;
+                };
+                let end = window.max_timestamp();
+                let (store, bytes) = (spill.store.as_ref(), &mut spill.spilled_bytes);
+                blocks.push(key, &windows[at].1, end, &mut writer, store, bytes)?;
+            }
+            blocks.flush(&mut writer, spill.store.as_ref(), &mut spill.spilled_bytes)?;
+            spilled_panes += keys.len();
+        }
+        writer.flush(spill.store.as_ref(), &mut spill.spilled_bytes)?;
         // The table is given up and the few panes that stay go to a new
         // one: a table keeps the room it grew to, which after a spill of
         // many keys would be most of what the spill freed.
         let mut kept = KeyTable::<KeyPanes>::default();
         let mut kept_bytes = 0usize;
-        for (key, windows) in std::mem::take(panes) {
-            keys += 1;
+        let keys = panes.len();
+        for (key, windows) in std::mem::take(panes).into_entries() {
             let mut stay = KeyPanes::new();
             for (window, pane) in windows {
-                if !may_spill(strategy, &window, &pane, input_watermark) {
-                    kept_bytes += pane.values.len() + PANE_OVERHEAD;
-                    stay.push((window, pane));
+                if goes(&window, &pane) {
                     continue;
                 }
-                if pane.count == 0 {
-                    continue;
-                }
-                let hold = pane_hold(strategy, &window, &pane);
-                let spilled = spill.window(&window, window_coder)?;
-                if let Some(h) = hold {
-                    holds.remove(h);
-                    spilled.holds.add(h);
-                }
-                let k = run_key(&spilled.start, &key, run)?;
-                let mut v = Vec::with_capacity(PANE_HEADER + pane.values.len());
-                put_pane_header(&mut v, &pane, window.max_timestamp());
-                v.extend_from_slice(&pane.values);
-                writer.push(spill.store.as_ref(), (k, v), &mut spill.spilled_bytes)?;
+                kept_bytes += pane.values.len() + PANE_OVERHEAD;
+                stay.push((window, pane));
             }
             if !stay.is_empty() {
                 kept_bytes += key.len() + KEY_OVERHEAD;
                 *kept.get_or_default(&key) = stay;
             }
         }
-        writer.flush(spill.store.as_ref(), &mut spill.spilled_bytes)?;
         tracing::debug!(
             run,
             keys,
+            spilled_panes,
             bytes = *memory_bytes,
             kept_bytes,
             spilled_total = spill.spilled_bytes,
@@ -600,15 +612,15 @@ impl GroupingBuffer {
             touched.retain(|key| panes.get(key).is_some());
         }
         *memory_bytes = kept_bytes;
-        spill.pinned = kept_bytes;
-        Ok(())
+        Ok(kept_bytes)
     }
 
     /// Starts emitting every spilled window the watermark has passed and
-    /// closed: its in-memory panes that have not fired move to the drain
-    /// (their holds to the window's). A spilled window the watermark has
-    /// passed but which stays open for late data comes back into memory
-    /// instead ([`Self::bring_back`]).
+    /// closed: its in-memory panes that have not fired go to the store as
+    /// one last run (their holds to the window's), so that a drain only
+    /// merges runs. A spilled window the watermark has passed but which
+    /// stays open for late data comes back into memory instead
+    /// ([`Self::bring_back`]).
     pub(super) fn start_drains(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
         let Some(SpillSpace::ByWindow(spill)) = self.spill.as_ref() else {
             return Ok(());
@@ -631,58 +643,22 @@ impl GroupingBuffer {
         if ready.is_empty() {
             return Ok(());
         }
-        let GroupingBuffer {
-            strategy,
-            panes,
-            holds,
-            spill,
-            memory_bytes,
-            ..
-        } = self;
-        let Some(SpillSpace::ByWindow(spill)) = spill.as_mut() else {
+        // (A pane that fired came back with its window and closes from
+        // memory; `may_spill` leaves it there.)
+        self.write_run(input_watermark, Some(&ready))?;
+        let Some(SpillSpace::ByWindow(spill)) = self.spill.as_mut() else {
             return Ok(());
         };
-        let mut taken: BTreeMap<Window, Vec<(Bytes, Pane)>> = BTreeMap::new();
-        panes.retain(|key, windows: &mut KeyPanes| {
-            let mut i = 0;
-            while i < windows.len() {
-                // (A pane that fired came back with its window and closes
-                // from memory.)
-                if windows[i].1.fired == 0 && ready.contains(&windows[i].0) {
-                    let (window, pane) = windows.remove(i);
-                    *memory_bytes = memory_bytes.saturating_sub(pane.values.len() + PANE_OVERHEAD);
-                    let hold = pane_hold(strategy, &window, &pane);
-                    update_holds(holds, hold, None);
-                    if let (Some(h), Some(spilled)) = (hold, spill.windows.get_mut(&window)) {
-                        spilled.holds.add(h);
-                    }
-                    taken
-                        .entry(window)
-                        .or_default()
-                        .push((Bytes::copy_from_slice(key), pane));
-                } else {
-                    i += 1;
-                }
-            }
-            if windows.is_empty() {
-                *memory_bytes = memory_bytes.saturating_sub(key.len() + KEY_OVERHEAD);
-            }
-            Retain::keep_if(!windows.is_empty())
-        });
         for window in ready {
             let Some(spilled) = spill.windows.get_mut(&window) else {
                 continue;
             };
             spilled.draining = true;
-            let mut memory = taken.remove(&window).unwrap_or_default();
-            memory.sort_unstable_by(|a, b| key_order(&a.0, &b.0));
             let start = spilled.start.clone();
             spill.drains.push_back(Drain {
-                range: PagedRange::prefixed(&start),
+                runs: MergedRuns::new(&start, &spilled.runs),
                 start,
                 window,
-                memory: memory.into(),
-                page: VecDeque::new(),
             });
         }
         Ok(())
@@ -715,8 +691,9 @@ impl GroupingBuffer {
             if page.is_empty() {
                 break;
             }
-            for (k, v) in page {
-                let (key, part) = decode_entry(&spilled.start, &k, v)?;
+            let mut records =
+                blocks::Records::of_blocks(page.into_iter().map(|(_, v)| v).collect());
+            while let Some(Record { key, part }) = records.next_record()? {
                 entries += 1;
                 let (windows, new_key) = panes.get_or_insert_with(&key, KeyPanes::new);
                 if new_key {
@@ -845,7 +822,7 @@ impl GroupingBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{element, emitted, kv_coder as kv};
+    use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder as kv};
     use super::*;
     use crate::coder::Coder;
     use crate::plan::WindowingStrategy;
@@ -874,11 +851,7 @@ mod tests {
             .into_iter()
             .map(|e| {
                 assert!(e.header.pane.is_first && e.header.pane.is_last);
-                let klen = e.value()[0] as usize;
-                let key = e.value()[1..1 + klen].to_vec();
-                let mut values = e.value()[1 + klen + 4..].to_vec();
-                values.sort();
-                (key, values)
+                key_and_sorted_values(&e)
             })
             .collect();
         p.sort();

@@ -117,6 +117,10 @@ impl Engine {
         let (mut routed, mut routed_bytes) = (0usize, 0usize);
         let eighth = bytes.len() / 8;
         let mut next_mark = eighth;
+        // Processing time is read once per chunk: a clock read per element
+        // was ~3% of a GroupByKey's routing, and a chunk is routed within
+        // milliseconds, finer than any processing-time trigger.
+        let now = self.now();
         for item in BorrowedWindowedValues::new(bytes, &value_coder, &window_coder) {
             let (header, kv, len) = match item {
                 Ok(element) => element,
@@ -138,7 +142,7 @@ impl Engine {
             }
             for i in 0..self.consumers[pcoll].stages.len() {
                 let stage = self.consumers[pcoll].stages[i];
-                let (input_wm, now) = (self.stages[stage].input_wm, self.now());
+                let input_wm = self.stages[stage].input_wm;
                 let s = &mut self.stages[stage];
                 s.counters.elements_processed += 1;
                 s.counters.bytes_processed += len as u64;

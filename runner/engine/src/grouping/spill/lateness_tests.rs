@@ -1,7 +1,7 @@
 //! Spilled buffers whose windows stay open for late data: checked against
 //! the same buffer kept in memory, step by step.
 
-use super::super::tests::{element, emitted, kv_coder};
+use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder};
 use super::super::{Fired, GroupingBuffer};
 use crate::coder::Coder;
 use crate::plan::{AccumulationMode, Trigger, WindowFn, WindowingStrategy};
@@ -23,10 +23,7 @@ fn describe(out: Fired) -> Vec<Emitted> {
     let mut all: Vec<Emitted> = emitted(out, &Coder::IntervalWindow)
         .into_iter()
         .map(|e| {
-            let klen = e.value()[0] as usize;
-            let key = e.value()[1..1 + klen].to_vec();
-            let mut values = e.value()[1 + klen + 4..].to_vec();
-            values.sort();
+            let (key, values) = key_and_sorted_values(&e);
             let p = e.header.pane;
             (
                 key,

@@ -274,8 +274,8 @@ fn decode_entry(
         at += PANE_HEADER + 8;
         let values = value
             .get(at..at + values_len)
-            .ok_or_else(|| corrupt("values"))?
-            .to_vec();
+            .ok_or_else(|| corrupt("values"))?;
+        let values = Bytes::copy_from_slice(values);
         at += values_len;
         pieces.push((
             window,
