@@ -22,9 +22,9 @@
 //! Layout in the store, under the buffer's prefix: for each window, the
 //! window's encoded bytes (length first), then each run of it as sorted
 //! blocks of records (`blocks`). A window's entries are therefore
-//! contiguous; its runs are merged when it is read back, keys coming out
-//! ordered by (length, bytes), and the in-memory panes of the window are
-//! sorted the same way and merged in.
+//! contiguous; a window that drains first writes its in-memory panes as
+//! one last run, then its runs are merged, keys coming out ordered by
+//! (length, bytes).
 //!
 //! A spilled window keeps the output-time holds of its panes, so the
 //! stage's output watermark stays behind everything not yet emitted until
@@ -266,11 +266,12 @@ impl SortedKey {
         let mut head = [0u8; 8];
         let n = key.len().min(8);
         head[..n].copy_from_slice(&key[..n]);
-        let too_many = || SpillError(format!("cannot spill a table of {at} keys or more"));
         Ok(SortedKey {
-            len: u32::try_from(key.len()).map_err(|_| too_many())?,
+            len: u32::try_from(key.len())
+                .map_err(|_| SpillError(format!("a key of {} bytes is too large", key.len())))?,
             head: u64::from_be_bytes(head),
-            at: u32::try_from(at).map_err(|_| too_many())?,
+            at: u32::try_from(at)
+                .map_err(|_| SpillError(format!("cannot spill a table of {at} keys or more")))?,
         })
     }
 
@@ -526,23 +527,32 @@ impl GroupingBuffer {
         let run = next_number(&mut spill.runs, "runs")?;
         // What goes, by window, sorted by key; the holds move to the
         // windows' as it is picked.
+        // (Most panes are in the window of the pane before: that is looked
+        // at first.)
         let mut by_window: Vec<(Window, Vec<SortedKey>)> = Vec::new();
+        let mut group_of: BTreeMap<Window, usize> = BTreeMap::new();
+        let mut last = None;
         for (at, (key, windows)) in panes.iter().enumerate() {
             for (window, pane) in windows {
                 if pane.count == 0 || !goes(window, pane) {
                     continue;
                 }
-                let group = match by_window.iter().rposition(|(w, _)| w == window) {
+                let group = match last.filter(|&g: &usize| by_window[g].0 == *window) {
                     Some(group) => group,
-                    None => {
-                        let spilled = spill.window(window, window_coder)?;
-                        if spilled.runs.last() != Some(&run) {
-                            spilled.runs.push(run);
+                    None => match group_of.get(window) {
+                        Some(&group) => group,
+                        None => {
+                            let spilled = spill.window(window, window_coder)?;
+                            if spilled.runs.last() != Some(&run) {
+                                spilled.runs.push(run);
+                            }
+                            by_window.push((window.clone(), Vec::new()));
+                            group_of.insert(window.clone(), by_window.len() - 1);
+                            by_window.len() - 1
                         }
-                        by_window.push((window.clone(), Vec::new()));
-                        by_window.len() - 1
-                    }
+                    },
                 };
+                last = Some(group);
                 if let Some(h) = pane_hold(strategy, window, pane) {
                     holds.remove(h);
                     if let Some(spilled) = spill.windows.get_mut(window) {
