@@ -65,9 +65,9 @@ pub(super) const KEY_OVERHEAD: usize = 64;
 pub(super) const PANE_OVERHEAD: usize = 160;
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
-/// Bytes of a spilled pane's value before its values: count, earliest and
-/// latest hold.
-const PANE_HEADER: usize = 24;
+/// Bytes of a spilled pane before its values: count, earliest and latest
+/// hold, the values' length.
+const PANE_HEADER: usize = 32;
 
 /// Where a buffer spills, by how it files what it spills.
 #[derive(Debug)]
@@ -134,12 +134,16 @@ fn run_key(start: &[u8], key: &[u8], run: u32) -> Result<Vec<u8>, SpillError> {
     Ok(k)
 }
 
-/// Appends a spilled pane's header: its count and the earliest and latest
-/// hold of its values (`end`, the window's, if it has none).
-fn put_pane_header(out: &mut Vec<u8>, pane: &Pane, end: Timestamp) {
+/// Appends a spilled pane: its count, the earliest and latest hold of its
+/// values (`end`, the window's, if it has none), the values' length and
+/// the values.
+fn put_spilled_pane(out: &mut Vec<u8>, pane: &Pane, end: Timestamp) {
+    out.reserve(PANE_HEADER + pane.values.len());
     out.extend_from_slice(&u64::from(pane.count).to_le_bytes());
     out.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
     out.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
+    out.extend_from_slice(&(pane.values.len() as u64).to_le_bytes());
+    out.extend_from_slice(&pane.values);
 }
 
 /// A run's entries on their way to the store, written a batch at a time.
@@ -311,16 +315,25 @@ fn run_key_user_key<'a>(start: &[u8], key: &'a [u8]) -> Result<&'a [u8], SpillEr
     rest.get(4..4 + len).ok_or_else(|| corrupt("key"))
 }
 
-/// Reads what [`put_pane_header`] wrote at `at`: count, earliest and
-/// latest hold.
-fn pane_header(value: &[u8], at: usize) -> Result<(usize, Timestamp, Timestamp), SpillError> {
-    let word = |at: usize| take::<8>(value, at, "pane header");
+/// Reads what [`put_spilled_pane`] wrote at `at` of `bytes` (the values
+/// a slice of them, not a copy): the pane, and where it ends.
+fn read_spilled_pane(bytes: &Bytes, at: usize) -> Result<(SpilledPane, usize), SpillError> {
+    let word = |at: usize| take::<8>(bytes, at, "pane header");
     let count = usize::try_from(u64::from_le_bytes(word(at)?)).map_err(|_| corrupt("count"))?;
-    Ok((
+    let values_len = u64::from_le_bytes(take::<8>(bytes, at + 24, "values length")?);
+    let values_len = usize::try_from(values_len).map_err(|_| corrupt("values length"))?;
+    let start = at + PANE_HEADER;
+    let end = start
+        .checked_add(values_len)
+        .filter(|&end| end <= bytes.len())
+        .ok_or_else(|| corrupt("values"))?;
+    let pane = SpilledPane {
         count,
-        i64::from_le_bytes(word(at + 8)?),
-        i64::from_le_bytes(word(at + 16)?),
-    ))
+        hold_min: i64::from_le_bytes(word(at + 8)?),
+        hold_max: i64::from_le_bytes(word(at + 16)?),
+        values: bytes.slice(start..end),
+    };
+    Ok((pane, end))
 }
 
 impl Pane {
@@ -701,8 +714,7 @@ impl GroupingBuffer {
             if page.is_empty() {
                 break;
             }
-            let mut records =
-                blocks::Records::of_blocks(page.into_iter().map(|(_, v)| v).collect());
+            let mut records = blocks::Records::of_entries(page);
             while let Some(Record { key, part }) = records.next_record()? {
                 entries += 1;
                 let (windows, new_key) = panes.get_or_insert_with(&key, KeyPanes::new);

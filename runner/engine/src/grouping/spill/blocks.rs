@@ -17,9 +17,9 @@
 //! number (big-endian), so a window's blocks are contiguous and a run's
 //! blocks sort in the order they were written.
 //!
-//! A record: the key's length (`u32`, little-endian) and bytes, the pane
-//! header ([`put_pane_header`]: count, earliest and latest hold), the
-//! values' length (`u64`) and the values.
+//! A record: the key's length (`u32`, little-endian) and bytes, then the
+//! pane as [`put_spilled_pane`] writes it (count, earliest and latest hold,
+//! the values' length and the values).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -27,9 +27,11 @@ use std::collections::BinaryHeap;
 use bytes::Bytes;
 
 use super::{
-    corrupt, key_order, pane_header, put_pane_header, take, RunWriter, SpilledPane, PANE_HEADER,
+    corrupt, key_order, put_spilled_pane, read_spilled_pane, take, RunWriter, SpilledPane,
+    PANE_HEADER,
 };
 use crate::grouping::Pane;
+use crate::spill::Entries;
 use crate::spill::{PagedRange, SpillError, SpillStore};
 use crate::time::Timestamp;
 
@@ -41,7 +43,7 @@ const BLOCK_BYTES: usize = 32 << 10;
 
 /// The store key prefix of run `run` of the window whose entries start
 /// with `start`.
-pub(super) fn run_prefix(start: &[u8], run: u32) -> Vec<u8> {
+fn run_prefix(start: &[u8], run: u32) -> Vec<u8> {
     let mut k = Vec::with_capacity(start.len() + 8);
     k.extend_from_slice(start);
     k.extend_from_slice(&run.to_be_bytes());
@@ -80,13 +82,10 @@ impl BlockWriter {
         let len = u32::try_from(key.len())
             .map_err(|_| SpillError(format!("a key of {} bytes is too large", key.len())))?;
         self.block
-            .reserve(4 + key.len() + PANE_HEADER + 8 + pane.values.len());
+            .reserve(4 + key.len() + PANE_HEADER + pane.values.len());
         self.block.extend_from_slice(&len.to_le_bytes());
         self.block.extend_from_slice(key);
-        put_pane_header(&mut self.block, pane, end);
-        self.block
-            .extend_from_slice(&(pane.values.len() as u64).to_le_bytes());
-        self.block.extend_from_slice(&pane.values);
+        put_spilled_pane(&mut self.block, pane, end);
         if self.block.len() >= BLOCK_BYTES {
             self.flush(writer, store, spilled_bytes)?;
         }
@@ -130,8 +129,9 @@ pub(super) struct Records {
 }
 
 impl Records {
-    /// The records of `blocks` (store values), in order.
-    pub(super) fn of_blocks(blocks: Vec<Vec<u8>>) -> Self {
+    /// The records of store entries (blocks), in order.
+    pub(super) fn of_entries(entries: Entries) -> Self {
+        let blocks: Vec<Vec<u8>> = entries.into_iter().map(|(_, block)| block).collect();
         let bytes = match <[Vec<u8>; 1]>::try_from(blocks) {
             Ok([one]) => Bytes::from(one),
             Err(many) => Bytes::from(many.concat()),
@@ -153,27 +153,9 @@ impl Records {
             .filter(|&end| end <= b.len())
             .ok_or_else(|| corrupt("key"))?;
         let key = b.slice(at..key_end);
-        at = key_end;
-        let (count, hold_min, hold_max) = pane_header(b, at)?;
-        at += PANE_HEADER;
-        let values_len = u64::from_le_bytes(take::<8>(b, at, "values length")?);
-        at += 8;
-        let values_end = usize::try_from(values_len)
-            .ok()
-            .and_then(|len| at.checked_add(len))
-            .filter(|&end| end <= b.len())
-            .ok_or_else(|| corrupt("values"))?;
-        let values = b.slice(at..values_end);
-        self.at = values_end;
-        Ok(Some(Record {
-            key,
-            part: SpilledPane {
-                count,
-                hold_min,
-                hold_max,
-                values,
-            },
-        }))
+        let (part, end) = read_spilled_pane(b, key_end)?;
+        self.at = end;
+        Ok(Some(Record { key, part }))
     }
 
     /// Every record not read yet.
@@ -192,8 +174,7 @@ pub(super) fn read_all(
     range: &PagedRange,
     store: &dyn SpillStore,
 ) -> Result<Vec<Record>, SpillError> {
-    let blocks = range.rest(store)?.into_iter().map(|(_, v)| v).collect();
-    Records::of_blocks(blocks).rest()
+    Records::of_entries(range.rest(store)?).rest()
 }
 
 /// One run of a window, read a block at a time.
@@ -214,7 +195,7 @@ impl RunCursor {
             if blocks.is_empty() {
                 return Ok(None);
             }
-            self.records = Records::of_blocks(blocks.into_iter().map(|(_, v)| v).collect());
+            self.records = Records::of_entries(blocks);
         }
     }
 
@@ -325,12 +306,10 @@ impl MergedRuns {
 
     /// Every record not taken yet (for a checkpoint), runs in order.
     pub(super) fn rest(&self, store: &dyn SpillStore) -> Result<Vec<Record>, SpillError> {
+        // (Before the merge starts there are no heads, and every cursor's
+        // range is whole.)
         let mut out = Vec::new();
         for (i, cursor) in self.cursors.iter().enumerate() {
-            if !self.started {
-                out.extend(read_all(&cursor.range, store)?);
-                continue;
-            }
             let head = self.heads.iter().filter(|h| h.cursor == i);
             out.extend(head.map(|h| h.record.clone()));
             out.extend(cursor.rest(store)?);

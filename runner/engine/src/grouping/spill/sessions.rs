@@ -45,8 +45,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{
-    corrupt, drop_prefix, next_number, pane_header, put_len, put_pane_header, run_key,
-    run_key_user_key, take, RunWriter, SpillSpace, SpilledPane, PANE_HEADER,
+    corrupt, drop_prefix, next_number, put_len, put_spilled_pane, read_spilled_pane, run_key,
+    run_key_user_key, take, RunWriter, SpillSpace, SpilledPane,
 };
 use crate::coder::Coder;
 use crate::grouping::{
@@ -167,7 +167,7 @@ impl SessionSpill {
         let store = self.store.as_ref();
         let mut read = |start: &[u8], range: &PagedRange| {
             for (k, v) in range.rest(store)? {
-                let (key, pieces) = decode_entry(start, &k, &v, window_coder)?;
+                let (key, pieces) = decode_entry(start, &k, v, window_coder)?;
                 out.extend(pieces.into_iter().map(|(w, p)| (key.clone(), w, p)));
             }
             Ok::<(), SpillError>(())
@@ -205,7 +205,7 @@ impl Pass {
         }
         for (k, v) in self.range.next_page(store)? {
             self.page
-                .push_back(decode_entry(&self.start, &k, &v, window_coder)?);
+                .push_back(decode_entry(&self.start, &k, v, window_coder)?);
         }
         Ok(())
     }
@@ -241,9 +241,7 @@ fn put_piece(
 ) -> Result<(), SpillError> {
     put_len(out, window.len())?;
     out.extend_from_slice(window);
-    put_pane_header(out, pane, end);
-    out.extend_from_slice(&(pane.values.len() as u64).to_le_bytes());
-    out.extend_from_slice(&pane.values);
+    put_spilled_pane(out, pane, end);
     Ok(())
 }
 
@@ -252,14 +250,15 @@ fn put_piece(
 fn decode_entry(
     start: &[u8],
     key: &[u8],
-    value: &[u8],
+    value: Vec<u8>,
     window_coder: &Coder,
 ) -> Result<KeyPieces, SpillError> {
+    let value = Bytes::from(value);
     let user_key = run_key_user_key(start, key)?;
     let mut pieces = Vec::new();
     let mut at = 0;
     while at < value.len() {
-        let window_len = u32::from_be_bytes(take::<4>(value, at, "window length")?) as usize;
+        let window_len = u32::from_be_bytes(take::<4>(&value, at, "window length")?) as usize;
         at += 4;
         let window = value
             .get(at..at + window_len)
@@ -267,25 +266,9 @@ fn decode_entry(
         let (window, _) = window_coder
             .decode_window(window)
             .map_err(|e| corrupt(&e.to_string()))?;
-        at += window_len;
-        let (count, hold_min, hold_max) = pane_header(value, at)?;
-        let values_len = u64::from_le_bytes(take::<8>(value, at + PANE_HEADER, "values length")?);
-        let values_len = usize::try_from(values_len).map_err(|_| corrupt("values length"))?;
-        at += PANE_HEADER + 8;
-        let values = value
-            .get(at..at + values_len)
-            .ok_or_else(|| corrupt("values"))?;
-        let values = Bytes::copy_from_slice(values);
-        at += values_len;
-        pieces.push((
-            window,
-            SpilledPane {
-                count,
-                hold_min,
-                hold_max,
-                values,
-            },
-        ));
+        let (piece, end) = read_spilled_pane(&value, at + window_len)?;
+        at = end;
+        pieces.push((window, piece));
     }
     Ok((Bytes::copy_from_slice(user_key), pieces))
 }
