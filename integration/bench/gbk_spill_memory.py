@@ -20,12 +20,14 @@ before the GroupByKey: they then wait in the Map stage's queue.
 With `--session_len L` they are grouped in session windows of L values
 each (per key) instead of the global window; adding `--allowed_lateness_s
 S`, in fixed windows of L values each that allow S seconds of lateness and
-fire late panes (windows that stay open after their on-time pane).
+fire late panes (windows that stay open after their on-time pane); with
+`--lateness_windows sessions` too, in the same sessions allowing that
+lateness.
 
     integration/bench/gbk_spill_memory.py --bin target/release/refract \\
         [--total_mb 5120] [--value_kb 100] [--keys 5000] [--memory_budget 1g] \\
         [--fan_out_inputs 0] [--session_len 0] [--allowed_lateness_s 0] \\
-        [--reshuffle]
+        [--lateness_windows fixed] [--reshuffle]
 """
 
 import argparse
@@ -55,6 +57,9 @@ def main():
   ap.add_argument('--allowed_lateness_s', type=int, default=0,
                   help='with --session_len: fixed windows allowing this '
                   'lateness instead of sessions')
+  ap.add_argument('--lateness_windows', choices=['fixed', 'sessions'],
+                  default='fixed',
+                  help='with --allowed_lateness_s: which windows allow it')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
@@ -68,7 +73,8 @@ def main():
         [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
          str(args.keys), str(args.fan_out_inputs), str(args.session_len),
-         '1' if args.reshuffle else '0', str(args.allowed_lateness_s)])
+         '1' if args.reshuffle else '0', str(args.allowed_lateness_s),
+         args.lateness_windows])
   finally:
     server.stop()
   lines = run.stdout.strip().splitlines()
@@ -93,8 +99,9 @@ def main():
   if args.reshuffle:
     source += ', reshuffled'
   if args.session_len and args.allowed_lateness_s:
-    windows = ('fixed windows of %d values, %d s allowed lateness'
-               % (args.session_len, args.allowed_lateness_s))
+    kind = 'fixed windows' if args.lateness_windows == 'fixed' else 'sessions'
+    windows = ('%s of %d values, %d s allowed lateness'
+               % (kind, args.session_len, args.allowed_lateness_s))
   elif args.session_len:
     windows = 'sessions of %d values' % args.session_len
   else:

@@ -22,14 +22,16 @@ With LATENESS_S > 0 too, the same groups are made by fixed windows (each
 SESSION_LEN + 100 seconds long, so a window holds one of a key's runs of
 SESSION_LEN values) that allow LATENESS_S seconds of lateness and fire late
 panes for late data (none comes in a batch): windows that stay open after
-their on-time pane.
+their on-time pane. With LATENESS_WINDOWS = sessions, the same sessions as
+above, allowing that lateness and firing late panes likewise.
 
 With RESHUFFLE = 1 the values are reshuffled (and passed through a Map)
 before they are grouped: they then wait in a queue for the Map's stage,
 not in the GroupByKey's buffer.
 
     python gbk_spill_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] \
-        [FAN_OUT_INPUTS] [SESSION_LEN] [RESHUFFLE] [LATENESS_S]
+        [FAN_OUT_INPUTS] [SESSION_LEN] [RESHUFFLE] [LATENESS_S] \
+        [LATENESS_WINDOWS]
 
 prints the job id, waits for the job and exits 0 when it is DONE.
 """
@@ -150,7 +152,7 @@ def expected(records, value_bytes, keys, session_len=0):
 
 
 def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
-          reshuffle=False, lateness_s=0):
+          reshuffle=False, lateness_s=0, lateness_windows='fixed'):
   if fan_out_inputs > 0:
     values = (
         p
@@ -170,7 +172,13 @@ def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
         values
         | 'Again' >> beam.Reshuffle()
         | 'Pass' >> beam.Map(lambda kv: kv).with_output_types(KV))
-  if session_len > 0 and lateness_s > 0:
+  if session_len > 0 and lateness_s > 0 and lateness_windows == 'sessions':
+    values = values | 'Sessions' >> beam.WindowInto(
+        window.Sessions(SESSION_GAP_S),
+        trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        allowed_lateness=lateness_s)
+  elif session_len > 0 and lateness_s > 0:
     values = values | 'Fixed' >> beam.WindowInto(
         window.FixedWindows(session_len + SESSION_PAUSE_S),
         trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
@@ -196,6 +204,10 @@ def main(argv):
   session_len = int(argv[6]) if len(argv) > 6 else 0
   reshuffle = len(argv) > 7 and argv[7] == '1'
   lateness_s = int(argv[8]) if len(argv) > 8 else 0
+  lateness_windows = argv[9] if len(argv) > 9 else 'fixed'
+  if lateness_windows not in ('fixed', 'sessions'):
+    raise SystemExit('LATENESS_WINDOWS is fixed or sessions, not %r' %
+                     lateness_windows)
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
@@ -205,7 +217,7 @@ def main(argv):
   ])
   p = beam.Pipeline(options=options)
   build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle,
-        lateness_s)
+        lateness_s, lateness_windows)
   return run_pipeline_to_end(p)
 
 

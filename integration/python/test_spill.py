@@ -8,8 +8,8 @@ messages how much it spilled; its spill directory is empty afterwards.
 The same, smaller, with the default spill directory (a temporary one the
 server creates and removes when it stops); and grouped in session
 windows, which the runner finds only by merging each key's spilled
-pieces; and in fixed windows that allow lateness (which stay open after
-their on-time pane); and with all values emitted by one element, whose output (which
+pieces; and in fixed windows and in sessions that allow lateness (which
+stay open after their on-time pane); and with all values emitted by one element, whose output (which
 cannot be split) waits on disk for its bundle to end — and then, once
 committed, in the next stage's queue (through a Reshuffle). A batch
 stateful DoFn's bag state spills likewise. (Peak memory is measured by
@@ -59,23 +59,29 @@ def finished_line(request, refract_bin, tmp_path, extra, pipeline, args):
 
 
 @pytest.mark.parametrize(
-    'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle,lateness_s',
-    [(True, 200, 1000, 0, 0, 0, 0), (False, 96, 1000, 0, 0, 0, 0),
-     (True, 96, 100, 0, 4, 0, 0), (True, 96, 100, 0, 4, 0, 3600),
-     (True, 96, 100, 1, 0, 0, 0), (True, 96, 100, 1, 0, 1, 0)],
+    'spill_dir_flag,total_mb,keys,fan_out,session_len,reshuffle,lateness_s,'
+    'lateness_windows',
+    [(True, 200, 1000, 0, 0, 0, 0, 'fixed'),
+     (False, 96, 1000, 0, 0, 0, 0, 'fixed'),
+     (True, 96, 100, 0, 4, 0, 0, 'fixed'),
+     (True, 96, 100, 0, 4, 0, 3600, 'fixed'),
+     (True, 96, 100, 0, 4, 0, 3600, 'sessions'),
+     (True, 96, 100, 1, 0, 0, 0, 'fixed'),
+     (True, 96, 100, 1, 0, 1, 0, 'fixed')],
     ids=['spill_dir', 'default_spill_dir', 'sessions',
-         'fixed_windows_allowing_lateness', 'one_element_fans_out',
-         'one_element_fans_out_into_a_queue'])
+         'fixed_windows_allowing_lateness', 'sessions_allowing_lateness',
+         'one_element_fans_out', 'one_element_fans_out_into_a_queue'])
 def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
     request, refract_bin, tmp_path, spill_dir_flag, total_mb, keys, fan_out,
-    session_len, reshuffle, lateness_s):
+    session_len, reshuffle, lateness_s, lateness_windows):
   spill_dir = tmp_path / 'spill'
   extra = ['--memory_budget', '16m', '--serve_http=false']
   if spill_dir_flag:
     extra += ['--spill_dir', str(spill_dir)]
   finished = finished_line(
       request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py',
-      [total_mb, 64, keys, fan_out, session_len, reshuffle, lateness_s])
+      [total_mb, 64, keys, fan_out, session_len, reshuffle, lateness_s,
+       lateness_windows])
   assert spilled_bytes(finished, 'spilled_bytes') > 0, finished
   # One element's output (the fan-out's) cannot be split: past its
   # bundle's share it waits on disk until the bundle ends.

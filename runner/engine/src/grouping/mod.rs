@@ -528,85 +528,26 @@ impl GroupingBuffer {
         out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
-        if let Some(emitted) = self.evaluate_spilled_sessions(input_watermark)? {
+        if let Some(emitted) =
+            self.evaluate_spilled_sessions(input_watermark, now, out, max_bytes)?
+        {
             return Ok(emitted);
         }
         self.start_drains(input_watermark)?;
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
-        let GroupingBuffer {
-            strategy,
-            window_coder,
-            panes,
-            holds,
-            output_watermark,
-            next_wake,
-            memory_bytes,
-            touched,
-            rescan,
-            ..
-        } = self;
-        let mut firing = Evaluation {
-            firing: Firing {
-                strategy,
-                window_coder,
-                output_watermark: *output_watermark,
-            },
-            input_watermark,
-            now,
-            holds,
-            next_wake,
-            room: if every_key {
-                (*memory_bytes).min(max_bytes)
-            } else {
-                0
-            },
-            room_elements: if every_key {
-                expected_elements(panes.len(), *memory_bytes, max_bytes)
-            } else {
-                0
-            },
-            memory_bytes,
-            emitted: 0,
-            error: None,
-        };
-        let full = |out: &Fired, firing: &Evaluation| {
-            out.bytes.len() >= max_bytes || firing.error.is_some()
-        };
-        if every_key {
-            touched.clear();
-            *rescan = false;
-            *firing.next_wake = MAX_TIMESTAMP;
-            let mut stopped = false;
-            panes.retain(|key, windows| {
-                if full(out, &firing) {
-                    stopped = true;
-                    return Retain::Stop;
-                }
-                firing.key(key, windows, out);
-                Retain::keep_if(!windows.is_empty())
-            });
-            // The keys not reached are looked at by the next call (which
-            // recomputes the wake point over every key).
-            *rescan = stopped;
+        let (room, room_elements) = if every_key {
+            (
+                self.memory_bytes.min(max_bytes),
+                expected_elements(self.panes.len(), self.memory_bytes, max_bytes),
+            )
         } else {
-            touched.retain(|key| {
-                if full(out, &firing) {
-                    return true;
-                }
-                if let Some(windows) = panes.get_mut(key) {
-                    firing.key(key, windows, out);
-                    if windows.is_empty() {
-                        panes.remove(key);
-                    }
-                }
-                false
-            });
-        }
-        if let Some(e) = firing.error {
-            return Err(e.into());
-        }
-        let emitted = firing.emitted;
+            (0, 0)
+        };
+        let mut view = self.evaluation_view(input_watermark, now);
+        view.evaluation.room = room;
+        view.evaluation.room_elements = room_elements;
+        let emitted = view.walk(every_key, out, max_bytes, |_| true)?;
         if self.panes.is_empty() {
             self.memory_bytes = 0;
         }
@@ -636,6 +577,45 @@ impl GroupingBuffer {
         self.rescan || !self.touched.is_empty()
     }
 
+    /// An evaluation at `input_watermark` and `now`, borrowed apart from
+    /// what it walks.
+    fn evaluation_view(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+    ) -> EvaluationView<'_> {
+        let GroupingBuffer {
+            strategy,
+            window_coder,
+            panes,
+            holds,
+            output_watermark,
+            next_wake,
+            memory_bytes,
+            touched,
+            rescan,
+            ..
+        } = self;
+        let firing = Firing {
+            strategy,
+            window_coder,
+            output_watermark: *output_watermark,
+        };
+        EvaluationView {
+            evaluation: Evaluation::new(
+                firing,
+                input_watermark,
+                now,
+                holds,
+                next_wake,
+                memory_bytes,
+            ),
+            panes,
+            touched,
+            rescan,
+        }
+    }
+
     /// Records the output watermark the stage publishes after a firing.
     fn publish(&mut self, input_watermark: Timestamp) {
         let published = self
@@ -645,7 +625,109 @@ impl GroupingBuffer {
     }
 }
 
-impl Evaluation<'_> {
+/// An evaluation and the parts of the buffer it walks, borrowed apart.
+struct EvaluationView<'a> {
+    evaluation: Evaluation<'a>,
+    panes: &'a mut KeyTable<KeyPanes>,
+    touched: &'a mut FxHashSet<key_table::Key>,
+    rescan: &'a mut bool,
+}
+
+impl EvaluationView<'_> {
+    /// Evaluates every key (`every_key`) or the keys that got data, those
+    /// of them that `evaluated` accepts (the others only count towards the
+    /// wake point); stops once `out` holds `max_bytes`, leaving the keys
+    /// not reached for the next call. The number of panes emitted.
+    fn walk(
+        self,
+        every_key: bool,
+        out: &mut Fired,
+        max_bytes: usize,
+        evaluated: impl Fn(&KeyPanes) -> bool,
+    ) -> Result<usize, CoderError> {
+        let EvaluationView {
+            evaluation: mut firing,
+            panes,
+            touched,
+            rescan,
+        } = self;
+        let full = |out: &Fired, firing: &Evaluation| {
+            out.bytes.len() >= max_bytes || firing.error.is_some()
+        };
+        if every_key {
+            touched.clear();
+            *rescan = false;
+            *firing.next_wake = MAX_TIMESTAMP;
+            let (watermark, lateness) = (
+                firing.input_watermark,
+                firing.firing.strategy.allowed_lateness,
+            );
+            let mut stopped = false;
+            panes.retain(|key, windows| {
+                if !evaluated(windows) {
+                    for (window, _) in windows.iter() {
+                        *firing.next_wake =
+                            (*firing.next_wake).min(wake(window, watermark, lateness));
+                    }
+                    return Retain::Keep;
+                }
+                if full(out, &firing) {
+                    stopped = true;
+                    return Retain::Stop;
+                }
+                firing.key(key, windows, out);
+                Retain::keep_if(!windows.is_empty())
+            });
+            // The keys not reached are looked at by the next call (which
+            // recomputes the wake point over every key).
+            *rescan = stopped;
+        } else {
+            touched.retain(|key| {
+                if full(out, &firing) {
+                    return true;
+                }
+                if let Some(windows) = panes.get_mut(key).filter(|w| evaluated(w)) {
+                    firing.key(key, windows, out);
+                    if windows.is_empty() {
+                        panes.remove(key);
+                    }
+                }
+                false
+            });
+        }
+        match firing.error {
+            Some(e) => Err(e),
+            None => Ok(firing.emitted),
+        }
+    }
+}
+
+impl<'a> Evaluation<'a> {
+    /// An evaluation at `input_watermark` and `now` that keeps its holds,
+    /// wake point and byte count in the given places, with no room given
+    /// to `out` up front.
+    fn new(
+        firing: Firing<'a>,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        holds: &'a mut Holds,
+        next_wake: &'a mut Timestamp,
+        memory_bytes: &'a mut usize,
+    ) -> Self {
+        Evaluation {
+            firing,
+            input_watermark,
+            now,
+            holds,
+            next_wake,
+            memory_bytes,
+            room: 0,
+            room_elements: 0,
+            emitted: 0,
+            error: None,
+        }
+    }
+
     /// Fires what is ready in one key's windows and closes the expired
     /// ones (removing them from `windows`), appending the panes to `out`.
     fn key(&mut self, key: &[u8], windows: &mut KeyPanes, out: &mut Fired) {

@@ -13,15 +13,28 @@
 //! adjacent, in the order they were written.
 //!
 //! Once the input watermark passes the end of some spilled or buffered
-//! window, a *pass* starts: what is in memory is written out as one more
+//! window (or late data arrives for a key that may have pieces in the
+//! store), a *pass* starts: what is in memory is written out as one more
 //! run, later data goes to the next generation, and the generation is read
 //! back key by key. Each key's pieces are merged as they would have been
-//! in memory; every merged window that ends before the watermark the pass
-//! started at is emitted (once, as its only pane, which is all the
-//! strategies that spill ask for), and the others go back into memory,
+//! in memory and evaluated as memory would have been at the watermark the
+//! pass started at: windows past their end fire, closed ones are emitted
+//! for the last time and dropped, and the others go back into memory,
 //! where later data merges with them (and which spills again, to the next
 //! generation, if they outgrow it). The generation is deleted when the
 //! pass is done.
+//!
+//! With allowed lateness a window stays open after its on-time pane, as a
+//! pane that fired, for late data to join. A spilled pane comes back as
+//! one that has not fired, so such a window may not spill; nor may the
+//! rest of its key, which late data could merge with it: a key with a
+//! window that fired stays *whole* in memory until that window closes.
+//! The pass that fires a key's window takes the key's pieces that the
+//! generation being written holds (data that arrived during the pass)
+//! back into memory, so that a whole key has nothing in the store; such
+//! keys are then evaluated in memory as usual, while the others wait for
+//! a pass. What stays whole counts against the limit, and the next spill
+//! waits until the buffer outgrows its limit past it.
 //!
 //! The pass decides at the watermark it started at, as an evaluation
 //! would have at that watermark. Data that arrives while it runs is
@@ -49,14 +62,14 @@ use super::{
     run_key_user_key, take, RunWriter, SpillSpace, SpilledPane,
 };
 use crate::coder::Coder;
+use crate::grouping::key_table::KeyTable;
 use crate::grouping::{
-    insert_pane, merge_intervals, pane_hold, wake, Fired, Firing, GroupingBuffer, GroupingError,
-    KeyPanes, Pane, KEY_OVERHEAD, PANE_OVERHEAD,
+    insert_pane, merge_intervals, pane_hold, wake, Evaluation, Fired, Firing, GroupingBuffer,
+    GroupingError, KeyPanes, Pane, KEY_OVERHEAD, PANE_OVERHEAD,
 };
 use crate::holds::Holds;
 use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
-use crate::trigger::TriggerContext;
 use crate::window::Window;
 
 /// A sessions buffer's spill space and what it put there.
@@ -67,6 +80,9 @@ pub(in crate::grouping) struct SessionSpill {
     prefix: Vec<u8>,
     /// Bytes the buffer may hold in memory before it spills.
     pub(in crate::grouping) limit: usize,
+    /// Bytes the last spill left in memory (keys kept whole): the next
+    /// spill waits until the limit is exceeded past them.
+    pub(in crate::grouping) pinned: usize,
     /// The generation runs are written to now.
     generation: u32,
     /// Runs written to it so far (the next run's number).
@@ -113,6 +129,7 @@ impl SessionSpill {
             store,
             prefix,
             limit,
+            pinned: 0,
             generation: 0,
             runs: 0,
             pieces: 0,
@@ -155,6 +172,7 @@ impl SessionSpill {
         self.earliest_end = MAX_TIMESTAMP;
         self.holds = Holds::default();
         self.pass = None;
+        self.pinned = 0;
         Ok(())
     }
 
@@ -232,6 +250,12 @@ impl Pass {
     }
 }
 
+/// Whether a key's windows stay in memory, whole, until the one that
+/// fired closes (see the module docs).
+fn kept_whole(windows: &KeyPanes) -> bool {
+    windows.iter().any(|(_, pane)| pane.fired > 0)
+}
+
 /// Appends a spilled piece's stored form.
 fn put_piece(
     out: &mut Vec<u8>,
@@ -283,7 +307,7 @@ impl GroupingBuffer {
     }
 
     /// Writes every buffered key's windows to the current generation as one
-    /// run and empties the in-memory buffer.
+    /// run, except keys kept whole ([`kept_whole`]), which stay in memory.
     pub(super) fn spill_sessions(&mut self) -> Result<(), GroupingError> {
         let GroupingBuffer {
             strategy,
@@ -291,7 +315,6 @@ impl GroupingBuffer {
             panes,
             holds,
             spill,
-            touched,
             memory_bytes,
             ..
         } = self;
@@ -306,7 +329,21 @@ impl GroupingBuffer {
         let mut writer = RunWriter::default();
         let mut encoded_window = Vec::new();
         let mut keys = 0usize;
-        for (key, windows) in std::mem::take(panes) {
+        // The table is given up (it keeps the room it grew to) and the keys
+        // kept whole go to a new one.
+        let mut kept = KeyTable::<KeyPanes>::default();
+        let mut kept_bytes = 0usize;
+        for (key, windows) in std::mem::take(panes).into_entries() {
+            if kept_whole(&windows) {
+                kept_bytes += key.len()
+                    + KEY_OVERHEAD
+                    + windows
+                        .iter()
+                        .map(|(_, p)| p.values.len() + PANE_OVERHEAD)
+                        .sum::<usize>();
+                *kept.get_or_default(&key) = windows;
+                continue;
+            }
             let mut v = Vec::new();
             for (window, pane) in &windows {
                 if pane.count == 0 {
@@ -336,34 +373,54 @@ impl GroupingBuffer {
             run,
             keys,
             bytes = *memory_bytes,
+            kept_bytes,
             spilled_total = spill.spilled_bytes,
             "GroupByKey sessions spilled"
         );
-        touched.clear();
-        *memory_bytes = 0;
+        // Keys that got data since the last evaluation stay in `touched`
+        // even when they went to the store: late data there makes a pass
+        // due.
+        *panes = kept;
+        *memory_bytes = kept_bytes;
+        spill.pinned = kept_bytes;
         Ok(())
     }
 
     /// [`GroupingBuffer::evaluate`] for a sessions buffer with data in the
-    /// store: nothing fires from memory alone (a key's spilled pieces may
-    /// merge with its windows there), but a pass starts once the watermark
-    /// passes the end of some window. `None` when nothing is spilled (the
-    /// buffer evaluates as usual).
+    /// store: only keys kept whole fire from memory (any other key's
+    /// windows may merge with its pieces in the store), and a pass starts
+    /// once the watermark passes the end of some window, or late data
+    /// arrived for a key that is not whole. `None` when nothing is spilled
+    /// (the buffer evaluates as usual).
     pub(in crate::grouping) fn evaluate_spilled_sessions(
         &mut self,
         input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Fired,
+        max_bytes: usize,
     ) -> Result<Option<usize>, GroupingError> {
-        if !self.sessions().is_some_and(SessionSpill::holds_data) {
+        let Some(spill) = self.sessions() else {
+            return Ok(None);
+        };
+        if !spill.holds_data() {
             return Ok(None);
         }
-        self.touched.clear();
-        self.rescan = false;
-        let due = self
-            .sessions()
-            .is_some_and(|s| !s.in_pass() && input_watermark > s.earliest_end.min(self.next_wake));
+        if spill.in_pass() {
+            // The pass decides at its own watermark; what else is owed a
+            // look waits for its end, which looks at every key.
+            self.publish(input_watermark);
+            return Ok(Some(0));
+        }
+        let late_data = self
+            .touched
+            .iter()
+            .any(|key| !self.panes.get(key).is_some_and(kept_whole));
+        let due = late_data || input_watermark > spill.earliest_end.min(self.next_wake);
         if due {
             self.spill_sessions()?;
             self.next_wake = MAX_TIMESTAMP;
+            // What stayed in memory is looked at below, all of it.
+            self.rescan = true;
             if let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() {
                 let generation = next_number(&mut spill.generation, "generations")?;
                 let start = spill.generation_start(generation);
@@ -380,8 +437,31 @@ impl GroupingBuffer {
                 spill.holds = Holds::default();
             }
         }
+        let emitted = self.evaluate_whole_keys(input_watermark, now, out, max_bytes)?;
         self.publish(input_watermark);
-        Ok(Some(0))
+        Ok(Some(emitted))
+    }
+
+    /// Evaluates the keys kept whole in memory, as [`GroupingBuffer::evaluate`]
+    /// does every key: those that got data, or all of them once the
+    /// watermark passed the earliest wake point (which this recomputes
+    /// over every key in memory, whole or not).
+    fn evaluate_whole_keys(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Fired,
+        max_bytes: usize,
+    ) -> Result<usize, GroupingError> {
+        let every_key =
+            self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
+        let emitted = self
+            .evaluation_view(input_watermark, now)
+            .walk(every_key, out, max_bytes, kept_whole)?;
+        if self.panes.is_empty() {
+            self.memory_bytes = 0;
+        }
+        Ok(emitted)
     }
 
     /// [`GroupingBuffer::drain_spilled`] for a sessions buffer: the next
@@ -422,8 +502,12 @@ impl GroupingBuffer {
         Ok(emitted)
     }
 
-    /// Merges one key's spilled pieces, emits the windows that ended before
-    /// `watermark` and puts the others back into memory; how many it emitted.
+    /// Merges one key's spilled pieces and evaluates them as memory would
+    /// have at `watermark` (firing the windows past their end, dropping the
+    /// closed ones), then puts what stays open back into memory, merged
+    /// with what the key has there; how many panes it emitted. A key left
+    /// with a window that fired is kept whole: its pieces in the generation
+    /// being written come back too.
     fn settle_key(
         &mut self,
         key: &[u8],
@@ -432,52 +516,106 @@ impl GroupingBuffer {
         now: Timestamp,
         out: &mut Fired,
     ) -> Result<usize, GroupingError> {
+        let strategy = &self.strategy;
+        // Holds, bytes and wake points of the pieces were the pass's; these
+        // are scratch.
+        let mut scratch_holds = Holds::default();
+        let mut scratch_wake = MAX_TIMESTAMP;
+        let mut scratch_bytes = 0usize;
+        let mut windows = KeyPanes::new();
+        for (window, piece) in pieces {
+            let mut pane = Pane::new(&strategy.trigger);
+            pane.add_spilled(piece);
+            insert_pane(&mut windows, window, pane, strategy, &mut scratch_holds);
+        }
+        merge_intervals(&mut windows, strategy, &mut scratch_holds);
+        let firing = Firing {
+            strategy,
+            window_coder: &self.window_coder,
+            output_watermark: self.output_watermark,
+        };
+        let mut evaluation = Evaluation::new(
+            firing,
+            watermark,
+            now,
+            &mut scratch_holds,
+            &mut scratch_wake,
+            &mut scratch_bytes,
+        );
+        evaluation.key(key, &mut windows, out);
+        if let Some(e) = evaluation.error {
+            return Err(e.into());
+        }
+        let emitted = evaluation.emitted;
+        if windows.is_empty() {
+            return Ok(emitted);
+        }
+        let whole = kept_whole(&windows);
+        self.put_back(key, windows, watermark);
+        if whole {
+            self.take_back_written(key, watermark)?;
+        }
+        Ok(emitted)
+    }
+
+    /// Puts `windows` of `key` into memory, merged with what it has there.
+    fn put_back(&mut self, key: &[u8], windows: KeyPanes, watermark: Timestamp) {
         let GroupingBuffer {
             strategy,
-            window_coder,
             panes,
             holds,
-            output_watermark,
             next_wake,
             memory_bytes,
             ..
         } = self;
-        let trigger = &strategy.trigger;
-        // Holds of the pieces were the pass's; these are scratch.
-        let mut scratch = Holds::default();
-        let mut windows = KeyPanes::new();
-        for (window, piece) in pieces {
-            let mut pane = Pane::new(trigger);
-            pane.add_spilled(piece);
-            insert_pane(&mut windows, window, pane, strategy, &mut scratch);
+        let (kept, new_key) = panes.get_or_insert_with(key, KeyPanes::new);
+        if new_key {
+            *memory_bytes += key.len() + KEY_OVERHEAD;
         }
-        merge_intervals(&mut windows, strategy, &mut scratch);
-        let firing = Firing {
-            strategy,
-            window_coder,
-            output_watermark: *output_watermark,
-        };
-        let mut emitted = 0;
-        for (window, mut pane) in windows {
-            if window.garbage_collection_time(strategy.allowed_lateness) < watermark {
-                let ctx = TriggerContext {
-                    window_end: window.max_timestamp(),
-                    watermark,
-                    now,
-                };
-                emitted += firing.emit(key, &window, &mut pane, &ctx, true, out)?;
-                continue;
-            }
-            let (kept, new_key) = panes.get_or_insert_with(key, KeyPanes::new);
-            if new_key {
-                *memory_bytes += key.len() + KEY_OVERHEAD;
-            }
+        for (window, pane) in windows {
             *memory_bytes += pane.values.len() + PANE_OVERHEAD;
             *next_wake = (*next_wake).min(wake(&window, watermark, strategy.allowed_lateness));
             insert_pane(kept, window, pane, strategy, holds);
-            merge_intervals(kept, strategy, holds);
         }
-        Ok(emitted)
+        merge_intervals(kept, strategy, holds);
+    }
+
+    /// Brings `key`'s pieces in the generation being written back into
+    /// memory (and out of the store), so that the key is whole there.
+    fn take_back_written(&mut self, key: &[u8], watermark: Timestamp) -> Result<(), GroupingError> {
+        let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() else {
+            return Ok(());
+        };
+        if spill.pieces == 0 {
+            return Ok(());
+        }
+        let start = spill.generation_start(spill.generation);
+        let mut prefix = start.clone();
+        put_len(&mut prefix, key.len())?;
+        prefix.extend_from_slice(key);
+        let store = spill.store.clone();
+        let entries = PagedRange::prefixed(&prefix).rest(store.as_ref())?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        delete_prefix(store.as_ref(), &prefix)?;
+        let mut windows = KeyPanes::new();
+        let mut scratch = Holds::default();
+        for (k, v) in entries {
+            let (_, pieces) = decode_entry(&start, &k, v, &self.window_coder)?;
+            for (window, piece) in pieces {
+                let mut pane = Pane::new(&self.strategy.trigger);
+                pane.add_spilled(piece);
+                // The hold it added when it was written, computed again.
+                if let Some(h) = pane_hold(&self.strategy, &window, &pane) {
+                    spill.holds.remove(h);
+                }
+                spill.pieces = spill.pieces.saturating_sub(1);
+                insert_pane(&mut windows, window, pane, &self.strategy, &mut scratch);
+            }
+        }
+        self.put_back(key, windows, watermark);
+        Ok(())
     }
 
     /// For a checkpoint: every spilled piece read back, merged into `panes`

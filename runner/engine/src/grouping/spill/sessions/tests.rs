@@ -5,23 +5,24 @@ use proptest::prelude::*;
 use crate::coder::{Coder, DecodedElement, PaneTiming};
 use crate::grouping::tests::{element, emitted, kv_coder};
 use crate::grouping::{Fired, GroupingBuffer};
-use crate::plan::{OutputTime, WindowFn, WindowingStrategy};
+use crate::plan::{AccumulationMode, OutputTime, WindowFn, WindowingStrategy};
 use crate::spill::MemorySpillStore;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
 const GAP: i64 = 10;
 
-fn strategy(output_time: OutputTime) -> WindowingStrategy {
+fn strategy(output_time: OutputTime, allowed_lateness: i64) -> WindowingStrategy {
     WindowingStrategy {
         window_fn: WindowFn::Sessions { gap: GAP },
         output_time,
+        allowed_lateness,
         ..WindowingStrategy::global_default()
     }
 }
 
-fn buffer(output_time: OutputTime) -> GroupingBuffer {
-    GroupingBuffer::new(strategy(output_time), kv_coder(), Coder::IntervalWindow)
+fn buffer(strategy: &WindowingStrategy) -> GroupingBuffer {
+    GroupingBuffer::new(strategy.clone(), kv_coder(), Coder::IntervalWindow)
 }
 
 /// A `KV<[key], value>` element at `ts`, in its own session window.
@@ -72,9 +73,11 @@ enum Event {
 }
 
 /// A spilling buffer driven step by step, checking as it goes that it
-/// never emits behind the output watermark it published and never holds
-/// more than its limit in memory.
+/// never emits behind the output watermark it published (unless late data
+/// may arrive) and never holds more than its limit in memory (past the
+/// keys it keeps whole).
 struct Driver {
+    strategy: WindowingStrategy,
     g: GroupingBuffer,
     store: std::sync::Arc<MemorySpillStore>,
     limit: usize,
@@ -85,10 +88,16 @@ struct Driver {
 
 impl Driver {
     fn new(limit: usize, output_time: OutputTime) -> Self {
+        Driver::allowing_lateness(limit, output_time, 0)
+    }
+
+    fn allowing_lateness(limit: usize, output_time: OutputTime, lateness: i64) -> Self {
         let store = MemorySpillStore::shared();
-        let mut g = buffer(output_time);
+        let strategy = strategy(output_time, lateness);
+        let mut g = buffer(&strategy);
         assert!(g.enable_spill(store.clone(), b"s/".to_vec(), limit));
         Driver {
+            strategy,
             g,
             store,
             limit,
@@ -101,10 +110,18 @@ impl Driver {
     fn add(&mut self, e: DecodedElement) {
         self.g.add(&e, self.watermark, 0).unwrap();
         assert!(
-            self.g.buffered_bytes() <= self.limit,
+            self.g.buffered_bytes() <= self.limit + self.g.spill_pinned(),
             "spilled past its limit"
         );
         self.log.push(Event::Add(e, self.watermark));
+    }
+
+    /// Panes accumulate instead of discarding (before any data).
+    fn accumulate(&mut self) {
+        self.strategy.accumulation = AccumulationMode::Accumulating;
+        let mut g = buffer(&self.strategy);
+        assert!(g.enable_spill(self.store.clone(), b"a/".to_vec(), self.limit));
+        self.g = g;
     }
 
     /// One step's worth of emitting, `f` being evaluate or drain.
@@ -112,8 +129,15 @@ impl Driver {
         let published = self.g.output_watermark;
         let mut out = Fired::default();
         f(&mut self.g, &mut out);
+        // Late data stays late: its pane is stamped at the end of its
+        // window, wherever the watermark is, and a session it joins may be
+        // stamped there too (in memory as well).
+        let allows_late_data = self.strategy.allowed_lateness > 0;
         for s in said(out) {
-            assert!(s.3 >= published, "{s:?} came out behind {published}");
+            assert!(
+                allows_late_data || s.3 >= published,
+                "{s:?} came out behind {published}"
+            );
             self.said.push(s);
         }
     }
@@ -163,8 +187,8 @@ impl Driver {
     }
 
     /// What an in-memory buffer says when it sees what this one saw.
-    fn replayed(&self, output_time: OutputTime) -> Vec<Said> {
-        let mut plain = buffer(output_time);
+    fn replayed(&self) -> Vec<Said> {
+        let mut plain = buffer(&self.strategy);
         let mut out = Fired::default();
         for event in &self.log {
             match event {
@@ -196,6 +220,13 @@ enum Op {
         ahead: i64,
         value: u8,
     },
+    /// An element `behind` the watermark: late, and dropped if its
+    /// window is past the allowed lateness.
+    AddLate {
+        key: u8,
+        behind: i64,
+        value: u8,
+    },
     Advance(i64),
     /// A drain step of about this many bytes.
     Drain(usize),
@@ -206,6 +237,11 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u8..4, 0i64..30, 0u8..100).prop_map(|(key, ahead, value)| Op::Add {
             key,
             ahead,
+            value
+        }),
+        2 => (0u8..4, 0i64..40, 0u8..100).prop_map(|(key, behind, value)| Op::AddLate {
+            key,
+            behind,
             value
         }),
         2 => (0i64..25).prop_map(Op::Advance),
@@ -224,32 +260,52 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..80),
         limit in 0usize..700,
         earliest in any::<bool>(),
+        lateness in prop_oneof![Just(0i64), 1i64..40],
+        accumulating in any::<bool>(),
     ) {
         let output_time = if earliest { OutputTime::EarliestInPane } else { OutputTime::EndOfWindow };
-        let mut d = Driver::new(limit, output_time);
+        let mut d = Driver::allowing_lateness(limit, output_time, lateness);
+        if accumulating {
+            d.accumulate();
+        }
         for op in ops {
             match op {
                 Op::Add { key, ahead, value } => {
                     let ts = d.watermark - 3 + ahead;
                     d.add(session_element(key, value, ts));
                 }
+                Op::AddLate { key, behind, value } => {
+                    d.add(session_element(key, value, d.watermark - behind));
+                }
                 Op::Advance(by) => d.advance(by),
                 Op::Drain(bytes) => d.drain(bytes),
             }
         }
         d.finish();
-        // An element's output time can differ where the two published
-        // different output watermarks (one behind the other's is stamped
-        // at its own time, not its window's end: both on time); both
-        // never emit behind what they published (checked as it goes).
-        let times = |s: Vec<Said>| -> Vec<Said> {
-            if earliest {
-                s.into_iter().map(|p| (p.0, p.1, p.2, 0, p.4, p.5, p.6)).collect()
-            } else {
-                s
-            }
+        // Where the two published different output watermarks (a pass
+        // holds its own until it is done), an element's output time can
+        // differ (one behind the other's is stamped at its own time, not
+        // its window's end: both on time), and so can a window's first
+        // pane's timing (LATE once the output watermark passed the window,
+        // else ON_TIME); both never emit on-time panes behind what they
+        // published (checked as it goes).
+        let comparable = |s: Vec<Said>| -> Vec<Said> {
+            let mut s: Vec<Said> = s
+                .into_iter()
+                .map(|p| {
+                    let ts = if earliest { 0 } else { p.3 };
+                    let timing = if p.4 && p.6 == PaneTiming::Late as u8 {
+                        PaneTiming::OnTime as u8
+                    } else {
+                        p.6
+                    };
+                    (p.0, p.1, p.2, ts, p.4, p.5, timing)
+                })
+                .collect();
+            s.sort();
+            s
         };
-        prop_assert_eq!(times(d.sorted()), times(d.replayed(output_time)));
+        prop_assert_eq!(comparable(d.sorted()), comparable(d.replayed()));
     }
 }
 
@@ -287,7 +343,7 @@ fn a_batch_of_sessions_larger_than_memory_comes_out_whole() {
         assert_eq!(*ts, window.max_timestamp());
         assert!(*first && *last && *timing == PaneTiming::OnTime as u8);
     }
-    assert_eq!(got, d.replayed(OutputTime::EndOfWindow));
+    assert_eq!(got, d.replayed());
 }
 
 /// A checkpoint taken halfway through reading the spill back holds what
@@ -308,25 +364,33 @@ fn a_checkpoint_taken_during_a_pass_holds_the_rest() {
     assert!(d.g.is_draining(), "the pass is under way");
     let before = d.said.len();
     assert!(before > 0);
-    let snapshot = d.g.snapshot().unwrap();
-    let mut restored = buffer(OutputTime::EndOfWindow);
-    restored.restore(snapshot).unwrap();
-    let mut out = Fired::default();
-    restored
-        .evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX)
-        .unwrap();
-    assert!(restored.is_empty());
     let mut all = d.said.clone();
-    all.extend(said(out));
+    all.extend(d.restored_to_the_end());
     all.sort();
     assert_eq!(all, d.replayed_to_the_end());
 }
 
 impl Driver {
+    /// What a buffer restored from a checkpoint of this one emits at the
+    /// end of the input (all of it: it is left empty).
+    fn restored_to_the_end(&self) -> Vec<Said> {
+        let snapshot = self.g.snapshot().unwrap();
+        let mut restored = buffer(&self.strategy);
+        restored.restore(snapshot).unwrap();
+        let mut out = Fired::default();
+        restored
+            .evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX)
+            .unwrap();
+        assert!(restored.is_empty());
+        let mut s = said(out);
+        s.sort();
+        s
+    }
+
     /// [`Driver::replayed`] with the end of the input evaluated too.
     fn replayed_to_the_end(&mut self) -> Vec<Said> {
         self.log.push(Event::Evaluate(MAX_TIMESTAMP));
-        self.replayed(OutputTime::EndOfWindow)
+        self.replayed()
     }
 }
 
@@ -362,4 +426,58 @@ fn a_pass_emits_the_closed_sessions_and_keeps_the_open_ones() {
         }
     );
     assert_eq!(got[1].2, vec![2, 4]);
+}
+
+/// With allowed lateness: a session that fired stays in memory, with the
+/// rest of its key, while other keys spill; late data joins it and fires a
+/// late pane (of the late data: panes discard) at once (its key has nothing in the store); a checkpoint
+/// taken then holds both kinds.
+#[test]
+fn a_session_that_fired_stays_in_memory_for_late_data() {
+    let mut d = Driver::allowing_lateness(0, OutputTime::EndOfWindow, 50);
+    d.add(session_element(1, 1, 0));
+    d.add(session_element(2, 2, 100));
+    assert!(d.g.has_spilled());
+    d.advance(20);
+    while d.g.is_draining() {
+        d.drain(usize::MAX);
+    }
+    let on_time = (
+        1,
+        Window::Interval { start: 0, end: 10 },
+        vec![1],
+        9,
+        true,
+        false,
+        PaneTiming::OnTime as u8,
+    );
+    assert_eq!(d.sorted(), vec![on_time.clone()]);
+    assert_eq!(d.g.buffered_bytes(), d.g.spill_pinned(), "key 1 stayed");
+    // Late data for key 1, and more for key 2, which spills.
+    d.add(session_element(1, 3, 5));
+    d.add(session_element(2, 4, 104));
+    assert!(d.g.has_spilled(), "key 2 is in the store");
+    d.evaluate();
+    assert!(!d.g.is_draining(), "no pass: key 1 is whole in memory");
+    let late = (
+        1,
+        Window::Interval { start: 0, end: 15 },
+        vec![3],
+        14,
+        false,
+        false,
+        PaneTiming::Late as u8,
+    );
+    assert_eq!(d.sorted(), vec![on_time.clone(), late.clone()]);
+    // A checkpoint now holds key 1's fired session and key 2's pieces.
+    let rest = d.restored_to_the_end();
+    d.finish();
+    let all = d.sorted();
+    assert_eq!(&all[..2], &[on_time, late]);
+    assert_eq!(
+        rest,
+        all[2..].to_vec(),
+        "the restored buffer emits the rest"
+    );
+    assert_eq!(all, d.replayed_to_the_end());
 }
