@@ -9,10 +9,13 @@ once. Every offset is still produced exactly once.
 
 Any other bundle that reads data is split the same way, at an element,
 once its output passes its share of the memory budget (a DoFn that emits
-far more than it reads) and, unless its stage is stateful, when a worker
-idles while it runs (a few slow elements make one bundle): it gives back
-the elements it has not reached, which run as bundles of their own.
-Every element's output still arrives exactly once.
+far more than it reads) and when a worker idles while it runs (a few slow
+elements make one bundle): it gives back the elements it has not reached,
+which run as bundles of their own. Every element's output still arrives
+exactly once. A stateful stage's bundle gets its elements grouped by key
+group and is split only between groups; the groups it gives back are free
+for another worker at once, and each key's state still sees each of its
+elements once.
 """
 
 import time
@@ -25,6 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 from apache_beam.transforms.core import RestrictionProvider
+from apache_beam.transforms.userstate import CombiningValueStateSpec
 
 from refract_testlib import RefractServer
 
@@ -158,3 +162,38 @@ def test_a_bundle_of_slow_elements_is_shared_with_an_idle_worker(
       | beam.ParDo(Slow()))
   assert_that(out, equal_to(list(range(SLOW_ELEMENTS))))
   assert_split(run_and_count_bundles(p))
+
+
+STATEFUL_KEYS = 16
+
+
+class SlowCount(beam.DoFn):
+  """0.1 s per element; counts each key's elements in state and emits
+  (key, how many of its elements it has seen)."""
+  SEEN = CombiningValueStateSpec('seen', sum)
+
+  def start_bundle(self):
+    Metrics.counter('slow', 'bundles').inc()
+
+  def process(self, kv, seen=beam.DoFn.StateParam(SEEN)):
+    time.sleep(0.1)
+    seen.add(1)
+    yield kv[0], seen.read()
+
+
+def test_slow_stateful_bundles_shared_with_idle_workers_keep_each_keys_state(
+    refract_server):
+  # Two workers; a key's three elements may land in a bundle another
+  # worker's bundle took groups from: each still counts 1, 2, 3.
+  p = beam.Pipeline(
+      options=PipelineOptions(
+          refract_server.portable_args('--sdk_worker_parallelism=2')))
+  out = (
+      p
+      | beam.Create([(k, i) for i in range(3) for k in range(STATEFUL_KEYS)])
+      | beam.Reshuffle()
+      | beam.ParDo(SlowCount()))
+  assert_that(
+      out,
+      equal_to([(k, n) for k in range(STATEFUL_KEYS) for n in (1, 2, 3)]))
+  run_and_count_bundles(p)

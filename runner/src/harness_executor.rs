@@ -96,7 +96,8 @@ struct SplitOutcome {
 }
 
 /// Ask the SDK to split the bundle `bundle_id` reading `source`, keeping
-/// `fraction` of what remains. What the SDK gives back — residual
+/// `fraction` of what remains (giving back from one of `allowed` element
+/// indices, if any are given). What the SDK gives back — residual
 /// restrictions, and the input elements it will not reach (`inputs` are
 /// the bundle's elements not given back by an earlier split) — becomes
 /// residual work for the engine. Failures are logged and mean no split:
@@ -107,6 +108,7 @@ async fn split_bundle(
     source: &str,
     inputs: &[bytes::Bytes],
     fraction: f64,
+    allowed: &[usize],
 ) -> SplitOutcome {
     let unsplit = SplitOutcome {
         residuals: Vec::new(),
@@ -120,7 +122,10 @@ async fn split_bundle(
             process_bundle_split_request::DesiredSplit {
                 fraction_of_remainder: fraction,
                 estimated_input_elements: inputs.len() as i64,
-                allowed_split_points: Vec::new(),
+                allowed_split_points: allowed
+                    .iter()
+                    .filter_map(|&at| i64::try_from(at).ok())
+                    .collect(),
             },
         )]
         .into_iter()
@@ -368,12 +373,15 @@ fn element_slices(chunks: &[bytes::Bytes], lengths: &[usize]) -> Vec<bytes::Byte
 /// and idle workers; any other bundle that reads data (and sets no timers)
 /// at an element boundary, once its output passes the limit — a DoFn that
 /// emits far more than it reads must not hold a whole bundle's output in
-/// the runner's memory — and, unless the stage is stateful, when a worker
-/// idles while it runs (a few slow elements are one bundle, which one
-/// worker would otherwise do alone).
+/// the runner's memory — and when a worker idles while it runs (a few slow
+/// elements are one bundle, which one worker would otherwise do alone): a
+/// stateful stage's only if it may split between key groups (`split_points`
+/// not empty), since what it gives back must hold keys it no longer needs
+/// to run beside it.
 fn split_policy(
     stage: &SdkStageDescriptor,
     elements: usize,
+    split_points: &[usize],
     output_limit: u64,
 ) -> Option<SplitPolicy> {
     stage.input_transform_id.as_ref()?;
@@ -383,7 +391,7 @@ fn split_policy(
         Some(SplitPolicy::for_elements(
             output_limit,
             Instant::now(),
-            !stage.stateful,
+            !stage.stateful || !split_points.is_empty(),
         ))
     } else {
         None
@@ -414,7 +422,13 @@ async fn run_bundle(
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone().unwrap_or_default();
     let split_sink = input.splits.clone();
-    let policy = split_policy(stage, input.element_lengths.len(), limits.split_bytes);
+    let split_points = input.split_points;
+    let policy = split_policy(
+        stage,
+        input.element_lengths.len(),
+        &split_points,
+        limits.split_bytes,
+    );
     // Not a splittable DoFn's bundle: splits at any position bound its
     // output, and its output to disk would be written twice for nothing.
     // (Splits take effect late — the SDK is ahead of what has arrived — so
@@ -481,6 +495,7 @@ async fn run_bundle(
                             &split_source,
                             &inputs[..end.min(inputs.len())],
                             fraction,
+                            &split_points,
                         )
                         .await;
                         end = outcome.end;

@@ -4,8 +4,10 @@
 //! Three reasons for a splittable DoFn's bundle, looked at every few
 //! milliseconds while it runs. Any other bundle is split at an element
 //! boundary, for size and for an idle worker but not for time (its
-//! elements are not restrictions to share out); a stateful stage's only
-//! for size (what it gives back waits for the bundle's keys anyway):
+//! elements are not restrictions to share out); a stateful stage's for an
+//! idle worker only where it may split between key groups (what it gives
+//! back must hold keys it no longer needs, or it would wait for the bundle
+//! anyway):
 //!
 //! * **time**: after a quarter second, then every second. A source read
 //!   as one restriction otherwise keeps one worker busy while the others

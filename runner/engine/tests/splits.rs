@@ -9,6 +9,10 @@
 //! A bundle of a stage that is not splittable is split at an element (a
 //! channel split): the elements after the split point run as a bundle of
 //! their own, each exactly once.
+//!
+//! A stateful stage's bundle gets its elements grouped by key group, may
+//! be split only between groups, and once split lets go of the groups it
+//! gave back: their bundle runs while it still runs.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,6 +222,23 @@ fn elements(input: &BundleInput) -> Vec<Bytes> {
         .collect()
 }
 
+/// A channel split of a bundle of `elements` that keeps the first `kept`
+/// and gives back the rest.
+fn split_at(elements: &[Bytes], kept: usize) -> BundleSplit {
+    BundleSplit {
+        kept_elements: kept,
+        primaries: Vec::new(),
+        residuals: elements[kept..]
+            .iter()
+            .map(|e| Residual {
+                element: e.clone(),
+                delay_ms: 0,
+                watermark: None,
+            })
+            .collect(),
+    }
+}
+
 struct FanOutFake(Arc<FanOut>);
 
 impl StageExecutor for FanOutFake {
@@ -235,18 +256,7 @@ impl StageExecutor for FanOutFake {
                     if first {
                         // The SDK stops after the first KEPT elements and
                         // hands back the rest.
-                        input.splits.send(BundleSplit {
-                            kept_elements: KEPT,
-                            primaries: Vec::new(),
-                            residuals: given[KEPT..]
-                                .iter()
-                                .map(|e| Residual {
-                                    element: e.clone(),
-                                    delay_ms: 0,
-                                    watermark: None,
-                                })
-                                .collect(),
-                        });
+                        input.splits.send(split_at(&given, KEPT));
                         done = &numbers[..KEPT];
                     }
                     Ok(numbered(2, done.iter().copied()))
@@ -279,4 +289,143 @@ async fn a_bundle_split_at_an_element_runs_the_elements_after_it_once() {
     let seen = fan_out.seen.lock().clone();
     let want: BTreeMap<u8, usize> = (0..ELEMENTS).map(|n| (n, 1)).collect();
     assert_eq!(seen, want, "every element's output exactly once");
+}
+
+/// Keys of the stateful split test (one element each).
+const KEYS: u8 = 60;
+
+#[derive(Default)]
+struct Keyed {
+    /// The first bundle of the stateful stage that had more than one key
+    /// group has been seen.
+    split_one: AtomicBool,
+    /// The elements it gave back (their first bytes).
+    given_back: Mutex<Vec<u8>>,
+    /// A bundle holding some of them started.
+    given_back_started: Notify,
+    /// ... while the bundle that gave them back still ran.
+    ran_beside: AtomicBool,
+    /// Elements the stateful stage processed, with how often.
+    seen: Mutex<BTreeMap<u8, usize>>,
+}
+
+fn kv_coder() -> Coder {
+    Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes))
+}
+
+/// Element `n`: key `key-n`, value `[n]`.
+fn keyed_element(n: u8) -> Bytes {
+    let key = format!("key-{n}");
+    let mut kv = vec![key.len() as u8];
+    kv.extend_from_slice(key.as_bytes());
+    kv.extend_from_slice(&[1, n]);
+    windowed(&kv)
+}
+
+/// An element's number and key group.
+fn number_and_group(element: &Bytes) -> (u8, u32) {
+    let decoded = decode_windowed_values(element, &kv_coder(), &Coder::GlobalWindow)
+        .expect("decodes")
+        .remove(0);
+    let kv = decoded.value_bytes();
+    let key_len = kv[0] as usize;
+    (
+        kv[key_len + 2],
+        refract_engine::key_groups::key_group(&kv[..key_len + 1]),
+    )
+}
+
+struct KeyedFake(Arc<Keyed>);
+
+impl StageExecutor for KeyedFake {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let me = self.0.clone();
+        async move {
+            match input.stage {
+                1 => {
+                    let mut block = Vec::new();
+                    for n in 0..KEYS {
+                        block.extend_from_slice(&keyed_element(n));
+                    }
+                    Ok(BundleOutput {
+                        outputs: vec![(1, Bytes::from(block))],
+                        ..Default::default()
+                    })
+                }
+                _ => {
+                    let given = elements(&input);
+                    let numbered: Vec<(u8, u32)> = given.iter().map(number_and_group).collect();
+                    // Grouped by key group, split points between groups.
+                    let groups: Vec<u32> = numbered.iter().map(|&(_, g)| g).collect();
+                    assert!(groups.windows(2).all(|w| w[0] <= w[1]), "{groups:?}");
+                    let boundaries: Vec<usize> = (1..groups.len())
+                        .filter(|&i| groups[i] != groups[i - 1])
+                        .collect();
+                    assert_eq!(input.split_points, boundaries);
+                    if me.given_back.lock().iter().any(|n| *n == numbered[0].0) {
+                        me.given_back_started.notify_one();
+                    }
+                    let mut done = numbered.len();
+                    if !boundaries.is_empty() && !me.split_one.swap(true, Ordering::SeqCst) {
+                        // Split at the middle group boundary, then keep
+                        // running until the elements given back start.
+                        done = boundaries[boundaries.len() / 2];
+                        me.given_back
+                            .lock()
+                            .extend(numbered[done..].iter().map(|&(n, _)| n));
+                        input.splits.send(split_at(&given, done));
+                        let started = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            me.given_back_started.notified(),
+                        )
+                        .await;
+                        me.ran_beside.store(started.is_ok(), Ordering::SeqCst);
+                    }
+                    let mut seen = me.seen.lock();
+                    for &(n, _) in &numbered[..done] {
+                        *seen.entry(n).or_default() += 1;
+                    }
+                    Ok(BundleOutput::default())
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_bundle_split_between_key_groups_lets_the_groups_it_gave_back_run_beside_it() {
+    let keyed = Arc::new(Keyed::default());
+    let plan = Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("kvs", kv_coder()),
+        ],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage("source", sdk(false), vec![0], vec![1]),
+            stage(
+                "stateful",
+                StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    ..SdkStage::default()
+                }),
+                vec![1],
+                vec![],
+            ),
+        ],
+    };
+    let config = EngineConfig {
+        max_bundles_per_stage: 2,
+        ..EngineConfig::default()
+    };
+    run(plan, Arc::new(KeyedFake(keyed.clone())), config).await;
+    assert!(keyed.split_one.load(Ordering::SeqCst), "a bundle was split");
+    assert!(
+        keyed.ran_beside.load(Ordering::SeqCst),
+        "what it gave back ran while it still ran"
+    );
+    let seen = keyed.seen.lock().clone();
+    let want: BTreeMap<u8, usize> = (0..KEYS).map(|n| (n, 1)).collect();
+    assert_eq!(seen, want, "every element exactly once");
 }

@@ -246,10 +246,48 @@ impl Engine {
             flight.elements.truncate(split.kept_elements);
             flight.elements.extend(primaries);
         }
+        self.release_given_back_groups(bundle);
         self.defer_residuals(idx, &split.residuals)?;
         // Runnable at once (a split's residuals ask for no delay).
         self.release_delayed()?;
         Ok(())
+    }
+
+    /// A keyed stage's bundle that was split holds on to the key groups of
+    /// what it kept (elements and timers) and lets the others go, so that
+    /// what it gave back (split between key groups: see
+    /// [`super::scheduling::group_by_key_group`]) can run beside it.
+    fn release_given_back_groups(&mut self, bundle: u64) {
+        let Some(flight) = self.in_flight.get_mut(&bundle) else {
+            return;
+        };
+        if flight.key_groups == 0 {
+            return;
+        }
+        let idx = flight.stage;
+        let Some(&input) = self.plan.stages[idx].inputs.first() else {
+            return;
+        };
+        let coder = &self.plan.pcollections[input].value_coder;
+        let mut kept: KeyGroupSet = 0;
+        for e in &flight.elements {
+            kept |= 1u128 << super::scheduling::element_key_group(coder, e);
+        }
+        for (_, t) in &flight.fired_timers {
+            kept |= group_of(&t.timer.user_key);
+        }
+        let released = flight.key_groups & !kept;
+        if released == 0 {
+            return;
+        }
+        flight.key_groups &= kept;
+        self.stages[idx].locked_key_groups &= !released;
+        debug!(
+            stage = %self.plan.stages[idx].name,
+            bundle,
+            groups = released.count_ones(),
+            "split bundle let key groups go"
+        );
     }
 }
 

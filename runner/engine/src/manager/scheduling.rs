@@ -2,7 +2,40 @@
 //! of each SDK stage, and when.
 
 use super::*;
-use crate::key_groups::{slice_mask, KEY_GROUPS};
+use crate::coder::Coder;
+use crate::key_groups::{key_group, slice_mask, KEY_GROUPS};
+
+/// The key group of a keyed stage's input element (its `KV`'s key; the
+/// stage's input value coder is `coder`). An element whose key does not
+/// decode is put in group 0: its bundle fails on it anyway.
+pub(super) fn element_key_group(coder: &Coder, e: &DecodedElement) -> u32 {
+    coder
+        .kv_key_len(e.value())
+        .map_or(0, |n| key_group(&e.value()[..n]))
+}
+
+/// Puts a keyed bundle's `elements` in key-group order (each key's in the
+/// order they came) and returns where one group ends and the next starts:
+/// the points a split may give back from, so that what it gives back holds
+/// only groups the bundle no longer needs.
+pub(super) fn group_by_key_group(
+    coder: &Coder,
+    elements: Vec<DecodedElement>,
+) -> (Vec<DecodedElement>, Vec<usize>) {
+    let mut grouped: Vec<(u32, DecodedElement)> = elements
+        .into_iter()
+        .map(|e| (element_key_group(coder, &e), e))
+        .collect();
+    // Stable: one key's elements keep their order.
+    grouped.sort_by_key(|(g, _)| *g);
+    let points = grouped
+        .windows(2)
+        .enumerate()
+        .filter(|(_, pair)| pair[0].0 != pair[1].0)
+        .map(|(i, _)| i + 1)
+        .collect();
+    (grouped.into_iter().map(|(_, e)| e).collect(), points)
+}
 
 /// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
 pub(super) fn chunk_elements(elements: &[DecodedElement], chunk_bytes: usize) -> Vec<Bytes> {
@@ -127,9 +160,7 @@ impl Engine {
                 s.pending.refill().map_err(spill_failed(&self.plan, idx))?;
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
-                        Some(coder) => coder
-                            .kv_key_len(e.value())
-                            .map_or(1, |n| group_of(&e.value()[..n])),
+                        Some(coder) => 1u128 << element_key_group(coder, e),
                         None => 0,
                     }
                 };
@@ -151,12 +182,14 @@ impl Engine {
                 // to empty), so that event-time timers are not starved.
                 let last = expiration.as_ref().map(|(t, f)| (t.as_str(), f.as_str()));
                 // A keyed stage's bundle takes one slice of the key groups,
-                // a slice no bundle in flight holds, so that the other
-                // slices are left for bundles running beside it.
+                // the part of it no bundle in flight holds (all of it but
+                // for a bundle that gave some of its groups back when it
+                // was split), so that the other slices are left for
+                // bundles running beside it.
                 let candidates: Vec<KeyGroupSet> = if keyed {
                     (0..key_slices)
-                        .map(|k| slice_mask(k, key_slices))
-                        .filter(|m| m & s.locked_key_groups == 0)
+                        .map(|k| slice_mask(k, key_slices) & !s.locked_key_groups)
+                        .filter(|m| *m != 0)
                         .collect()
                 } else {
                     vec![KeyGroupSet::MAX]
@@ -214,8 +247,17 @@ impl Engine {
                 let Some((allowed, mut elements, fired)) = picked else {
                     break;
                 };
+                // A stateful stage's bundle without timers may be split
+                // (one with timers is not: see the executor's split
+                // policy), between key groups.
+                let mut split_points = Vec::new();
                 if time_sorted {
                     elements.sort_by_key(|e| e.header.timestamp);
+                } else if let Some(coder) = key_coder
+                    .as_ref()
+                    .filter(|_| families.is_empty() && elements.len() > 1)
+                {
+                    (elements, split_points) = group_by_key_group(coder, elements);
                 }
                 let take = elements.len();
                 let key_groups: KeyGroupSet = if keyed { allowed } else { 0 };
@@ -288,6 +330,7 @@ impl Engine {
                     bundle_id: format!("{}-b{}", self.bundle_prefix, bundle),
                     elements: chunks,
                     element_lengths,
+                    split_points,
                     timers: timer_inputs,
                     state: overlay,
                     draining: self.draining,
