@@ -534,6 +534,25 @@ impl GroupingBuffer {
             return Ok(emitted);
         }
         self.start_drains(input_watermark)?;
+        let emitted = self.evaluate_keys(input_watermark, now, out, max_bytes, |_| true)?;
+        self.publish(input_watermark);
+        Ok(emitted)
+    }
+
+    /// The walk of [`Self::evaluate`] over the keys in memory that
+    /// `evaluated` accepts (the others only count towards the wake point):
+    /// every key once the watermark passed the earliest wake point (or
+    /// after a restore, or with a processing-time trigger), else those that
+    /// got data. When every key is looked at, `out` is given room for what
+    /// the buffer holds, up to `max_bytes`, at the first pane.
+    fn evaluate_keys(
+        &mut self,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Fired,
+        max_bytes: usize,
+        evaluated: impl Fn(&KeyPanes) -> bool,
+    ) -> Result<usize, GroupingError> {
         let every_key =
             self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
         let (room, room_elements) = if every_key {
@@ -547,11 +566,10 @@ impl GroupingBuffer {
         let mut view = self.evaluation_view(input_watermark, now);
         view.evaluation.room = room;
         view.evaluation.room_elements = room_elements;
-        let emitted = view.walk(every_key, out, max_bytes, |_| true)?;
+        let emitted = view.walk(every_key, out, max_bytes, evaluated)?;
         if self.panes.is_empty() {
             self.memory_bytes = 0;
         }
-        self.publish(input_watermark);
         Ok(emitted)
     }
 

@@ -336,6 +336,14 @@ fn read_spilled_pane(bytes: &Bytes, at: usize) -> Result<(SpilledPane, usize), S
 }
 
 impl Pane {
+    /// A pane that has not fired, holding one spilled part (a session's
+    /// piece as read back).
+    fn of_spilled(trigger: &Trigger, part: SpilledPane) -> Pane {
+        let mut pane = Pane::new(trigger);
+        pane.add_spilled(part);
+        pane
+    }
+
     fn add_spilled(&mut self, part: SpilledPane) {
         if self.values.is_empty() {
             self.values = PaneValues::from_slice(&part.values);

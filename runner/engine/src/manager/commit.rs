@@ -271,7 +271,7 @@ impl Engine {
         let coder = &self.plan.pcollections[input].value_coder;
         let mut kept: KeyGroupSet = 0;
         for e in &flight.elements {
-            kept |= 1u128 << super::scheduling::element_key_group(coder, e);
+            kept |= super::scheduling::element_key_group(coder, e);
         }
         for (_, t) in &flight.fired_timers {
             kept |= group_of(&t.timer.user_key);

@@ -3,15 +3,15 @@
 
 use super::*;
 use crate::coder::Coder;
-use crate::key_groups::{key_group, slice_mask, KEY_GROUPS};
+use crate::key_groups::{slice_mask, KEY_GROUPS};
 
 /// The key group of a keyed stage's input element (its `KV`'s key; the
-/// stage's input value coder is `coder`). An element whose key does not
-/// decode is put in group 0: its bundle fails on it anyway.
-pub(super) fn element_key_group(coder: &Coder, e: &DecodedElement) -> u32 {
+/// stage's input value coder is `coder`), as a set. An element whose key
+/// does not decode is put in group 0: its bundle fails on it anyway.
+pub(super) fn element_key_group(coder: &Coder, e: &DecodedElement) -> KeyGroupSet {
     coder
         .kv_key_len(e.value())
-        .map_or(0, |n| key_group(&e.value()[..n]))
+        .map_or(1, |n| group_of(&e.value()[..n]))
 }
 
 /// Puts a keyed bundle's `elements` in key-group order (each key's in the
@@ -22,11 +22,12 @@ pub(super) fn group_by_key_group(
     coder: &Coder,
     elements: Vec<DecodedElement>,
 ) -> (Vec<DecodedElement>, Vec<usize>) {
-    let mut grouped: Vec<(u32, DecodedElement)> = elements
+    let mut grouped: Vec<(KeyGroupSet, DecodedElement)> = elements
         .into_iter()
         .map(|e| (element_key_group(coder, &e), e))
         .collect();
-    // Stable: one key's elements keep their order.
+    // Stable: one key's elements keep their order. (A group's set is one
+    // bit: ordering sets orders groups.)
     grouped.sort_by_key(|(g, _)| *g);
     let points = grouped
         .windows(2)
@@ -160,7 +161,7 @@ impl Engine {
                 s.pending.refill().map_err(spill_failed(&self.plan, idx))?;
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
-                        Some(coder) => 1u128 << element_key_group(coder, e),
+                        Some(coder) => element_key_group(coder, e),
                         None => 0,
                     }
                 };

@@ -437,31 +437,11 @@ impl GroupingBuffer {
                 spill.holds = Holds::default();
             }
         }
-        let emitted = self.evaluate_whole_keys(input_watermark, now, out, max_bytes)?;
+        // The keys kept whole fire from memory (the walk still counts every
+        // key's wake point).
+        let emitted = self.evaluate_keys(input_watermark, now, out, max_bytes, kept_whole)?;
         self.publish(input_watermark);
         Ok(Some(emitted))
-    }
-
-    /// Evaluates the keys kept whole in memory, as [`GroupingBuffer::evaluate`]
-    /// does every key: those that got data, or all of them once the
-    /// watermark passed the earliest wake point (which this recomputes
-    /// over every key in memory, whole or not).
-    fn evaluate_whole_keys(
-        &mut self,
-        input_watermark: Timestamp,
-        now: Timestamp,
-        out: &mut Fired,
-        max_bytes: usize,
-    ) -> Result<usize, GroupingError> {
-        let every_key =
-            self.uses_processing_time || self.rescan || input_watermark > self.next_wake;
-        let emitted = self
-            .evaluation_view(input_watermark, now)
-            .walk(every_key, out, max_bytes, kept_whole)?;
-        if self.panes.is_empty() {
-            self.memory_bytes = 0;
-        }
-        Ok(emitted)
     }
 
     /// [`GroupingBuffer::drain_spilled`] for a sessions buffer: the next
@@ -524,8 +504,7 @@ impl GroupingBuffer {
         let mut scratch_bytes = 0usize;
         let mut windows = KeyPanes::new();
         for (window, piece) in pieces {
-            let mut pane = Pane::new(&strategy.trigger);
-            pane.add_spilled(piece);
+            let pane = Pane::of_spilled(&strategy.trigger, piece);
             insert_pane(&mut windows, window, pane, strategy, &mut scratch_holds);
         }
         merge_intervals(&mut windows, strategy, &mut scratch_holds);
@@ -604,8 +583,7 @@ impl GroupingBuffer {
         for (k, v) in entries {
             let (_, pieces) = decode_entry(&start, &k, v, &self.window_coder)?;
             for (window, piece) in pieces {
-                let mut pane = Pane::new(&self.strategy.trigger);
-                pane.add_spilled(piece);
+                let pane = Pane::of_spilled(&self.strategy.trigger, piece);
                 // The hold it added when it was written, computed again.
                 if let Some(h) = pane_hold(&self.strategy, &window, &pane) {
                     spill.holds.remove(h);
@@ -630,8 +608,7 @@ impl GroupingBuffer {
         let trigger = &self.strategy.trigger;
         let mut scratch = Holds::default();
         for (key, window, piece) in spill.read_back(&self.window_coder)? {
-            let mut pane = Pane::new(trigger);
-            pane.add_spilled(piece);
+            let pane = Pane::of_spilled(trigger, piece);
             let windows = panes.entry(key).or_default();
             insert_pane(windows, window, pane, &self.strategy, &mut scratch);
         }
