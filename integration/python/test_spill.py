@@ -110,3 +110,21 @@ def test_user_state_larger_than_the_memory_budget_spills_and_completes(
       request, refract_bin, tmp_path, extra, 'stateful_bag_pipeline.py',
       [24, 1, 5000])
   assert spilled_bytes(finished, 'state_spilled_bytes') > 0, finished
+
+
+def test_a_key_larger_than_memory_reaches_its_consumer_as_a_state_backed_iterable(
+    request, refract_bin, tmp_path):
+  """One key holding 96 MiB under a 16 MiB budget: the GroupByKey spills
+  it, and rather than read it back into one element, hands it to the
+  consumer as a state-backed iterable (the consumer's input coder says it
+  may), which the Python SDK pages through over the state API as the
+  DoFn iterates. The pipeline checks the count and bytes of the key's
+  values."""
+  spill_dir = tmp_path / 'spill'
+  extra = ['--memory_budget', '16m', '--serve_http=false',
+           '--spill_dir', str(spill_dir)]
+  finished = finished_line(
+      request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py',
+      [96, 64, 1])
+  assert spilled_bytes(finished, 'handed_out_keys') == 1, finished
+  assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20

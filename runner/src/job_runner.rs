@@ -411,7 +411,7 @@ async fn run_job(
         latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
     }
     let streaming = option_bool(job.options(), "streaming");
-    let translated = translate(
+    let mut translated = translate(
         job.pipeline(),
         &TranslateOptions {
             fn_api_url: fn_server.url(),
@@ -581,6 +581,7 @@ async fn run_job(
             ));
         }
         let executor = Arc::new(executor);
+        let state_backed_outputs = std::mem::take(&mut translated.state_backed_outputs);
         let mut engine = Engine::new(
             translated.plan,
             executor,
@@ -593,7 +594,9 @@ async fn run_job(
         if let Some(store) = spill.clone() {
             // A GroupByKey may hold a stage's share of the budget before it
             // spills (without a budget, the engine's queue bound).
-            engine = engine.with_spill(store, job.id().as_bytes(), max_pending_bytes);
+            engine = engine
+                .with_spill(store, job.id().as_bytes(), max_pending_bytes)
+                .with_state_backed_outputs(&state_backed_outputs);
         }
         if let Some(checkpoint) = latest_checkpoint {
             engine.restore(&checkpoint.parts)?;
@@ -648,6 +651,7 @@ async fn run_job(
             output_spilled_bytes = summary.output_spilled_bytes,
             queue_spilled_bytes = summary.queue_spilled_bytes,
             state_spilled_bytes = summary.state_spilled_bytes,
+            handed_out_keys = summary.handed_out_keys,
             "engine finished"
         );
         let waited_on_disk = summary.output_spilled_bytes + summary.queue_spilled_bytes;
@@ -668,6 +672,17 @@ async fn run_job(
                     "GroupByKey buffers larger than their share of the memory budget spilled \
                      {:.1} MiB to disk",
                     summary.spilled_bytes as f64 / f64::from(1 << 20)
+                ),
+            );
+        }
+        if summary.handed_out_keys > 0 {
+            job.message(
+                MessageImportance::JobMessageBasic,
+                format!(
+                    "{} GroupByKey key(s) too large for memory went to their consumers as \
+                     state-backed iterables, read from disk as they were iterated (no periodic \
+                     checkpoint was taken after the first)",
+                    summary.handed_out_keys
                 ),
             );
         }

@@ -27,7 +27,7 @@ impl StateBridge {
 }
 
 /// Maps a proto `StateKey` to the engine's. Kinds Refract does not serve
-/// (runner-token keys, multimap keys-values side inputs) are a state error,
+/// (multimap keys-values side inputs) are a state error,
 /// which the SDK raises in the DoFn (or, for keys-values side inputs, answers
 /// by falling back to per-key lookups).
 fn engine_key(key: &refract_proto::fn_api::StateKey) -> Result<StateKey, StateError> {
@@ -86,9 +86,10 @@ fn engine_key(key: &refract_proto::fn_api::StateKey) -> Result<StateKey, StateEr
                 key: bytes(&k.key),
             })
         }
-        Some(
-            other @ (state_key::Type::Runner(_) | state_key::Type::MultimapKeysValuesSideInput(_)),
-        ) => Err(StateError(format!(
+        Some(state_key::Type::Runner(k)) => Ok(StateKey::RunnerIterable {
+            token: bytes(&k.key),
+        }),
+        Some(other @ state_key::Type::MultimapKeysValuesSideInput(_)) => Err(StateError(format!(
             "state key kind {} is not supported by Refract yet",
             kind_name(other)
         ))),
@@ -306,9 +307,14 @@ mod tests {
         let runner = ProtoKey {
             r#type: Some(state_key::Type::Runner(state_key::Runner { key: vec![1] })),
         };
+        // A runner key reaches the engine, which was handed nothing to read.
         let resp = b.handle(&request("11", runner, get()));
         assert_eq!(resp.id, "11");
-        assert!(resp.error.contains("runner"), "{}", resp.error);
+        assert!(
+            resp.error.contains("state-backed iterable"),
+            "{}",
+            resp.error
+        );
     }
 
     #[test]

@@ -148,6 +148,13 @@ pub enum StateKey {
         /// Nested-encoded user key.
         key: Bytes,
     },
+    /// The rest of a state-backed iterable the runner handed out (a
+    /// GroupByKey's key too large for memory): get only, by the token the
+    /// element carried.
+    RunnerIterable {
+        /// The token, as the runner wrote it.
+        token: Bytes,
+    },
 }
 
 /// Why a state request failed; the text reaches the SDK (and the user).

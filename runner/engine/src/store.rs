@@ -143,6 +143,9 @@ impl SideInputStore {
             | StateKey::MultimapEntriesUserState { .. } => Err(StateError(
                 "user state requested from the side-input store".into(),
             )),
+            StateKey::RunnerIterable { .. } => Err(StateError(
+                "a handed-out iterable requested from the side-input store".into(),
+            )),
         }
     }
 }
@@ -218,7 +221,8 @@ fn user_key(key: &StateKey) -> Option<UserKey<'_>> {
         } => UserKey::MultimapEntries(cell(transform_id, state_id, window, key)),
         StateKey::IterableSideInput { .. }
         | StateKey::MultimapSideInput { .. }
-        | StateKey::MultimapKeysSideInput { .. } => return None,
+        | StateKey::MultimapKeysSideInput { .. }
+        | StateKey::RunnerIterable { .. } => return None,
     })
 }
 
@@ -622,6 +626,9 @@ pub struct BundleOverlay {
     user_state: Arc<Mutex<UserStateStore>>,
     writes: Mutex<UserStateWrites>,
     page_bytes: usize,
+    /// Where handed-out iterables are read from: the spill store and the
+    /// job's space in it (a token from elsewhere is refused).
+    runner_iterables: Option<(Arc<dyn SpillStore>, Bytes)>,
 }
 
 impl BundleOverlay {
@@ -635,7 +642,16 @@ impl BundleOverlay {
             user_state,
             writes: Mutex::new(UserStateWrites::default()),
             page_bytes: PAGE_BYTES,
+            runner_iterables: None,
         }
+    }
+
+    /// The same overlay, answering reads of iterables a GroupByKey handed
+    /// out (`StateKey::RunnerIterable`) from `store`, for tokens under
+    /// `job_space`.
+    pub fn with_runner_iterables(mut self, store: Arc<dyn SpillStore>, job_space: Bytes) -> Self {
+        self.runner_iterables = Some((store, job_space));
+        self
     }
 
     /// The same overlay with a different page size (at least one unit is
@@ -879,12 +895,30 @@ fn read_only(key: &StateKey) -> StateError {
         StateKey::MultimapEntriesUserState { .. } => {
             StateError("multimap entries user state supports only get and clear".into())
         }
+        StateKey::RunnerIterable { .. } => {
+            StateError("a state-backed iterable the runner handed out is read-only".into())
+        }
         _ => StateError("side inputs are read-only".into()),
     }
 }
 
 impl BundleState for BundleOverlay {
     fn get(&self, key: &StateKey, continuation: Option<&[u8]>) -> Result<StatePage, StateError> {
+        // (Its continuation token is its own: a store key.)
+        if let StateKey::RunnerIterable { token } = key {
+            let Some((store, job_space)) = &self.runner_iterables else {
+                return Err(StateError(
+                    "no state-backed iterable was handed out to this bundle".into(),
+                ));
+            };
+            let page =
+                crate::grouping::read_iterable_page(store.as_ref(), job_space, token, continuation)
+                    .map_err(|e| StateError(e.to_string()))?;
+            return Ok(StatePage {
+                data: page.data,
+                continuation: page.continuation,
+            });
+        }
         let start = match continuation {
             None => 0,
             Some(token) => std::str::from_utf8(token)

@@ -1,7 +1,7 @@
 //! Puts the pieces together: fused groups become the engine's stages and
 //! PCollections, and SDK groups get their bundle descriptors.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use refract_engine::plan::{ClosingBehavior, PCollection, Plan, SideInput, Stage, StageKind};
 use refract_proto::pipeline as pb;
@@ -57,6 +57,7 @@ pub(crate) fn assemble(
                 .iter()
                 .any(|c| c.starts_with("beam:version:sdk_base:apache/beam_python"))
         });
+    let state_backed = state_backed_outputs(&graph, &groups);
     let mut sdk_stages = HashMap::new();
     let mut window_mergers = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
@@ -125,7 +126,8 @@ pub(crate) fn assemble(
             }
             Group::Sdk(s) => {
                 let sinks = bounds.sinks.get(g).map(Vec::as_slice).unwrap_or_default();
-                let built = descriptor::build(&mut graph, s, g, sinks, &index, opts)?;
+                let built =
+                    descriptor::build(&mut graph, s, g, sinks, &index, &state_backed, opts)?;
                 let name = s
                     .nodes
                     .iter()
@@ -174,11 +176,93 @@ pub(crate) fn assemble(
         streaming = opts.streaming,
         "translated pipeline"
     );
+    let mut state_backed_outputs: Vec<usize> = state_backed
+        .iter()
+        .filter_map(|p| index.get(p).copied())
+        .collect();
+    state_backed_outputs.sort_unstable();
     Ok(Translated {
+        state_backed_outputs,
         plan,
         sdk_stages,
         window_mergers,
         unique_names: graph.unique_names,
         environments: graph.components.environments,
     })
+}
+
+/// The GroupByKey outputs whose every consumer is an SDK stage reading
+/// it as its main input, in an environment that declares
+/// `beam:coder:state_backed_iterable:v1`: those stages get it through that
+/// coder, so the GroupByKey may hand them a key too large for memory
+/// behind a token. (A side input, a Flatten or any other runner-side
+/// consumer needs every value in the element, so one of them rules it
+/// out; so does an environment that does not declare the coder.)
+fn state_backed_outputs(graph: &Graph, groups: &[Group]) -> HashSet<String> {
+    let capable = |env: &str| {
+        graph.components.environments.get(env).is_some_and(|e| {
+            e.capabilities
+                .iter()
+                .any(|c| c == refract_proto::urns::coder::STATE_BACKED_ITERABLE)
+        })
+    };
+    let mut outputs: HashSet<String> = HashSet::new();
+    for group in groups {
+        if let Group::Runner(i) = group {
+            let node = &graph.nodes[*i];
+            if matches!(node.kind, NodeKind::GroupByKey) {
+                outputs.extend(
+                    node.outputs
+                        .iter()
+                        .filter(|p| grouped_values(graph, p).is_some())
+                        .cloned(),
+                );
+            }
+        }
+    }
+    for group in groups {
+        match group {
+            Group::Runner(i) => {
+                for input in &graph.nodes[*i].inputs {
+                    outputs.remove(input);
+                }
+            }
+            Group::Sdk(s) => {
+                if let Some(input) = &s.input {
+                    if !capable(&s.env) {
+                        outputs.remove(input);
+                    }
+                }
+                for &n in &s.nodes {
+                    let node = &graph.nodes[n];
+                    for side in &node.side_inputs {
+                        outputs.remove(&side.pcoll);
+                    }
+                    for input in &node.inputs {
+                        if s.input.as_ref() != Some(input) {
+                            outputs.remove(input);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    outputs
+}
+
+/// The (key, values) coder ids of a GroupByKey output `pcoll` whose
+/// (rewritten) coder is `KV<K, iterable<V>>`, the only one a state-backed
+/// iterable can replace; `None` for any other.
+pub(crate) fn grouped_values(graph: &Graph, pcoll: &str) -> Option<(String, String)> {
+    use refract_proto::urns::coder as c;
+    let coder = rewrite::coder_of(graph, pcoll).ok()?;
+    let kv = graph.coders.components_of(&coder, c::KV, pcoll).ok()?;
+    let values = graph
+        .coders
+        .components_of(&kv[1], c::ITERABLE, pcoll)
+        .ok()?;
+    match (kv.as_slice(), values.as_slice()) {
+        ([key, _], [value]) => Some((key.clone(), value.clone())),
+        _ => None,
+    }
 }

@@ -8,7 +8,7 @@
 //! coders and the environments. Ports carry explicit
 //! `windowed_value[element, window]` coders.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use refract_engine::plan::{SdkStage, SideInputAccess, TimeDomain, TimerFamily, WindowExpiration};
 use refract_proto::fn_api;
@@ -38,13 +38,16 @@ pub(crate) struct BuiltStage {
 
 /// Builds the descriptor of `group` (stage `stage_idx`). `sinks` are the
 /// PCollections the stage must send to the runner, and `pcoll_index` maps
-/// plan PCollections to their engine index.
+/// plan PCollections to their engine index. A main input in
+/// `state_backed` (a GroupByKey's output) is read through a state-backed
+/// iterable coder.
 pub(crate) fn build(
     graph: &mut Graph,
     group: &SdkGroup,
     stage_idx: usize,
     sinks: &[String],
     pcoll_index: &HashMap<String, usize>,
+    state_backed: &HashSet<String>,
     opts: &TranslateOptions,
 ) -> Result<BuiltStage, TranslateError> {
     let id = format!("{}-{}", opts.descriptor_id_prefix, stage_idx);
@@ -139,7 +142,10 @@ pub(crate) fn build(
                               pcoll: &str,
                               source: bool|
      -> Result<String, TranslateError> {
-        let elem = coder_of(graph, pcoll)?;
+        let mut elem = coder_of(graph, pcoll)?;
+        if source && state_backed.contains(pcoll) {
+            elem = state_backed_grouped(graph, pcoll)?;
+        }
         let window = window_coder_of(graph, pcoll)?;
         let window = graph
             .coders
@@ -267,6 +273,30 @@ pub(crate) fn build(
         side_inputs,
         synthetic_names,
     })
+}
+
+/// `KV<K, state_backed_iterable<V>>` for a GroupByKey's (rewritten)
+/// output `pcoll` of coder `KV<K, iterable<V>>`: the same bytes for an
+/// iterable written in full, and lets the runner end one with a token
+/// instead.
+fn state_backed_grouped(graph: &mut Graph, pcoll: &str) -> Result<String, TranslateError> {
+    use refract_proto::urns::coder as c;
+    let grouped = coder_of(graph, pcoll)?;
+    let (key, value) = crate::assemble::grouped_values(graph, pcoll).ok_or_else(|| {
+        TranslateError::Invalid(format!(
+            "the GroupByKey output '{pcoll}' has no KV<K, iterable<V>> coder"
+        ))
+    })?;
+    let iterable = graph.coders.add(
+        &format!("{grouped}_values_state_backed"),
+        c::STATE_BACKED_ITERABLE,
+        vec![value],
+    );
+    Ok(graph.coders.add(
+        &format!("{grouped}_state_backed"),
+        c::KV,
+        vec![key, iterable],
+    ))
 }
 
 /// The engine's key and window coders of a (rewritten) timer family coder.

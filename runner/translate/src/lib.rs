@@ -86,6 +86,11 @@ pub struct Translated {
     /// For GroupByKey stages whose windows an SDK must merge, keyed by
     /// StageIdx.
     pub window_mergers: std::collections::HashMap<refract_engine::plan::StageIdx, WindowMerger>,
+    /// GroupByKey outputs whose consumers all read them through a
+    /// state-backed iterable coder (their data sources say so), so that
+    /// the GroupByKey may hand out keys too large for memory
+    /// (`Engine::with_state_backed_outputs`).
+    pub state_backed_outputs: Vec<PCollectionIdx>,
 }
 
 /// The Fn API side of one SDK stage.

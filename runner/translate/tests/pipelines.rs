@@ -134,6 +134,49 @@ fn create_map_gbk_fuses_around_reshuffle_and_gbk() {
     );
 }
 
+/// The coder ids of `coder`'s components.
+fn components<'a>(d: &'a refract_translate::SdkStageDescriptor, coder: &str) -> &'a [String] {
+    &d.descriptor.coders[coder].component_coder_ids
+}
+
+fn coder_urn<'a>(d: &'a refract_translate::SdkStageDescriptor, coder: &str) -> &'a str {
+    d.descriptor.coders[coder]
+        .spec
+        .as_ref()
+        .map_or("", |s| s.urn.as_str())
+}
+
+#[test]
+fn a_group_by_key_read_only_by_sdk_stages_is_read_through_a_state_backed_iterable() {
+    let t = translated("create_map_gbk");
+    let gbk = stage_named(&t, "Group");
+    let grouped = t.plan.stages[gbk].outputs[0];
+    assert_eq!(t.state_backed_outputs, vec![grouped]);
+    // The Sum stage's data source: windowed_value[KV[K, state_backed_iterable[V]]].
+    let sum = &t.sdk_stages[&stage_with(&t, "Sum")];
+    let source = &sum.descriptor.transforms[sum.input_transform_id.as_ref().unwrap()];
+    let port = port(source);
+    let windowed = &port.coder_id;
+    let kv = &components(sum, windowed)[0];
+    assert_eq!(coder_urn(sum, kv), urns::coder::KV);
+    let values = &components(sum, kv)[1];
+    assert_eq!(coder_urn(sum, values), urns::coder::STATE_BACKED_ITERABLE);
+    // The PCollection itself keeps its iterable coder.
+    let pcoll = &sum.descriptor.pcollections[&t.plan.pcollections[grouped].id];
+    let iterable = &components(sum, &pcoll.coder_id)[1];
+    assert_eq!(coder_urn(sum, iterable), urns::coder::ITERABLE);
+    // A GroupByKey output that a Flatten reads is not handed out.
+    let t = translated("flatten_gbk_output");
+    let grouped = t.plan.stages[stage_named(&t, "Group")].outputs[0];
+    let transcode = stage_with(&t, "Flatten/Transcode/0");
+    assert_eq!(t.plan.stages[transcode].inputs, vec![grouped]);
+    assert_eq!(
+        t.state_backed_outputs,
+        vec![grouped],
+        "an SDK stage transcodes it"
+    );
+}
+
 #[test]
 fn group_by_key_output_matches_its_input_in_every_pipeline() {
     for name in ALL {

@@ -47,6 +47,7 @@ use crate::window::Window;
 pub use fired::Fired;
 use hold_range::HoldRange;
 use key_table::{KeyTable, Retain};
+pub use spill::{read_iterable_page, IterablePage};
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
 /// Why a grouping buffer could not take or emit elements.
@@ -248,7 +249,8 @@ impl GroupingBuffer {
     /// What a checkpoint keeps of this buffer: everything, spilled panes
     /// read back included.
     pub(crate) fn snapshot(&self) -> Result<GroupingSnapshot, SpillError> {
-        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() {
+        // (A buffer that handed a key out refuses: see `read_back`.)
+        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() || self.handed_out() > 0 {
             let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
                 .panes
                 .iter()
@@ -869,6 +871,24 @@ impl Firing<'_> {
         is_last: bool,
         out: &mut Fired,
     ) -> Result<usize, CoderError> {
+        self.emit_pane(key, window, pane, ctx, is_last, None, out)
+    }
+
+    /// [`Self::emit`], or with `token`, the last pane of a key whose
+    /// values a drain left in the spill store: `KV<key, Iterable<V>>` in
+    /// the state-backed form, no values inline, then the token, which the
+    /// consumer reads them by.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_pane(
+        &self,
+        key: &[u8],
+        window: &Window,
+        pane: &mut Pane,
+        ctx: &TriggerContext,
+        is_last: bool,
+        token: Option<&[u8]>,
+        out: &mut Fired,
+    ) -> Result<usize, CoderError> {
         // As Beam labels panes: LATE once the published output watermark is
         // past the window (downstream already considers it done), else
         // EARLY before the input watermark passes the end of the window,
@@ -900,7 +920,10 @@ impl Firing<'_> {
         };
         // Straight into `out`: header, key, count, values (checked first,
         // so that an error writes nothing).
-        let count = iterable_len_bytes(pane.count as usize)?;
+        let count = match token {
+            None => iterable_len_bytes(pane.count as usize)?,
+            Some(_) => (-1i32).to_be_bytes(),
+        };
         let start = out.bytes.len();
         header.encode(self.window_coder, &mut out.bytes)?;
         let value_start = out.bytes.len();
@@ -908,7 +931,16 @@ impl Firing<'_> {
         bytes.reserve(key.len() + count.len() + pane.values.len());
         bytes.extend_from_slice(key);
         bytes.extend_from_slice(&count);
-        bytes.extend_from_slice(&pane.values);
+        match token {
+            None => bytes.extend_from_slice(&pane.values),
+            Some(token) => {
+                // No block of values inline: the continuation marker (a
+                // block count of -1), then the token, length first.
+                crate::coder::encode_varint_u64(u64::MAX, bytes);
+                crate::coder::encode_varint_u64(token.len() as u64, bytes);
+                bytes.extend_from_slice(token);
+            }
+        }
         tracing::trace!(?window, values = pane.count, pane = ?header.pane, "pane fired");
         out.record(header, start, value_start);
         pane.fired += 1;

@@ -49,12 +49,16 @@ use crate::trigger::TriggerContext;
 use crate::window::Window;
 
 mod blocks;
+mod large;
+#[cfg(test)]
+mod large_tests;
 #[cfg(test)]
 mod lateness_tests;
 #[cfg(test)]
 mod merge_tests;
 mod sessions;
 use blocks::{BlockWriter, MergedRuns, Record};
+pub use large::{read_iterable_page, IterablePage};
 use sessions::SessionSpill;
 
 /// Bookkeeping bytes of a buffered key besides its bytes (its table entry
@@ -68,6 +72,14 @@ const WRITE_BATCH_BYTES: usize = 8 << 20;
 /// Bytes of a spilled pane before its values: count, earliest and latest
 /// hold, the values' length.
 const PANE_HEADER: usize = 32;
+/// Set in a spilled pane's values length when its values are out of line
+/// (`large`): the run's number follows instead of the values.
+const OUT_OF_LINE: u64 = 1 << 63;
+/// Most bytes of one key a drain reads back into memory before it hands
+/// the key out instead (where its consumers may be handed keys): a share
+/// of the buffer's memory, within these bounds.
+const HAND_OUT_MIN: usize = large::OUT_OF_LINE_BYTES;
+const HAND_OUT_MAX: usize = 64 << 20;
 
 /// Where a buffer spills, by how it files what it spills.
 #[derive(Debug)]
@@ -99,6 +111,15 @@ pub(super) struct Spill {
     /// next spill waits until the limit is exceeded past them, so that
     /// such panes are not walked again at every element.
     pinned: usize,
+    /// The coder of the values, to cut a large pane between them (`None`
+    /// if the input is not a `KV`: nothing is written out of line).
+    value_coder: Option<crate::coder::Coder>,
+    /// A drain hands out a key with more bytes than this (`large`), if
+    /// set: every consumer reads the output through a state-backed
+    /// iterable.
+    hand_out_above: Option<usize>,
+    /// Keys handed out so far; their chunks stay until the buffer goes.
+    handed_out: u64,
 }
 
 /// A window some of whose panes are in the store.
@@ -122,6 +143,15 @@ struct Drain {
     start: Vec<u8>,
     /// Its runs, merged (its in-memory panes were written as the last).
     runs: MergedRuns,
+    /// Some key of it was handed out: its out-of-line space stays.
+    handed_out: bool,
+}
+
+/// A drained key: its whole pane, or (too large for memory) a pane with
+/// its count and holds but no values, which are behind a token.
+enum DrainedKey {
+    Whole(Bytes, Pane),
+    HandedOut(Bytes, Pane, Vec<u8>),
 }
 
 /// The store key of `key`'s part in run `run`, under `start`.
@@ -139,11 +169,22 @@ fn run_key(start: &[u8], key: &[u8], run: u32) -> Result<Vec<u8>, SpillError> {
 /// the values.
 fn put_spilled_pane(out: &mut Vec<u8>, pane: &Pane, end: Timestamp) {
     out.reserve(PANE_HEADER + pane.values.len());
+    put_pane_header(out, pane, end, pane.values.len() as u64);
+    out.extend_from_slice(&pane.values);
+}
+
+/// Appends a spilled pane whose values run `run` wrote out of line: the
+/// header as [`put_spilled_pane`] writes it, flagged, then the run.
+fn put_out_of_line_pane(out: &mut Vec<u8>, pane: &Pane, end: Timestamp, run: u32) {
+    put_pane_header(out, pane, end, pane.values.len() as u64 | OUT_OF_LINE);
+    out.extend_from_slice(&run.to_le_bytes());
+}
+
+fn put_pane_header(out: &mut Vec<u8>, pane: &Pane, end: Timestamp, values_len: u64) {
     out.extend_from_slice(&u64::from(pane.count).to_le_bytes());
     out.extend_from_slice(&pane.holds.min().unwrap_or(end).to_le_bytes());
     out.extend_from_slice(&pane.holds.max().unwrap_or(end).to_le_bytes());
-    out.extend_from_slice(&(pane.values.len() as u64).to_le_bytes());
-    out.extend_from_slice(&pane.values);
+    out.extend_from_slice(&values_len.to_le_bytes());
 }
 
 /// A run's entries on their way to the store, written a batch at a time.
@@ -205,6 +246,15 @@ struct SpilledPane {
     hold_min: Timestamp,
     hold_max: Timestamp,
     values: Bytes,
+    /// Values written out of line instead, by this run, this many bytes.
+    elsewhere: Option<(u32, u64)>,
+}
+
+impl SpilledPane {
+    /// Bytes of its values, wherever they are.
+    fn bytes(&self) -> u64 {
+        self.elsewhere.map_or(self.values.len() as u64, |(_, n)| n)
+    }
 }
 
 /// How a buffer with some strategy spills.
@@ -318,19 +368,35 @@ fn run_key_user_key<'a>(start: &[u8], key: &'a [u8]) -> Result<&'a [u8], SpillEr
 /// a slice of them, not a copy): the pane, and where it ends.
 fn read_spilled_pane(bytes: &Bytes, at: usize) -> Result<(SpilledPane, usize), SpillError> {
     let word = |at: usize| take::<8>(bytes, at, "pane header");
-    let count = usize::try_from(u64::from_le_bytes(word(at)?)).map_err(|_| corrupt("count"))?;
     let values_len = u64::from_le_bytes(take::<8>(bytes, at + 24, "values length")?);
-    let values_len = usize::try_from(values_len).map_err(|_| corrupt("values length"))?;
     let start = at + PANE_HEADER;
+    let count = usize::try_from(u64::from_le_bytes(word(at)?)).map_err(|_| corrupt("count"))?;
+    let (hold_min, hold_max) = (
+        i64::from_le_bytes(word(at + 8)?),
+        i64::from_le_bytes(word(at + 16)?),
+    );
+    if values_len & OUT_OF_LINE != 0 {
+        let run = u32::from_le_bytes(take::<4>(bytes, start, "run")?);
+        let pane = SpilledPane {
+            count,
+            hold_min,
+            hold_max,
+            values: Bytes::new(),
+            elsewhere: Some((run, values_len & !OUT_OF_LINE)),
+        };
+        return Ok((pane, start + 4));
+    }
+    let values_len = usize::try_from(values_len).map_err(|_| corrupt("values length"))?;
     let end = start
         .checked_add(values_len)
         .filter(|&end| end <= bytes.len())
         .ok_or_else(|| corrupt("values"))?;
     let pane = SpilledPane {
         count,
-        hold_min: i64::from_le_bytes(word(at + 8)?),
-        hold_max: i64::from_le_bytes(word(at + 16)?),
+        hold_min,
+        hold_max,
         values: bytes.slice(start..end),
+        elsewhere: None,
     };
     Ok((pane, end))
 }
@@ -386,27 +452,71 @@ impl Spill {
     }
 
     /// Everything of this buffer's range still in the store (for a
-    /// checkpoint), with what drains hold, by window.
+    /// checkpoint), with what drains hold, by window. An error once a key
+    /// was handed out: its values are in the store only, and elements
+    /// waiting downstream name them by a token no restore could honour.
     fn read_back(&self, trigger: &Trigger) -> Result<Vec<(Window, Bytes, Pane)>, SpillError> {
+        if self.handed_out > 0 {
+            return Err(SpillError(format!(
+                "a GroupByKey handed {} key(s) too large for memory to its consumers as \
+                 state-backed iterables, whose values only the spill store holds: no checkpoint \
+                 can be taken until the job ends",
+                self.handed_out
+            )));
+        }
         let mut out = Vec::new();
         let store = self.store.as_ref();
-        let mut add = |window: &Window, records: Vec<Record>| {
+        let mut add = |window: &Window, start: &[u8], records: Vec<Record>| {
             for Record { key, part } in records {
-                let mut pane = Pane::new(trigger);
-                pane.add_spilled(part);
-                out.push((window.clone(), key, pane));
+                let part = self.resolved(start, &key, part)?;
+                out.push((window.clone(), key, Pane::of_spilled(trigger, part)));
             }
+            Ok::<(), SpillError>(())
         };
         for drain in &self.drains {
-            add(&drain.window, drain.runs.rest(store)?);
+            add(&drain.window, &drain.start, drain.runs.rest(store)?)?;
         }
         for (window, spilled) in &self.windows {
             if !spilled.draining {
                 let records = blocks::read_all(&PagedRange::prefixed(&spilled.start), store)?;
-                add(window, records);
+                add(window, &spilled.start, records)?;
             }
         }
         Ok(out)
+    }
+
+    /// The out-of-line space of the window whose entries start with
+    /// `start`.
+    fn window_space(&self, start: &[u8]) -> Vec<u8> {
+        large::window_space(&self.prefix, start)
+    }
+
+    /// `part` of `key` in the window whose entries start with `start`, its
+    /// values read back if they were written out of line.
+    fn resolved(
+        &self,
+        start: &[u8],
+        key: &[u8],
+        mut part: SpilledPane,
+    ) -> Result<SpilledPane, SpillError> {
+        if let Some((run, _)) = part.elsewhere.take() {
+            let space = large::key_space(&self.window_space(start), key)?;
+            part.values = Bytes::from(large::read_part(self.store.as_ref(), &space, run)?);
+        }
+        Ok(part)
+    }
+
+    /// Where a run of the window whose entries start with `start` writes
+    /// large panes, if anywhere.
+    fn out_of_line(&self, start: &[u8]) -> Option<(Vec<u8>, crate::coder::Coder)> {
+        let coder = self.value_coder.clone()?;
+        Some((self.window_space(start), coder))
+    }
+
+    /// Deletes the out-of-line space of the window whose entries start
+    /// with `start`.
+    fn forget_out_of_line(&self, start: &[u8]) -> Result<(), SpillError> {
+        delete_prefix(self.store.as_ref(), &self.window_space(start))
     }
 }
 
@@ -418,21 +528,63 @@ impl Drop for Spill {
 }
 
 impl Drain {
-    /// The next key's whole pane (its runs in order), or `None` when the
-    /// window is done.
+    /// The next key, or `None` when the window is done: its whole pane
+    /// (its runs in order), or, if `spill` hands out keys and its parts
+    /// add up to more than it allows, a pane without values and the token
+    /// its consumers read them by (its parts that were in blocks are
+    /// copied out of line first, so that the token covers every part).
     fn next_group(
         &mut self,
-        store: &dyn SpillStore,
+        spill: &Spill,
         trigger: &Trigger,
-    ) -> Result<Option<(Bytes, Pane)>, SpillError> {
+    ) -> Result<Option<DrainedKey>, SpillError> {
+        let store = spill.store.as_ref();
         let Some(key) = self.runs.peek_key(store)?.cloned() else {
             return Ok(None);
         };
-        let mut pane = Pane::new(trigger);
+        let mut parts = Vec::new();
         while let Some(part) = self.runs.take_if(&key, store)? {
+            parts.push(part);
+        }
+        let bytes: u64 = parts.iter().map(|(part, _)| part.bytes()).sum();
+        let hand_out = match (spill.hand_out_above, &spill.value_coder) {
+            (Some(limit), Some(coder)) if bytes > limit as u64 => Some(coder),
+            _ => None,
+        };
+        let mut pane = Pane::new(trigger);
+        let Some(coder) = hand_out else {
+            for (part, _) in parts {
+                pane.add_spilled(spill.resolved(&self.start, &key, part)?);
+            }
+            return Ok(Some(DrainedKey::Whole(key, pane)));
+        };
+        let space = large::key_space(&spill.window_space(&self.start), &key)?;
+        let mut writer = RunWriter::default();
+        let mut copied = 0;
+        for (mut part, run) in parts {
+            if part.elsewhere.is_none() {
+                large::write_part(
+                    &space,
+                    run,
+                    &part.values,
+                    coder,
+                    &mut writer,
+                    store,
+                    &mut copied,
+                )?;
+            }
+            part.values = Bytes::new();
+            part.elsewhere = None;
             pane.add_spilled(part);
         }
-        Ok(Some((key, pane)))
+        writer.flush(store, &mut copied)?;
+        self.handed_out = true;
+        tracing::debug!(
+            bytes,
+            values = pane.count,
+            "a key too large for memory handed out"
+        );
+        Ok(Some(DrainedKey::HandedOut(key, pane, large::token(&space))))
     }
 }
 
@@ -462,9 +614,39 @@ impl GroupingBuffer {
                 windows: BTreeMap::new(),
                 drains: VecDeque::new(),
                 pinned: 0,
+                value_coder: match &self.key_coder_kv {
+                    crate::coder::Coder::Kv(_, value) => Some(value.as_ref().clone()),
+                    _ => None,
+                },
+                hand_out_above: None,
+                handed_out: 0,
             }),
         });
         true
+    }
+
+    /// Lets a spilling buffer hand a key too large for memory to its
+    /// consumers as a state-backed iterable (see `large`): call only when
+    /// every consumer reads this buffer's output through one. Whether it
+    /// may (only a spill filed by window does).
+    pub fn hand_out_large_keys(&mut self) -> bool {
+        match &mut self.spill {
+            Some(SpillSpace::ByWindow(spill)) if spill.value_coder.is_some() => {
+                spill.hand_out_above = Some((spill.limit / 4).clamp(HAND_OUT_MIN, HAND_OUT_MAX));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keys handed out as state-backed iterables: while any is, the
+    /// buffer cannot be checkpointed (their values are in the spill store
+    /// only).
+    pub fn handed_out(&self) -> u64 {
+        match &self.spill {
+            Some(SpillSpace::ByWindow(spill)) => spill.handed_out,
+            _ => 0,
+        }
     }
 
     /// Bytes written to the spill store so far.
@@ -605,7 +787,8 @@ impl GroupingBuffer {
             let Some(spilled) = spill.windows.get(&window) else {
                 continue;
             };
-            let mut blocks = BlockWriter::new(&spilled.start, run);
+            let mut blocks =
+                BlockWriter::new(&spilled.start, run, spill.out_of_line(&spilled.start));
             for k in &keys {
                 let (key, windows) = panes.entry_at(k.at);
                 let Ok(at) = super::position(windows, &window) else {
@@ -702,6 +885,7 @@ impl GroupingBuffer {
                 runs: MergedRuns::new(&start, &spilled.runs),
                 start,
                 window,
+                handed_out: false,
             });
         }
         Ok(())
@@ -736,6 +920,7 @@ impl GroupingBuffer {
             }
             let mut records = blocks::Records::of_entries(page);
             while let Some(Record { key, part }) = records.next_record()? {
+                let part = spill.resolved(&spilled.start, &key, part)?;
                 entries += 1;
                 let (windows, new_key) = panes.get_or_insert_with(&key, KeyPanes::new);
                 if new_key {
@@ -757,6 +942,7 @@ impl GroupingBuffer {
             }
         }
         delete_prefix(store, &spilled.start)?;
+        spill.forget_out_of_line(&spilled.start)?;
         *rescan = true;
         tracing::debug!(
             entries,
@@ -797,24 +983,38 @@ impl GroupingBuffer {
         };
         let mut emitted = 0;
         while out.bytes.len() < max_bytes {
-            let Some(drain) = spill.drains.front_mut() else {
+            // Off the queue while it reads, which looks at the spill.
+            let Some(mut drain) = spill.drains.pop_front() else {
                 break;
             };
-            match drain.next_group(spill.store.as_ref(), &strategy.trigger)? {
-                Some((key, mut pane)) => {
-                    let ctx = TriggerContext {
-                        window_end: drain.window.max_timestamp(),
-                        watermark: input_watermark,
-                        now,
-                    };
-                    emitted += firing.emit(&key, &drain.window, &mut pane, &ctx, true, out)?;
+            let ctx = TriggerContext {
+                window_end: drain.window.max_timestamp(),
+                watermark: input_watermark,
+                now,
+            };
+            let next = drain.next_group(spill, &strategy.trigger);
+            let window = drain.window.clone();
+            let done = matches!(next, Ok(None));
+            if done {
+                delete_prefix(spill.store.as_ref(), &drain.start)?;
+                if !drain.handed_out {
+                    spill.forget_out_of_line(&drain.start)?;
                 }
-                None => {
-                    if let Some(done) = spill.drains.pop_front() {
-                        delete_prefix(spill.store.as_ref(), &done.start)?;
-                        spill.windows.remove(&done.window);
-                    }
+                spill.windows.remove(&drain.window);
+            } else {
+                spill.drains.push_front(drain);
+            }
+            match next? {
+                Some(DrainedKey::Whole(key, mut pane)) => {
+                    emitted += firing.emit(&key, &window, &mut pane, &ctx, true, out)?;
                 }
+                Some(DrainedKey::HandedOut(key, mut pane, token)) => {
+                    let token = Some(token.as_slice());
+                    emitted +=
+                        firing.emit_pane(&key, &window, &mut pane, &ctx, true, token, out)?;
+                    spill.handed_out += 1;
+                }
+                None => {}
             }
         }
         self.publish(input_watermark);
@@ -851,6 +1051,7 @@ impl GroupingBuffer {
                 spill.windows.clear();
                 spill.drains.clear();
                 spill.pinned = 0;
+                spill.handed_out = 0;
             }
             Some(SpillSpace::ByKey(spill)) => spill.clear()?,
             None => {}

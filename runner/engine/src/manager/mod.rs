@@ -176,6 +176,9 @@ pub struct RunSummary {
     pub queue_spilled_bytes: u64,
     /// Bytes of bag user state written to the spill store.
     pub state_spilled_bytes: u64,
+    /// Keys GroupByKeys handed to their consumers as state-backed
+    /// iterables (too large for memory).
+    pub handed_out_keys: u64,
 }
 
 /// The "stage number" under a job's spill prefix under which stateful
@@ -311,6 +314,9 @@ pub struct Engine {
     savepoints: Option<mpsc::Receiver<SavepointRequest>>,
     /// Parts checkpoints carry for the engine's owner, by name.
     extra_parts: Vec<(String, ExtraPart)>,
+    /// The spill store and the job's space in it, once spilling is on:
+    /// bundles read the iterables GroupByKeys hand out from there.
+    spill_space: Option<(Arc<dyn crate::spill::SpillStore>, Bytes)>,
 }
 
 /// A request for a checkpoint of the running engine, answered with its
@@ -474,6 +480,7 @@ impl Engine {
             checkpoints: None,
             savepoints: None,
             extra_parts: Vec::new(),
+            spill_space: None,
         })
     }
 
@@ -546,6 +553,7 @@ impl Engine {
         prefix: &[u8],
         limit_bytes: usize,
     ) -> Self {
+        self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
         for (idx, s) in self.stages.iter_mut().enumerate() {
             let mut key = crate::spill::job_space(prefix);
             key.extend_from_slice(&(idx as u32).to_be_bytes());
@@ -592,11 +600,42 @@ impl Engine {
         self
     }
 
+    /// Lets every spilling GroupByKey whose output is one of `outputs`
+    /// hand a key too large for memory to its consumers as a state-backed
+    /// iterable ([`GroupingBuffer::hand_out_large_keys`]): the caller
+    /// promises that every consumer of those PCollections reads them
+    /// through `beam:coder:state_backed_iterable:v1`. Not in a job with a
+    /// stable-input stage: such a job must be able to take a checkpoint,
+    /// which a handed-out key rules out. Call after [`Self::with_spill`].
+    pub fn with_state_backed_outputs(mut self, outputs: &[PCollectionIdx]) -> Self {
+        let stable_input = self
+            .plan
+            .stages
+            .iter()
+            .any(|s| matches!(&s.kind, StageKind::Sdk(sdk) if sdk.stable_input));
+        if stable_input {
+            return self;
+        }
+        for (idx, s) in self.stages.iter_mut().enumerate() {
+            let stage = &self.plan.stages[idx];
+            let Some(g) = s.grouping.as_mut() else {
+                continue;
+            };
+            if stage.outputs.iter().all(|o| outputs.contains(o)) && g.hand_out_large_keys() {
+                debug!(stage = %stage.name, "GroupByKey may hand out keys too large for memory");
+            }
+        }
+        self
+    }
+
     /// Whether some GroupByKey buffer, queue or stage's user state has
-    /// data in the spill store.
+    /// data in the spill store (or handed out a key that only it holds).
     fn spilled(&self) -> bool {
         self.stages.iter().any(|s| {
-            s.pending.has_spilled() || s.grouping.as_ref().is_some_and(GroupingBuffer::has_spilled)
+            s.pending.has_spilled()
+                || s.grouping
+                    .as_ref()
+                    .is_some_and(|g| g.has_spilled() || g.handed_out() > 0)
         }) || self.user_state.iter().any(|u| u.lock().has_spilled())
     }
 
@@ -783,6 +822,12 @@ impl Engine {
                     .iter()
                     .filter_map(|s| s.grouping.as_ref())
                     .map(GroupingBuffer::spilled_bytes)
+                    .sum();
+                self.summary.handed_out_keys = self
+                    .stages
+                    .iter()
+                    .filter_map(|s| s.grouping.as_ref())
+                    .map(GroupingBuffer::handed_out)
                     .sum();
                 self.summary.queue_spilled_bytes =
                     self.stages.iter().map(|s| s.pending.spilled_bytes()).sum();

@@ -308,10 +308,12 @@ impl Engine {
                     self.config.chunk_bytes
                 };
                 let chunks = chunk_elements(&elements, chunk_bytes);
-                let overlay = Arc::new(BundleOverlay::new(
-                    self.side_inputs.clone(),
-                    self.user_state[idx].clone(),
-                ));
+                let mut overlay =
+                    BundleOverlay::new(self.side_inputs.clone(), self.user_state[idx].clone());
+                if let Some((store, space)) = &self.spill_space {
+                    overlay = overlay.with_runner_iterables(store.clone(), space.clone());
+                }
+                let overlay = Arc::new(overlay);
                 let bundle = self.next_bundle;
                 self.next_bundle += 1;
                 self.in_flight.insert(

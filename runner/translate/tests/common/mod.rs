@@ -146,6 +146,8 @@ const RUNNER_READABLE: &[&str] = &[
     urns::coder::DOUBLE,
     urns::coder::KV,
     urns::coder::ITERABLE,
+    // (Only GroupByKey outputs, which the runner writes.)
+    urns::coder::STATE_BACKED_ITERABLE,
     urns::coder::GLOBAL_WINDOW,
     urns::coder::INTERVAL_WINDOW,
     urns::coder::CUSTOM_WINDOW,
@@ -264,10 +266,38 @@ pub fn check_invariants(t: &Translated) {
                 .chain(transform.outputs.values())
                 .next()
                 .expect("a port has one PCollection");
-            assert_eq!(
-                wv.component_coder_ids[0], pbd.pcollections[pcoll].coder_id,
-                "{id}: port element coder"
+            let (element, declared) = (
+                &wv.component_coder_ids[0],
+                &pbd.pcollections[pcoll].coder_id,
             );
+            if element != declared {
+                // A GroupByKey's output read through a state-backed
+                // iterable: KV[K, iterable[V]] with only the iterable's
+                // URN changed.
+                let grouped = plan.pcollections.iter().position(|p| &p.id == pcoll);
+                assert!(
+                    grouped.is_some_and(|g| t.state_backed_outputs.contains(&g)),
+                    "{id}: port element coder {element} is not the PCollection's {declared}"
+                );
+                let (got, want) = (&pbd.coders[element], &pbd.coders[declared]);
+                assert_eq!(urn_of(&pbd.coders, element), urns::coder::KV, "{id}");
+                assert_eq!(
+                    got.component_coder_ids[0], want.component_coder_ids[0],
+                    "{id}"
+                );
+                let (values, iterable) =
+                    (&got.component_coder_ids[1], &want.component_coder_ids[1]);
+                assert_eq!(
+                    urn_of(&pbd.coders, values),
+                    urns::coder::STATE_BACKED_ITERABLE,
+                    "{id}"
+                );
+                assert_eq!(
+                    pbd.coders[values].component_coder_ids,
+                    pbd.coders[iterable].component_coder_ids,
+                    "{id}"
+                );
+            }
             assert_runner_readable(&pbd.coders, &port.coder_id, id);
             let urn = transform.spec.as_ref().map_or("", |s| s.urn.as_str());
             if urn == urns::transform::DATA_SOURCE {

@@ -27,9 +27,10 @@ use std::collections::BinaryHeap;
 use bytes::Bytes;
 
 use super::{
-    corrupt, key_order, put_spilled_pane, read_spilled_pane, take, RunWriter, SpilledPane,
-    PANE_HEADER,
+    corrupt, key_order, large, put_out_of_line_pane, put_spilled_pane, read_spilled_pane, take,
+    RunWriter, SpilledPane, PANE_HEADER,
 };
+use crate::coder::Coder;
 use crate::grouping::Pane;
 use crate::spill::Entries;
 use crate::spill::{PagedRange, SpillError, SpillStore};
@@ -55,16 +56,22 @@ pub(super) struct BlockWriter {
     prefix: Vec<u8>,
     block: Vec<u8>,
     blocks: u32,
+    run: u32,
+    /// The window's out-of-line space and the values' coder: a large pane
+    /// goes there (`large`), if given.
+    out_of_line: Option<(Vec<u8>, Coder)>,
 }
 
 impl BlockWriter {
     /// A writer of run `run` of the window whose entries start with
-    /// `start`.
-    pub(super) fn new(start: &[u8], run: u32) -> Self {
+    /// `start`, writing large panes to `out_of_line` if given.
+    pub(super) fn new(start: &[u8], run: u32, out_of_line: Option<(Vec<u8>, Coder)>) -> Self {
         BlockWriter {
             prefix: run_prefix(start, run),
             block: Vec::new(),
             blocks: 0,
+            run,
+            out_of_line,
         }
     }
 
@@ -81,11 +88,31 @@ impl BlockWriter {
     ) -> Result<(), SpillError> {
         let len = u32::try_from(key.len())
             .map_err(|_| SpillError(format!("a key of {} bytes is too large", key.len())))?;
-        self.block
-            .reserve(4 + key.len() + PANE_HEADER + pane.values.len());
+        let elsewhere = match &self.out_of_line {
+            Some((space, coder)) if pane.values.len() >= large::OUT_OF_LINE_BYTES => {
+                let space = large::key_space(space, key)?;
+                let values = &pane.values;
+                large::write_part(
+                    &space,
+                    self.run,
+                    values,
+                    coder,
+                    writer,
+                    store,
+                    spilled_bytes,
+                )?;
+                true
+            }
+            _ => false,
+        };
+        self.block.reserve(4 + key.len() + PANE_HEADER + 4);
         self.block.extend_from_slice(&len.to_le_bytes());
         self.block.extend_from_slice(key);
-        put_spilled_pane(&mut self.block, pane, end);
+        if elsewhere {
+            put_out_of_line_pane(&mut self.block, pane, end, self.run);
+        } else {
+            put_spilled_pane(&mut self.block, pane, end);
+        }
         if self.block.len() >= BLOCK_BYTES {
             self.flush(writer, store, spilled_bytes)?;
         }
@@ -239,6 +266,8 @@ impl Eq for Head {}
 pub(super) struct MergedRuns {
     /// In the order the runs were written.
     cursors: Vec<RunCursor>,
+    /// Each cursor's run number.
+    runs: Vec<u32>,
     /// Each cursor's next record, once started.
     heads: BinaryHeap<Head>,
     started: bool,
@@ -256,6 +285,7 @@ impl MergedRuns {
                     records: Records::default(),
                 })
                 .collect(),
+            runs: runs.to_vec(),
             heads: BinaryHeap::new(),
             started: false,
         }
@@ -282,12 +312,12 @@ impl MergedRuns {
         Ok(self.heads.peek().map(|h| &h.record.key))
     }
 
-    /// Takes the next record if its key is `key`.
+    /// Takes the next record if its key is `key`, with its run's number.
     pub(super) fn take_if(
         &mut self,
         key: &[u8],
         store: &dyn SpillStore,
-    ) -> Result<Option<SpilledPane>, SpillError> {
+    ) -> Result<Option<(SpilledPane, u32)>, SpillError> {
         self.start(store)?;
         if self.heads.peek().is_none_or(|h| h.record.key != key) {
             return Ok(None);
@@ -301,7 +331,8 @@ impl MergedRuns {
                 cursor,
             });
         }
-        Ok(Some(record.part))
+        let run = self.runs.get(cursor).copied().unwrap_or_default();
+        Ok(Some((record.part, run)))
     }
 
     /// Every record not taken yet (for a checkpoint), runs in order.
