@@ -58,13 +58,14 @@ refract_find_bin() {
   fi
 }
 
-# refract_start_server BIN PORT LOG: starts `BIN serve --job_port PORT` in the
-# background with its output in LOG, and sets REFRACT_SERVER_PID (for the
-# caller's EXIT trap, to be set before refract_await_server).
+# refract_start_server BIN PORT LOG [FLAG...]: starts `BIN serve --job_port PORT
+# FLAG...` in the background with its output in LOG, and sets
+# REFRACT_SERVER_PID (for the caller's EXIT trap, to be set before
+# refract_await_server).
 REFRACT_SERVER_PID=
 refract_start_server() {
-  echo "== starting: $1 serve --job_port $2 (log: $3)" >&2
-  "$1" serve --job_port "$2" </dev/null >"$3" 2>&1 &
+  echo "== starting: $1 serve --job_port $2 ${*:4} (log: $3)" >&2
+  "$1" serve --job_port "$2" "${@:4}" </dev/null >"$3" 2>&1 &
   REFRACT_SERVER_PID=$!
 }
 
@@ -101,4 +102,16 @@ refract_kill_bounded() {
     kill -TERM -- "-$_refract_bounded_pid" 2>/dev/null || true
     _refract_bounded_pid=
   fi
+}
+
+# refract_java_classpath: builds integration/java (`mvn -q package`, Maven's
+# repository cached in $REFRACT_CACHE/m2, the first build downloads Beam) and
+# prints the runtime classpath of its pipelines.
+refract_java_classpath() {
+  local m2=$REFRACT_CACHE/m2 project=$REFRACT_ROOT/integration/java start=$SECONDS
+  mkdir -p "$m2"
+  echo "== building integration/java (mvn -q package)" >&2
+  mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
+  echo "== maven build took $((SECONDS - start))s" >&2
+  echo "$project/target/classes:$(cat "$project/target/classpath.txt")"
 }

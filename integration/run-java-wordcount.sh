@@ -33,15 +33,7 @@ if [ ! -x "$REFRACT_PY" ]; then
   REFRACT_PY=$(command -v python3)
 fi
 
-m2=$REFRACT_CACHE/m2
-mkdir -p "$m2"
-project=$here/java
-
-echo "== building integration/java (mvn -q package; the first build downloads Beam)" >&2
-start=$SECONDS
-mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package
-echo "== maven build took $((SECONDS - start))s" >&2
-classpath=$project/target/classes:$(cat "$project/target/classpath.txt")
+classpath=$(refract_java_classpath)
 
 bin=$(refract_find_bin)
 

@@ -16,7 +16,9 @@
 #    integration/refract_suite.sh (bar in integration/refract_suite_bar).
 # 7. the Java SDK: integration/run-java-wordcount.sh runs the Java WordCount
 #    on Refract and on Beam's DirectRunner and compares the outputs (Maven's
-#    repository is cached in ~/.cache/refract/m2).
+#    repository is cached in ~/.cache/refract/m2), and
+#    integration/run-java-hot-key.sh has the Java harness read a key larger
+#    than the memory budget as a state-backed iterable.
 # It goes on after a failing step 3-5 so one run reports everything, prints
 # each pytest summary and a closing "total: ..." line, and exits non-zero if
 # any step failed.
@@ -113,6 +115,16 @@ if [ "$rc" -eq 0 ]; then
 else
   echo '{"label": "java-wordcount", "passed": 0, "failed": 1, "skipped": 0}' >>"$record"
   failed_steps+=("Java WordCount (exit $rc)")
+fi
+
+echo "== Java: a key larger than the memory budget, read as a state-backed iterable"
+rc=0
+REFRACT_BIN=$bin refract_run_bounded 600 "$here/run-java-hot-key.sh" || rc=$?
+if [ "$rc" -eq 0 ]; then
+  echo '{"label": "java-hot-key", "passed": 1, "failed": 0, "skipped": 0}' >>"$record"
+else
+  echo '{"label": "java-hot-key", "passed": 0, "failed": 1, "skipped": 0}' >>"$record"
+  failed_steps+=("Java hot key (exit $rc)")
 fi
 
 echo "== reports in $work"

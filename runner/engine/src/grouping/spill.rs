@@ -76,10 +76,15 @@ const PANE_HEADER: usize = 32;
 /// (`large`): the run's number follows instead of the values.
 const OUT_OF_LINE: u64 = 1 << 63;
 /// Most bytes of one key a drain reads back into memory before it hands
-/// the key out instead (where its consumers may be handed keys): a share
-/// of the buffer's memory, within these bounds.
-const HAND_OUT_MIN: usize = large::OUT_OF_LINE_BYTES;
-const HAND_OUT_MAX: usize = 64 << 20;
+/// the key out instead (where its consumers may be handed keys): the
+/// buffer's share of memory, within these bounds. Not less: a handed-out
+/// key costs its consumer more than one in the element (a state request
+/// per page, and Python's SDK reads a sampled element's iterable once
+/// more to estimate its size), and the elements are small, so several in
+/// one bundle go to one worker; with keys of a tenth of the share handed
+/// out, a job took twice as long.
+const HAND_OUT_MIN: usize = 16 << 20;
+const HAND_OUT_MAX: usize = 256 << 20;
 
 /// Where a buffer spills, by how it files what it spills.
 #[derive(Debug)]
@@ -632,7 +637,7 @@ impl GroupingBuffer {
     pub fn hand_out_large_keys(&mut self) -> bool {
         match &mut self.spill {
             Some(SpillSpace::ByWindow(spill)) if spill.value_coder.is_some() => {
-                spill.hand_out_above = Some((spill.limit / 4).clamp(HAND_OUT_MIN, HAND_OUT_MAX));
+                spill.hand_out_above = Some(spill.limit.clamp(HAND_OUT_MIN, HAND_OUT_MAX));
                 true
             }
             _ => false,

@@ -43,8 +43,12 @@ use crate::spill::{prefix_end, SpillError, SpillStore};
 pub(super) const OUT_OF_LINE_BYTES: usize = 1 << 20;
 
 /// About how many bytes of values an out-of-line chunk holds (one value
-/// larger than this is a chunk of its own). The SDK reads one per page.
+/// larger than this is a chunk of its own).
 const CHUNK_BYTES: usize = 1 << 20;
+
+/// About how many bytes of chunks one page the SDK reads holds (whole
+/// chunks: at least one, and a chunk past this ends it).
+const PAGE_BYTES: usize = 4 << 20;
 
 /// Where out-of-line values are filed under a buffer's prefix: a length no
 /// window's encoding has, so that the space is apart from every window's.
@@ -132,7 +136,19 @@ pub(super) fn read_part(
     let space = part_space(key_space, run);
     let end = prefix_end(&space).unwrap_or_default();
     let chunks = store.scan(&space, &end, usize::MAX)?;
-    Ok(chunks.into_iter().flat_map(|(_, chunk)| chunk).collect())
+    Ok(concat(chunks))
+}
+
+/// The values of `chunks`, one after another (one chunk as it is).
+fn concat(chunks: crate::spill::Entries) -> Vec<u8> {
+    match <[(Vec<u8>, Vec<u8>); 1]>::try_from(chunks) {
+        Ok([(_, one)]) => one,
+        Err(many) => many
+            .into_iter()
+            .map(|(_, chunk)| chunk)
+            .collect::<Vec<_>>()
+            .concat(),
+    }
 }
 
 /// The token a consumer reads the key whose space is `key_space` with.
@@ -153,7 +169,7 @@ pub struct IterablePage {
 }
 
 /// The page of the values behind `token` that starts at `continuation`
-/// (the first, if none): one chunk. `job_space` is the spill space of the
+/// (the first, if none): whole chunks, about [`PAGE_BYTES`]. `job_space` is the spill space of the
 /// job whose bundle asks; a token from anywhere else is refused, as is a
 /// continuation outside the token's space (both come from the SDK).
 pub fn read_iterable_page(
@@ -180,17 +196,16 @@ pub fn read_iterable_page(
         }
     };
     let end = prefix_end(space).unwrap_or_default();
-    let mut chunks = store.scan(from, &end, 0)?;
-    let Some((key, chunk)) = chunks.pop() else {
+    let chunks = store.scan(from, &end, PAGE_BYTES - CHUNK_BYTES)?;
+    let Some(mut next) = chunks.last().map(|(key, _)| key.clone()) else {
         return Ok(IterablePage {
             data: Bytes::new(),
             continuation: None,
         });
     };
-    let mut next = key;
     next.push(0);
     Ok(IterablePage {
-        data: Bytes::from(chunk),
+        data: Bytes::from(concat(chunks)),
         continuation: Some(Bytes::from(next)),
     })
 }

@@ -14,6 +14,12 @@ use crate::spill::{job_space, MemorySpillStore};
 use crate::time::MAX_TIMESTAMP;
 use crate::window::Window;
 
+/// Values under the hot key (17 MiB).
+const HOT: u32 = 1700;
+/// Values under a key written out of line but small enough to come back
+/// whole (3 MiB).
+const WARM: u32 = 300;
+
 /// `KV<bytes, bytes>`: values of any size.
 fn coder() -> Coder {
     Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes))
@@ -93,8 +99,9 @@ fn read_token(store: &MemorySpillStore, job: &[u8], token: &[u8]) -> Vec<Vec<u8>
     split_values(&data)
 }
 
-/// A buffer of 2 MiB fed a hot key of 6 MiB (10 KiB values, so every spill
-/// writes its part out of line) and ten small keys.
+/// A buffer of 2 MiB fed a hot key of 17 MiB (10 KiB values, so every
+/// spill writes its part out of line; past the 16 MiB a buffer reads back
+/// at most), a warm one of 3 MiB, and ten small keys.
 fn fed(store: &std::sync::Arc<MemorySpillStore>, job: &[u8], hand_out: bool) -> GroupingBuffer {
     let mut g = GroupingBuffer::new(
         WindowingStrategy::global_default(),
@@ -107,9 +114,12 @@ fn fed(store: &std::sync::Arc<MemorySpillStore>, job: &[u8], hand_out: bool) -> 
     if hand_out {
         assert!(g.hand_out_large_keys());
     }
-    for n in 0..600u32 {
+    for n in 0..HOT {
         g.add(&element(b"hot", &value(n, 10 << 10)), 0, 0).unwrap();
-        if n % 10 == 0 {
+        if n < WARM {
+            g.add(&element(b"warm", &value(n, 10 << 10)), 0, 0).unwrap();
+        }
+        if n % 10 == 0 && n < 600 {
             g.add(&element(&[b'k', (n % 100) as u8], &value(n, 8)), 0, 0)
                 .unwrap();
         }
@@ -137,8 +147,9 @@ fn drain(g: &mut GroupingBuffer) -> Vec<DecodedElement> {
     got
 }
 
-fn hot_values() -> Vec<Vec<u8>> {
-    let mut want: Vec<Vec<u8>> = (0..600).map(|n| value(n, 10 << 10)).collect();
+/// The first `n` 10 KiB values, sorted.
+fn values_of(n: u32) -> Vec<Vec<u8>> {
+    let mut want: Vec<Vec<u8>> = (0..n).map(|n| value(n, 10 << 10)).collect();
     want.sort();
     want
 }
@@ -149,7 +160,7 @@ fn a_key_too_large_for_memory_is_handed_out_behind_a_token_that_reads_every_valu
     let job = job_space(b"job");
     let mut g = fed(&store, &job, true);
     let got = drain(&mut g);
-    assert_eq!(got.len(), 11);
+    assert_eq!(got.len(), 12);
     let mut handed = 0;
     for e in &got {
         assert!(e.header.pane.is_first && e.header.pane.is_last);
@@ -160,13 +171,14 @@ fn a_key_too_large_for_memory_is_handed_out_behind_a_token_that_reads_every_valu
                 assert!(inline.is_empty());
                 let mut values = read_token(&store, &job, &token);
                 values.sort();
-                assert_eq!(values, hot_values());
+                assert_eq!(values, values_of(HOT));
                 // Another job's space does not read it.
                 assert!(
                     read_iterable_page(store.as_ref(), &job_space(b"jab"), &token, None).is_err()
                 );
                 handed += 1;
             }
+            None if key == b"warm" => assert_eq!(inline, values_of(WARM), "comes whole"),
             None => assert_eq!(inline.len(), 6, "a small key comes whole"),
         }
     }
@@ -194,7 +206,7 @@ fn without_hand_outs_a_large_key_written_out_of_line_comes_back_whole() {
         .iter()
         .find(|(key, _)| &key[..] == b"\x03hot")
         .map(|(_, windows)| windows[0].1.count);
-    assert_eq!(hot, Some(600));
+    assert_eq!(hot, Some(HOT));
     let got = drain(&mut g);
     let hot: Vec<_> = got
         .iter()
@@ -205,7 +217,7 @@ fn without_hand_outs_a_large_key_written_out_of_line_comes_back_whole() {
     let (_, mut values, token) = hot.into_iter().next().unwrap();
     assert!(token.is_none());
     values.sort();
-    assert_eq!(values, hot_values());
+    assert_eq!(values, values_of(HOT));
     assert_eq!(g.handed_out(), 0);
     assert!(
         store.is_empty(),
