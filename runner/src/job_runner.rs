@@ -680,8 +680,8 @@ async fn run_job(
                 MessageImportance::JobMessageBasic,
                 format!(
                     "{} GroupByKey key(s) too large for memory went to their consumers as \
-                     state-backed iterables, read from disk as they were iterated (no periodic \
-                     checkpoint was taken after the first)",
+                     state-backed iterables, read from disk as they were iterated (no checkpoint \
+                     was taken while one could be read)",
                     summary.handed_out_keys
                 ),
             );

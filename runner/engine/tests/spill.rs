@@ -22,9 +22,9 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
-use refract_engine::executor::{BundleInput, BundleOutput, ExecError, Residual, StageExecutor};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind, WindowingStrategy};
+use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::spill::{MemorySpillStore, SpillStore};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_engine::window::Window;
@@ -138,30 +138,14 @@ impl StageExecutor for Fake {
                 // The source: one bundle per restriction, each deferring
                 // the next one (a self-checkpointing read).
                 1 => {
-                    let chunk = input.elements.first().cloned().unwrap_or_default();
-                    let n = chunk.last().copied().unwrap_or(0) as u32;
+                    let n = common::source_step(&input);
                     let mut out = Vec::new();
                     for i in n * PER_BUNDLE..(n + 1) * PER_BUNDLE {
                         let (k, v) = record(i);
                         encode_windowed_value(&header, &Coder::GlobalWindow, &kv(&k, &v), &mut out)
                             .expect("encodes");
                     }
-                    let mut residuals = Vec::new();
-                    if n + 1 < BUNDLES {
-                        let mut next = Vec::new();
-                        encode_windowed_value(
-                            &header,
-                            &Coder::GlobalWindow,
-                            &[1, n as u8 + 1],
-                            &mut next,
-                        )
-                        .expect("encodes");
-                        residuals.push(Residual {
-                            element: Bytes::from(next),
-                            delay_ms: 0,
-                            watermark: None,
-                        });
-                    }
+                    let residuals = common::next_source_step(n, BUNDLES);
                     Ok(BundleOutput {
                         residuals,
                         ..source_output(out, n, output_spill.as_ref(), chunked)
@@ -212,35 +196,6 @@ fn parse_groups(chunk: &[u8], seen: &Seen, groups: &Mutex<u64>) {
     }
 }
 
-fn plan() -> Plan {
-    let sdk = || StageKind::Sdk(SdkStage::default());
-    let kv = || Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
-    Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("read", kv()),
-            global_pcollection(
-                "grouped",
-                Coder::Kv(
-                    Box::new(Coder::Bytes),
-                    Box::new(Coder::Iterable(Box::new(Coder::Bytes))),
-                ),
-            ),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("read", sdk(), vec![0], vec![1]),
-            stage(
-                "group",
-                StageKind::GroupByKey(WindowingStrategy::global_default()),
-                vec![1],
-                vec![2],
-            ),
-            stage("sink", sdk(), vec![2], vec![]),
-        ],
-    }
-}
-
 /// The grouped output of [`record`]s, values sorted per key.
 fn expected_groups() -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
     let mut want: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
@@ -278,8 +233,8 @@ async fn run(
         ..EngineConfig::default()
     };
     let (_cancel, cancelled) = watch::channel(false);
-    let mut engine =
-        Engine::new(plan(), executor, config, "s", Arc::new(|| 0)).expect("a valid plan");
+    let mut engine = Engine::new(common::group_plan(), executor, config, "s", Arc::new(|| 0))
+        .expect("a valid plan");
     if let Some(store) = spill {
         engine = engine.with_spill(store, b"job", 256 << 10);
     }
@@ -407,7 +362,7 @@ impl StageExecutor for Recorder {
     }
 }
 
-/// impulse → source (as in [`plan`]) → Flatten (a `Reshuffle`) → sink.
+/// impulse → source (as in `common::group_plan`) → Flatten (a `Reshuffle`) → sink.
 fn reshuffle_plan() -> Plan {
     let sdk = || StageKind::Sdk(SdkStage::default());
     let kv = || Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));

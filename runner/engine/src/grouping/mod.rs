@@ -250,7 +250,7 @@ impl GroupingBuffer {
     /// read back included.
     pub(crate) fn snapshot(&self) -> Result<GroupingSnapshot, SpillError> {
         // (A buffer that handed a key out refuses: see `read_back`.)
-        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() || self.handed_out() > 0 {
+        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() || self.has_live_hand_outs() {
             let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
                 .panes
                 .iter()

@@ -123,8 +123,14 @@ pub(super) struct Spill {
     /// set: every consumer reads the output through a state-backed
     /// iterable.
     hand_out_above: Option<usize>,
-    /// Keys handed out so far; their chunks stay until the buffer goes.
+    /// Keys handed out so far.
     handed_out: u64,
+    /// Keys handed out whose elements may still be waiting or running
+    /// downstream: while any is, no checkpoint (see `read_back`).
+    live_hand_outs: u64,
+    /// Out-of-line spaces of drained windows that handed keys out, kept
+    /// until their consumers are done with them.
+    kept_spaces: Vec<Vec<u8>>,
 }
 
 /// A window some of whose panes are in the store.
@@ -461,12 +467,12 @@ impl Spill {
     /// was handed out: its values are in the store only, and elements
     /// waiting downstream name them by a token no restore could honour.
     fn read_back(&self, trigger: &Trigger) -> Result<Vec<(Window, Bytes, Pane)>, SpillError> {
-        if self.handed_out > 0 {
+        if self.live_hand_outs > 0 {
             return Err(SpillError(format!(
                 "a GroupByKey handed {} key(s) too large for memory to its consumers as \
                  state-backed iterables, whose values only the spill store holds: no checkpoint \
-                 can be taken until the job ends",
-                self.handed_out
+                 can be taken until its consumers are done with them",
+                self.live_hand_outs
             )));
         }
         let mut out = Vec::new();
@@ -625,6 +631,8 @@ impl GroupingBuffer {
                 },
                 hand_out_above: None,
                 handed_out: 0,
+                live_hand_outs: 0,
+                kept_spaces: Vec::new(),
             }),
         });
         true
@@ -644,14 +652,33 @@ impl GroupingBuffer {
         }
     }
 
-    /// Keys handed out as state-backed iterables: while any is, the
-    /// buffer cannot be checkpointed (their values are in the spill store
-    /// only).
+    /// Keys handed out as state-backed iterables so far.
     pub fn handed_out(&self) -> u64 {
         match &self.spill {
             Some(SpillSpace::ByWindow(spill)) => spill.handed_out,
             _ => 0,
         }
+    }
+
+    /// Whether keys it handed out may still be read: their elements may
+    /// wait or run downstream, naming values only the spill store holds,
+    /// so the buffer cannot be checkpointed.
+    pub fn has_live_hand_outs(&self) -> bool {
+        matches!(&self.spill, Some(SpillSpace::ByWindow(spill)) if spill.live_hand_outs > 0)
+    }
+
+    /// Forgets the keys handed out so far, once the caller knows that
+    /// every element that carried one was consumed and committed (no
+    /// retry reads them again): the buffer may be checkpointed again, and
+    /// the chunks of the windows it finished go.
+    pub fn release_hand_outs(&mut self) -> Result<(), GroupingError> {
+        if let Some(SpillSpace::ByWindow(spill)) = &mut self.spill {
+            for space in std::mem::take(&mut spill.kept_spaces) {
+                delete_prefix(spill.store.as_ref(), &space)?;
+            }
+            spill.live_hand_outs = 0;
+        }
+        Ok(())
     }
 
     /// Bytes written to the spill store so far.
@@ -1002,7 +1029,10 @@ impl GroupingBuffer {
             let done = matches!(next, Ok(None));
             if done {
                 delete_prefix(spill.store.as_ref(), &drain.start)?;
-                if !drain.handed_out {
+                if drain.handed_out {
+                    let space = spill.window_space(&drain.start);
+                    spill.kept_spaces.push(space);
+                } else {
                     spill.forget_out_of_line(&drain.start)?;
                 }
                 spill.windows.remove(&drain.window);
@@ -1018,6 +1048,7 @@ impl GroupingBuffer {
                     emitted +=
                         firing.emit_pane(&key, &window, &mut pane, &ctx, true, token, out)?;
                     spill.handed_out += 1;
+                    spill.live_hand_outs += 1;
                 }
                 None => {}
             }
@@ -1056,7 +1087,8 @@ impl GroupingBuffer {
                 spill.windows.clear();
                 spill.drains.clear();
                 spill.pinned = 0;
-                spill.handed_out = 0;
+                spill.live_hand_outs = 0;
+                spill.kept_spaces.clear();
             }
             Some(SpillSpace::ByKey(spill)) => spill.clear()?,
             None => {}

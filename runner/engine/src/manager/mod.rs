@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::coder::{
     decode_timers, decode_windowed_values, encode_windowed_value, CoderError, DecodedElement,
@@ -31,7 +31,7 @@ use crate::executor::{
     BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, SplitSink,
     StageExecutor, TimerInput,
 };
-use crate::grouping::GroupingBuffer;
+use crate::grouping::{GroupingBuffer, GroupingError};
 use crate::plan::{
     PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
 };
@@ -628,6 +628,41 @@ impl Engine {
         self
     }
 
+    /// Forgets the keys each GroupByKey handed out once every consumer of
+    /// its output has nothing waiting and nothing running: every element
+    /// that carried one was then processed and committed, so none is in a
+    /// checkpoint to come and no retry reads one again.
+    fn release_consumed_hand_outs(&mut self) -> Result<(), GroupingError> {
+        for idx in 0..self.stages.len() {
+            if !self.stages[idx]
+                .grouping
+                .as_ref()
+                .is_some_and(GroupingBuffer::has_live_hand_outs)
+            {
+                continue;
+            }
+            let consumed = self.plan.stages[idx].outputs.iter().all(|&out| {
+                self.consumers[out].stages.iter().all(|&c| {
+                    let consumer = &self.stages[c];
+                    consumer.in_flight == 0 && consumer.pending.is_empty()
+                })
+            });
+            if let Some(g) = self.stages[idx].grouping.as_mut().filter(|_| consumed) {
+                g.release_hand_outs()?;
+                debug!(stage = %self.plan.stages[idx].name, "handed-out keys consumed");
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::release_consumed_hand_outs`] before a checkpoint; a store
+    /// that cannot delete leaves the keys held (and the checkpoint off).
+    fn release_hand_outs_or_warn(&mut self) {
+        if let Err(error) = self.release_consumed_hand_outs() {
+            warn!(%error, "cannot forget the keys a GroupByKey handed out");
+        }
+    }
+
     /// Whether some GroupByKey buffer, queue or stage's user state has
     /// data in the spill store (or handed out a key that only it holds).
     fn spilled(&self) -> bool {
@@ -635,7 +670,7 @@ impl Engine {
             s.pending.has_spilled()
                 || s.grouping
                     .as_ref()
-                    .is_some_and(|g| g.has_spilled() || g.handed_out() > 0)
+                    .is_some_and(|g| g.has_spilled() || g.has_live_hand_outs())
         }) || self.user_state.iter().any(|u| u.lock().has_spilled())
     }
 
@@ -663,6 +698,10 @@ impl Engine {
         if !due && !awaited {
             return;
         }
+        self.release_hand_outs_or_warn();
+        let Some(sink) = &self.checkpoints else {
+            return;
+        };
         if !awaited && self.spilled() {
             // Not worth copying spilled bytes back: the previous checkpoint
             // stays the latest until the spilled windows are out.
@@ -907,6 +946,7 @@ impl Engine {
                 } => {
                     match request {
                         Some(SavepointRequest { stop, reply }) => {
+                            self.release_hand_outs_or_warn();
                             let taken = self.checkpoint_parts();
                             let stopping = stop && taken.is_ok();
                             let _ = reply.send(taken);

@@ -2,8 +2,11 @@
 
 #![allow(dead_code)]
 
-use refract_engine::coder::Coder;
-use refract_engine::plan::{PCollection, Stage, StageKind};
+use bytes::Bytes;
+use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
+use refract_engine::executor::Residual;
+use refract_engine::plan::{PCollection, Plan, SdkStage, Stage, StageKind, WindowingStrategy};
+use refract_engine::window::Window;
 
 /// A bounded PCollection of `coder` values in the global window.
 pub fn global_pcollection(id: &str, coder: Coder) -> PCollection {
@@ -24,4 +27,64 @@ pub fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize
         side_inputs: vec![],
         outputs,
     }
+}
+
+/// impulse (PCollection 0) → SDK stage 1 "read" (`KV<bytes, bytes>`, 1) →
+/// GroupByKey 2 in the global window (`KV<bytes, iterable<bytes>>`, 2) →
+/// SDK stage 3 "sink".
+pub fn group_plan() -> Plan {
+    let sdk = || StageKind::Sdk(SdkStage::default());
+    let kv = || Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
+    Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("read", kv()),
+            global_pcollection(
+                "grouped",
+                Coder::Kv(
+                    Box::new(Coder::Bytes),
+                    Box::new(Coder::Iterable(Box::new(Coder::Bytes))),
+                ),
+            ),
+        ],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage("read", sdk(), vec![0], vec![1]),
+            stage(
+                "group",
+                StageKind::GroupByKey(WindowingStrategy::global_default()),
+                vec![1],
+                vec![2],
+            ),
+            stage("sink", sdk(), vec![2], vec![]),
+        ],
+    }
+}
+
+/// The step a self-checkpointing source's bundle reads: the last byte of
+/// its element (the impulse's empty value reads as step 0).
+pub fn source_step(input: &refract_engine::executor::BundleInput) -> u32 {
+    let chunk = input.elements.first().cloned().unwrap_or_default();
+    u32::from(chunk.last().copied().unwrap_or(0))
+}
+
+/// The residual that defers step `n + 1` of a source of `steps` steps (as
+/// bytes `[n + 1]` in the global window), none after the last.
+pub fn next_source_step(n: u32, steps: u32) -> Vec<Residual> {
+    if n + 1 >= steps {
+        return Vec::new();
+    }
+    let header = WindowedValueHeader {
+        timestamp: 0,
+        windows: smallvec::smallvec![Window::Global],
+        pane: PaneInfo::NO_FIRING,
+    };
+    let mut next = Vec::new();
+    let step = u8::try_from(n + 1).expect("under 256 steps");
+    encode_windowed_value(&header, &Coder::GlobalWindow, &[1, step], &mut next).expect("encodes");
+    vec![Residual {
+        element: Bytes::from(next),
+        delay_ms: 0,
+        watermark: None,
+    }]
 }
