@@ -19,19 +19,22 @@
 //!   hot key's part of a run is up to the buffer's whole share of memory,
 //!   and a drain holds one block per run).
 //! * **Handed out.** A drain that meets a key whose parts add up to more
-//!   than the buffer's threshold, in a buffer whose consumers all read its
-//!   output through a state-backed iterable (the runner rewrites their
-//!   input coder, and only where every one of them may), copies the key's
-//!   small parts into the same space and emits the key with no values
-//!   inline and a token naming its space. The SDK reads a chunk per page.
-//!   Otherwise the parts are read back into one pane, as before.
+//!   than the buffer's share of memory, in a buffer whose consumers all
+//!   read its output through a state-backed iterable (the runner rewrites
+//!   their input coder, and only where every one of them may), copies the
+//!   key's small parts into the same space and emits the key with no
+//!   values inline and a token naming its space. The SDK reads about
+//!   [`PAGE_BYTES`] of whole chunks per page. Otherwise the parts are read
+//!   back into one pane, as before.
 //!
-//! A handed-out key's chunks stay until the buffer goes (the job ends): a
-//! consumer may read them again after a retry. Checkpoints cannot hold
-//! them (spilled bytes are scratch, and an element in a queue carries only
-//! the token), so a buffer that handed a key out counts as spilled for
-//! good: periodic checkpoints stop, and an explicit one fails and says why.
-//! The chunks of keys that were not handed out go with their window.
+//! A handed-out key's chunks stay while a consumer may still read them (a
+//! retried bundle reads them again). Checkpoints cannot hold them (spilled
+//! bytes are scratch, and an element in a queue carries only the token),
+//! so until the engine sees every consumer with nothing waiting and
+//! nothing running — and releases the buffer's hand-outs, deleting their
+//! chunks — the buffer counts as spilled: periodic checkpoints wait, and
+//! an explicit one fails and says why. The chunks of keys that were not
+//! handed out go with their window.
 
 use bytes::Bytes;
 
@@ -169,9 +172,10 @@ pub struct IterablePage {
 }
 
 /// The page of the values behind `token` that starts at `continuation`
-/// (the first, if none): whole chunks, about [`PAGE_BYTES`]. `job_space` is the spill space of the
-/// job whose bundle asks; a token from anywhere else is refused, as is a
-/// continuation outside the token's space (both come from the SDK).
+/// (the first, if none): whole chunks, about [`PAGE_BYTES`]. `job_space`
+/// is the spill space of the job whose bundle asks; a token from anywhere
+/// else is refused, as is a continuation outside the token's space (both
+/// come from the SDK).
 pub fn read_iterable_page(
     store: &dyn SpillStore,
     job_space: &[u8],
