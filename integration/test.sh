@@ -107,25 +107,24 @@ REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
   "$here/refract_suite.sh" "$bin" ||
   failed_steps+=("RefractRunnerTest suite (bar $(cat "$here/refract_suite_bar"))")
 
+# Runs one pass/fail step (a script under the wall-clock bound) and records
+# it under LABEL: run_step LABEL DESCRIPTION SECONDS SCRIPT.
+run_step() {
+  local label=$1 description=$2 seconds=$3 script=$4 rc=0 passed=1 failed=0
+  REFRACT_BIN=$bin refract_run_bounded "$seconds" "$script" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    passed=0 failed=1
+    failed_steps+=("$description (exit $rc)")
+  fi
+  printf '{"label": "%s", "passed": %d, "failed": %d, "skipped": 0}\n' \
+    "$label" "$passed" "$failed" >>"$record"
+}
+
 echo "== Java WordCount on Refract vs the DirectRunner"
-rc=0
-REFRACT_BIN=$bin refract_run_bounded 900 "$here/run-java-wordcount.sh" || rc=$?
-if [ "$rc" -eq 0 ]; then
-  echo '{"label": "java-wordcount", "passed": 1, "failed": 0, "skipped": 0}' >>"$record"
-else
-  echo '{"label": "java-wordcount", "passed": 0, "failed": 1, "skipped": 0}' >>"$record"
-  failed_steps+=("Java WordCount (exit $rc)")
-fi
+run_step java-wordcount "Java WordCount" 900 "$here/run-java-wordcount.sh"
 
 echo "== Java: a key larger than the memory budget, read as a state-backed iterable"
-rc=0
-REFRACT_BIN=$bin refract_run_bounded 600 "$here/run-java-hot-key.sh" || rc=$?
-if [ "$rc" -eq 0 ]; then
-  echo '{"label": "java-hot-key", "passed": 1, "failed": 0, "skipped": 0}' >>"$record"
-else
-  echo '{"label": "java-hot-key", "passed": 0, "failed": 1, "skipped": 0}' >>"$record"
-  failed_steps+=("Java hot key (exit $rc)")
-fi
+run_step java-hot-key "Java hot key" 600 "$here/run-java-hot-key.sh"
 
 echo "== reports in $work"
 if [ "${#failed_steps[@]}" -gt 0 ]; then

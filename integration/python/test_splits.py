@@ -28,7 +28,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 from apache_beam.transforms.core import RestrictionProvider
+from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import CombiningValueStateSpec
+from apache_beam.transforms.userstate import TimerSpec
+from apache_beam.transforms.userstate import on_timer
 
 from refract_testlib import RefractServer
 
@@ -197,3 +200,56 @@ def test_slow_stateful_bundles_shared_with_idle_workers_keep_each_keys_state(
       out,
       equal_to([(k, n) for k in range(STATEFUL_KEYS) for n in (1, 2, 3)]))
   run_and_count_bundles(p)
+
+
+class SlowCountThenReport(beam.DoFn):
+  """SlowCount with an event-time timer per key: once every element is in
+  (batch), it reports (key, 'total', how many its state counted)."""
+  SEEN = CombiningValueStateSpec('seen', sum)
+  REPORT = TimerSpec('report', TimeDomain.WATERMARK)
+
+  def process(
+      self,
+      kv,
+      seen=beam.DoFn.StateParam(SEEN),
+      report=beam.DoFn.TimerParam(REPORT)):
+    time.sleep(0.1)
+    seen.add(1)
+    report.set(100)
+    yield kv[0], seen.read()
+
+  @on_timer(REPORT)
+  def on_report(
+      self, key=beam.DoFn.KeyParam, seen=beam.DoFn.StateParam(SEEN)):
+    yield key, 'total', seen.read()
+
+
+def test_slow_bundles_of_a_stage_with_timers_are_split_for_idle_workers(
+    request, refract_bin, tmp_path):
+  # As above, with a timer per key: a bundle of a stage with timers is
+  # split between key groups too (the runner logs each split that let
+  # groups go at debug level), and each key's timer fires once, after all
+  # three of its elements.
+  server = RefractServer(
+      refract_bin, tmp_path / 'refract-serve.log',
+      extra_args=['--log_level', 'debug', '--serve_http=false'])
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    p = beam.Pipeline(
+        options=PipelineOptions(
+            server.portable_args('--sdk_worker_parallelism=2')))
+    out = (
+        p
+        | beam.Create([(k, i) for i in range(3) for k in range(STATEFUL_KEYS)])
+        | beam.Reshuffle()
+        | beam.ParDo(SlowCountThenReport()))
+    assert_that(
+        out,
+        equal_to([(k, n) for k in range(STATEFUL_KEYS) for n in (1, 2, 3)] +
+                 [(k, 'total', 3) for k in range(STATEFUL_KEYS)]))
+    p.run().wait_until_finish()
+  finally:
+    server.stop()
+  log = open(server.log_path, encoding='utf-8', errors='replace').read()
+  assert 'split bundle let key groups go' in log, server.log_tail()

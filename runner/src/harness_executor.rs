@@ -370,8 +370,9 @@ fn element_slices(chunks: &[bytes::Bytes], lengths: &[usize]) -> Vec<bytes::Byte
 }
 
 /// How a running bundle may be split: a splittable DoFn's for time, size
-/// and idle workers; any other bundle that reads data (and sets no timers)
-/// at an element boundary, once its output passes the limit — a DoFn that
+/// and idle workers; any other bundle that reads data at an element
+/// boundary (its timers, which arrive on their own streams, all stay with
+/// what it keeps), once its output passes the limit — a DoFn that
 /// emits far more than it reads must not hold a whole bundle's output in
 /// the runner's memory — and when a worker idles while it runs (a few slow
 /// elements are one bundle, which one worker would otherwise do alone): a
@@ -387,7 +388,7 @@ fn split_policy(
     stage.input_transform_id.as_ref()?;
     if stage.splittable {
         Some(SplitPolicy::new(output_limit, Instant::now()))
-    } else if stage.timer_families.is_empty() && elements > 1 {
+    } else if elements > 1 {
         Some(SplitPolicy::for_elements(
             output_limit,
             Instant::now(),

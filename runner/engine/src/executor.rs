@@ -32,10 +32,10 @@ pub struct BundleInput {
     /// and gives back the elements after it.
     pub element_lengths: Vec<usize>,
     /// Where a split may start what it gives back, if only there: the
-    /// elements of a stateful stage without timers (bundles of stages with
-    /// timers are not split) go grouped by key group, and a split between
-    /// two groups gives back keys the bundle then no longer holds, which
-    /// another worker can take at once. Empty: anywhere.
+    /// elements of a stateful stage go grouped by key group, and a split
+    /// between two groups gives back keys the bundle then no longer holds
+    /// (unless a timer it fires holds them), which another worker can take
+    /// at once. Empty: anywhere, or for a stateful stage, nowhere.
     pub split_points: Vec<usize>,
     /// Timers to deliver, per (transform id, timer family id): concatenated
     /// nested timer values. Every family of the stage appears, possibly empty.

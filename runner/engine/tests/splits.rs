@@ -12,10 +12,12 @@
 //!
 //! A stateful stage's bundle gets its elements grouped by key group, may
 //! be split only between groups, and once split lets go of the groups it
-//! gave back: their bundle runs while it still runs.
+//! gave back: their bundle runs while it still runs. The same holds for a
+//! stage with timers: every element's timer, set by whichever bundle ran
+//! it, fires exactly once.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,13 +29,14 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{
-    decode_windowed_values, encode_windowed_value, Coder, PaneInfo, WindowedValueHeader,
+    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo, TimerValue,
+    WindowedValueHeader,
 };
 use refract_engine::executor::{
-    BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor,
+    BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor, TimerInput,
 };
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimeDomain, TimerFamily};
 use refract_engine::window::Window;
 use tokio::sync::{watch, Notify};
 
@@ -307,6 +310,47 @@ struct Keyed {
     ran_beside: AtomicBool,
     /// Elements the stateful stage processed, with how often.
     seen: Mutex<BTreeMap<u8, usize>>,
+    /// Whether each element sets a timer for its key (the stage declares
+    /// [`timer_family`]).
+    with_timers: bool,
+    /// Timers that fired, by key, with how often.
+    fired: Mutex<BTreeMap<Vec<u8>, usize>>,
+}
+
+/// The stateful stage's one event-time timer family.
+fn timer_family() -> TimerFamily {
+    TimerFamily {
+        transform_id: "stateful".into(),
+        family_id: "done".into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::GlobalWindow,
+    }
+}
+
+/// A timer of [`timer_family`] for each of `keys` (nested-encoded), due at
+/// 10 in the global window.
+fn timers_for(keys: impl IntoIterator<Item = Bytes>) -> Vec<TimerInput> {
+    let mut data = Vec::new();
+    for user_key in keys {
+        TimerValue {
+            user_key,
+            dynamic_tag: String::new(),
+            windows: smallvec::smallvec![Window::Global],
+            clear: false,
+            fire_timestamp: 10,
+            hold_timestamp: 10,
+            pane: PaneInfo::NO_FIRING,
+        }
+        .encode(&Coder::GlobalWindow, &mut data)
+        .expect("encodes");
+    }
+    let family = timer_family();
+    vec![TimerInput {
+        transform_id: family.transform_id,
+        family_id: family.family_id,
+        data: Bytes::from(data),
+    }]
 }
 
 fn kv_coder() -> Coder {
@@ -324,15 +368,18 @@ fn keyed_element(n: u8) -> Bytes {
 
 /// An element's number and key group.
 fn number_and_group(element: &Bytes) -> (u8, u32) {
+    let (n, key) = number_and_key(element);
+    (n, refract_engine::key_groups::key_group(&key))
+}
+
+/// An element's number and key (nested-encoded).
+fn number_and_key(element: &Bytes) -> (u8, Bytes) {
     let decoded = decode_windowed_values(element, &kv_coder(), &Coder::GlobalWindow)
         .expect("decodes")
         .remove(0);
     let kv = decoded.value_bytes();
     let key_len = kv[0] as usize;
-    (
-        kv[key_len + 2],
-        refract_engine::key_groups::key_group(&kv[..key_len + 1]),
-    )
+    (kv[key_len + 2], kv.slice(..key_len + 1))
 }
 
 struct KeyedFake(Arc<Keyed>);
@@ -353,6 +400,14 @@ impl StageExecutor for KeyedFake {
                     })
                 }
                 _ => {
+                    for t in &input.timers {
+                        let fired = decode_timers(&t.data, &Coder::Bytes, &Coder::GlobalWindow)
+                            .expect("timers decode");
+                        let mut seen = me.fired.lock();
+                        for timer in fired {
+                            *seen.entry(timer.user_key.to_vec()).or_default() += 1;
+                        }
+                    }
                     let given = elements(&input);
                     let numbered: Vec<(u8, u32)> = given.iter().map(number_and_group).collect();
                     // Grouped by key group, split points between groups.
@@ -362,7 +417,9 @@ impl StageExecutor for KeyedFake {
                         .filter(|&i| groups[i] != groups[i - 1])
                         .collect();
                     assert_eq!(input.split_points, boundaries);
-                    if me.given_back.lock().iter().any(|n| *n == numbered[0].0) {
+                    // (A bundle of timers alone has no elements.)
+                    let first = numbered.first().map(|&(n, _)| n);
+                    if me.given_back.lock().iter().any(|n| Some(*n) == first) {
                         me.given_back_started.notify_one();
                     }
                     let mut done = numbered.len();
@@ -385,7 +442,15 @@ impl StageExecutor for KeyedFake {
                     for &(n, _) in &numbered[..done] {
                         *seen.entry(n).or_default() += 1;
                     }
-                    Ok(BundleOutput::default())
+                    let timers = if me.with_timers {
+                        timers_for(given[..done].iter().map(|e| number_and_key(e).1))
+                    } else {
+                        Vec::new()
+                    };
+                    Ok(BundleOutput {
+                        timers,
+                        ..Default::default()
+                    })
                 }
             }
         }
@@ -393,9 +458,15 @@ impl StageExecutor for KeyedFake {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stateful_bundle_split_between_key_groups_lets_the_groups_it_gave_back_run_beside_it() {
-    let keyed = Arc::new(Keyed::default());
+/// Runs the stateful plan (with [`timer_family`] if `keyed.with_timers`)
+/// with two bundles per stage and checks that a bundle was split, that what
+/// it gave back ran beside it, and that each element ran once.
+async fn run_keyed(keyed: Arc<Keyed>) {
+    let timer_families = if keyed.with_timers {
+        vec![timer_family()]
+    } else {
+        Vec::new()
+    };
     let plan = Plan {
         pcollections: vec![
             global_pcollection("impulse", Coder::Bytes),
@@ -408,6 +479,7 @@ async fn a_stateful_bundle_split_between_key_groups_lets_the_groups_it_gave_back
                 "stateful",
                 StageKind::Sdk(SdkStage {
                     stateful: true,
+                    timer_families,
                     ..SdkStage::default()
                 }),
                 vec![1],
@@ -428,4 +500,181 @@ async fn a_stateful_bundle_split_between_key_groups_lets_the_groups_it_gave_back
     let seen = keyed.seen.lock().clone();
     let want: BTreeMap<u8, usize> = (0..KEYS).map(|n| (n, 1)).collect();
     assert_eq!(seen, want, "every element exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_bundle_split_between_key_groups_lets_the_groups_it_gave_back_run_beside_it() {
+    run_keyed(Arc::new(Keyed::default())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_of_a_stage_with_timers_is_split_too_and_every_timer_fires_once() {
+    let keyed = Arc::new(Keyed {
+        with_timers: true,
+        ..Keyed::default()
+    });
+    run_keyed(keyed.clone()).await;
+    let fired = keyed.fired.lock().clone();
+    let want: BTreeMap<Vec<u8>, usize> = (0..KEYS)
+        .map(|n| (number_and_key(&keyed_element(n)).1.to_vec(), 1))
+        .collect();
+    assert_eq!(fired, want, "each key's timer fired once");
+}
+
+/// What the streaming stateful stage saw, and what its bundles held.
+#[derive(Default)]
+struct Streamed {
+    /// Key groups of each bundle running now: those of its elements (what
+    /// it kept, once split) and of its timers.
+    running: Mutex<BTreeMap<usize, BTreeSet<u32>>>,
+    /// Bundles started so far (their ids).
+    started: AtomicUsize,
+    /// Key groups a bundle started with while another running bundle held
+    /// them.
+    overlaps: Mutex<Vec<u32>>,
+    /// A bundle with both timers and elements of several key groups was
+    /// split.
+    split_one: AtomicBool,
+    /// Elements processed (their numbers), with how often.
+    seen: Mutex<BTreeMap<u8, usize>>,
+    /// Timers that fired, by key, with how often.
+    fired: Mutex<BTreeMap<Vec<u8>, usize>>,
+}
+
+/// Element `value` of key `key-{n}`, as the TestStream emits it (a bare
+/// `KV`).
+fn bare_kv(n: u8, value: u8) -> Bytes {
+    let key = format!("key-{n}");
+    let mut kv = vec![key.len() as u8];
+    kv.extend_from_slice(key.as_bytes());
+    kv.extend_from_slice(&[1, value]);
+    Bytes::from(kv)
+}
+
+struct StreamedFake(Arc<Streamed>);
+
+impl StageExecutor for StreamedFake {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let me = self.0.clone();
+        async move {
+            let id = me.started.fetch_add(1, Ordering::SeqCst);
+            let given = elements(&input);
+            let numbered: Vec<(u8, Bytes)> = given.iter().map(number_and_key).collect();
+            let mut timer_keys = Vec::new();
+            for t in &input.timers {
+                for timer in decode_timers(&t.data, &Coder::Bytes, &Coder::GlobalWindow)
+                    .expect("timers decode")
+                {
+                    timer_keys.push(timer.user_key);
+                }
+            }
+            let groups_of = |keys: &mut dyn Iterator<Item = &Bytes>| -> BTreeSet<u32> {
+                keys.map(|k| refract_engine::key_groups::key_group(k))
+                    .collect()
+            };
+            let held = groups_of(&mut numbered.iter().map(|(_, k)| k).chain(&timer_keys));
+            {
+                let mut running = me.running.lock();
+                for other in running.values() {
+                    me.overlaps.lock().extend(held.intersection(other));
+                }
+                running.insert(id, held);
+            }
+            let mut done = numbered.len();
+            if !timer_keys.is_empty()
+                && !input.split_points.is_empty()
+                && !me.split_one.swap(true, Ordering::SeqCst)
+            {
+                // Give back the groups after the middle boundary, then keep
+                // running a while: a group freed too early would start a
+                // bundle beside this one.
+                done = input.split_points[input.split_points.len() / 2];
+                let kept =
+                    groups_of(&mut numbered[..done].iter().map(|(_, k)| k).chain(&timer_keys));
+                me.running.lock().insert(id, kept);
+                input.splits.send(split_at(&given, done));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            {
+                let mut seen = me.seen.lock();
+                for (n, _) in &numbered[..done] {
+                    *seen.entry(*n).or_default() += 1;
+                }
+                let mut fired = me.fired.lock();
+                for key in &timer_keys {
+                    *fired.entry(key.to_vec()).or_default() += 1;
+                }
+            }
+            me.running.lock().remove(&id);
+            // Each element sets its key's timer, due at once (behind the
+            // watermark), so the next bundle of its slice fires it beside
+            // the elements still waiting.
+            Ok(BundleOutput {
+                timers: timers_for(numbered[..done].iter().map(|(_, k)| k.clone())),
+                ..Default::default()
+            })
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_bundle_split_with_timers_keeps_the_key_groups_of_its_timers() {
+    // Two elements per key, all keys' first ones first, in one TestStream
+    // event past the timers' time: bundles of ten elements each set their
+    // keys' timers, which fire in later bundles of the same slice together
+    // with waiting elements.
+    let mut elements: Vec<(Bytes, i64)> = (0..KEYS).map(|n| (bare_kv(n, n), 30)).collect();
+    elements.extend((0..KEYS).map(|n| (bare_kv(n, n + 100), 30)));
+    let plan = Plan {
+        pcollections: vec![global_pcollection("kvs", kv_coder())],
+        stages: vec![
+            stage(
+                "stream",
+                StageKind::TestStream(vec![
+                    TestStreamEvent::Watermark(20),
+                    TestStreamEvent::Elements {
+                        output: 0,
+                        elements,
+                    },
+                ]),
+                vec![],
+                vec![0],
+            ),
+            stage(
+                "stateful",
+                StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    timer_families: vec![timer_family()],
+                    ..SdkStage::default()
+                }),
+                vec![0],
+                vec![],
+            ),
+        ],
+    };
+    let config = EngineConfig {
+        max_bundles_per_stage: 2,
+        max_bundle_elements: 10,
+        streaming: true,
+        ..EngineConfig::default()
+    };
+    let streamed = Arc::new(Streamed::default());
+    run(plan, Arc::new(StreamedFake(streamed.clone())), config).await;
+    assert!(
+        streamed.split_one.load(Ordering::SeqCst),
+        "a bundle with timers was split"
+    );
+    assert_eq!(
+        *streamed.overlaps.lock(),
+        Vec::<u32>::new(),
+        "no key group in two running bundles"
+    );
+    let want: BTreeMap<u8, usize> = (0..KEYS).flat_map(|n| [(n, 1), (n + 100, 1)]).collect();
+    assert_eq!(*streamed.seen.lock(), want, "every element exactly once");
+    let fired = streamed.fired.lock();
+    assert!(
+        fired.values().all(|&n| (1..=2).contains(&n)) && fired.len() == KEYS as usize,
+        "each key's timer fired once or twice (set again after it fired): {fired:?}"
+    );
 }

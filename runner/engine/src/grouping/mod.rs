@@ -773,7 +773,7 @@ impl<'a> Evaluation<'a> {
                     && strategy.on_time_behavior == OnTimeBehavior::FireAlways;
                 if pane.new_data || fire_empty {
                     make_room(out, &mut self.room, &mut self.room_elements);
-                    let emitted = self.firing.emit(key, window, pane, &ctx, last, out);
+                    let emitted = self.firing.emit(key, window, pane, &ctx, last, None, out);
                     if !self.counted(emitted) {
                         return;
                     }
@@ -790,7 +790,7 @@ impl<'a> Evaluation<'a> {
                         && !emitted_last);
                 if final_pane {
                     make_room(out, &mut self.room, &mut self.room_elements);
-                    let emitted = self.firing.emit(key, window, pane, &ctx, true, out);
+                    let emitted = self.firing.emit(key, window, pane, &ctx, true, None, out);
                     if !self.counted(emitted) {
                         return;
                     }
@@ -862,24 +862,12 @@ fn expected_elements(keys: usize, memory_bytes: usize, max_bytes: usize) -> usiz
 }
 
 impl Firing<'_> {
-    fn emit(
-        &self,
-        key: &[u8],
-        window: &Window,
-        pane: &mut Pane,
-        ctx: &TriggerContext,
-        is_last: bool,
-        out: &mut Fired,
-    ) -> Result<usize, CoderError> {
-        self.emit_pane(key, window, pane, ctx, is_last, None, out)
-    }
-
-    /// [`Self::emit`], or with `token`, the last pane of a key whose
-    /// values a drain left in the spill store: `KV<key, Iterable<V>>` in
-    /// the state-backed form, no values inline, then the token, which the
-    /// consumer reads them by.
+    /// Emits `pane` of `key` in `window` into `out`; with `token`, as the
+    /// last pane of a key whose values a drain left in the spill store:
+    /// `KV<key, Iterable<V>>` in the state-backed form, no values inline,
+    /// then the token, which the consumer reads them by.
     #[allow(clippy::too_many_arguments)]
-    fn emit_pane(
+    fn emit(
         &self,
         key: &[u8],
         window: &Window,

@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::{
     pane_hold, update_holds, Fired, Firing, GroupingBuffer, GroupingError, KeyPanes, KeyTable,
@@ -553,7 +554,8 @@ impl Drain {
         let Some(key) = self.runs.peek_key(store)?.cloned() else {
             return Ok(None);
         };
-        let mut parts = Vec::new();
+        // A key's parts: one per run it was spilled in, usually a few.
+        let mut parts: SmallVec<[(SpilledPane, u32); 4]> = SmallVec::new();
         while let Some(part) = self.runs.take_if(&key, store)? {
             parts.push(part);
         }
@@ -1041,12 +1043,11 @@ impl GroupingBuffer {
             }
             match next? {
                 Some(DrainedKey::Whole(key, mut pane)) => {
-                    emitted += firing.emit(&key, &window, &mut pane, &ctx, true, out)?;
+                    emitted += firing.emit(&key, &window, &mut pane, &ctx, true, None, out)?;
                 }
                 Some(DrainedKey::HandedOut(key, mut pane, token)) => {
                     let token = Some(token.as_slice());
-                    emitted +=
-                        firing.emit_pane(&key, &window, &mut pane, &ctx, true, token, out)?;
+                    emitted += firing.emit(&key, &window, &mut pane, &ctx, true, token, out)?;
                     spill.handed_out += 1;
                     spill.live_hand_outs += 1;
                 }

@@ -3,15 +3,20 @@
 
 use super::*;
 use crate::coder::Coder;
-use crate::key_groups::{slice_mask, KEY_GROUPS};
+use crate::key_groups::{key_group, slice_mask, KEY_GROUPS};
 
 /// The key group of a keyed stage's input element (its `KV`'s key; the
 /// stage's input value coder is `coder`), as a set. An element whose key
 /// does not decode is put in group 0: its bundle fails on it anyway.
 pub(super) fn element_key_group(coder: &Coder, e: &DecodedElement) -> KeyGroupSet {
+    1 << element_key_group_index(coder, e)
+}
+
+/// [`element_key_group`] as the group's number.
+fn element_key_group_index(coder: &Coder, e: &DecodedElement) -> u32 {
     coder
         .kv_key_len(e.value())
-        .map_or(1, |n| group_of(&e.value()[..n]))
+        .map_or(0, |n| key_group(&e.value()[..n]))
 }
 
 /// Puts a keyed bundle's `elements` in key-group order (each key's in the
@@ -22,20 +27,35 @@ pub(super) fn group_by_key_group(
     coder: &Coder,
     elements: Vec<DecodedElement>,
 ) -> (Vec<DecodedElement>, Vec<usize>) {
-    let mut grouped: Vec<(KeyGroupSet, DecodedElement)> = elements
-        .into_iter()
-        .map(|e| (element_key_group(coder, &e), e))
+    // A counting sort over the fixed number of groups: stable (one key's
+    // elements keep their order), and each element moves once.
+    let groups: Vec<usize> = elements
+        .iter()
+        .map(|e| element_key_group_index(coder, e) as usize)
         .collect();
-    // Stable: one key's elements keep their order. (A group's set is one
-    // bit: ordering sets orders groups.)
-    grouped.sort_by_key(|(g, _)| *g);
-    let points = grouped
-        .windows(2)
-        .enumerate()
-        .filter(|(_, pair)| pair[0].0 != pair[1].0)
-        .map(|(i, _)| i + 1)
+    let mut starts = [0usize; KEY_GROUPS as usize + 1];
+    for &g in &groups {
+        starts[g + 1] += 1;
+    }
+    for g in 0..KEY_GROUPS as usize {
+        starts[g + 1] += starts[g];
+    }
+    // Where each group after the first starts, once per boundary (an
+    // empty group starts where the next one does).
+    let mut points: Vec<usize> = starts[1..KEY_GROUPS as usize]
+        .iter()
+        .copied()
+        .filter(|&at| at > 0 && at < elements.len())
         .collect();
-    (grouped.into_iter().map(|(_, e)| e).collect(), points)
+    points.dedup();
+    let mut slots: Vec<Option<DecodedElement>> = Vec::new();
+    slots.resize_with(elements.len(), || None);
+    let mut next = starts;
+    for (e, g) in elements.into_iter().zip(groups) {
+        slots[next[g]] = Some(e);
+        next[g] += 1;
+    }
+    (slots.into_iter().flatten().collect(), points)
 }
 
 /// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
@@ -248,16 +268,16 @@ impl Engine {
                 let Some((allowed, mut elements, fired)) = picked else {
                     break;
                 };
-                // A stateful stage's bundle without timers may be split
-                // (one with timers is not: see the executor's split
-                // policy), between key groups.
+                // A stateful stage's bundle may be split between key
+                // groups. Its timers fire in the bundle whatever the split;
+                // a split keeps their groups (see the commit's
+                // `release_given_back_groups`), and what it gives back
+                // returns to the queue, where it holds back the timers it
+                // could precede as any waiting element does.
                 let mut split_points = Vec::new();
                 if time_sorted {
                     elements.sort_by_key(|e| e.header.timestamp);
-                } else if let Some(coder) = key_coder
-                    .as_ref()
-                    .filter(|_| families.is_empty() && elements.len() > 1)
-                {
+                } else if let Some(coder) = key_coder.as_ref().filter(|_| elements.len() > 1) {
                     (elements, split_points) = group_by_key_group(coder, elements);
                 }
                 let take = elements.len();
@@ -387,7 +407,53 @@ fn balanced_bundle_elements(
 
 #[cfg(test)]
 mod tests {
-    use super::balanced_bundle_elements;
+    use super::{balanced_bundle_elements, group_by_key_group};
+    use crate::coder::{
+        decode_windowed_values, encode_windowed_value, Coder, PaneInfo, WindowedValueHeader,
+    };
+    use crate::key_groups::key_group;
+    use crate::window::Window;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Against a stable sort by group: the same order, and a split
+        /// point wherever the group changes.
+        #[test]
+        fn a_bundle_is_put_in_key_group_order_as_a_stable_sort_would(
+            keys in proptest::collection::vec(0u16..400, 0..300),
+        ) {
+            let coder = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
+            let header = WindowedValueHeader {
+                timestamp: 0,
+                windows: smallvec::smallvec![Window::Global],
+                pane: PaneInfo::NO_FIRING,
+            };
+            let mut encoded = Vec::new();
+            for (at, k) in keys.iter().enumerate() {
+                let key = format!("k{k}");
+                let mut kv = vec![key.len() as u8];
+                kv.extend_from_slice(key.as_bytes());
+                kv.push(2);
+                kv.extend_from_slice(&(at as u16).to_be_bytes());
+                encode_windowed_value(&header, &Coder::GlobalWindow, &kv, &mut encoded)
+                    .expect("encodes");
+            }
+            let elements =
+                decode_windowed_values(&Bytes::from(encoded), &coder, &Coder::GlobalWindow)
+                    .expect("decodes");
+            let group = |v: &[u8]| key_group(&v[..v[0] as usize + 1]);
+            let mut want: Vec<Vec<u8>> = elements.iter().map(|e| e.value().to_vec()).collect();
+            want.sort_by_key(|v| group(v));
+            let want_points: Vec<usize> = (1..want.len())
+                .filter(|&i| group(&want[i]) != group(&want[i - 1]))
+                .collect();
+            let (grouped, points) = group_by_key_group(&coder, elements);
+            let got: Vec<Vec<u8>> = grouped.iter().map(|e| e.value().to_vec()).collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(points, want_points);
+        }
+    }
 
     #[test]
     fn waiting_elements_are_shared_between_free_bundles() {
