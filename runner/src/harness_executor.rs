@@ -499,6 +499,11 @@ async fn run_bundle(
                             &split_points,
                         )
                         .await;
+                        if outcome.residuals.is_empty() {
+                            policy.refused();
+                        } else {
+                            policy.accepted();
+                        }
                         end = outcome.end;
                         match outcome.kept {
                             // The engine runs the residuals now, and a retry

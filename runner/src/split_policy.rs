@@ -18,7 +18,11 @@
 //! * **an idle worker** in the bundle's environment (seen at two looks in a
 //!   row, so not one merely between two bundles): the idle worker can take
 //!   half of what is left. At most every 100 ms, so the residual can reach
-//!   it before the next look.
+//!   it before the next look; after a split the SDK refused, twice as long
+//!   as before (up to 3.2 s), since a bundle past its last allowed split
+//!   point — a stateful bundle in its last key group, a bundle at its last
+//!   element — refuses every one until it ends, and each costs the SDK's
+//!   control thread a request.
 //!
 //! The first split of a bundle keeps half (the other half can start on
 //! another worker at once); later splits for time or size keep 1% of what
@@ -36,6 +40,9 @@ const SPLIT_AFTER: Duration = Duration::from_millis(1000);
 
 /// How long after its previous split a bundle is split for an idle worker.
 const IDLE_SPLIT_EVERY: Duration = Duration::from_millis(100);
+
+/// The longest wait between idle splits, however many were refused.
+const IDLE_SPLIT_AT_MOST_EVERY: Duration = Duration::from_millis(3200);
 
 /// What a bundle keeps of its remaining work at its first split.
 const FIRST_FRACTION: f64 = 0.5;
@@ -55,6 +62,9 @@ pub(crate) struct SplitPolicy {
     for_time: bool,
     /// Split for an idle worker.
     for_idle: bool,
+    /// How long after its previous split the bundle is next split for an
+    /// idle worker: doubled by each refused split.
+    idle_every: Duration,
 }
 
 impl SplitPolicy {
@@ -69,7 +79,20 @@ impl SplitPolicy {
             idle_seen: false,
             for_time: true,
             for_idle: true,
+            idle_every: IDLE_SPLIT_EVERY,
         }
+    }
+
+    /// The SDK answered the last split with nothing to give back: idle
+    /// splits wait twice as long.
+    pub(crate) fn refused(&mut self) {
+        self.idle_every = (self.idle_every * 2).min(IDLE_SPLIT_AT_MOST_EVERY);
+    }
+
+    /// The SDK gave back work at the last split: idle splits may come at
+    /// their usual pace again.
+    pub(crate) fn accepted(&mut self) {
+        self.idle_every = IDLE_SPLIT_EVERY;
     }
 
     /// A bundle of elements (not restrictions), split once it has sent
@@ -110,7 +133,7 @@ impl SplitPolicy {
             later
         } else if self.for_time && since >= period {
             later
-        } else if self.for_idle && idle_before && worker_idle && since >= IDLE_SPLIT_EVERY {
+        } else if self.for_idle && idle_before && worker_idle && since >= self.idle_every {
             FIRST_FRACTION
         } else {
             return None;
@@ -209,6 +232,25 @@ mod tests {
         assert_eq!(p.due(start + LOOK * 9, 0, true), None);
         assert_eq!(p.due(start + LOOK * 12, 0, true), None);
         assert_eq!(p.due(start + LOOK * 13, 0, true), Some(0.5));
+    }
+
+    #[test]
+    fn refused_idle_splits_are_asked_for_less_and_less_often() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::for_elements(u64::MAX, start, true);
+        let (mut at, _) = next_split(&mut p, start, Duration::ZERO, 0, true);
+        let mut gaps = Vec::new();
+        for _ in 0..7 {
+            p.refused();
+            let (next, _) = next_split(&mut p, start, at, 0, true);
+            gaps.push((next - at).as_millis());
+            at = next;
+        }
+        assert_eq!(gaps, [200, 400, 800, 1600, 3200, 3200, 3200]);
+        // One that gives work back: every 100 ms again.
+        p.accepted();
+        let (next, _) = next_split(&mut p, start, at, 0, true);
+        assert_eq!((next - at).as_millis(), 100);
     }
 
     #[test]

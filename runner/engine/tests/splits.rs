@@ -24,7 +24,7 @@ use std::time::Duration;
 mod common;
 
 use bytes::Bytes;
-use common::{global_pcollection, stage};
+use common::{elements, global_pcollection, split_at, stage};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -207,39 +207,6 @@ struct FanOut {
     attempts: Mutex<Vec<Vec<u8>>>,
     /// Elements the sink got, with how often.
     seen: Mutex<BTreeMap<u8, usize>>,
-}
-
-/// The input elements of a bundle, one `Bytes` each, by their lengths.
-fn elements(input: &BundleInput) -> Vec<Bytes> {
-    let all: Vec<u8> = input.elements.iter().flat_map(|c| c.to_vec()).collect();
-    let all = Bytes::from(all);
-    let mut at = 0;
-    input
-        .element_lengths
-        .iter()
-        .map(|&len| {
-            let element = all.slice(at..at + len);
-            at += len;
-            element
-        })
-        .collect()
-}
-
-/// A channel split of a bundle of `elements` that keeps the first `kept`
-/// and gives back the rest.
-fn split_at(elements: &[Bytes], kept: usize) -> BundleSplit {
-    BundleSplit {
-        kept_elements: kept,
-        primaries: Vec::new(),
-        residuals: elements[kept..]
-            .iter()
-            .map(|e| Residual {
-                element: e.clone(),
-                delay_ms: 0,
-                watermark: None,
-            })
-            .collect(),
-    }
 }
 
 struct FanOutFake(Arc<FanOut>);

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
-use refract_engine::executor::Residual;
+use refract_engine::executor::{BundleInput, BundleSplit, Residual};
 use refract_engine::plan::{PCollection, Plan, SdkStage, Stage, StageKind, WindowingStrategy};
 use refract_engine::window::Window;
 
@@ -87,4 +87,36 @@ pub fn next_source_step(n: u32, steps: u32) -> Vec<Residual> {
         delay_ms: 0,
         watermark: None,
     }]
+}
+
+/// A bundle's input elements, one `Bytes` each, cut by their lengths.
+pub fn elements(input: &BundleInput) -> Vec<Bytes> {
+    let all = Bytes::from(input.elements.concat());
+    let mut at = 0;
+    input
+        .element_lengths
+        .iter()
+        .map(|&len| {
+            let element = all.slice(at..at + len);
+            at += len;
+            element
+        })
+        .collect()
+}
+
+/// A channel split of a bundle of `elements` that keeps the first `kept`
+/// and gives back the rest.
+pub fn split_at(elements: &[Bytes], kept: usize) -> BundleSplit {
+    BundleSplit {
+        kept_elements: kept,
+        primaries: Vec::new(),
+        residuals: elements[kept..]
+            .iter()
+            .map(|e| Residual {
+                element: e.clone(),
+                delay_ms: 0,
+                watermark: None,
+            })
+            .collect(),
+    }
 }
