@@ -24,19 +24,21 @@ use std::time::Duration;
 mod common;
 
 use bytes::Bytes;
-use common::{elements, global_pcollection, split_at, stage};
+use common::{
+    elements, global_pcollection, global_timer_family, global_timers_at_10, split_at, stage,
+};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{
-    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo, TimerValue,
+    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo,
     WindowedValueHeader,
 };
 use refract_engine::executor::{
     BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor, TimerInput,
 };
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimeDomain, TimerFamily};
+use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
 use refract_engine::window::Window;
 use tokio::sync::{watch, Notify};
 
@@ -286,38 +288,12 @@ struct Keyed {
 
 /// The stateful stage's one event-time timer family.
 fn timer_family() -> TimerFamily {
-    TimerFamily {
-        transform_id: "stateful".into(),
-        family_id: "done".into(),
-        domain: TimeDomain::EventTime,
-        key_coder: Coder::Bytes,
-        window_coder: Coder::GlobalWindow,
-    }
+    global_timer_family("stateful", "done")
 }
 
-/// A timer of [`timer_family`] for each of `keys` (nested-encoded), due at
-/// 10 in the global window.
+/// A timer of [`timer_family`] for each of `keys` (nested-encoded).
 fn timers_for(keys: impl IntoIterator<Item = Bytes>) -> Vec<TimerInput> {
-    let mut data = Vec::new();
-    for user_key in keys {
-        TimerValue {
-            user_key,
-            dynamic_tag: String::new(),
-            windows: smallvec::smallvec![Window::Global],
-            clear: false,
-            fire_timestamp: 10,
-            hold_timestamp: 10,
-            pane: PaneInfo::NO_FIRING,
-        }
-        .encode(&Coder::GlobalWindow, &mut data)
-        .expect("encodes");
-    }
-    let family = timer_family();
-    vec![TimerInput {
-        transform_id: family.transform_id,
-        family_id: family.family_id,
-        data: Bytes::from(data),
-    }]
+    global_timers_at_10(&timer_family(), keys)
 }
 
 fn kv_coder() -> Coder {

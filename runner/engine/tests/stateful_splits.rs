@@ -34,19 +34,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{elements, global_pcollection, split_at, stage};
+use common::{
+    elements, global_pcollection, global_timer_family, global_timers_at_10, split_at, stage,
+};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use refract_engine::coder::{
-    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo, TimerValue,
+    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo,
     WindowedValueHeader,
 };
-use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::key_groups::key_group;
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimeDomain, TimerFamily};
+use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
 use refract_engine::state::{BundleState, StateKey};
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -178,37 +180,7 @@ fn count(state: &dyn BundleState, key: &Bytes) -> u32 {
 }
 
 fn timer_family() -> TimerFamily {
-    TimerFamily {
-        transform_id: TRANSFORM.into(),
-        family_id: FAMILY.into(),
-        domain: TimeDomain::EventTime,
-        key_coder: Coder::Bytes,
-        window_coder: Coder::GlobalWindow,
-    }
-}
-
-/// A timer of the family for each of `keys`, due at 10: behind the
-/// streaming cases' watermark, so ready as soon as it is set.
-fn timers_for(keys: &[Bytes]) -> Vec<TimerInput> {
-    let mut data = Vec::new();
-    for key in keys {
-        TimerValue {
-            user_key: key.clone(),
-            dynamic_tag: String::new(),
-            windows: smallvec::smallvec![Window::Global],
-            clear: false,
-            fire_timestamp: 10,
-            hold_timestamp: 10,
-            pane: PaneInfo::NO_FIRING,
-        }
-        .encode(&Coder::GlobalWindow, &mut data)
-        .expect("encodes");
-    }
-    vec![TimerInput {
-        transform_id: TRANSFORM.into(),
-        family_id: FAMILY.into(),
-        data: Bytes::from(data),
-    }]
+    global_timer_family(TRANSFORM, FAMILY)
 }
 
 /// A small deterministic generator for a bundle's choices.
@@ -275,7 +247,9 @@ impl Fake {
         }
         self.running.lock().remove(&id);
         BundleOutput {
-            timers: timers_for(&keys[..done]),
+            // Due at 10: behind the streaming cases' watermark, so ready as
+            // soon as they are set.
+            timers: global_timers_at_10(&timer_family(), keys[..done].iter().cloned()),
             ..Default::default()
         }
     }

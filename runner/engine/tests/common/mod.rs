@@ -3,9 +3,13 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
-use refract_engine::executor::{BundleInput, BundleSplit, Residual};
-use refract_engine::plan::{PCollection, Plan, SdkStage, Stage, StageKind, WindowingStrategy};
+use refract_engine::coder::{
+    encode_windowed_value, Coder, PaneInfo, TimerValue, WindowedValueHeader,
+};
+use refract_engine::executor::{BundleInput, BundleSplit, Residual, TimerInput};
+use refract_engine::plan::{
+    PCollection, Plan, SdkStage, Stage, StageKind, TimeDomain, TimerFamily, WindowingStrategy,
+};
 use refract_engine::window::Window;
 
 /// A bounded PCollection of `coder` values in the global window.
@@ -119,4 +123,43 @@ pub fn split_at(elements: &[Bytes], kept: usize) -> BundleSplit {
             })
             .collect(),
     }
+}
+
+/// An event-time timer family of `transform_id` with `Bytes` keys in the
+/// global window.
+pub fn global_timer_family(transform_id: &str, family_id: &str) -> TimerFamily {
+    TimerFamily {
+        transform_id: transform_id.into(),
+        family_id: family_id.into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::GlobalWindow,
+    }
+}
+
+/// A timer of `family` (see [`global_timer_family`]) for each of `keys`
+/// (nested-encoded), due at 10 in the global window.
+pub fn global_timers_at_10(
+    family: &TimerFamily,
+    keys: impl IntoIterator<Item = Bytes>,
+) -> Vec<TimerInput> {
+    let mut data = Vec::new();
+    for user_key in keys {
+        TimerValue {
+            user_key,
+            dynamic_tag: String::new(),
+            windows: smallvec::smallvec![Window::Global],
+            clear: false,
+            fire_timestamp: 10,
+            hold_timestamp: 10,
+            pane: PaneInfo::NO_FIRING,
+        }
+        .encode(&Coder::GlobalWindow, &mut data)
+        .expect("encodes");
+    }
+    vec![TimerInput {
+        transform_id: family.transform_id.clone(),
+        family_id: family.family_id.clone(),
+        data: Bytes::from(data),
+    }]
 }
