@@ -251,5 +251,6 @@ def test_slow_bundles_of_a_stage_with_timers_are_split_for_idle_workers(
     p.run().wait_until_finish()
   finally:
     server.stop()
-  log = open(server.log_path, encoding='utf-8', errors='replace').read()
+  with open(server.log_path, encoding='utf-8', errors='replace') as f:
+    log = f.read()
   assert 'split bundle let key groups go' in log, server.log_tail()
