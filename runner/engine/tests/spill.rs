@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{Plan, StageKind};
 use refract_engine::spill::{MemorySpillStore, SpillStore};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_engine::window::Window;
@@ -362,23 +362,14 @@ impl StageExecutor for Recorder {
     }
 }
 
-/// impulse → source (as in `common::group_plan`) → Flatten (a `Reshuffle`) → sink.
+/// [`common::group_plan`] with a Flatten (a `Reshuffle`) in place of its
+/// GroupByKey: impulse → source → Flatten → sink.
 fn reshuffle_plan() -> Plan {
-    let sdk = || StageKind::Sdk(SdkStage::default());
-    let kv = || Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
-    Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("read", kv()),
-            global_pcollection("reshuffled", kv()),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("read", sdk(), vec![0], vec![1]),
-            stage("reshuffle", StageKind::Flatten, vec![1], vec![2]),
-            stage("sink", sdk(), vec![2], vec![]),
-        ],
-    }
+    let mut plan = common::group_plan();
+    plan.pcollections[2] =
+        global_pcollection("reshuffled", plan.pcollections[1].value_coder.clone());
+    plan.stages[2] = stage("reshuffle", StageKind::Flatten, vec![1], vec![2]);
+    plan
 }
 
 /// A queue far past its bound — every source bundle's output is ~5 times

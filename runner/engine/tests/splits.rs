@@ -25,21 +25,18 @@ mod common;
 
 use bytes::Bytes;
 use common::{
-    elements, global_pcollection, global_timer_family, global_timers_at_10, split_at, stage,
+    elements, global_pcollection, global_timer_family, global_timers_at_10, global_windowed,
+    sourced_plan, split_at, stage,
 };
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
-use refract_engine::coder::{
-    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo,
-    WindowedValueHeader,
-};
+use refract_engine::coder::{decode_timers, decode_windowed_values, Coder};
 use refract_engine::executor::{
     BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor, TimerInput,
 };
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
-use refract_engine::window::Window;
 use tokio::sync::{watch, Notify};
 
 #[derive(Default)]
@@ -53,19 +50,8 @@ struct Reader {
     seen: Mutex<BTreeMap<u8, usize>>,
 }
 
-fn windowed(value: &[u8]) -> Bytes {
-    let header = WindowedValueHeader {
-        timestamp: 0,
-        windows: smallvec::smallvec![Window::Global],
-        pane: PaneInfo::NO_FIRING,
-    };
-    let mut out = Vec::new();
-    encode_windowed_value(&header, &Coder::GlobalWindow, value, &mut out).expect("encodes");
-    Bytes::from(out)
-}
-
 fn restriction(from: u8, to: u8) -> Bytes {
-    windowed(&[2, from, to])
+    global_windowed(&[2, from, to], 0)
 }
 
 fn values(chunks: &[Bytes]) -> Vec<Bytes> {
@@ -82,7 +68,7 @@ fn values(chunks: &[Bytes]) -> Vec<Bytes> {
 fn numbered(pcollection: usize, numbers: impl IntoIterator<Item = u8>) -> BundleOutput {
     let mut out = Vec::new();
     for n in numbers {
-        out.extend_from_slice(&windowed(&[1, n]));
+        out.extend_from_slice(&global_windowed(&[1, n], 0));
     }
     BundleOutput {
         outputs: vec![(pcollection, Bytes::from(out))],
@@ -306,7 +292,7 @@ fn keyed_element(n: u8) -> Bytes {
     let mut kv = vec![key.len() as u8];
     kv.extend_from_slice(key.as_bytes());
     kv.extend_from_slice(&[1, n]);
-    windowed(&kv)
+    global_windowed(&kv, 0)
 }
 
 /// An element's number and key group.
@@ -410,26 +396,15 @@ async fn run_keyed(keyed: Arc<Keyed>) {
     } else {
         Vec::new()
     };
-    let plan = Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("kvs", kv_coder()),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("source", sdk(false), vec![0], vec![1]),
-            stage(
-                "stateful",
-                StageKind::Sdk(SdkStage {
-                    stateful: true,
-                    timer_families,
-                    ..SdkStage::default()
-                }),
-                vec![1],
-                vec![],
-            ),
-        ],
-    };
+    let plan = sourced_plan(
+        kv_coder(),
+        "stateful",
+        StageKind::Sdk(SdkStage {
+            stateful: true,
+            timer_families,
+            ..SdkStage::default()
+        }),
+    );
     let config = EngineConfig {
         max_bundles_per_stage: 2,
         ..EngineConfig::default()

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{global_pcollection, stage};
+use common::sourced_plan;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -103,30 +103,14 @@ impl StageExecutor for Sdk {
 }
 
 fn plan() -> Plan {
-    Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("numbers", Coder::Varint),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage(
-                "source",
-                StageKind::Sdk(SdkStage::default()),
-                vec![0],
-                vec![1],
-            ),
-            stage(
-                "stable",
-                StageKind::Sdk(SdkStage {
-                    stable_input: true,
-                    ..SdkStage::default()
-                }),
-                vec![1],
-                vec![],
-            ),
-        ],
-    }
+    sourced_plan(
+        Coder::Varint,
+        "stable",
+        StageKind::Sdk(SdkStage {
+            stable_input: true,
+            ..SdkStage::default()
+        }),
+    )
 }
 
 fn config() -> EngineConfig {

@@ -35,22 +35,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::{
-    elements, global_pcollection, global_timer_family, global_timers_at_10, split_at, stage,
+    elements, global_pcollection, global_timer_family, global_timers_at_10, global_windowed,
+    sourced_plan, split_at, stage,
 };
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use proptest::prelude::*;
-use refract_engine::coder::{
-    decode_timers, decode_windowed_values, encode_windowed_value, Coder, PaneInfo,
-    WindowedValueHeader,
-};
+use refract_engine::coder::{decode_timers, decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::key_groups::key_group;
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
 use refract_engine::state::{BundleState, StateKey};
-use refract_engine::window::Window;
 use tokio::sync::watch;
 
 /// The stateful transform, its bag and its timer family.
@@ -132,17 +129,6 @@ fn arrivals(case: &Case) -> Vec<Bytes> {
             .flat_map(|round| (0..case.keys).map(move |k| kv(k, round)))
             .collect()
     }
-}
-
-fn windowed(value: &[u8]) -> Vec<u8> {
-    let header = WindowedValueHeader {
-        timestamp: 30,
-        windows: smallvec::smallvec![Window::Global],
-        pane: PaneInfo::NO_FIRING,
-    };
-    let mut out = Vec::new();
-    encode_windowed_value(&header, &Coder::GlobalWindow, value, &mut out).expect("encodes");
-    out
 }
 
 /// An element's key (nested-encoded).
@@ -275,7 +261,7 @@ impl StageExecutor for Executor {
             // The batch source: every element in one output.
             let block: Vec<u8> = arrivals(&fake.case)
                 .iter()
-                .flat_map(|kv| windowed(kv))
+                .flat_map(|kv| global_windowed(kv, 30))
                 .collect();
             Ok(BundleOutput {
                 outputs: vec![(1, Bytes::from(block))],
@@ -286,40 +272,20 @@ impl StageExecutor for Executor {
     }
 }
 
-fn stateful_stage(name: &str, input: usize) -> refract_engine::plan::Stage {
-    stage(
-        name,
-        StageKind::Sdk(SdkStage {
-            stateful: true,
-            timer_families: vec![timer_family()],
-            ..SdkStage::default()
-        }),
-        vec![input],
-        vec![],
-    )
+/// The stateful stage's kind: a bag and [`timer_family`].
+fn stateful_kind() -> StageKind {
+    StageKind::Sdk(SdkStage {
+        stateful: true,
+        timer_families: vec![timer_family()],
+        ..SdkStage::default()
+    })
 }
 
 /// Batch: impulse → source → stateful. Streaming: TestStream (the input in
 /// three steps, past the timers' time) → stateful.
 fn plan(case: &Case) -> (Plan, usize) {
     if !case.streaming {
-        let plan = Plan {
-            pcollections: vec![
-                global_pcollection("impulse", Coder::Bytes),
-                global_pcollection("kvs", kv_coder()),
-            ],
-            stages: vec![
-                stage("impulse", StageKind::Impulse, vec![], vec![0]),
-                stage(
-                    "source",
-                    StageKind::Sdk(SdkStage::default()),
-                    vec![0],
-                    vec![1],
-                ),
-                stateful_stage(TRANSFORM, 1),
-            ],
-        };
-        return (plan, 2);
+        return (sourced_plan(kv_coder(), TRANSFORM, stateful_kind()), 2);
     }
     let all = arrivals(case);
     let third = all.len().div_ceil(3).max(1);
@@ -335,7 +301,7 @@ fn plan(case: &Case) -> (Plan, usize) {
         pcollections: vec![global_pcollection("kvs", kv_coder())],
         stages: vec![
             stage("stream", StageKind::TestStream(events), vec![], vec![0]),
-            stateful_stage(TRANSFORM, 0),
+            stage(TRANSFORM, stateful_kind(), vec![0], vec![]),
         ],
     };
     (plan, 1)

@@ -33,6 +33,40 @@ pub fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize
     }
 }
 
+/// impulse (PCollection 0) → SDK stage 1 "source" (PCollection 1 of
+/// `values`) → stage 2, `consumer` (of `kind`, reading PCollection 1, no
+/// outputs): the plan of tests about one stage fed by a fake source.
+pub fn sourced_plan(values: Coder, consumer: &str, kind: StageKind) -> Plan {
+    Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("source", values),
+        ],
+        stages: vec![
+            stage("impulse", StageKind::Impulse, vec![], vec![0]),
+            stage(
+                "source",
+                StageKind::Sdk(SdkStage::default()),
+                vec![0],
+                vec![1],
+            ),
+            stage(consumer, kind, vec![1], vec![]),
+        ],
+    }
+}
+
+/// `value` at `timestamp` in the global window, not yet fired.
+pub fn global_windowed(value: &[u8], timestamp: i64) -> Bytes {
+    let header = WindowedValueHeader {
+        timestamp,
+        windows: smallvec::smallvec![Window::Global],
+        pane: PaneInfo::NO_FIRING,
+    };
+    let mut out = Vec::new();
+    encode_windowed_value(&header, &Coder::GlobalWindow, value, &mut out).expect("encodes");
+    Bytes::from(out)
+}
+
 /// impulse (PCollection 0) → SDK stage 1 "read" (`KV<bytes, bytes>`, 1) →
 /// GroupByKey 2 in the global window (`KV<bytes, iterable<bytes>>`, 2) →
 /// SDK stage 3 "sink".
@@ -78,16 +112,9 @@ pub fn next_source_step(n: u32, steps: u32) -> Vec<Residual> {
     if n + 1 >= steps {
         return Vec::new();
     }
-    let header = WindowedValueHeader {
-        timestamp: 0,
-        windows: smallvec::smallvec![Window::Global],
-        pane: PaneInfo::NO_FIRING,
-    };
-    let mut next = Vec::new();
     let step = u8::try_from(n + 1).expect("under 256 steps");
-    encode_windowed_value(&header, &Coder::GlobalWindow, &[1, step], &mut next).expect("encodes");
     vec![Residual {
-        element: Bytes::from(next),
+        element: global_windowed(&[1, step], 0),
         delay_ms: 0,
         watermark: None,
     }]
