@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark: a batch stateful DoFn whose user state outgrows the memory
-budget (issue 5; it reports, it does not assert).
+"""Benchmark: a stateful DoFn whose user state outgrows the memory budget
+(issue 5; it reports, it does not assert).
 
 Runs integration/python/stateful_bag_pipeline.py — generated values
 appended to their key's bag state until an end-of-window timer reads and
@@ -8,10 +8,13 @@ clears it, totals checked in the pipeline — on `refract serve
 --memory_budget B` (LOOPBACK workers, in the client), and samples the
 runner's resident set size every half second. The report: the job's wall
 time and final state, and the runner's peak RSS against the state's size.
-(User state is held in memory: see docs/architecture.md, "Known gaps".)
+`--mode streaming` submits the same pipeline with --streaming;
+`--checkpointed` gives the server a `--state_dir` (see docs/architecture.md,
+"Spilling bag state", for when bags spill).
 
     integration/bench/stateful_memory.py --bin target/release/refract \\
-        [--total_mb 256] [--value_kb 1] [--keys 100000] [--memory_budget 128m]
+        [--total_mb 256] [--value_kb 1] [--keys 100000] [--memory_budget 128m] \\
+        [--mode batch|streaming] [--checkpointed]
 """
 
 import argparse
@@ -34,19 +37,24 @@ def main():
   ap.add_argument('--value_kb', type=int, default=1)
   ap.add_argument('--keys', type=int, default=100000)
   ap.add_argument('--memory_budget', default='128m')
+  ap.add_argument('--mode', choices=('batch', 'streaming'), default='batch')
+  ap.add_argument('--checkpointed', action='store_true',
+                  help='serve with --state_dir (periodic checkpoints)')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-stateful-memory.')
+  extra = ['--memory_budget', args.memory_budget, '--serve_http=false']
+  if args.checkpointed:
+    extra += ['--state_dir', os.path.join(work, 'state')]
   server = RefractServer(
       os.path.abspath(args.bin), os.path.join(work, 'refract.log'),
       port=free_port(),
-      extra_args=['--memory_budget', args.memory_budget,
-                  '--serve_http=false']).wait_ready()
+      extra_args=extra).wait_ready()
   try:
     run, elapsed, samples = run_sampling_rss(
         server.proc.pid,
         [sys.executable, os.path.join(PY, 'stateful_bag_pipeline.py'),
          server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys)])
+         str(args.keys), args.mode])
   finally:
     server.stop()
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
@@ -54,9 +62,10 @@ def main():
           ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
   lines = run.stdout.strip().splitlines()
   state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
-  print('Bag state of %d MiB (%d KiB values, %d keys), --memory_budget %s: '
-        '%s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
-        % (args.total_mb, args.value_kb, args.keys, args.memory_budget,
+  print('Bag state of %d MiB (%d KiB values, %d keys, %s%s), --memory_budget '
+        '%s: %s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
+        % (args.total_mb, args.value_kb, args.keys, args.mode,
+           ', checkpointed' if args.checkpointed else '', args.memory_budget,
            state, elapsed, max(samples or [0]) / (1 << 20), work))
   return 0 if state == 'DONE' else 1
 

@@ -8,9 +8,12 @@ end of the window, which reads the bag back, counts it and clears it (what
 `GroupIntoBatches` and hand-written buffering DoFns do). The totals are
 checked in the pipeline: every value was buffered and read back once.
 
-    python stateful_bag_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS]
+    python stateful_bag_pipeline.py ENDPOINT TOTAL_MB [VALUE_KB] [KEYS] [MODE]
 
-prints the job id, waits for the job and exits 0 when it is DONE.
+MODE is `batch` (the default) or `streaming` (the same pipeline submitted
+with --streaming: its state is streaming state, its timers fire when the
+watermark passes the end of the bounded input). Prints the job id, waits
+for the job and exits 0 when it is DONE.
 """
 
 import os
@@ -84,12 +87,18 @@ def main(argv):
   endpoint, total_mb = argv[1], int(argv[2])
   value_kb = int(argv[3]) if len(argv) > 3 else 1
   keys = int(argv[4]) if len(argv) > 4 else 100000
+  mode = argv[5] if len(argv) > 5 else 'batch'
+  if mode not in ('batch', 'streaming'):
+    raise SystemExit('MODE must be batch or streaming, not %r' % mode)
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
-  options = PipelineOptions([
+  flags = [
       '--runner=PortableRunner', '--job_endpoint=' + endpoint,
       '--environment_type=LOOPBACK'
-  ])
+  ]
+  if mode == 'streaming':
+    flags.append('--streaming')
+  options = PipelineOptions(flags)
   p = beam.Pipeline(options=options)
   totals = (
       p

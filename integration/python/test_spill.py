@@ -11,8 +11,9 @@ windows, which the runner finds only by merging each key's spilled
 pieces; and in fixed windows and in sessions that allow lateness (which
 stay open after their on-time pane); and with all values emitted by one element, whose output (which
 cannot be split) waits on disk for its bundle to end — and then, once
-committed, in the next stage's queue (through a Reshuffle). A batch
-stateful DoFn's bag state spills likewise. (Peak memory is measured by
+committed, in the next stage's queue (through a Reshuffle). A stateful
+DoFn's bag state spills likewise, in batch and in streaming jobs that take
+no checkpoints. (Peak memory is measured by
 integration/bench/gbk_spill_memory.py and stateful_memory.py, not asserted
 here.)
 """
@@ -98,18 +99,31 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
   assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20
 
 
+@pytest.mark.parametrize(
+    'mode,state_dir,spills',
+    [('batch', False, True), ('streaming', False, True),
+     ('batch', True, True), ('streaming', True, False)],
+    ids=['batch', 'streaming', 'batch_checkpointed',
+         'streaming_checkpointed'])
 def test_user_state_larger_than_the_memory_budget_spills_and_completes(
-    request, refract_bin, tmp_path):
+    request, refract_bin, tmp_path, mode, state_dir, spills):
   """A stateful DoFn buffering 24 MiB in bag state until its end-of-window
   timers read it back (stateful_bag_pipeline.py) under a 4 MiB budget: the
   bags go to disk past the stage's share, every value comes back once (the
-  pipeline checks the totals), and the runner says how much spilled."""
+  pipeline checks the totals), and the runner says how much spilled. In
+  batch and in streaming; but a streaming job that checkpoints
+  (`--state_dir`) keeps its bags in memory — its state could stay on disk
+  for good, and no checkpoint is taken while it is there — and still
+  completes."""
   extra = ['--memory_budget', '4m', '--serve_http=false',
            '--spill_dir', str(tmp_path / 'spill')]
+  if state_dir:
+    extra += ['--state_dir', str(tmp_path / 'state')]
   finished = finished_line(
       request, refract_bin, tmp_path, extra, 'stateful_bag_pipeline.py',
-      [24, 1, 5000])
-  assert spilled_bytes(finished, 'state_spilled_bytes') > 0, finished
+      [24, 1, 5000, mode])
+  assert (spilled_bytes(finished, 'state_spilled_bytes') > 0) == spills, (
+      finished)
 
 
 def test_a_key_larger_than_memory_reaches_its_consumer_as_a_state_backed_iterable(

@@ -411,6 +411,15 @@ impl UserStateStore {
         self.bag_spill = Some(BagSpill::new(store, prefix, limit));
     }
 
+    /// Keeps the stage's bags in memory after all, when the job turns out
+    /// to be one whose state could stay on disk for good (a checkpointed
+    /// streaming job). Only before anything spilled.
+    pub fn disable_bag_spill(&mut self) {
+        if !self.has_spilled() {
+            self.bag_spill = None;
+        }
+    }
+
     /// Whether some bag has parts on disk.
     pub fn has_spilled(&self) -> bool {
         self.bag_spill.as_ref().is_some_and(BagSpill::holds_data)

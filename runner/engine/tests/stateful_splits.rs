@@ -26,12 +26,17 @@
 //! (between key groups). Besides the counts, it checks at every bundle's
 //! start that no running bundle holds one of its key groups (those of its
 //! elements, or of what it kept once split, and of its timers).
+//!
+//! Some cases give the stage's bags a memory share of a few bytes, so that
+//! every commit moves them to the spill store (in batch, and in streaming
+//! without checkpoints): the same counts must come back from disk.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
@@ -47,6 +52,7 @@ use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecut
 use refract_engine::key_groups::key_group;
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
+use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::{BundleState, StateKey};
 use tokio::sync::watch;
 
@@ -68,6 +74,8 @@ struct Case {
     streaming: bool,
     /// Arrival order: see [`arrivals`].
     key_by_key: bool,
+    /// The bags' share of memory, if they may spill.
+    spill_limit: Option<usize>,
 }
 
 /// What the stateful stage reported: a key's count with an element or
@@ -308,7 +316,14 @@ fn plan(case: &Case) -> (Plan, usize) {
 }
 
 fn run_case(case: Case) -> Arc<Fake> {
+    run_case_with_summary(case, false).0
+}
+
+/// [`run_case`], with periodic checkpoints (every millisecond, taken and
+/// dropped) if `checkpointed`; and the bytes of bag state the run spilled.
+fn run_case_with_summary(case: Case, checkpointed: bool) -> (Arc<Fake>, u64) {
     let (plan, stateful) = plan(&case);
+    let spill_limit = case.spill_limit;
     let config = EngineConfig {
         max_bundle_elements: case.max_bundle_elements,
         max_bundles_per_stage: case.max_bundles_per_stage,
@@ -329,21 +344,31 @@ fn run_case(case: Case) -> Arc<Fake> {
         .enable_all()
         .build()
         .expect("a runtime");
-    runtime.block_on(async {
+    let state_spilled_bytes = runtime.block_on(async {
         let (_cancel, cancelled) = watch::channel(false);
-        Engine::new(
+        let mut engine = Engine::new(
             plan,
             Arc::new(Executor(fake.clone())),
             config,
             "ss",
             Arc::new(|| 0),
         )
-        .expect("a valid plan")
-        .run(cancelled)
-        .await
-        .expect("the run succeeds");
+        .expect("a valid plan");
+        if let Some(limit) = spill_limit {
+            engine = engine.with_spill(MemorySpillStore::shared(), b"ss", limit);
+        }
+        if checkpointed {
+            let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            engine = engine.with_checkpoints(Duration::from_millis(1), tx, None);
+        }
+        engine
+            .run(cancelled)
+            .await
+            .expect("the run succeeds")
+            .state_spilled_bytes
     });
-    fake
+    (fake, state_spilled_bytes)
 }
 
 prop_compose! {
@@ -356,6 +381,7 @@ prop_compose! {
         seed in any::<u64>(),
         streaming in any::<bool>(),
         key_by_key in any::<bool>(),
+        spill_limit in prop_oneof![3 => Just(None), 1 => (1usize..16).prop_map(Some)],
     ) -> Case {
         Case {
             keys,
@@ -366,6 +392,7 @@ prop_compose! {
             seed,
             streaming,
             key_by_key,
+            spill_limit,
         }
     }
 }
@@ -419,6 +446,7 @@ fn the_cases_split_bundles() {
         seed: 7,
         streaming: false,
         key_by_key: false,
+        spill_limit: None,
     });
     assert!(fake.splits.load(Ordering::SeqCst) > 0);
     let fake = run_case(Case {
@@ -426,4 +454,39 @@ fn the_cases_split_bundles() {
         ..fake.case.clone()
     });
     assert!(fake.splits.load(Ordering::SeqCst) > 0);
+}
+
+/// Cases with a spill limit do spill their bags, in batch and in streaming
+/// (a guard against a limit the bags never pass, or a job kind that keeps
+/// them in memory) — but not in a checkpointed streaming job, whose state
+/// could stay on disk for good while no checkpoint may be taken.
+#[test]
+fn bags_spill_unless_the_job_is_streaming_and_checkpointed() {
+    for (streaming, checkpointed, spills) in [
+        (false, false, true),
+        (true, false, true),
+        (false, true, true),
+        (true, true, false),
+    ] {
+        let (fake, spilled) = run_case_with_summary(
+            Case {
+                keys: 8,
+                per_key: 3,
+                max_bundle_elements: 4,
+                max_bundles_per_stage: 2,
+                split_percent: 50,
+                seed: 11,
+                streaming,
+                key_by_key: false,
+                spill_limit: Some(4),
+            },
+            checkpointed,
+        );
+        assert_eq!(
+            spilled > 0,
+            spills,
+            "streaming {streaming}, checkpointed {checkpointed}: {spilled} bytes spilled"
+        );
+        assert_eq!(fake.reports.lock().len(), 8, "every key reported");
+    }
 }

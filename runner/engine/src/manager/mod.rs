@@ -527,7 +527,21 @@ impl Engine {
                 self.stages[idx].pending.gate();
             }
         }
+        if !self.bags_may_spill() {
+            for user_state in &self.user_state {
+                user_state.lock().disable_bag_spill();
+            }
+        }
         self
+    }
+
+    /// Whether stateful stages' bags may move to the spill store: in batch,
+    /// and in streaming jobs that take no periodic checkpoints. A
+    /// checkpointed streaming job keeps its bags in memory, since their
+    /// state may never leave the disk again and no checkpoint would be
+    /// taken while it is there.
+    fn bags_may_spill(&self) -> bool {
+        !self.config.streaming || self.checkpoints.is_none()
     }
 
     /// Add part `name`, read by `read`, to every checkpoint and savepoint.
@@ -539,8 +553,9 @@ impl Engine {
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
     /// spill to `store` once it holds more than `limit_bytes`, every SDK
-    /// stage's queue once it holds more than twice that, and in batch every
-    /// stateful stage's bags once they hold more than `limit_bytes`, under
+    /// stage's queue once it holds more than twice that, and (in batch, or
+    /// in streaming without checkpoints) every stateful stage's bags once
+    /// they hold more than `limit_bytes`, under
     /// keys that start with `prefix` (unique to the job) and the stage.
     ///
     /// While some buffer or queue has spilled data, periodic checkpoints are not
@@ -554,6 +569,7 @@ impl Engine {
         limit_bytes: usize,
     ) -> Self {
         self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
+        let bags_may_spill = self.bags_may_spill();
         for (idx, s) in self.stages.iter_mut().enumerate() {
             let mut key = crate::spill::job_space(prefix);
             key.extend_from_slice(&(idx as u32).to_be_bytes());
@@ -571,12 +587,12 @@ impl Engine {
                 continue;
             };
             // A stateful stage's bags, past its share (under a space of
-            // their own: the queue's is the stage's). Only in batch: while
-            // state is on disk no periodic checkpoint is taken, which a
-            // batch job (whose state goes when its input ends) can afford
-            // and a streaming one, whose state may stay there for good,
-            // cannot.
-            if sdk.stateful && !self.config.streaming {
+            // their own: the queue's is the stage's). While state is on
+            // disk no periodic checkpoint is taken, which a batch job
+            // (whose state goes when its input ends) can afford and a
+            // checkpointed streaming one, whose state may stay there for
+            // good, cannot: see `bags_may_spill`.
+            if sdk.stateful && bags_may_spill {
                 let mut state_key = crate::spill::job_space(prefix);
                 state_key.extend_from_slice(&USER_STATE_SPACE.to_be_bytes());
                 state_key.extend_from_slice(&(idx as u32).to_be_bytes());
