@@ -86,14 +86,19 @@ fi
 echo "== Python end-to-end tests (integration/python) against $bin"
 e2e_timeout=${REFRACT_E2E_TIMEOUT:-120}
 rc=0
+# The session record (refract_session_record.py) makes a session that stops
+# early — its time limit passed — a failure: pytest itself exits 0 then.
 (
   cd "$here/python"
-  REFRACT_BIN=$bin refract_run_bounded 900 \
-    "$REFRACT_PY" -m pytest . \
-    --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 600 \
+  PYTHONPATH="$here/beam_suite${PYTHONPATH:+:$PYTHONPATH}" \
+    REFRACT_SUITE_EVENTS="$work/e2e-events.json" \
+    REFRACT_BIN=$bin refract_run_bounded 1800 \
+    "$REFRACT_PY" -m pytest . -p refract_session_record \
+    --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 1500 \
     --junitxml "$work/e2e.xml" -v --tb=native -rfE --disable-warnings
 ) || rc=$?
 "$REFRACT_PY" "$here/beam_suite/summarize.py" --junit "$work/e2e.xml" \
+  --events "$work/e2e-events.json" \
   --all-must-pass --pytest-exit "$rc" --label e2e --record "$record" ||
   failed_steps+=("Python end-to-end tests")
 

@@ -13,15 +13,18 @@ Without it PrismRunnerTest skips every test. Load this module with
   pytest-timeout limit, record that, kill what is left of the runner and make
   the next test start a fresh one, so one crash or hang costs one test, not
   the rest of the suite;
-* report those events in the terminal summary and, when the environment
-  variable REFRACT_SUITE_EVENTS names a file, as JSON in that file (read by
-  summarize.py).
+* report those events in the terminal summary and, through
+  refract_session_record.py (whose hooks it shares), as JSON in the file the
+  environment variable REFRACT_SUITE_EVENTS names, with how many tests were
+  collected (read by summarize.py).
 """
 
-import json
-import os
-
 import pytest
+
+import refract_session_record
+# Registered as this plugin's own hooks: loading this module is enough.
+from refract_session_record import pytest_collection_finish  # pylint: disable=unused-import
+from refract_session_record import pytest_sessionfinish  # pylint: disable=unused-import
 
 _TIMEOUT_MARK = 'from pytest-timeout'
 _BEFORE = pytest.StashKey()
@@ -29,8 +32,9 @@ _BEFORE = pytest.StashKey()
 
 class _Health:
   def __init__(self):
-    self.events = []  # dicts: nodeid, kind ('crash' | 'timeout'), detail
-    self.collected = 0
+    # Dicts: nodeid, kind ('crash' | 'timeout'), detail; written out with
+    # the session's record.
+    self.events = refract_session_record.EVENTS
 
   def add(self, item, kind, detail):
     for e in self.events:
@@ -64,10 +68,6 @@ def pytest_configure(config):
   TestPipeline.pytest_test_pipeline_options = config.getoption(
       'test_pipeline_options', default='')
   pipeline_options.enable_all_additional_type_checks()
-
-
-def pytest_collection_finish(session):
-  _health.collected = len(session.items)  # after -k / -m deselection
 
 
 def _runner_process(item):
@@ -121,27 +121,3 @@ def pytest_runtest_makereport(item, call):
     _health.add(item, 'timeout', lines[-1].lstrip('E ').strip())
   if (crashed or timed_out) and cls is not None:
     _restart_runner_next_time(cls, proc)
-
-
-def pytest_sessionfinish(session, exitstatus):
-  stop_reason = session.shouldstop or session.shouldfail or None
-  path = os.environ.get('REFRACT_SUITE_EVENTS')
-  if not path:
-    return
-  summary = {
-      'collected': _health.collected,
-      'stop_reason': str(stop_reason) if stop_reason else None,
-      'exitstatus': int(exitstatus),
-      'events': _health.events,
-  }
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(summary, f, indent=1)
-
-
-def pytest_terminal_summary(terminalreporter):
-  if not _health.events:
-    return
-  terminalreporter.section('refract runner health')
-  for e in _health.events:
-    terminalreporter.write_line(
-        '%s %s: %s' % (e['kind'].upper(), e['nodeid'], e['detail']))

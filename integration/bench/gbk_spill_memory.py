@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -77,8 +77,7 @@ def main():
          args.lateness_windows])
   finally:
     server.stop()
-  lines = run.stdout.strip().splitlines()
-  state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
+  state = final_state(run)
   with open(log, encoding='utf-8', errors='replace') as f:
     finished = [l for l in f if 'engine finished' in l]
 

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -60,8 +60,7 @@ def main():
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
     print('RSS MiB every 0.5 s:',
           ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
-  lines = run.stdout.strip().splitlines()
-  state = lines[-1] if lines else 'no output: %s' % run.stderr[-2000:]
+  state = final_state(run)
   print('Bag state of %d MiB (%d KiB values, %d keys, %s%s), --memory_budget '
         '%s: %s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
         % (args.total_mb, args.value_kb, args.keys, args.mode,

@@ -73,6 +73,17 @@ def run_sampling_rss(pid, argv, every_s=0.5):
   return run, time.monotonic() - start, samples
 
 
+def final_state(run):
+  """The final state a pipeline script run by `run_sampling_rss` printed
+  last, for the memory benchmarks' reports; when it is not DONE, with the
+  tail of the script's stderr (why the client gave up)."""
+  lines = run.stdout.strip().splitlines()
+  state = lines[-1] if lines else 'no output'
+  if state != 'DONE':
+    state += ' (client stderr: %s)' % run.stderr[-2000:]
+  return state
+
+
 def run_pipeline_to_end(pipeline):
   """Runs `pipeline`, printing its job id and then its final state, for
   the pipeline scripts the tests and benchmarks start: the exit code, 0 if

@@ -107,7 +107,7 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
          'streaming_checkpointed'])
 def test_user_state_larger_than_the_memory_budget_spills_and_completes(
     request, refract_bin, tmp_path, mode, state_dir, spills):
-  """A stateful DoFn buffering 24 MiB in bag state until its end-of-window
+  """A stateful DoFn buffering 12 MiB in bag state until its end-of-window
   timers read it back (stateful_bag_pipeline.py) under a 4 MiB budget: the
   bags go to disk past the stage's share, every value comes back once (the
   pipeline checks the totals), and the runner says how much spilled. In
@@ -121,7 +121,7 @@ def test_user_state_larger_than_the_memory_budget_spills_and_completes(
     extra += ['--state_dir', str(tmp_path / 'state')]
   finished = finished_line(
       request, refract_bin, tmp_path, extra, 'stateful_bag_pipeline.py',
-      [24, 1, 5000, mode])
+      [12, 1, 5000, mode])
   assert (spilled_bytes(finished, 'state_spilled_bytes') > 0) == spills, (
       finished)
 

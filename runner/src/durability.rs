@@ -180,7 +180,7 @@ impl Durability {
                 let store = store.clone();
                 let id = job_id.clone();
                 let written =
-                    tokio::task::spawn_blocking(move || store.checkpoint(&id, &parts)).await;
+                    tokio::task::spawn_blocking(move || store.checkpoint(&id, parts)).await;
                 match written {
                     Ok(Ok(stats)) => {
                         debug!(job = %job_id, checkpoint = stats.id, parts_written = stats.parts_written,

@@ -413,11 +413,37 @@ impl UserStateStore {
 
     /// Keeps the stage's bags in memory after all, when the job turns out
     /// to be one whose state could stay on disk for good (a checkpointed
-    /// streaming job). Only before anything spilled.
-    pub fn disable_bag_spill(&mut self) {
-        if !self.has_spilled() {
-            self.bag_spill = None;
+    /// streaming job): bags already on disk (a restore may have spilled
+    /// them) are read back and their parts forgotten. On an error the bags
+    /// stay where they were.
+    pub fn disable_bag_spill(&mut self) -> Result<(), SpillError> {
+        let Some(spill) = self.bag_spill.take() else {
+            return Ok(());
+        };
+        let read: Result<Vec<_>, SpillError> = spill
+            .cells()
+            .map(|id| Ok((id.clone(), spill.read_bag(id)?)))
+            .collect();
+        let back = match read {
+            Ok(back) => back,
+            Err(error) => {
+                self.bag_spill = Some(spill);
+                return Err(error);
+            }
+        };
+        let mut spill = spill;
+        if let Err(error) = spill.clear() {
+            self.bag_spill = Some(spill);
+            return Err(error);
         }
+        for (id, mut chunks) in back {
+            self.bag_bytes += chunks.iter().map(Bytes::len).sum::<usize>();
+            let bag = self.bags.entry(id).or_default();
+            // Parts on disk come before the chunks appended since.
+            chunks.append(bag);
+            *bag = chunks;
+        }
+        Ok(())
     }
 
     /// Whether some bag has parts on disk.

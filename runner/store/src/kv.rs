@@ -15,9 +15,9 @@ pub trait Kv: Send + Sync {
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError>;
     /// Applies `puts` and `deletes` together: after a crash either all of
-    /// them are visible or none.
-    fn write(&self, puts: Vec<(Vec<u8>, Vec<u8>)>, deletes: Vec<Vec<u8>>)
-        -> Result<(), StoreError>;
+    /// them are visible or none. Values are shared, not copied: a
+    /// checkpoint part can be as large as a stage's user state.
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError>;
 }
 
 /// Keys in memory: for tests and for servers without a state directory.
@@ -41,21 +41,20 @@ impl Kv for MemoryKv {
             .collect())
     }
 
-    fn write(
-        &self,
-        puts: Vec<(Vec<u8>, Vec<u8>)>,
-        deletes: Vec<Vec<u8>>,
-    ) -> Result<(), StoreError> {
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let mut entries = self.entries.lock();
         for k in deletes {
             entries.remove(&k);
         }
         for (k, v) in puts {
-            entries.insert(k, Bytes::from(v));
+            entries.insert(k, v);
         }
         Ok(())
     }
 }
+
+/// A write at least this large is flushed from the memtable at once.
+const FLUSH_AFTER_BYTES: usize = 16 << 20;
 
 /// Keys in a RocksDB database; every write is one synced write batch.
 pub struct RocksKv {
@@ -86,6 +85,16 @@ impl RocksKv {
         })?;
         Ok(RocksKv { db })
     }
+
+    /// Bytes held in memtables (what a flush gives back).
+    #[cfg(test)]
+    pub(crate) fn memtable_bytes(&self) -> u64 {
+        self.db
+            .property_int_value("rocksdb.cur-size-all-mem-tables")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
 }
 
 impl Kv for RocksKv {
@@ -109,20 +118,27 @@ impl Kv for RocksKv {
         Ok(out)
     }
 
-    fn write(
-        &self,
-        puts: Vec<(Vec<u8>, Vec<u8>)>,
-        deletes: Vec<Vec<u8>>,
-    ) -> Result<(), StoreError> {
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let mut batch = rocksdb::WriteBatch::default();
+        let mut put_bytes = 0usize;
         for k in deletes {
             batch.delete(k);
         }
-        for (k, v) in puts {
+        for (k, v) in &puts {
+            put_bytes += v.len();
             batch.put(k, v);
         }
+        // The batch holds its own copy: the values can go before the write.
+        drop(puts);
         let mut options = rocksdb::WriteOptions::default();
         options.set_sync(true);
-        self.db.write_opt(batch, &options).map_err(backend)
+        self.db.write_opt(batch, &options).map_err(backend)?;
+        if put_bytes >= FLUSH_AFTER_BYTES {
+            // A large write sits in a memtable until RocksDB flushes it,
+            // beside the next checkpoint's parts being built: flush now,
+            // so that a job with large state holds one copy of it at rest.
+            self.db.flush().map_err(backend)?;
+        }
+        Ok(())
     }
 }

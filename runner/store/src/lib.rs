@@ -128,8 +128,10 @@ impl Store {
 
     /// Saves `job`'s record (replacing an earlier one).
     pub fn put_job(&self, job: &str, record: &[u8]) -> Result<(), StoreError> {
-        self.kv
-            .write(vec![(job_key(job), record.to_vec())], Vec::new())
+        self.kv.write(
+            vec![(job_key(job), Bytes::copy_from_slice(record))],
+            Vec::new(),
+        )
     }
 
     /// Every job with a record, as `(id, record)`.
@@ -174,11 +176,13 @@ impl Store {
 
     /// Writes a checkpoint of `job` made of `parts` (names unique within
     /// the checkpoint), atomically; parts unchanged since the last
-    /// checkpoint are kept, not rewritten.
+    /// checkpoint are kept, not rewritten. The parts are taken, not
+    /// borrowed: a part can be as large as a stage's user state, and the
+    /// write lets each go once it is in the write batch.
     pub fn checkpoint(
         &self,
         job: &str,
-        parts: &[(String, Bytes)],
+        parts: Vec<(String, Bytes)>,
     ) -> Result<CheckpointStats, StoreError> {
         let started = Instant::now();
         let previous = self.manifest(job)?;
@@ -192,17 +196,20 @@ impl Store {
         let mut refs = Vec::with_capacity(parts.len());
         let mut bytes_written = 0u64;
         let mut total_bytes = 0u64;
+        let parts_total = parts.len();
+        // Names in the new checkpoint: the old parts without one go.
+        let mut names = std::collections::HashSet::with_capacity(parts_total);
         for (name, data) in parts {
-            let digest: [u8; 32] = Sha256::digest(data).into();
+            let digest: [u8; 32] = Sha256::digest(&data).into();
             total_bytes += data.len() as u64;
             match old.get(name.as_str()) {
                 Some(p) if p.digest == digest => refs.push((*p).clone()),
                 unchanged_or_new => {
                     if let Some(p) = unchanged_or_new {
-                        deletes.push(part_key(job, name, p.version));
+                        deletes.push(part_key(job, &name, p.version));
                     }
                     bytes_written += data.len() as u64;
-                    puts.push((part_key(job, name, id), data.to_vec()));
+                    puts.push((part_key(job, &name, id), data));
                     refs.push(PartRef {
                         name: name.clone(),
                         version: id,
@@ -210,12 +217,10 @@ impl Store {
                     });
                 }
             }
+            names.insert(name);
         }
-        // Parts the new checkpoint no longer has.
-        let names: std::collections::HashSet<&str> =
-            parts.iter().map(|(n, _)| n.as_str()).collect();
         for (name, p) in &old {
-            if !names.contains(name) {
+            if !names.contains(*name) {
                 deletes.push(part_key(job, name, p.version));
             }
         }
@@ -223,12 +228,12 @@ impl Store {
         let encoded = manifest.encode();
         bytes_written += encoded.len() as u64;
         let parts_written = puts.len();
-        puts.push((manifest_key(job), encoded));
+        puts.push((manifest_key(job), Bytes::from(encoded)));
         self.kv.write(puts, deletes)?;
         self.manifests.lock().insert(job.to_string(), manifest);
         Ok(CheckpointStats {
             id,
-            parts: parts.len(),
+            parts: parts_total,
             parts_written,
             bytes_written,
             total_bytes,

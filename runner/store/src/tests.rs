@@ -10,12 +10,12 @@ fn parts(items: &[(&str, &[u8])]) -> Vec<(String, Bytes)> {
 fn exercise(store: &Store) {
     assert_eq!(store.latest_checkpoint("job").unwrap(), None);
     let first = store
-        .checkpoint("job", &parts(&[("a", b"1"), ("b", b"22"), ("gone", b"x")]))
+        .checkpoint("job", parts(&[("a", b"1"), ("b", b"22"), ("gone", b"x")]))
         .unwrap();
     assert_eq!((first.id, first.parts, first.parts_written), (1, 3, 3));
     // Only what changed is written; a part left out is dropped.
     let second = store
-        .checkpoint("job", &parts(&[("a", b"1"), ("b", b"33")]))
+        .checkpoint("job", parts(&[("a", b"1"), ("b", b"33")]))
         .unwrap();
     assert_eq!((second.id, second.parts, second.parts_written), (2, 2, 1));
     assert_eq!(second.total_bytes, 3);
@@ -50,7 +50,7 @@ fn job_records_are_listed_and_removed_with_their_checkpoints() {
     let store = Store::in_memory();
     store.put_job("j1", b"record one").unwrap();
     store.put_job("j2", b"record two").unwrap();
-    store.checkpoint("j1", &parts(&[("a", b"1")])).unwrap();
+    store.checkpoint("j1", parts(&[("a", b"1")])).unwrap();
     let jobs = store.jobs().unwrap();
     assert_eq!(jobs.len(), 2);
     assert_eq!(
@@ -77,9 +77,34 @@ fn rocksdb_store_survives_reopening() {
     assert_eq!(latest.id, 2);
     // The next checkpoint continues the numbering and stays incremental.
     let third = store
-        .checkpoint("job", &parts(&[("a", b"1"), ("b", b"33")]))
+        .checkpoint("job", parts(&[("a", b"1"), ("b", b"33")]))
         .unwrap();
     assert_eq!((third.id, third.parts_written), (3, 0));
+}
+
+/// A large write (a checkpoint of a big user state) does not stay in a
+/// memtable beside the next one being built; small ones are not flushed
+/// one by one.
+#[test]
+fn a_large_write_is_flushed_from_memory_and_a_small_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = RocksKv::open(dir.path()).unwrap();
+    kv.write(
+        vec![(b"small".to_vec(), Bytes::from(vec![7u8; 4 << 10]))],
+        vec![],
+    )
+    .unwrap();
+    assert!(kv.memtable_bytes() >= 4 << 10, "{}", kv.memtable_bytes());
+    let large = Bytes::from(
+        (0..(24u32 << 20))
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    kv.write(vec![(b"large".to_vec(), large.clone())], vec![])
+        .unwrap();
+    assert!(kv.memtable_bytes() < 1 << 20, "{}", kv.memtable_bytes());
+    assert_eq!(kv.get(b"large").unwrap(), Some(large));
+    assert_eq!(kv.get(b"small").unwrap().map(|v| v.len()), Some(4 << 10));
 }
 
 #[test]
@@ -95,7 +120,10 @@ fn corrupt_manifests_are_reported_not_misread() {
     let store = Store::new(MemoryKv::default());
     store
         .kv
-        .write(vec![(b"m/job".to_vec(), b"RFM1\x01".to_vec())], vec![])
+        .write(
+            vec![(b"m/job".to_vec(), Bytes::from_static(b"RFM1\x01"))],
+            vec![],
+        )
         .unwrap();
     let error = store.latest_checkpoint("job").unwrap_err().to_string();
     assert!(error.contains("corrupt manifest of job job"), "{error}");
@@ -128,7 +156,7 @@ fn checkpoint_writer_child() {
         store
             .checkpoint(
                 "job",
-                &[
+                vec![
                     ("a".to_string(), part_bytes("a", id)),
                     ("b".to_string(), part_bytes("b", id)),
                     ("slow".to_string(), part_bytes("slow", slow_id)),

@@ -528,8 +528,12 @@ impl Engine {
             }
         }
         if !self.bags_may_spill() {
-            for user_state in &self.user_state {
-                user_state.lock().disable_bag_spill();
+            for (idx, user_state) in self.user_state.iter().enumerate() {
+                if let Err(error) = user_state.lock().disable_bag_spill() {
+                    // Periodic checkpoints wait while the bags are on disk.
+                    warn!(stage = %self.plan.stages[idx].name, %error,
+                          "cannot bring spilled user state back into memory");
+                }
             }
         }
         self

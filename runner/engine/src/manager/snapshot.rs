@@ -149,13 +149,22 @@ struct StageRecord<'a> {
     counters: CounterRecord,
 }
 
+/// Encodes `value` into a buffer of exactly its size: a part can be as
+/// large as a stage's user state, and a growing buffer would hold up to
+/// half as much again while it doubles.
 fn encode<T: Serialize>(part: String, value: &T) -> Result<(String, Bytes), SnapshotError> {
-    match postcard::to_stdvec(value) {
+    let codec = |e: postcard::Error, part: String| SnapshotError::Codec {
+        part,
+        reason: e.to_string(),
+    };
+    let size = match postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+    {
+        Ok(size) => size,
+        Err(e) => return Err(codec(e, part)),
+    };
+    match postcard::to_extend(value, Vec::with_capacity(size)) {
         Ok(bytes) => Ok((part, Bytes::from(bytes))),
-        Err(e) => Err(SnapshotError::Codec {
-            part,
-            reason: e.to_string(),
-        }),
+        Err(e) => Err(codec(e, part)),
     }
 }
 

@@ -146,6 +146,46 @@ proptest! {
     }
 }
 
+/// Bags already on disk when spilling is turned off (a checkpointed
+/// streaming job restored with more state than its share) come back into
+/// memory, in order, and leave the disk.
+#[test]
+fn turning_the_spill_off_brings_spilled_bags_back() {
+    let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
+    let disk = MemorySpillStore::shared();
+    let user_state = spilling_bags(&disk, 4);
+    for chunk in [&b"abc"[..], b"def"] {
+        let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
+        write
+            .append(&bag_key(0, 0), Bytes::from_static(chunk))
+            .unwrap();
+        write
+            .append(&bag_key(1, 1), Bytes::from_static(b"x"))
+            .unwrap();
+        user_state.lock().apply(write.take_writes()).unwrap();
+    }
+    assert!(user_state.lock().has_spilled() && !disk.is_empty());
+    // One more chunk in memory after the parts on disk.
+    let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
+    write
+        .append(&bag_key(0, 0), Bytes::from_static(b"g"))
+        .unwrap();
+    user_state.lock().apply(write.take_writes()).unwrap();
+    user_state.lock().disable_bag_spill().unwrap();
+    assert!(!user_state.lock().has_spilled());
+    assert!(disk.is_empty(), "the parts are forgotten");
+    let check = BundleOverlay::new(side_inputs.clone(), user_state.clone()).with_page_bytes(2);
+    assert_eq!(read_all(&check, &bag_key(0, 0)), b"abcdefg");
+    assert_eq!(read_all(&check, &bag_key(1, 1)), b"xx");
+    // And it stays in memory however large it grows.
+    let write = BundleOverlay::new(side_inputs, user_state.clone());
+    write
+        .append(&bag_key(0, 0), Bytes::from_static(b"0123456789"))
+        .unwrap();
+    user_state.lock().apply(write.take_writes()).unwrap();
+    assert!(!user_state.lock().has_spilled());
+}
+
 /// A bundle paging through a bag finds the next chunk where it was when
 /// another bundle's commit spills the bag's chunks between two pages.
 #[test]
