@@ -137,7 +137,11 @@ impl Kv for RocksKv {
             // A large write sits in a memtable until RocksDB flushes it,
             // beside the next checkpoint's parts being built: flush now,
             // so that a job with large state holds one copy of it at rest.
-            self.db.flush().map_err(backend)?;
+            // The write is done either way: a failed flush must not report
+            // it failed (the caller would take it as not written).
+            if let Err(error) = self.db.flush() {
+                tracing::warn!(error = %error.into_string(), "cannot flush a large write");
+            }
         }
         Ok(())
     }
