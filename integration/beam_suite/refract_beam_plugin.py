@@ -121,3 +121,12 @@ def pytest_runtest_makereport(item, call):
     _health.add(item, 'timeout', lines[-1].lstrip('E ').strip())
   if (crashed or timed_out) and cls is not None:
     _restart_runner_next_time(cls, proc)
+
+
+def pytest_terminal_summary(terminalreporter):
+  if not _health.events:
+    return
+  terminalreporter.section('refract runner health')
+  for e in _health.events:
+    terminalreporter.write_line(
+        '%s %s: %s' % (e['kind'].upper(), e['nodeid'], e['detail']))
