@@ -326,10 +326,9 @@ impl UserStateStore {
         }
         let mut bags = self.bags.clone();
         if let Some(spill) = &self.bag_spill {
-            for id in spill.cells() {
-                let mut chunks = spill.read_bag(id)?;
-                chunks.extend(self.bags.get(id).into_iter().flatten().cloned());
-                bags.insert(id.clone(), chunks);
+            for (id, mut chunks) in spill.read_back()? {
+                chunks.extend(self.bags.get(&id).into_iter().flatten().cloned());
+                bags.insert(id, chunks);
             }
         }
         Ok(UserStateSnapshot {
@@ -414,28 +413,15 @@ impl UserStateStore {
     /// Keeps the stage's bags in memory after all, when the job turns out
     /// to be one whose state could stay on disk for good (a checkpointed
     /// streaming job): bags already on disk (a restore may have spilled
-    /// them) are read back and their parts forgotten. On an error the bags
-    /// stay where they were.
+    /// them) are read back and their parts forgotten. If they cannot be
+    /// read, nothing changes; if their parts cannot be deleted, the bags
+    /// are in memory all the same and the parts stay behind as garbage
+    /// (the job's spill space is reclaimed when it ends).
     pub fn disable_bag_spill(&mut self) -> Result<(), SpillError> {
-        let Some(spill) = self.bag_spill.take() else {
+        let Some(spill) = &self.bag_spill else {
             return Ok(());
         };
-        let read: Result<Vec<_>, SpillError> = spill
-            .cells()
-            .map(|id| Ok((id.clone(), spill.read_bag(id)?)))
-            .collect();
-        let back = match read {
-            Ok(back) => back,
-            Err(error) => {
-                self.bag_spill = Some(spill);
-                return Err(error);
-            }
-        };
-        let mut spill = spill;
-        if let Err(error) = spill.clear() {
-            self.bag_spill = Some(spill);
-            return Err(error);
-        }
+        let back = spill.read_back()?;
         for (id, mut chunks) in back {
             self.bag_bytes += chunks.iter().map(Bytes::len).sum::<usize>();
             let bag = self.bags.entry(id).or_default();
@@ -443,7 +429,10 @@ impl UserStateStore {
             chunks.append(bag);
             *bag = chunks;
         }
-        Ok(())
+        match self.bag_spill.take() {
+            Some(mut spill) => spill.clear(),
+            None => Ok(()),
+        }
     }
 
     /// Whether some bag has parts on disk.

@@ -530,9 +530,11 @@ impl Engine {
         if !self.bags_may_spill() {
             for (idx, user_state) in self.user_state.iter().enumerate() {
                 if let Err(error) = user_state.lock().disable_bag_spill() {
-                    // Periodic checkpoints wait while the bags are on disk.
+                    // Bags it could not read stay on disk (periodic
+                    // checkpoints wait while they are there); parts it
+                    // could not delete are garbage.
                     warn!(stage = %self.plan.stages[idx].name, %error,
-                          "cannot bring spilled user state back into memory");
+                          "turning off the spill of user state");
                 }
             }
         }

@@ -188,6 +188,15 @@ impl BagSpill {
         Ok(parts.into_iter().map(|(_, v)| Bytes::from(v)).collect())
     }
 
+    /// Every bag with parts on disk, with those parts in order: what a
+    /// checkpoint copies, or what memory takes back when spilling stops.
+    pub(super) fn read_back(&self) -> Result<Vec<(BagId, Vec<Bytes>)>, SpillError> {
+        self.cells
+            .keys()
+            .map(|id| Ok((id.clone(), self.read_bag(id)?)))
+            .collect()
+    }
+
     /// Forgets bag `id`'s parts (it was cleared).
     pub(super) fn forget(&mut self, id: &BagId) -> Result<(), SpillError> {
         if let Some(cell) = self.cells.remove(id) {

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use proptest::prelude::*;
 
 use super::{BundleOverlay, SideInputStore, UserStateStore};
-use crate::spill::MemorySpillStore;
+use crate::spill::{Entries, MemorySpillStore, SpillError, SpillStore};
 use crate::state::{BundleState, StateKey};
 
 fn read_all(o: &BundleOverlay, key: &StateKey) -> Vec<u8> {
@@ -184,6 +184,44 @@ fn turning_the_spill_off_brings_spilled_bags_back() {
         .unwrap();
     user_state.lock().apply(write.take_writes()).unwrap();
     assert!(!user_state.lock().has_spilled());
+}
+
+/// A spill store whose deletes fail.
+#[derive(Debug, Default)]
+struct UndeletableStore(MemorySpillStore);
+
+impl SpillStore for UndeletableStore {
+    fn put(&self, entries: Entries) -> Result<(), SpillError> {
+        self.0.put(entries)
+    }
+
+    fn scan(&self, from: &[u8], to: &[u8], max_bytes: usize) -> Result<Entries, SpillError> {
+        self.0.scan(from, to, max_bytes)
+    }
+
+    fn delete_range(&self, _: &[u8], _: &[u8]) -> Result<(), SpillError> {
+        Err(SpillError("the disk refuses deletes".into()))
+    }
+}
+
+/// Turning the spill off when the parts cannot be deleted still brings
+/// every bag back whole: the error is reported, nothing is lost.
+#[test]
+fn turning_the_spill_off_keeps_the_bags_when_their_parts_cannot_be_deleted() {
+    let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
+    let mut bags = UserStateStore::default();
+    bags.enable_bag_spill(Arc::new(UndeletableStore::default()), b"bags/".to_vec(), 2);
+    let user_state = Arc::new(Mutex::new(bags));
+    let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
+    write
+        .append(&bag_key(0, 0), Bytes::from_static(b"abc"))
+        .unwrap();
+    user_state.lock().apply(write.take_writes()).unwrap();
+    assert!(user_state.lock().has_spilled());
+    assert!(user_state.lock().disable_bag_spill().is_err());
+    assert!(!user_state.lock().has_spilled());
+    let check = BundleOverlay::new(side_inputs, user_state.clone());
+    assert_eq!(read_all(&check, &bag_key(0, 0)), b"abc");
 }
 
 /// A bundle paging through a bag finds the next chunk where it was when
