@@ -60,6 +60,60 @@ impl JobServiceImpl {
             .get(id)
             .ok_or_else(|| reject(method, Status::not_found(format!("no job with id {id:?}"))))
     }
+
+    /// The job a state or message subscription follows, refusing one that
+    /// would end in the middle of the job.
+    ///
+    /// Python's `PortableRunner` opens both streams before `Run`, with its
+    /// `--job_server_timeout` (300 s by default) as their deadline, and only
+    /// if that fails opens them again after `Run` without one. Accepting the
+    /// first pair would make every job longer than the timeout fail in the
+    /// client with `DEADLINE_EXCEEDED` while it still runs here; refusing it
+    /// costs one round trip and loses nothing, because the message stream
+    /// replays the job's history and the state stream starts with the
+    /// current state. A subscription without a deadline, or one opened after
+    /// `Run`, is the client's own choice and is served.
+    #[allow(clippy::result_large_err)]
+    fn subscribed_job<T: HasJobId>(
+        &self,
+        method: &str,
+        request: Request<T>,
+    ) -> Result<Arc<Job>, Status> {
+        let has_deadline = request.metadata().contains_key(GRPC_TIMEOUT_HEADER);
+        let job = self.job(method, request.get_ref().job_id())?;
+        if has_deadline && job.state() == JobState::Stopped {
+            return Err(reject(
+                method,
+                Status::failed_precondition(format!(
+                    "job {:?} has not been run yet: a subscription opened before Run with a \
+                     deadline would end while the job runs; subscribe after Run",
+                    job.id()
+                )),
+            ));
+        }
+        Ok(job)
+    }
+}
+
+/// The header carrying a gRPC call's deadline (`grpc-timeout`), set by
+/// clients that pass a timeout.
+const GRPC_TIMEOUT_HEADER: &str = "grpc-timeout";
+
+/// The two subscription requests, which name their job the same way.
+trait HasJobId {
+    fn job_id(&self) -> &str;
+}
+
+impl HasJobId for GetJobStateRequest {
+    fn job_id(&self) -> &str {
+        &self.job_id
+    }
+}
+
+impl HasJobId for JobMessagesRequest {
+    fn job_id(&self) -> &str {
+        &self.job_id
+    }
 }
 
 /// Logs a refused request and passes its status through.
@@ -235,7 +289,7 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<GetJobStateRequest>,
     ) -> Result<Response<Self::GetStateStreamStream>, Status> {
-        let job = self.job("GetStateStream", &request.into_inner().job_id)?;
+        let job = self.subscribed_job("GetStateStream", request)?;
         Ok(Response::new(state_stream(job, self.shutdown.clone())))
     }
 
@@ -245,7 +299,7 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<JobMessagesRequest>,
     ) -> Result<Response<Self::GetMessageStreamStream>, Status> {
-        let job = self.job("GetMessageStream", &request.into_inner().job_id)?;
+        let job = self.subscribed_job("GetMessageStream", request)?;
         Ok(Response::new(message_stream(job, self.shutdown.clone())))
     }
 

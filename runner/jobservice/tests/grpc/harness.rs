@@ -435,6 +435,19 @@ pub async fn offer_artifacts(
     Ok(log)
 }
 
+/// Prepares a one-impulse job whose fake runner ends it with `outcome`
+/// (see [`options`]) and returns its id.
+pub async fn prepare_impulse_job(jobs: &mut JobServiceClient<Channel>, outcome: &str) -> String {
+    jobs.prepare(prepare_request(
+        pipeline(vec![], "beam:transform:impulse:v1"),
+        outcome,
+    ))
+    .await
+    .unwrap()
+    .into_inner()
+    .preparation_id
+}
+
 /// Runs a prepared job and returns the states it went through, to the end.
 pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<State> {
     let mut states = jobs
@@ -450,12 +463,39 @@ pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<S
     })
     .await
     .unwrap();
-    drain(&mut states)
+    read_states(&mut states).await
+}
+
+/// The states a state stream sends, to its end.
+async fn read_states(stream: &mut Streaming<refract_proto::job_api::JobStateEvent>) -> Vec<State> {
+    drain(stream)
         .await
         .unwrap()
         .iter()
         .map(|e| e.state())
         .collect()
+}
+
+/// Subscribes to a job's state stream and reads it to its end.
+pub async fn states_to_end(
+    jobs: &mut JobServiceClient<Channel>,
+    request: impl refract_proto::tonic::IntoRequest<refract_proto::job_api::GetJobStateRequest>,
+) -> Vec<State> {
+    let mut states = jobs.get_state_stream(request).await.unwrap().into_inner();
+    read_states(&mut states).await
+}
+
+/// Subscribes to a job's message stream and reads it to its end, rendered by
+/// [`describe_messages`].
+pub async fn messages_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<String> {
+    let mut messages = jobs
+        .get_message_stream(refract_proto::job_api::JobMessagesRequest {
+            job_id: id.to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    describe_messages(&drain(&mut messages).await.unwrap())
 }
 
 /// Reads a stream to its end (failing the test after 10 s).

@@ -159,7 +159,9 @@ async fn successful_job_streams_states_messages_and_metrics() {
         .unwrap();
     assert!(offered.requested.is_empty());
 
-    // Subscribed with the preparation id before Run, as the Python SDK does.
+    // Subscribed with the preparation id before Run and without a deadline:
+    // served (the Python SDK's deadlined pre-Run subscription is refused, see
+    // `a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_after_run_misses_nothing`).
     let mut states = jobs
         .get_state_stream(GetJobStateRequest { job_id: id.clone() })
         .await
@@ -211,27 +213,9 @@ async fn successful_job_streams_states_messages_and_metrics() {
     assert!(state.timestamp.is_some());
 
     // Late subscribers get the final state / the history, then the end.
-    let mut late = jobs
-        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    let late: Vec<State> = drain(&mut late)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect();
+    let late = states_to_end(&mut jobs, GetJobStateRequest { job_id: id.clone() }).await;
     assert_eq!(late, [State::Done]);
-    let mut late = jobs
-        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        describe_messages(&drain(&mut late).await.unwrap()),
-        messages
-    );
+    assert_eq!(messages_to_end(&mut jobs, &id).await, messages);
 
     let listed = jobs.get_jobs(GetJobsRequest {}).await.unwrap().into_inner();
     assert_eq!(listed.job_info.len(), 1);
@@ -297,15 +281,7 @@ async fn successful_job_streams_states_messages_and_metrics() {
 async fn failed_job_sends_error_text_before_failed() {
     let server = Server::start().await;
     let mut jobs = server.jobs().await;
-    let id = jobs
-        .prepare(prepare_request(
-            pipeline(vec![], "beam:transform:impulse:v1"),
-            "fail",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .preparation_id;
+    let id = prepare_impulse_job(&mut jobs, "fail").await;
     let mut messages = jobs
         .get_message_stream(JobMessagesRequest { job_id: id.clone() })
         .await
@@ -349,20 +325,66 @@ async fn failed_job_sends_error_text_before_failed() {
     server.shutdown().await.unwrap();
 }
 
+/// Python's `PortableRunner` subscribes before Run with its
+/// `--job_server_timeout` as deadline and, when refused, subscribes again
+/// after Run without one; the refusal is what lets a job outlive that
+/// timeout. The retry must still see everything, here a failure's text.
+#[tokio::test]
+async fn a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_after_run_misses_nothing(
+) {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let id = prepare_impulse_job(&mut jobs, "fail").await;
+
+    let with_deadline = |job_id: &str| {
+        let mut request = refract_proto::tonic::Request::new(GetJobStateRequest {
+            job_id: job_id.to_owned(),
+        });
+        request.set_timeout(std::time::Duration::from_secs(300));
+        request
+    };
+    let refused = jobs.get_state_stream(with_deadline(&id)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("subscribe after Run"),
+        "{}",
+        refused.message()
+    );
+    let mut messages_request =
+        refract_proto::tonic::Request::new(JobMessagesRequest { job_id: id.clone() });
+    messages_request.set_timeout(std::time::Duration::from_secs(300));
+    let refused = jobs.get_message_stream(messages_request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Let the job finish before the retry subscribes: a late subscriber.
+    states_to_end(&mut jobs, GetJobStateRequest { job_id: id.clone() }).await;
+
+    // After Run a deadline is the client's choice, and is served.
+    assert_eq!(
+        states_to_end(&mut jobs, with_deadline(&id)).await,
+        [State::Failed]
+    );
+    let messages = messages_to_end(&mut jobs, &id).await;
+    assert!(
+        messages.contains(&"JobMessageError: ValueError: boom [while running 'StageC']".to_owned()),
+        "{messages:?}"
+    );
+    assert_eq!(messages.last().map(String::as_str), Some("state Failed"));
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn cancel_running_and_prepared_jobs() {
     let server = Server::start().await;
     let mut jobs = server.jobs().await;
 
-    let id = jobs
-        .prepare(prepare_request(
-            pipeline(vec![], "beam:transform:impulse:v1"),
-            "cancel",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .preparation_id;
+    let id = prepare_impulse_job(&mut jobs, "cancel").await;
     let mut states = jobs
         .get_state_stream(GetJobStateRequest { job_id: id.clone() })
         .await
@@ -407,15 +429,7 @@ async fn cancel_running_and_prepared_jobs() {
     assert_eq!(again.state(), State::Cancelled);
 
     // A job that was never run is cancelled at once and cannot run later.
-    let id = jobs
-        .prepare(prepare_request(
-            pipeline(vec![], "beam:transform:impulse:v1"),
-            "done",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .preparation_id;
+    let id = prepare_impulse_job(&mut jobs, "done").await;
     let cancelled = jobs
         .cancel(CancelJobRequest { job_id: id.clone() })
         .await
@@ -438,15 +452,7 @@ async fn cancel_running_and_prepared_jobs() {
 async fn shutdown_ends_streams_of_running_jobs() {
     let server = Server::start().await;
     let mut jobs = server.jobs().await;
-    let id = jobs
-        .prepare(prepare_request(
-            pipeline(vec![], "beam:transform:impulse:v1"),
-            "hang",
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .preparation_id;
+    let id = prepare_impulse_job(&mut jobs, "hang").await;
     let mut messages = jobs
         .get_message_stream(JobMessagesRequest { job_id: id.clone() })
         .await
