@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
+use refract_engine::manager::CheckpointProgress;
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
 use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::Pipeline;
@@ -164,13 +165,14 @@ impl Durability {
 
     /// A channel for `job_id`'s engine to send checkpoints on, and the task
     /// writing them (off the engine's thread, one at a time) and noting
-    /// each in `view`. The channel holds one checkpoint: the engine skips
-    /// a checkpoint rather than wait for the previous write. The watch
-    /// counts the checkpoints received up to the last one written (what
-    /// the engine waits for before a stable-input stage may see elements).
+    /// each in `view`. The watch reports, counting in the order received,
+    /// how many checkpoints are durable (what the engine waits for before
+    /// a stable-input stage may see elements or a bundle is finalized) and
+    /// how many writes have ended either way (the engine takes no new
+    /// checkpoint until the previous write has ended).
     pub fn checkpoint_writer(&self, job_id: &str, view: Arc<JobView>) -> CheckpointWriter {
         let (tx, mut rx) = mpsc::channel::<Vec<(String, Bytes)>>(1);
-        let (acks, written) = watch::channel(0u64);
+        let (report, progress) = watch::channel(CheckpointProgress::default());
         let store = self.store.clone();
         let job_id = job_id.to_string();
         let task = tokio::spawn(async move {
@@ -186,14 +188,20 @@ impl Durability {
                         debug!(job = %job_id, checkpoint = stats.id, parts_written = stats.parts_written,
                                bytes_written = stats.bytes_written, ?stats.duration, "checkpoint written");
                         view.observe_checkpoint(stats);
-                        acks.send_replace(received);
+                        report.send_replace(CheckpointProgress::all_durable(received));
                     }
-                    Ok(Err(error)) => warn!(job = %job_id, %error, "writing a checkpoint failed"),
-                    Err(error) => warn!(job = %job_id, %error, "the checkpoint writer panicked"),
+                    Ok(Err(error)) => {
+                        warn!(job = %job_id, %error, "writing a checkpoint failed");
+                        report.send_modify(|p| p.finished = received);
+                    }
+                    Err(error) => {
+                        warn!(job = %job_id, %error, "the checkpoint writer panicked");
+                        report.send_modify(|p| p.finished = received);
+                    }
                 }
             }
         });
-        CheckpointWriter { tx, written, task }
+        CheckpointWriter { tx, progress, task }
     }
 }
 
@@ -201,8 +209,8 @@ impl Durability {
 pub struct CheckpointWriter {
     /// Where the engine sends checkpoints.
     pub tx: mpsc::Sender<Vec<(String, Bytes)>>,
-    /// How many of them are written.
-    pub written: watch::Receiver<u64>,
+    /// How far the writing has got.
+    pub progress: watch::Receiver<CheckpointProgress>,
     /// Ends once the engine drops `tx` and the last checkpoint is written.
     pub task: tokio::task::JoinHandle<()>,
 }

@@ -623,7 +623,7 @@ async fn run_job(
             view.enable_checkpoints();
             let writer = durability.checkpoint_writer(job.id(), view.clone());
             engine =
-                engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.written));
+                engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.progress));
             checkpoint_writer = Some(writer.task);
         }
         let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);

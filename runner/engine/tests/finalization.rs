@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{Engine, EngineConfig};
+use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
@@ -97,7 +97,7 @@ async fn finalization_runs_once_the_checkpoint_holding_the_commit_is_written() {
     let (release_tx, release) = watch::channel(false);
     let (finalized, executor) = finalizing(release);
     let (tx, mut checkpoints) = mpsc::channel(1);
-    let (acks, written) = watch::channel(0u64);
+    let (acks, written) = watch::channel(CheckpointProgress::default());
     let (_cancel, cancelled) = watch::channel(false);
     let engine = engine(executor)
         // A checkpoint after every commit.
@@ -112,7 +112,7 @@ async fn finalization_runs_once_the_checkpoint_holding_the_commit_is_written() {
         !finalized.load(Ordering::SeqCst),
         "finalized before its checkpoint was written"
     );
-    acks.send_replace(1);
+    acks.send_replace(CheckpointProgress::all_durable(1));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !finalized.load(Ordering::SeqCst) {
         assert!(
@@ -127,7 +127,7 @@ async fn finalization_runs_once_the_checkpoint_holding_the_commit_is_written() {
         let mut n = 1;
         while checkpoints.recv().await.is_some() {
             n += 1;
-            acks.send_replace(n);
+            acks.send_replace(CheckpointProgress::all_durable(n));
         }
     });
     run.await.expect("no panic").expect("the run succeeds");

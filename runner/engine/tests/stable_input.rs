@@ -25,7 +25,7 @@ use refract_engine::coder::{
     PaneInfo, WindowedValueHeader,
 };
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig};
+use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
@@ -122,38 +122,58 @@ fn config() -> EngineConfig {
     }
 }
 
-/// A checkpoint writer that makes every checkpoint durable (acks it),
-/// until the `crash_at`th, which it keeps and after which it acks nothing.
-/// Writing takes a while, as on a disk, so bundles run meanwhile.
+/// How a test's checkpoint writer behaves.
+#[derive(Clone, Copy, Default)]
+struct Writer {
+    /// Keep the `n`th checkpoint and stop writing (a crash).
+    crash_at: Option<u64>,
+    /// The first `n` writes fail.
+    failing: u64,
+}
+
+/// A checkpoint writer that makes every checkpoint durable, as `writer`
+/// says. Writing takes a while, as on a disk, so bundles run meanwhile;
+/// the engine must not send the next checkpoint before this one's write
+/// has ended (durable or failed).
 async fn write_until(
     mut checkpoints: mpsc::Receiver<Vec<(String, Bytes)>>,
-    acks: watch::Sender<u64>,
-    crash_at: Option<u64>,
+    progress: watch::Sender<CheckpointProgress>,
+    writer: Writer,
 ) -> Option<Vec<(String, Bytes)>> {
     let mut received = 0;
     while let Some(parts) = checkpoints.recv().await {
         received += 1;
         tokio::time::sleep(Duration::from_millis(10)).await;
-        acks.send_replace(received);
-        if Some(received) == crash_at {
+        assert!(
+            checkpoints.is_empty(),
+            "checkpoint {} was taken while checkpoint {received} was still being written",
+            received + 1
+        );
+        if received <= writer.failing {
+            progress.send_modify(|p| p.finished = received);
+            continue;
+        }
+        progress.send_replace(CheckpointProgress::all_durable(received));
+        if Some(received) == writer.crash_at {
             return Some(parts);
         }
     }
     None
 }
 
-/// Runs the plan, crashing at the `crash_at`th checkpoint and finishing
-/// from it; returns the values the stable stage committed, in total.
-async fn run_crashing_at(sdk: &Arc<Sdk>, crash_at: u64) -> Vec<i64> {
+/// Runs the plan with `writer`, crashing at its `crash_at`th checkpoint
+/// and finishing from it; returns the values the stable stage committed,
+/// in total.
+async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
     let (cancel, cancelled) = watch::channel(false);
     let (tx, rx) = mpsc::channel(1);
-    let (acks, written) = watch::channel(0);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
     let engine = Engine::new(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
         .expect("a valid plan")
-        .with_checkpoints(Duration::ZERO, tx, Some(written));
+        .with_checkpoints(Duration::ZERO, tx, Some(progress));
     let first = tokio::spawn(engine.run(cancelled));
-    let kept = write_until(rx, acks, Some(crash_at)).await;
+    let kept = write_until(rx, report, writer).await;
     let _ = cancel.send(true);
     let finished_first = first.await.expect("no panic");
     let Some(parts) = kept else {
@@ -166,18 +186,20 @@ async fn run_crashing_at(sdk: &Arc<Sdk>, crash_at: u64) -> Vec<i64> {
         .lock()
         .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
     let (tx, rx) = mpsc::channel(1);
-    let (acks, written) = watch::channel(0);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
     let mut engine = Engine::new(plan(), executor, config(), "s", Arc::new(|| 0))
         .expect("a valid plan")
-        .with_checkpoints(Duration::ZERO, tx, Some(written));
+        .with_checkpoints(Duration::ZERO, tx, Some(progress));
     engine.restore(&parts).expect("restores");
-    let writer = tokio::spawn(write_until(rx, acks, None));
+    let writer = tokio::spawn(write_until(rx, report, Writer::default()));
     let (_cancel, cancelled) = watch::channel(false);
     engine
         .run(cancelled)
         .await
         .expect("the restored run succeeds");
-    let _ = writer.await;
+    writer
+        .await
+        .expect("the writer saw one checkpoint at a time");
     committed_values(sdk)
 }
 
@@ -192,25 +214,52 @@ fn committed_values(sdk: &Sdk) -> Vec<i64> {
     values
 }
 
+/// Every writer the tests run: crashes at each of the first checkpoints,
+/// none, and the same with the first writes failing (a failed write must
+/// not stop checkpoints: the stable stage waits for one).
+fn writers() -> Vec<Writer> {
+    let mut writers = Vec::new();
+    for failing in [0, 2] {
+        writers.push(Writer {
+            crash_at: None,
+            failing,
+        });
+        for crash_at in (failing + 1)..=(failing + 8) {
+            writers.push(Writer {
+                crash_at: Some(crash_at),
+                failing,
+            });
+        }
+    }
+    writers
+}
+
 #[tokio::test]
 async fn a_stable_input_stage_sees_again_after_a_crash_exactly_what_it_saw_before() {
-    for crash_at in 1..=8 {
+    for writer in writers() {
+        let what = format!(
+            "crash at checkpoint {:?}, {} failed writes first",
+            writer.crash_at, writer.failing
+        );
         let sdk = Arc::new(Sdk::default());
-        let committed = run_crashing_at(&sdk, crash_at).await;
+        let committed =
+            tokio::time::timeout(Duration::from_secs(30), run_crashing_at(&sdk, writer))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the run did not end"));
         let mut indices: Vec<i64> = committed.iter().map(|v| v % 1000).collect();
         indices.sort_unstable();
         assert_eq!(
             indices,
             (0..ELEMENTS).collect::<Vec<_>>(),
-            "crash at checkpoint {crash_at}: every index exactly once ({committed:?})"
+            "{what}: every index exactly once ({committed:?})"
         );
         let committed: BTreeSet<i64> = committed.into_iter().collect();
         let seen = sdk.seen.lock().clone();
         let unstable: Vec<&i64> = seen.difference(&committed).collect();
         assert!(
             unstable.is_empty(),
-            "crash at checkpoint {crash_at}: the stable stage saw {unstable:?}, which the \
-             recovered run recomputed differently"
+            "{what}: the stable stage saw {unstable:?}, which the recovered run recomputed \
+             differently"
         );
     }
 }

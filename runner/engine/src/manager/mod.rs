@@ -40,6 +40,7 @@ use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 use crate::window::Window;
 
+mod checkpointing;
 mod commit;
 mod pending;
 mod routing;
@@ -55,6 +56,8 @@ mod window_merging;
 
 use crate::holds::Holds;
 use crate::key_groups::{group_of, KeyGroupSet};
+pub use checkpointing::CheckpointProgress;
+use checkpointing::CheckpointSink;
 use pending::{Overflow, Pending};
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;
@@ -330,30 +333,6 @@ pub struct SavepointRequest {
     pub reply: tokio::sync::oneshot::Sender<Result<Vec<(String, Bytes)>, SnapshotError>>,
 }
 
-/// Where a running engine sends its checkpoints (see [`Engine::with_checkpoints`]).
-struct CheckpointSink {
-    every: Duration,
-    tx: mpsc::Sender<Vec<(String, Bytes)>>,
-    last: Instant,
-    /// How many checkpoints the writer has made durable, counting in the
-    /// order they were sent (the run loop takes it to wait on).
-    acks: Option<watch::Receiver<u64>>,
-    /// Whether there are acks; without them a sent checkpoint counts as
-    /// durable.
-    acked: bool,
-    /// Checkpoints sent so far.
-    sent: u64,
-    /// Sent checkpoints not yet durable, with where each cut the queues of
-    /// stable-input stages.
-    awaiting: VecDeque<(u64, Vec<(StageIdx, u64)>)>,
-    /// Bundles committed since the last checkpoint was sent (what an
-    /// interval of zero — a checkpoint after every commit — waits for).
-    commits: u64,
-    /// Actions waiting for the checkpoint (by number sent) that holds
-    /// their bundle's commit to be written.
-    after_durable: VecDeque<(u64, CommitAction)>,
-}
-
 /// Extra state a checkpoint carries for the engine's owner (the job's
 /// metrics), read between two commits like the engine's own parts.
 pub type ExtraPart = Arc<dyn Fn() -> Bytes + Send + Sync>;
@@ -489,55 +468,6 @@ impl Engine {
     /// flush as the watermarks reach +∞, and the run ends normally.
     pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
         self.drain = Some(drain);
-        self
-    }
-
-    /// Send a checkpoint ([`Self::checkpoint_parts`]) to `tx` every
-    /// `every` while the job runs; with `every` zero, after every commit,
-    /// as often as the writer keeps up (bundles committed while it writes
-    /// go into the next checkpoint together: group commit). A checkpoint
-    /// that finds the channel full (the previous one is still waiting to
-    /// be written) is skipped, not queued, and not even taken:
-    /// checkpointing never holds the job up nor piles up memory.
-    ///
-    /// Stages with stable input (`@RequiresStableInput`) are then given only
-    /// elements a checkpoint holds; one is taken as soon as such a stage
-    /// waits for it. With `acks` (the number of checkpoints written so far,
-    /// in the order they were sent) an element counts once its checkpoint
-    /// is written; without, once it is sent.
-    pub fn with_checkpoints(
-        mut self,
-        every: Duration,
-        tx: mpsc::Sender<Vec<(String, Bytes)>>,
-        acks: Option<watch::Receiver<u64>>,
-    ) -> Self {
-        self.checkpoints = Some(CheckpointSink {
-            every,
-            tx,
-            last: Instant::now(),
-            acked: acks.is_some(),
-            acks,
-            sent: 0,
-            awaiting: VecDeque::new(),
-            commits: 0,
-            after_durable: VecDeque::new(),
-        });
-        for (idx, stage) in self.plan.stages.iter().enumerate() {
-            if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
-                self.stages[idx].pending.gate();
-            }
-        }
-        if !self.bags_may_spill() {
-            for (idx, user_state) in self.user_state.iter().enumerate() {
-                if let Err(error) = user_state.lock().disable_bag_spill() {
-                    // Bags it could not read stay on disk (periodic
-                    // checkpoints wait while they are there); parts it
-                    // could not delete are garbage.
-                    warn!(stage = %self.plan.stages[idx].name, %error,
-                          "turning off the spill of user state");
-                }
-            }
-        }
         self
     }
 
@@ -704,125 +634,6 @@ impl Engine {
         self
     }
 
-    /// Takes a checkpoint if one is due, or if a stable-input stage waits
-    /// for one and none is being written.
-    fn maybe_checkpoint(&mut self) {
-        let Some(sink) = &self.checkpoints else {
-            return;
-        };
-        let awaited =
-            sink.awaiting.is_empty() && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
-        let due = if sink.every.is_zero() {
-            sink.commits > 0
-        } else {
-            sink.last.elapsed() >= sink.every
-        };
-        if !due && !awaited {
-            return;
-        }
-        self.release_hand_outs_or_warn();
-        let Some(sink) = &self.checkpoints else {
-            return;
-        };
-        if !awaited && self.spilled() {
-            // Not worth copying spilled bytes back: the previous checkpoint
-            // stays the latest until the spilled windows are out.
-            if let Some(sink) = &mut self.checkpoints {
-                sink.last = Instant::now();
-            }
-            return;
-        }
-        if sink.tx.capacity() == 0 {
-            // The writer is behind: this checkpoint would only be dropped.
-            if let Some(sink) = &mut self.checkpoints {
-                if !sink.every.is_zero() {
-                    sink.last = Instant::now();
-                }
-            }
-            return;
-        }
-        let parts = self.checkpoint_parts();
-        let marks: Vec<(StageIdx, u64)> = self
-            .stages
-            .iter()
-            .enumerate()
-            .map(|(idx, s)| (idx, s.pending.checkpoint_mark()))
-            .collect();
-        let Some(sink) = &mut self.checkpoints else {
-            return;
-        };
-        sink.last = Instant::now();
-        match parts {
-            Ok(parts) => match sink.tx.try_send(parts) {
-                Ok(()) => {
-                    sink.sent += 1;
-                    sink.commits = 0;
-                    if sink.acked {
-                        sink.awaiting.push_back((sink.sent, marks));
-                    } else {
-                        self.made_durable(marks);
-                    }
-                }
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    debug!("previous checkpoint still being written; skipping this one");
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    debug!("nobody writes checkpoints any more");
-                }
-            },
-            // The job goes on; the previous checkpoint stays the latest.
-            Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
-        }
-    }
-
-    /// The writer made `written` checkpoints durable: what they cut from
-    /// stable-input queues may now be processed. (A checkpoint whose write
-    /// failed is covered by the later one that succeeded.)
-    fn checkpoints_written(&mut self, written: u64) {
-        let Some(sink) = &mut self.checkpoints else {
-            return;
-        };
-        let mut durable = Vec::new();
-        while sink.awaiting.front().is_some_and(|(n, _)| *n <= written) {
-            if let Some((_, marks)) = sink.awaiting.pop_front() {
-                durable = marks;
-            }
-        }
-        while sink
-            .after_durable
-            .front()
-            .is_some_and(|(n, _)| *n <= written)
-        {
-            if let Some((_, action)) = sink.after_durable.pop_front() {
-                action.run();
-            }
-        }
-        self.made_durable(durable);
-    }
-
-    /// Runs `action` once what was committed so far is durable: now, if
-    /// checkpoints are not acknowledged, else after the next checkpoint
-    /// (which will hold this commit) is written.
-    pub(super) fn when_durable(&mut self, action: CommitAction) {
-        match &mut self.checkpoints {
-            Some(sink) if sink.acked => sink.after_durable.push_back((sink.sent + 1, action)),
-            _ => action.run(),
-        }
-    }
-
-    fn made_durable(&mut self, marks: Vec<(StageIdx, u64)>) {
-        for (idx, mark) in marks {
-            self.stages[idx].pending.made_durable(mark);
-        }
-    }
-
-    /// Whether the run waits for the writer to make a checkpoint durable.
-    fn awaiting_checkpoint(&self) -> bool {
-        self.checkpoints
-            .as_ref()
-            .is_some_and(|sink| !sink.awaiting.is_empty())
-    }
-
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.
     pub async fn run(
         mut self,
@@ -831,7 +642,10 @@ impl Engine {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
         let mut drain = self.drain.take();
         let mut savepoints = self.savepoints.take();
-        let mut acks = self.checkpoints.as_mut().and_then(|sink| sink.acks.take());
+        let mut progress = self
+            .checkpoints
+            .as_mut()
+            .and_then(|sink| sink.progress.take());
         loop {
             if *cancel.borrow() {
                 return Err(EngineError::Cancelled);
@@ -871,13 +685,7 @@ impl Engine {
                     .iter()
                     .map(|(_, n)| n)
                     .sum();
-                // The job is done: nothing will be redone, so its outputs
-                // are final whatever was written.
-                if let Some(sink) = &mut self.checkpoints {
-                    for (_, action) in sink.after_durable.drain(..) {
-                        action.run();
-                    }
-                }
+                self.run_every_after_durable();
                 self.summary.spilled_bytes = self
                     .stages
                     .iter()
@@ -934,26 +742,16 @@ impl Engine {
                 _ = tokio::time::sleep_until(sleep_until) => {
                     self.release_delayed()?;
                 }
-                written = async {
-                    match acks.as_mut() {
-                        Some(acks) => acks.changed().await.map(|()| *acks.borrow_and_update()),
+                reported = async {
+                    match progress.as_mut() {
+                        Some(p) => p.changed().await.map(|()| *p.borrow_and_update()).ok(),
                         None => std::future::pending().await,
                     }
                 } => {
-                    match written {
-                        Ok(written) => self.checkpoints_written(written),
-                        // The writer is gone: nothing more becomes durable.
-                        Err(_) => {
-                            acks = None;
-                            if let Some(sink) = &mut self.checkpoints {
-                                sink.awaiting.clear();
-                                sink.acked = false;
-                                // Never durable: not finalized (a source
-                                // delivers it again).
-                                sink.after_durable.clear();
-                            }
-                        }
+                    if reported.is_none() {
+                        progress = None;
                     }
+                    self.checkpoint_progress(reported);
                 }
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {

@@ -1,0 +1,280 @@
+//! Periodic checkpoints of a running engine: when one is taken, how the
+//! writer's progress comes back, and what waits for a checkpoint to be
+//! durable (stable-input elements, bundle finalization).
+//!
+//! At most one checkpoint is outside the engine at a time. A checkpoint is
+//! the engine's whole state encoded; taking the next one while the writer
+//! still writes the previous would hold the state a third time (engine,
+//! the one being written, the next one waiting), so the engine waits until
+//! the writer reports the previous write finished — durable or failed —
+//! and then takes a fresh one, which also holds everything committed
+//! meanwhile.
+
+use super::*;
+
+/// How far a checkpoint writer has got, counting checkpoints in the order
+/// the engine sent them. The two counts differ once a write fails: that
+/// checkpoint is finished but never durable, and the engine may take the
+/// next one (which covers it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointProgress {
+    /// Checkpoints received up to the last one written durably.
+    pub durable: u64,
+    /// Checkpoints received whose write has ended, durable or not.
+    pub finished: u64,
+}
+
+impl CheckpointProgress {
+    /// The first `n` checkpoints written, all durably.
+    pub fn all_durable(n: u64) -> Self {
+        Self {
+            durable: n,
+            finished: n,
+        }
+    }
+}
+
+/// Where a running engine sends its checkpoints (see [`Engine::with_checkpoints`]).
+pub(super) struct CheckpointSink {
+    pub(super) every: Duration,
+    tx: mpsc::Sender<Vec<(String, Bytes)>>,
+    pub(super) last: Instant,
+    /// The writer's progress (the run loop takes it to wait on).
+    pub(super) progress: Option<watch::Receiver<CheckpointProgress>>,
+    /// Whether there is progress to wait for; without it a sent checkpoint
+    /// counts as durable, and the channel's room says whether the writer
+    /// is busy.
+    acked: bool,
+    /// Checkpoints sent so far.
+    sent: u64,
+    /// Checkpoints whose write has ended, as last reported.
+    finished: u64,
+    /// Sent checkpoints not yet durable, with where each cut the queues of
+    /// stable-input stages.
+    awaiting: VecDeque<(u64, Vec<(StageIdx, u64)>)>,
+    /// Bundles committed since the last checkpoint was sent (what an
+    /// interval of zero — a checkpoint after every commit — waits for).
+    pub(super) commits: u64,
+    /// Actions waiting for the checkpoint (by number sent) that holds
+    /// their bundle's commit to be written.
+    after_durable: VecDeque<(u64, CommitAction)>,
+}
+
+impl CheckpointSink {
+    /// Whether a checkpoint sent now would wait behind another: one sent
+    /// and not finished, or, without progress reports, a full channel.
+    fn writer_busy(&self) -> bool {
+        if self.acked {
+            self.sent > self.finished
+        } else {
+            self.tx.capacity() == 0
+        }
+    }
+}
+
+impl Engine {
+    /// Send a checkpoint ([`Self::checkpoint_parts`]) to `tx` every
+    /// `every` while the job runs; with `every` zero, after every commit,
+    /// as often as the writer keeps up (bundles committed while it writes
+    /// go into the next checkpoint together: group commit). A checkpoint
+    /// due while the writer is busy with the previous one is skipped, not
+    /// queued, and not even taken: checkpointing never holds the job up
+    /// nor piles up memory.
+    ///
+    /// Stages with stable input (`@RequiresStableInput`) are then given only
+    /// elements a checkpoint holds; one is taken as soon as such a stage
+    /// waits for it. With `progress` (see [`CheckpointProgress`]) an element
+    /// counts once its checkpoint is durable, and the writer is busy until
+    /// it reports the write finished; without, an element counts once its
+    /// checkpoint is sent, and the writer is busy while the channel is full.
+    pub fn with_checkpoints(
+        mut self,
+        every: Duration,
+        tx: mpsc::Sender<Vec<(String, Bytes)>>,
+        progress: Option<watch::Receiver<CheckpointProgress>>,
+    ) -> Self {
+        self.checkpoints = Some(CheckpointSink {
+            every,
+            tx,
+            last: Instant::now(),
+            acked: progress.is_some(),
+            progress,
+            sent: 0,
+            finished: 0,
+            awaiting: VecDeque::new(),
+            commits: 0,
+            after_durable: VecDeque::new(),
+        });
+        for (idx, stage) in self.plan.stages.iter().enumerate() {
+            if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
+                self.stages[idx].pending.gate();
+            }
+        }
+        if !self.bags_may_spill() {
+            for (idx, user_state) in self.user_state.iter().enumerate() {
+                if let Err(error) = user_state.lock().disable_bag_spill() {
+                    // Bags it could not read stay on disk (periodic
+                    // checkpoints wait while they are there); parts it
+                    // could not delete are garbage.
+                    warn!(stage = %self.plan.stages[idx].name, %error,
+                          "turning off the spill of user state");
+                }
+            }
+        }
+        self
+    }
+
+    /// Takes a checkpoint if one is due, or if a stable-input stage waits
+    /// for one and none is being written.
+    pub(super) fn maybe_checkpoint(&mut self) {
+        let Some(sink) = &self.checkpoints else {
+            return;
+        };
+        let awaited =
+            sink.awaiting.is_empty() && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
+        let due = if sink.every.is_zero() {
+            sink.commits > 0
+        } else {
+            sink.last.elapsed() >= sink.every
+        };
+        if !due && !awaited {
+            return;
+        }
+        if sink.writer_busy() {
+            // Taken now, it would only wait (or be dropped); the writer's
+            // next report wakes the run loop to try again. A periodic one
+            // comes a whole interval later, as if taken now.
+            if let Some(sink) = &mut self.checkpoints {
+                if !sink.every.is_zero() {
+                    sink.last = Instant::now();
+                }
+            }
+            return;
+        }
+        self.release_hand_outs_or_warn();
+        if !awaited && self.spilled() {
+            // Not worth copying spilled bytes back: the previous checkpoint
+            // stays the latest until the spilled windows are out.
+            if let Some(sink) = &mut self.checkpoints {
+                sink.last = Instant::now();
+            }
+            return;
+        }
+        let parts = self.checkpoint_parts();
+        let marks: Vec<(StageIdx, u64)> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(idx, s)| (idx, s.pending.checkpoint_mark()))
+            .collect();
+        let Some(sink) = &mut self.checkpoints else {
+            return;
+        };
+        sink.last = Instant::now();
+        match parts {
+            Ok(parts) => match sink.tx.try_send(parts) {
+                Ok(()) => {
+                    sink.sent += 1;
+                    sink.commits = 0;
+                    if sink.acked {
+                        sink.awaiting.push_back((sink.sent, marks));
+                    } else {
+                        self.made_durable(marks);
+                    }
+                }
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    debug!("previous checkpoint still being written; skipping this one");
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    debug!("nobody writes checkpoints any more");
+                }
+            },
+            // The job goes on; the previous checkpoint stays the latest.
+            Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
+        }
+    }
+
+    /// The writer reported `progress` (or, with `None`, went away: nothing
+    /// more becomes durable).
+    pub(super) fn checkpoint_progress(&mut self, progress: Option<CheckpointProgress>) {
+        let Some(progress) = progress else {
+            if let Some(sink) = &mut self.checkpoints {
+                sink.awaiting.clear();
+                sink.acked = false;
+                // Never durable: not finalized (a source delivers it
+                // again).
+                sink.after_durable.clear();
+            }
+            return;
+        };
+        self.checkpoints_written(progress.durable);
+        if let Some(sink) = &mut self.checkpoints {
+            sink.finished = sink.finished.max(progress.finished);
+            // Finished and not durable: failed. What they cut from
+            // stable-input queues waits for a later checkpoint, which a
+            // waiting stage now asks for (it would not while one is
+            // awaited). Their finalizations wait too: they count on the
+            // next checkpoint that is written, which holds their commits.
+            let finished = sink.finished;
+            sink.awaiting.retain(|(n, _)| *n > finished);
+        }
+    }
+
+    /// The writer made `written` checkpoints durable: what they cut from
+    /// stable-input queues may now be processed. (A checkpoint whose write
+    /// failed is covered by the later one that succeeded.)
+    fn checkpoints_written(&mut self, written: u64) {
+        let Some(sink) = &mut self.checkpoints else {
+            return;
+        };
+        let mut durable = Vec::new();
+        while sink.awaiting.front().is_some_and(|(n, _)| *n <= written) {
+            if let Some((_, marks)) = sink.awaiting.pop_front() {
+                durable = marks;
+            }
+        }
+        while sink
+            .after_durable
+            .front()
+            .is_some_and(|(n, _)| *n <= written)
+        {
+            if let Some((_, action)) = sink.after_durable.pop_front() {
+                action.run();
+            }
+        }
+        self.made_durable(durable);
+    }
+
+    /// Runs `action` once what was committed so far is durable: now, if
+    /// checkpoints are not acknowledged, else after the next checkpoint
+    /// (which will hold this commit) is written.
+    pub(super) fn when_durable(&mut self, action: CommitAction) {
+        match &mut self.checkpoints {
+            Some(sink) if sink.acked => sink.after_durable.push_back((sink.sent + 1, action)),
+            _ => action.run(),
+        }
+    }
+
+    /// The job is done: nothing will be redone, so its outputs are final
+    /// whatever was written.
+    pub(super) fn run_every_after_durable(&mut self) {
+        if let Some(sink) = &mut self.checkpoints {
+            for (_, action) in sink.after_durable.drain(..) {
+                action.run();
+            }
+        }
+    }
+
+    fn made_durable(&mut self, marks: Vec<(StageIdx, u64)>) {
+        for (idx, mark) in marks {
+            self.stages[idx].pending.made_durable(mark);
+        }
+    }
+
+    /// Whether the run waits for the writer to make a checkpoint durable.
+    pub(super) fn awaiting_checkpoint(&self) -> bool {
+        self.checkpoints
+            .as_ref()
+            .is_some_and(|sink| !sink.awaiting.is_empty())
+    }
+}
