@@ -8,16 +8,51 @@ use parking_lot::Mutex;
 
 use crate::StoreError;
 
+/// What a write deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deletion {
+    /// One key.
+    Key(Vec<u8>),
+    /// Every key that starts with these bytes, without reading them (a
+    /// large part's chunks, a job's parts). Not empty.
+    Prefix(Vec<u8>),
+}
+
 /// Ordered keys with atomic multi-key writes: all a checkpoint needs.
 pub trait Kv: Send + Sync {
     /// The value of `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError>;
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError>;
-    /// Applies `puts` and `deletes` together: after a crash either all of
-    /// them are visible or none. Values are shared, not copied: a
-    /// checkpoint part can be as large as a stage's user state.
-    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError>;
+    /// Applies `deletes`, then `puts`, together and durably: after a crash
+    /// either all of them are visible or none. Values are shared, not
+    /// copied: a checkpoint part can be as large as a stage's user state.
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError>;
+
+    /// Like [`Kv::write`], but neither durable nor atomic with anything
+    /// until the next `write`, which makes it durable too: for the chunks
+    /// of a large part, written under keys nothing refers to yet before
+    /// the write that names them, so that no one write holds it all.
+    fn write_ahead(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<Deletion>,
+    ) -> Result<(), StoreError> {
+        self.write(puts, deletes)
+    }
+}
+
+/// The first key after every key starting with `prefix` (`None`: no key
+/// is; the prefix is all `0xff`).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 /// Keys in memory: for tests and for servers without a state directory.
@@ -41,10 +76,24 @@ impl Kv for MemoryKv {
             .collect())
     }
 
-    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError> {
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
         let mut entries = self.entries.lock();
-        for k in deletes {
-            entries.remove(&k);
+        for deletion in deletes {
+            match deletion {
+                Deletion::Key(k) => {
+                    entries.remove(&k);
+                }
+                Deletion::Prefix(prefix) => {
+                    let doomed: Vec<Vec<u8>> = entries
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in doomed {
+                        entries.remove(&k);
+                    }
+                }
+            }
         }
         for (k, v) in puts {
             entries.insert(k, v);
@@ -53,12 +102,16 @@ impl Kv for MemoryKv {
     }
 }
 
-/// A write at least this large is flushed from the memtable at once.
+/// Once writes put this many bytes since the last flush, the memtable is
+/// flushed at once.
 const FLUSH_AFTER_BYTES: usize = 16 << 20;
 
-/// Keys in a RocksDB database; every write is one synced write batch.
+/// Keys in a RocksDB database; every write is one write batch, synced
+/// except ahead writes.
 pub struct RocksKv {
     db: rocksdb::DB,
+    /// Bytes put since the memtable was last flushed by us.
+    unflushed: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for RocksKv {
@@ -83,7 +136,10 @@ impl RocksKv {
         let db = rocksdb::DB::open(&options, dir).map_err(|e| {
             StoreError::Backend(format!("opening {}: {}", dir.display(), e.into_string()))
         })?;
-        Ok(RocksKv { db })
+        Ok(RocksKv {
+            db,
+            unflushed: Default::default(),
+        })
     }
 
     /// Bytes held in memtables (what a flush gives back).
@@ -118,11 +174,43 @@ impl Kv for RocksKv {
         Ok(out)
     }
 
-    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Vec<u8>>) -> Result<(), StoreError> {
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
+        self.write_batch(puts, deletes, true)
+    }
+
+    fn write_ahead(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<Deletion>,
+    ) -> Result<(), StoreError> {
+        // Unsynced, it is in the write-ahead log all the same; the next
+        // synced write syncs the log up to itself.
+        self.write_batch(puts, deletes, false)
+    }
+}
+
+impl RocksKv {
+    fn write_batch(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<Deletion>,
+        sync: bool,
+    ) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
         let mut batch = rocksdb::WriteBatch::default();
         let mut put_bytes = 0usize;
-        for k in deletes {
-            batch.delete(k);
+        for deletion in deletes {
+            match deletion {
+                Deletion::Key(k) => batch.delete(k),
+                Deletion::Prefix(prefix) => match prefix_end(&prefix) {
+                    Some(end) => batch.delete_range(prefix, end),
+                    None => {
+                        return Err(StoreError::Backend(format!(
+                            "cannot delete the key prefix {prefix:?}"
+                        )))
+                    }
+                },
+            }
         }
         for (k, v) in &puts {
             put_bytes += v.len();
@@ -131,16 +219,18 @@ impl Kv for RocksKv {
         // The batch holds its own copy: the values can go before the write.
         drop(puts);
         let mut options = rocksdb::WriteOptions::default();
-        options.set_sync(true);
+        options.set_sync(sync);
         self.db.write_opt(batch, &options).map_err(backend)?;
-        if put_bytes >= FLUSH_AFTER_BYTES {
-            // A large write sits in a memtable until RocksDB flushes it,
+        let unflushed = self.unflushed.fetch_add(put_bytes, Ordering::Relaxed) + put_bytes;
+        if unflushed >= FLUSH_AFTER_BYTES {
+            // Large writes sit in a memtable until RocksDB flushes it,
             // beside the next checkpoint's parts being built: flush now,
             // so that a job with large state holds one copy of it at rest.
             // The write is done either way: a failed flush must not report
             // it failed (the caller would take it as not written).
+            self.unflushed.store(0, Ordering::Relaxed);
             if let Err(error) = self.db.flush() {
-                tracing::warn!(error = %error.into_string(), "cannot flush a large write");
+                tracing::warn!(error = %error.into_string(), "cannot flush large writes");
             }
         }
         Ok(())

@@ -19,7 +19,13 @@
 //! and [`RocksKv`] (RocksDB, synced writes).
 //!
 //! Key layout: `j/{job}` the record; `m/{job}` the manifest;
-//! `p/{job}/{part}/{version}` a part's bytes at the checkpoint that wrote it.
+//! `p/{job}/{part}/{version}` a part's bytes at the checkpoint that wrote
+//! it — or, for a part larger than a chunk, `p/{job}/{part}/{version}/{n}`
+//! its chunks in order. A large part is written in chunks ahead of the
+//! checkpoint's atomic write (under a version no manifest names yet, so a
+//! crash in between leaves the previous checkpoint whole), because one
+//! write of it would hold it twice more in memory — in the write batch and
+//! in RocksDB's memtable — beside the engine's state and the part itself.
 
 mod kv;
 mod manifest;
@@ -34,7 +40,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use kv::{Kv, MemoryKv, RocksKv};
+pub use kv::{Deletion, Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
 pub use savepoint::{read_savepoint, write_savepoint};
 pub use spill::SpillDb;
@@ -82,11 +88,19 @@ pub struct CheckpointStats {
     pub duration: Duration,
 }
 
+/// Parts larger than this are written in chunks of this size.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// Chunks of a large part written ahead together, in one write.
+const CHUNKS_PER_WRITE: usize = 4;
+
 /// Job records and checkpoints over a [`Kv`] backend.
 pub struct Store {
     kv: Box<dyn Kv>,
     /// Each job's last manifest, so a checkpoint need not read it back.
     manifests: Mutex<HashMap<String, Manifest>>,
+    /// Parts larger than this are written in chunks of this size.
+    chunk_bytes: usize,
 }
 
 impl std::fmt::Debug for Store {
@@ -107,13 +121,39 @@ fn part_key(job: &str, part: &str, version: u64) -> Vec<u8> {
     format!("p/{job}/{part}/{version:020}").into_bytes()
 }
 
+/// What every chunk key of a part's version starts with.
+fn chunk_prefix(job: &str, part: &str, version: u64) -> Vec<u8> {
+    format!("p/{job}/{part}/{version:020}/").into_bytes()
+}
+
+fn chunk_key(job: &str, part: &str, version: u64, chunk: usize) -> Vec<u8> {
+    format!("p/{job}/{part}/{version:020}/{chunk:08}").into_bytes()
+}
+
+/// Deletes a part's version, whole or in chunks.
+fn part_deletions(job: &str, part: &str, version: u64) -> [Deletion; 2] {
+    [
+        Deletion::Key(part_key(job, part, version)),
+        Deletion::Prefix(chunk_prefix(job, part, version)),
+    ]
+}
+
 impl Store {
     /// A store over `kv`.
     pub fn new(kv: impl Kv + 'static) -> Self {
         Store {
             kv: Box::new(kv),
             manifests: Mutex::default(),
+            chunk_bytes: CHUNK_BYTES,
         }
+    }
+
+    /// The same store writing parts larger than `bytes` in chunks of
+    /// `bytes` (tests use small ones).
+    #[cfg(test)]
+    pub(crate) fn with_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = bytes.max(1);
+        self
     }
 
     /// An in-memory store (nothing survives the process).
@@ -146,13 +186,11 @@ impl Store {
 
     /// Forgets `job`: its record, manifest and parts.
     pub fn remove_job(&self, job: &str) -> Result<(), StoreError> {
-        let mut deletes = vec![job_key(job), manifest_key(job)];
-        deletes.extend(
-            self.kv
-                .scan(format!("p/{job}/").as_bytes())?
-                .into_iter()
-                .map(|(k, _)| k),
-        );
+        let deletes = vec![
+            Deletion::Key(job_key(job)),
+            Deletion::Key(manifest_key(job)),
+            Deletion::Prefix(format!("p/{job}/").into_bytes()),
+        ];
         self.manifests.lock().remove(job);
         self.kv.write(Vec::new(), deletes)
     }
@@ -206,10 +244,14 @@ impl Store {
                 Some(p) if p.digest == digest => refs.push((*p).clone()),
                 unchanged_or_new => {
                     if let Some(p) = unchanged_or_new {
-                        deletes.push(part_key(job, &name, p.version));
+                        deletes.extend(part_deletions(job, &name, p.version));
                     }
                     bytes_written += data.len() as u64;
-                    puts.push((part_key(job, &name, id), data));
+                    if data.len() > self.chunk_bytes {
+                        self.write_chunks_ahead(job, &name, id, data)?;
+                    } else {
+                        puts.push((part_key(job, &name, id), data));
+                    }
                     refs.push(PartRef {
                         name: name.clone(),
                         version: id,
@@ -221,7 +263,7 @@ impl Store {
         }
         for (name, p) in &old {
             if !names.contains(*name) {
-                deletes.push(part_key(job, name, p.version));
+                deletes.extend(part_deletions(job, name, p.version));
             }
         }
         let manifest = Manifest { id, parts: refs };
@@ -241,6 +283,53 @@ impl Store {
         })
     }
 
+    /// Writes `data`, part `name` of checkpoint `id`, as chunks ahead of
+    /// the checkpoint's own write, a few chunks per write. First goes
+    /// whatever an attempt at the same checkpoint that failed (or a crash)
+    /// left under that version: a read would take its extra chunks.
+    fn write_chunks_ahead(
+        &self,
+        job: &str,
+        name: &str,
+        id: u64,
+        data: Bytes,
+    ) -> Result<(), StoreError> {
+        let mut deletes = part_deletions(job, name, id).to_vec();
+        let mut puts = Vec::with_capacity(CHUNKS_PER_WRITE);
+        for (n, start) in (0..data.len()).step_by(self.chunk_bytes).enumerate() {
+            let end = (start + self.chunk_bytes).min(data.len());
+            puts.push((chunk_key(job, name, id, n), data.slice(start..end)));
+            if puts.len() == CHUNKS_PER_WRITE {
+                self.kv
+                    .write_ahead(std::mem::take(&mut puts), std::mem::take(&mut deletes))?;
+            }
+        }
+        if !puts.is_empty() || !deletes.is_empty() {
+            self.kv.write_ahead(puts, deletes)?;
+        }
+        Ok(())
+    }
+
+    /// The bytes of part `p` of `job`'s checkpoint `id`, whole or from its
+    /// chunks.
+    fn read_part(&self, job: &str, id: u64, p: &PartRef) -> Result<Bytes, StoreError> {
+        if let Some(data) = self.kv.get(&part_key(job, &p.name, p.version))? {
+            return Ok(data);
+        }
+        let chunks = self.kv.scan(&chunk_prefix(job, &p.name, p.version))?;
+        if chunks.is_empty() {
+            return Err(StoreError::Corrupt {
+                what: format!("checkpoint {id} of job {job}"),
+                why: format!("part '{}' (version {}) is missing", p.name, p.version),
+            });
+        }
+        let mut data = bytes::BytesMut::with_capacity(chunks.iter().map(|(_, c)| c.len()).sum());
+        for (_, chunk) in chunks {
+            data.extend_from_slice(&chunk);
+        }
+        Ok(data.freeze())
+    }
+
     /// `job`'s latest complete checkpoint, if it has one.
     pub fn latest_checkpoint(&self, job: &str) -> Result<Option<Checkpoint>, StoreError> {
         let Some(manifest) = self.manifest(job)? else {
@@ -248,13 +337,7 @@ impl Store {
         };
         let mut parts = Vec::with_capacity(manifest.parts.len());
         for p in &manifest.parts {
-            let data = self
-                .kv
-                .get(&part_key(job, &p.name, p.version))?
-                .ok_or_else(|| StoreError::Corrupt {
-                    what: format!("checkpoint {} of job {job}", manifest.id),
-                    why: format!("part '{}' (version {}) is missing", p.name, p.version),
-                })?;
+            let data = self.read_part(job, manifest.id, p)?;
             let digest: [u8; 32] = Sha256::digest(&data).into();
             if digest != p.digest {
                 return Err(StoreError::Corrupt {

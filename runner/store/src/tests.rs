@@ -91,7 +91,7 @@ fn a_large_write_is_flushed_from_memory_and_a_small_one_is_not() {
     let kv = RocksKv::open(dir.path()).unwrap();
     kv.write(
         vec![(b"small".to_vec(), Bytes::from(vec![7u8; 4 << 10]))],
-        vec![],
+        Vec::new(),
     )
     .unwrap();
     assert!(kv.memtable_bytes() >= 4 << 10, "{}", kv.memtable_bytes());
@@ -129,15 +129,173 @@ fn corrupt_manifests_are_reported_not_misread() {
     assert!(error.contains("corrupt manifest of job job"), "{error}");
 }
 
+/// The keys under `prefix`, as text.
+fn keys(store: &Store, prefix: &str) -> Vec<String> {
+    store
+        .kv
+        .scan(prefix.as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| String::from_utf8(k).unwrap())
+        .collect()
+}
+
+/// `len` bytes that differ from one position to the next.
+fn numbered_bytes(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i % 251) as u8 ^ seed)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+/// A part larger than a chunk goes in chunks, reads back whole, and its
+/// chunks go when it is replaced (by a small part or another chunked one)
+/// or its job is removed.
+fn chunked_parts_round_trip(store: &Store) {
+    let big = numbered_bytes(35, 1);
+    store
+        .checkpoint("job", vec![("big".into(), big.clone())])
+        .unwrap();
+    assert_eq!(
+        keys(store, "p/job/"),
+        (0..4)
+            .map(|n| format!("p/job/big/00000000000000000001/{n:08}"))
+            .collect::<Vec<_>>()
+    );
+    let latest = store.latest_checkpoint("job").unwrap().unwrap();
+    assert_eq!(latest.parts, vec![("big".to_string(), big)]);
+
+    let small = numbered_bytes(7, 2);
+    store
+        .checkpoint("job", vec![("big".into(), small.clone())])
+        .unwrap();
+    assert_eq!(keys(store, "p/job/"), ["p/job/big/00000000000000000002"]);
+    assert_eq!(
+        store.latest_checkpoint("job").unwrap().unwrap().parts,
+        vec![("big".to_string(), small)]
+    );
+
+    let bigger = numbered_bytes(21, 3);
+    store
+        .checkpoint("job", vec![("big".into(), bigger.clone())])
+        .unwrap();
+    assert_eq!(keys(store, "p/job/").len(), 3);
+    assert_eq!(
+        store.latest_checkpoint("job").unwrap().unwrap().parts,
+        vec![("big".to_string(), bigger)]
+    );
+    store.remove_job("job").unwrap();
+    assert!(keys(store, "p/job/").is_empty());
+    assert_eq!(store.latest_checkpoint("job").unwrap(), None);
+}
+
+#[test]
+fn large_parts_go_in_chunks_in_memory() {
+    chunked_parts_round_trip(&Store::in_memory().with_chunk_bytes(10));
+}
+
+#[test]
+fn large_parts_go_in_chunks_in_rocksdb() {
+    let dir = tempfile::tempdir().unwrap();
+    chunked_parts_round_trip(&Store::open(dir.path()).unwrap().with_chunk_bytes(10));
+}
+
+/// Memory whose next synced write fails (once), after its ahead writes
+/// went through: a checkpoint that failed half-way.
+#[derive(Default)]
+struct FailingFinalWrite {
+    inner: MemoryKv,
+    fail_next: std::sync::atomic::AtomicBool,
+}
+
+impl Kv for FailingFinalWrite {
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        self.inner.get(key)
+    }
+
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        self.inner.scan(prefix)
+    }
+
+    fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
+        if self
+            .fail_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Backend("disk full".into()));
+        }
+        self.inner.write(puts, deletes)
+    }
+
+    fn write_ahead(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<Deletion>,
+    ) -> Result<(), StoreError> {
+        self.inner.write(puts, deletes)
+    }
+}
+
+/// A checkpoint whose final write failed left five chunks under the
+/// version the retry writes again with two: the retry reads back its own
+/// two, not seven or five.
+#[test]
+fn chunks_a_failed_checkpoint_left_do_not_join_the_retry() {
+    let kv = FailingFinalWrite::default();
+    kv.fail_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let store = Store::new(kv).with_chunk_bytes(10);
+    let error = store
+        .checkpoint("job", vec![("big".into(), numbered_bytes(45, 1))])
+        .unwrap_err();
+    assert!(error.to_string().contains("disk full"), "{error}");
+    assert_eq!(store.latest_checkpoint("job").unwrap(), None);
+    assert_eq!(
+        keys(&store, "p/job/").len(),
+        5,
+        "the failed attempt's chunks"
+    );
+
+    let retried = numbered_bytes(15, 2);
+    let stats = store
+        .checkpoint("job", vec![("big".into(), retried.clone())])
+        .unwrap();
+    assert_eq!(stats.id, 1);
+    assert_eq!(
+        store.latest_checkpoint("job").unwrap().unwrap().parts,
+        vec![("big".to_string(), retried)]
+    );
+    assert_eq!(keys(&store, "p/job/").len(), 2);
+}
+
 /// Environment variable that turns [`checkpoint_writer_child`] on.
 const CHILD_DIR: &str = "REFRACT_STORE_CHILD_DIR";
 
-/// The content of part `name` at checkpoint `id`: large enough that a
-/// checkpoint takes a while, so kills land inside writes too.
-fn part_bytes(name: &str, id: u64) -> Bytes {
+/// The chunk size the child writes with: most of its parts go in chunks.
+const CHILD_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The content of part `name` at checkpoint `id` as the child process
+/// `writer` writes it: `{name}:{id}:` then one fill byte (the writer's) up
+/// to a size that varies with `id` and the writer (32 KiB, written whole,
+/// to 288 KiB, in 5 chunks). Large enough that a checkpoint takes a while,
+/// so kills land inside writes too; a checkpoint may have fewer chunks than
+/// the attempt a kill cut at the same version, and a chunk left from that
+/// attempt would show as another writer's fill.
+fn part_bytes(name: &str, id: u64, writer: u32) -> Bytes {
     let mut data = format!("{name}:{id}:").into_bytes();
-    data.resize(256 * 1024, (id % 251) as u8);
+    let size = 32 * 1024 * (1 + (id as usize + writer as usize) % 9);
+    data.resize(size, (writer % 251) as u8);
     Bytes::from(data)
+}
+
+/// Whether `data` is part `name` of checkpoint `id` as one writer wrote it.
+fn is_whole_part(data: &[u8], name: &str, id: u64) -> bool {
+    let header = format!("{name}:{id}:");
+    let Some(fill) = data.strip_prefix(header.as_bytes()) else {
+        return false;
+    };
+    data.len().is_multiple_of(32 * 1024) && fill.iter().all(|b| Some(b) == fill.first())
 }
 
 /// Not a test on its own: run by [`torn_writes_fall_back_to_the_previous_checkpoint`]
@@ -148,18 +306,21 @@ fn checkpoint_writer_child() {
     let Some(dir) = std::env::var_os(CHILD_DIR) else {
         return;
     };
-    let store = Store::open(std::path::Path::new(&dir)).unwrap();
+    let store = Store::open(std::path::Path::new(&dir))
+        .unwrap()
+        .with_chunk_bytes(CHILD_CHUNK_BYTES);
     let start = store.latest_checkpoint("job").unwrap().map_or(0, |c| c.id);
     for id in start + 1.. {
         // `slow` changes every third checkpoint only (an unchanged part).
         let slow_id = id - id % 3;
+        let writer = std::process::id();
         store
             .checkpoint(
                 "job",
                 vec![
-                    ("a".to_string(), part_bytes("a", id)),
-                    ("b".to_string(), part_bytes("b", id)),
-                    ("slow".to_string(), part_bytes("slow", slow_id)),
+                    ("a".to_string(), part_bytes("a", id, writer)),
+                    ("b".to_string(), part_bytes("b", id, writer)),
+                    ("slow".to_string(), part_bytes("slow", slow_id, writer)),
                 ],
             )
             .unwrap();
@@ -196,12 +357,16 @@ fn torn_writes_fall_back_to_the_previous_checkpoint() {
         let id = latest.id;
         assert!(id >= last_id, "checkpoint went back from {last_id} to {id}");
         last_id = id;
-        let expected = vec![
-            ("a".to_string(), part_bytes("a", id)),
-            ("b".to_string(), part_bytes("b", id)),
-            ("slow".to_string(), part_bytes("slow", id - id % 3)),
-        ];
-        assert!(latest.parts == expected, "checkpoint {id} is not whole");
+        let names: Vec<&str> = latest.parts.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "slow"]);
+        for (name, data) in &latest.parts {
+            let part_id = if name == "slow" { id - id % 3 } else { id };
+            assert!(
+                is_whole_part(data, name, part_id),
+                "checkpoint {id}: part {name} is not whole ({} bytes)",
+                data.len()
+            );
+        }
     }
     assert!(last_id > 0, "the child never completed a checkpoint");
 }
