@@ -130,12 +130,14 @@ fn chunk_key(job: &str, part: &str, version: u64, chunk: usize) -> Vec<u8> {
     format!("p/{job}/{part}/{version:020}/{chunk:08}").into_bytes()
 }
 
-/// Deletes a part's version, whole or in chunks.
-fn part_deletions(job: &str, part: &str, version: u64) -> [Deletion; 2] {
-    [
-        Deletion::Key(part_key(job, part, version)),
-        Deletion::Prefix(chunk_prefix(job, part, version)),
-    ]
+/// Deletes a part's version as the manifest names it: its key, or its
+/// chunks (one range delete, whatever their number).
+fn part_deletion(job: &str, part: &PartRef) -> Deletion {
+    if part.chunks == 0 {
+        Deletion::Key(part_key(job, &part.name, part.version))
+    } else {
+        Deletion::Prefix(chunk_prefix(job, &part.name, part.version))
+    }
 }
 
 impl Store {
@@ -244,18 +246,20 @@ impl Store {
                 Some(p) if p.digest == digest => refs.push((*p).clone()),
                 unchanged_or_new => {
                     if let Some(p) = unchanged_or_new {
-                        deletes.extend(part_deletions(job, &name, p.version));
+                        deletes.push(part_deletion(job, p));
                     }
                     bytes_written += data.len() as u64;
-                    if data.len() > self.chunk_bytes {
-                        self.write_chunks_ahead(job, &name, id, data)?;
+                    let chunks = if data.len() > self.chunk_bytes {
+                        self.write_chunks_ahead(job, &name, id, data)?
                     } else {
                         puts.push((part_key(job, &name, id), data));
-                    }
+                        0
+                    };
                     refs.push(PartRef {
                         name: name.clone(),
                         version: id,
                         digest,
+                        chunks,
                     });
                 }
             }
@@ -263,7 +267,7 @@ impl Store {
         }
         for (name, p) in &old {
             if !names.contains(*name) {
-                deletes.extend(part_deletions(job, name, p.version));
+                deletes.push(part_deletion(job, p));
             }
         }
         let manifest = Manifest { id, parts: refs };
@@ -284,17 +288,22 @@ impl Store {
     }
 
     /// Writes `data`, part `name` of checkpoint `id`, as chunks ahead of
-    /// the checkpoint's own write, a few chunks per write. First goes
-    /// whatever an attempt at the same checkpoint that failed (or a crash)
-    /// left under that version: a read would take its extra chunks.
+    /// the checkpoint's own write, a few chunks per write, and returns how
+    /// many. First go the chunks an attempt at the same checkpoint that
+    /// failed (or a crash) may have left under that version: the part's
+    /// chunks are read by prefix, and would include them.
     fn write_chunks_ahead(
         &self,
         job: &str,
         name: &str,
         id: u64,
         data: Bytes,
-    ) -> Result<(), StoreError> {
-        let mut deletes = part_deletions(job, name, id).to_vec();
+    ) -> Result<u32, StoreError> {
+        let count = data.len().div_ceil(self.chunk_bytes);
+        let count = u32::try_from(count).map_err(|_| {
+            StoreError::Backend(format!("part '{name}' has too many chunks ({count})"))
+        })?;
+        let mut deletes = vec![Deletion::Prefix(chunk_prefix(job, name, id))];
         let mut puts = Vec::with_capacity(CHUNKS_PER_WRITE);
         for (n, start) in (0..data.len()).step_by(self.chunk_bytes).enumerate() {
             let end = (start + self.chunk_bytes).min(data.len());
@@ -307,21 +316,29 @@ impl Store {
         if !puts.is_empty() || !deletes.is_empty() {
             self.kv.write_ahead(puts, deletes)?;
         }
-        Ok(())
+        Ok(count)
     }
 
     /// The bytes of part `p` of `job`'s checkpoint `id`, whole or from its
     /// chunks.
     fn read_part(&self, job: &str, id: u64, p: &PartRef) -> Result<Bytes, StoreError> {
-        if let Some(data) = self.kv.get(&part_key(job, &p.name, p.version))? {
-            return Ok(data);
+        let missing = |what: String| StoreError::Corrupt {
+            what: format!("checkpoint {id} of job {job}"),
+            why: format!("part '{}' (version {}) {what}", p.name, p.version),
+        };
+        if p.chunks == 0 {
+            return self
+                .kv
+                .get(&part_key(job, &p.name, p.version))?
+                .ok_or_else(|| missing("is missing".into()));
         }
         let chunks = self.kv.scan(&chunk_prefix(job, &p.name, p.version))?;
-        if chunks.is_empty() {
-            return Err(StoreError::Corrupt {
-                what: format!("checkpoint {id} of job {job}"),
-                why: format!("part '{}' (version {}) is missing", p.name, p.version),
-            });
+        if chunks.len() != p.chunks as usize {
+            return Err(missing(format!(
+                "has {} chunks, not {}",
+                chunks.len(),
+                p.chunks
+            )));
         }
         let mut data = bytes::BytesMut::with_capacity(chunks.iter().map(|(_, c)| c.len()).sum());
         for (_, chunk) in chunks {

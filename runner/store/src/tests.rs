@@ -269,6 +269,30 @@ fn chunks_a_failed_checkpoint_left_do_not_join_the_retry() {
     assert_eq!(keys(&store, "p/job/").len(), 2);
 }
 
+/// The manifest says how many chunks a part has: one gone is reported,
+/// not read as a shorter part.
+#[test]
+fn a_lost_chunk_is_reported_not_misread() {
+    let store = Store::in_memory().with_chunk_bytes(10);
+    store
+        .checkpoint("job", vec![("big".into(), numbered_bytes(25, 1))])
+        .unwrap();
+    store
+        .kv
+        .write(
+            Vec::new(),
+            vec![Deletion::Key(
+                b"p/job/big/00000000000000000001/00000002".to_vec(),
+            )],
+        )
+        .unwrap();
+    let error = store.latest_checkpoint("job").unwrap_err().to_string();
+    assert!(
+        error.contains("part 'big' (version 1) has 2 chunks, not 3"),
+        "{error}"
+    );
+}
+
 /// Environment variable that turns [`checkpoint_writer_child`] on.
 const CHILD_DIR: &str = "REFRACT_STORE_CHILD_DIR";
 
