@@ -55,6 +55,16 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// The entries whose keys start with `prefix`, in key order.
+fn under<'a>(
+    entries: &'a BTreeMap<Vec<u8>, Bytes>,
+    prefix: &'a [u8],
+) -> impl Iterator<Item = (&'a Vec<u8>, &'a Bytes)> {
+    entries
+        .range(prefix.to_vec()..)
+        .take_while(move |(k, _)| k.starts_with(prefix))
+}
+
 /// Keys in memory: for tests and for servers without a state directory.
 #[derive(Debug, Default)]
 pub struct MemoryKv {
@@ -67,11 +77,7 @@ impl Kv for MemoryKv {
     }
 
     fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
-        Ok(self
-            .entries
-            .lock()
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
+        Ok(under(&self.entries.lock(), prefix)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
@@ -84,11 +90,8 @@ impl Kv for MemoryKv {
                     entries.remove(&k);
                 }
                 Deletion::Prefix(prefix) => {
-                    let doomed: Vec<Vec<u8>> = entries
-                        .range(prefix.clone()..)
-                        .take_while(|(k, _)| k.starts_with(&prefix))
-                        .map(|(k, _)| k.clone())
-                        .collect();
+                    let doomed: Vec<Vec<u8>> =
+                        under(&entries, &prefix).map(|(k, _)| k.clone()).collect();
                     for k in doomed {
                         entries.remove(&k);
                     }

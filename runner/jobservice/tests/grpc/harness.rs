@@ -467,7 +467,9 @@ pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<S
 }
 
 /// The states a state stream sends, to its end.
-async fn read_states(stream: &mut Streaming<refract_proto::job_api::JobStateEvent>) -> Vec<State> {
+pub async fn read_states(
+    stream: &mut Streaming<refract_proto::job_api::JobStateEvent>,
+) -> Vec<State> {
     drain(stream)
         .await
         .unwrap()

@@ -185,12 +185,7 @@ async fn successful_job_streams_states_messages_and_metrics() {
         .into_inner();
     assert_eq!(run.job_id, id);
 
-    let rest: Vec<State> = drain(&mut states)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect();
+    let rest = read_states(&mut states).await;
     assert_eq!(rest, [State::Starting, State::Running, State::Done]);
     let messages = describe_messages(&drain(&mut messages).await.unwrap());
     assert_eq!(
@@ -325,6 +320,14 @@ async fn failed_job_sends_error_text_before_failed() {
     server.shutdown().await.unwrap();
 }
 
+/// `message` as the Python client sends it: with its
+/// `--job_server_timeout` (300 s by default) as the call's deadline.
+fn with_deadline<T>(message: T) -> refract_proto::tonic::Request<T> {
+    let mut request = refract_proto::tonic::Request::new(message);
+    request.set_timeout(std::time::Duration::from_secs(300));
+    request
+}
+
 /// Python's `PortableRunner` subscribes before Run with its
 /// `--job_server_timeout` as deadline and, when refused, subscribes again
 /// after Run without one; the refusal is what lets a job outlive that
@@ -336,24 +339,21 @@ async fn a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_afte
     let mut jobs = server.jobs().await;
     let id = prepare_impulse_job(&mut jobs, "fail").await;
 
-    let with_deadline = |job_id: &str| {
-        let mut request = refract_proto::tonic::Request::new(GetJobStateRequest {
-            job_id: job_id.to_owned(),
-        });
-        request.set_timeout(std::time::Duration::from_secs(300));
-        request
-    };
-    let refused = jobs.get_state_stream(with_deadline(&id)).await.unwrap_err();
+    let state_request = || GetJobStateRequest { job_id: id.clone() };
+    let refused = jobs
+        .get_state_stream(with_deadline(state_request()))
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(
         refused.message().contains("subscribe after Run"),
         "{}",
         refused.message()
     );
-    let mut messages_request =
-        refract_proto::tonic::Request::new(JobMessagesRequest { job_id: id.clone() });
-    messages_request.set_timeout(std::time::Duration::from_secs(300));
-    let refused = jobs.get_message_stream(messages_request).await.unwrap_err();
+    let refused = jobs
+        .get_message_stream(with_deadline(JobMessagesRequest { job_id: id.clone() }))
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
 
     jobs.run(RunJobRequest {
@@ -367,7 +367,7 @@ async fn a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_afte
 
     // After Run a deadline is the client's choice, and is served.
     assert_eq!(
-        states_to_end(&mut jobs, with_deadline(&id)).await,
+        states_to_end(&mut jobs, with_deadline(state_request())).await,
         [State::Failed]
     );
     let messages = messages_to_end(&mut jobs, &id).await;
@@ -413,12 +413,7 @@ async fn cancel_running_and_prepared_jobs() {
         "{:?}",
         cancelled.state()
     );
-    let rest: Vec<State> = drain(&mut states)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect();
+    let rest = read_states(&mut states).await;
     assert_eq!(rest, [State::Cancelling, State::Cancelled]);
     // Cancelling a finished job reports its final state.
     let again = jobs

@@ -261,12 +261,7 @@ async fn unknown_token_and_client_abort_are_handled() {
         .unwrap()
         .into_inner();
     // The server may notice the abort only after the subscription.
-    let seen: Vec<State> = drain(&mut states)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect();
+    let seen = read_states(&mut states).await;
     assert_eq!(seen.last(), Some(&State::Failed), "{seen:?}");
     server.shutdown().await.unwrap();
 }
