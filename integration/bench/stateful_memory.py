@@ -10,7 +10,9 @@ runner's resident set size every half second. The report: the job's wall
 time and final state, and the runner's peak RSS against the state's size.
 `--mode streaming` submits the same pipeline with --streaming;
 `--checkpointed` gives the server a `--state_dir` (see docs/architecture.md,
-"Spilling bag state", for when bags spill).
+"Spilling bag state", for where bags spill), and the report then says how
+many checkpoints were written and their size (from the checkpoint writer's
+debug log lines, which it turns on with REFRACT_LOG).
 
     integration/bench/stateful_memory.py --bin target/release/refract \\
         [--total_mb 256] [--value_kb 1] [--keys 100000] [--memory_budget 128m] \\
@@ -19,6 +21,7 @@ time and final state, and the runner's peak RSS against the state's size.
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 
@@ -45,6 +48,7 @@ def main():
   extra = ['--memory_budget', args.memory_budget, '--serve_http=false']
   if args.checkpointed:
     extra += ['--state_dir', os.path.join(work, 'state')]
+    os.environ.setdefault('REFRACT_LOG', 'info,refract::durability=debug')
   server = RefractServer(
       os.path.abspath(args.bin), os.path.join(work, 'refract.log'),
       port=free_port(),
@@ -61,6 +65,14 @@ def main():
     print('RSS MiB every 0.5 s:',
           ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
   state = final_state(run)
+  if args.checkpointed:
+    with open(os.path.join(work, 'refract.log'), errors='replace') as f:
+      written = [l for l in f if 'checkpoint written' in l]
+    sizes = [int(m.group(1)) for m in
+             (re.search(r'\bbytes_written=(\d+)', l) for l in written) if m]
+    print('checkpoints written: %d, %.1f MiB in all, largest %.1f MiB'
+          % (len(written), sum(sizes) / (1 << 20),
+             max(sizes or [0]) / (1 << 20)))
   print('Bag state of %d MiB (%d KiB values, %d keys, %s%s), --memory_budget '
         '%s: %s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
         % (args.total_mb, args.value_kb, args.keys, args.mode,

@@ -9,9 +9,16 @@ sums them in state, and emits its totals from an event-time timer at the
 end of the window. A sink writes one file per (window, key) — named after
 them, so writing it again writes the same file.
 
+With --keep_all_kb K, a second stateful DoFn keeps every number with K KiB
+of ballast in one bag per key in the global window, read back when the
+input ends: state that grows through the whole job (past a stage's share of
+a small --memory_budget, so it goes to disk beside the checkpoints), which
+must hold each number exactly once, whole, however often the runner was
+killed. It writes `all-KEY.json`.
+
     python recovery_pipeline.py --job_endpoint HOST:PORT --output DIR
         --events N --boot PATH/python_boot.sh [--experiments E ...]
-        [--per_step K --pause SECONDS]
+        [--per_step K --pause SECONDS] [--keep_all_kb K]
 
 prints the job id and exits without waiting for the job.
 """
@@ -111,6 +118,63 @@ class DedupCount(beam.DoFn):
     yield (int(w.start), key, count.read() or 0, total.read() or 0)
 
 
+def ballast(number, kb):
+  """`kb` KiB that say which number they belong to."""
+  return number.to_bytes(4, 'big') * (kb * 256)
+
+
+class KeepAll(beam.DoFn):
+  """Per key: every number with its ballast, in one bag until the end of
+  the global window; then the count, sum and distinct count of what the
+  bag holds (failing on a ballast that is not its number's)."""
+  ALL = userstate.BagStateSpec('all', VarIntCoder())
+  BALLAST = userstate.BagStateSpec('ballast', beam.coders.BytesCoder())
+  END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
+
+  def __init__(self, kb):
+    self.kb = kb
+
+  def process(
+      self,
+      kv,
+      w=beam.DoFn.WindowParam,
+      numbers=beam.DoFn.StateParam(ALL),
+      ballasts=beam.DoFn.StateParam(BALLAST),
+      end=beam.DoFn.TimerParam(END)):
+    _, number = kv
+    numbers.add(number)
+    ballasts.add(ballast(number, self.kb))
+    end.set(w.max_timestamp())
+
+  @userstate.on_timer(END)
+  def emit(
+      self,
+      key=beam.DoFn.KeyParam,
+      numbers=beam.DoFn.StateParam(ALL),
+      ballasts=beam.DoFn.StateParam(BALLAST)):
+    kept = list(numbers.read())
+    weighed = 0
+    for value, number in zip(ballasts.read(), kept):
+      if value != ballast(number, self.kb):
+        raise ValueError('the ballast of %d came back wrong' % number)
+      weighed += 1
+    if weighed != len(kept):
+      raise ValueError('%d numbers, %d ballasts' % (len(kept), weighed))
+    yield key, len(kept), sum(kept), len(set(kept))
+
+
+class WriteAll(beam.DoFn):
+  def __init__(self, output):
+    self.output = output
+
+  def process(self, result):
+    key, count, total, distinct = result
+    path = os.path.join(self.output, 'all-%d.json' % key)
+    with open(path + '.tmp', 'w') as f:
+      json.dump({'count': count, 'total': total, 'distinct': distinct}, f)
+    os.replace(path + '.tmp', path)
+
+
 class WriteResult(beam.DoFn):
   def __init__(self, output):
     self.output = output
@@ -133,6 +197,7 @@ def main():
   parser.add_argument('--experiments', action='append', default=[])
   parser.add_argument('--per_step', type=int, default=PER_STEP)
   parser.add_argument('--pause', type=float, default=0.05)
+  parser.add_argument('--keep_all_kb', type=int, default=0)
   args = parser.parse_args()
   options = PipelineOptions([
       '--runner=PortableRunner',
@@ -142,11 +207,18 @@ def main():
       '--environment_config=' + json.dumps({'command': args.boot}),
   ] + ['--experiments=' + e for e in args.experiments])
   p = beam.Pipeline(options=options)
-  _ = (
+  keyed = (
       p
       | beam.Create([args.events])
       | 'Events' >> beam.ParDo(NumberedEvents(args.per_step, args.pause))
-      | 'Key' >> beam.Map(lambda i: (i % 3, i))
+      | 'Key' >> beam.Map(lambda i: (i % 3, i)))
+  if args.keep_all_kb:
+    _ = (
+        keyed
+        | 'KeepAll' >> beam.ParDo(KeepAll(args.keep_all_kb))
+        | 'WriteAll' >> beam.ParDo(WriteAll(args.output)))
+  _ = (
+      keyed
       | beam.WindowInto(window.FixedWindows(1))
       | 'DedupCount' >> beam.ParDo(DedupCount())
       | 'Write' >> beam.ParDo(WriteResult(args.output)))

@@ -14,6 +14,7 @@ the pipeline started again from it.
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def expected_results(events):
 def read_results(output):
   results = {}
   for name in os.listdir(output):
-    if not name.endswith('.json'):
+    if not name.endswith('.json') or name.startswith('all-'):
       continue
     start, key = name[:-len('.json')].split('-')
     with open(os.path.join(output, name)) as f:
@@ -55,10 +56,31 @@ def read_results(output):
   return results
 
 
-def submit(endpoint, output, *experiments, events=EVENTS):
+def expected_kept(events):
+  """key -> what KeepAll reports: every number of the key, once."""
+  kept = {}
+  for i in range(events):
+    k = kept.setdefault(i % 3, {'count': 0, 'total': 0, 'distinct': 0})
+    k['count'] += 1
+    k['distinct'] += 1
+    k['total'] += i
+  return kept
+
+
+def read_kept(output):
+  kept = {}
+  for name in os.listdir(output):
+    if name.startswith('all-') and name.endswith('.json'):
+      with open(os.path.join(output, name)) as f:
+        kept[int(name[len('all-'):-len('.json')])] = json.load(f)
+  return kept
+
+
+def submit(endpoint, output, *experiments, events=EVENTS, keep_all_kb=0):
   done = subprocess.run([
       sys.executable, PIPELINE, '--job_endpoint', endpoint, '--output',
-      str(output), '--events', str(events), '--boot', BOOT
+      str(output), '--events', str(events), '--boot', BOOT,
+      '--keep_all_kb', str(keep_all_kb)
   ] + ['--experiments=' + e for e in experiments],
                         capture_output=True,
                         text=True,
@@ -100,7 +122,8 @@ def wait_for_results(output, server, timeout_s=60):
     time.sleep(0.1)
 
 
-def durable_server(refract_bin, state_dir, port, log, interval='200ms'):
+def durable_server(refract_bin, state_dir, port, log, interval='200ms',
+                   extra=()):
   return RefractServer(
       refract_bin,
       log,
@@ -108,7 +131,7 @@ def durable_server(refract_bin, state_dir, port, log, interval='200ms'):
       extra_args=[
           '--state_dir', state_dir, '--checkpoint_interval', interval,
           '--serve_http=false'
-      ]).wait_ready()
+      ] + list(extra)).wait_ready()
 
 
 def kill_group(server):
@@ -120,13 +143,14 @@ def kill_group(server):
 
 
 def kill_and_restart(servers, refract_bin, state_dir, port, log,
-                     interval='200ms'):
+                     interval='200ms', extra=()):
   """SIGKILLs the latest server and its workers, and starts another on the
   same state directory and port."""
   servers[-1].proc.send_signal(signal.SIGKILL)
   servers[-1].proc.wait()
   kill_group(servers[-1])
-  servers.append(durable_server(refract_bin, state_dir, port, log, interval))
+  servers.append(
+      durable_server(refract_bin, state_dir, port, log, interval, extra))
 
 
 def submitted_job(request, refract_bin, tmp_path):
@@ -154,10 +178,17 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
   assert read_results(output) == expected_results(EVENTS)
 
 
-# '0s': a checkpoint after every commit (group commit).
-@pytest.mark.parametrize('interval', ['200ms', '0s'])
+# '0s': a checkpoint after every commit (group commit). 'state_on_disk': a
+# bag per key that grows through the job to 1200 x 16 KiB, past the 4 MiB
+# share a 4m budget gives its stage, so it goes to disk beside the
+# checkpoints, which name it there; it must come back whole after each kill.
+@pytest.mark.parametrize(
+    'interval,keep_all_kb,extra',
+    [('200ms', 0, []), ('0s', 0, []),
+     ('200ms', 16, ['--memory_budget', '4m'])],
+    ids=['200ms', '0s', 'state_on_disk'])
 def test_runner_killed_and_restarted_gives_the_same_results(
-    request, refract_bin, tmp_path, interval):
+    request, refract_bin, tmp_path, interval, keep_all_kb, extra):
   output = tmp_path / 'out'
   output.mkdir()
   state_dir = tmp_path / 'state'
@@ -167,11 +198,12 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   events = 3 * EVENTS
   servers = [
       durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log',
-                     interval)
+                     interval, extra)
   ]
   request.node.refract_processes = servers
   try:
-    job = submit(servers[-1].endpoint, output, events=events)
+    job = submit(servers[-1].endpoint, output, events=events,
+                 keep_all_kb=keep_all_kb)
     wait_for_results(output, servers[-1])
     kills = 0
     for attempt in range(3):
@@ -181,7 +213,8 @@ def test_runner_killed_and_restarted_gives_the_same_results(
         assert state == 'DONE', servers[-1].log_tail()
         break
       kill_and_restart(servers, refract_bin, state_dir, port,
-                       tmp_path / ('refract-%d.log' % (attempt + 1)), interval)
+                       tmp_path / ('refract-%d.log' % (attempt + 1)), interval,
+                       extra)
       kills += 1
     assert kills > 0, 'the job ended before the first kill'
     state = wait_for_end(servers[-1], job)
@@ -189,11 +222,18 @@ def test_runner_killed_and_restarted_gives_the_same_results(
     assert 'resuming from the job' in servers[-1].log_tail(200000)
     # Metrics are checkpointed with the state: none lost, none twice.
     assert distinct_events(servers[-1].endpoint, job) == events
+    last_log = servers[-1].log_tail(1 << 20)
   finally:
     for s in servers:
       s.stop()
       kill_group(s)
   assert read_results(output) == expected_results(events)
+  if keep_all_kb:
+    assert read_kept(output) == expected_kept(events)
+    # The last server, too, moved bags to disk past the stage's share.
+    finished = [l for l in last_log.splitlines() if 'engine finished' in l]
+    spilled = re.search(r'\bstate_spilled_bytes=(\d+)', finished[-1] if finished else '')
+    assert spilled and int(spilled.group(1)) > 0, finished
 
 
 def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):

@@ -158,6 +158,15 @@ impl Durability {
         Ok(self.store.remove_job(job_id)?)
     }
 
+    /// Where `job_id`'s engine keeps user state beside its checkpoints
+    /// ([`refract_engine::manager::Engine::with_durable_state`]).
+    pub fn state_store(&self, job_id: &str) -> Arc<dyn refract_engine::spill::SpillStore> {
+        Arc::new(crate::durable_state::DurableStateStore::new(
+            self.store.clone(),
+            job_id,
+        ))
+    }
+
     /// `job_id`'s latest checkpoint.
     pub fn latest_checkpoint(&self, job_id: &str) -> Result<Option<Checkpoint>, DurabilityError> {
         Ok(self.store.latest_checkpoint(job_id)?)

@@ -592,6 +592,11 @@ async fn run_job(
         .with_drain(job.drain_requested())
         .with_stats(stats);
         if let Some(store) = spill.clone() {
+            if let Some(durability) = &durability {
+                // Bags past their share go beside the checkpoints, which
+                // name them: a checkpointed job's state may outgrow memory.
+                engine = engine.with_durable_state(durability.state_store(job.id()));
+            }
             // A GroupByKey may hold a stage's share of the budget before it
             // spills (without a budget, the engine's queue bound).
             engine = engine

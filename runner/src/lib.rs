@@ -6,6 +6,7 @@ pub mod activity;
 pub mod cli;
 pub mod client;
 pub mod durability;
+pub mod durable_state;
 pub(crate) mod harness_executor;
 pub mod insights;
 pub mod job_runner;

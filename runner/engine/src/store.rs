@@ -27,6 +27,7 @@ mod bag_spill;
 #[cfg(test)]
 mod bag_spill_tests;
 use bag_spill::BagSpill;
+pub(crate) use bag_spill::SpilledBags;
 
 /// (consumer transform, side input tag, encoded window).
 type SideInputWindow = (String, String, Bytes);
@@ -319,11 +320,6 @@ impl UserStateStore {
     /// What a checkpoint keeps: every cell, sorted, spilled bags read
     /// back.
     pub(crate) fn snapshot(&self) -> Result<UserStateSnapshot, SpillError> {
-        fn sorted<V: Clone>(map: &HashMap<CellId, V>) -> Vec<(CellId, V)> {
-            let mut cells: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            cells.sort_by(|a, b| a.0.cmp(&b.0));
-            cells
-        }
         let mut bags = self.bags.clone();
         if let Some(spill) = &self.bag_spill {
             for (id, mut chunks) in spill.read_back()? {
@@ -338,25 +334,86 @@ impl UserStateStore {
         })
     }
 
-    /// Puts back the cells a checkpoint kept (registered coders stay), and
-    /// spills bags again if they are more than memory allows.
-    pub(crate) fn restore(&mut self, snapshot: UserStateSnapshot) -> Result<(), SpillError> {
+    /// What checkpoint `number` (counting those sent to be written) keeps:
+    /// as [`Self::snapshot`], except that bags on a durable store are named,
+    /// not copied (the second half; see `bag_spill`).
+    pub(crate) fn checkpoint(
+        &mut self,
+        number: u64,
+    ) -> Result<(UserStateSnapshot, Option<SpilledBags>), SpillError> {
+        match &mut self.bag_spill {
+            Some(spill) if spill.is_durable() => {
+                let spilled = spill.checkpoint(number);
+                let snapshot = UserStateSnapshot {
+                    bags: sorted(&self.bags),
+                    ordered_lists: sorted(&self.ordered_lists),
+                    multimaps: sorted(&self.multimaps),
+                };
+                Ok((snapshot, Some(spilled)))
+            }
+            _ => Ok((self.snapshot()?, None)),
+        }
+    }
+
+    /// Checkpoints up to `number` are durable: the parts of bags cleared
+    /// before them may go.
+    pub(crate) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
+        match &mut self.bag_spill {
+            Some(spill) => spill.checkpoint_durable(number),
+            None => Ok(()),
+        }
+    }
+
+    /// Puts back the cells a checkpoint kept (registered coders stay) —
+    /// with `spilled`, the bags it named on the durable store — and spills
+    /// bags again if they are more than memory allows.
+    pub(crate) fn restore(
+        &mut self,
+        snapshot: UserStateSnapshot,
+        spilled: Option<SpilledBags>,
+    ) -> Result<(), SpillError> {
         self.bags = snapshot.bags.into_iter().collect();
         self.ordered_lists = snapshot.ordered_lists.into_iter().collect();
         self.multimaps = snapshot.multimaps.into_iter().collect();
+        match &mut self.bag_spill {
+            Some(spill) if spill.is_durable() => spill.restore(spilled)?,
+            other => {
+                if spilled.as_ref().is_some_and(SpilledBags::names_bags) {
+                    return Err(SpillError(
+                        "the checkpoint names user state kept beside it, and this run keeps \
+                         none (was it taken by a server with --state_dir?)"
+                            .into(),
+                    ));
+                }
+                if let Some(spill) = other {
+                    spill.clear()?;
+                }
+            }
+        }
         self.windows.clear();
+        let on_disk_only = self
+            .bag_spill
+            .iter()
+            .flat_map(|s| s.cells())
+            .filter(|id| !self.bags.contains_key(*id));
         let cells = (self.bags.keys())
+            .chain(on_disk_only)
             .chain(self.ordered_lists.keys())
             .chain(self.multimaps.keys());
         for (_, _, window, _) in cells {
             *self.windows.entry(window.clone()).or_default() += 1;
         }
         self.bag_bytes = self.bags.values().flatten().map(Bytes::len).sum();
-        if let Some(spill) = &mut self.bag_spill {
-            spill.clear()?;
-        }
         self.maybe_spill_bags()
     }
+}
+
+/// `map`'s cells, sorted (a checkpoint part's bytes must not depend on a
+/// hash map's order).
+fn sorted<V: Clone>(map: &HashMap<CellId, V>) -> Vec<(CellId, V)> {
+    let mut cells: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    cells.sort_by(|a, b| a.0.cmp(&b.0));
+    cells
 }
 
 /// The cell `id` of `cells`, made empty if new, and whether it was there.
@@ -407,7 +464,20 @@ impl UserStateStore {
     /// Lets the stage's bags spill to `store` under `prefix` once their
     /// values in memory pass `limit` bytes (see `bag_spill`).
     pub fn enable_bag_spill(&mut self, store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) {
-        self.bag_spill = Some(BagSpill::new(store, prefix, limit));
+        self.bag_spill = Some(BagSpill::scratch(store, prefix, limit));
+    }
+
+    /// Lets the stage's bags spill to durable `store` under `prefix` once
+    /// their values in memory pass `limit` bytes: checkpoints name what is
+    /// there instead of copying it, so state on disk does not hold periodic
+    /// checkpoints back (see `bag_spill`).
+    pub fn enable_durable_bag_spill(
+        &mut self,
+        store: Arc<dyn SpillStore>,
+        prefix: Vec<u8>,
+        limit: usize,
+    ) {
+        self.bag_spill = Some(BagSpill::durable(store, prefix, limit));
     }
 
     /// Keeps the stage's bags in memory after all, when the job turns out
@@ -438,6 +508,22 @@ impl UserStateStore {
     /// Whether some bag has parts on disk.
     pub fn has_spilled(&self) -> bool {
         self.bag_spill.as_ref().is_some_and(BagSpill::holds_data)
+    }
+
+    /// Whether some bag has parts on scratch disk, which a checkpoint would
+    /// have to read back.
+    pub fn holds_scratch_spill(&self) -> bool {
+        self.bag_spill
+            .as_ref()
+            .is_some_and(|s| s.holds_data() && !s.is_durable())
+    }
+
+    /// How many parts bags have on disk.
+    #[cfg(test)]
+    pub(crate) fn parts_on_disk(&self) -> usize {
+        self.bag_spill
+            .as_ref()
+            .map_or(0, |s| s.cells().map(|id| s.parts(id)).sum())
     }
 
     /// Bytes of bags written to disk so far.
@@ -1505,7 +1591,7 @@ mod tests {
         assert_eq!(asked(&us), [Bytes::from_static(b"b")]);
         let snapshot = us.lock().snapshot().unwrap();
         let restored = Mutex::new(UserStateStore::default());
-        restored.lock().restore(snapshot).unwrap();
+        restored.lock().restore(snapshot, None).unwrap();
         assert_eq!(asked(&restored), [Bytes::from_static(b"b")]);
         us.lock().retain_windows(|w| &w[..] != b"b").unwrap();
         assert!(us.lock().is_empty());

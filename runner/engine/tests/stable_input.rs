@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::crashes::{bundle_number, write_until, Writer};
 use common::sourced_plan;
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -32,6 +33,9 @@ use tokio::sync::{mpsc, watch};
 
 /// Elements the source emits per run.
 const ELEMENTS: i64 = 20;
+
+/// How long writing a checkpoint takes.
+const WRITE_TIME: Duration = Duration::from_millis(10);
 
 /// (bundle number, values) of committed bundles.
 type Commits = Arc<Mutex<Vec<(u64, Vec<i64>)>>>;
@@ -79,11 +83,7 @@ impl StageExecutor for Sdk {
                     }
                 }
                 self.seen.lock().extend(values.iter().copied());
-                let bundle = input
-                    .bundle_id
-                    .rsplit_once("-b")
-                    .and_then(|(_, n)| n.parse().ok())
-                    .expect("bundle ids end in -b<number>");
+                let bundle = bundle_number(&input);
                 let committed = self.committed.clone();
                 BundleOutput {
                     on_commit: Some(CommitAction::new(move || {
@@ -122,45 +122,6 @@ fn config() -> EngineConfig {
     }
 }
 
-/// How a test's checkpoint writer behaves.
-#[derive(Clone, Copy, Default)]
-struct Writer {
-    /// Keep the `n`th checkpoint and stop writing (a crash).
-    crash_at: Option<u64>,
-    /// The first `n` writes fail.
-    failing: u64,
-}
-
-/// A checkpoint writer that makes every checkpoint durable, as `writer`
-/// says. Writing takes a while, as on a disk, so bundles run meanwhile;
-/// the engine must not send the next checkpoint before this one's write
-/// has ended (durable or failed).
-async fn write_until(
-    mut checkpoints: mpsc::Receiver<Vec<(String, Bytes)>>,
-    progress: watch::Sender<CheckpointProgress>,
-    writer: Writer,
-) -> Option<Vec<(String, Bytes)>> {
-    let mut received = 0;
-    while let Some(parts) = checkpoints.recv().await {
-        received += 1;
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(
-            checkpoints.is_empty(),
-            "checkpoint {} was taken while checkpoint {received} was still being written",
-            received + 1
-        );
-        if received <= writer.failing {
-            progress.send_modify(|p| p.finished = received);
-            continue;
-        }
-        progress.send_replace(CheckpointProgress::all_durable(received));
-        if Some(received) == writer.crash_at {
-            return Some(parts);
-        }
-    }
-    None
-}
-
 /// Runs the plan with `writer`, crashing at its `crash_at`th checkpoint
 /// and finishing from it; returns the values the stable stage committed,
 /// in total.
@@ -173,7 +134,7 @@ async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
         .expect("a valid plan")
         .with_checkpoints(Duration::ZERO, tx, Some(progress));
     let first = tokio::spawn(engine.run(cancelled));
-    let kept = write_until(rx, report, writer).await;
+    let (_, kept) = write_until(rx, report, writer, WRITE_TIME).await;
     let _ = cancel.send(true);
     let finished_first = first.await.expect("no panic");
     let Some(parts) = kept else {
@@ -191,7 +152,7 @@ async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
         .expect("a valid plan")
         .with_checkpoints(Duration::ZERO, tx, Some(progress));
     engine.restore(&parts).expect("restores");
-    let writer = tokio::spawn(write_until(rx, report, Writer::default()));
+    let writer = tokio::spawn(write_until(rx, report, Writer::default(), WRITE_TIME));
     let (_cancel, cancelled) = watch::channel(false);
     engine
         .run(cancelled)

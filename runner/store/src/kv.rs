@@ -16,6 +16,9 @@ pub enum Deletion {
     /// Every key that starts with these bytes, without reading them (a
     /// large part's chunks, a job's parts). Not empty.
     Prefix(Vec<u8>),
+    /// Every key in `[from, to)`, without reading them (state a job keeps
+    /// outside its checkpoints that a restore found no checkpoint names).
+    Range(Vec<u8>, Vec<u8>),
 }
 
 /// Ordered keys with atomic multi-key writes: all a checkpoint needs.
@@ -24,6 +27,15 @@ pub trait Kv: Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError>;
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError>;
+    /// The entries with keys in `[from, to)`, in key order, stopping after
+    /// the first entry that brings the values read past `max_bytes` (so at
+    /// least one if any is there): a page of a range that may be large.
+    fn scan_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError>;
     /// Applies `deletes`, then `puts`, together and durably: after a crash
     /// either all of them are visible or none. Values are shared, not
     /// copied: a checkpoint part can be as large as a stage's user state.
@@ -44,7 +56,7 @@ pub trait Kv: Send + Sync {
 
 /// The first key after every key starting with `prefix` (`None`: no key
 /// is; the prefix is all `0xff`).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < u8::MAX {
@@ -65,6 +77,25 @@ fn under<'a>(
         .take_while(move |(k, _)| k.starts_with(prefix))
 }
 
+/// The first entries of `range`, up to the one whose value brings them
+/// past `max_bytes` (see [`Kv::scan_range`]).
+fn page_of(
+    range: impl Iterator<Item = Result<(Vec<u8>, Bytes), StoreError>>,
+    max_bytes: usize,
+) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+    let mut page = Vec::new();
+    let mut bytes = 0usize;
+    for entry in range {
+        let (key, value) = entry?;
+        bytes += value.len();
+        page.push((key, value));
+        if bytes > max_bytes {
+            break;
+        }
+    }
+    Ok(page)
+}
+
 /// Keys in memory: for tests and for servers without a state directory.
 #[derive(Debug, Default)]
 pub struct MemoryKv {
@@ -82,6 +113,28 @@ impl Kv for MemoryKv {
             .collect())
     }
 
+    fn scan_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        let entries = self.entries.lock();
+        let mut page = Vec::new();
+        let mut bytes = 0usize;
+        for (k, v) in entries
+            .range(from.to_vec()..)
+            .take_while(|(k, _)| k.as_slice() < to)
+        {
+            bytes += v.len();
+            page.push((k.clone(), v.clone()));
+            if bytes > max_bytes {
+                break;
+            }
+        }
+        Ok(page)
+    }
+
     fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
         let mut entries = self.entries.lock();
         for deletion in deletes {
@@ -92,6 +145,16 @@ impl Kv for MemoryKv {
                 Deletion::Prefix(prefix) => {
                     let doomed: Vec<Vec<u8>> =
                         under(&entries, &prefix).map(|(k, _)| k.clone()).collect();
+                    for k in doomed {
+                        entries.remove(&k);
+                    }
+                }
+                Deletion::Range(from, to) => {
+                    let doomed: Vec<Vec<u8>> = entries
+                        .range(from..)
+                        .take_while(|(k, _)| k.as_slice() < to.as_slice())
+                        .map(|(k, _)| k.clone())
+                        .collect();
                     for k in doomed {
                         entries.remove(&k);
                     }
@@ -177,6 +240,27 @@ impl Kv for RocksKv {
         Ok(out)
     }
 
+    fn scan_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        let mut options = rocksdb::ReadOptions::default();
+        options.set_iterate_upper_bound(to.to_vec());
+        let range = self
+            .db
+            .iterator_opt(
+                rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward),
+                options,
+            )
+            .map(|item| {
+                let (k, v) = item.map_err(backend)?;
+                Ok((k.to_vec(), Bytes::from(v.to_vec())))
+            });
+        page_of(range, max_bytes)
+    }
+
     fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
         self.write_batch(puts, deletes, true)
     }
@@ -213,6 +297,7 @@ impl RocksKv {
                         )))
                     }
                 },
+                Deletion::Range(from, to) => batch.delete_range(from, to),
             }
         }
         for (k, v) in &puts {

@@ -18,10 +18,18 @@
 //! two backends: [`MemoryKv`] (tests, and servers without `--state_dir`)
 //! and [`RocksKv`] (RocksDB, synced writes).
 //!
+//! A job may also keep state *beside* its checkpoints (user state too large
+//! for memory, [`Store::put_state`]): entries it writes once and deletes
+//! when no checkpoint needs them any more, which its checkpoint parts name
+//! instead of holding. They are written ahead like chunks, so the next
+//! checkpoint's synced write makes them durable with it, and they go with
+//! the job.
+//!
 //! Key layout: `j/{job}` the record; `m/{job}` the manifest;
 //! `p/{job}/{part}/{version}` a part's bytes at the checkpoint that wrote
 //! it — or, for a part larger than a chunk, `p/{job}/{part}/{version}/{n}`
-//! its chunks in order. A large part is written in chunks ahead of the
+//! its chunks in order; `s/{job}/{key}` the job's state beside its
+//! checkpoints. A large part is written in chunks ahead of the
 //! checkpoint's atomic write (under a version no manifest names yet, so a
 //! crash in between leaves the previous checkpoint whole), because one
 //! write of it would hold it twice more in memory — in the write batch and
@@ -113,6 +121,17 @@ fn job_key(job: &str) -> Vec<u8> {
     format!("j/{job}").into_bytes()
 }
 
+/// What every key of `job`'s state beside its checkpoints starts with.
+fn state_prefix(job: &str) -> Vec<u8> {
+    format!("s/{job}/").into_bytes()
+}
+
+fn state_key(job: &str, key: &[u8]) -> Vec<u8> {
+    let mut full = state_prefix(job);
+    full.extend_from_slice(key);
+    full
+}
+
 fn manifest_key(job: &str) -> Vec<u8> {
     format!("m/{job}").into_bytes()
 }
@@ -137,6 +156,17 @@ fn part_deletion(job: &str, part: &PartRef) -> Deletion {
         Deletion::Key(part_key(job, &part.name, part.version))
     } else {
         Deletion::Prefix(chunk_prefix(job, &part.name, part.version))
+    }
+}
+
+/// The full key that ends a range of `job`'s state at `to` (empty: the
+/// end of the job's state).
+fn state_range_end(job: &str, to: &[u8]) -> Result<Vec<u8>, StoreError> {
+    if to.is_empty() {
+        kv::prefix_end(&state_prefix(job))
+            .ok_or_else(|| StoreError::Backend(format!("job id {job:?} has no key range")))
+    } else {
+        Ok(state_key(job, to))
     }
 }
 
@@ -192,9 +222,50 @@ impl Store {
             Deletion::Key(job_key(job)),
             Deletion::Key(manifest_key(job)),
             Deletion::Prefix(format!("p/{job}/").into_bytes()),
+            Deletion::Prefix(state_prefix(job)),
         ];
         self.manifests.lock().remove(job);
         self.kv.write(Vec::new(), deletes)
+    }
+
+    /// Writes `entries` into `job`'s state beside its checkpoints, ahead:
+    /// visible at once, durable with the job's next checkpoint (which is
+    /// the only thing that may name them).
+    pub fn put_state(&self, job: &str, entries: Vec<(Vec<u8>, Bytes)>) -> Result<(), StoreError> {
+        let entries = entries
+            .into_iter()
+            .map(|(key, value)| (state_key(job, &key), value))
+            .collect();
+        self.kv.write_ahead(entries, Vec::new())
+    }
+
+    /// A page of `job`'s state beside its checkpoints: the entries with
+    /// keys in `[from, to)` (an empty `to`: to the end of the job's state),
+    /// stopping after the first that brings the values past `max_bytes`.
+    /// Keys are returned as [`Self::put_state`] was given them.
+    pub fn scan_state(
+        &self,
+        job: &str,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        let prefix = state_prefix(job);
+        let end = state_range_end(job, to)?;
+        let page = self.kv.scan_range(&state_key(job, from), &end, max_bytes)?;
+        Ok(page
+            .into_iter()
+            .map(|(key, value)| (key[prefix.len()..].to_vec(), value))
+            .collect())
+    }
+
+    /// Deletes the keys in `[from, to)` (an empty `to`: to the end) of
+    /// `job`'s state beside its checkpoints, ahead like
+    /// [`Self::put_state`]: a crash may undo it until the next checkpoint.
+    pub fn delete_state(&self, job: &str, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
+        let end = state_range_end(job, to)?;
+        self.kv
+            .write_ahead(Vec::new(), vec![Deletion::Range(state_key(job, from), end)])
     }
 
     /// The manifest of `job`'s latest checkpoint, from the cache or the

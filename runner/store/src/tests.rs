@@ -130,6 +130,88 @@ fn corrupt_manifests_are_reported_not_misread() {
 }
 
 /// The keys under `prefix`, as text.
+/// The keys of a page of `job`'s state beside its checkpoints.
+fn state_keys(store: &Store, job: &str, from: &str, to: &str, max_bytes: usize) -> Vec<String> {
+    store
+        .scan_state(job, from.as_bytes(), to.as_bytes(), max_bytes)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| String::from_utf8(k).unwrap())
+        .collect()
+}
+
+/// State beside a job's checkpoints reads in pages and ranges under the
+/// keys it was given, is deleted by range, is not another job's, and goes
+/// with its job.
+fn state_beside_checkpoints(store: &Store) {
+    let entries = |keys: &[&str]| -> Vec<(Vec<u8>, Bytes)> {
+        keys.iter()
+            .map(|k| (k.as_bytes().to_vec(), Bytes::from_static(b"xyz")))
+            .collect()
+    };
+    store
+        .put_state("j1", entries(&["a1", "a2", "a3", "a4", "b1"]))
+        .unwrap();
+    store.put_state("j2", entries(&["a1"])).unwrap();
+    store.put_state("j", entries(&["1/x"])).unwrap();
+    // Past 4 bytes after the second value; the whole job's state to "".
+    assert_eq!(state_keys(store, "j1", "a", "", 4), ["a1", "a2"]);
+    assert_eq!(
+        state_keys(store, "j1", "", "", usize::MAX),
+        ["a1", "a2", "a3", "a4", "b1"]
+    );
+    assert_eq!(
+        state_keys(store, "j1", "a2", "a4", usize::MAX),
+        ["a2", "a3"]
+    );
+    let page = store.scan_state("j1", b"a3", b"a4", 0).unwrap();
+    assert_eq!(page, vec![(b"a3".to_vec(), Bytes::from_static(b"xyz"))]);
+    store.delete_state("j1", b"a2", b"a4").unwrap();
+    assert_eq!(
+        state_keys(store, "j1", "", "", usize::MAX),
+        ["a1", "a4", "b1"]
+    );
+    store.delete_state("j1", b"a4", b"").unwrap();
+    assert_eq!(state_keys(store, "j1", "", "", usize::MAX), ["a1"]);
+    assert_eq!(state_keys(store, "j2", "", "", usize::MAX), ["a1"]);
+    store.checkpoint("j1", parts(&[("p", b"1")])).unwrap();
+    store.remove_job("j1").unwrap();
+    assert!(state_keys(store, "j1", "", "", usize::MAX).is_empty());
+    assert!(keys(store, "s/j1/").is_empty());
+    assert_eq!(state_keys(store, "j2", "", "", usize::MAX), ["a1"]);
+    assert_eq!(state_keys(store, "j", "", "", usize::MAX), ["1/x"]);
+}
+
+#[test]
+fn state_beside_checkpoints_in_memory() {
+    state_beside_checkpoints(&Store::in_memory());
+}
+
+#[test]
+fn state_beside_checkpoints_in_rocksdb() {
+    let dir = tempfile::tempdir().unwrap();
+    state_beside_checkpoints(&Store::open(dir.path()).unwrap());
+}
+
+/// State written ahead is there after the store is opened again, with the
+/// checkpoint whose write made it durable.
+#[test]
+fn state_beside_checkpoints_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .put_state("job", vec![(b"k".to_vec(), Bytes::from_static(b"v"))])
+            .unwrap();
+        store.checkpoint("job", parts(&[("p", b"1")])).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        store.scan_state("job", b"", b"", usize::MAX).unwrap(),
+        vec![(b"k".to_vec(), Bytes::from_static(b"v"))]
+    );
+}
+
 fn keys(store: &Store, prefix: &str) -> Vec<String> {
     store
         .kv
@@ -216,6 +298,15 @@ impl Kv for FailingFinalWrite {
 
     fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
         self.inner.scan(prefix)
+    }
+
+    fn scan_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        self.inner.scan_range(from, to, max_bytes)
     }
 
     fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {

@@ -160,7 +160,8 @@ impl Engine {
             }
             return;
         }
-        let parts = self.checkpoint_parts();
+        let number = self.checkpoints.as_ref().map_or(0, |sink| sink.sent + 1);
+        let parts = self.cut(Some(number));
         let marks: Vec<(StageIdx, u64)> = self
             .stages
             .iter()
@@ -179,7 +180,9 @@ impl Engine {
                     if sink.acked {
                         sink.awaiting.push_back((sink.sent, marks));
                     } else {
+                        let sent = sink.sent;
                         self.made_durable(marks);
+                        self.user_state_durable(sent);
                     }
                 }
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -243,6 +246,19 @@ impl Engine {
             }
         }
         self.made_durable(durable);
+        self.user_state_durable(written);
+    }
+
+    /// Checkpoints up to `number` are durable: user state on the durable
+    /// store that only earlier ones named may go. (What cannot be deleted
+    /// now is owed again by the next checkpoint.)
+    fn user_state_durable(&mut self, number: u64) {
+        for (idx, user_state) in self.user_state.iter().enumerate() {
+            if let Err(error) = user_state.lock().checkpoint_durable(number) {
+                warn!(stage = %self.plan.stages[idx].name, %error,
+                      "cannot delete user state no checkpoint needs");
+            }
+        }
     }
 
     /// Runs `action` once what was committed so far is durable: now, if

@@ -320,6 +320,9 @@ pub struct Engine {
     /// The spill store and the job's space in it, once spilling is on:
     /// bundles read the iterables GroupByKeys hand out from there.
     spill_space: Option<(Arc<dyn crate::spill::SpillStore>, Bytes)>,
+    /// Where stateful stages' bags spill if not to the spill store: one
+    /// that lasts as long as the checkpoints naming what is in it.
+    durable_state: Option<Arc<dyn crate::spill::SpillStore>>,
 }
 
 /// A request for a checkpoint of the running engine, answered with its
@@ -460,6 +463,7 @@ impl Engine {
             savepoints: None,
             extra_parts: Vec::new(),
             spill_space: None,
+            durable_state: None,
         })
     }
 
@@ -471,13 +475,27 @@ impl Engine {
         self
     }
 
-    /// Whether stateful stages' bags may move to the spill store: in batch,
-    /// and in streaming jobs that take no periodic checkpoints. A
-    /// checkpointed streaming job keeps its bags in memory, since their
-    /// state may never leave the disk again and no checkpoint would be
-    /// taken while it is there.
+    /// Whether stateful stages' bags may move to disk: always to a durable
+    /// store ([`Self::with_durable_state`]), which checkpoints name; to the
+    /// spill store in batch, and in streaming jobs that take no periodic
+    /// checkpoints. A checkpointed streaming job without a durable store
+    /// keeps its bags in memory, since their state may never leave the
+    /// disk again and no checkpoint would be taken while it is there.
     fn bags_may_spill(&self) -> bool {
-        !self.config.streaming || self.checkpoints.is_none()
+        self.durable_state.is_some() || !self.config.streaming || self.checkpoints.is_none()
+    }
+
+    /// Lets stateful stages' bags spill to `store` instead of the spill
+    /// store: a store whose writes last as long as the job's checkpoints
+    /// (the runner's state database, beside them), so that a periodic
+    /// checkpoint names the bags there instead of copying them and a
+    /// checkpointed streaming job's state may outgrow memory (see
+    /// `store/bag_spill.rs`). Keys are those [`Self::with_spill`] would
+    /// give (the job's prefix, then the stage). Call before `with_spill`,
+    /// which enables it.
+    pub fn with_durable_state(mut self, store: Arc<dyn crate::spill::SpillStore>) -> Self {
+        self.durable_state = Some(store);
+        self
     }
 
     /// Add part `name`, read by `read`, to every checkpoint and savepoint.
@@ -489,14 +507,15 @@ impl Engine {
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
     /// spill to `store` once it holds more than `limit_bytes`, every SDK
-    /// stage's queue once it holds more than twice that, and (in batch, or
-    /// in streaming without checkpoints) every stateful stage's bags once
-    /// they hold more than `limit_bytes`, under
+    /// stage's queue once it holds more than twice that, and every stateful
+    /// stage's bags once they hold more than `limit_bytes` (to the durable
+    /// store if there is one; else in batch, or in streaming without
+    /// checkpoints), under
     /// keys that start with `prefix` (unique to the job) and the stage.
     ///
-    /// While some buffer or queue has spilled data, periodic checkpoints are not
-    /// taken (a checkpoint would have to copy the spilled bytes back into
-    /// memory); only a savepoint, or a stable-input stage waiting for one,
+    /// While some buffer, queue or bag has data on the spill store,
+    /// periodic checkpoints are not taken (a checkpoint would have to copy
+    /// the spilled bytes back into memory); only a savepoint, or a stable-input stage waiting for one,
     /// takes a checkpoint then. Call before [`Self::restore`].
     pub fn with_spill(
         mut self,
@@ -532,9 +551,13 @@ impl Engine {
                 let mut state_key = crate::spill::job_space(prefix);
                 state_key.extend_from_slice(&USER_STATE_SPACE.to_be_bytes());
                 state_key.extend_from_slice(&(idx as u32).to_be_bytes());
-                self.user_state[idx]
-                    .lock()
-                    .enable_bag_spill(store.clone(), state_key, limit_bytes);
+                let mut user_state = self.user_state[idx].lock();
+                match &self.durable_state {
+                    Some(durable) => {
+                        user_state.enable_durable_bag_spill(durable.clone(), state_key, limit_bytes)
+                    }
+                    None => user_state.enable_bag_spill(store.clone(), state_key, limit_bytes),
+                }
             }
             let Some(&input) = stage.inputs.first() else {
                 continue;
@@ -623,7 +646,10 @@ impl Engine {
                 || s.grouping
                     .as_ref()
                     .is_some_and(|g| g.has_spilled() || g.has_live_hand_outs())
-        }) || self.user_state.iter().any(|u| u.lock().has_spilled())
+        }) || self
+            .user_state
+            .iter()
+            .any(|u| u.lock().holds_scratch_spill())
     }
 
     /// Answer each request on `requests` with a checkpoint of the engine as

@@ -13,8 +13,12 @@
 //!
 //! Parts: `engine` (counters, clocks and the stage names the checkpoint
 //! belongs to), `stage/{i}` (queue, delayed residuals, grouping buffer,
-//! timers, watermarks), `user_state/{i}`, `side_inputs`, and the parts the
-//! engine's owner added ([`Engine::with_extra_part`]). Each part's
+//! timers, watermarks), `user_state/{i}`, `user_state_spill/{i}` (where a
+//! stage's bags on the durable store are: a periodic checkpoint names
+//! them rather than copying them, see [`Engine::with_durable_state`]),
+//! `side_inputs`, and the parts the engine's owner added
+//! ([`Engine::with_extra_part`]). A savepoint copies everything: it must
+//! stand on its own. Each part's
 //! bytes are deterministic — maps are written sorted — so a stage that did
 //! nothing since the last checkpoint yields the same bytes and the store
 //! skips it.
@@ -26,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::stats::CounterRecord;
 use super::*;
 use crate::grouping::GroupingSnapshot;
-use crate::store::{SideInputSnapshot, UserStateSnapshot};
+use crate::store::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
 
 /// Why a checkpoint could not be taken or restored.
 #[derive(Debug, Error)]
@@ -67,7 +71,14 @@ pub enum SnapshotError {
 }
 
 /// Version of the encoding; a checkpoint of another version is refused.
-const SNAPSHOT_VERSION: u32 = 2;
+/// Version 3 added the `user_state_spill/{i}` parts (bags a checkpoint
+/// names on the durable store instead of holding them), which a version-2
+/// reader would silently go without; a version-2 checkpoint has none and
+/// reads as it did.
+const SNAPSHOT_VERSION: u32 = 3;
+
+/// The oldest version still read.
+const OLDEST_SNAPSHOT_VERSION: u32 = 2;
 
 /// An element as a checkpoint keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -176,10 +187,18 @@ fn decode<'a, T: Deserialize<'a>>(part: &str, bytes: &'a [u8]) -> Result<T, Snap
 }
 
 impl Engine {
-    /// A consistent cut of the engine, as named parts (see the module
-    /// docs). Cheap enough to take every few seconds: it copies the queues
-    /// and state, it does not wait for anything.
+    /// A consistent cut of the engine, as named parts that hold all of it
+    /// (a savepoint; see the module docs). Cheap enough to take every few
+    /// seconds: it copies the queues and state, it does not wait for
+    /// anything.
     pub fn checkpoint_parts(&self) -> Result<Vec<(String, Bytes)>, SnapshotError> {
+        self.cut(None)
+    }
+
+    /// A cut as [`Self::checkpoint_parts`], or, with `number` (counting
+    /// the checkpoints sent to the writer), periodic checkpoint `number`,
+    /// which names bags on the durable store instead of copying them.
+    pub(super) fn cut(&self, number: Option<u64>) -> Result<Vec<(String, Bytes)>, SnapshotError> {
         let now = Instant::now();
         // What bundles in flight took, per stage, oldest bundle first.
         let mut flights: Vec<(&u64, &InFlight)> = self.in_flight.iter().collect();
@@ -242,14 +261,21 @@ impl Engine {
                     counters: s.counters.record(now),
                 },
             )?);
-            let state: UserStateSnapshot =
-                self.user_state[idx].lock().snapshot().map_err(|source| {
-                    SnapshotError::UserState {
-                        stage: self.plan.stages[idx].name.clone(),
-                        source,
-                    }
-                })?;
+            let user_state_error = |source| SnapshotError::UserState {
+                stage: self.plan.stages[idx].name.clone(),
+                source,
+            };
+            let mut user_state = self.user_state[idx].lock();
+            let (state, spilled) = match number {
+                Some(number) => user_state.checkpoint(number),
+                None => user_state.snapshot().map(|state| (state, None)),
+            }
+            .map_err(user_state_error)?;
+            drop(user_state);
             parts.push(encode(format!("user_state/{idx}"), &state)?);
+            if let Some(spilled) = spilled {
+                parts.push(encode(format!("user_state_spill/{idx}"), &spilled)?);
+            }
         }
         let side_inputs: SideInputSnapshot = self.side_inputs.lock().snapshot();
         parts.push(encode("side_inputs".into(), &side_inputs)?);
@@ -270,9 +296,10 @@ impl Engine {
                 .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
         };
         let engine: EngineRecord = decode("engine", part("engine")?)?;
-        if engine.version != SNAPSHOT_VERSION {
+        if !(OLDEST_SNAPSHOT_VERSION..=SNAPSHOT_VERSION).contains(&engine.version) {
             return Err(SnapshotError::Mismatch(format!(
-                "it was written in format {}, this runner reads {SNAPSHOT_VERSION}",
+                "it was written in format {}, this runner reads {OLDEST_SNAPSHOT_VERSION} to \
+                 {SNAPSHOT_VERSION}",
                 engine.version
             )));
         }
@@ -331,9 +358,14 @@ impl Engine {
             s.counters = StageCounters::from_record(record.counters);
             let name = format!("user_state/{idx}");
             let state: UserStateSnapshot = decode(&name, part(&name)?)?;
+            let name = format!("user_state_spill/{idx}");
+            let spilled: Option<SpilledBags> = match part(&name) {
+                Ok(bytes) => Some(decode(&name, bytes)?),
+                Err(_) => None,
+            };
             self.user_state[idx]
                 .lock()
-                .restore(state)
+                .restore(state, spilled)
                 .map_err(|source| SnapshotError::UserState {
                     stage: self.plan.stages[idx].name.clone(),
                     source,

@@ -4,32 +4,105 @@
 //! buffer a timer flushes) holds as much state as it has read until its
 //! timers fire — in a batch pipeline, until the end of the input. Once the
 //! values of a stage's bags in memory pass the stage's share, every bag's
-//! values move to the job's spill store and memory starts over: a bag is
-//! then its parts on disk followed by what was appended since.
+//! values move to a store and memory starts over: a bag is then its parts
+//! on disk followed by what was appended since.
 //!
 //! Each value chunk (what one append wrote) becomes one part, in order, so
 //! a chunk keeps its place in the bag when it moves: a read paging through
 //! a bag (by chunk index) while another bundle's commit spills finds the
 //! next chunk where it was. The cell itself — transform, state id, window,
-//! key — and its number of parts stay in memory: that bookkeeping is what a
-//! spill cannot shrink.
+//! key — its number of parts, and the spills they came in stay in memory:
+//! that bookkeeping is what a spill cannot shrink.
 //!
-//! Layout under the stage's prefix: the cell's number (given when it first
-//! spills; big-endian), then the part's number (big-endian). Clearing a
-//! bag or expiring its window forgets its parts. A checkpoint reads them
-//! back (the store's snapshot), and periodic checkpoints are skipped while
-//! a stage has state on disk, as for GroupByKeys.
+//! Layout under the stage's prefix: the spill's *generation* (one more at
+//! every spill), the cell's number (given when it first spills), then the
+//! part's number, all big-endian. Parts are never rewritten: a bag that
+//! spills again adds parts under the new generation, and a cleared bag's
+//! parts are deleted, never reused (a bag appended to after a clear gets a
+//! new number).
+//!
+//! The store is one of two kinds:
+//!
+//! * **Scratch** (the job's spill store, which a crash empties): clearing a
+//!   bag or expiring its window deletes its parts at once, and a checkpoint
+//!   reads them back (periodic checkpoints are skipped while a stage has
+//!   state there, as for GroupByKeys).
+//! * **Durable** (beside the job's checkpoints, [`BagSpill::durable`]): a
+//!   checkpoint names the parts instead of copying them ([`SpilledBags`]),
+//!   which is what lets a checkpointed streaming job's state outgrow
+//!   memory. Parts are immutable, so a checkpoint needs only each bag's
+//!   generations and part count, and the generation the next spill will
+//!   use: a restore deletes every generation from that one on (spills after
+//!   the checkpoint, which it does not name). A part a checkpoint names
+//!   must outlive it: a cleared bag's parts are deleted only once a later
+//!   checkpoint (which does not name them) is durable, and every checkpoint
+//!   lists the deletes still owed, which a restore carries out (a crash may
+//!   have come between the checkpoint and the deletes).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use super::BagId;
 use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillStore};
 
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
+
+/// The parts one spill wrote of a bag: those numbered from `first` on, up
+/// to the next run's first, under `generation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Run {
+    generation: u32,
+    first: u32,
+}
+
+/// Where a bag's parts are, and how many.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SpilledBag {
+    number: u64,
+    parts: u32,
+    /// In part order; most bags have one.
+    runs: SmallVec<[Run; 1]>,
+}
+
+/// One spill's parts of one bag: a key prefix, what a clear deletes.
+type RunKey = (u32, u64);
+
+/// What a checkpoint keeps of a stage's bags on a durable store: where
+/// each bag's parts are (not the parts), and the deletes still owed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SpilledBags {
+    next_cell: u64,
+    /// The generation of the first spill after the checkpoint: everything
+    /// from it on is not the checkpoint's.
+    generation: u32,
+    /// Sorted by bag.
+    cells: Vec<(BagId, SpilledBag)>,
+    /// Parts of bags cleared before the checkpoint and not yet deleted
+    /// (sorted): the checkpoint does not need them.
+    owed: Vec<RunKey>,
+}
+
+impl SpilledBags {
+    /// Whether some bag's parts are named (a restore must find them).
+    pub(crate) fn names_bags(&self) -> bool {
+        !self.cells.is_empty()
+    }
+}
+
+/// Deletes a durable store owes: cleared bags' parts, which the latest
+/// durable checkpoint may still name.
+#[derive(Debug, Default)]
+struct Owed {
+    /// Cleared since the last checkpoint was taken.
+    since_checkpoint: Vec<RunKey>,
+    /// Cleared before checkpoint `n` was taken: deleted once it is durable.
+    before: VecDeque<(u64, Vec<RunKey>)>,
+}
 
 /// A stage's bags on disk.
 #[derive(Debug)]
@@ -41,31 +114,43 @@ pub(super) struct BagSpill {
     limit: usize,
     /// The next cell's number.
     next_cell: u64,
+    /// The next spill's generation.
+    generation: u32,
     /// Bags with parts on disk.
     cells: HashMap<BagId, SpilledBag>,
     /// Bytes written so far.
     spilled_bytes: u64,
-}
-
-/// Where a bag's parts are, and how many.
-#[derive(Debug, Clone, Copy)]
-struct SpilledBag {
-    number: u64,
-    parts: u32,
+    /// On a durable store, the deletes it owes; `None` on scratch.
+    owed: Option<Owed>,
 }
 
 impl BagSpill {
-    /// Bags spilled to `store` under `prefix` once their values in memory
-    /// pass `limit` bytes.
-    pub(super) fn new(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
+    /// Bags spilled to scratch `store` under `prefix` once their values in
+    /// memory pass `limit` bytes.
+    pub(super) fn scratch(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
         BagSpill {
             store,
             prefix,
             limit,
             next_cell: 0,
+            generation: 0,
             cells: HashMap::new(),
             spilled_bytes: 0,
+            owed: None,
         }
+    }
+
+    /// Bags spilled to `store`, whose writes survive as long as the
+    /// checkpoint that names them (see the module docs).
+    pub(super) fn durable(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
+        let mut spill = Self::scratch(store, prefix, limit);
+        spill.owed = Some(Owed::default());
+        spill
+    }
+
+    /// Whether checkpoints name the parts instead of copying them.
+    pub(super) fn is_durable(&self) -> bool {
+        self.owed.is_some()
     }
 
     /// Bytes of bag values the stage may hold in memory.
@@ -99,15 +184,16 @@ impl BagSpill {
         self.cells.keys()
     }
 
-    fn cell_prefix(&self, number: u64) -> Vec<u8> {
-        let mut key = Vec::with_capacity(self.prefix.len() + 12);
+    fn run_prefix(&self, (generation, number): RunKey) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.len() + 16);
         key.extend_from_slice(&self.prefix);
+        key.extend_from_slice(&generation.to_be_bytes());
         key.extend_from_slice(&number.to_be_bytes());
         key
     }
 
-    fn part_key(&self, number: u64, part: u32) -> Vec<u8> {
-        let mut key = self.cell_prefix(number);
+    fn part_key(&self, run: RunKey, part: u32) -> Vec<u8> {
+        let mut key = self.run_prefix(run);
         key.extend_from_slice(&part.to_be_bytes());
         key
     }
@@ -118,6 +204,10 @@ impl BagSpill {
         &mut self,
         bags: &mut HashMap<BagId, Vec<Bytes>>,
     ) -> Result<(), SpillError> {
+        let generation = self.generation;
+        self.generation = generation
+            .checked_add(1)
+            .ok_or_else(|| SpillError("more than 2^32 spills of user state".into()))?;
         let mut batch = Vec::new();
         let mut batch_bytes = 0usize;
         let mut cells = 0usize;
@@ -128,16 +218,21 @@ impl BagSpill {
             let cell = self.cells.entry(id).or_insert_with(|| {
                 let number = *next_cell;
                 *next_cell += 1;
-                SpilledBag { number, parts: 0 }
+                SpilledBag {
+                    number,
+                    parts: 0,
+                    runs: SmallVec::new(),
+                }
             });
             let (number, first) = (cell.number, cell.parts);
             cell.parts = u32::try_from(chunks.len())
                 .ok()
                 .and_then(|n| first.checked_add(n))
                 .ok_or_else(|| SpillError("a bag of more than 2^32 appends".into()))?;
+            cell.runs.push(Run { generation, first });
             for (at, chunk) in (first..).zip(chunks) {
                 batch_bytes += chunk.len();
-                batch.push((self.part_key(number, at), chunk.to_vec()));
+                batch.push((self.part_key((generation, number), at), chunk.to_vec()));
                 if batch_bytes >= WRITE_BATCH_BYTES {
                     self.store.put(std::mem::take(&mut batch))?;
                     self.spilled_bytes += std::mem::take(&mut batch_bytes) as u64;
@@ -150,6 +245,7 @@ impl BagSpill {
         }
         tracing::debug!(
             cells,
+            generation,
             spilled_total = self.spilled_bytes,
             "user state bags spilled"
         );
@@ -161,7 +257,14 @@ impl BagSpill {
         let missing = || SpillError(format!("part {part} of a spilled bag is missing"));
         let cell = self.cells.get(id).ok_or_else(missing)?;
         let part = u32::try_from(part).map_err(|_| missing())?;
-        let from = self.part_key(cell.number, part);
+        if part >= cell.parts {
+            return Err(missing());
+        }
+        let run = cell.runs[cell
+            .runs
+            .partition_point(|r| r.first <= part)
+            .saturating_sub(1)];
+        let from = self.part_key((run.generation, cell.number), part);
         let to = prefix_end(&from).unwrap_or_default();
         let mut entries = self.store.scan(&from, &to, 0)?;
         match entries.pop() {
@@ -170,14 +273,19 @@ impl BagSpill {
         }
     }
 
-    /// Every part of bag `id`, in order (for a checkpoint): one scan of
-    /// the cell's range, whose part numbers sort as written.
+    /// Every part of bag `id`, in order (for a checkpoint that copies
+    /// them): one scan per spill it was in, whose part numbers sort as
+    /// written.
     pub(super) fn read_bag(&self, id: &BagId) -> Result<Vec<Bytes>, SpillError> {
         let Some(cell) = self.cells.get(id) else {
             return Ok(Vec::new());
         };
-        let parts =
-            PagedRange::prefixed(&self.cell_prefix(cell.number)).rest(self.store.as_ref())?;
+        let mut parts = Vec::with_capacity(cell.parts as usize);
+        for run in &cell.runs {
+            let prefix = self.run_prefix((run.generation, cell.number));
+            let entries = PagedRange::prefixed(&prefix).rest(self.store.as_ref())?;
+            parts.extend(entries.into_iter().map(|(_, v)| Bytes::from(v)));
+        }
         if parts.len() != cell.parts as usize {
             return Err(SpillError(format!(
                 "a spilled bag has {} of its {} parts",
@@ -185,11 +293,12 @@ impl BagSpill {
                 cell.parts
             )));
         }
-        Ok(parts.into_iter().map(|(_, v)| Bytes::from(v)).collect())
+        Ok(parts)
     }
 
     /// Every bag with parts on disk, with those parts in order: what a
-    /// checkpoint copies, or what memory takes back when spilling stops.
+    /// checkpoint that copies them takes, or what memory takes back when
+    /// spilling stops.
     pub(super) fn read_back(&self) -> Result<Vec<(BagId, Vec<Bytes>)>, SpillError> {
         self.cells
             .keys()
@@ -197,10 +306,20 @@ impl BagSpill {
             .collect()
     }
 
-    /// Forgets bag `id`'s parts (it was cleared).
+    /// Forgets bag `id`'s parts (it was cleared): at once on scratch; on a
+    /// durable store once no checkpoint that may be restored names them.
     pub(super) fn forget(&mut self, id: &BagId) -> Result<(), SpillError> {
-        if let Some(cell) = self.cells.remove(id) {
-            forget_prefix(self.store.as_ref(), &self.cell_prefix(cell.number))?;
+        let Some(cell) = self.cells.remove(id) else {
+            return Ok(());
+        };
+        let runs = cell.runs.iter().map(|r| (r.generation, cell.number));
+        match &mut self.owed {
+            Some(owed) => owed.since_checkpoint.extend(runs),
+            None => {
+                for run in runs {
+                    forget_prefix(self.store.as_ref(), &self.run_prefix(run))?;
+                }
+            }
         }
         Ok(())
     }
@@ -219,7 +338,88 @@ impl BagSpill {
         Ok(())
     }
 
-    /// Forgets every part (a restore puts the checkpoint's state back).
+    /// What checkpoint `number` (counting those sent to be written) keeps
+    /// of a durable store's bags: where their parts are, and the deletes
+    /// still owed, which are carried out once it is durable
+    /// ([`Self::checkpoint_durable`]).
+    pub(super) fn checkpoint(&mut self, number: u64) -> SpilledBags {
+        let mut owed_now = Vec::new();
+        if let Some(owed) = &mut self.owed {
+            let cleared = std::mem::take(&mut owed.since_checkpoint);
+            for (_, runs) in &owed.before {
+                owed_now.extend_from_slice(runs);
+            }
+            owed_now.extend_from_slice(&cleared);
+            if !cleared.is_empty() {
+                owed.before.push_back((number, cleared));
+            }
+        }
+        owed_now.sort_unstable();
+        let mut cells: Vec<(BagId, SpilledBag)> = self
+            .cells
+            .iter()
+            .map(|(id, cell)| (id.clone(), cell.clone()))
+            .collect();
+        cells.sort_by(|a, b| a.0.cmp(&b.0));
+        SpilledBags {
+            next_cell: self.next_cell,
+            generation: self.generation,
+            cells,
+            owed: owed_now,
+        }
+    }
+
+    /// Checkpoints up to `number` are durable: the parts of bags cleared
+    /// before them are no longer named by any checkpoint a restore would
+    /// read. A failed delete leaves garbage that the next checkpoint still
+    /// lists (and a restore deletes).
+    pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
+        let Some(owed) = &mut self.owed else {
+            return Ok(());
+        };
+        let mut due = Vec::new();
+        while owed.before.front().is_some_and(|(n, _)| *n <= number) {
+            if let Some((_, runs)) = owed.before.pop_front() {
+                due.extend(runs);
+            }
+        }
+        let mut due = due.into_iter();
+        while let Some(run) = due.next() {
+            if let Err(error) = forget_prefix(self.store.as_ref(), &self.run_prefix(run)) {
+                // Still owed: the next checkpoint lists them again.
+                if let Some(owed) = &mut self.owed {
+                    owed.since_checkpoint.push(run);
+                    owed.since_checkpoint.extend(due);
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts back what checkpoint `record` kept of a durable store's bags
+    /// (`None`: none were on disk), and deletes what it does not name:
+    /// every generation from its next one on, and the deletes it owed.
+    pub(super) fn restore(&mut self, record: Option<SpilledBags>) -> Result<(), SpillError> {
+        let record = record.unwrap_or_default();
+        let mut after = self.prefix.clone();
+        after.extend_from_slice(&record.generation.to_be_bytes());
+        let end = prefix_end(&self.prefix).unwrap_or_default();
+        self.store.forget_range(&after, &end)?;
+        for run in &record.owed {
+            forget_prefix(self.store.as_ref(), &self.run_prefix(*run))?;
+        }
+        self.next_cell = record.next_cell;
+        self.generation = record.generation;
+        self.cells = record.cells.into_iter().collect();
+        if let Some(owed) = &mut self.owed {
+            *owed = Owed::default();
+        }
+        Ok(())
+    }
+
+    /// Forgets every part (a restore puts the checkpoint's state back in
+    /// memory).
     pub(super) fn clear(&mut self) -> Result<(), SpillError> {
         self.cells.clear();
         forget_prefix(self.store.as_ref(), &self.prefix)
@@ -227,9 +427,10 @@ impl BagSpill {
 }
 
 impl Drop for BagSpill {
-    /// Spilled bags are scratch: gone with the job's state.
+    /// Spilled bags on scratch are gone with the job's state; on a durable
+    /// store they are the checkpoint's, and go with the job.
     fn drop(&mut self) {
-        if self.cells.is_empty() {
+        if self.cells.is_empty() || self.is_durable() {
             return;
         }
         if let Err(error) = forget_prefix(self.store.as_ref(), &self.prefix) {

@@ -43,22 +43,35 @@ fn bag_op() -> impl Strategy<Value = BagOp> {
     ]
 }
 
-/// What happens after a bundle: nothing, a window expires, or a
-/// checkpoint is taken and restored.
+/// What happens after a bundle: nothing, a window expires, a checkpoint
+/// is taken, the last one taken is written, or the process crashes and a
+/// new one restores the last checkpoint written.
 #[derive(Debug, Clone)]
 enum Between {
     Nothing,
     Expire(u8),
     Checkpoint,
+    Written,
+    Crash,
 }
 
 fn between() -> impl Strategy<Value = Between> {
     prop_oneof![
-        4 => Just(Between::Nothing),
+        6 => Just(Between::Nothing),
         1 => (0u8..2).prop_map(Between::Expire),
-        1 => Just(Between::Checkpoint),
+        2 => Just(Between::Checkpoint),
+        2 => Just(Between::Written),
+        1 => Just(Between::Crash),
     ]
 }
+
+/// A checkpoint taken: its number, what it holds, and the model then.
+type Taken = (
+    u64,
+    super::UserStateSnapshot,
+    Option<super::SpilledBags>,
+    BTreeMap<(u8, u8), Vec<u8>>,
+);
 
 fn bag_key(window: u8, key: u8) -> StateKey {
     StateKey::BagUserState {
@@ -71,8 +84,22 @@ fn bag_key(window: u8, key: u8) -> StateKey {
 
 /// A stage's bags, spilling past `limit` bytes to `store`.
 fn spilling_bags(store: &Arc<MemorySpillStore>, limit: usize) -> Arc<Mutex<UserStateStore>> {
+    bags_on(store, limit, false)
+}
+
+/// A stage's bags, spilling past `limit` bytes to `store`, which is
+/// durable (checkpoints name what is there) or scratch.
+fn bags_on(
+    store: &Arc<MemorySpillStore>,
+    limit: usize,
+    durable: bool,
+) -> Arc<Mutex<UserStateStore>> {
     let mut bags = UserStateStore::default();
-    bags.enable_bag_spill(store.clone(), b"bags/".to_vec(), limit);
+    if durable {
+        bags.enable_durable_bag_spill(store.clone(), b"bags/".to_vec(), limit);
+    } else {
+        bags.enable_bag_spill(store.clone(), b"bags/".to_vec(), limit);
+    }
     Arc::new(Mutex::new(bags))
 }
 
@@ -80,21 +107,30 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// Bags that spill to disk past a few bytes (so most commits spill)
-    /// read exactly as the model says, in every bundle and after expiries
-    /// and checkpoints, with pages of a few bytes; what is cleared or
-    /// expired leaves the disk.
+    /// read exactly as the model says, in every bundle and after expiries,
+    /// checkpoints and crashes, with pages of a few bytes. On scratch, what
+    /// is cleared or expired leaves the disk at once, and a crash loses the
+    /// disk (the checkpoint holds the bags); on a durable store, the
+    /// checkpoint names the parts, and a restore finds each one it names
+    /// and leaves nothing else.
     #[test]
     fn spilling_bags_match_the_model(
         bundles in proptest::collection::vec(
             (proptest::collection::vec(bag_op(), 0..8), any::<bool>(), between()),
-            1..8,
+            1..12,
         ),
         limit in 0usize..16,
+        durable in any::<bool>(),
     ) {
         let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-        let disk = MemorySpillStore::shared();
-        let user_state = spilling_bags(&disk, limit);
+        let mut disk = MemorySpillStore::shared();
+        let mut user_state = bags_on(&disk, limit, durable);
         let mut committed: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();
+        // Checkpoints taken since the last restore, the last taken (not yet
+        // written) and the last written.
+        let mut taken = 0u64;
+        let mut unwritten: Option<Taken> = None;
+        let mut written: Option<Taken> = None;
         for (ops, succeeds, then) in bundles {
             let o = BundleOverlay::new(side_inputs.clone(), user_state.clone()).with_page_bytes(3);
             let mut model = committed.clone();
@@ -126,8 +162,34 @@ proptest! {
                     committed.retain(|(window, _), _| *window != w);
                 }
                 Between::Checkpoint => {
-                    let snapshot = user_state.lock().snapshot().expect("snapshot");
-                    user_state.lock().restore(snapshot).expect("restore");
+                    taken += 1;
+                    let (snapshot, spilled) = user_state.lock().checkpoint(taken).expect("checkpoint");
+                    prop_assert_eq!(spilled.is_some(), durable);
+                    unwritten = Some((taken, snapshot, spilled, committed.clone()));
+                }
+                Between::Written => {
+                    if let Some(checkpoint) = unwritten.take() {
+                        user_state.lock().checkpoint_durable(checkpoint.0).expect("deletes");
+                        written = Some(checkpoint);
+                    }
+                }
+                Between::Crash => {
+                    if !durable {
+                        // Scratch does not outlive the process.
+                        disk = MemorySpillStore::shared();
+                    }
+                    user_state = bags_on(&disk, limit, durable);
+                    let (snapshot, spilled, model) = match written.clone() {
+                        Some((_, snapshot, spilled, model)) => (snapshot, spilled, model),
+                        None => Default::default(),
+                    };
+                    user_state.lock().restore(snapshot, spilled).expect("restore");
+                    committed = model;
+                    taken = 0;
+                    unwritten = None;
+                    written = None;
+                    // Nothing is left on disk that the restored bags do not name.
+                    prop_assert_eq!(disk.len(), user_state.lock().parts_on_disk());
                 }
             }
             let check = BundleOverlay::new(side_inputs.clone(), user_state.clone()).with_page_bytes(3);
@@ -139,7 +201,7 @@ proptest! {
             }
             // (A bag of empty appends is there and reads as nothing.)
             prop_assert_eq!(user_state.lock().is_empty(), committed.is_empty());
-            if committed.is_empty() {
+            if committed.is_empty() && !durable {
                 prop_assert!(disk.is_empty(), "nothing left on disk");
             }
         }

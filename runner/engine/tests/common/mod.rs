@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod crashes;
+
 use bytes::Bytes;
 use refract_engine::coder::{
     encode_windowed_value, Coder, PaneInfo, TimerValue, WindowedValueHeader,
