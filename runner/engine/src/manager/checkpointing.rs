@@ -58,6 +58,9 @@ pub(super) struct CheckpointSink {
     /// Actions waiting for the checkpoint (by number sent) that holds
     /// their bundle's commit to be written.
     after_durable: VecDeque<(u64, CommitAction)>,
+    /// Periodic checkpoints are put off while data is on the spill store
+    /// (said once in the log when they start waiting, once when they go on).
+    waiting_for_spill: bool,
 }
 
 impl CheckpointSink {
@@ -77,9 +80,10 @@ impl Engine {
     /// `every` while the job runs; with `every` zero, after every commit,
     /// as often as the writer keeps up (bundles committed while it writes
     /// go into the next checkpoint together: group commit). A checkpoint
-    /// due while the writer is busy with the previous one is skipped, not
-    /// queued, and not even taken: checkpointing never holds the job up
-    /// nor piles up memory.
+    /// due while the writer is busy with the previous one is not queued,
+    /// and not even taken until the write ends (then at once, with
+    /// `progress`; else an interval later): checkpointing never holds the
+    /// job up nor piles up memory.
     ///
     /// Stages with stable input (`@RequiresStableInput`) are then given only
     /// elements a checkpoint holds; one is taken as soon as such a stage
@@ -104,6 +108,7 @@ impl Engine {
             awaiting: VecDeque::new(),
             commits: 0,
             after_durable: VecDeque::new(),
+            waiting_for_spill: false,
         });
         for (idx, stage) in self.plan.stages.iter().enumerate() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
@@ -141,24 +146,49 @@ impl Engine {
             return;
         }
         if sink.writer_busy() {
-            // Taken now, it would only wait (or be dropped); the writer's
-            // next report wakes the run loop to try again. A periodic one
-            // comes a whole interval later, as if taken now.
+            // Taken now, it would only wait (or be dropped). With progress
+            // reports it stays due, and the writer's next report wakes the
+            // run loop to take it (the loop sets no timer for it meanwhile,
+            // see `checkpoint_deadline`); without, the channel's room is
+            // all there is to watch, and a periodic one comes a whole
+            // interval later, as if taken now.
             if let Some(sink) = &mut self.checkpoints {
-                if !sink.every.is_zero() {
+                if !sink.every.is_zero() && !sink.acked {
                     sink.last = Instant::now();
                 }
             }
             return;
         }
         self.release_hand_outs_or_warn();
-        if !awaited && self.spilled() {
-            // Not worth copying spilled bytes back: the previous checkpoint
-            // stays the latest until the spilled windows are out.
-            if let Some(sink) = &mut self.checkpoints {
-                sink.last = Instant::now();
+        if !awaited {
+            let spilled = self.spilled();
+            let waits = self
+                .checkpoints
+                .as_ref()
+                .is_some_and(|s| s.waiting_for_spill);
+            match spilled {
+                // Not worth copying spilled bytes back: the previous
+                // checkpoint stays the latest until they are worked off.
+                Some((idx, what)) => {
+                    if !waits {
+                        info!(stage = %self.plan.stages[idx].name, what,
+                              "periodic checkpoints wait while this stage has data on the \
+                               spill store");
+                    }
+                    if let Some(sink) = &mut self.checkpoints {
+                        sink.waiting_for_spill = true;
+                        sink.last = Instant::now();
+                    }
+                    return;
+                }
+                None if waits => {
+                    info!("periodic checkpoints resume: no data left on the spill store");
+                    if let Some(sink) = &mut self.checkpoints {
+                        sink.waiting_for_spill = false;
+                    }
+                }
+                None => {}
             }
-            return;
         }
         let number = self.checkpoints.as_ref().map_or(0, |sink| sink.sent + 1);
         let parts = self.cut(Some(number));
@@ -285,6 +315,17 @@ impl Engine {
         for (idx, mark) in marks {
             self.stages[idx].pending.made_durable(mark);
         }
+    }
+
+    /// When the run loop must wake for the next periodic checkpoint: none
+    /// while the writer is busy and will report (its report wakes it), or
+    /// with an interval of zero (commits do).
+    pub(super) fn checkpoint_deadline(&self) -> Option<Instant> {
+        let sink = self.checkpoints.as_ref()?;
+        if sink.every.is_zero() || (sink.acked && sink.writer_busy()) {
+            return None;
+        }
+        Some(sink.last + sink.every)
     }
 
     /// Whether the run waits for the writer to make a checkpoint durable.

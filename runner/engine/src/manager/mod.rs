@@ -638,18 +638,25 @@ impl Engine {
         }
     }
 
-    /// Whether some GroupByKey buffer, queue or stage's user state has
-    /// data in the spill store (or handed out a key that only it holds).
-    fn spilled(&self) -> bool {
-        self.stages.iter().any(|s| {
-            s.pending.has_spilled()
-                || s.grouping
-                    .as_ref()
-                    .is_some_and(|g| g.has_spilled() || g.has_live_hand_outs())
-        }) || self
-            .user_state
-            .iter()
-            .any(|u| u.lock().holds_scratch_spill())
+    /// The first stage whose GroupByKey buffer, queue or user state has
+    /// data in the spill store (or whose GroupByKey handed out a key that
+    /// only the store holds), and which of them.
+    fn spilled(&self) -> Option<(StageIdx, &'static str)> {
+        self.stages.iter().enumerate().find_map(|(idx, s)| {
+            let grouping = s.grouping.as_ref();
+            let what = if s.pending.has_spilled() {
+                "its queue"
+            } else if grouping.is_some_and(GroupingBuffer::has_spilled) {
+                "its GroupByKey buffer"
+            } else if grouping.is_some_and(GroupingBuffer::has_live_hand_outs) {
+                "a key its GroupByKey handed out"
+            } else if self.user_state[idx].lock().holds_scratch_spill() {
+                "its user state"
+            } else {
+                return None;
+            };
+            Some((idx, what))
+        })
     }
 
     /// Answer each request on `requests` with a checkpoint of the engine as
@@ -756,8 +763,8 @@ impl Engine {
             }
             let mut sleep_until =
                 next_wakeup.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            if let Some(sink) = self.checkpoints.as_ref().filter(|s| !s.every.is_zero()) {
-                sleep_until = sleep_until.min(sink.last + sink.every);
+            if let Some(deadline) = self.checkpoint_deadline() {
+                sleep_until = sleep_until.min(deadline);
             }
             tokio::select! {
                 report = rx.recv() => {

@@ -1,0 +1,107 @@
+//! When periodic checkpoints are taken, in paused time (the engine's clock
+//! is tokio's, so the test controls it and nothing here depends on how
+//! fast the machine is).
+//!
+//! A checkpoint that falls due while the writer is still writing the
+//! previous one is taken as soon as that write ends — not an interval
+//! later, and not queued behind it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{global_windowed, next_source_step, source_step, sourced_plan};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use refract_engine::coder::Coder;
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
+use refract_engine::plan::{SdkStage, StageKind};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Source steps, one element each, each taking [`STEP`].
+const STEPS: u32 = 200;
+const STEP: Duration = Duration::from_millis(5);
+/// The checkpoint interval, and how long a write takes: longer, so that
+/// every checkpoint falls due during the previous write.
+const EVERY: Duration = Duration::from_millis(100);
+const WRITE: Duration = Duration::from_millis(150);
+
+/// A stepped source feeding a sink that takes its elements.
+struct Sdk;
+
+impl StageExecutor for Sdk {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        let output = if input.stage == 1 {
+            let step = source_step(&input);
+            BundleOutput {
+                outputs: vec![(1, global_windowed(&[1, step as u8], 0))],
+                residuals: next_source_step(step, STEPS),
+                ..Default::default()
+            }
+        } else {
+            BundleOutput::default()
+        };
+        async move {
+            tokio::time::sleep(STEP).await;
+            Ok(output)
+        }
+        .boxed()
+    }
+}
+
+/// Writes each checkpoint in [`WRITE`], noting when each arrived and when
+/// each write ended.
+async fn write(
+    mut checkpoints: mpsc::Receiver<Vec<(String, Bytes)>>,
+    progress: watch::Sender<CheckpointProgress>,
+    log: Arc<Mutex<Vec<(Instant, Instant)>>>,
+) {
+    let mut received = 0;
+    while checkpoints.recv().await.is_some() {
+        received += 1;
+        let arrived = Instant::now();
+        tokio::time::sleep(WRITE).await;
+        log.lock().push((arrived, Instant::now()));
+        progress.send_replace(CheckpointProgress::all_durable(received));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_due_during_a_write_is_taken_when_the_write_ends() {
+    let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
+    let (tx, rx) = mpsc::channel(1);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let writer = tokio::spawn(write(rx, report, log.clone()));
+    let (_cancel, cancelled) = watch::channel(false);
+    Engine::new(
+        plan,
+        Arc::new(Sdk),
+        EngineConfig::default(),
+        "c",
+        Arc::new(|| 0),
+    )
+    .expect("a valid plan")
+    .with_checkpoints(EVERY, tx, Some(progress))
+    .run(cancelled)
+    .await
+    .expect("the run succeeds");
+    writer.await.expect("the writer ends");
+    let log = log.lock().clone();
+    // About a second of steps: several checkpoints back to back.
+    assert!(log.len() >= 5, "{} checkpoints", log.len());
+    for pair in log.windows(2) {
+        let ((_, ended), (next, _)) = (pair[0], pair[1]);
+        assert!(
+            next.duration_since(ended) < STEP * 2,
+            "a checkpoint due {:?} before the write ended was taken {:?} after it",
+            WRITE.saturating_sub(EVERY),
+            next.duration_since(ended)
+        );
+    }
+}
