@@ -28,8 +28,9 @@
 //! elements, or of what it kept once split, and of its timers).
 //!
 //! Some cases give the stage's bags a memory share of a few bytes, so that
-//! every commit moves them to the spill store (in batch, and in streaming
-//! without checkpoints): the same counts must come back from disk.
+//! every commit moves them to disk: the same counts must come back from
+//! there. Some take a checkpoint every millisecond with a durable store, so
+//! that checkpoints name bags on disk while bundles page through them.
 
 mod common;
 
@@ -76,6 +77,8 @@ struct Case {
     key_by_key: bool,
     /// The bags' share of memory, if they may spill.
     spill_limit: Option<usize>,
+    /// Checkpoints every millisecond, with the bags beside them.
+    durable_checkpoints: bool,
 }
 
 /// What the stateful stage reported: a key's count with an element or
@@ -316,12 +319,26 @@ fn plan(case: &Case) -> (Plan, usize) {
 }
 
 fn run_case(case: Case) -> Arc<Fake> {
-    run_case_with_summary(case, false).0
+    let checkpoints = if case.durable_checkpoints {
+        Checkpoints::TakenWithDurableState
+    } else {
+        Checkpoints::None
+    };
+    run_case_with_summary(case, checkpoints).0
 }
 
-/// [`run_case`], with periodic checkpoints (every millisecond, taken and
-/// dropped) if `checkpointed`; and the bytes of bag state the run spilled.
-fn run_case_with_summary(case: Case, checkpointed: bool) -> (Arc<Fake>, u64) {
+/// Whether a run takes periodic checkpoints (every millisecond, taken and
+/// dropped), and whether its bags may then spill beside them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checkpoints {
+    None,
+    Taken,
+    TakenWithDurableState,
+}
+
+/// [`run_case`], with `checkpoints`; and the bytes of bag state the run
+/// spilled.
+fn run_case_with_summary(case: Case, checkpoints: Checkpoints) -> (Arc<Fake>, u64) {
     let (plan, stateful) = plan(&case);
     let spill_limit = case.spill_limit;
     let config = EngineConfig {
@@ -354,10 +371,13 @@ fn run_case_with_summary(case: Case, checkpointed: bool) -> (Arc<Fake>, u64) {
             Arc::new(|| 0),
         )
         .expect("a valid plan");
+        if checkpoints == Checkpoints::TakenWithDurableState {
+            engine = engine.with_durable_state(MemorySpillStore::shared());
+        }
         if let Some(limit) = spill_limit {
             engine = engine.with_spill(MemorySpillStore::shared(), b"ss", limit);
         }
-        if checkpointed {
+        if checkpoints != Checkpoints::None {
             let (tx, mut rx) = tokio::sync::mpsc::channel(1);
             tokio::spawn(async move { while rx.recv().await.is_some() {} });
             engine = engine.with_checkpoints(Duration::from_millis(1), tx, None);
@@ -382,6 +402,7 @@ prop_compose! {
         streaming in any::<bool>(),
         key_by_key in any::<bool>(),
         spill_limit in prop_oneof![3 => Just(None), 1 => (1usize..16).prop_map(Some)],
+        durable_checkpoints in prop_oneof![3 => Just(false), 1 => Just(true)],
     ) -> Case {
         Case {
             keys,
@@ -393,6 +414,7 @@ prop_compose! {
             streaming,
             key_by_key,
             spill_limit,
+            durable_checkpoints,
         }
     }
 }
@@ -447,6 +469,7 @@ fn the_cases_split_bundles() {
         streaming: false,
         key_by_key: false,
         spill_limit: None,
+        durable_checkpoints: false,
     });
     assert!(fake.splits.load(Ordering::SeqCst) > 0);
     let fake = run_case(Case {
@@ -458,15 +481,18 @@ fn the_cases_split_bundles() {
 
 /// Cases with a spill limit do spill their bags, in batch and in streaming
 /// (a guard against a limit the bags never pass, or a job kind that keeps
-/// them in memory) — but not in a checkpointed streaming job, whose state
-/// could stay on disk for good while no checkpoint may be taken.
+/// them in memory) — but not in a checkpointed streaming job without a
+/// durable store, whose state could stay on scratch disk for good while no
+/// checkpoint may be taken; with one, beside the checkpoints.
 #[test]
-fn bags_spill_unless_the_job_is_streaming_and_checkpointed() {
-    for (streaming, checkpointed, spills) in [
-        (false, false, true),
-        (true, false, true),
-        (false, true, true),
-        (true, true, false),
+fn bags_spill_unless_the_job_is_streaming_and_checkpointed_without_a_durable_store() {
+    for (streaming, checkpoints, spills) in [
+        (false, Checkpoints::None, true),
+        (true, Checkpoints::None, true),
+        (false, Checkpoints::Taken, true),
+        (true, Checkpoints::Taken, false),
+        (false, Checkpoints::TakenWithDurableState, true),
+        (true, Checkpoints::TakenWithDurableState, true),
     ] {
         let (fake, spilled) = run_case_with_summary(
             Case {
@@ -479,13 +505,14 @@ fn bags_spill_unless_the_job_is_streaming_and_checkpointed() {
                 streaming,
                 key_by_key: false,
                 spill_limit: Some(4),
+                durable_checkpoints: false,
             },
-            checkpointed,
+            checkpoints,
         );
         assert_eq!(
             spilled > 0,
             spills,
-            "streaming {streaming}, checkpointed {checkpointed}: {spilled} bytes spilled"
+            "streaming {streaming}, {checkpoints:?}: {spilled} bytes spilled"
         );
         assert_eq!(fake.reports.lock().len(), 8, "every key reported");
     }
