@@ -11,7 +11,8 @@ windows, which the runner finds only by merging each key's spilled
 pieces; and in fixed windows and in sessions that allow lateness (which
 stay open after their on-time pane); and with all values emitted by one element, whose output (which
 cannot be split) waits on disk for its bundle to end — and then, once
-committed, in the next stage's queue (through a Reshuffle). A stateful
+committed, in the next stage's queue (through a Reshuffle; with
+`--state_dir`, beside the checkpoints, which name it). A stateful
 DoFn's bag state spills likewise, in batch and in streaming jobs (beside
 the checkpoints, in jobs that take them). (Peak memory is measured by
 integration/bench/gbk_spill_memory.py and stateful_memory.py, not asserted
@@ -97,6 +98,31 @@ def test_a_groupbykey_larger_than_the_memory_budget_spills_and_completes(
   # Spilled bytes are deleted as windows are emitted (RocksDB's own files
   # stay, without the data).
   assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20
+
+
+def test_an_overfull_queue_waits_beside_the_checkpoints_with_a_state_dir(
+    request, refract_bin, tmp_path):
+  """The fan-out into a queue (as above) on a server with `--state_dir` and
+  frequent checkpoints: the queue's back goes to the state database
+  instead of the spill directory, checkpoints name it rather than wait
+  for it to drain, and the job completes with every value once (the
+  pipeline checks the totals)."""
+  log_path = tmp_path / 'refract-serve.log'
+  extra = ['--memory_budget', '16m', '--serve_http=false',
+           '--spill_dir', str(tmp_path / 'spill'),
+           '--state_dir', str(tmp_path / 'state'),
+           '--checkpoint_interval', '100ms']
+  finished = finished_line(
+      request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py',
+      [96, 64, 100, 1, 0, 1, 0, 'fixed'])
+  assert spilled_bytes(finished, 'queue_spilled_bytes') > (96 << 20) // 2, (
+      finished)
+  # Periodic checkpoints wait for the GroupByKey after the queue (on the
+  # spill directory), said in the log; never for the queue.
+  waits = [l for l in log_path.read_text().splitlines()
+           if 'periodic checkpoints wait' in l]
+  assert waits, 'the GroupByKey spills: checkpoints wait for it'
+  assert not [l for l in waits if 'its queue' in l], waits
 
 
 @pytest.mark.parametrize(

@@ -170,6 +170,81 @@ impl PagedRange {
     }
 }
 
+/// Deletes a durable store owes: data that was consumed (a cleared bag's
+/// parts, a queue segment read back) but that the latest durable
+/// checkpoint may still name, so it must stay until a checkpoint taken
+/// after it was consumed is durable. Every checkpoint lists what is still
+/// owed, which a restore deletes (a crash may come between the checkpoint
+/// and the deletes).
+#[derive(Debug)]
+pub(crate) struct OwedDeletes<K> {
+    /// Consumed since the last checkpoint was taken.
+    since_checkpoint: Vec<K>,
+    /// Consumed before checkpoint `n` was taken: deleted once it is durable.
+    before: std::collections::VecDeque<(u64, Vec<K>)>,
+}
+
+impl<K> Default for OwedDeletes<K> {
+    fn default() -> Self {
+        OwedDeletes {
+            since_checkpoint: Vec::new(),
+            before: std::collections::VecDeque::new(),
+        }
+    }
+}
+
+impl<K: Clone + Ord> OwedDeletes<K> {
+    /// `keys` were consumed: deleted once a checkpoint taken from now on
+    /// is durable.
+    pub(crate) fn owe(&mut self, keys: impl IntoIterator<Item = K>) {
+        self.since_checkpoint.extend(keys);
+    }
+
+    /// Checkpoint `number` is taken: what it must list as owed (sorted),
+    /// everything consumed so far and not deleted yet
+    /// ([`Self::listed`], then [`Self::checkpoint_taken`]).
+    pub(crate) fn checkpoint(&mut self, number: u64) -> Vec<K> {
+        let owed = self.listed();
+        self.checkpoint_taken(number);
+        owed
+    }
+
+    /// Everything consumed and not deleted yet, sorted: what a checkpoint
+    /// taken now lists as owed.
+    pub(crate) fn listed(&self) -> Vec<K> {
+        let mut owed: Vec<K> = self
+            .before
+            .iter()
+            .flat_map(|(_, keys)| keys.iter().cloned())
+            .chain(self.since_checkpoint.iter().cloned())
+            .collect();
+        owed.sort_unstable();
+        owed
+    }
+
+    /// Checkpoint `number` was taken: what was consumed before it may be
+    /// deleted once it is durable.
+    pub(crate) fn checkpoint_taken(&mut self, number: u64) {
+        let consumed = std::mem::take(&mut self.since_checkpoint);
+        if !consumed.is_empty() {
+            self.before.push_back((number, consumed));
+        }
+    }
+
+    /// Checkpoints up to `number` are durable: what may be deleted now.
+    /// Whatever the caller then fails to delete goes back with
+    /// [`Self::owe`], for the next checkpoint to list again.
+    pub(crate) fn due(&mut self, number: u64) -> Vec<K> {
+        let mut due = Vec::new();
+        while self.before.front().is_some_and(|(n, _)| *n <= number) {
+            if let Some((_, keys)) = self.before.pop_front() {
+                due.extend(keys);
+            }
+        }
+        due
+    }
+}
+
 /// Deletes everything under `prefix` and gives its space back soon
 /// ([`SpillStore::delete_range`]: a GroupByKey buffer's scratch space).
 pub(crate) fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {

@@ -192,6 +192,11 @@ impl Engine {
         }
         let number = self.checkpoints.as_ref().map_or(0, |sink| sink.sent + 1);
         let parts = self.cut(Some(number));
+        if parts.is_ok() {
+            for s in &mut self.stages {
+                s.pending.checkpoint_taken(number);
+            }
+        }
         let marks: Vec<(StageIdx, u64)> = self
             .stages
             .iter()
@@ -212,7 +217,7 @@ impl Engine {
                     } else {
                         let sent = sink.sent;
                         self.made_durable(marks);
-                        self.user_state_durable(sent);
+                        self.spill_durable(sent);
                     }
                 }
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -276,17 +281,23 @@ impl Engine {
             }
         }
         self.made_durable(durable);
-        self.user_state_durable(written);
+        self.spill_durable(written);
     }
 
-    /// Checkpoints up to `number` are durable: user state on the durable
-    /// store that only earlier ones named may go. (What cannot be deleted
-    /// now is owed again by the next checkpoint.)
-    fn user_state_durable(&mut self, number: u64) {
+    /// Checkpoints up to `number` are durable: bags and queue segments on
+    /// the durable store that only earlier ones named may go. (What cannot
+    /// be deleted now is owed again by the next checkpoint.)
+    fn spill_durable(&mut self, number: u64) {
         for (idx, user_state) in self.user_state.iter().enumerate() {
             if let Err(error) = user_state.lock().checkpoint_durable(number) {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete user state no checkpoint needs");
+            }
+        }
+        for (idx, s) in self.stages.iter_mut().enumerate() {
+            if let Err(error) = s.pending.checkpoint_durable(number) {
+                warn!(stage = %self.plan.stages[idx].name, %error,
+                      "cannot delete queued elements no checkpoint needs");
             }
         }
     }

@@ -189,6 +189,10 @@ pub struct RunSummary {
 /// (bundle outputs use `u32::MAX`).
 const USER_STATE_SPACE: u32 = u32::MAX - 1;
 
+/// Likewise, where SDK stages' queues spill on a durable store (on the
+/// spill store each is under its stage's number itself).
+const QUEUE_SPACE: u32 = u32::MAX - 2;
+
 /// How a spill store error of stage `stage` reaches the job: naming the
 /// stage (its GroupByKey buffer, its queue or its user state spilled).
 fn spill_failed(
@@ -485,14 +489,16 @@ impl Engine {
         self.durable_state.is_some() || !self.config.streaming || self.checkpoints.is_none()
     }
 
-    /// Lets stateful stages' bags spill to `store` instead of the spill
-    /// store: a store whose writes last as long as the job's checkpoints
-    /// (the runner's state database, beside them), so that a periodic
-    /// checkpoint names the bags there instead of copying them and a
-    /// checkpointed streaming job's state may outgrow memory (see
-    /// `store/bag_spill.rs`). Keys are those [`Self::with_spill`] would
-    /// give (the job's prefix, then the stage). Call before `with_spill`,
-    /// which enables it.
+    /// Lets stateful stages' bags and SDK stages' queues spill to `store`
+    /// instead of the spill store: a store whose writes last as long as
+    /// the job's checkpoints (the runner's state database, beside them),
+    /// so that a periodic checkpoint names what is there instead of
+    /// copying it, and a checkpointed streaming job's state may outgrow
+    /// memory (see `store/bag_spill.rs`) and its checkpoints go on while a
+    /// queue is on disk (`manager/pending/overflow.rs`). Keys are those
+    /// [`Self::with_spill`] would give (the job's prefix, then a space of
+    /// their own and the stage). Call before `with_spill`, which enables
+    /// it.
     pub fn with_durable_state(mut self, store: Arc<dyn crate::spill::SpillStore>) -> Self {
         self.durable_state = Some(store);
         self
@@ -515,8 +521,10 @@ impl Engine {
     ///
     /// While some buffer, queue or bag has data on the spill store,
     /// periodic checkpoints are not taken (a checkpoint would have to copy
-    /// the spilled bytes back into memory); only a savepoint, or a stable-input stage waiting for one,
-    /// takes a checkpoint then. Call before [`Self::restore`].
+    /// the spilled bytes back into memory); only a savepoint, or a
+    /// stable-input stage waiting for one, takes a checkpoint then. (Bags
+    /// and queues on a durable store do not hold them back.) Call before
+    /// [`Self::restore`].
     pub fn with_spill(
         mut self,
         store: Arc<dyn crate::spill::SpillStore>,
@@ -564,12 +572,17 @@ impl Engine {
             };
             if !sdk.time_sorted_input {
                 let window_coder = self.plan.pcollections[input].window_coder.clone();
-                s.pending.enable_overflow(Overflow::new(
-                    store.clone(),
-                    key,
-                    window_coder,
-                    limit_bytes,
-                ));
+                let overflow = match &self.durable_state {
+                    // Beside the checkpoints, which name its segments.
+                    Some(durable) => {
+                        let mut key = crate::spill::job_space(prefix);
+                        key.extend_from_slice(&QUEUE_SPACE.to_be_bytes());
+                        key.extend_from_slice(&(idx as u32).to_be_bytes());
+                        Overflow::durable(durable.clone(), key, window_coder, limit_bytes)
+                    }
+                    None => Overflow::new(store.clone(), key, window_coder, limit_bytes),
+                };
+                s.pending.enable_overflow(overflow);
             }
         }
         self
@@ -640,11 +653,13 @@ impl Engine {
 
     /// The first stage whose GroupByKey buffer, queue or user state has
     /// data in the spill store (or whose GroupByKey handed out a key that
-    /// only the store holds), and which of them.
+    /// only the store holds), and which of them: what a periodic
+    /// checkpoint waits for. (Not data on a durable store, which
+    /// checkpoints name.)
     fn spilled(&self) -> Option<(StageIdx, &'static str)> {
         self.stages.iter().enumerate().find_map(|(idx, s)| {
             let grouping = s.grouping.as_ref();
-            let what = if s.pending.has_spilled() {
+            let what = if s.pending.holds_scratch_spill() {
                 "its queue"
             } else if grouping.is_some_and(GroupingBuffer::has_spilled) {
                 "its GroupByKey buffer"

@@ -13,13 +13,18 @@
 //!
 //! A queue far past its bound (one bundle's output can be any size) keeps
 //! its back in the spill store (`overflow`); bundles take only from its
-//! memory part, which is refilled from the store as it drains.
+//! memory part, which is refilled from the store as it drains. With a
+//! durable store beside the checkpoints, a periodic checkpoint names that
+//! back instead of copying it.
 
 use super::*;
 use crate::spill::SpillError;
 
+#[cfg(test)]
+mod durable_tests;
 mod overflow;
 pub(super) use overflow::Overflow;
+pub(crate) use overflow::SpilledQueue;
 
 /// A stage's queue of elements waiting for a bundle.
 #[derive(Default)]
@@ -69,6 +74,88 @@ impl Pending {
     /// Whether some waiting elements are in the spill store.
     pub(super) fn has_spilled(&self) -> bool {
         self.overflow.as_ref().is_some_and(|o| !o.is_empty())
+    }
+
+    /// Whether some waiting elements are on scratch disk, which a periodic
+    /// checkpoint would have to copy back.
+    pub(super) fn holds_scratch_spill(&self) -> bool {
+        self.overflow
+            .as_ref()
+            .is_some_and(|o| !o.is_durable() && !o.is_empty())
+    }
+
+    /// A checkpoint of the queue. `front` is called with the elements it
+    /// copies, oldest first; if `named` (a periodic checkpoint) and the
+    /// queue spills to a durable store, the spilled segments are named
+    /// instead of copied, and `tail` is called with the elements that come
+    /// after them. Errors only if the store does.
+    pub(super) fn checkpoint(
+        &self,
+        named: bool,
+        mut front: impl FnMut(&DecodedElement),
+        tail: impl FnMut(&DecodedElement),
+    ) -> Result<Option<SpilledQueue>, SpillError> {
+        match &self.overflow {
+            Some(o) if named && o.is_durable() => {
+                self.queue.iter().for_each(&mut front);
+                Ok(Some(o.checkpoint(tail)))
+            }
+            _ => self.for_each(front).map(|()| None),
+        }
+    }
+
+    /// Periodic checkpoint `number` was taken (see [`Overflow::checkpoint_taken`]).
+    pub(super) fn checkpoint_taken(&mut self, number: u64) {
+        if let Some(o) = &mut self.overflow {
+            o.checkpoint_taken(number);
+        }
+    }
+
+    /// Checkpoints up to `number` are durable: spilled segments only
+    /// earlier ones named are deleted.
+    pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
+        match &mut self.overflow {
+            Some(o) => o.checkpoint_durable(number),
+            None => Ok(()),
+        }
+    }
+
+    /// Empties the queue and puts back what a checkpoint kept of it:
+    /// `front`, then the segments `spilled` names on the durable store and
+    /// the elements after them. What the durable store holds that the
+    /// checkpoint does not name is deleted.
+    pub(super) fn restore(
+        &mut self,
+        front: Vec<DecodedElement>,
+        spilled: Option<(SpilledQueue, Vec<DecodedElement>)>,
+    ) -> Result<(), SpillError> {
+        *self = self.emptied();
+        if let Some(o) = self.overflow.as_mut().filter(|o| o.is_durable()) {
+            let unnamed = SpilledQueue::default();
+            o.forget_unnamed(spilled.as_ref().map_or(&unnamed, |(record, _)| record))?;
+        }
+        for e in front {
+            self.push_back(e)?;
+        }
+        let Some((record, tail)) = spilled else {
+            return Ok(());
+        };
+        let Some(o) = self.overflow.as_mut().filter(|o| o.is_durable()) else {
+            return Err(SpillError(
+                "the checkpoint names spilled elements of a queue that has no durable store here"
+                    .into(),
+            ));
+        };
+        let (holds, bytes, pushed) = (&mut self.holds, &mut self.bytes, &mut self.pushed);
+        o.append_restored(record, |e| {
+            holds.add(e.header.timestamp);
+            *bytes += e.encoded.len();
+            *pushed += 1;
+        })?;
+        for e in tail {
+            self.push_back(e)?;
+        }
+        Ok(())
     }
 
     /// Queue an element last. Errors only if the spill store does.
@@ -233,6 +320,12 @@ impl Pending {
             Some(o) => o.for_each(f),
             None => Ok(()),
         }
+    }
+
+    /// How many segments of the queue are on disk.
+    #[cfg(test)]
+    pub(super) fn segments_on_disk(&self) -> usize {
+        self.overflow.as_ref().map_or(0, Overflow::segment_count)
     }
 
     /// Number of waiting elements.

@@ -16,6 +16,7 @@
 //! timers, watermarks), `user_state/{i}`, `user_state_spill/{i}` (where a
 //! stage's bags on the durable store are: a periodic checkpoint names
 //! them rather than copying them, see [`Engine::with_durable_state`]),
+//! `queue_spill/{i}` (likewise, the spilled back of a stage's queue),
 //! `side_inputs`, and the parts the engine's owner added
 //! ([`Engine::with_extra_part`]). A savepoint copies everything: it must
 //! stand on its own. Each part's
@@ -27,6 +28,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use super::pending::SpilledQueue;
 use super::stats::CounterRecord;
 use super::*;
 use crate::grouping::GroupingSnapshot;
@@ -72,10 +74,11 @@ pub enum SnapshotError {
 
 /// Version of the encoding; a checkpoint of another version is refused.
 /// Version 3 added the `user_state_spill/{i}` parts (bags a checkpoint
-/// names on the durable store instead of holding them), which a version-2
-/// reader would silently go without; a version-2 checkpoint has none and
+/// names on the durable store instead of holding them), and version 4 the
+/// `queue_spill/{i}` parts (queue segments likewise), which an older
+/// reader would silently go without; an older checkpoint has none and
 /// reads as it did.
-const SNAPSHOT_VERSION: u32 = 3;
+const SNAPSHOT_VERSION: u32 = 4;
 
 /// The oldest version still read.
 const OLDEST_SNAPSHOT_VERSION: u32 = 2;
@@ -160,6 +163,15 @@ struct StageRecord<'a> {
     counters: CounterRecord,
 }
 
+/// The spilled back of a stage's queue as a periodic checkpoint keeps it
+/// on a durable store: its segments by name, then the elements after them
+/// (not written yet).
+#[derive(Debug, Serialize, Deserialize)]
+struct QueueSpillRecord {
+    spilled: SpilledQueue,
+    tail: Vec<ElementRecord>,
+}
+
 /// Encodes `value` into a buffer of exactly its size: a part can be as
 /// large as a stage's user state, and a growing buffer would hold up to
 /// half as much again while it doubles.
@@ -226,12 +238,24 @@ impl Engine {
                     timers.to_mut().restore(flight.fired_timers.clone());
                 }
             }
-            s.pending
-                .for_each(|e| pending.push(ElementRecord::of(e)))
+            let mut tail = Vec::new();
+            let spilled_queue = s
+                .pending
+                .checkpoint(
+                    number.is_some(),
+                    |e| pending.push(ElementRecord::of(e)),
+                    |e| tail.push(ElementRecord::of(e)),
+                )
                 .map_err(|source| SnapshotError::Queue {
                     stage: self.plan.stages[idx].name.clone(),
                     source,
                 })?;
+            if let Some(spilled) = spilled_queue {
+                parts.push(encode(
+                    format!("queue_spill/{idx}"),
+                    &QueueSpillRecord { spilled, tail },
+                )?);
+            }
             let delayed = s
                 .delayed
                 .iter()
@@ -317,16 +341,23 @@ impl Engine {
             let record: StageRecord = decode(&name, part(&name)?)?;
             let gated = self.checkpoints.is_some()
                 && matches!(&self.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
+            let name = format!("queue_spill/{idx}");
+            let spilled_queue: Option<QueueSpillRecord> = match part(&name) {
+                Ok(bytes) => Some(decode(&name, bytes)?),
+                Err(_) => None,
+            };
             let s = &mut self.stages[idx];
-            s.pending = s.pending.emptied();
-            for e in record.pending {
-                s.pending
-                    .push_back(e.into_element())
-                    .map_err(|source| SnapshotError::Queue {
-                        stage: self.plan.stages[idx].name.clone(),
-                        source,
-                    })?;
-            }
+            let front = record.pending.into_iter().map(ElementRecord::into_element);
+            let spilled_queue = spilled_queue.map(|r| {
+                let tail = r.tail.into_iter().map(ElementRecord::into_element);
+                (r.spilled, tail.collect())
+            });
+            s.pending
+                .restore(front.collect(), spilled_queue)
+                .map_err(|source| SnapshotError::Queue {
+                    stage: self.plan.stages[idx].name.clone(),
+                    source,
+                })?;
             // It came from a checkpoint: it is stable input.
             s.pending.all_durable();
             if gated {

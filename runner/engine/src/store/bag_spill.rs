@@ -39,7 +39,7 @@
 //!   lists the deletes still owed, which a restore carries out (a crash may
 //!   have come between the checkpoint and the deletes).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::BagId;
-use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, OwedDeletes, PagedRange, SpillError, SpillStore};
 
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
@@ -94,16 +94,6 @@ impl SpilledBags {
     }
 }
 
-/// Deletes a durable store owes: cleared bags' parts, which the latest
-/// durable checkpoint may still name.
-#[derive(Debug, Default)]
-struct Owed {
-    /// Cleared since the last checkpoint was taken.
-    since_checkpoint: Vec<RunKey>,
-    /// Cleared before checkpoint `n` was taken: deleted once it is durable.
-    before: VecDeque<(u64, Vec<RunKey>)>,
-}
-
 /// A stage's bags on disk.
 #[derive(Debug)]
 pub(super) struct BagSpill {
@@ -120,8 +110,9 @@ pub(super) struct BagSpill {
     cells: HashMap<BagId, SpilledBag>,
     /// Bytes written so far.
     spilled_bytes: u64,
-    /// On a durable store, the deletes it owes; `None` on scratch.
-    owed: Option<Owed>,
+    /// On a durable store, the deletes it owes (cleared bags' parts);
+    /// `None` on scratch.
+    owed: Option<OwedDeletes<RunKey>>,
 }
 
 impl BagSpill {
@@ -144,7 +135,7 @@ impl BagSpill {
     /// checkpoint that names them (see the module docs).
     pub(super) fn durable(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
         let mut spill = Self::scratch(store, prefix, limit);
-        spill.owed = Some(Owed::default());
+        spill.owed = Some(OwedDeletes::default());
         spill
     }
 
@@ -314,7 +305,7 @@ impl BagSpill {
         };
         let runs = cell.runs.iter().map(|r| (r.generation, cell.number));
         match &mut self.owed {
-            Some(owed) => owed.since_checkpoint.extend(runs),
+            Some(owed) => owed.owe(runs),
             None => {
                 for run in runs {
                     forget_prefix(self.store.as_ref(), &self.run_prefix(run))?;
@@ -343,18 +334,10 @@ impl BagSpill {
     /// still owed, which are carried out once it is durable
     /// ([`Self::checkpoint_durable`]).
     pub(super) fn checkpoint(&mut self, number: u64) -> SpilledBags {
-        let mut owed_now = Vec::new();
-        if let Some(owed) = &mut self.owed {
-            let cleared = std::mem::take(&mut owed.since_checkpoint);
-            for (_, runs) in &owed.before {
-                owed_now.extend_from_slice(runs);
-            }
-            owed_now.extend_from_slice(&cleared);
-            if !cleared.is_empty() {
-                owed.before.push_back((number, cleared));
-            }
-        }
-        owed_now.sort_unstable();
+        let owed = self
+            .owed
+            .as_mut()
+            .map_or_else(Vec::new, |owed| owed.checkpoint(number));
         let mut cells: Vec<(BagId, SpilledBag)> = self
             .cells
             .iter()
@@ -365,7 +348,7 @@ impl BagSpill {
             next_cell: self.next_cell,
             generation: self.generation,
             cells,
-            owed: owed_now,
+            owed,
         }
     }
 
@@ -377,19 +360,12 @@ impl BagSpill {
         let Some(owed) = &mut self.owed else {
             return Ok(());
         };
-        let mut due = Vec::new();
-        while owed.before.front().is_some_and(|(n, _)| *n <= number) {
-            if let Some((_, runs)) = owed.before.pop_front() {
-                due.extend(runs);
-            }
-        }
-        let mut due = due.into_iter();
+        let mut due = owed.due(number).into_iter();
         while let Some(run) = due.next() {
             if let Err(error) = forget_prefix(self.store.as_ref(), &self.run_prefix(run)) {
                 // Still owed: the next checkpoint lists them again.
                 if let Some(owed) = &mut self.owed {
-                    owed.since_checkpoint.push(run);
-                    owed.since_checkpoint.extend(due);
+                    owed.owe(std::iter::once(run).chain(due));
                 }
                 return Err(error);
             }
@@ -413,7 +389,7 @@ impl BagSpill {
         self.generation = record.generation;
         self.cells = record.cells.into_iter().collect();
         if let Some(owed) = &mut self.owed {
-            *owed = Owed::default();
+            *owed = OwedDeletes::default();
         }
         Ok(())
     }

@@ -14,14 +14,26 @@
 //! A segment is its elements one after another, each as its value's
 //! offset, its length (both `u32` little-endian) and its encoding; read
 //! back, the elements are slices of the segment's one buffer.
+//!
+//! On the spill store (scratch, which a crash empties) a segment is
+//! deleted as it is read back, and a checkpoint copies the spilled
+//! elements (periodic checkpoints are skipped while a queue has some). On
+//! a durable store beside the checkpoints ([`Overflow::durable`]) a
+//! checkpoint names the segments instead ([`SpilledQueue`]): segments are
+//! never rewritten and their numbers never reused, so a checkpoint needs
+//! only their numbers and the next number, and a restore deletes every
+//! number from that one on (written after the checkpoint). A segment read
+//! back is deleted only once a later checkpoint (which does not name it)
+//! is durable, and every checkpoint lists the deletes still owed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
-use crate::spill::{forget_prefix, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, OwedDeletes, SpillError, SpillStore};
 
 /// About how many bytes of elements one segment holds at most: half the
 /// queue's bound, within these.
@@ -50,12 +62,30 @@ pub(in crate::manager) struct Overflow {
     len: usize,
     /// Bytes written to the store so far.
     pub(super) written: u64,
+    /// On a durable store, the segments read back that a checkpoint may
+    /// still name; `None` on scratch.
+    owed: Option<OwedDeletes<u64>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Segment {
     number: u64,
-    elements: usize,
+    elements: u32,
+}
+
+/// What a checkpoint keeps of a queue's back on a durable store: the
+/// segments by number (not their elements), and the deletes still owed.
+/// The elements not written yet, which come after the segments, are in
+/// the checkpoint with the queue's front.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SpilledQueue {
+    /// The number of the first segment written after the checkpoint:
+    /// every number from it on is not the checkpoint's.
+    next: u64,
+    /// Oldest first.
+    segments: Vec<Segment>,
+    /// Segments read back before the checkpoint and not deleted yet.
+    owed: Vec<u64>,
 }
 
 impl Overflow {
@@ -77,22 +107,51 @@ impl Overflow {
             next: 0,
             len: 0,
             written: 0,
+            owed: None,
         }
+    }
+
+    /// An empty overflow on `store`, whose writes survive as long as the
+    /// checkpoints that name them (see the module docs).
+    pub(in crate::manager) fn durable(
+        store: Arc<dyn SpillStore>,
+        prefix: Vec<u8>,
+        window_coder: Coder,
+        limit: usize,
+    ) -> Self {
+        let mut overflow = Overflow::new(store, prefix, window_coder, limit);
+        overflow.owed = Some(OwedDeletes::default());
+        overflow
     }
 
     /// The same space, empty (a queue restored from a checkpoint).
     pub(super) fn emptied(&self) -> Self {
-        Overflow::new(
+        let mut overflow = Overflow::new(
             self.store.clone(),
             self.prefix.clone(),
             self.window_coder.clone(),
             self.limit,
-        )
+        );
+        if self.is_durable() {
+            overflow.owed = Some(OwedDeletes::default());
+        }
+        overflow
+    }
+
+    /// Whether checkpoints name the segments instead of copying them.
+    pub(super) fn is_durable(&self) -> bool {
+        self.owed.is_some()
     }
 
     /// How many elements wait here.
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// How many segments are written (and not read back).
+    #[cfg(test)]
+    pub(super) fn segment_count(&self) -> usize {
+        self.segments.len()
     }
 
     /// Whether nothing waits here.
@@ -139,13 +198,12 @@ impl Overflow {
             value.extend_from_slice(&e.encoded);
         }
         let number = self.next;
+        let elements = u32::try_from(self.open.len())
+            .map_err(|_| SpillError("a queue segment of more than 2^32 elements".into()))?;
         self.store.put(vec![(self.key(number), value)])?;
         self.written += self.open_bytes as u64;
         self.next += 1;
-        self.segments.push_back(Segment {
-            number,
-            elements: self.open.len(),
-        });
+        self.segments.push_back(Segment { number, elements });
         self.open.clear();
         self.open_bytes = 0;
         Ok(())
@@ -159,24 +217,32 @@ impl Overflow {
             self.open_bytes = 0;
             return Ok(std::mem::take(&mut self.open));
         };
-        let key = self.key(segment.number);
-        let elements = self.read(&key, segment.elements)?;
-        self.store
-            .forget_range(&key, &self.key(segment.number + 1))?;
+        let number = segment.number;
+        let elements = self.read(number, segment.elements)?;
+        match &mut self.owed {
+            Some(owed) => owed.owe([number]),
+            None => self.forget(number)?,
+        }
         self.segments.pop_front();
         self.len -= elements.len();
         Ok(elements)
     }
 
-    fn read(&self, key: &[u8], count: usize) -> Result<Vec<DecodedElement>, SpillError> {
-        let mut end = key.to_vec();
+    fn forget(&self, number: u64) -> Result<(), SpillError> {
+        self.store
+            .forget_range(&self.key(number), &self.key(number + 1))
+    }
+
+    fn read(&self, number: u64, count: u32) -> Result<Vec<DecodedElement>, SpillError> {
+        let key = self.key(number);
+        let mut end = key.clone();
         end.push(0);
-        let mut found = self.store.scan(key, &end, usize::MAX)?;
+        let mut found = self.store.scan(&key, &end, usize::MAX)?;
         let corrupt =
             |what: &str| SpillError(format!("a spilled queue segment is corrupt ({what})"));
         let (_, value) = found.pop().ok_or_else(|| corrupt("missing"))?;
         let buf = Bytes::from(value);
-        let mut elements = Vec::with_capacity(count);
+        let mut elements = Vec::with_capacity(count as usize);
         let mut at = 0;
         while at < buf.len() {
             let word = |at: usize| -> Result<usize, SpillError> {
@@ -197,28 +263,109 @@ impl Overflow {
             elements.push(DecodedElement::new(header, encoded, value_start));
             at = start + len;
         }
-        if elements.len() != count {
+        if elements.len() != count as usize {
             return Err(corrupt("element count"));
         }
         Ok(elements)
     }
 
     /// Calls `f` with every element here, oldest first (a checkpoint
-    /// records them).
+    /// that copies them records them).
     pub(super) fn for_each(&self, mut f: impl FnMut(&DecodedElement)) -> Result<(), SpillError> {
         for segment in &self.segments {
-            for e in self.read(&self.key(segment.number), segment.elements)? {
+            for e in self.read(segment.number, segment.elements)? {
                 f(&e);
             }
         }
         self.open.iter().for_each(f);
         Ok(())
     }
+
+    /// What a checkpoint keeps of a durable overflow: the segments by
+    /// number; `f` is called with the elements not written yet, which it
+    /// copies. Once the checkpoint is sent, [`Self::checkpoint_taken`].
+    pub(super) fn checkpoint(&self, f: impl FnMut(&DecodedElement)) -> SpilledQueue {
+        self.open.iter().for_each(f);
+        SpilledQueue {
+            next: self.next,
+            segments: self.segments.iter().copied().collect(),
+            owed: self
+                .owed
+                .as_ref()
+                .map_or_else(Vec::new, OwedDeletes::listed),
+        }
+    }
+
+    /// Checkpoint `number` (counting those sent to be written) was taken:
+    /// segments read back before it are deleted once it is durable
+    /// ([`Self::checkpoint_durable`]).
+    pub(super) fn checkpoint_taken(&mut self, number: u64) {
+        if let Some(owed) = &mut self.owed {
+            owed.checkpoint_taken(number);
+        }
+    }
+
+    /// Checkpoints up to `number` are durable: segments read back before
+    /// them are named by no checkpoint a restore would read. A failed
+    /// delete is owed again (the next checkpoint lists it).
+    pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
+        let Some(owed) = &mut self.owed else {
+            return Ok(());
+        };
+        let mut due = owed.due(number).into_iter();
+        while let Some(segment) = due.next() {
+            if let Err(error) = self.forget(segment) {
+                if let Some(owed) = &mut self.owed {
+                    owed.owe(std::iter::once(segment).chain(due));
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes what checkpoint `record` does not name (`None`: it named no
+    /// segment): every number from its next one on, and the deletes it
+    /// owed. Call on an empty overflow, before the queue's front is pushed
+    /// back; then [`Self::append_restored`].
+    pub(super) fn forget_unnamed(&mut self, record: &SpilledQueue) -> Result<(), SpillError> {
+        let end = prefix_end(&self.prefix).unwrap_or_default();
+        self.store.forget_range(&self.key(record.next), &end)?;
+        for &segment in &record.owed {
+            self.forget(segment)?;
+        }
+        self.next = record.next;
+        Ok(())
+    }
+
+    /// Puts the segments `record` names back at the end (after writing
+    /// what is not written yet, to keep the order), calling `f` with each
+    /// of their elements, read back one segment at a time (the queue
+    /// counts their bytes and holds).
+    pub(super) fn append_restored(
+        &mut self,
+        record: SpilledQueue,
+        mut f: impl FnMut(&DecodedElement),
+    ) -> Result<(), SpillError> {
+        if !self.open.is_empty() {
+            self.write_open()?;
+        }
+        for segment in record.segments {
+            for e in self.read(segment.number, segment.elements)? {
+                f(&e);
+            }
+            self.len += segment.elements as usize;
+            self.segments.push_back(segment);
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Overflow {
+    /// Segments on scratch go with their queue; on a durable store they
+    /// are the checkpoints', and go with the job (or a restore).
     fn drop(&mut self) {
-        if self.segments.is_empty() {
+        if self.segments.is_empty() || self.is_durable() {
             return;
         }
         if let Err(e) = forget_prefix(self.store.as_ref(), &self.prefix) {
