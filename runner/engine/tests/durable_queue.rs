@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::crashes::{bundle_number, write_until, Writer};
+use common::crashes::{
+    after_a_millisecond, recorded_on_commit, run_crashing_at, Commits, Crash, Writer,
+};
 use common::{elements, global_windowed, next_source_step, source_step, sourced_plan};
 use futures::future::BoxFuture;
-use futures::FutureExt;
-use parking_lot::Mutex;
 use refract_engine::coder::Coder;
-use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, EngineConfig};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::spill::MemorySpillStore;
 use tokio::sync::{mpsc, watch};
@@ -42,12 +42,10 @@ const SINK: usize = 2;
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(2);
 
-/// (bundle number, the elements it took: step, index).
-type Commits = Arc<Mutex<Vec<(u64, Vec<(u8, u8)>)>>>;
-
 #[derive(Default)]
 struct Sdk {
-    committed: Commits,
+    /// The elements each committed sink bundle took: (step, index).
+    committed: Commits<Vec<(u8, u8)>>,
 }
 
 /// Bytes as `Coder::Bytes` nests them: a varint length, then the bytes.
@@ -85,20 +83,9 @@ impl StageExecutor for Sdk {
                 .iter()
                 .map(|e| (e[e.len() - 2], e[e.len() - 1]))
                 .collect();
-            let bundle = bundle_number(&input);
-            let committed = self.committed.clone();
-            BundleOutput {
-                on_commit: Some(CommitAction::new(move || {
-                    committed.lock().push((bundle, ids))
-                })),
-                ..Default::default()
-            }
+            recorded_on_commit(&self.committed, &input, ids)
         };
-        async move {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            Ok(output)
-        }
-        .boxed()
+        after_a_millisecond(output)
     }
 }
 
@@ -138,56 +125,21 @@ fn names_segments(parts: &[(String, Bytes)]) -> bool {
     fresh.restore(parts).is_err()
 }
 
-/// How a run went: the elements committed in total, whether it crashed,
-/// and whether the checkpoint it crashed at named segments.
-struct Outcome {
-    elements: Vec<(u8, u8)>,
-    crashed: bool,
-    named: bool,
-}
-
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
-/// over the same durable store.
-async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> Outcome {
+/// over the same durable store; returns the elements committed in total,
+/// and whether the checkpoint it crashed at named segments.
+async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, u8)>, Option<bool>) {
     let durable = MemorySpillStore::shared();
-    let (cancel, cancelled) = watch::channel(false);
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let first = tokio::spawn(engine(sdk, &durable, tx, progress).run(cancelled));
-    let (_, kept) = write_until(rx, report, writer, WRITE_TIME).await;
-    let _ = cancel.send(true);
-    let finished_first = first.await.expect("no panic");
-    let Some(parts) = kept else {
-        let summary = finished_first.expect("the run without a crash succeeds");
-        assert!(summary.queue_spilled_bytes > 0, "the queue spilled");
-        return Outcome {
-            elements: committed_elements(sdk),
-            crashed: false,
-            named: false,
-        };
+    let make = |tx, progress| engine(sdk, &durable, tx, progress);
+    let crash = run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await;
+    let named = match crash {
+        Crash::None(summary) => {
+            assert!(summary.queue_spilled_bytes > 0, "the queue spilled");
+            None
+        }
+        Crash::At(parts) => Some(names_segments(&parts)),
     };
-    let named = names_segments(&parts);
-    // A crash loses what the checkpoint does not count as done.
-    let info = describe_checkpoint(&parts).expect("readable");
-    sdk.committed
-        .lock()
-        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let mut engine = engine(sdk, &durable, tx, progress);
-    engine.restore(&parts).expect("restores");
-    let writer = tokio::spawn(write_until(rx, report, Writer::default(), WRITE_TIME));
-    let (_cancel, cancelled) = watch::channel(false);
-    engine
-        .run(cancelled)
-        .await
-        .expect("the restored run succeeds");
-    writer.await.expect("the writer ends");
-    Outcome {
-        elements: committed_elements(sdk),
-        crashed: true,
-        named,
-    }
+    (committed_elements(sdk), named)
 }
 
 fn committed_elements(sdk: &Sdk) -> Vec<(u8, u8)> {
@@ -212,18 +164,18 @@ async fn queue_segments_named_by_checkpoints_come_back_after_a_crash() {
         for crash_at in std::iter::once(None).chain(crashes) {
             let writer = Writer { crash_at, failing };
             let sdk = Arc::new(Sdk::default());
-            let outcome =
-                tokio::time::timeout(Duration::from_secs(30), run_crashing_at(&sdk, writer))
+            let (elements, crash) =
+                tokio::time::timeout(Duration::from_secs(30), run(&sdk, writer))
                     .await
                     .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
             assert!(
-                outcome.elements == expected,
+                elements == expected,
                 "{writer:?}: every element exactly once ({} of {})",
-                outcome.elements.len(),
+                elements.len(),
                 expected.len()
             );
-            crashed += u32::from(outcome.crashed);
-            named += u32::from(outcome.named);
+            crashed += u32::from(crash.is_some());
+            named += u32::from(crash == Some(true));
         }
         // Checkpoints are taken while the queue is on disk, and crashed at.
         assert!(crashed >= 8, "{failing} failing: {crashed} crashes");

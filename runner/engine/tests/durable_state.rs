@@ -19,14 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::crashes::{bundle_number, write_until, Writer};
+use common::crashes::{
+    after_a_millisecond, recorded_on_commit, run_crashing_at, Commits, Crash, Writer,
+};
 use common::{elements, global_windowed, next_source_step, source_step, sourced_plan};
 use futures::future::BoxFuture;
-use futures::FutureExt;
-use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
-use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, EngineConfig};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::{BundleState, StateKey};
@@ -45,12 +45,10 @@ const STATEFUL: usize = 2;
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(2);
 
-/// (bundle number, the batches it emitted: key, values in order).
-type Commits = Arc<Mutex<Vec<(u64, Vec<(u8, Vec<u8>)>)>>>;
-
 #[derive(Default)]
 struct Sdk {
-    committed: Commits,
+    /// The batches each committed bundle emitted: key, values in order.
+    committed: Commits<Vec<(u8, Vec<u8>)>>,
 }
 
 fn kv_coder() -> Coder {
@@ -126,20 +124,9 @@ impl StageExecutor for Sdk {
                         .expect("the bag takes an append");
                 }
             }
-            let bundle = bundle_number(&input);
-            let committed = self.committed.clone();
-            BundleOutput {
-                on_commit: Some(CommitAction::new(move || {
-                    committed.lock().push((bundle, batches))
-                })),
-                ..Default::default()
-            }
+            recorded_on_commit(&self.committed, &input, batches)
         };
-        async move {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            Ok(output)
-        }
-        .boxed()
+        after_a_millisecond(output)
     }
 }
 
@@ -182,42 +169,24 @@ fn engine(
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
 /// over the same durable store; returns the batches committed in total,
 /// and whether it crashed.
-async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, Vec<u8>)>, bool) {
+async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, Vec<u8>)>, bool) {
     let durable = MemorySpillStore::shared();
-    let (cancel, cancelled) = watch::channel(false);
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let first = tokio::spawn(engine(sdk, &durable, tx, progress).run(cancelled));
-    let (_, kept) = write_until(rx, report, writer, WRITE_TIME).await;
-    let _ = cancel.send(true);
-    let finished_first = first.await.expect("no panic");
-    let Some(parts) = kept else {
+    let make = |tx, progress| engine(sdk, &durable, tx, progress);
+    let crashed = match run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await {
         // (A run may take fewer checkpoints than the crash waits for.)
-        let summary = finished_first.expect("the run without a crash succeeds");
-        assert!(summary.state_spilled_bytes > 0, "the bags spilled");
-        return (committed_batches(sdk), false);
+        Crash::None(summary) => {
+            assert!(summary.state_spilled_bytes > 0, "the bags spilled");
+            false
+        }
+        Crash::At(parts) => {
+            assert!(
+                parts.iter().any(|(name, _)| name == "user_state_spill/2"),
+                "the checkpoint names the stage's bags on the durable store"
+            );
+            true
+        }
     };
-    assert!(
-        parts.iter().any(|(name, _)| name == "user_state_spill/2"),
-        "the checkpoint names the stage's bags on the durable store"
-    );
-    // A crash loses what the checkpoint does not count as done.
-    let info = describe_checkpoint(&parts).expect("readable");
-    sdk.committed
-        .lock()
-        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let mut engine = engine(sdk, &durable, tx, progress);
-    engine.restore(&parts).expect("restores");
-    let writer = tokio::spawn(write_until(rx, report, Writer::default(), WRITE_TIME));
-    let (_cancel, cancelled) = watch::channel(false);
-    engine
-        .run(cancelled)
-        .await
-        .expect("the restored run succeeds");
-    writer.await.expect("the writer ends");
-    (committed_batches(sdk), true)
+    (committed_batches(sdk), crashed)
 }
 
 fn committed_batches(sdk: &Sdk) -> Vec<(u8, Vec<u8>)> {
@@ -240,10 +209,9 @@ async fn bags_named_by_checkpoints_come_back_whole_after_a_crash() {
         for crash_at in std::iter::once(None).chain(crashes) {
             let writer = Writer { crash_at, failing };
             let sdk = Arc::new(Sdk::default());
-            let (batches, crash) =
-                tokio::time::timeout(Duration::from_secs(30), run_crashing_at(&sdk, writer))
-                    .await
-                    .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
+            let (batches, crash) = tokio::time::timeout(Duration::from_secs(30), run(&sdk, writer))
+                .await
+                .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
             assert_eq!(batches, expected, "{writer:?}: every batch exactly once");
             crashed += u32::from(crash);
         }

@@ -16,29 +16,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::crashes::{bundle_number, write_until, Writer};
+use common::crashes::{after_a_millisecond, recorded_on_commit, run_crashing_at, Commits, Writer};
 use common::sourced_plan;
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{
     decode_varint_i64, decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder,
     PaneInfo, WindowedValueHeader,
 };
-use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, EngineConfig};
+use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
+use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::window::Window;
-use tokio::sync::{mpsc, watch};
 
 /// Elements the source emits per run.
 const ELEMENTS: i64 = 20;
 
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(10);
-
-/// (bundle number, values) of committed bundles.
-type Commits = Arc<Mutex<Vec<(u64, Vec<i64>)>>>;
 
 /// Plays the source (stage 1) and the stable-input stage (stage 2).
 #[derive(Default)]
@@ -48,7 +43,7 @@ struct Sdk {
     /// Every value the stable stage was given, in any attempt.
     seen: Mutex<BTreeSet<i64>>,
     /// (bundle number, values) of the stable stage's committed bundles.
-    committed: Commits,
+    committed: Commits<Vec<i64>>,
 }
 
 impl StageExecutor for Sdk {
@@ -83,22 +78,10 @@ impl StageExecutor for Sdk {
                     }
                 }
                 self.seen.lock().extend(values.iter().copied());
-                let bundle = bundle_number(&input);
-                let committed = self.committed.clone();
-                BundleOutput {
-                    on_commit: Some(CommitAction::new(move || {
-                        committed.lock().push((bundle, values))
-                    })),
-                    ..Default::default()
-                }
+                recorded_on_commit(&self.committed, &input, values)
             }
         };
-        async move {
-            // Let the engine's loop turn between bundles.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            Ok(output)
-        }
-        .boxed()
+        after_a_millisecond(output)
     }
 }
 
@@ -125,42 +108,14 @@ fn config() -> EngineConfig {
 /// Runs the plan with `writer`, crashing at its `crash_at`th checkpoint
 /// and finishing from it; returns the values the stable stage committed,
 /// in total.
-async fn run_crashing_at(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
+async fn run(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
-    let (cancel, cancelled) = watch::channel(false);
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let engine = Engine::new(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_checkpoints(Duration::ZERO, tx, Some(progress));
-    let first = tokio::spawn(engine.run(cancelled));
-    let (_, kept) = write_until(rx, report, writer, WRITE_TIME).await;
-    let _ = cancel.send(true);
-    let finished_first = first.await.expect("no panic");
-    let Some(parts) = kept else {
-        finished_first.expect("the run without a crash succeeds");
-        return committed_values(sdk);
+    let engine = |tx, progress| {
+        Engine::new(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
+            .expect("a valid plan")
+            .with_checkpoints(Duration::ZERO, tx, Some(progress))
     };
-    // A crash loses what the checkpoint does not count as done.
-    let info = describe_checkpoint(&parts).expect("readable");
-    sdk.committed
-        .lock()
-        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
-    let mut engine = Engine::new(plan(), executor, config(), "s", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_checkpoints(Duration::ZERO, tx, Some(progress));
-    engine.restore(&parts).expect("restores");
-    let writer = tokio::spawn(write_until(rx, report, Writer::default(), WRITE_TIME));
-    let (_cancel, cancelled) = watch::channel(false);
-    engine
-        .run(cancelled)
-        .await
-        .expect("the restored run succeeds");
-    writer
-        .await
-        .expect("the writer saw one checkpoint at a time");
+    run_crashing_at(engine, &sdk.committed, writer, WRITE_TIME).await;
     committed_values(sdk)
 }
 
@@ -203,10 +158,9 @@ async fn a_stable_input_stage_sees_again_after_a_crash_exactly_what_it_saw_befor
             writer.crash_at, writer.failing
         );
         let sdk = Arc::new(Sdk::default());
-        let committed =
-            tokio::time::timeout(Duration::from_secs(30), run_crashing_at(&sdk, writer))
-                .await
-                .unwrap_or_else(|_| panic!("{what}: the run did not end"));
+        let committed = tokio::time::timeout(Duration::from_secs(30), run(&sdk, writer))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the run did not end"));
         let mut indices: Vec<i64> = committed.iter().map(|v| v % 1000).collect();
         indices.sort_unstable();
         assert_eq!(

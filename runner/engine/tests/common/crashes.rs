@@ -1,11 +1,15 @@
 //! Checkpoint writers that crash: shared by the tests that run a job, keep
 //! the checkpoint a crash would leave, and finish the job from it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use refract_engine::executor::BundleInput;
-use refract_engine::manager::CheckpointProgress;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError};
+use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, RunSummary};
 use tokio::sync::{mpsc, watch};
 
 /// How a test's checkpoint writer behaves.
@@ -56,4 +60,85 @@ pub fn bundle_number(input: &BundleInput) -> u64 {
         .rsplit_once("-b")
         .and_then(|(_, n)| n.parse().ok())
         .expect("bundle ids end in -b<number>")
+}
+
+/// What a test's stage committed: (bundle number, what it recorded).
+pub type Commits<T> = Arc<Mutex<Vec<(u64, T)>>>;
+
+/// A bundle's output that records `what` in `committed` under `input`'s
+/// bundle number when (and only if) the bundle commits.
+pub fn recorded_on_commit<T: Send + 'static>(
+    committed: &Commits<T>,
+    input: &BundleInput,
+    what: T,
+) -> BundleOutput {
+    let bundle = bundle_number(input);
+    let committed = committed.clone();
+    BundleOutput {
+        on_commit: Some(CommitAction::new(move || {
+            committed.lock().push((bundle, what))
+        })),
+        ..Default::default()
+    }
+}
+
+/// `output`, a millisecond later (the engine's loop turns between
+/// bundles, so checkpoints fall between them).
+pub fn after_a_millisecond(
+    output: BundleOutput,
+) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+    async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Ok(output)
+    }
+    .boxed()
+}
+
+/// How a run of [`run_crashing_at`] went.
+pub enum Crash {
+    /// The writer never reached its crash: the run ended by itself.
+    None(RunSummary),
+    /// It crashed at this checkpoint, and a restored engine finished.
+    At(Vec<(String, Bytes)>),
+}
+
+/// Runs an engine that `engine` makes (given where to send checkpoints
+/// and where their progress comes back) against `writer`. If the writer
+/// crashes, the commits its checkpoint does not count as done are dropped
+/// from `committed` (a crash loses them) and a second engine from
+/// `engine`, restored from that checkpoint, finishes the job.
+pub async fn run_crashing_at<T>(
+    engine: impl Fn(mpsc::Sender<Vec<(String, Bytes)>>, watch::Receiver<CheckpointProgress>) -> Engine,
+    committed: &Commits<T>,
+    writer: Writer,
+    write_time: Duration,
+) -> Crash {
+    let (cancel, cancelled) = watch::channel(false);
+    let (tx, rx) = mpsc::channel(1);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
+    let first = tokio::spawn(engine(tx, progress).run(cancelled));
+    let (_, kept) = write_until(rx, report, writer, write_time).await;
+    let _ = cancel.send(true);
+    let finished_first = first.await.expect("no panic");
+    let Some(parts) = kept else {
+        return Crash::None(finished_first.expect("the run without a crash succeeds"));
+    };
+    let info = describe_checkpoint(&parts).expect("readable");
+    committed
+        .lock()
+        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
+    let (tx, rx) = mpsc::channel(1);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
+    let mut restored = engine(tx, progress);
+    restored.restore(&parts).expect("restores");
+    let writer = tokio::spawn(write_until(rx, report, Writer::default(), write_time));
+    let (_cancel, cancelled) = watch::channel(false);
+    restored
+        .run(cancelled)
+        .await
+        .expect("the restored run succeeds");
+    writer
+        .await
+        .expect("the writer saw one checkpoint at a time");
+    Crash::At(parts)
 }
