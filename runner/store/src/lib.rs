@@ -31,7 +31,8 @@
 //! its chunks in order; `s/{job}/{key}` the job's state beside its
 //! checkpoints. A large part is written in chunks ahead of the
 //! checkpoint's atomic write (under a version no manifest names yet, so a
-//! crash in between leaves the previous checkpoint whole), because one
+//! crash in between leaves the previous checkpoint whole, and the next
+//! checkpoint, which writes that version, deletes what it left), because one
 //! write of it would hold it twice more in memory — in the write batch and
 //! in RocksDB's memtable — beside the engine's state and the part itself.
 
@@ -109,6 +110,10 @@ pub struct Store {
     manifests: Mutex<HashMap<String, Manifest>>,
     /// Parts larger than this are written in chunks of this size.
     chunk_bytes: usize,
+    /// Jobs whose last checkpoint attempt in this process succeeded: no
+    /// attempt cut short left chunks under the version their next
+    /// checkpoint writes (see [`Store::checkpoint`]).
+    swept: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -177,6 +182,7 @@ impl Store {
             kv: Box::new(kv),
             manifests: Mutex::default(),
             chunk_bytes: CHUNK_BYTES,
+            swept: Mutex::default(),
         }
     }
 
@@ -225,6 +231,7 @@ impl Store {
             Deletion::Prefix(state_prefix(job)),
         ];
         self.manifests.lock().remove(job);
+        self.swept.lock().remove(job);
         self.kv.write(Vec::new(), deletes)
     }
 
@@ -290,12 +297,21 @@ impl Store {
     /// checkpoint are kept, not rewritten. The parts are taken, not
     /// borrowed: a part can be as large as a stage's user state, and the
     /// write lets each go once it is in the write batch.
+    ///
+    /// An attempt at the same checkpoint that a crash or a failed write cut
+    /// short may have left chunks written ahead under the version this one
+    /// writes; a part rewritten in chunks deletes them first, and the first
+    /// checkpoint of a job in this process (or the one after a failed
+    /// attempt) deletes those of every other part in its atomic write, so
+    /// that none stay for as long as the job.
     pub fn checkpoint(
         &self,
         job: &str,
         parts: Vec<(String, Bytes)>,
     ) -> Result<CheckpointStats, StoreError> {
         let started = Instant::now();
+        // Put back only once this attempt has succeeded.
+        let swept = self.swept.lock().remove(job);
         let previous = self.manifest(job)?;
         let id = previous.as_ref().map_or(1, |m| m.id + 1);
         let old: HashMap<&str, &PartRef> = previous
@@ -310,6 +326,7 @@ impl Store {
         let parts_total = parts.len();
         // Names in the new checkpoint: the old parts without one go.
         let mut names = std::collections::HashSet::with_capacity(parts_total);
+        let mut chunked = std::collections::HashSet::new();
         for (name, data) in parts {
             let digest: [u8; 32] = Sha256::digest(&data).into();
             total_bytes += data.len() as u64;
@@ -321,6 +338,7 @@ impl Store {
                     }
                     bytes_written += data.len() as u64;
                     let chunks = if data.len() > self.chunk_bytes {
+                        chunked.insert(name.clone());
                         self.write_chunks_ahead(job, &name, id, data)?
                     } else {
                         puts.push((part_key(job, &name, id), data));
@@ -341,6 +359,16 @@ impl Store {
                 deletes.push(part_deletion(job, p));
             }
         }
+        if !swept {
+            let every: std::collections::BTreeSet<&str> = names
+                .iter()
+                .map(String::as_str)
+                .chain(old.keys().copied())
+                .collect();
+            for name in every.into_iter().filter(|n| !chunked.contains(*n)) {
+                deletes.push(Deletion::Prefix(chunk_prefix(job, name, id)));
+            }
+        }
         let manifest = Manifest { id, parts: refs };
         let encoded = manifest.encode();
         bytes_written += encoded.len() as u64;
@@ -348,6 +376,7 @@ impl Store {
         puts.push((manifest_key(job), Bytes::from(encoded)));
         self.kv.write(puts, deletes)?;
         self.manifests.lock().insert(job.to_string(), manifest);
+        self.swept.lock().insert(job.to_string());
         Ok(CheckpointStats {
             id,
             parts: parts_total,

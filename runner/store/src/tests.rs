@@ -288,7 +288,7 @@ fn large_parts_go_in_chunks_in_rocksdb() {
 #[derive(Default)]
 struct FailingFinalWrite {
     inner: MemoryKv,
-    fail_next: std::sync::atomic::AtomicBool,
+    fail_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Kv for FailingFinalWrite {
@@ -358,6 +358,80 @@ fn chunks_a_failed_checkpoint_left_do_not_join_the_retry() {
         vec![("big".to_string(), retried)]
     );
     assert_eq!(keys(&store, "p/job/").len(), 2);
+}
+
+/// Chunks an attempt cut short left under the version the next
+/// checkpoint writes, for parts that checkpoint does not rewrite in chunks
+/// (written whole, or unchanged), go with it: after a failed write in
+/// this process, and in a new process (a crash).
+#[test]
+fn chunks_left_by_an_attempt_cut_short_go_with_the_next_checkpoint() {
+    let kv = FailingFinalWrite::default();
+    let fail_next = kv.fail_next.clone();
+    let store = Store::new(kv).with_chunk_bytes(10);
+    let small = |seed| numbered_bytes(5, seed);
+    store
+        .checkpoint("job", vec![("a".into(), small(1)), ("b".into(), small(1))])
+        .unwrap();
+    // A failed attempt at checkpoint 2 wrote `a` in chunks.
+    fail_next.store(true, std::sync::atomic::Ordering::SeqCst);
+    store
+        .checkpoint(
+            "job",
+            vec![("a".into(), numbered_bytes(45, 2)), ("b".into(), small(1))],
+        )
+        .unwrap_err();
+    // The retry writes `a` whole.
+    store
+        .checkpoint("job", vec![("a".into(), small(3)), ("b".into(), small(1))])
+        .unwrap();
+    assert_eq!(
+        keys(&store, "p/job/"),
+        [
+            "p/job/a/00000000000000000002",
+            "p/job/b/00000000000000000001"
+        ]
+    );
+    // A crash cut checkpoint 3 short after chunks of `a` and `b` went;
+    // the new process's checkpoint 3 leaves `b` as it was and writes `a`
+    // whole, and `c` in chunks of its own.
+    store
+        .write_chunks_ahead("job", "a", 3, numbered_bytes(25, 4))
+        .unwrap();
+    store
+        .write_chunks_ahead("job", "b", 3, numbered_bytes(25, 4))
+        .unwrap();
+    store.manifests.lock().clear();
+    store.swept.lock().clear();
+    let c = numbered_bytes(25, 5);
+    store
+        .checkpoint(
+            "job",
+            vec![
+                ("a".into(), small(6)),
+                ("b".into(), small(1)),
+                ("c".into(), c.clone()),
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        keys(&store, "p/job/"),
+        [
+            "p/job/a/00000000000000000003",
+            "p/job/b/00000000000000000001",
+            "p/job/c/00000000000000000003/00000000",
+            "p/job/c/00000000000000000003/00000001",
+            "p/job/c/00000000000000000003/00000002",
+        ]
+    );
+    assert_eq!(
+        store.latest_checkpoint("job").unwrap().unwrap().parts,
+        vec![
+            ("a".to_string(), small(6)),
+            ("b".to_string(), small(1)),
+            ("c".to_string(), c)
+        ]
+    );
 }
 
 /// The manifest says how many chunks a part has: one gone is reported,
