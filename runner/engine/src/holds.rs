@@ -67,6 +67,27 @@ impl Holds {
         }
     }
 
+    /// Every distinct timestamp held, ascending, with how many hold there
+    /// (what a checkpoint keeps of holds it does not recompute).
+    pub(crate) fn entries(&self) -> Vec<(Timestamp, usize)> {
+        if self.many.is_empty() {
+            self.few.to_vec()
+        } else {
+            self.many.iter().map(|(&ts, &n)| (ts, n)).collect()
+        }
+    }
+
+    /// The holds [`Self::entries`] listed.
+    pub(crate) fn from_entries(entries: &[(Timestamp, usize)]) -> Self {
+        let mut holds = Holds::default();
+        for &(ts, n) in entries {
+            for _ in 0..n {
+                holds.add(ts);
+            }
+        }
+        holds
+    }
+
     /// The earliest hold.
     pub(crate) fn min(&self) -> Option<Timestamp> {
         match self.many.keys().next() {

@@ -14,6 +14,9 @@
 //! runner backs it with RocksDB; [`MemorySpillStore`] is for tests.
 //! Spilled bytes are scratch space, not durable state: a checkpoint that
 //! must include a spilled buffer reads it back (see the grouping module).
+//! The same interface also fronts a durable store beside the checkpoints,
+//! where checkpoints name what was spilled instead ([`OwedDeletes`] keeps
+//! what they may still name).
 //!
 //! The same store also takes what a GroupByKey is not the only place for:
 //! the output of a bundle that cannot be split

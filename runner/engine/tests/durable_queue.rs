@@ -19,16 +19,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::crashes::{
-    after_a_millisecond, recorded_on_commit, run_crashing_at, Commits, Crash, Writer,
+    after_a_millisecond, durable_engine, recorded_on_commit, restore_refused, run_crashing_at,
+    Checkpoints, Commits, Crash, Writer,
 };
 use common::{elements, global_windowed, next_source_step, source_step, sourced_plan};
 use futures::future::BoxFuture;
 use refract_engine::coder::Coder;
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
-use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
+use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::spill::MemorySpillStore;
-use tokio::sync::{mpsc, watch};
 
 const STEPS: u32 = 6;
 /// Elements per source step, of about [`VALUE_BYTES`] each: 150 KiB, some
@@ -94,35 +94,30 @@ fn plan() -> Plan {
 }
 
 /// An engine whose queues spill to `durable` past twice [`QUEUE_BYTES`],
-/// checkpointing after every commit to `tx`.
-fn engine(
-    sdk: &Arc<Sdk>,
-    durable: &Arc<MemorySpillStore>,
-    tx: mpsc::Sender<Vec<(String, Bytes)>>,
-    progress: watch::Receiver<CheckpointProgress>,
-) -> Engine {
-    let executor: Arc<dyn StageExecutor> = sdk.clone();
+/// checkpointing after every commit.
+fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoints) -> Engine {
     let config = EngineConfig {
         max_bundle_elements: 8,
         max_bundles_per_stage: 2,
         max_pending_bytes: QUEUE_BYTES,
         ..EngineConfig::default()
     };
-    Engine::new(plan(), executor, config, "q", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_durable_state(durable.clone())
-        .with_spill(MemorySpillStore::shared(), b"q", QUEUE_BYTES)
-        .with_checkpoints(Duration::ZERO, tx, Some(progress))
+    durable_engine(
+        plan(),
+        sdk.clone(),
+        config,
+        durable,
+        QUEUE_BYTES,
+        checkpoints,
+    )
 }
 
-/// Whether `parts` name queue segments on the durable store: restoring
-/// them over an empty one fails.
+/// Whether `parts` name queue segments on the durable store: restoring them
+/// over an empty one is refused.
 fn names_segments(parts: &[(String, Bytes)]) -> bool {
-    let (tx, _rx) = mpsc::channel(1);
-    let (_report, progress) = watch::channel(CheckpointProgress::default());
     let sdk = Arc::new(Sdk::default());
-    let mut fresh = engine(&sdk, &MemorySpillStore::shared(), tx, progress);
-    fresh.restore(parts).is_err()
+    let empty = MemorySpillStore::shared();
+    restore_refused(|tx, progress| engine(&sdk, &empty, (tx, progress)), parts)
 }
 
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
@@ -130,7 +125,7 @@ fn names_segments(parts: &[(String, Bytes)]) -> bool {
 /// and whether the checkpoint it crashed at named segments.
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, u8)>, Option<bool>) {
     let durable = MemorySpillStore::shared();
-    let make = |tx, progress| engine(sdk, &durable, tx, progress);
+    let make = |tx, progress| engine(sdk, &durable, (tx, progress));
     let crash = run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await;
     let named = match crash {
         Crash::None(summary) => {

@@ -20,17 +20,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::crashes::{
-    after_a_millisecond, recorded_on_commit, run_crashing_at, Commits, Crash, Writer,
+    after_a_millisecond, durable_engine, recorded_on_commit, run_crashing_at, Checkpoints, Commits,
+    Crash, Writer,
 };
 use common::{elements, global_windowed, next_source_step, source_step, sourced_plan};
 use futures::future::BoxFuture;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
-use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
+use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::{BundleState, StateKey};
-use tokio::sync::{mpsc, watch};
 
 const KEYS: u8 = 6;
 const PER_KEY: u8 = 8;
@@ -151,19 +151,16 @@ fn config() -> EngineConfig {
 }
 
 /// An engine over `durable`, spilling bags there past [`BAG_BYTES`],
-/// checkpointing after every commit to `tx`.
-fn engine(
-    sdk: &Arc<Sdk>,
-    durable: &Arc<MemorySpillStore>,
-    tx: mpsc::Sender<Vec<(String, Bytes)>>,
-    progress: watch::Receiver<CheckpointProgress>,
-) -> Engine {
-    let executor: Arc<dyn StageExecutor> = sdk.clone();
-    Engine::new(plan(), executor, config(), "d", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_durable_state(durable.clone())
-        .with_spill(MemorySpillStore::shared(), b"d", BAG_BYTES)
-        .with_checkpoints(Duration::ZERO, tx, Some(progress))
+/// checkpointing after every commit.
+fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoints) -> Engine {
+    durable_engine(
+        plan(),
+        sdk.clone(),
+        config(),
+        durable,
+        BAG_BYTES,
+        checkpoints,
+    )
 }
 
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
@@ -171,7 +168,7 @@ fn engine(
 /// and whether it crashed.
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, Vec<u8>)>, bool) {
     let durable = MemorySpillStore::shared();
-    let make = |tx, progress| engine(sdk, &durable, tx, progress);
+    let make = |tx, progress| engine(sdk, &durable, (tx, progress));
     let crashed = match run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await {
         // (A run may take fewer checkpoints than the crash waits for.)
         Crash::None(summary) => {

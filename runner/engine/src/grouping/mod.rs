@@ -47,6 +47,7 @@ use crate::window::Window;
 pub use fired::Fired;
 use hold_range::HoldRange;
 use key_table::{KeyTable, Retain};
+pub(crate) use spill::SpilledWindows;
 pub use spill::{read_iterable_page, IterablePage};
 use spill::{KEY_OVERHEAD, PANE_OVERHEAD};
 
@@ -250,32 +251,48 @@ impl GroupingBuffer {
     /// read back included.
     pub(crate) fn snapshot(&self) -> Result<GroupingSnapshot, SpillError> {
         // (A buffer that handed a key out refuses: see `read_back`.)
-        let mut panes: Vec<(Bytes, KeyPanes)> = if self.has_spilled() || self.has_live_hand_outs() {
-            let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
-                .panes
-                .iter()
-                .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
-                .collect();
-            self.with_spilled(&mut all)?;
-            all.into_iter().collect()
-        } else {
+        if !self.has_spilled() && !self.has_live_hand_outs() {
+            return Ok(self.memory_snapshot());
+        }
+        let mut all: std::collections::BTreeMap<Bytes, KeyPanes> = self
+            .panes
+            .iter()
+            .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
+            .collect();
+        self.with_spilled(&mut all)?;
+        Ok(self.snapshot_of(all.into_iter().collect()))
+    }
+
+    /// The panes in memory, and what the buffer counts, as a checkpoint
+    /// keeps them.
+    pub(crate) fn memory_snapshot(&self) -> GroupingSnapshot {
+        self.snapshot_of(
             self.panes
                 .iter()
                 .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
-                .collect()
-        };
+                .collect(),
+        )
+    }
+
+    fn snapshot_of(&self, mut panes: Vec<(Bytes, KeyPanes)>) -> GroupingSnapshot {
         panes.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(GroupingSnapshot {
+        GroupingSnapshot {
             panes,
             dropped_late: self.dropped_late,
             output_watermark: self.output_watermark,
             unmerged: self.unmerged.iter().cloned().collect(),
-        })
+        }
     }
 
-    /// Puts back what [`Self::snapshot`] kept; the next evaluation looks at
-    /// every pane again. (Spills again if that is more than memory allows.)
-    pub(crate) fn restore(&mut self, snapshot: GroupingSnapshot) -> Result<(), GroupingError> {
+    /// Puts back what [`Self::checkpoint`] kept: `snapshot`, and the
+    /// spilled windows `named` names on a durable store (what is there and
+    /// not named is deleted); the next evaluation looks at every pane
+    /// again. (Spills again if that is more than memory allows.)
+    pub(crate) fn restore(
+        &mut self,
+        snapshot: GroupingSnapshot,
+        named: Option<SpilledWindows>,
+    ) -> Result<(), GroupingError> {
         self.panes = snapshot.panes.into_iter().collect();
         self.dropped_late = snapshot.dropped_late;
         self.output_watermark = snapshot.output_watermark;
@@ -293,7 +310,7 @@ impl GroupingBuffer {
                 }
             }
         }
-        self.reset_spill()
+        self.reset_spill(named)
     }
 
     /// Number of late elements dropped so far.

@@ -20,8 +20,9 @@
 //! such a window stay in memory until it closes.
 //!
 //! Layout in the store, under the buffer's prefix: for each window, the
-//! window's encoded bytes (length first), then each run of it as sorted
-//! blocks of records (`blocks`). A window's entries are therefore
+//! window's encoded bytes (length first) and a number no other spilled
+//! window of the buffer gets (see `durable`), then each run of it as
+//! sorted blocks of records (`blocks`). A window's entries are therefore
 //! contiguous; a window that drains first writes its in-memory panes as
 //! one last run, then its runs are merged, keys coming out ordered by
 //! (length, bytes).
@@ -44,12 +45,15 @@ use super::{
 };
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowFn};
-use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
+use crate::spill::{delete_prefix, OwedDeletes, PagedRange, SpillError, SpillStore};
 use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
 
 mod blocks;
+mod durable;
+#[cfg(test)]
+mod durable_tests;
 mod large;
 #[cfg(test)]
 mod large_tests;
@@ -59,6 +63,7 @@ mod lateness_tests;
 mod merge_tests;
 mod sessions;
 use blocks::{BlockWriter, MergedRuns, Record};
+pub(crate) use durable::SpilledWindows;
 pub use large::{read_iterable_page, IterablePage};
 use sessions::SessionSpill;
 
@@ -90,8 +95,9 @@ const HAND_OUT_MAX: usize = 256 << 20;
 /// Where a buffer spills, by how it files what it spills.
 #[derive(Debug)]
 pub(super) enum SpillSpace {
-    /// Windows that do not merge: filed by window.
-    ByWindow(Spill),
+    /// Windows that do not merge: filed by window. (Boxed: a buffer that
+    /// does not spill holds neither.)
+    ByWindow(Box<Spill>),
     /// Sessions: filed by key, merged when read back. (Boxed: it is the
     /// larger, and rarer.)
     ByKey(Box<SessionSpill>),
@@ -132,6 +138,13 @@ pub(super) struct Spill {
     /// Out-of-line spaces of drained windows that handed keys out, kept
     /// until their consumers are done with them.
     kept_spaces: Vec<Vec<u8>>,
+    /// The number the next spilled window gets in its prefix: a window
+    /// that spills again after its data went gets a space of its own.
+    next_window: u64,
+    /// On a durable store, the window spaces gone that a checkpoint may
+    /// still name (see `durable`); `None` on scratch. (Boxed: most
+    /// buffers spill to scratch, if at all.)
+    owed: Option<Box<OwedDeletes<Vec<u8>>>>,
 }
 
 /// A window some of whose panes are in the store.
@@ -453,6 +466,8 @@ impl Spill {
                 let mut start = self.prefix.clone();
                 put_len(&mut start, encoded.len())?;
                 start.extend_from_slice(&encoded);
+                start.extend_from_slice(&self.next_window.to_be_bytes());
+                self.next_window += 1;
                 Ok(slot.insert(SpilledWindow {
                     start,
                     holds: Holds::default(),
@@ -525,17 +540,41 @@ impl Spill {
         Some((self.window_space(start), coder))
     }
 
-    /// Deletes the out-of-line space of the window whose entries start
-    /// with `start`.
-    fn forget_out_of_line(&self, start: &[u8]) -> Result<(), SpillError> {
-        delete_prefix(self.store.as_ref(), &self.window_space(start))
+    /// Deletes the window whose entries start with `start` (it was
+    /// emitted or came back into memory): its entries, and its out-of-line
+    /// space unless `keep_out_of_line` (keys it handed out are read from
+    /// there). On a durable store, once no checkpoint a restore may read
+    /// names it.
+    fn forget_window(&mut self, start: &[u8], keep_out_of_line: bool) -> Result<(), SpillError> {
+        let mut spaces = vec![start.to_vec()];
+        if !keep_out_of_line {
+            spaces.push(self.window_space(start));
+        }
+        self.forget_spaces(spaces)
+    }
+
+    /// Deletes everything under each of `spaces`: at once on scratch, on a
+    /// durable store once a later checkpoint is durable.
+    fn forget_spaces(&mut self, spaces: Vec<Vec<u8>>) -> Result<(), SpillError> {
+        match &mut self.owed {
+            Some(owed) => owed.owe(spaces),
+            None => {
+                for space in spaces {
+                    delete_prefix(self.store.as_ref(), &space)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 impl Drop for Spill {
-    /// Spilled bytes are scratch: gone with the buffer.
+    /// Spilled bytes on scratch are gone with the buffer; on a durable
+    /// store they are the checkpoints', and go with the job.
     fn drop(&mut self) {
-        drop_prefix(self.store.as_ref(), &self.prefix);
+        if self.owed.is_none() {
+            drop_prefix(self.store.as_ref(), &self.prefix);
+        }
     }
 }
 
@@ -618,7 +657,7 @@ impl GroupingBuffer {
             SpillKind::ByKey => {
                 SpillSpace::ByKey(Box::new(SessionSpill::new(store, prefix, limit)))
             }
-            SpillKind::ByWindow => SpillSpace::ByWindow(Spill {
+            SpillKind::ByWindow => SpillSpace::ByWindow(Box::new(Spill {
                 store,
                 prefix,
                 limit,
@@ -635,7 +674,9 @@ impl GroupingBuffer {
                 handed_out: 0,
                 live_hand_outs: 0,
                 kept_spaces: Vec::new(),
-            }),
+                next_window: 0,
+                owed: None,
+            })),
         });
         true
     }
@@ -675,9 +716,8 @@ impl GroupingBuffer {
     /// the chunks of the windows it finished go.
     pub fn release_hand_outs(&mut self) -> Result<(), GroupingError> {
         if let Some(SpillSpace::ByWindow(spill)) = &mut self.spill {
-            for space in std::mem::take(&mut spill.kept_spaces) {
-                delete_prefix(spill.store.as_ref(), &space)?;
-            }
+            let kept = std::mem::take(&mut spill.kept_spaces);
+            spill.forget_spaces(kept)?;
             spill.live_hand_outs = 0;
         }
         Ok(())
@@ -975,8 +1015,7 @@ impl GroupingBuffer {
                 update_holds(holds, before, pane_hold(strategy, w, pane));
             }
         }
-        delete_prefix(store, &spilled.start)?;
-        spill.forget_out_of_line(&spilled.start)?;
+        spill.forget_window(&spilled.start, false)?;
         *rescan = true;
         tracing::debug!(
             entries,
@@ -1030,12 +1069,10 @@ impl GroupingBuffer {
             let window = drain.window.clone();
             let done = matches!(next, Ok(None));
             if done {
-                delete_prefix(spill.store.as_ref(), &drain.start)?;
+                spill.forget_window(&drain.start, drain.handed_out)?;
                 if drain.handed_out {
                     let space = spill.window_space(&drain.start);
                     spill.kept_spaces.push(space);
-                } else {
-                    spill.forget_out_of_line(&drain.start)?;
                 }
                 spill.windows.remove(&drain.window);
             } else {
@@ -1080,16 +1117,32 @@ impl GroupingBuffer {
     }
 
     /// After a restore: forget what was spilled before (the checkpoint
-    /// holds it), then spill again if what came back is too much.
-    pub(super) fn reset_spill(&mut self) -> Result<(), GroupingError> {
+    /// holds it) — on a durable store, all but the windows `named` names,
+    /// which are put back — then spill again if what came back is too
+    /// much.
+    pub(super) fn reset_spill(
+        &mut self,
+        named: Option<SpilledWindows>,
+    ) -> Result<(), GroupingError> {
         match &mut self.spill {
             Some(SpillSpace::ByWindow(spill)) => {
-                delete_prefix(spill.store.as_ref(), &spill.prefix)?;
-                spill.windows.clear();
                 spill.drains.clear();
                 spill.pinned = 0;
                 spill.live_hand_outs = 0;
                 spill.kept_spaces.clear();
+                if spill.owed.is_some() {
+                    spill.restore(named.unwrap_or_default())?;
+                } else {
+                    delete_prefix(spill.store.as_ref(), &spill.prefix)?;
+                    spill.windows.clear();
+                    if named.is_some_and(|n| n.names_windows()) {
+                        return Err(GroupingError::Spill(SpillError(
+                            "the checkpoint names spilled windows of a GroupByKey that has no \
+                             durable store here"
+                                .into(),
+                        )));
+                    }
+                }
             }
             Some(SpillSpace::ByKey(spill)) => spill.clear()?,
             None => {}
@@ -1212,7 +1265,7 @@ mod tests {
             Coder::GlobalWindow,
         );
         restored.enable_spill(MemorySpillStore::shared(), b"r/".to_vec(), 300);
-        restored.restore(snapshot).unwrap();
+        restored.restore(snapshot, None).unwrap();
         let mut rest = Fired::default();
         restored
             .evaluate(MAX_TIMESTAMP, 0, &mut rest, usize::MAX)

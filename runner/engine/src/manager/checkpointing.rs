@@ -195,6 +195,9 @@ impl Engine {
         if parts.is_ok() {
             for s in &mut self.stages {
                 s.pending.checkpoint_taken(number);
+                if let Some(g) = &mut s.grouping {
+                    g.checkpoint_taken(number);
+                }
             }
         }
         let marks: Vec<(StageIdx, u64)> = self
@@ -284,8 +287,9 @@ impl Engine {
         self.spill_durable(written);
     }
 
-    /// Checkpoints up to `number` are durable: bags and queue segments on
-    /// the durable store that only earlier ones named may go. (What cannot
+    /// Checkpoints up to `number` are durable: bags, queue segments and
+    /// GroupByKey windows on the durable store that only earlier ones
+    /// named may go. (What cannot
     /// be deleted now is owed again by the next checkpoint.)
     fn spill_durable(&mut self, number: u64) {
         for (idx, user_state) in self.user_state.iter().enumerate() {
@@ -298,6 +302,11 @@ impl Engine {
             if let Err(error) = s.pending.checkpoint_durable(number) {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete queued elements no checkpoint needs");
+            }
+            let grouping = s.grouping.as_mut().map(|g| g.checkpoint_durable(number));
+            if let Some(Err(error)) = grouping {
+                warn!(stage = %self.plan.stages[idx].name, %error,
+                      "cannot delete spilled GroupByKey windows no checkpoint needs");
             }
         }
     }

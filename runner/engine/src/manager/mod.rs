@@ -193,6 +193,9 @@ const USER_STATE_SPACE: u32 = u32::MAX - 1;
 /// spill store each is under its stage's number itself).
 const QUEUE_SPACE: u32 = u32::MAX - 2;
 
+/// Likewise, where GroupByKeys spill on a durable store.
+const GROUPING_SPACE: u32 = u32::MAX - 3;
+
 /// How a spill store error of stage `stage` reaches the job: naming the
 /// stage (its GroupByKey buffer, its queue or its user state spilled).
 fn spill_failed(
@@ -537,8 +540,21 @@ impl Engine {
             let mut key = crate::spill::job_space(prefix);
             key.extend_from_slice(&(idx as u32).to_be_bytes());
             if let Some(g) = s.grouping.as_mut() {
-                if g.enable_spill(store.clone(), key, limit_bytes) {
-                    debug!(stage = %self.plan.stages[idx].name, limit_bytes, "GroupByKey may spill");
+                // Beside the checkpoints in streaming, where a window may
+                // stay spilled for hours; in batch, windows are emitted once
+                // the input ends, and scratch writes cost less.
+                let durable = match &self.durable_state {
+                    Some(durable) if self.config.streaming => {
+                        let mut durable_key = crate::spill::job_space(prefix);
+                        durable_key.extend_from_slice(&GROUPING_SPACE.to_be_bytes());
+                        durable_key.extend_from_slice(&(idx as u32).to_be_bytes());
+                        g.enable_durable_spill(durable.clone(), durable_key, limit_bytes)
+                    }
+                    _ => false,
+                };
+                if durable || g.enable_spill(store.clone(), key, limit_bytes) {
+                    debug!(stage = %self.plan.stages[idx].name, limit_bytes, durable,
+                           "GroupByKey may spill");
                 }
                 continue;
             }
@@ -661,7 +677,7 @@ impl Engine {
             let grouping = s.grouping.as_ref();
             let what = if s.pending.holds_scratch_spill() {
                 "its queue"
-            } else if grouping.is_some_and(GroupingBuffer::has_spilled) {
+            } else if grouping.is_some_and(GroupingBuffer::holds_scratch_spill) {
                 "its GroupByKey buffer"
             } else if grouping.is_some_and(GroupingBuffer::has_live_hand_outs) {
                 "a key its GroupByKey handed out"

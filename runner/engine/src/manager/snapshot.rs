@@ -16,7 +16,8 @@
 //! timers, watermarks), `user_state/{i}`, `user_state_spill/{i}` (where a
 //! stage's bags on the durable store are: a periodic checkpoint names
 //! them rather than copying them, see [`Engine::with_durable_state`]),
-//! `queue_spill/{i}` (likewise, the spilled back of a stage's queue),
+//! `queue_spill/{i}` and `grouping_spill/{i}` (likewise, the spilled back
+//! of a stage's queue and the spilled windows of its GroupByKey),
 //! `side_inputs`, and the parts the engine's owner added
 //! ([`Engine::with_extra_part`]). A savepoint copies everything: it must
 //! stand on its own. Each part's
@@ -31,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::pending::SpilledQueue;
 use super::stats::CounterRecord;
 use super::*;
-use crate::grouping::GroupingSnapshot;
+use crate::grouping::{GroupingSnapshot, SpilledWindows};
 use crate::store::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
 
 /// Why a checkpoint could not be taken or restored.
@@ -75,7 +76,8 @@ pub enum SnapshotError {
 /// Version of the encoding; a checkpoint of another version is refused.
 /// Version 3 added the `user_state_spill/{i}` parts (bags a checkpoint
 /// names on the durable store instead of holding them), and version 4 the
-/// `queue_spill/{i}` parts (queue segments likewise), which an older
+/// `queue_spill/{i}` and `grouping_spill/{i}` parts (queue segments and a
+/// GroupByKey's spilled windows likewise), which an older
 /// reader would silently go without; an older checkpoint has none and
 /// reads as it did.
 const SNAPSHOT_VERSION: u32 = 4;
@@ -264,17 +266,24 @@ impl Engine {
                     (wait, ElementRecord::of(e), *hold)
                 })
                 .collect();
+            let (grouping, spilled_windows) = match &s.grouping {
+                Some(g) => {
+                    let (snapshot, named) = g
+                        .checkpoint(number.is_some())
+                        .map_err(|e| SnapshotError::Grouping(e.to_string()))?;
+                    (Some(snapshot), named)
+                }
+                None => (None, None),
+            };
+            if let Some(named) = spilled_windows {
+                parts.push(encode(format!("grouping_spill/{idx}"), &named)?);
+            }
             parts.push(encode(
                 format!("stage/{idx}"),
                 &StageRecord {
                     pending,
                     delayed,
-                    grouping: s
-                        .grouping
-                        .as_ref()
-                        .map(GroupingBuffer::snapshot)
-                        .transpose()
-                        .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
+                    grouping,
                     timers,
                     input_wm: s.input_wm,
                     output_wm: s.output_wm,
@@ -346,6 +355,11 @@ impl Engine {
                 Ok(bytes) => Some(decode(&name, bytes)?),
                 Err(_) => None,
             };
+            let name = format!("grouping_spill/{idx}");
+            let spilled_windows: Option<SpilledWindows> = match part(&name) {
+                Ok(bytes) => Some(decode(&name, bytes)?),
+                Err(_) => None,
+            };
             let s = &mut self.stages[idx];
             let front = record.pending.into_iter().map(ElementRecord::into_element);
             let spilled_queue = spilled_queue.map(|r| {
@@ -370,7 +384,7 @@ impl Engine {
                 .collect();
             match (s.grouping.as_mut(), record.grouping) {
                 (Some(g), Some(snapshot)) => g
-                    .restore(snapshot)
+                    .restore(snapshot, spilled_windows)
                     .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
                 (None, None) => {}
                 _ => {

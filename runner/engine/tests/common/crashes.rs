@@ -8,8 +8,12 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
-use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError};
-use refract_engine::manager::{describe_checkpoint, CheckpointProgress, Engine, RunSummary};
+use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
+use refract_engine::manager::{
+    describe_checkpoint, CheckpointProgress, Engine, EngineConfig, RunSummary,
+};
+use refract_engine::plan::Plan;
+use refract_engine::spill::MemorySpillStore;
 use tokio::sync::{mpsc, watch};
 
 /// How a test's checkpoint writer behaves.
@@ -61,6 +65,13 @@ pub fn bundle_number(input: &BundleInput) -> u64 {
         .and_then(|(_, n)| n.parse().ok())
         .expect("bundle ids end in -b<number>")
 }
+
+/// Where an engine sends its checkpoints, and where their progress comes
+/// back.
+pub type Checkpoints = (
+    mpsc::Sender<Vec<(String, Bytes)>>,
+    watch::Receiver<CheckpointProgress>,
+);
 
 /// What a test's stage committed: (bundle number, what it recorded).
 pub type Commits<T> = Arc<Mutex<Vec<(u64, T)>>>;
@@ -141,4 +152,37 @@ pub async fn run_crashing_at<T>(
         .await
         .expect("the writer saw one checkpoint at a time");
     Crash::At(parts)
+}
+
+/// Whether restoring `parts` into an engine that `engine` makes is
+/// refused: given one over an empty durable store, whether the checkpoint
+/// names data it expects to find there.
+pub fn restore_refused(
+    engine: impl FnOnce(
+        mpsc::Sender<Vec<(String, Bytes)>>,
+        watch::Receiver<CheckpointProgress>,
+    ) -> Engine,
+    parts: &[(String, Bytes)],
+) -> bool {
+    let (tx, _rx) = mpsc::channel(1);
+    let (_report, progress) = watch::channel(CheckpointProgress::default());
+    engine(tx, progress).restore(parts).is_err()
+}
+
+/// An engine running `plan` on `executor` with `config`, spilling past
+/// `limit` bytes (bags, queues and streaming GroupByKeys to `durable`,
+/// beside the checkpoints), checkpointing after every commit to `tx`.
+pub fn durable_engine(
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    durable: &Arc<MemorySpillStore>,
+    limit: usize,
+    (tx, progress): Checkpoints,
+) -> Engine {
+    Engine::new(plan, executor, config, "d", Arc::new(|| 0))
+        .expect("a valid plan")
+        .with_durable_state(durable.clone())
+        .with_spill(MemorySpillStore::shared(), b"d", limit)
+        .with_checkpoints(Duration::ZERO, tx, Some(progress))
 }

@@ -103,6 +103,10 @@ pub(super) fn write_part(
     spilled_bytes: &mut u64,
 ) -> Result<(), SpillError> {
     let space = part_space(key_space, run);
+    // A part a crash cut short may be here under the same number (a
+    // durable store reuses the numbers of runs after the checkpoint it
+    // restores): its chunks must not join this one's.
+    store.forget_range(&space, &prefix_end(&space).unwrap_or_default())?;
     let mut chunk: u32 = 0;
     let mut start = 0usize;
     let mut at = 0usize;

@@ -199,7 +199,7 @@ fn a_restored_buffer_with_an_open_window_goes_on_alike() {
     let snapshot = pair.spilling.snapshot().unwrap();
     let mut restored = GroupingBuffer::new(strategy, kv_coder(), Coder::IntervalWindow);
     restored.enable_spill(pair.store.clone(), b"r/".to_vec(), 300);
-    restored.restore(snapshot).unwrap();
+    restored.restore(snapshot, None).unwrap();
     pair.spilling = restored;
     pair.evaluate(12);
     pair.add(30, 5, 10, 12);

@@ -47,7 +47,7 @@ fn spilling(limit: usize) -> GroupingBuffer {
 fn restored(g: &GroupingBuffer, limit: usize) -> GroupingBuffer {
     let snapshot = g.snapshot().unwrap();
     let mut r = spilling(limit);
-    r.restore(snapshot).unwrap();
+    r.restore(snapshot, None).unwrap();
     let mut nothing = Fired::default();
     assert_eq!(r.evaluate(0, 0, &mut nothing, usize::MAX).unwrap(), 0);
     r

@@ -376,7 +376,7 @@ impl Driver {
     fn restored_to_the_end(&self) -> Vec<Said> {
         let snapshot = self.g.snapshot().unwrap();
         let mut restored = buffer(&self.strategy);
-        restored.restore(snapshot).unwrap();
+        restored.restore(snapshot, None).unwrap();
         let mut out = Fired::default();
         restored
             .evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX)
