@@ -684,10 +684,14 @@ impl GroupingBuffer {
     /// Lets a spilling buffer hand a key too large for memory to its
     /// consumers as a state-backed iterable (see `large`): call only when
     /// every consumer reads this buffer's output through one. Whether it
-    /// may (only a spill filed by window does).
+    /// may (only a spill filed by window on scratch does).
     pub fn hand_out_large_keys(&mut self) -> bool {
         match &mut self.spill {
-            Some(SpillSpace::ByWindow(spill)) if spill.value_coder.is_some() => {
+            // Not from a durable store: a token's reads go to the job's
+            // spill space (and a checkpoint could not name a key handed out).
+            Some(SpillSpace::ByWindow(spill))
+                if spill.value_coder.is_some() && spill.owed.is_none() =>
+            {
                 spill.hand_out_above = Some(spill.limit.clamp(HAND_OUT_MIN, HAND_OUT_MAX));
                 true
             }

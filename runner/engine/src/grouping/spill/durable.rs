@@ -21,9 +21,10 @@
 //! checkpoint is durable (`OwedDeletes`).
 //!
 //! A checkpoint can name a buffer's spill only between drains: while a
-//! window is being emitted (its keys partly out) or a key handed out as a
-//! state-backed iterable may still be read, periodic checkpoints wait, as
-//! on scratch. Sessions (filed by key) keep to scratch.
+//! window is being emitted (its keys partly out), periodic checkpoints
+//! wait, as on scratch. Such a buffer hands no key out as a state-backed
+//! iterable (the SDK's reads of a token go to the job's spill space).
+//! Sessions (filed by key) keep to scratch.
 
 use serde::{Deserialize, Serialize};
 

@@ -285,3 +285,17 @@ fn runs_after_the_checkpoint_do_not_join_a_restored_window() {
         .collect();
     assert!(values == want, "{} values", values.len());
 }
+
+/// A buffer on a durable store does not hand keys out: a token's reads go
+/// to the job's spill space, and a checkpoint could not name the key.
+#[test]
+fn a_durable_spill_hands_no_key_out() {
+    assert!(!buffer(&MemorySpillStore::shared()).hand_out_large_keys());
+    let mut scratch = GroupingBuffer::new(
+        WindowingStrategy::global_default(),
+        kv_coder(),
+        Coder::GlobalWindow,
+    );
+    assert!(scratch.enable_spill(MemorySpillStore::shared(), b"s/".to_vec(), LIMIT));
+    assert!(scratch.hand_out_large_keys());
+}
