@@ -29,32 +29,15 @@ BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
 
 from refract_testlib import RefractServer, committed_counter, free_port, rss_bytes  # pylint: disable=wrong-import-position
 
-PIPELINE = r'''
+# The source's classes are pasted into the script, so that PROCESS workers
+# unpickle them by value (they do not have integration/python on their path).
+with open(os.path.join(REPO, 'integration', 'python', 'endless_source.py')) as _f:
+  ENDLESS_SOURCE = _f.read()
+
+PIPELINE = ENDLESS_SOURCE + r'''
 import json, sys, time
-import apache_beam as beam
-from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.utils.timestamp import Duration
-
-class Endless(beam.RestrictionProvider):
-  def initial_restriction(self, _):
-    return OffsetRange(0, 1 << 62)
-  def create_tracker(self, restriction):
-    return OffsetRestrictionTracker(restriction)
-  def restriction_size(self, _, restriction):
-    return restriction.size()
-
-class Records(beam.DoFn):
-  @beam.DoFn.unbounded_per_element()
-  def process(self, _, tracker=beam.DoFn.RestrictionParam(Endless())):
-    position = tracker.current_restriction().start
-    for _ in range(500):
-      if not tracker.try_claim(position):
-        return
-      yield b'%d ' % position + b'x' * 1000
-      position += 1
-    tracker.defer_remainder(Duration(seconds=0))
 
 class SlowSink(beam.DoFn):
   TAKEN = Metrics.counter('bench', 'sink_records')
@@ -69,7 +52,7 @@ options = PipelineOptions([
     '--environment_config=' + json.dumps({'command': boot}),
 ])
 p = beam.Pipeline(options=options)
-_ = (p | beam.Impulse() | beam.ParDo(Records()) | beam.Reshuffle()
+_ = (p | beam.Impulse() | beam.ParDo(Records(500)) | beam.Reshuffle()
      | beam.ParDo(SlowSink()))
 print(p.run()._job_id, flush=True)
 '''

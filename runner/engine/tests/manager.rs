@@ -1047,12 +1047,23 @@ async fn backpressure_bounds_what_waits_for_a_slow_stage() {
     );
 }
 
+/// How the records of `fast_source_reshuffle_slow_sink` reach the sink.
+#[derive(Clone, Copy)]
+enum Reshuffled {
+    /// A streaming GroupByKey that fires for every element, as Beam's
+    /// `Reshuffle` expands to.
+    ByGroupByKey,
+    /// A runner pass-through stage, as Refract runs a `Reshuffle` it
+    /// recognises (no queue of its own to fill).
+    ByPassThrough,
+}
+
 /// A splittable source (31 rounds of 1000 distinct-key records of ~110
-/// bytes) feeding a streaming GroupByKey that fires for every element, as
-/// Beam's `Reshuffle` does, then a slow sink. Returns the most records the
-/// source was ahead of the sink by when one of its bundles started: what
-/// waited in the runner (the sink's queue and the GroupByKey's buffer).
-async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize) -> usize {
+/// bytes) feeding a reshuffle (`how`), then a slow sink. Returns the most
+/// records the source was ahead of the sink by when one of its bundles
+/// started: what waited in the runner (the sink's queue and the
+/// GroupByKey's buffer).
+async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize, how: Reshuffled) -> usize {
     let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
     let grouped = Coder::Kv(
         Box::new(Coder::Bytes),
@@ -1062,18 +1073,22 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize) -> usize {
         trigger: Trigger::Repeat(Box::new(Trigger::ElementCount(1))),
         ..WindowingStrategy::global_default()
     };
+    let (kind, sink_coder) = match how {
+        Reshuffled::ByGroupByKey => (StageKind::GroupByKey(reshuffle), grouped),
+        Reshuffled::ByPassThrough => (StageKind::Flatten, kv.clone()),
+    };
     let plan = Plan {
         pcollections: vec![
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("records", kv, Coder::GlobalWindow),
-            pc("reshuffled", grouped.clone(), Coder::GlobalWindow),
+            pc("reshuffled", sink_coder.clone(), Coder::GlobalWindow),
         ],
         stages: vec![
             impulse_stage(),
             splittable_source_stage(),
             Stage {
                 name: "reshuffle".into(),
-                kind: StageKind::GroupByKey(reshuffle),
+                kind,
                 inputs: vec![1],
                 side_inputs: vec![],
                 outputs: vec![2],
@@ -1116,7 +1131,7 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize) -> usize {
         Arc::new(move |input| {
             std::thread::sleep(std::time::Duration::from_millis(2));
             for chunk in &input.elements {
-                let n = decode_windowed_values(chunk, &grouped, &Coder::GlobalWindow)
+                let n = decode_windowed_values(chunk, &sink_coder, &Coder::GlobalWindow)
                     .unwrap()
                     .len();
                 consumed.fetch_add(n, Ordering::SeqCst);
@@ -1139,12 +1154,31 @@ async fn backpressure_reaches_past_a_groupbykey_that_cannot_fire() {
     // its consumer is over its bound. That backlog must hold its producer
     // back as a queue would, or a source outrunning a slow sink fills
     // memory through it (~3.4 MB of records in all here).
-    let unbounded = fast_source_reshuffle_slow_sink(usize::MAX).await;
-    let bounded = fast_source_reshuffle_slow_sink(200_000).await;
+    let how = Reshuffled::ByGroupByKey;
+    let unbounded = fast_source_reshuffle_slow_sink(usize::MAX, how).await;
+    let bounded = fast_source_reshuffle_slow_sink(200_000, how).await;
     // Bounded: the sink's queue and the buffer, each at most about the
     // bound (~1 700 records of ~115 bytes), plus a source bundle's output
     // and the sink bundle in flight.
     assert!(bounded <= 5_000, "the source ran {bounded} records ahead");
+    assert!(
+        unbounded > 3 * bounded,
+        "unbounded {unbounded}, bounded {bounded}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_reaches_past_a_pass_through_stage() {
+    // A runner Flatten (how a recognised Reshuffle runs) hands what it
+    // takes in straight to its consumer, so its own queue stays empty: a
+    // producer must look through it to the sink's queue, or it is never
+    // held back (the source ran the whole input ahead of the sink).
+    let how = Reshuffled::ByPassThrough;
+    let unbounded = fast_source_reshuffle_slow_sink(usize::MAX, how).await;
+    let bounded = fast_source_reshuffle_slow_sink(200_000, how).await;
+    // Bounded: the sink's queue (~1 700 records of ~115 bytes), a source
+    // bundle's output and the sink bundle in flight.
+    assert!(bounded <= 4_000, "the source ran {bounded} records ahead");
     assert!(
         unbounded > 3 * bounded,
         "unbounded {unbounded}, bounded {bounded}"

@@ -82,6 +82,12 @@ impl Engine {
     pub(super) fn backpressured(&self, idx: StageIdx) -> bool {
         self.plan.stages[idx].outputs.iter().any(|&p| {
             self.consumers[p].stages.iter().any(|&c| {
+                // A Flatten (or a Reshuffle, which runs as one) passes what
+                // it takes in straight on, so its own queue is no measure:
+                // its consumers' backlog is its producers' too.
+                if matches!(self.plan.stages[c].kind, StageKind::Flatten) && self.backpressured(c) {
+                    return true;
+                }
                 let s = &self.stages[c];
                 if let Some(g) = &s.grouping {
                     // A GroupByKey has no queue: what it takes in waits in
