@@ -55,7 +55,8 @@ def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
       text = response.read().decode()
   finally:
     result.cancel()
-  produced = stage_metric(text, 'refract_stage_output_elements_total', 'Source/Process')
+  produced = stage_metric(
+      text, 'refract_stage_output_elements_total', 'Source/Process')
   taken = stage_metric(text, 'refract_stage_elements_total', 'Sink')
   throttled = stage_metric(
       text, 'refract_stage_throttled_seconds_total', 'Source/Process')
