@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::crashes::{
-    after_a_millisecond, durable_engine, recorded_on_commit, restore_refused, run_crashing_at,
-    Checkpoints, Commits, Crash, Writer,
+    after_a_millisecond, crash_matrix, durable_engine, recorded_on_commit, restore_refused,
+    run_crashing_at, Checkpoints, Commits, Crash, CrashTally, Writer,
 };
 use common::{elements, global_windowed, group_plan, next_source_step, source_step};
 use futures::future::BoxFuture;
@@ -156,24 +156,20 @@ async fn windows_named_by_checkpoints_come_back_after_a_crash() {
             (key, values)
         })
         .collect();
-    for failing in [0, 2] {
-        let (mut crashed, mut named) = (0, 0);
-        let crashes = (failing + 1..=failing + 16).map(Some);
-        for crash_at in std::iter::once(None).chain(crashes) {
-            let writer = Writer { crash_at, failing };
-            let sdk = Arc::new(Sdk::default());
-            let (groups, crash) = tokio::time::timeout(Duration::from_secs(30), run(&sdk, writer))
-                .await
-                .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
-            assert!(
-                groups == expected,
-                "{writer:?}: every group exactly once, whole ({} groups, {} values)",
-                groups.len(),
-                groups.iter().map(|(_, v)| v.len()).sum::<usize>()
-            );
-            crashed += u32::from(crash.is_some());
-            named += u32::from(crash == Some(true));
-        }
+    let describe = |groups: &Vec<Group>| {
+        format!(
+            "every group exactly once, whole ({} groups, {} values)",
+            groups.len(),
+            groups.iter().map(|(_, v)| v.len()).sum::<usize>()
+        )
+    };
+    let run = |writer| async move { run(&Arc::new(Sdk::default()), writer).await };
+    for CrashTally {
+        failing,
+        crashed,
+        named,
+    } in crash_matrix(16, &expected, describe, run).await
+    {
         assert!(crashed >= 8, "{failing} failing: {crashed} crashes");
         assert!(
             named >= 4,

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::crashes::{
-    after_a_millisecond, durable_engine, recorded_on_commit, restore_refused, run_crashing_at,
-    Checkpoints, Commits, Crash, Writer,
+    after_a_millisecond, crash_matrix, durable_engine, recorded_on_commit, restore_refused,
+    run_crashing_at, Checkpoints, Commits, Crash, CrashTally, Writer,
 };
 use common::{elements, global_windowed, next_source_step, source_step, sourced_plan};
 use futures::future::BoxFuture;
@@ -153,25 +153,20 @@ async fn queue_segments_named_by_checkpoints_come_back_after_a_crash() {
     let expected: Vec<(u8, u8)> = (0..STEPS as u8)
         .flat_map(|step| (0..PER_STEP).map(move |i| (step, i)))
         .collect();
-    for failing in [0, 2] {
-        let (mut crashed, mut named) = (0, 0);
-        let crashes = (failing + 1..=failing + 16).map(Some);
-        for crash_at in std::iter::once(None).chain(crashes) {
-            let writer = Writer { crash_at, failing };
-            let sdk = Arc::new(Sdk::default());
-            let (elements, crash) =
-                tokio::time::timeout(Duration::from_secs(30), run(&sdk, writer))
-                    .await
-                    .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
-            assert!(
-                elements == expected,
-                "{writer:?}: every element exactly once ({} of {})",
-                elements.len(),
-                expected.len()
-            );
-            crashed += u32::from(crash.is_some());
-            named += u32::from(crash == Some(true));
-        }
+    let describe = |elements: &Vec<(u8, u8)>| {
+        format!(
+            "every element exactly once ({} of {})",
+            elements.len(),
+            expected.len()
+        )
+    };
+    let run = |writer| async move { run(&Arc::new(Sdk::default()), writer).await };
+    for CrashTally {
+        failing,
+        crashed,
+        named,
+    } in crash_matrix(16, &expected, describe, run).await
+    {
         // Checkpoints are taken while the queue is on disk, and crashed at.
         assert!(crashed >= 8, "{failing} failing: {crashed} crashes");
         assert!(named >= 4, "{failing} failing: {named} named segments");

@@ -1,6 +1,7 @@
 //! Checkpoint writers that crash: shared by the tests that run a job, keep
 //! the checkpoint a crash would leave, and finish the job from it.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,6 +153,51 @@ pub async fn run_crashing_at<T>(
         .await
         .expect("the writer saw one checkpoint at a time");
     Crash::At(parts)
+}
+
+/// What [`crash_matrix`] saw for one number of failing writes.
+pub struct CrashTally {
+    /// How many checkpoint writes failed before the others.
+    pub failing: u64,
+    /// Runs that crashed (the others ended before their crash point).
+    pub crashed: u32,
+    /// Crashed runs whose checkpoint named data on the durable store.
+    pub named: u32,
+}
+
+/// Runs a job (`run`, given how its checkpoint writer behaves) with 0 and
+/// then 2 failing writes first: once without a crash, and once crashing
+/// at each of the `crashes` checkpoints after the failed ones. Every run
+/// must end within 30 s with `expected` (`describe` says what it had
+/// instead); `run` also says whether it crashed (`Some`) and whether its
+/// checkpoint named data on the durable store. One tally per number of
+/// failing writes.
+pub async fn crash_matrix<T: PartialEq, F: Future<Output = (T, Option<bool>)>>(
+    crashes: u64,
+    expected: &T,
+    describe: impl Fn(&T) -> String,
+    run: impl Fn(Writer) -> F,
+) -> Vec<CrashTally> {
+    let mut tallies = Vec::new();
+    for failing in [0, 2] {
+        let mut tally = CrashTally {
+            failing,
+            crashed: 0,
+            named: 0,
+        };
+        let crash_points = (failing + 1..=failing + crashes).map(Some);
+        for crash_at in std::iter::once(None).chain(crash_points) {
+            let writer = Writer { crash_at, failing };
+            let (got, crash) = tokio::time::timeout(Duration::from_secs(30), run(writer))
+                .await
+                .unwrap_or_else(|_| panic!("{writer:?}: the run did not end"));
+            assert!(got == *expected, "{writer:?}: {}", describe(&got));
+            tally.crashed += u32::from(crash.is_some());
+            tally.named += u32::from(crash == Some(true));
+        }
+        tallies.push(tally);
+    }
+    tallies
 }
 
 /// Whether restoring `parts` into an engine that `engine` makes is
