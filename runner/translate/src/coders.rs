@@ -15,7 +15,7 @@
 //!   timestamp in front of the opaque bytes.
 //!
 //! The engine's [`Coder`] is then derived from the *same* rewritten coder, so
-//! both sides agree byte for byte (fn-api-notes §3.3, pitfalls P1, P2, P15).
+//! both sides agree byte for byte.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -80,12 +80,16 @@ pub(crate) struct Coders {
 }
 
 impl Coders {
-    /// Takes over the pipeline's coders. Which optional standard coders count
-    /// as known depends on the capabilities of *all* environments.
+    /// Takes over the pipeline's coders, refusing any that contains itself
+    /// or nests deeper than `max_depth` ([`check_structure`]). Which
+    /// optional standard coders count as known depends on the
+    /// capabilities of *all* environments.
     pub(crate) fn new(
         map: HashMap<String, pb::Coder>,
         environments: &HashMap<String, pb::Environment>,
-    ) -> Self {
+        max_depth: usize,
+    ) -> Result<Self, TranslateError> {
+        check_structure(&map, max_depth)?;
         let mut known: HashSet<&'static str> = ALWAYS_KNOWN.iter().copied().collect();
         for urn in KNOWN_IF_DECLARED {
             if environments
@@ -103,13 +107,13 @@ impl Coders {
                 index.entry(key_of(coder)).or_insert_with(|| id.clone());
             }
         }
-        Coders {
+        Ok(Coders {
             map,
             known,
             index,
             safe_memo: HashMap::new(),
             window_memo: HashMap::new(),
-        }
+        })
     }
 
     /// The coder `id`, or an error naming `referrer`.
@@ -128,26 +132,36 @@ impl Coders {
             .map_or("", |s| s.urn.as_str()))
     }
 
-    /// The components of coder `id`, checked to be `urn` with `n` components.
     /// Whether two coder ids describe the same encoding (same URNs,
-    /// payloads and, recursively, components), whatever their ids.
+    /// payloads and, recursively, components), whatever their ids. Each
+    /// pair of ids is compared once, so coders that share components cost
+    /// what their distinct pairs do, not what their paths do.
     pub(crate) fn same_encoding(&self, a: &str, b: &str) -> bool {
-        if a == b {
-            return true;
+        let mut compared: HashSet<(&str, &str)> = HashSet::new();
+        let mut todo: Vec<(&str, &str)> = vec![(a, b)];
+        while let Some((a, b)) = todo.pop() {
+            if a == b || !compared.insert((a, b)) {
+                continue;
+            }
+            let (Some(x), Some(y)) = (self.map.get(a), self.map.get(b)) else {
+                return false;
+            };
+            let same_spec = x.spec.as_ref().map(|s| (&s.urn, &s.payload))
+                == y.spec.as_ref().map(|s| (&s.urn, &s.payload));
+            if !same_spec || x.component_coder_ids.len() != y.component_coder_ids.len() {
+                return false;
+            }
+            todo.extend(
+                x.component_coder_ids
+                    .iter()
+                    .zip(&y.component_coder_ids)
+                    .map(|(ca, cb)| (ca.as_str(), cb.as_str())),
+            );
         }
-        let (Some(x), Some(y)) = (self.map.get(a), self.map.get(b)) else {
-            return false;
-        };
-        let (kx, ky) = (key_of(x), key_of(y));
-        kx.0 == ky.0
-            && kx.1 == ky.1
-            && x.component_coder_ids.len() == y.component_coder_ids.len()
-            && x.component_coder_ids
-                .iter()
-                .zip(&y.component_coder_ids)
-                .all(|(ca, cb)| self.same_encoding(ca, cb))
+        true
     }
 
+    /// The components of coder `id`, checked to be `urn` with `n` components.
     pub(crate) fn components_of(
         &self,
         id: &str,
@@ -326,9 +340,12 @@ impl Coders {
     }
 
     /// The engine's view of a coder that [`Coders::safe`] or
-    /// [`Coders::safe_window`] produced.
+    /// [`Coders::safe_window`] produced. The engine's coder is a tree, so
+    /// a coder whose components share coders unfolds into more nodes than
+    /// it has ids: at most [`MAX_ENGINE_CODER_NODES`] are built.
     pub(crate) fn engine(&self, id: &str, referrer: &str) -> Result<Coder, TranslateError> {
-        self.engine_inner(id, referrer, 0)
+        let mut budget = MAX_ENGINE_CODER_NODES;
+        self.engine_inner(id, referrer, 0, &mut budget)
     }
 
     fn engine_inner(
@@ -336,12 +353,15 @@ impl Coders {
         id: &str,
         referrer: &str,
         depth: usize,
+        budget: &mut usize,
     ) -> Result<Coder, TranslateError> {
-        if depth > 64 {
+        if depth > 64 || *budget == 0 {
             return Err(TranslateError::Invalid(format!(
-                "coder '{id}' (used by {referrer}) is nested too deeply"
+                "coder '{id}' (used by {referrer}) is nested too deeply or unfolds into more \
+                 than {MAX_ENGINE_CODER_NODES} coders the runner must read"
             )));
         }
+        *budget -= 1;
         let coder = self.get(id, referrer)?;
         let urn = coder.spec.as_ref().map_or("", |s| s.urn.as_str());
         let n = coder.component_coder_ids.len();
@@ -351,11 +371,12 @@ impl Coders {
                 arity(urn)
             )));
         }
-        let sub = |i: usize| -> Result<Box<Coder>, TranslateError> {
+        let mut sub = |i: usize| -> Result<Box<Coder>, TranslateError> {
             Ok(Box::new(self.engine_inner(
                 &coder.component_coder_ids[i],
                 referrer,
                 depth + 1,
+                budget,
             )?))
         };
         Ok(match urn {
@@ -371,14 +392,20 @@ impl Coders {
             c::GLOBAL_WINDOW => Coder::GlobalWindow,
             c::INTERVAL_WINDOW => Coder::IntervalWindow,
             c::CUSTOM_WINDOW => Coder::CustomWindow,
-            c::WINDOWED_VALUE => Coder::WindowedValue {
-                value: sub(0)?,
-                window: sub(1)?,
-            },
-            c::TIMER => Coder::Timer {
-                key: sub(0)?,
-                window: sub(1)?,
-            },
+            c::WINDOWED_VALUE => {
+                let value = sub(0)?;
+                Coder::WindowedValue {
+                    value,
+                    window: sub(1)?,
+                }
+            }
+            c::TIMER => {
+                let key = sub(0)?;
+                Coder::Timer {
+                    key,
+                    window: sub(1)?,
+                }
+            }
             other => {
                 return Err(TranslateError::unsupported(
                     format!("coder '{id}' with URN '{other}' on the runner side"),
@@ -405,6 +432,81 @@ impl Coders {
             out.insert(id, coder.clone());
         }
         Ok(out)
+    }
+}
+
+/// Most nodes of one engine coder tree (see [`Coders::engine`]); real
+/// coders the runner reads have a handful.
+const MAX_ENGINE_CODER_NODES: usize = 10_000;
+
+/// Refuses coders that contain themselves (directly or through their
+/// components) or nest deeper than `max_depth`, walking every coder once
+/// without recursion. Every later walk over components (rewriting,
+/// comparing, building the engine's view) then ends within `max_depth`
+/// levels. Components missing from the map are reported where they are
+/// used.
+fn check_structure(
+    map: &HashMap<String, pb::Coder>,
+    max_depth: usize,
+) -> Result<(), TranslateError> {
+    let components = |id: &str| {
+        map.get(id)
+            .map_or(&[][..], |c| c.component_coder_ids.as_slice())
+    };
+    // Height of every coder walked so far: 1 for a coder without components.
+    let mut height: HashMap<&str, usize> = HashMap::with_capacity(map.len());
+    let mut on_path: HashSet<&str> = HashSet::new();
+    let mut roots: Vec<&String> = map.keys().collect();
+    roots.sort();
+    for root in roots {
+        if height.contains_key(root.as_str()) {
+            continue;
+        }
+        // The path from `root`, each coder with the next component to visit.
+        let mut path: Vec<(&str, usize)> = vec![(root.as_str(), 0)];
+        on_path.insert(root.as_str());
+        while let Some((id, next)) = path.last_mut() {
+            let id: &str = id;
+            if let Some(child) = components(id).get(*next) {
+                *next += 1;
+                let child = child.as_str();
+                if height.contains_key(child) || !map.contains_key(child) {
+                    continue;
+                }
+                if on_path.contains(child) {
+                    return Err(TranslateError::Invalid(format!(
+                        "coder '{child}' contains itself (through its components)"
+                    )));
+                }
+                if path.len() >= max_depth {
+                    return Err(too_deep(root, path.len() + 1, max_depth));
+                }
+                on_path.insert(child);
+                path.push((child, 0));
+                continue;
+            }
+            let h = 1 + components(id)
+                .iter()
+                .filter_map(|c| height.get(c.as_str()))
+                .max()
+                .copied()
+                .unwrap_or(0);
+            if h > max_depth {
+                return Err(too_deep(id, h, max_depth));
+            }
+            height.insert(id, h);
+            on_path.remove(id);
+            path.pop();
+        }
+    }
+    Ok(())
+}
+
+fn too_deep(id: &str, depth: usize, limit: usize) -> TranslateError {
+    TranslateError::TooLarge {
+        what: format!("levels of components in coder '{id}' (at least)"),
+        count: depth,
+        limit,
     }
 }
 
@@ -463,7 +565,7 @@ mod tests {
             .enumerate()
             .map(|(i, e)| (format!("env{i}"), e.clone()))
             .collect();
-        Coders::new(map, &envs)
+        Coders::new(map, &envs, 100).expect("well-formed coders")
     }
 
     #[test]

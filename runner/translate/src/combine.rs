@@ -1,4 +1,4 @@
-//! Combiner lifting (fn-api-notes §6.5).
+//! Combiner lifting.
 //!
 //! Python pre-lifts `combine_per_key` in batch; streaming pipelines and Java
 //! submit the composite unlifted. When the input's trigger allows it (it

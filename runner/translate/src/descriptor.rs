@@ -1,4 +1,4 @@
-//! ProcessBundleDescriptors for fused SDK stages (fn-api-notes §3.1–3.6).
+//! ProcessBundleDescriptors for fused SDK stages.
 //!
 //! A descriptor holds the stage's leaf transforms under their original ids
 //! (the SDK's metrics labels, state keys and residuals use them), a data

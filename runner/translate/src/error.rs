@@ -74,6 +74,16 @@ pub enum TranslateError {
     /// A structurally malformed pipeline (e.g. a ParDo with two main inputs).
     #[error("invalid pipeline: {0}")]
     Invalid(String),
+    /// A pipeline larger than the server accepts (the `limits` module).
+    #[error("the pipeline has {count} {what}; this server accepts at most {limit}")]
+    TooLarge {
+        /// What was counted ("transforms", "coders", ...).
+        what: String,
+        /// How many the pipeline has.
+        count: usize,
+        /// The limit it passed.
+        limit: usize,
+    },
 }
 
 impl TranslateError {

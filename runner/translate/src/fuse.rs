@@ -1,4 +1,5 @@
-//! Greedy fusion of SDK nodes into stages (fn-api-notes §3.7).
+//! Greedy fusion of SDK nodes into stages, by the rules of Beam's reference
+//! runners.
 //!
 //! Walking nodes in topological order, an SDK node joins the stage in which
 //! its main input is available — the stage that produces it, or a stage that
@@ -15,7 +16,7 @@
 //! their own. Every SDK stage has at most one main input: the engine feeds
 //! one data source per stage.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::graph::{Node, NodeKind};
 
@@ -39,31 +40,17 @@ pub(crate) struct SdkGroup {
     pub env: String,
 }
 
-/// A set of node indices.
-#[derive(Debug, Clone)]
-struct Bits(Vec<u64>);
+/// Candidate stages looked at for one node: fusing is an optimisation,
+/// and a node that joins none of the first few starts a stage of its own.
+const MAX_CANDIDATES: usize = 8;
 
-impl Bits {
-    fn new(n: usize) -> Self {
-        Bits(vec![0; n.div_ceil(64)])
-    }
-    fn set(&mut self, i: usize) {
-        self.0[i / 64] |= 1 << (i % 64);
-    }
-    fn get(&self, i: usize) -> bool {
-        self.0[i / 64] & (1 << (i % 64)) != 0
-    }
-    fn union(&mut self, other: &Bits) {
-        for (a, b) in self.0.iter_mut().zip(&other.0) {
-            *a |= b;
-        }
-    }
-    fn intersects(&self, other: &Bits) -> bool {
-        self.0.iter().zip(&other.0).any(|(a, b)| a & b != 0)
-    }
-}
+/// Nodes the side-input checks of one fusion may visit in all, a few per
+/// node: a check that would go past it answers "may depend", which only
+/// costs a fusion.
+const ANCESTOR_VISITS_PER_NODE: usize = 64;
 
-/// Fuses `nodes` (topologically sorted) into stages.
+/// Fuses `nodes` (topologically sorted) into stages, in time and memory
+/// linear in the number of nodes and their inputs.
 pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
     let n = nodes.len();
     let mut producer: HashMap<&str, usize> = HashMap::new();
@@ -72,27 +59,15 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
             producer.insert(out.as_str(), i);
         }
     }
-    // ancestors[i]: every node that node i depends on, through main or side inputs.
-    let mut ancestors: Vec<Bits> = Vec::with_capacity(n);
-    for node in nodes {
-        let mut bits = Bits::new(n);
-        for input in node
-            .inputs
-            .iter()
-            .chain(node.side_inputs.iter().map(|s| &s.pcoll))
-        {
-            if let Some(&p) = producer.get(input.as_str()) {
-                bits.set(p);
-                if let Some(a) = ancestors.get(p) {
-                    bits.union(a);
-                }
-            }
-        }
-        ancestors.push(bits);
-    }
+    let mut ancestry = Ancestry {
+        nodes,
+        producer: &producer,
+        budget: n.saturating_mul(ANCESTOR_VISITS_PER_NODE).max(1 << 16),
+    };
 
     let mut groups: Vec<Group> = Vec::new();
-    let mut members: Vec<Bits> = Vec::new(); // per group: its nodes
+    // The earliest node (in topological order) of each group.
+    let mut first_member: Vec<usize> = Vec::new();
     let mut group_of: Vec<usize> = vec![usize::MAX; n];
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new(); // pcoll → groups sourcing it (not forced)
 
@@ -100,7 +75,7 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
         if node.kind != NodeKind::Sdk {
             group_of[i] = groups.len();
             groups.push(Group::Runner(i));
-            members.push(Bits::new(n));
+            first_member.push(i);
             continue;
         }
         let main = node.inputs.first().map(String::as_str);
@@ -113,7 +88,7 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
                 }
             }
             candidates.extend(readers.get(main).into_iter().flatten().copied());
-            chosen = candidates.into_iter().find(|&g| {
+            chosen = candidates.into_iter().take(MAX_CANDIDATES).find(|&g| {
                 let Group::Sdk(group) = &groups[g] else {
                     return false;
                 };
@@ -122,7 +97,7 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
                         let Some(&p) = producer.get(side.pcoll.as_str()) else {
                             return true;
                         };
-                        !members[g].get(p) && !ancestors[p].intersects(&members[g])
+                        !ancestry.reaches_group(p, g, first_member[g], &group_of)
                     })
             });
         }
@@ -131,7 +106,6 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
                 if let Group::Sdk(group) = &mut groups[g] {
                     group.nodes.push(i);
                 }
-                members[g].set(i);
                 group_of[i] = g;
             }
             None => {
@@ -139,9 +113,7 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
                 if let (Some(main), false) = (main, node.forced_root()) {
                     readers.entry(main).or_default().push(g);
                 }
-                let mut bits = Bits::new(n);
-                bits.set(i);
-                members.push(bits);
+                first_member.push(i);
                 groups.push(Group::Sdk(SdkGroup {
                     nodes: vec![i],
                     input: main.map(str::to_string),
@@ -152,6 +124,53 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
         }
     }
     groups
+}
+
+/// Answers "is node `p`, or anything it depends on, in group `g`?" by
+/// walking `p`'s inputs backwards on demand, instead of keeping every
+/// node's ancestors (which takes memory quadratic in the nodes).
+struct Ancestry<'a> {
+    nodes: &'a [Node],
+    producer: &'a HashMap<&'a str, usize>,
+    /// Visits left for all checks together.
+    budget: usize,
+}
+
+impl Ancestry<'_> {
+    /// Whether `p` or one of its ancestors (through main or side inputs) is
+    /// a member of group `g`, whose earliest member is `first`. Nodes are in
+    /// topological order, so nothing before `first` can be in `g` or lead
+    /// to it, and the walk stops there. Past the visit budget the answer is
+    /// `true`: the caller then does not fuse, which is always correct.
+    fn reaches_group(&mut self, p: usize, g: usize, first: usize, group_of: &[usize]) -> bool {
+        let mut seen: HashSet<usize> = HashSet::new();
+        let mut todo = vec![p];
+        while let Some(i) = todo.pop() {
+            if i < first || !seen.insert(i) {
+                continue;
+            }
+            if group_of.get(i) == Some(&g) {
+                return true;
+            }
+            if self.budget == 0 {
+                return true;
+            }
+            self.budget -= 1;
+            let Some(node) = self.nodes.get(i) else {
+                continue;
+            };
+            for input in node
+                .inputs
+                .iter()
+                .chain(node.side_inputs.iter().map(|s| &s.pcoll))
+            {
+                if let Some(&q) = self.producer.get(input.as_str()) {
+                    todo.push(q);
+                }
+            }
+        }
+        false
+    }
 }
 
 #[cfg(test)]

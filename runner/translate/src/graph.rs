@@ -3,7 +3,7 @@
 //! SDK transform.
 //!
 //! Composites are structure only and are walked through, with three
-//! exceptions (fn-api-notes §6.4–6.6): Reshuffle and Redistribute become one
+//! exceptions: Reshuffle and Redistribute become one
 //! identity flatten (a fusion break) and their insides are skipped;
 //! `combine_per_key` composites that the SDK did not pre-lift are lifted here
 //! when the trigger allows it; and splittable ParDos are expanded into their
@@ -18,6 +18,7 @@ use refract_proto::urns::transform as t;
 
 use crate::coders::{unique_id, Coders};
 use crate::error::TranslateError;
+use crate::limits::Limits;
 use crate::payloads::{self, decode_combine, decode_pardo, COMBINE_STEPS, PARDO_LIKE};
 use crate::{combine, sdf};
 
@@ -175,7 +176,11 @@ pub(crate) fn values_by_tag(map: &HashMap<String, String>) -> Vec<String> {
 }
 
 /// Walks the pipeline's transforms into an executable graph.
-pub(crate) fn build(pipeline: &pb::Pipeline, drain: bool) -> Result<Graph, TranslateError> {
+pub(crate) fn build(
+    pipeline: &pb::Pipeline,
+    drain: bool,
+    limits: &Limits,
+) -> Result<Graph, TranslateError> {
     let mut components = pipeline
         .components
         .clone()
@@ -183,7 +188,8 @@ pub(crate) fn build(pipeline: &pb::Pipeline, drain: bool) -> Result<Graph, Trans
     let coders = Coders::new(
         std::mem::take(&mut components.coders),
         &components.environments,
-    );
+        limits.coder_depth,
+    )?;
     let unique_names = components
         .transforms
         .iter()
@@ -197,9 +203,7 @@ pub(crate) fn build(pipeline: &pb::Pipeline, drain: bool) -> Result<Graph, Trans
         visited: HashSet::new(),
         drain,
     };
-    for root in &pipeline.root_transform_ids {
-        builder.visit(root, "the pipeline's root transforms")?;
-    }
+    builder.walk(&pipeline.root_transform_ids, limits.composite_depth)?;
     let nodes = topo_sort(builder.nodes)?;
     Ok(Graph {
         components: builder.components,
@@ -221,7 +225,45 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    fn visit(&mut self, id: &str, referrer: &str) -> Result<(), TranslateError> {
+    /// Visits `roots` and everything under them, parents before children
+    /// and children in order, with an explicit stack: however deep the
+    /// composites nest, the walk uses no call stack for it, and nesting
+    /// past `max_depth` levels is refused.
+    fn walk(&mut self, roots: &[String], max_depth: usize) -> Result<(), TranslateError> {
+        let mut todo: Vec<(String, String, usize)> = roots
+            .iter()
+            .rev()
+            .map(|id| (id.clone(), "the pipeline's root transforms".to_string(), 1))
+            .collect();
+        while let Some((id, referrer, depth)) = todo.pop() {
+            if depth > max_depth {
+                return Err(TranslateError::TooLarge {
+                    what: format!("levels of composite transforms above transform '{id}'"),
+                    count: depth,
+                    limit: max_depth,
+                });
+            }
+            if let Some((name, children)) = self.visit(&id, &referrer)? {
+                let referrer = format!("transform '{name}'");
+                todo.extend(
+                    children
+                        .into_iter()
+                        .rev()
+                        .map(|child| (child, referrer.clone(), depth + 1)),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in transform `id`: a leaf or an executed composite becomes
+    /// nodes; any other composite returns its name and subtransforms, to be
+    /// visited next.
+    fn visit(
+        &mut self,
+        id: &str,
+        referrer: &str,
+    ) -> Result<Option<(String, Vec<String>)>, TranslateError> {
         if !self.visited.insert(id.to_string()) {
             return Err(TranslateError::Invalid(format!(
                 "transform '{id}' appears more than once in the transform hierarchy"
@@ -236,14 +278,14 @@ impl Builder {
         let name = name_of(id, &transform);
         let urn = urn_of(&transform).to_string();
         if IDENTITY_COMPOSITES.contains(&urn.as_str()) {
-            return self.identity(id, &transform, &name);
+            return self.identity(id, &transform, &name).map(|()| None);
         }
         if urn == t::COMBINE_PER_KEY && !self.is_prelifted(&transform) {
             if let Some(nodes) = combine::lift(self, id, &transform)? {
                 for node in nodes {
                     self.push(node)?;
                 }
-                return Ok(());
+                return Ok(None);
             }
             if transform.subtransforms.is_empty() {
                 return Err(TranslateError::unsupported(
@@ -254,13 +296,9 @@ impl Builder {
             }
         }
         if !transform.subtransforms.is_empty() {
-            let referrer = format!("transform '{name}'");
-            for sub in &transform.subtransforms {
-                self.visit(sub, &referrer)?;
-            }
-            return Ok(());
+            return Ok(Some((name, transform.subtransforms)));
         }
-        self.leaf(id, transform, &name, &urn)
+        self.leaf(id, transform, &name, &urn).map(|()| None)
     }
 
     /// Whether a combine_per_key composite's subtransforms are already the

@@ -13,7 +13,9 @@
 //! 5. builds a ProcessBundleDescriptor per SDK stage (`descriptor`) and the
 //!    engine's stages and PCollections (`assemble`).
 //!
-//! See `fn-api-notes.md` §3 and §6 for the protocol facts this follows.
+//! What a pipeline may ask for, and how large it may be, is checked before
+//! anything walks it (`limits`): a pipeline comes from whoever can reach
+//! the job port.
 
 mod assemble;
 mod coders;
@@ -23,6 +25,7 @@ mod drain;
 mod error;
 mod fuse;
 mod graph;
+mod limits;
 mod merge;
 mod payloads;
 mod rewrite;
@@ -146,10 +149,14 @@ pub fn translate(
 }
 
 /// The checks that need no fusion, and the executable graph they produce.
+/// Sizes come first: nothing walks a pipeline before its counts are known
+/// to be within [`limits::Limits`].
 fn prepare(pipeline: &pipeline::Pipeline, drain: bool) -> Result<graph::Graph, TranslateError> {
+    let limits = limits::Limits::default();
+    limits::check_counts(pipeline, &limits)?;
     validate::requirements(pipeline)?;
     validate::environments(pipeline)?;
-    let mut graph = graph::build(pipeline, drain)?;
+    let mut graph = graph::build(pipeline, drain, &limits)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
     transcode::test_stream_outputs(&mut graph);

@@ -1,5 +1,5 @@
 //! Which PCollections cross stage boundaries, and the coder rewrites that
-//! make their bytes readable on both sides (fn-api-notes §3.4, P1, P15, P19).
+//! make their bytes readable on both sides.
 //!
 //! Like Python's FnApiRunner, the rewrite changes `PCollection.coder_id`
 //! itself, so the producing and the consuming bundle descriptors, the data
@@ -69,6 +69,7 @@ pub(crate) fn boundaries(graph: &Graph, groups: &[Group]) -> Boundaries {
     let mut sinks = Vec::with_capacity(groups.len());
     for (g, group) in groups.iter().enumerate() {
         let mut group_sinks = Vec::new();
+        let mut sunk: HashSet<&str> = HashSet::new();
         match group {
             Group::Runner(i) => {
                 let node = &graph.nodes[*i];
@@ -90,7 +91,7 @@ pub(crate) fn boundaries(graph: &Graph, groups: &[Group]) -> Boundaries {
                         let outside = consumer_groups
                             .get(out.as_str())
                             .is_some_and(|gs| gs.iter().any(|&other| other != g));
-                        if outside && !group_sinks.contains(out) {
+                        if outside && sunk.insert(out.as_str()) {
                             group_sinks.push(out.clone());
                             add(out, &mut pcolls);
                         }

@@ -1,4 +1,4 @@
-//! Splittable DoFn expansion (fn-api-notes §6.6).
+//! Splittable DoFn expansion.
 //!
 //! A ParDo with a restriction coder becomes three SDK transforms with the
 //! same payload bytes and new URNs:

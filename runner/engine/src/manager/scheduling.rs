@@ -4,6 +4,8 @@
 use super::*;
 use crate::coder::Coder;
 use crate::key_groups::{key_group, slice_mask, KEY_GROUPS};
+use rustc_hash::FxHashSet;
+use smallvec::SmallVec;
 
 /// The key group of a keyed stage's input element (its `KV`'s key; the
 /// stage's input value coder is `coder`), as a set. An element whose key
@@ -79,40 +81,64 @@ impl Engine {
     /// bound and can work through it. (A consumer whose waiting elements
     /// all wait for a side input does not hold its producers back: that
     /// side input may need them, and backpressure must never deadlock.)
+    ///
+    /// Some consumers pass their backlog on: a Flatten (or a Reshuffle,
+    /// which runs as one) passes what it takes in straight on, so its
+    /// consumers' backlog is its producers' too; so is a GroupByKey's
+    /// whose buffer waits to fire. Those are followed with a worklist and
+    /// a visited set, not by recursion: a chain of them is as long as the
+    /// pipeline, and a diamond of them would be walked once per path.
     pub(super) fn backpressured(&self, idx: StageIdx) -> bool {
-        self.plan.stages[idx].outputs.iter().any(|&p| {
-            self.consumers[p].stages.iter().any(|&c| {
-                // A Flatten (or a Reshuffle, which runs as one) passes what
-                // it takes in straight on, so its own queue is no measure:
-                // its consumers' backlog is its producers' too.
-                if matches!(self.plan.stages[c].kind, StageKind::Flatten) && self.backpressured(c) {
-                    return true;
+        let mut todo: SmallVec<[StageIdx; 4]> = SmallVec::new();
+        todo.push(idx);
+        let mut seen: FxHashSet<StageIdx> = FxHashSet::default();
+        while let Some(stage) = todo.pop() {
+            for &p in &self.plan.stages[stage].outputs {
+                for &c in &self.consumers[p].stages {
+                    match self.backlog_of(c) {
+                        Backlog::Over => return true,
+                        Backlog::PassedOn => {
+                            if seen.insert(c) {
+                                todo.push(c);
+                            }
+                        }
+                        Backlog::Under => {}
+                    }
                 }
-                let s = &self.stages[c];
-                if let Some(g) = &s.grouping {
-                    // A GroupByKey has no queue: what it takes in waits in
-                    // its buffer. Data there that is owed to consumers now
-                    // (its keys wait to fire, as a streaming trigger's do)
-                    // but held back by their bound is a backlog like a
-                    // queue's, so its producers wait too. (A batch buffer
-                    // waiting for the watermark spills instead.)
-                    return g.has_unevaluated()
-                        && g.buffered_bytes() > self.config.max_pending_bytes
-                        && self.backpressured(c);
-                }
-                // What waits and what runs: a consumer that takes its whole
-                // queue into bundles does not make room for more.
-                if s.pending.bytes() + s.in_flight_bytes <= self.config.max_pending_bytes {
-                    return false;
-                }
-                if s.in_flight > 0 || self.plan.stages[c].side_inputs.is_empty() {
-                    return true;
-                }
+            }
+        }
+        false
+    }
+
+    /// How consumer `c`'s own backlog bears on its producers.
+    fn backlog_of(&self, c: StageIdx) -> Backlog {
+        let s = &self.stages[c];
+        if let Some(g) = &s.grouping {
+            // A GroupByKey has no queue: what it takes in waits in its
+            // buffer. Data there that is owed to consumers now (its keys
+            // wait to fire, as a streaming trigger's do) but held back by
+            // their bound is a backlog like a queue's, so its producers
+            // wait too. (A batch buffer waiting for the watermark spills
+            // instead.)
+            return if g.has_unevaluated() && g.buffered_bytes() > self.config.max_pending_bytes {
+                Backlog::PassedOn
+            } else {
+                Backlog::Under
+            };
+        }
+        // What waits and what runs: a consumer that takes its whole queue
+        // into bundles does not make room for more.
+        let over = s.pending.bytes() + s.in_flight_bytes > self.config.max_pending_bytes
+            && (s.in_flight > 0 || self.plan.stages[c].side_inputs.is_empty() || {
                 let gate = self.side_input_gate(c);
                 s.pending
                     .any(|e| gate.iter().all(|g| g.allows(e, self.config.streaming)))
-            })
-        })
+            });
+        match (over, &self.plan.stages[c].kind) {
+            (true, _) => Backlog::Over,
+            (false, StageKind::Flatten) => Backlog::PassedOn,
+            (false, _) => Backlog::Under,
+        }
     }
 
     pub(super) fn schedule(
@@ -409,6 +435,16 @@ fn balanced_bundle_elements(
         .div_ceil(free_slots.max(1))
         .max(floor)
         .min(max.max(1))
+}
+
+/// A consumer's backlog as its producers see it (`Engine::backpressured`).
+enum Backlog {
+    /// Over its bound, and it can work through it: its producers wait.
+    Over,
+    /// Its own queue is no measure: its consumers' backlog counts.
+    PassedOn,
+    /// Room to spare.
+    Under,
 }
 
 #[cfg(test)]
