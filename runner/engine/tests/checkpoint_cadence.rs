@@ -105,3 +105,62 @@ async fn a_checkpoint_due_during_a_write_is_taken_when_the_write_ends() {
         );
     }
 }
+
+/// Fails every write (a full disk), instantly, noting when each arrived.
+async fn fail_every_write(
+    mut checkpoints: mpsc::Receiver<Vec<(String, Bytes)>>,
+    progress: watch::Sender<CheckpointProgress>,
+    log: Arc<Mutex<Vec<Instant>>>,
+) {
+    let mut received = 0;
+    while checkpoints.recv().await.is_some() {
+        received += 1;
+        log.lock().push(Instant::now());
+        progress.send_modify(|p| p.finished = received);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_writes_make_the_next_attempt_wait_longer() {
+    // A checkpoint after every commit: without a backoff, each failure
+    // would be followed by another attempt at the next commit, 5 ms later
+    // (some 200 attempts in all).
+    let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
+    let (tx, rx) = mpsc::channel(1);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let writer = tokio::spawn(fail_every_write(rx, report, log.clone()));
+    let (_cancel, cancelled) = watch::channel(false);
+    Engine::new(
+        plan,
+        Arc::new(Sdk),
+        EngineConfig::default(),
+        "c",
+        Arc::new(|| 0),
+    )
+    .expect("a valid plan")
+    .with_checkpoints(Duration::ZERO, tx, Some(progress))
+    .run(cancelled)
+    .await
+    .expect("the job goes on through failed checkpoints");
+    writer.await.expect("the writer ends");
+    let log = log.lock().clone();
+    // About a second of steps, a commit every 5 ms: after the second
+    // failure the waits double from 1 ms (1, 2, ..., 512 ms fit).
+    assert!(
+        (4..=16).contains(&log.len()),
+        "{} attempts in {:?}",
+        log.len(),
+        log.last().map(|t| t.duration_since(log[0]))
+    );
+    for (n, pair) in log.windows(2).enumerate().skip(1) {
+        let wait = pair[1].duration_since(pair[0]);
+        let backoff = Duration::from_millis(1) * (1 << (n - 1));
+        assert!(
+            wait >= backoff,
+            "attempt {} came {wait:?} after {} failures, before the {backoff:?} backoff",
+            n + 2,
+            n + 1
+        );
+    }
+}

@@ -61,6 +61,33 @@ pub(super) struct CheckpointSink {
     /// Periodic checkpoints are put off while data is on the spill store
     /// (said once in the log when they start waiting, once when they go on).
     waiting_for_spill: bool,
+    /// Writes that failed in a row (a full disk, say): each makes the
+    /// next attempt wait longer ([`checkpoint_backoff`]), so a failing
+    /// store is not asked again and again for a fresh copy of the state.
+    failures: u32,
+    /// No checkpoint is taken before this, after a failed write.
+    retry_at: Option<Instant>,
+}
+
+/// The shortest first wait after failed checkpoint writes (with
+/// checkpoints after every commit, the interval itself is zero).
+const MIN_CHECKPOINT_BACKOFF: Duration = Duration::from_millis(1);
+/// The longest wait between checkpoint attempts while writes fail.
+const MAX_CHECKPOINT_BACKOFF: Duration = Duration::from_secs(60);
+
+/// How long to wait before the next attempt after `failures` failed
+/// writes in a row, with checkpoints every `every`: after one failure, as
+/// usual (it may have been passing); after more, the interval (at least
+/// [`MIN_CHECKPOINT_BACKOFF`]), doubling with each further failure, up to
+/// [`MAX_CHECKPOINT_BACKOFF`]. `None`: no extra wait.
+fn checkpoint_backoff(failures: u32, every: Duration) -> Option<Duration> {
+    let doublings = failures.checked_sub(2)?.min(20);
+    Some(
+        every
+            .max(MIN_CHECKPOINT_BACKOFF)
+            .saturating_mul(1 << doublings)
+            .min(MAX_CHECKPOINT_BACKOFF),
+    )
 }
 
 impl CheckpointSink {
@@ -109,6 +136,8 @@ impl Engine {
             commits: 0,
             after_durable: VecDeque::new(),
             waiting_for_spill: false,
+            failures: 0,
+            retry_at: None,
         });
         for (idx, stage) in self.plan.stages.iter().enumerate() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
@@ -143,6 +172,9 @@ impl Engine {
             sink.last.elapsed() >= sink.every
         };
         if !due && !awaited {
+            return;
+        }
+        if sink.retry_at.is_some_and(|at| at > Instant::now()) {
             return;
         }
         if sink.writer_busy() {
@@ -250,6 +282,21 @@ impl Engine {
         };
         self.checkpoints_written(progress.durable);
         if let Some(sink) = &mut self.checkpoints {
+            if progress.finished > sink.finished {
+                if progress.finished > progress.durable {
+                    sink.failures = sink.failures.saturating_add(1);
+                    let wait = checkpoint_backoff(sink.failures, sink.every);
+                    sink.retry_at = wait.map(|wait| Instant::now() + wait);
+                    warn!(
+                        failures = sink.failures,
+                        ?wait,
+                        "a checkpoint write failed; the next attempt waits"
+                    );
+                } else {
+                    sink.failures = 0;
+                    sink.retry_at = None;
+                }
+            }
             sink.finished = sink.finished.max(progress.finished);
             // Finished and not durable: failed. What they cut from
             // stable-input queues waits for a later checkpoint, which a
@@ -342,10 +389,27 @@ impl Engine {
     /// with an interval of zero (commits do).
     pub(super) fn checkpoint_deadline(&self) -> Option<Instant> {
         let sink = self.checkpoints.as_ref()?;
-        if sink.every.is_zero() || (sink.acked && sink.writer_busy()) {
+        if sink.acked && sink.writer_busy() {
             return None;
         }
-        Some(sink.last + sink.every)
+        let retry_at = sink.retry_at.filter(|at| *at > Instant::now());
+        match (sink.every.is_zero(), retry_at) {
+            (true, None) => None,
+            (true, Some(at)) => Some(at),
+            (false, at) => {
+                Some(at.map_or(sink.last + sink.every, |at| at.max(sink.last + sink.every)))
+            }
+        }
+    }
+
+    /// When a stable-input stage waiting for a checkpoint may ask for one
+    /// again: soon, unless failed writes made checkpoints wait.
+    pub(super) fn checkpoint_retry_at(&self) -> Instant {
+        let soon = Instant::now() + Duration::from_millis(5);
+        self.checkpoints
+            .as_ref()
+            .and_then(|sink| sink.retry_at)
+            .map_or(soon, |at| at.max(soon))
     }
 
     /// Whether the run waits for the writer to make a checkpoint durable.
@@ -353,5 +417,29 @@ impl Engine {
         self.checkpoints
             .as_ref()
             .is_some_and(|sink| !sink.awaiting.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_after_failed_writes_doubles_up_to_a_minute() {
+        let every = Duration::from_secs(5);
+        assert_eq!(checkpoint_backoff(1, every), None);
+        assert_eq!(checkpoint_backoff(2, every), Some(every));
+        assert_eq!(checkpoint_backoff(4, every), Some(every * 4));
+        assert_eq!(checkpoint_backoff(5, every), Some(every * 8));
+        assert_eq!(checkpoint_backoff(6, every), Some(MAX_CHECKPOINT_BACKOFF));
+        assert_eq!(
+            checkpoint_backoff(u32::MAX, every),
+            Some(MAX_CHECKPOINT_BACKOFF)
+        );
+        let after_every_commit = Duration::ZERO;
+        assert_eq!(
+            checkpoint_backoff(3, after_every_commit),
+            Some(MIN_CHECKPOINT_BACKOFF * 2)
+        );
     }
 }

@@ -784,7 +784,7 @@ impl Engine {
                 && !self.awaiting_checkpoint()
                 && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
             let next_wakeup = if checkpoint_retry {
-                let soon = Instant::now() + Duration::from_millis(5);
+                let soon = self.checkpoint_retry_at();
                 Some(next_wakeup.map_or(soon, |at| at.min(soon)))
             } else {
                 next_wakeup
