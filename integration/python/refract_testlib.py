@@ -194,3 +194,34 @@ def ui_server(refract_bin, log_path, extra_args=()):
       refract_bin, log_path,
       extra_args=['--ui_port', str(ui_port)] + list(extra_args))
   return server, 'http://127.0.0.1:%d' % ui_port
+
+
+def job_state(endpoint, job_id):
+  with grpc.insecure_channel(endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    state = stub.GetState(
+        beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
+  return beam_job_api_pb2.JobState.Enum.Name(state)
+
+
+def wait_for_end(server, job_id, timeout_s=180):
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    state = job_state(server.endpoint, job_id)
+    if state in ('DONE', 'FAILED', 'CANCELLED'):
+      return state
+    time.sleep(0.3)
+  raise AssertionError('job %s did not end within %ss; log:\n%s' %
+                       (job_id, timeout_s, server.log_tail()))
+
+
+def durable_server(refract_bin, state_dir, port, log, interval='200ms',
+                   extra=()):
+  return RefractServer(
+      refract_bin,
+      log,
+      port=port,
+      extra_args=[
+          '--state_dir', state_dir, '--checkpoint_interval', interval,
+          '--serve_http=false'
+      ] + list(extra)).wait_ready()

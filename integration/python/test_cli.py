@@ -2,6 +2,7 @@
 
 import os
 import signal
+import stat
 
 import pytest
 
@@ -51,7 +52,9 @@ def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
   """SIGTERM (`docker stop`, systemd, test harnesses) shuts the server down
   as Ctrl-C does: it exits 0 and removes the spill and staging directories
   it made for itself (before, SIGTERM killed it where it stood and they
-  piled up in the temp directory)."""
+  piled up in the temp directory). Those directories are private (0700)
+  and their names unpredictable, so another user of the machine can
+  neither read them nor create them first."""
   tmp = tmp_path / 'tmp'
   tmp.mkdir()
   monkeypatch.setenv('TMPDIR', str(tmp))
@@ -59,8 +62,13 @@ def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
   request.node.refract_processes = [server]  # log shown if the test fails
   try:
     server.wait_ready()
-    made = sorted(p.name.rsplit('-', 2)[0] for p in tmp.iterdir())
-    assert made == ['refract-spill', 'refract-staging'], made
+    made = sorted(tmp.iterdir())
+    kinds = [p.name.rsplit('-', 1)[0] for p in made]
+    assert kinds == ['refract-spill', 'refract-staging'], made
+    for path in made:
+      assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+      assert str(server.port) not in path.name, path
+      assert str(server.proc.pid) not in path.name, path
     os.kill(server.proc.pid, signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 0
     assert not list(tmp.iterdir())

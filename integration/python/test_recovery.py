@@ -25,7 +25,7 @@ import pytest
 from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
-from refract_testlib import RefractServer, committed_counter, free_port, ui_server
+from refract_testlib import RefractServer, committed_counter, durable_server, free_port, job_state, ui_server, wait_for_end
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE = os.path.join(HERE, 'recovery_pipeline.py')
@@ -89,28 +89,9 @@ def submit(endpoint, output, *experiments, events=EVENTS, keep_all_kb=0):
   return done.stdout.strip().splitlines()[-1]
 
 
-def job_state(endpoint, job_id):
-  with grpc.insecure_channel(endpoint) as channel:
-    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
-    state = stub.GetState(
-        beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
-  return beam_job_api_pb2.JobState.Enum.Name(state)
-
-
 def distinct_events(endpoint, job_id):
   """The job's committed `recovery/distinct_events` counter."""
   return committed_counter(endpoint, job_id, 'distinct_events')
-
-
-def wait_for_end(server, job_id, timeout_s=180):
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    state = job_state(server.endpoint, job_id)
-    if state in ('DONE', 'FAILED', 'CANCELLED'):
-      return state
-    time.sleep(0.3)
-  raise AssertionError('job %s did not end within %ss; log:\n%s' %
-                       (job_id, timeout_s, server.log_tail()))
 
 
 def wait_for_results(output, server, timeout_s=60):
@@ -120,18 +101,6 @@ def wait_for_results(output, server, timeout_s=60):
   while not any(n.endswith('.json') for n in os.listdir(output)):
     assert time.monotonic() < deadline, server.log_tail()
     time.sleep(0.1)
-
-
-def durable_server(refract_bin, state_dir, port, log, interval='200ms',
-                   extra=()):
-  return RefractServer(
-      refract_bin,
-      log,
-      port=port,
-      extra_args=[
-          '--state_dir', state_dir, '--checkpoint_interval', interval,
-          '--serve_http=false'
-      ] + list(extra)).wait_ready()
 
 
 def kill_group(server):
@@ -264,17 +233,21 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
-  server, ui = ui_server(refract_bin, tmp_path / 'refract.log')
+  savepoints = tmp_path / 'savepoints'
+  server, ui = ui_server(
+      refract_bin, tmp_path / 'refract.log',
+      extra_args=['--savepoint_dir', str(savepoints)])
   server.wait_ready()
   request.node.refract_processes = [server]
-  savepoint = tmp_path / 'job.savepoint'
+  savepoint = savepoints / 'job.savepoint'
   # Long enough that the savepoint lands well before the end.
   events = 3 * EVENTS
   try:
     job = submit(server.endpoint, output, events=events)
     wait_for_results(output, server)
+    # A file name: the server writes it in its savepoint directory.
     done = subprocess.run([
-        refract_bin, 'savepoint', job, '--path', str(savepoint), '--stop',
+        refract_bin, 'savepoint', job, '--path', savepoint.name, '--stop',
         '--ui_endpoint', ui[len('http://'):]
     ],
                           capture_output=True,

@@ -34,7 +34,10 @@ def tick(x):
 
 
 def get(url, data=None):
-  with urllib.request.urlopen(url, data=data, timeout=10) as response:
+  # Actions (POSTs) carry the header the page's own scripts send.
+  headers = {'X-Refract-Action': '1'} if data is not None else {}
+  request = urllib.request.Request(url, data=data, headers=headers)
+  with urllib.request.urlopen(request, timeout=10) as response:
     return json.loads(response.read().decode())
 
 

@@ -36,8 +36,13 @@ pub enum Command {
     Drain(JobArgs),
     /// Cancel a job.
     Cancel(JobArgs),
-    /// List the server's jobs with their states.
-    Jobs(ServerArgs),
+    /// List the server's jobs with their states, newest first.
+    Jobs(JobsArgs),
+    /// Start a failed job again from its latest checkpoint, under its id
+    /// (a server with --state_dir keeps failed jobs for this).
+    Resume(JobArgs),
+    /// Forget an ended job: its record, checkpoints and staged files.
+    Delete(JobArgs),
     /// Show a job's state and its user metrics.
     Status(JobArgs),
     /// Print a job's messages (its log as the SDK sees it).
@@ -76,7 +81,9 @@ pub struct RunArgs {
 pub struct SavepointArgs {
     /// The job's id.
     pub job_id: String,
-    /// The file to write (made absolute against the current directory).
+    /// The file to write: a file name in the server's savepoint directory
+    /// (`serve --savepoint_dir`), or an absolute path in it. It must not
+    /// exist yet.
     #[arg(long = "path")]
     pub path: PathBuf,
     /// End the job (CANCELLED) right after the savepoint.
@@ -93,6 +100,20 @@ pub struct ServerArgs {
     /// The job service to talk to.
     #[arg(long = "job_endpoint", default_value = "localhost:8073")]
     pub job_endpoint: String,
+}
+
+/// Flags of `refract jobs`.
+#[derive(Debug, Clone, Args)]
+pub struct JobsArgs {
+    /// Which server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Jobs to list at most.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Continue after an earlier listing (the token it printed last).
+    #[arg(long = "page_token")]
+    pub page_token: Option<String>,
 }
 
 /// Flags of `refract logs`.
@@ -140,9 +161,27 @@ pub struct ServeArgs {
     /// costs the UI, not the server.
     #[arg(long = "ui_port", default_value_t = 8074)]
     pub ui_port: u16,
+    /// A host name the web UI answers to besides localhost, 127.0.0.1 and
+    /// [::1] (repeatable): needed to reach it by another name, e.g. with
+    /// `--host 0.0.0.0`. Requests naming other hosts are refused, which
+    /// keeps web pages from reaching it through DNS rebinding.
+    #[arg(long = "ui_allowed_host")]
+    pub ui_allowed_host: Vec<String>,
+    /// The only directory savepoints are written to (as new files named
+    /// by the request; never over an existing file). Default:
+    /// `STATE_DIR/savepoints` with `--state_dir`, else
+    /// `~/.local/share/refract/savepoints`.
+    #[arg(long = "savepoint_dir")]
+    pub savepoint_dir: Option<PathBuf>,
     /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
     #[arg(long = "idle_shutdown_timeout", default_value = "0")]
     pub idle_shutdown_timeout: String,
+    /// How long an SDK worker may go without answering before it is
+    /// declared lost (Go duration): its connection is pinged after half
+    /// of this without traffic and closed when the ping goes unanswered
+    /// for the other half; its bundles are then retried on another worker.
+    #[arg(long = "worker_liveness_timeout", default_value = "20s")]
+    pub worker_liveness_timeout: String,
     /// SDK workers started per environment of a job when the job's own
     /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]

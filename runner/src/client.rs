@@ -5,15 +5,19 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use futures::StreamExt;
+use refract_proto::admin::refract_admin_client::RefractAdminClient;
+use refract_proto::admin::{
+    DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
+};
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
     job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobPipelineRequest,
-    GetJobStateRequest, GetJobsRequest, JobMessagesRequest,
+    GetJobStateRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::Channel;
 
-use crate::cli::{JobArgs, LogsArgs, SavepointArgs, ServerArgs};
+use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
@@ -25,6 +29,18 @@ pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>>
     JobServiceClient::connect(url)
         .await
         .with_context(|| format!("connecting to the job service at {endpoint}"))
+}
+
+/// A client of Refract's admin API at `endpoint` (the job port).
+pub(crate) async fn connect_admin(endpoint: &str) -> Result<RefractAdminClient<Channel>> {
+    let url = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    RefractAdminClient::connect(url)
+        .await
+        .with_context(|| format!("connecting to the server at {endpoint}"))
 }
 
 /// A job state's name as the Job API spells it (`RUNNING`, `DONE`, ...).
@@ -64,16 +80,19 @@ pub async fn cancel(args: JobArgs) -> Result<()> {
     Ok(())
 }
 
-/// List jobs: id, state, name.
-pub async fn jobs(args: ServerArgs) -> Result<()> {
-    let mut client = connect(&args.job_endpoint).await?;
-    let jobs = client
-        .get_jobs(GetJobsRequest {})
+/// List jobs, newest first: id, state, name; then, when more are left,
+/// how to list them.
+pub async fn jobs(args: JobsArgs) -> Result<()> {
+    let mut admin = connect_admin(&args.server.job_endpoint).await?;
+    let page = admin
+        .list_jobs(ListJobsRequest {
+            page_size: args.limit,
+            page_token: args.page_token.unwrap_or_default(),
+        })
         .await
         .map_err(|s| anyhow!("listing jobs failed: {}", s.message()))?
-        .into_inner()
-        .job_info;
-    for job in jobs {
+        .into_inner();
+    for job in page.jobs {
         println!(
             "{}\t{}\t{}",
             job.job_id,
@@ -81,7 +100,87 @@ pub async fn jobs(args: ServerArgs) -> Result<()> {
             job.job_name
         );
     }
+    if !page.next_page_token.is_empty() {
+        println!(
+            "(more: refract jobs --job_endpoint {} --page_token {})",
+            args.server.job_endpoint, page.next_page_token
+        );
+    }
     Ok(())
+}
+
+/// Resume a failed job and print its new state.
+pub async fn resume(args: JobArgs) -> Result<()> {
+    let mut admin = connect_admin(&args.job_endpoint).await?;
+    let state = admin
+        .resume_job(ResumeJobRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("resume failed: {}", s.message()))?
+        .into_inner()
+        .state;
+    println!("{}: {}", args.job_id, state_name(state));
+    Ok(())
+}
+
+/// Delete an ended job.
+pub async fn delete(args: JobArgs) -> Result<()> {
+    let mut admin = connect_admin(&args.job_endpoint).await?;
+    admin
+        .delete_job(DeleteJobRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow!("delete failed: {}", s.message()))?;
+    println!("{}: deleted", args.job_id);
+    Ok(())
+}
+
+/// The lines `refract status` prints of a job's failure and checkpoints,
+/// from the admin API (nothing when the server has none to tell).
+async fn describe_lines(endpoint: &str, job_id: &str) -> Vec<String> {
+    let Ok(mut admin) = connect_admin(endpoint).await else {
+        return Vec::new();
+    };
+    let Ok(description) = admin
+        .describe_job(DescribeJobRequest {
+            job_id: job_id.to_string(),
+        })
+        .await
+        .map(|r| r.into_inner())
+    else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    // An SDK's error ends with the exception itself, after its traceback.
+    if let Some(last) = description
+        .error
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+    {
+        lines.push(format!("  failed: {}", last.trim()));
+    }
+    if description.resumable {
+        lines.push(format!(
+            "  resumable: `refract resume {job_id}` starts it again from its latest checkpoint"
+        ));
+    }
+    if let Some(c) = description.checkpoints.filter(|c| c.enabled) {
+        let mut line = format!(
+            "  checkpoints: {} written, {} failed; latest #{} {:.1}s ago",
+            c.written,
+            c.failed,
+            c.latest_id,
+            c.age_ms as f64 / 1000.0
+        );
+        if !c.last_error.is_empty() {
+            line.push_str(&format!("; last failure: {}", c.last_error));
+        }
+        lines.push(line);
+    }
+    lines
 }
 
 /// A job's state, then its committed metrics, one per line: elements per
@@ -97,6 +196,9 @@ pub async fn status(args: JobArgs) -> Result<()> {
         .into_inner()
         .state;
     println!("{}: {}", args.job_id, state_name(state));
+    for line in describe_lines(&args.job_endpoint, &args.job_id).await {
+        println!("{line}");
+    }
     let metrics = client
         .get_job_metrics(GetJobMetricsRequest {
             job_id: args.job_id.clone(),
@@ -224,9 +326,7 @@ pub async fn logs(args: LogsArgs) -> Result<()> {
 /// and print where it went.
 pub async fn savepoint(args: SavepointArgs) -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let path = std::path::absolute(&args.path)
-        .with_context(|| format!("resolving {}", args.path.display()))?;
-    let body = path.to_string_lossy().into_owned();
+    let body = args.path.to_string_lossy().into_owned();
     let target = format!(
         "/api/jobs/{}/savepoint{}",
         args.job_id,
@@ -236,8 +336,9 @@ pub async fn savepoint(args: SavepointArgs) -> Result<()> {
         .await
         .with_context(|| format!("connecting to the web UI at {}", args.ui_endpoint))?;
     let request = format!(
-        "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\n{}: 1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         args.ui_endpoint,
+        crate::ui::guard::ACTION_HEADER,
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;

@@ -11,7 +11,7 @@
 //! out, and a writer task per job that keeps checkpointing off the
 //! engine's thread.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use bytes::Bytes;
 use prost::Message;
 use refract_engine::manager::CheckpointProgress;
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
+use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
@@ -56,6 +57,11 @@ struct JobRecord {
     options: Vec<u8>,
     #[prost(message, repeated, tag = "4")]
     staged: Vec<StagedRecord>,
+    /// Set when the job failed: the error text. A failed job keeps its
+    /// record and checkpoint until it is resumed (which clears this) or
+    /// deleted; a server started on the directory lists it, failed.
+    #[prost(string, optional, tag = "5")]
+    failed: Option<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -77,17 +83,20 @@ struct StagedRecord {
 pub struct Durability {
     store: Arc<Store>,
     interval: Duration,
+    /// Where ended jobs' histories are written (`STATE_DIR/history`).
+    history_dir: PathBuf,
 }
 
 impl Durability {
     /// Opens the store under `state_dir` (created if missing); jobs will
     /// checkpoint every `interval`.
     pub fn open(state_dir: &Path, interval: Duration) -> Result<Self, DurabilityError> {
-        std::fs::create_dir_all(state_dir)
+        crate::private_dir::create_private_dir_all(state_dir)
             .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
         Ok(Durability {
             store: Arc::new(Store::open(&state_dir.join("db"))?),
             interval,
+            history_dir: state_dir.join("history"),
         })
     }
 
@@ -96,42 +105,43 @@ impl Durability {
         self.interval
     }
 
-    /// The jobs an earlier server accepted and did not finish.
+    /// The jobs an earlier server accepted and did not finish, and those
+    /// that failed (listed failed, not started). A record that cannot be
+    /// read is reported as a failed job of that id, so it shows in the
+    /// job list with the reason and can be deleted; the other jobs resume.
     pub fn recovered_jobs(&self) -> Result<Vec<RecoveredJob>, DurabilityError> {
         let mut jobs = Vec::new();
         for (id, bytes) in self.store.jobs()? {
-            let bad = |reason: String| DurabilityError::Record {
-                job: id.clone(),
-                reason,
-            };
-            let record = JobRecord::decode(bytes.as_ref()).map_err(|e| bad(e.to_string()))?;
-            let pipeline =
-                Pipeline::decode(record.pipeline.as_slice()).map_err(|e| bad(e.to_string()))?;
-            let options = prost_types::Struct::decode(record.options.as_slice())
-                .map_err(|e| bad(e.to_string()))?;
-            let staged = record
-                .staged
-                .into_iter()
-                .map(|s| StagedArtifact {
-                    type_urn: s.type_urn,
-                    type_payload: s.type_payload,
-                    path: s.path.into(),
-                    sha256: s.sha256,
-                    len: s.len,
-                })
-                .collect();
-            jobs.push(RecoveredJob {
-                id,
-                name: record.name,
-                pipeline,
-                options,
-                staged,
-            });
+            match decode_record(&id, &bytes) {
+                Ok((record, pipeline, options)) => jobs.push(RecoveredJob {
+                    id,
+                    name: record.name,
+                    pipeline,
+                    options,
+                    staged: record.staged.into_iter().map(staged_artifact).collect(),
+                    failed: record.failed,
+                }),
+                Err(error) => {
+                    tracing::error!(job = %id, %error,
+                                    "skipping a job whose record cannot be read");
+                    jobs.push(RecoveredJob {
+                        failed: Some(format!(
+                            "{error}; it was not resumed (delete it with `refract delete {id}`)"
+                        )),
+                        id,
+                        name: "(unreadable record)".to_string(),
+                        pipeline: Pipeline::default(),
+                        options: prost_types::Struct::default(),
+                        staged: Vec::new(),
+                    });
+                }
+            }
         }
         Ok(jobs)
     }
 
-    /// Records `job` so that a later server can take it over.
+    /// Records `job` so that a later server can take it over (a resumed
+    /// job's record loses its failure).
     pub fn remember(&self, job: &Job) -> Result<(), DurabilityError> {
         let record = JobRecord {
             name: job.name().to_string(),
@@ -149,11 +159,74 @@ impl Durability {
                     len: s.len,
                 })
                 .collect(),
+            failed: None,
         };
         Ok(self.store.put_job(job.id(), &record.encode_to_vec())?)
     }
 
-    /// Forgets a job that ended: nothing of it is resumed again.
+    /// Notes in `job_id`'s record that it failed with `error`: the record
+    /// and its latest checkpoint stay, for a resume.
+    pub fn mark_failed(&self, job_id: &str, error: &str) -> Result<(), DurabilityError> {
+        let Some(bytes) = self.store.job(job_id)? else {
+            return Ok(());
+        };
+        let mut record =
+            JobRecord::decode(bytes.as_ref()).map_err(|e| DurabilityError::Record {
+                job: job_id.to_string(),
+                reason: e.to_string(),
+            })?;
+        record.failed = Some(error.to_string());
+        Ok(self.store.put_job(job_id, &record.encode_to_vec())?)
+    }
+
+    /// Whether `job_id` has a readable record (and so can resume from its
+    /// latest checkpoint, or from the start if it took none).
+    pub fn can_resume(&self, job_id: &str) -> bool {
+        match self.store.job(job_id) {
+            Ok(Some(bytes)) => decode_record(job_id, &bytes).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Writes an ended job's history — its state, error and retained
+    /// messages — to `STATE_DIR/history/JOB.json`, where it stays readable
+    /// after the job leaves the server's memory.
+    pub fn write_history(&self, job: &Job) -> std::io::Result<PathBuf> {
+        crate::private_dir::create_private_dir_all(&self.history_dir)?;
+        let messages: Vec<serde_json::Value> = job
+            .history(None, usize::MAX, &|_| true)
+            .entries
+            .iter()
+            .map(|(seq, event)| match event {
+                refract_jobservice::JobEvent::Message(m) => serde_json::json!({
+                    "seq": seq,
+                    "time": m.time,
+                    "level": crate::client::message_level(m.importance),
+                    "text": m.message_text,
+                }),
+                refract_jobservice::JobEvent::State(s) => serde_json::json!({
+                    "seq": seq,
+                    "level": "STATE",
+                    "text": crate::client::state_name(s.state),
+                }),
+            })
+            .collect();
+        let history = serde_json::json!({
+            "id": job.id(),
+            "name": job.name(),
+            "state": job.state().as_str_name(),
+            "created_ms": job.created_ms(),
+            "ended_ms": job.ended_ms(),
+            "error": job.failure(),
+            "messages": messages,
+        });
+        let path = self.history_dir.join(format!("{}.json", job.id()));
+        std::fs::write(&path, history.to_string())?;
+        Ok(path)
+    }
+
+    /// Forgets a job that ended for good (DONE, CANCELLED, or deleted):
+    /// its record, checkpoints and state; nothing of it is resumed again.
     pub fn forget(&self, job_id: &str) -> Result<(), DurabilityError> {
         Ok(self.store.remove_job(job_id)?)
     }
@@ -179,11 +252,34 @@ impl Durability {
     /// a stable-input stage may see elements or a bundle is finalized) and
     /// how many writes have ended either way (the engine takes no new
     /// checkpoint until the previous write has ended).
-    pub fn checkpoint_writer(&self, job_id: &str, view: Arc<JobView>) -> CheckpointWriter {
+    ///
+    /// A failed write is loud: the job's message stream says why, and
+    /// `view` counts it (the UI, `/metrics`, OTLP and `refract status`
+    /// show failures and the age of the latest written checkpoint). The
+    /// job goes on; its latest checkpoint stays the one to resume from.
+    pub fn checkpoint_writer(&self, job: Arc<Job>, view: Arc<JobView>) -> CheckpointWriter {
         let (tx, mut rx) = mpsc::channel::<Vec<(String, Bytes)>>(1);
         let (report, progress) = watch::channel(CheckpointProgress::default());
         let store = self.store.clone();
-        let job_id = job_id.to_string();
+        let job_id = job.id().to_string();
+        let view_ok = view.clone();
+        let failed = move |error: String| {
+            let latest = view.checkpoints();
+            let resume_from = match (&latest.last, latest.restored_from) {
+                (Some(last), _) => format!("checkpoint {}", last.id),
+                (None, Some(id)) => format!("checkpoint {id}"),
+                (None, None) => "its start".to_string(),
+            };
+            job.message(
+                MessageImportance::JobMessageWarning,
+                format!(
+                    "a checkpoint could not be written: {error}. The job goes on; a restart \
+                     would resume it from {resume_from}, and checkpoints are retried with \
+                     backoff"
+                ),
+            );
+            view.observe_checkpoint_failure(error);
+        };
         let task = tokio::spawn(async move {
             let mut received = 0u64;
             while let Some(parts) = rx.recv().await {
@@ -196,21 +292,49 @@ impl Durability {
                     Ok(Ok(stats)) => {
                         debug!(job = %job_id, checkpoint = stats.id, parts_written = stats.parts_written,
                                bytes_written = stats.bytes_written, ?stats.duration, "checkpoint written");
-                        view.observe_checkpoint(stats);
+                        view_ok.observe_checkpoint(stats);
                         report.send_replace(CheckpointProgress::all_durable(received));
                     }
                     Ok(Err(error)) => {
                         warn!(job = %job_id, %error, "writing a checkpoint failed");
+                        failed(error.to_string());
                         report.send_modify(|p| p.finished = received);
                     }
                     Err(error) => {
                         warn!(job = %job_id, %error, "the checkpoint writer panicked");
+                        failed(format!("the writer crashed: {error}"));
                         report.send_modify(|p| p.finished = received);
                     }
                 }
             }
         });
         CheckpointWriter { tx, progress, task }
+    }
+}
+
+/// A record's job, pipeline and options, or why they cannot be read.
+fn decode_record(
+    id: &str,
+    bytes: &[u8],
+) -> Result<(JobRecord, Pipeline, prost_types::Struct), DurabilityError> {
+    let bad = |reason: String| DurabilityError::Record {
+        job: id.to_string(),
+        reason,
+    };
+    let record = JobRecord::decode(bytes).map_err(|e| bad(e.to_string()))?;
+    let pipeline = Pipeline::decode(record.pipeline.as_slice()).map_err(|e| bad(e.to_string()))?;
+    let options =
+        prost_types::Struct::decode(record.options.as_slice()).map_err(|e| bad(e.to_string()))?;
+    Ok((record, pipeline, options))
+}
+
+fn staged_artifact(s: StagedRecord) -> StagedArtifact {
+    StagedArtifact {
+        type_urn: s.type_urn,
+        type_payload: s.type_payload,
+        path: s.path.into(),
+        sha256: s.sha256,
+        len: s.len,
     }
 }
 

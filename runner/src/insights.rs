@@ -49,6 +49,28 @@ pub struct CheckpointSummary {
     pub last: Option<CheckpointStats>,
     /// The checkpoint the job was resumed from, if it was.
     pub restored_from: Option<u64>,
+    /// Writes that failed.
+    pub failed: u64,
+    /// Why the latest write failed, when none was written since.
+    pub last_error: Option<String>,
+    /// When the latest checkpoint was written, or (before the first) when
+    /// the job started checkpointing: its age says how much a restart
+    /// would redo.
+    pub since: Option<std::time::SystemTime>,
+}
+
+impl CheckpointSummary {
+    /// How long ago the latest checkpoint was written (or checkpointing
+    /// started), if the job checkpoints.
+    pub fn age(&self) -> Option<std::time::Duration> {
+        self.age_at(std::time::SystemTime::now())
+    }
+
+    /// [`Self::age`] as of `now`.
+    pub fn age_at(&self, now: std::time::SystemTime) -> Option<std::time::Duration> {
+        self.since
+            .map(|t| now.duration_since(t).unwrap_or(std::time::Duration::ZERO))
+    }
 }
 
 impl std::fmt::Debug for JobView {
@@ -73,6 +95,17 @@ impl JobView {
     /// The job's state now.
     pub fn state(&self) -> JobState {
         self.job.state()
+    }
+
+    /// A page of the job's messages and state changes (see
+    /// [`Job::history`]).
+    pub fn history(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+        keep: &dyn Fn(&refract_jobservice::JobEvent) -> bool,
+    ) -> refract_jobservice::HistoryPage {
+        self.job.history(after, limit, keep)
     }
 
     /// The latest stage snapshot (empty before the engine started).
@@ -109,6 +142,15 @@ impl JobView {
         c.total_duration += stats.duration;
         c.bytes_written += stats.bytes_written;
         c.last = Some(stats);
+        c.last_error = None;
+        c.since = Some(std::time::SystemTime::now());
+    }
+
+    /// Notes a checkpoint that could not be written, and why.
+    pub fn observe_checkpoint_failure(&self, error: String) {
+        let mut c = self.checkpoints.lock();
+        c.failed += 1;
+        c.last_error = Some(error);
     }
 
     /// Lets [`Self::savepoint`] reach the job's engine (`None` when it
@@ -133,9 +175,11 @@ impl JobView {
             .map_err(|e| e.to_string())
     }
 
-    /// Notes that the job checkpoints.
+    /// Notes that the job checkpoints (from now on).
     pub fn enable_checkpoints(&self) {
-        self.checkpoints.lock().enabled = true;
+        let mut c = self.checkpoints.lock();
+        c.enabled = true;
+        c.since.get_or_insert_with(std::time::SystemTime::now);
     }
 
     /// Notes that the job resumed from checkpoint `id`.
@@ -200,6 +244,11 @@ impl Insights {
     /// One job's view.
     pub fn job(&self, job_id: &str) -> Option<Arc<JobView>> {
         self.jobs.lock().get(job_id).cloned()
+    }
+
+    /// Forgets a job's view (the job was deleted or left memory).
+    pub fn remove(&self, job_id: &str) {
+        self.jobs.lock().remove(job_id);
     }
 
     /// Every job's view.

@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use refract::cli::{normalize_args, parse_go_duration, Cli, Command, LogKind, LogLevel, ServeArgs};
 use refract::client;
+use refract::logging::RedactingStderr;
 use refract::serve;
 use tracing::info;
 
@@ -19,7 +20,7 @@ fn init_logging(args: &ServeArgs) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(RedactingStderr);
     match args.log_kind {
         LogKind::Json => builder.json().init(),
         LogKind::Dev => builder.init(),
@@ -92,7 +93,9 @@ fn main() -> Result<()> {
         Some(Command::Serve(args)) => args,
         Some(Command::Drain(job)) => return block_on(client::drain(job)),
         Some(Command::Cancel(job)) => return block_on(client::cancel(job)),
-        Some(Command::Jobs(server)) => return block_on(client::jobs(server)),
+        Some(Command::Jobs(args)) => return block_on(client::jobs(args)),
+        Some(Command::Resume(job)) => return block_on(client::resume(job)),
+        Some(Command::Delete(job)) => return block_on(client::delete(job)),
         Some(Command::Status(job)) => return block_on(client::status(job)),
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
@@ -103,7 +106,7 @@ fn main() -> Result<()> {
                     tracing_subscriber::EnvFilter::try_from_env("REFRACT_LOG")
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
                 )
-                .with_writer(std::io::stderr)
+                .with_writer(RedactingStderr)
                 .init();
             let code = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

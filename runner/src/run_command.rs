@@ -17,6 +17,7 @@ use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_proto::admin::GetServerInfoRequest;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::GetJobsRequest;
 use refract_proto::tonic::transport::Channel;
@@ -27,6 +28,8 @@ use crate::serve;
 
 /// Where `refract run` looks for a running server first.
 const DEFAULT_ENDPOINT: &str = "localhost:8073";
+/// Its port.
+const DEFAULT_PORT: u16 = 8073;
 
 /// How often progress is refreshed.
 const REFRESH: Duration = Duration::from_millis(500);
@@ -35,7 +38,7 @@ const REFRESH: Duration = Duration::from_millis(500);
 pub async fn run(args: RunArgs) -> Result<i32> {
     let (endpoint, embedded) = match &args.job_endpoint {
         Some(endpoint) => (endpoint.clone(), None),
-        None if connect(DEFAULT_ENDPOINT).await.is_ok() => (DEFAULT_ENDPOINT.to_string(), None),
+        None if own_server_at_default_port().await => (DEFAULT_ENDPOINT.to_string(), None),
         None => {
             let server = serve::start(&embedded_server_args()?, std::future::pending()).await?;
             eprintln!(
@@ -106,6 +109,39 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         server.stop().await?;
     }
     Ok(status.code().unwrap_or(1))
+}
+
+/// Whether what listens on [`DEFAULT_PORT`] is a Refract server run by
+/// this user: another user's process (or another program) could listen
+/// there, and submitting a pipeline hands it the pipeline's code and data.
+async fn own_server_at_default_port() -> bool {
+    let listeners = crate::socket_owner::listening_uids(DEFAULT_PORT);
+    let me = crate::socket_owner::current_uid();
+    match (me, listeners.as_slice()) {
+        (Some(me), [_, ..]) if listeners.iter().all(|&uid| uid == me) => {}
+        (_, []) => return false,
+        _ => {
+            eprintln!(
+                "refract: port {DEFAULT_PORT} belongs to another user's process; starting a \
+                 server for this run"
+            );
+            return false;
+        }
+    }
+    let refract = match crate::client::connect_admin(DEFAULT_ENDPOINT).await {
+        Ok(mut admin) => admin
+            .get_server_info(GetServerInfoRequest {})
+            .await
+            .is_ok_and(|info| info.into_inner().name == refract_jobservice::SERVER_NAME),
+        Err(_) => false,
+    };
+    if !refract {
+        eprintln!(
+            "refract: what listens on port {DEFAULT_PORT} is not a Refract server; starting one \
+             for this run"
+        );
+    }
+    refract
 }
 
 /// The flags of the embedded server: any free job port, no web UI.

@@ -17,8 +17,12 @@ use crate::cli::{parse_go_duration, ServeArgs};
 use crate::durability::Durability;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
+use crate::private_dir::{private_temp_dir, TempDirGuard};
+use crate::savepoints::SavepointDir;
 use crate::spill_store::RocksSpillStore;
 use crate::telemetry::{self, OtlpExport};
+use crate::ui::guard::AllowedHosts;
+use crate::ui::UiSettings;
 
 /// A server started by [`start`], running until [`Server::stop`] or its
 /// `shutdown` future resolves.
@@ -54,7 +58,13 @@ pub async fn start(
     args: &ServeArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Server> {
-    let fn_server = FnApiServer::start(&args.host)
+    let liveness = parse_go_duration(&args.worker_liveness_timeout)
+        .map_err(anyhow::Error::msg)
+        .context("--worker_liveness_timeout")?;
+    if liveness.is_zero() {
+        anyhow::bail!("--worker_liveness_timeout must be longer than 0");
+    }
+    let fn_server = FnApiServer::start_with(&args.host, liveness)
         .await
         .context("starting the Fn API server")?;
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
@@ -77,9 +87,9 @@ pub async fn start(
         args.staging_dir.as_ref(),
         args.state_dir.as_ref(),
         "staging",
-        job_endpoint.port(),
-    );
-    std::fs::create_dir_all(&staging_dir)
+    )
+    .context("creating the staging directory")?;
+    crate::private_dir::create_private_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
     info!(job_endpoint = %job_endpoint, fn_api = %fn_server.url(), "refract is serving");
     let default_workers = match args.sdk_worker_parallelism {
@@ -93,12 +103,9 @@ pub async fn start(
         memory_budget,
         "memory budget for each job's waiting elements"
     );
-    let (spill_dir, remove_spill) = server_dir(
-        args.spill_dir.as_ref(),
-        args.state_dir.as_ref(),
-        "spill",
-        job_endpoint.port(),
-    );
+    let (spill_dir, remove_spill) =
+        server_dir(args.spill_dir.as_ref(), args.state_dir.as_ref(), "spill")
+            .context("creating the spill directory")?;
     let spill = RocksSpillStore::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let runner = RefractRunner::new(fn_server)
@@ -134,10 +141,15 @@ pub async fn start(
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();
     if args.serve_http {
+        let settings = UiSettings {
+            allowed_hosts: AllowedHosts::new(&args.ui_allowed_host),
+            savepoints: savepoint_dir(args),
+        };
         start_ui(
             args,
             &job_endpoint.to_string(),
             insights.clone(),
+            settings,
             ui_stopped,
         )
         .await;
@@ -176,6 +188,7 @@ async fn start_ui(
     args: &ServeArgs,
     job_endpoint: &str,
     insights: Insights,
+    settings: UiSettings,
     stop: oneshot::Receiver<()>,
 ) {
     let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.ui_port)).await {
@@ -193,40 +206,45 @@ async fn start_ui(
         let stopped = async {
             let _ = stop.await;
         };
-        if let Err(error) = crate::ui::serve(listener, &job_endpoint, insights, stopped).await {
+        if let Err(error) =
+            crate::ui::serve(listener, &job_endpoint, insights, settings, stopped).await
+        {
             tracing::warn!(%error, "the web UI stopped");
         }
     });
 }
 
+/// The directory savepoints may be written to (`--savepoint_dir` or its
+/// default); `None`, with a warning, when there is none.
+fn savepoint_dir(args: &ServeArgs) -> Option<Arc<SavepointDir>> {
+    let chosen = args
+        .savepoint_dir
+        .clone()
+        .or_else(|| SavepointDir::default_location(args.state_dir.as_deref()));
+    let Some(dir) = chosen else {
+        tracing::warn!("no home directory: savepoints are off unless --savepoint_dir is given");
+        return None;
+    };
+    info!(savepoint_dir = %dir.display(), "savepoints are written here");
+    Some(Arc::new(SavepointDir::new(dir)))
+}
+
 /// Where the server keeps `what` (staged artifacts, spilled data): the
-/// directory given for it, else under `--state_dir`, else a directory of
-/// its own in the temp dir — which goes when the server has finished (the
-/// guard returned; not when `start` returns: the server runs on after it).
+/// directory given for it, else under `--state_dir`, else a private
+/// directory of its own in the temp dir — which goes when the server has
+/// finished (the guard returned; not when `start` returns: the server runs
+/// on after it).
 fn server_dir(
     given: Option<&std::path::PathBuf>,
     state_dir: Option<&std::path::PathBuf>,
     what: &str,
-    port: u16,
-) -> (std::path::PathBuf, Option<RemoveOnExit>) {
-    match (given, state_dir) {
+) -> std::io::Result<(std::path::PathBuf, Option<TempDirGuard>)> {
+    Ok(match (given, state_dir) {
         (Some(dir), _) => (dir.clone(), None),
         (None, Some(state)) => (state.join(what), None),
         (None, None) => {
-            let dir =
-                std::env::temp_dir().join(format!("refract-{what}-{}-{port}", std::process::id()));
-            (dir.clone(), Some(RemoveOnExit(dir)))
+            let dir = private_temp_dir(&format!("refract-{what}-"))?;
+            (dir.path(), Some(dir))
         }
-    }
-}
-
-/// Removes a temporary directory when the server returns.
-struct RemoveOnExit(std::path::PathBuf);
-
-impl Drop for RemoveOnExit {
-    fn drop(&mut self) {
-        if let Err(error) = std::fs::remove_dir_all(&self.0) {
-            tracing::debug!(%error, dir = %self.0.display(), "cannot remove a temporary directory");
-        }
-    }
+    })
 }

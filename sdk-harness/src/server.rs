@@ -46,10 +46,29 @@ pub struct FnApiServer {
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
 }
 
+/// Default for [`FnApiServer::start_with`]'s liveness bound.
+pub const DEFAULT_WORKER_LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
+
 impl FnApiServer {
+    /// [`Self::start_with`] with [`DEFAULT_WORKER_LIVENESS_TIMEOUT`].
+    pub async fn start(bind_host: &str) -> Result<Arc<FnApiServer>, HarnessError> {
+        Self::start_with(bind_host, DEFAULT_WORKER_LIVENESS_TIMEOUT).await
+    }
+
     /// Binds `bind_host:0` and serves all Fn API services on that port, with
     /// unlimited message sizes (SDKs send unlimited ones).
-    pub async fn start(bind_host: &str) -> Result<Arc<FnApiServer>, HarnessError> {
+    ///
+    /// Every connection is pinged (HTTP/2 PING) once it has been quiet for
+    /// half of `liveness`, and closed when a ping is not answered within
+    /// the other half: a worker that stopped (SIGSTOP, a hung process, a
+    /// host cut off) answers no ping even though its socket looks open, and
+    /// closing the connection fails its streams, so its bundles fail and
+    /// are retried on another worker instead of waiting forever.
+    pub async fn start_with(
+        bind_host: &str,
+        liveness: Duration,
+    ) -> Result<Arc<FnApiServer>, HarnessError> {
+        let ping_every = (liveness / 2).max(Duration::from_millis(100));
         let bind_error = |source| HarnessError::Bind {
             host: bind_host.to_string(),
             source,
@@ -62,6 +81,8 @@ impl FnApiServer {
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(ping_every))
+            .http2_keepalive_timeout(Some(ping_every))
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .add_service(

@@ -1,6 +1,7 @@
 //! Settings of the job service.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use refract_proto::job_api::PipelineOptionDescriptor;
 
@@ -38,6 +39,24 @@ pub struct JobServiceConfig {
     /// Staged files of jobs that have not ended survive a shutdown (the
     /// runner keeps the jobs durably and resumes them on the next start).
     pub keep_unfinished_artifacts: bool,
+    /// Pipelines validated at once by `Prepare`: validation plans the whole
+    /// pipeline, so its memory grows with the pipeline's size, and many at
+    /// once could take the server's memory.
+    pub max_concurrent_prepares: usize,
+    /// `Prepare` requests that may wait for one of those slots; more are
+    /// refused with `RESOURCE_EXHAUSTED` (each waiting one holds its
+    /// pipeline in memory).
+    pub max_waiting_prepares: usize,
+    /// Ended jobs kept in memory (the newest); older ones are let go, with
+    /// their messages. Failed jobs kept durably stay until deleted.
+    pub retain_finished_jobs: usize,
+    /// Ended jobs are let go this long after they ended.
+    pub retain_finished_for: Duration,
+    /// A job prepared and never run is cancelled (its staged files
+    /// removed) this long after `Prepare`.
+    pub prepared_job_timeout: Duration,
+    /// How often the two rules above are applied.
+    pub housekeeping_interval: Duration,
 }
 
 /// A job taken over from an earlier server (see
@@ -54,6 +73,10 @@ pub struct RecoveredJob {
     pub options: refract_proto::prost_types::Struct,
     /// The artifacts that had been staged for it.
     pub staged: Vec<crate::StagedArtifact>,
+    /// It had failed (with this error text), or its record cannot be read
+    /// (with why): it is listed as FAILED, not started; it may be resumed
+    /// or deleted.
+    pub failed: Option<String>,
 }
 
 impl JobServiceConfig {
@@ -77,6 +100,12 @@ impl Default for JobServiceConfig {
             pipeline_options: Vec::new(),
             recovered: Vec::new(),
             keep_unfinished_artifacts: false,
+            max_concurrent_prepares: 2,
+            max_waiting_prepares: 32,
+            retain_finished_jobs: 1_000,
+            retain_finished_for: Duration::from_secs(24 * 3600),
+            prepared_job_timeout: Duration::from_secs(3600),
+            housekeeping_interval: Duration::from_secs(10),
         }
     }
 }

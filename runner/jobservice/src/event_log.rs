@@ -15,9 +15,9 @@ use tokio::sync::watch;
 
 use crate::job_state::{is_terminal, transition_allowed, JobState};
 
-/// One entry of the history.
+/// One entry of a job's history.
 #[derive(Debug, Clone)]
-pub(crate) enum Event {
+pub enum Event {
     /// A message for the job's message stream.
     Message(JobMessage),
     /// A state change.
@@ -43,6 +43,8 @@ pub(crate) struct EventLog {
 
 struct Inner {
     state: JobStateEvent,
+    /// The error text of [`EventLog::fail`], kept whatever retention drops.
+    failure: Option<String>,
     events: VecDeque<Event>,
     /// Sequence number of `events[0]`.
     first_seq: u64,
@@ -65,7 +67,14 @@ impl Inner {
         }
     }
 
+    /// Appends a message, with secret-looking values redacted
+    /// ([`crate::redact`]): everything that reads a job's messages (the
+    /// message stream, the UI, `refract logs`) reads them from here.
     fn push_message(&mut self, importance: MessageImportance, text: String) {
+        let text = match crate::redact::redact_text(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(redacted) => redacted,
+        };
         let message_id = self.next_message_id.to_string();
         self.next_message_id += 1;
         self.push(Event::Message(JobMessage {
@@ -95,6 +104,18 @@ fn state_event(state: JobState) -> JobStateEvent {
     }
 }
 
+/// One page of a job's history, read with [`crate::Job::history`].
+#[derive(Debug, Clone, Default)]
+pub struct HistoryPage {
+    /// The events kept, each with its sequence number, oldest first.
+    pub entries: Vec<(u64, Event)>,
+    /// Where the following page starts.
+    pub next: u64,
+    /// Events dropped by retention between the cursor asked for and the
+    /// oldest one still kept.
+    pub missed: u64,
+}
+
 /// What a follower gets when it reads past its cursor.
 pub(crate) struct ReadOutcome {
     /// Events from the cursor (or the oldest retained one) to the end.
@@ -116,6 +137,7 @@ impl EventLog {
         Self {
             inner: Mutex::new(Inner {
                 state: initial,
+                failure: None,
                 events,
                 first_seq: 0,
                 next_message_id: 1,
@@ -135,6 +157,11 @@ impl EventLog {
     pub(crate) fn current_with_cursor(&self) -> (JobStateEvent, u64) {
         let inner = self.inner.lock();
         (inner.state, inner.end_seq())
+    }
+
+    /// The error text the job failed with (redacted), if it failed.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.inner.lock().failure.clone()
     }
 
     /// Sequence number of the oldest retained event.
@@ -199,8 +226,9 @@ impl EventLog {
                     to: JobState::Failed,
                 });
             }
-            inner.push_message(MessageImportance::JobMessageError, text);
+            inner.push_message(MessageImportance::JobMessageError, text.clone());
             let event = inner.push_state(JobState::Failed)?;
+            inner.failure = Some(crate::redact::redact_text(&text).into_owned());
             (event, inner.end_seq())
         };
         self.appended.send_replace(end);
@@ -217,6 +245,61 @@ impl EventLog {
             next: start + events.len() as u64,
             missed: start - from,
             events,
+        }
+    }
+
+    /// Up to `limit` events that `keep` accepts: the first ones after
+    /// sequence number `after`, or without it the newest ones. Only the
+    /// events looked at are copied, so a reader polling a job that logs
+    /// fast pays for what it shows.
+    pub(crate) fn page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+        keep: &dyn Fn(&Event) -> bool,
+    ) -> HistoryPage {
+        let inner = self.inner.lock();
+        let end = inner.end_seq();
+        let numbered = inner
+            .events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (inner.first_seq + i as u64, e));
+        match after {
+            None => {
+                let mut entries: Vec<(u64, Event)> = numbered
+                    .rev()
+                    .filter(|(_, e)| keep(e))
+                    .take(limit)
+                    .map(|(seq, e)| (seq, e.clone()))
+                    .collect();
+                entries.reverse();
+                HistoryPage {
+                    entries,
+                    next: end,
+                    missed: 0,
+                }
+            }
+            Some(after) => {
+                let start = after.saturating_add(1).max(inner.first_seq);
+                let skip = usize::try_from(start - inner.first_seq).unwrap_or(usize::MAX);
+                let mut entries = Vec::new();
+                let mut next = end;
+                for (seq, e) in numbered.skip(skip) {
+                    if entries.len() == limit {
+                        next = seq;
+                        break;
+                    }
+                    if keep(e) {
+                        entries.push((seq, e.clone()));
+                    }
+                }
+                HistoryPage {
+                    entries,
+                    next,
+                    missed: start - after.saturating_add(1),
+                }
+            }
         }
     }
 
@@ -283,5 +366,51 @@ mod tests {
             })
         );
         assert_eq!(log.current().state(), JobState::Running);
+    }
+
+    #[test]
+    fn pages_read_the_newest_or_what_follows_a_cursor() {
+        let log = EventLog::new(5);
+        for i in 0..8 {
+            log.message(MessageImportance::JobMessageBasic, format!("m{i}"));
+        }
+        // Retained: seq 4..=8 (m3..m7).
+        let all = |_: &Event| true;
+        let texts =
+            |p: &HistoryPage| kinds(&p.entries.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>());
+        let newest = log.page(None, 2, &all);
+        assert_eq!(texts(&newest), ["msg:m6", "msg:m7"]);
+        assert_eq!(newest.next, 9);
+        let after = log.page(Some(4), 2, &all);
+        assert_eq!(texts(&after), ["msg:m4", "msg:m5"]);
+        assert_eq!(after.next, 7);
+        assert_eq!(after.missed, 0);
+        let behind = log.page(Some(0), 10, &all);
+        assert_eq!(
+            texts(&behind),
+            ["msg:m3", "msg:m4", "msg:m5", "msg:m6", "msg:m7"]
+        );
+        assert_eq!(behind.missed, 3);
+        assert_eq!(behind.next, 9);
+        let odd =
+            |e: &Event| matches!(e, Event::Message(m) if m.message_text.ends_with(['3', '5', '7']));
+        assert_eq!(
+            texts(&log.page(None, 10, &odd)),
+            ["msg:m3", "msg:m5", "msg:m7"]
+        );
+    }
+
+    #[test]
+    fn secrets_in_messages_are_redacted_as_they_are_recorded() {
+        let log = EventLog::new(10);
+        log.message(
+            MessageImportance::JobMessageBasic,
+            "Pipeline_options: {'db_password': 'hunter2'}".into(),
+        );
+        let read = log.read_from(0);
+        assert_eq!(
+            kinds(&read.events)[1],
+            "msg:Pipeline_options: {'db_password': '***'}"
+        );
     }
 }

@@ -52,6 +52,13 @@ pub struct Job {
     drain: watch::Sender<bool>,
     staging: watch::Sender<StagingStatus>,
     retain_artifacts: bool,
+    /// Its record is in the state directory: a failure keeps its staged
+    /// files, since [`crate::JobRunner::resumable`] may start it again.
+    durable: std::sync::atomic::AtomicBool,
+    /// When it was prepared (or taken over), in ms since the epoch.
+    created_ms: u64,
+    /// When it reached a terminal state, in ms since the epoch; 0 before.
+    ended_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Job {
@@ -89,6 +96,40 @@ impl Job {
             drain: watch::channel(false).0,
             staging: watch::channel(StagingStatus::NotStarted).0,
             retain_artifacts: settings.retain_artifacts,
+            durable: std::sync::atomic::AtomicBool::new(false),
+            created_ms: now_ms(),
+            ended_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that the job is kept in a state directory, so that a failure
+    /// keeps what a resume needs (its staged files). The runner calls it
+    /// before the job can end.
+    pub fn mark_durable(&self) {
+        self.durable
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Self::mark_durable`] was called.
+    pub fn is_durable(&self) -> bool {
+        self.durable.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The error text the job failed with, if it failed.
+    pub fn failure(&self) -> Option<String> {
+        self.log.failure()
+    }
+
+    /// When the job was prepared, in ms since the epoch.
+    pub fn created_ms(&self) -> u64 {
+        self.created_ms
+    }
+
+    /// When the job ended, in ms since the epoch, if it has.
+    pub fn ended_ms(&self) -> Option<u64> {
+        match self.ended_ms.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            ms => Some(ms),
         }
     }
 
@@ -146,7 +187,7 @@ impl Job {
     /// or a runner notice). Ignored once the job is terminal, because its
     /// streams have ended.
     pub fn message(&self, importance: MessageImportance, text: impl Into<String>) {
-        let text = text.into();
+        let text = crate::redact::redact_text(&text.into()).into_owned();
         tracing::debug!(job_id = %self.id, ?importance, %text, "job message");
         if !self.log.message(importance, text) {
             tracing::debug!(job_id = %self.id, "dropping message for a finished job");
@@ -159,7 +200,7 @@ impl Job {
     /// with the last ERROR message). Pass the SDK's error unabridged. Ignored,
     /// with a log line, if the job is already terminal.
     pub fn fail(&self, error_text: impl Into<String>) {
-        let text = error_text.into();
+        let text = crate::redact::redact_text(&error_text.into()).into_owned();
         match self.log.fail(text.clone()) {
             Ok(_) => {
                 tracing::info!(job_id = %self.id, error = %text, "job failed");
@@ -208,6 +249,19 @@ impl Job {
     /// Cursor of the oldest retained history event.
     pub(crate) fn oldest_event(&self) -> u64 {
         self.log.oldest_seq()
+    }
+
+    /// A page of the job's messages and state changes, for readers that
+    /// show history rather than follow it (the web UI): up to `limit`
+    /// events `keep` accepts, the first after sequence number `after`, or
+    /// the newest without it.
+    pub fn history(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+        keep: &dyn Fn(&crate::JobEvent) -> bool,
+    ) -> crate::HistoryPage {
+        self.log.page(after, limit, keep)
     }
 
     /// History from `cursor` on.
@@ -270,7 +324,20 @@ impl Job {
 
     fn on_state_changed(&self, state: JobState) {
         tracing::info!(job_id = %self.id, ?state, "job state changed");
-        if is_terminal(state) && !self.retain_artifacts {
+        if !is_terminal(state) {
+            return;
+        }
+        self.ended_ms
+            .store(now_ms().max(1), std::sync::atomic::Ordering::SeqCst);
+        let resumable = state == JobState::Failed && self.is_durable();
+        if !self.retain_artifacts && !resumable {
+            self.artifacts.remove_files();
+        }
+    }
+
+    /// Deletes the job's staged files (it is being forgotten).
+    pub(crate) fn remove_files(&self) {
+        if !self.retain_artifacts {
             self.artifacts.remove_files();
         }
     }
@@ -313,4 +380,11 @@ impl Job {
     pub(crate) fn watch_staging(&self) -> watch::Receiver<StagingStatus> {
         self.staging.subscribe()
     }
+}
+
+/// Now, in ms since the epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 mod artifacts;
 mod config;
 mod error;
@@ -17,6 +18,7 @@ mod event_log;
 mod job;
 mod job_state;
 mod metrics;
+pub mod redact;
 mod registry;
 mod runner;
 mod server;
@@ -24,9 +26,11 @@ mod service;
 mod staging;
 mod streams;
 
+pub use admin::SERVER_NAME;
 pub use artifacts::{ArtifactStore, StagedArtifact};
 pub use config::{JobServiceConfig, RecoveredJob};
 pub use error::JobServiceError;
+pub use event_log::{Event as JobEvent, HistoryPage};
 pub use job::Job;
 pub use job_state::{is_terminal, JobState};
 pub use metrics::{

@@ -1,7 +1,7 @@
 //! All jobs this service has prepared, by id, kept in memory for the life of
 //! the server so clients can query them after they end.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,9 +24,32 @@ pub(crate) struct JobRegistry {
 
 #[derive(Default)]
 struct Table {
-    by_id: HashMap<String, Arc<Job>>,
-    /// Ids in preparation order, for GetJobs.
-    order: Vec<String>,
+    by_id: HashMap<String, (u64, Arc<Job>)>,
+    /// Ids by the order they were prepared (a number per job), for
+    /// listing and retention.
+    order: BTreeMap<u64, String>,
+    next_seq: u64,
+}
+
+impl Table {
+    fn insert(&mut self, job: Arc<Job>) {
+        let id = job.id().to_string();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some((old, _)) = self.by_id.insert(id.clone(), (seq, job)) {
+            self.order.remove(&old);
+        }
+        self.order.insert(seq, id);
+    }
+}
+
+/// Which ended jobs to let go of ([`JobRegistry::evict`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retention {
+    /// Ended jobs kept at most (the newest).
+    pub max_finished: usize,
+    /// Ended jobs are let go this long after they ended.
+    pub max_age: std::time::Duration,
 }
 
 impl JobRegistry {
@@ -44,6 +67,14 @@ impl JobRegistry {
         }
     }
 
+    fn settings(&self, id: &str) -> JobSettings {
+        JobSettings {
+            artifact_dir: self.staging_root.join(id),
+            max_retained_events: self.max_retained_events,
+            retain_artifacts: self.retain_artifacts,
+        }
+    }
+
     /// Creates and registers a job under a fresh unique id.
     pub(crate) fn create(
         &self,
@@ -52,49 +83,63 @@ impl JobRegistry {
         options: prost_types::Struct,
     ) -> Arc<Job> {
         let id = new_job_id(&name);
-        let job = Arc::new(Job::new(
-            id.clone(),
-            name,
-            pipeline,
-            options,
-            JobSettings {
-                artifact_dir: self.staging_root.join(&id),
-                max_retained_events: self.max_retained_events,
-                retain_artifacts: self.retain_artifacts,
-            },
-        ));
-        let mut table = self.jobs.write();
-        table.by_id.insert(id.clone(), Arc::clone(&job));
-        table.order.push(id);
+        let settings = self.settings(&id);
+        let job = Arc::new(Job::new(id, name, pipeline, options, settings));
+        self.jobs.write().insert(Arc::clone(&job));
         job
     }
 
     /// Registers a job taken over from an earlier server, under its own id.
     pub(crate) fn adopt(&self, recovered: crate::RecoveredJob) -> Arc<Job> {
-        let id = recovered.id;
+        let settings = self.settings(&recovered.id);
         let job = Arc::new(Job::new(
-            id.clone(),
+            recovered.id,
             recovered.name,
             recovered.pipeline,
             recovered.options,
-            JobSettings {
-                artifact_dir: self.staging_root.join(&id),
-                max_retained_events: self.max_retained_events,
-                retain_artifacts: self.retain_artifacts,
-            },
+            settings,
         ));
         job.artifacts().adopt(&recovered.staged);
+        self.jobs.write().insert(Arc::clone(&job));
+        job
+    }
+
+    /// A fresh job in place of `ended` (same id, submission and staged
+    /// files), to run again: how a failed job resumes. Whoever holds the
+    /// old one keeps seeing it as it ended.
+    pub(crate) fn renew(&self, ended: &Job) -> Arc<Job> {
+        let id = ended.id().to_string();
+        let job = Arc::new(Job::new(
+            id.clone(),
+            ended.name().to_string(),
+            ended.pipeline().clone(),
+            ended.options().clone(),
+            self.settings(&id),
+        ));
+        job.artifacts().adopt(&ended.artifacts().staged());
+        if ended.is_durable() {
+            job.mark_durable();
+        }
         let mut table = self.jobs.write();
-        if table.by_id.insert(id.clone(), Arc::clone(&job)).is_none() {
-            table.order.push(id);
+        match table.by_id.get_mut(&id) {
+            Some(entry) => entry.1 = Arc::clone(&job),
+            None => table.insert(Arc::clone(&job)),
         }
         job
+    }
+
+    /// Removes a job from the table.
+    pub(crate) fn remove(&self, id: &str) -> Option<Arc<Job>> {
+        let mut table = self.jobs.write();
+        let (seq, job) = table.by_id.remove(id)?;
+        table.order.remove(&seq);
+        Some(job)
     }
 
     /// The job with this id (which is also its preparation id and staging
     /// token).
     pub(crate) fn get(&self, id: &str) -> Option<Arc<Job>> {
-        self.jobs.read().by_id.get(id).cloned()
+        self.jobs.read().by_id.get(id).map(|(_, job)| job.clone())
     }
 
     /// Every job, oldest first.
@@ -102,8 +147,69 @@ impl JobRegistry {
         let table = self.jobs.read();
         table
             .order
+            .values()
+            .filter_map(|id| table.by_id.get(id).map(|(_, job)| job.clone()))
+            .collect()
+    }
+
+    /// Up to `size` jobs, newest first, prepared before the job numbered
+    /// `before` (all of them without it), and the number to continue
+    /// from when more are left.
+    pub(crate) fn page(&self, before: Option<u64>, size: usize) -> (Vec<Arc<Job>>, Option<u64>) {
+        let table = self.jobs.read();
+        let mut jobs = Vec::new();
+        let mut older = table.order.range(..before.unwrap_or(u64::MAX)).rev();
+        for (_, id) in older.by_ref().take(size) {
+            if let Some((_, job)) = table.by_id.get(id) {
+                jobs.push(job.clone());
+            }
+        }
+        let next = older.next().map(|_| ()).and_then(|()| {
+            jobs.last()
+                .and_then(|last| table.by_id.get(last.id()))
+                .map(|(seq, _)| *seq)
+        });
+        (jobs, next)
+    }
+
+    /// Lets go of ended jobs past `retention` (the oldest past the count,
+    /// and those ended longer ago than the age), except failed durable
+    /// ones, which wait to be resumed or deleted; returns them.
+    pub(crate) fn evict(&self, retention: Retention, now_ms: u64) -> Vec<Arc<Job>> {
+        let max_age_ms = u64::try_from(retention.max_age.as_millis()).unwrap_or(u64::MAX);
+        let mut table = self.jobs.write();
+        let ended: Vec<(u64, Arc<Job>)> = table
+            .order
             .iter()
-            .filter_map(|id| table.by_id.get(id).cloned())
+            .rev()
+            .filter_map(|(seq, id)| table.by_id.get(id).map(|(_, job)| (*seq, job.clone())))
+            .filter(|(_, job)| {
+                job.ended_ms().is_some()
+                    && !(job.state() == crate::JobState::Failed && job.is_durable())
+            })
+            .collect();
+        let mut evicted = Vec::new();
+        for (kept, (seq, job)) in ended.into_iter().enumerate() {
+            let old = job
+                .ended_ms()
+                .is_some_and(|ended| now_ms.saturating_sub(ended) > max_age_ms);
+            if kept >= retention.max_finished || old {
+                table.order.remove(&seq);
+                table.by_id.remove(job.id());
+                evicted.push(job);
+            }
+        }
+        evicted
+    }
+
+    /// Jobs prepared before `cutoff_ms` and never run.
+    pub(crate) fn never_run_since(&self, cutoff_ms: u64) -> Vec<Arc<Job>> {
+        self.jobs
+            .read()
+            .by_id
+            .values()
+            .map(|(_, job)| job.clone())
+            .filter(|job| job.state() == crate::JobState::Stopped && job.created_ms() < cutoff_ms)
             .collect()
     }
 }
@@ -138,6 +244,81 @@ mod tests {
         assert!(a.starts_with("______etc_passwd-"), "{a}");
         assert!(!a.contains('/') && !a.contains('.'));
         assert!(new_job_id("").starts_with("job-"));
+    }
+
+    #[test]
+    fn pages_go_from_the_newest_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let ids: Vec<String> = (0..5)
+            .map(|i| {
+                reg.create(format!("j{i}"), Pipeline::default(), Default::default())
+                    .id()
+                    .to_string()
+            })
+            .collect();
+        let names = |jobs: &[Arc<Job>]| {
+            jobs.iter()
+                .map(|j| j.name().to_string())
+                .collect::<Vec<_>>()
+        };
+        let (first, next) = reg.page(None, 2);
+        assert_eq!(names(&first), ["j4", "j3"]);
+        let (second, next) = reg.page(next, 2);
+        assert_eq!(names(&second), ["j2", "j1"]);
+        let (last, next) = reg.page(next, 2);
+        assert_eq!(names(&last), ["j0"]);
+        assert_eq!(next, None);
+        let (all, next) = reg.page(None, 5);
+        assert_eq!(all.len(), 5);
+        assert_eq!(next, None);
+        assert!(reg.remove(&ids[0]).is_some());
+        assert!(reg.get(&ids[0]).is_none());
+        assert_eq!(reg.all().len(), 4);
+    }
+
+    #[test]
+    fn ended_jobs_past_the_retention_go_and_failed_durable_ones_stay() {
+        use crate::JobState;
+        let dir = tempfile::tempdir().unwrap();
+        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let jobs: Vec<Arc<Job>> = (0..6)
+            .map(|i| reg.create(format!("j{i}"), Pipeline::default(), Default::default()))
+            .collect();
+        // j0 failed durably; j1..j4 ended; j5 runs.
+        jobs[0].mark_durable();
+        jobs[0].fail("boom");
+        for job in &jobs[1..5] {
+            job.set_state(JobState::Done);
+        }
+        jobs[5].set_state(JobState::Running);
+        let retention = Retention {
+            max_finished: 2,
+            max_age: std::time::Duration::from_secs(3600),
+        };
+        let evicted = reg.evict(retention, now());
+        let names: Vec<&str> = evicted.iter().map(|j| j.name()).collect();
+        assert_eq!(names, ["j2", "j1"]);
+        let left: Vec<String> = reg.all().iter().map(|j| j.name().to_string()).collect();
+        assert_eq!(left, ["j0", "j3", "j4", "j5"]);
+        // By age: everything ended goes, but the failed durable job.
+        let evicted = reg.evict(
+            Retention {
+                max_finished: 100,
+                max_age: std::time::Duration::ZERO,
+            },
+            now() + 1,
+        );
+        assert_eq!(evicted.len(), 2);
+        let left: Vec<String> = reg.all().iter().map(|j| j.name().to_string()).collect();
+        assert_eq!(left, ["j0", "j5"]);
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
     }
 
     #[test]

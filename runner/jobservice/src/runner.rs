@@ -23,4 +23,32 @@ pub trait JobRunner: Send + Sync + 'static {
     /// `message`, `metrics().commit`, and finally `set_state(DONE)`,
     /// `fail(text)`, or `set_state(CANCELLED)` after a cancel request.
     fn start(&self, job: Arc<Job>);
+
+    /// Whether a failed `job` can start again from its latest checkpoint
+    /// (its record and checkpoints are kept): then `ResumeJob` (or `Run`
+    /// of its id) gives a fresh [`Job`] under the same id to
+    /// [`Self::start`]. No runner resumes by default.
+    fn resumable(&self, _job: &Job) -> bool {
+        false
+    }
+
+    /// An ended job is deleted (`DeleteJob`): forget everything kept for
+    /// it, durably or in memory. `Err(text)` keeps it, and the call fails
+    /// with that text.
+    fn delete(&self, _job: &Job) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// An ended job left memory (retention): drop what is kept in memory
+    /// for it. Nothing durable changes.
+    fn evicted(&self, _job: &Job) {}
+
+    /// What the runner knows of a job beyond its state, for `DescribeJob`:
+    /// it fills `description.durable`, `resumable` and `checkpoints`.
+    fn describe(&self, _job: &Job, _description: &mut refract_proto::admin::JobDescription) {}
+
+    /// Whether jobs are kept durably (for `GetServerInfo`).
+    fn durable(&self) -> bool {
+        false
+    }
 }

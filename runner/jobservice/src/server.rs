@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use refract_proto::admin::refract_admin_server::RefractAdminServer;
 use refract_proto::job_api::artifact_staging_service_server::ArtifactStagingServiceServer;
 use refract_proto::job_api::job_service_server::JobServiceServer;
 use refract_proto::tonic::transport::Server;
@@ -12,7 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::registry::JobRegistry;
+use crate::admin::AdminService;
+use crate::registry::{JobRegistry, Retention};
 use crate::service::JobServiceImpl;
 use crate::staging::StagingService;
 use crate::{JobRunner, JobServiceConfig, JobServiceError};
@@ -45,15 +47,34 @@ pub async fn serve(
         endpoint.clone(),
         config.pipeline_options.clone(),
         stop_rx.clone(),
+        crate::service::PrepareSlots::new(
+            config.max_concurrent_prepares,
+            config.max_waiting_prepares,
+        ),
     );
-    let staging = StagingService::new(Arc::clone(&registry), stop_rx);
+    let staging = StagingService::new(Arc::clone(&registry), stop_rx.clone());
+    let admin = AdminService::new(Arc::clone(&registry), Arc::clone(&runner));
     for recovered in config.recovered.clone() {
+        let failed = recovered.failed.clone();
         let job = registry.adopt(recovered);
+        job.mark_durable();
+        if let Some(error) = failed {
+            tracing::warn!(job_id = %job.id(), %error,
+                           "a failed job kept by an earlier server: resume or delete it");
+            job.fail(error);
+            continue;
+        }
         tracing::info!(job_id = %job.id(), "resuming a job accepted by an earlier server");
         if job.begin_run().is_ok() {
             runner.start(job);
         }
     }
+    tokio::spawn(housekeeping(
+        Arc::clone(&registry),
+        Arc::clone(&runner),
+        config.clone(),
+        stop_rx.clone(),
+    ));
 
     let signal = async move {
         shutdown.await;
@@ -88,18 +109,54 @@ pub async fn serve(
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
         )
+        .add_service(RefractAdminServer::new(admin))
         .serve_with_incoming_shutdown(incoming, signal)
         .await;
 
     if !config.retain_artifacts {
         for job in registry.all() {
-            if config.keep_unfinished_artifacts && !crate::is_terminal(job.state()) {
+            // Unfinished jobs resume on the next start, failed durable
+            // ones may be resumed: both need what was staged.
+            let resumable = job.state() == crate::JobState::Failed && job.is_durable();
+            if config.keep_unfinished_artifacts && (!crate::is_terminal(job.state()) || resumable) {
                 continue;
             }
             job.artifacts().remove_files();
         }
     }
     result.map_err(JobServiceError::from)
+}
+
+/// Applies the job table's rules every `housekeeping_interval` until the
+/// server stops: ended jobs past the retention leave memory (the runner
+/// drops its views of them), and jobs prepared but never run are cancelled
+/// once `prepared_job_timeout` passed, which removes their staged files.
+async fn housekeeping(
+    registry: Arc<JobRegistry>,
+    runner: Arc<dyn JobRunner>,
+    config: JobServiceConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let retention = Retention {
+        max_finished: config.retain_finished_jobs,
+        max_age: config.retain_finished_for,
+    };
+    let timeout_ms = u64::try_from(config.prepared_job_timeout.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.housekeeping_interval) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let now = crate::job::now_ms();
+        for job in registry.never_run_since(now.saturating_sub(timeout_ms)) {
+            tracing::info!(job_id = %job.id(), "cancelling a job prepared and never run");
+            job.request_cancel();
+        }
+        for job in registry.evict(retention, now) {
+            tracing::debug!(job_id = %job.id(), "an ended job left memory");
+            runner.evicted(&job);
+        }
+    }
 }
 
 /// Creates the staging root and makes it absolute, since the paths of staged

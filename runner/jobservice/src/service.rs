@@ -13,8 +13,10 @@ use refract_proto::job_api::{
     RunJobResponse,
 };
 use refract_proto::pipeline::ApiServiceDescriptor;
+use refract_proto::prost::Message;
 use refract_proto::tonic::{self, Request, Response, Status};
-use tokio::sync::watch;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::{watch, Semaphore, SemaphorePermit};
 
 use crate::job::{Job, StagingStatus};
 use crate::registry::JobRegistry;
@@ -33,6 +35,46 @@ pub(crate) struct JobServiceImpl {
     staging_endpoint: String,
     pipeline_options: Vec<PipelineOptionDescriptor>,
     shutdown: watch::Receiver<bool>,
+    prepares: PrepareSlots,
+}
+
+/// Bounds the pipelines `Prepare` validates at once, and how many
+/// requests may wait for a turn (see
+/// [`crate::JobServiceConfig::max_concurrent_prepares`]).
+pub(crate) struct PrepareSlots {
+    running: Semaphore,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+impl PrepareSlots {
+    /// `concurrent` validations at once (at least one), `max_waiting` more
+    /// waiting.
+    pub(crate) fn new(concurrent: usize, max_waiting: usize) -> Self {
+        PrepareSlots {
+            running: Semaphore::new(concurrent.max(1)),
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+        }
+    }
+
+    /// A turn to validate, or `RESOURCE_EXHAUSTED` when too many wait.
+    #[allow(clippy::result_large_err)]
+    async fn turn(&self) -> Result<SemaphorePermit<'_>, Status> {
+        if let Ok(permit) = self.running.try_acquire() {
+            return Ok(permit);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(Status::resource_exhausted(format!(
+                "more than {} pipelines are waiting to be prepared; try again later",
+                self.max_waiting
+            )));
+        }
+        let permit = self.running.acquire().await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        permit.map_err(|_| Status::unavailable("job service is shutting down"))
+    }
 }
 
 impl JobServiceImpl {
@@ -42,6 +84,7 @@ impl JobServiceImpl {
         staging_endpoint: String,
         pipeline_options: Vec<PipelineOptionDescriptor>,
         shutdown: watch::Receiver<bool>,
+        prepares: PrepareSlots,
     ) -> Self {
         Self {
             registry,
@@ -49,6 +92,7 @@ impl JobServiceImpl {
             staging_endpoint,
             pipeline_options,
             shutdown,
+            prepares,
         }
     }
 
@@ -94,6 +138,10 @@ impl JobServiceImpl {
         Ok(job)
     }
 }
+
+/// Most bytes of jobs one `GetJobs` answer lists: under the 4 MiB that
+/// gRPC clients accept by default.
+const GET_JOBS_MAX_BYTES: usize = 3 << 20;
 
 /// The header carrying a gRPC call's deadline (`grpc-timeout`), set by
 /// clients that pass a timeout.
@@ -142,7 +190,13 @@ impl JobService for JobServiceImpl {
             request.job_name
         };
 
-        // Validation may plan the whole pipeline: keep it off the reactor.
+        // Validation may plan the whole pipeline: keep it off the reactor,
+        // and only a few at once.
+        let _turn = self
+            .prepares
+            .turn()
+            .await
+            .map_err(|status| reject("Prepare", status))?;
         let runner = Arc::clone(&self.runner);
         let (pipeline, options, verdict) = tokio::task::spawn_blocking(move || {
             let verdict = runner.validate(&pipeline, &options);
@@ -196,6 +250,13 @@ impl JobService for JobServiceImpl {
             _ => {}
         }
 
+        if job.state() == JobState::Failed && self.runner.resumable(&job) {
+            // Run of a failed durable job starts it again from its
+            // checkpoint, as `refract resume` does.
+            crate::admin::resume(&self.registry, &self.runner, &job)
+                .map_err(|status| reject("Run", status))?;
+            return Ok(Response::new(RunJobResponse { job_id: id }));
+        }
         if let Err(state) = job.begin_run() {
             return Err(reject(
                 "Run",
@@ -214,21 +275,35 @@ impl JobService for JobServiceImpl {
         Ok(Response::new(RunJobResponse { job_id: id }))
     }
 
+    /// Every job, oldest first — or, when they would not fit in a message
+    /// a client takes by default (4 MiB), the newest that do (the rest is
+    /// listed a page at a time by `RefractAdmin.ListJobs`).
     async fn get_jobs(
         &self,
         _request: Request<GetJobsRequest>,
     ) -> Result<Response<GetJobsResponse>, Status> {
-        let job_info = self
-            .registry
-            .all()
-            .iter()
-            .map(|job| JobInfo {
+        let mut job_info = Vec::new();
+        let mut bytes = 0usize;
+        let all = self.registry.all();
+        for job in all.iter().rev() {
+            let info = JobInfo {
                 job_id: job.id().to_string(),
                 job_name: job.name().to_string(),
-                pipeline_options: Some(job.options().clone()),
+                pipeline_options: Some(crate::redact::redact_options(job.options())),
                 state: job.state() as i32,
-            })
-            .collect();
+            };
+            bytes += info.encoded_len() + 8;
+            if bytes > GET_JOBS_MAX_BYTES {
+                tracing::info!(
+                    listed = job_info.len(),
+                    jobs = all.len(),
+                    "GetJobs lists the newest jobs only: all would not fit in 4 MiB"
+                );
+                break;
+            }
+            job_info.push(info);
+        }
+        job_info.reverse();
         Ok(Response::new(GetJobsResponse { job_info }))
     }
 

@@ -349,7 +349,21 @@ fn register_observers(meter: &Meter, insights: Insights) {
         &'static str,
         bool,
         CheckpointValue,
-    ); 4] = [
+    ); 6] = [
+        (
+            "refract.checkpoint.failures",
+            "Checkpoints of a job that could not be written (the job went on).",
+            "{checkpoint}",
+            true,
+            |c| Some(c.failed as f64),
+        ),
+        (
+            "refract.checkpoint.age",
+            "Time since a job's latest checkpoint was written (or it started checkpointing).",
+            "s",
+            false,
+            |c| c.age().map(|a| a.as_secs_f64()),
+        ),
         (
             "refract.checkpoints",
             "Checkpoints of a job written to the state store.",

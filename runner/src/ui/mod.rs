@@ -10,14 +10,19 @@
 //! progress — comes from the engine's stage snapshots ([`Insights`]).
 //!
 //! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}` (state,
-//! metrics, stages), `GET /api/jobs/{id}/logs` (the job's messages: runner
-//! events and harness log lines), `POST /api/jobs/{id}/cancel`,
-//! `POST /api/jobs/{id}/drain`, `POST /api/jobs/{id}/savepoint[?stop=true]`
-//! (body: an absolute file path), `GET /metrics`.
+//! metrics, stages), `GET /api/jobs/{id}/logs?after=&limit=&level=&q=` (a
+//! page of the job's messages — runner events and harness log lines —
+//! filtered here, so a job logging fast does not stall the page),
+//! `POST /api/jobs/{id}/cancel`, `POST /api/jobs/{id}/drain`,
+//! `POST /api/jobs/{id}/savepoint[?stop=true]` (body: a file name in the
+//! savepoint directory), `GET /metrics`. Every request passes
+//! [`guard::check`] first.
 
+pub mod guard;
 pub mod prometheus;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
@@ -35,21 +40,34 @@ use serde_json::{json, Value};
 
 use crate::client::state_name;
 use crate::insights::{CheckpointSummary, Insights};
+use crate::savepoints::SavepointDir;
 use crate::telemetry::histogram::LatencyHistogram;
+use guard::AllowedHosts;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_jobservice::JobEvent;
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("index.html");
 
-/// What the handlers share: a channel to the job service and the jobs'
-/// stage snapshots.
+/// How the UI is served, besides where.
+#[derive(Debug, Clone)]
+pub struct UiSettings {
+    /// The host names it answers to (see [`guard`]).
+    pub allowed_hosts: AllowedHosts,
+    /// Where savepoints may be written; without it they are refused.
+    pub savepoints: Option<Arc<SavepointDir>>,
+}
+
+/// What the handlers share: a channel to the job service, the jobs'
+/// stage snapshots, and where savepoints go.
 #[derive(Clone)]
 struct Ui {
     channel: Channel,
     insights: Insights,
+    savepoints: Option<Arc<SavepointDir>>,
 }
 
 /// Serves the UI on `listener` until `shutdown` resolves, talking to the
@@ -59,12 +77,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     job_endpoint: &str,
     insights: Insights,
+    settings: UiSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let channel = Endpoint::from_shared(format!("http://{job_endpoint}"))
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?
         .connect_lazy();
-    let ui = Ui { channel, insights };
+    let ui = Ui {
+        channel,
+        insights,
+        savepoints: settings.savepoints,
+    };
     let app = Router::new()
         .route("/", get(index))
         .route("/api/jobs", get(list_jobs))
@@ -72,7 +95,11 @@ pub async fn serve(
         .route("/api/jobs/:id/logs", get(job_logs))
         .route("/api/jobs/:id/:action", post(act_on_job))
         .route("/metrics", get(metrics))
-        .with_state(ui);
+        .with_state(ui)
+        .layer(axum::middleware::from_fn_with_state(
+            settings.allowed_hosts,
+            guard::check,
+        ));
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -153,7 +180,9 @@ async fn list_jobs(State(Ui { channel, .. }): State<Ui>) -> Result<Response, Api
 }
 
 async fn job_details(
-    State(Ui { channel, insights }): State<Ui>,
+    State(Ui {
+        channel, insights, ..
+    }): State<Ui>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let state = JobServiceClient::new(channel.clone())
@@ -201,53 +230,198 @@ async fn job_details(
     })))
 }
 
-/// Most log entries one `/logs` answer carries (the latest ones).
-const MAX_LOG_ENTRIES: usize = 2_000;
+/// Log entries one `/logs` answer carries unless it asks for fewer.
+const DEFAULT_LOG_ENTRIES: usize = 500;
+/// Most log entries one `/logs` answer carries.
+const MAX_LOG_ENTRIES: usize = 5_000;
 
-/// The job's messages so far (`GetMessageStream` replays them, then waits
-/// for more: what arrives within a short pause is taken, no more).
+/// What `/logs` was asked for.
+#[derive(Debug, Default, PartialEq)]
+struct LogQuery {
+    /// Entries after this sequence number; the newest ones without it.
+    after: Option<u64>,
+    limit: usize,
+    /// Only entries of this level (`ERROR`, ..., `STATE`).
+    level: Option<String>,
+    /// Only entries whose text contains this, in any case.
+    text: Option<String>,
+}
+
+impl LogQuery {
+    fn parse(query: Option<&str>) -> Result<LogQuery, String> {
+        let mut parsed = LogQuery {
+            limit: DEFAULT_LOG_ENTRIES,
+            ..LogQuery::default()
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value);
+            match key {
+                "after" => {
+                    parsed.after = Some(
+                        value
+                            .parse()
+                            .map_err(|_| format!("after={value} is not a sequence number"))?,
+                    )
+                }
+                "limit" => {
+                    let limit: usize = value
+                        .parse()
+                        .map_err(|_| format!("limit={value} is not a number"))?;
+                    parsed.limit = limit.clamp(1, MAX_LOG_ENTRIES);
+                }
+                "level" if !value.is_empty() => parsed.level = Some(value.to_ascii_uppercase()),
+                "q" if !value.is_empty() => parsed.text = Some(value.to_lowercase()),
+                _ => {}
+            }
+        }
+        Ok(parsed)
+    }
+
+    fn keeps(&self, level: &str, text: &str) -> bool {
+        self.level.as_deref().is_none_or(|l| l == level)
+            && self
+                .text
+                .as_deref()
+                .is_none_or(|q| text.to_lowercase().contains(q))
+    }
+}
+
+/// `%XX` escapes and `+` of a query value decoded (invalid ones kept).
+fn percent_decode(value: &str) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) => hex(h).zip(hex(l)).map(|(h, l)| (h * 16 + l) as u8),
+            _ => None,
+        };
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One history entry as the page shows it: level and text.
+fn log_fields(event: &JobEvent) -> (String, String, String) {
+    match event {
+        JobEvent::Message(m) => (
+            m.time.clone(),
+            crate::client::message_level(m.importance),
+            m.message_text.clone(),
+        ),
+        JobEvent::State(s) => (String::new(), "STATE".to_string(), state_name(s.state)),
+    }
+}
+
+/// A page of the job's messages (see [`LogQuery`]), read from the job's
+/// history in memory: the newest `limit` entries that pass the filters,
+/// or the first ones after `after`; `next` is the cursor to poll with.
 async fn job_logs(
-    State(Ui { channel, .. }): State<Ui>,
+    State(Ui {
+        channel, insights, ..
+    }): State<Ui>,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let query = match LogQuery::parse(query.as_deref()) {
+        Ok(query) => query,
+        Err(why) => return Ok((StatusCode::BAD_REQUEST, why).into_response()),
+    };
+    let Some(view) = insights.job(&id) else {
+        return never_run_job_logs(channel, &id, &query).await;
+    };
+    let page = view.history(query.after, query.limit, &|event| {
+        let (_, level, text) = log_fields(event);
+        query.keeps(&level, &text)
+    });
+    let entries: Vec<Value> = page
+        .entries
+        .iter()
+        .map(|(seq, event)| {
+            let (time, level, text) = log_fields(event);
+            json!({"seq": seq, "time": time, "level": level, "text": text})
+        })
+        .collect();
+    Ok(json_response(json!({
+        "entries": entries,
+        "next": page.next,
+        "missed": page.missed,
+    })))
+}
+
+/// The messages of a job that never ran (only the Job API knows it: a
+/// staging failure, say). Such a job has few; they are read for at most a
+/// second.
+async fn never_run_job_logs(
+    channel: Channel,
+    id: &str,
+    query: &LogQuery,
 ) -> Result<Response, ApiError> {
     let mut stream = JobServiceClient::new(channel)
-        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
+        .get_message_stream(JobMessagesRequest {
+            job_id: id.to_string(),
+        })
         .await
         .map_err(api_error("GetMessageStream"))?
         .into_inner();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
     let mut entries = std::collections::VecDeque::new();
-    while let Ok(Ok(Some(item))) =
-        tokio::time::timeout(std::time::Duration::from_millis(200), stream.message()).await
-    {
-        let entry = match item.response {
-            Some(MessageOrState::MessageResponse(m)) => json!({
-                "time": m.time,
-                "level": crate::client::message_level(m.importance),
-                "text": m.message_text,
-            }),
+    while let Ok(Ok(Some(item))) = tokio::time::timeout_at(deadline, stream.message()).await {
+        let (time, level, text) = match item.response {
+            Some(MessageOrState::MessageResponse(m)) => (
+                m.time,
+                crate::client::message_level(m.importance),
+                m.message_text,
+            ),
             Some(MessageOrState::StateResponse(s)) => {
-                json!({"time": "", "level": "STATE", "text": state_name(s.state)})
+                (String::new(), "STATE".to_string(), state_name(s.state))
             }
             None => continue,
         };
-        if entries.len() == MAX_LOG_ENTRIES {
+        if !query.keeps(&level, &text) {
+            continue;
+        }
+        if entries.len() == query.limit {
             entries.pop_front();
         }
-        entries.push_back(entry);
+        entries.push_back(json!({"time": time, "level": level, "text": text}));
     }
-    Ok(json_response(Value::Array(entries.into())))
+    Ok(json_response(json!({
+        "entries": Vec::from(entries),
+        "next": null,
+        "missed": 0,
+    })))
 }
 
 /// `cancel` or `drain`, as the Job API's calls of those names.
 async fn act_on_job(
-    State(Ui { channel, insights }): State<Ui>,
+    State(Ui {
+        channel,
+        insights,
+        savepoints,
+    }): State<Ui>,
     Path((id, action)): Path<(String, String)>,
     RawQuery(query): RawQuery,
     body: String,
 ) -> Result<Response, ApiError> {
     if action == "savepoint" {
         let stop = query.as_deref() == Some("stop=true");
-        return Ok(savepoint(&insights, &id, body.trim(), stop).await);
+        return Ok(savepoint(&insights, savepoints.as_deref(), &id, body.trim(), stop).await);
     }
     let mut client = JobServiceClient::new(channel);
     let state = match action.as_str() {
@@ -278,20 +452,29 @@ async fn act_on_job(
     Ok(json_response(json!({"id": id, "state": state_name(state)})))
 }
 
-/// Writes a savepoint of running job `id` to `path` (absolute), and with
-/// `stop` ends the job right after it.
-async fn savepoint(insights: &Insights, id: &str, path: &str, stop: bool) -> Response {
+/// Writes a savepoint of running job `id` to `name` in the savepoint
+/// directory, and with `stop` ends the job right after it.
+async fn savepoint(
+    insights: &Insights,
+    savepoints: Option<&SavepointDir>,
+    id: &str,
+    name: &str,
+    stop: bool,
+) -> Response {
     let Some(view) = insights.job(id) else {
         return (StatusCode::NOT_FOUND, format!("no job with id {id}")).into_response();
     };
-    let file = std::path::PathBuf::from(path);
-    if !file.is_absolute() {
+    let Some(savepoints) = savepoints else {
         return (
-            StatusCode::BAD_REQUEST,
-            format!("the savepoint path must be absolute, not '{path}'"),
+            StatusCode::CONFLICT,
+            "savepoints are off on this server: start it with --savepoint_dir DIR".to_string(),
         )
             .into_response();
-    }
+    };
+    let file = match savepoints.target(name) {
+        Ok(file) => file,
+        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
     let parts = match view.savepoint(stop).await {
         Ok(parts) => parts,
         Err(why) => return (StatusCode::CONFLICT, why).into_response(),
@@ -312,7 +495,11 @@ async fn savepoint(insights: &Insights, id: &str, path: &str, stop: bool) -> Res
     }
 }
 
-async fn metrics(State(Ui { channel, insights }): State<Ui>) -> Result<Response, ApiError> {
+async fn metrics(
+    State(Ui {
+        channel, insights, ..
+    }): State<Ui>,
+) -> Result<Response, ApiError> {
     let mut jobs = jobs(&channel).await?;
     for job in &mut jobs {
         job.metrics = committed_metrics(&channel, &job.id).await?;
@@ -358,9 +545,22 @@ fn checkpoints_json(c: CheckpointSummary) -> Value {
     if let Some(id) = c.restored_from {
         description.push_str(&format!(" Resumed from checkpoint #{id} after a restart."));
     }
+    if c.failed > 0 {
+        description.push_str(&format!(" {} could not be written", c.failed));
+        match &c.last_error {
+            Some(error) => description.push_str(&format!(
+                "; the latest attempt failed: {error} (retried with backoff)."
+            )),
+            None => description.push('.'),
+        }
+    }
+    let age = c.age().map(|a| a.as_secs_f64());
     json!({
         "enabled": c.enabled,
         "taken": c.taken,
+        "failed": c.failed,
+        "last_error": c.last_error,
+        "age_seconds": age,
         "restored_from": c.restored_from,
         "last": last,
         "description": description,

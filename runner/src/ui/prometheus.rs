@@ -313,6 +313,24 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
             &labels,
             c.bytes_written.to_string(),
         );
+        families.add(
+            "refract_checkpoint_failures_total",
+            "Checkpoints of the job that could not be written (the job went on).",
+            "counter",
+            &labels,
+            c.failed.to_string(),
+        );
+        let now = std::time::UNIX_EPOCH
+            + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
+        if let Some(age) = c.age_at(now) {
+            families.add(
+                "refract_checkpoint_age_seconds",
+                "Time since the job's latest checkpoint was written (or, before its first, since it started checkpointing): what a restart would redo.",
+                "gauge",
+                &labels,
+                format!("{:.3}", age.as_secs_f64()),
+            );
+        }
         if let Some(last) = &c.last {
             families.add(
                 "refract_checkpoint_size_bytes",
@@ -481,6 +499,9 @@ mod tests {
                         duration: std::time::Duration::from_millis(10),
                     }),
                     restored_from: None,
+                    failed: 1,
+                    last_error: Some("No space left on device".into()),
+                    since: Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_500)),
                 },
             },
             JobSnapshot {
@@ -532,6 +553,8 @@ mod tests {
             "refract_checkpoints_total{job=\"job-1\"} 2",
             "refract_checkpoint_size_bytes{job=\"job-1\"} 700",
             "refract_checkpoint_seconds_total{job=\"job-1\"} 0.030000",
+            "refract_checkpoint_failures_total{job=\"job-1\"} 1",
+            "refract_checkpoint_age_seconds{job=\"job-1\"} 2.500",
             "# TYPE refract_stage_bundle_duration_seconds histogram",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.002\"} 0",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.005\"} 1",

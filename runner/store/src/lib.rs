@@ -212,6 +212,11 @@ impl Store {
         )
     }
 
+    /// `job`'s record, if it has one.
+    pub fn job(&self, job: &str) -> Result<Option<Bytes>, StoreError> {
+        self.kv.get(&job_key(job))
+    }
+
     /// Every job with a record, as `(id, record)`.
     pub fn jobs(&self) -> Result<Vec<(String, Bytes)>, StoreError> {
         Ok(self

@@ -5,7 +5,9 @@
 //! Format: magic `RFSP1`, part count (u32 LE), then per part its name
 //! length (u32 LE), name, data length (u64 LE) and data, and last the
 //! SHA-256 of everything before it. The file is written beside its final
-//! path and renamed into place, so a savepoint is either whole or absent.
+//! path under a fresh name and linked into place, so a savepoint is either
+//! whole or absent, and never replaces a file (or follows a symlink) that
+//! is already at its path.
 
 use std::io::Write;
 use std::path::Path;
@@ -28,7 +30,8 @@ fn corrupt(path: &Path, why: impl Into<String>) -> StoreError {
     }
 }
 
-/// Writes `parts` as a savepoint at `path`; returns its size in bytes.
+/// Writes `parts` as a savepoint at `path`, which must not exist yet (not
+/// even as a dangling symlink); returns its size in bytes.
 pub fn write_savepoint(path: &Path, parts: &[(String, Bytes)]) -> Result<u64, StoreError> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
@@ -41,12 +44,39 @@ pub fn write_savepoint(path: &Path, parts: &[(String, Bytes)]) -> Result<u64, St
     }
     let digest = Sha256::digest(&out);
     out.extend_from_slice(&digest);
-    let tmp = path.with_extension("partial");
-    let mut file = std::fs::File::create(&tmp).map_err(|e| io(path, "creating", e))?;
-    file.write_all(&out).map_err(|e| io(path, "writing", e))?;
-    file.sync_all().map_err(|e| io(path, "syncing", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io(path, "renaming", e))?;
-    Ok(out.len() as u64)
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Err(StoreError::Backend(format!(
+            "savepoint {} was not written: something is already there",
+            path.display()
+        )));
+    }
+    let tmp = partial_path(path);
+    // `create_new` fails on anything at the path, a symlink included.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| io(path, "creating", e))?;
+    let written = file
+        .write_all(&out)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io(path, "writing", e))
+        // A link fails, unlike a rename, when the final path exists.
+        .and_then(|()| std::fs::hard_link(&tmp, path).map_err(|e| io(path, "placing", e)));
+    if let Err(error) = std::fs::remove_file(&tmp) {
+        tracing::debug!(path = %tmp.display(), %error, "cannot remove a partial savepoint");
+    }
+    written.map(|()| out.len() as u64)
+}
+
+/// A fresh name beside `path` for the file being written.
+fn partial_path(path: &Path) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map_or_else(|| "savepoint".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}-{n}.partial", std::process::id()))
 }
 
 /// Reads the savepoint at `path`.
@@ -127,5 +157,29 @@ mod tests {
         std::fs::write(&path, b"hello").unwrap();
         let error = read_savepoint(&path).unwrap_err().to_string();
         assert!(error.contains("not a Refract savepoint"), "{error}");
+    }
+
+    #[test]
+    fn a_savepoint_never_replaces_a_file_or_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let parts = vec![("engine".to_string(), Bytes::from_static(b"e"))];
+        let existing = dir.path().join("existing");
+        std::fs::write(&existing, b"keep me").unwrap();
+        let error = write_savepoint(&existing, &parts).unwrap_err().to_string();
+        assert!(error.contains("already there"), "{error}");
+        assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
+
+        let outside = dir.path().join("outside");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        assert!(write_savepoint(&link, &parts).is_err());
+        assert!(!outside.exists(), "wrote through a dangling symlink");
+        // Nothing partial is left behind.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["existing", "link"]);
     }
 }

@@ -53,6 +53,11 @@ impl SpillDb {
         let db = rocksdb::DB::open(&options, dir).map_err(|e| {
             StoreError::Backend(format!("opening {}: {}", dir.display(), e.into_string()))
         })?;
+        // Spilled data is the jobs' data: this user's only (clearing the
+        // database made the directory anew, with the default mode).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| StoreError::Backend(format!("protecting {}: {e}", dir.display())))?;
         Ok(SpillDb {
             db,
             dir: dir.to_path_buf(),

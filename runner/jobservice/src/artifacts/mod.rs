@@ -208,7 +208,10 @@ impl ArtifactStore {
     /// Stages an artifact without transferring it when its declared SHA-256
     /// names a file an earlier job stored: the file is hard-linked into
     /// this job's directory (so removing either job's files keeps the
-    /// other's). `None` when the artifact must be fetched.
+    /// other's), then hashed again — a stored file that changed since (the
+    /// staging directory may be shared, or given by the user) is dropped
+    /// from the shared store and fetched anew. `None` when the artifact
+    /// must be fetched.
     pub(crate) async fn reuse(&self, artifact: &ArtifactInformation) -> Option<StagedFile> {
         let sha256 = declared_sha256(artifact)?;
         // Only a plain digest may become a file name.
@@ -226,6 +229,25 @@ impl ArtifactStore {
                 tracing::debug!(path = %shared.display(), %error, "cannot reuse a stored artifact");
                 return None;
             }
+        }
+        let linked = path.clone();
+        let actual = tokio::task::spawn_blocking(move || writer::sha256_of_file(&linked))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if actual.as_deref() != Some(sha256.as_str()) {
+            tracing::warn!(
+                path = %shared.display(),
+                expected = %sha256,
+                actual = ?actual,
+                "a stored artifact no longer matches its digest; fetching it again"
+            );
+            for stale in [&path, &shared] {
+                if let Err(error) = tokio::fs::remove_file(stale).await {
+                    tracing::debug!(path = %stale.display(), %error, "cannot remove a stale artifact");
+                }
+            }
+            return None;
         }
         Some(StagedFile { path, sha256, len })
     }

@@ -79,6 +79,21 @@ impl ArtifactWriter {
     }
 }
 
+/// The lower-case hex SHA-256 of a file's bytes, read in chunks.
+pub(crate) fn sha256_of_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            return Ok(hex::encode(hasher.finalize()));
+        }
+        hasher.update(&buffer[..n]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

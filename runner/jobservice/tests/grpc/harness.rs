@@ -47,12 +47,53 @@ pub struct StartSnapshot {
     pub artifact_dir: PathBuf,
 }
 
+/// Transform URN whose pipelines the test runner validates only once
+/// [`ValidationGate::open`] is called, to hold `Prepare`s in validation.
+pub const SLOW_VALIDATION_URN: &str = "beam:transform:refract_test_slow_validation:v1";
+
+/// Holds validations of [`SLOW_VALIDATION_URN`] pipelines, and counts them.
+#[derive(Default)]
+pub struct ValidationGate {
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    /// Validations running now.
+    pub running: std::sync::atomic::AtomicUsize,
+    /// The most that ran at once.
+    pub most: std::sync::atomic::AtomicUsize,
+}
+
+impl ValidationGate {
+    /// Lets every held validation (and later ones) finish.
+    pub fn open(&self) {
+        if let Ok(mut open) = self.open.lock() {
+            *open = true;
+        }
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.running.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        if let Ok(mut open) = self.open.lock() {
+            while !*open {
+                open = match self.opened.wait(open) {
+                    Ok(open) => open,
+                    Err(_) => break,
+                };
+            }
+        }
+        self.running.fetch_sub(1, SeqCst);
+    }
+}
+
 /// Scripted by the `OUTCOME_OPTION` pipeline option: `done` (runs, posts a
 /// message, commits two bundles of metrics, finishes), `fail`, `cancel`
 /// (runs until cancelled) or `hang` (stays RUNNING).
 #[derive(Default)]
 pub struct TestRunner {
     pub started: Mutex<HashMap<String, StartSnapshot>>,
+    pub validation: ValidationGate,
 }
 
 fn outcome(job: &Job) -> String {
@@ -77,6 +118,9 @@ impl JobRunner for TestRunner {
             .unwrap_or_default();
         for (id, t) in transforms {
             let urn = t.spec.as_ref().map(|s| s.urn.as_str()).unwrap_or("");
+            if urn == SLOW_VALIDATION_URN {
+                self.validation.pass();
+            }
             if urn == UNSUPPORTED_URN {
                 return Err(format!(
                     "unsupported transform URN {urn} (transform '{}', id {id})",

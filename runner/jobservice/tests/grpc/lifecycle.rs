@@ -466,3 +466,50 @@ async fn shutdown_ends_streams_of_running_jobs() {
     let ended = reader.await.unwrap();
     assert_eq!(ended.unwrap_err().code(), Code::Unavailable);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepares_beyond_the_bound_wait_and_past_the_queue_are_refused() {
+    let server = Server::start_with(|config| {
+        config.max_concurrent_prepares = 1;
+        config.max_waiting_prepares = 1;
+    })
+    .await;
+    let jobs = server.jobs().await;
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let mut jobs = jobs.clone();
+        calls.push(tokio::spawn(async move {
+            jobs.prepare(prepare_request(
+                pipeline(vec![], SLOW_VALIDATION_URN),
+                "done",
+            ))
+            .await
+        }));
+    }
+    // One validates, one waits for it, and the third is refused at once.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let refused = loop {
+        if let Some(i) = calls.iter().position(|c| c.is_finished()) {
+            break calls.remove(i);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Prepare was refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let status = refused.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("waiting to be prepared"),
+        "{status:?}"
+    );
+    server.runner.validation.open();
+    for call in calls {
+        call.await
+            .unwrap()
+            .expect("prepared once validation went on");
+    }
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(server.runner.validation.most.load(SeqCst), 1);
+}

@@ -183,6 +183,40 @@ async fn artifacts_with_a_known_digest_are_not_transferred_again() {
 }
 
 #[tokio::test]
+async fn a_stored_artifact_that_changed_is_fetched_again() {
+    use sha2::Digest;
+    let server = Server::start().await;
+    let jar = b"the real jar".to_vec();
+    let digest = hex::encode(sha2::Sha256::digest(&jar));
+    let files: HashMap<String, Vec<u8>> = [("/m2/a.jar".to_string(), jar.clone())].into();
+    let declared = vec![file_artifact("/m2/a.jar", "a.jar", &digest)];
+    let (first, requested) = stage_job(&server, declared.clone(), &files).await;
+    assert_eq!(requested, ["/m2/a.jar"]);
+    // Someone with access to the staging directory swaps the stored bytes
+    // (a new file under the same name: the first job's own link keeps the
+    // original).
+    let shared = server.staging_dir.join(".by-sha256").join(&digest);
+    std::fs::remove_file(&shared).unwrap();
+    std::fs::write(&shared, b"tampered").unwrap();
+    let (second, requested) = stage_job(&server, declared, &files).await;
+    assert_eq!(requested, ["/m2/a.jar"], "the changed file was reused");
+
+    let mut jobs = server.jobs().await;
+    for id in [&first, &second] {
+        let seen = run_to_end(&mut jobs, id).await;
+        assert_eq!(seen.last(), Some(&State::Done));
+    }
+    let snapshot = server.runner.started.lock()[&second].clone();
+    let resolved = &snapshot.resolved["java"][0];
+    let payload = ArtifactFilePayload::decode(resolved.type_payload.as_slice()).unwrap();
+    assert_eq!(
+        &snapshot.contents[&std::path::PathBuf::from(&payload.path)],
+        &jar
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn checksum_mismatch_fails_staging_and_the_job() {
     let server = Server::start().await;
     let mut jobs = server.jobs().await;

@@ -1,0 +1,179 @@
+//! `RefractAdmin`: Refract's own calls beside Beam's Job API (the proto in
+//! `proto/refract/admin/v1/admin.proto`): which server answers, jobs a page
+//! at a time, one job's checkpoints and failure, resuming a failed durable
+//! job, deleting an ended one.
+
+use std::sync::Arc;
+
+use refract_proto::admin::refract_admin_server::RefractAdmin;
+use refract_proto::admin::{
+    DeleteJobRequest, DeleteJobResponse, DescribeJobRequest, GetServerInfoRequest, JobDescription,
+    JobSummary, ListJobsRequest, ListJobsResponse, ResumeJobRequest, ResumeJobResponse, ServerInfo,
+};
+use refract_proto::tonic::{self, Request, Response, Status};
+
+use crate::registry::JobRegistry;
+use crate::{is_terminal, JobRunner, JobState};
+
+/// Jobs in one `ListJobs` page unless it asks for fewer.
+const DEFAULT_PAGE: usize = 100;
+/// Jobs in one `ListJobs` page at most.
+const MAX_PAGE: usize = 1_000;
+
+/// What `GetServerInfo` calls this server.
+pub const SERVER_NAME: &str = "refract";
+
+/// The admin service; shares the job table with the job service.
+pub(crate) struct AdminService {
+    registry: Arc<JobRegistry>,
+    runner: Arc<dyn JobRunner>,
+}
+
+impl AdminService {
+    pub(crate) fn new(registry: Arc<JobRegistry>, runner: Arc<dyn JobRunner>) -> Self {
+        AdminService { registry, runner }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn job(&self, id: &str) -> Result<Arc<crate::Job>, Status> {
+        self.registry
+            .get(id)
+            .ok_or_else(|| Status::not_found(format!("no job with id {id:?}")))
+    }
+}
+
+/// Starts failed durable job `id` again from its checkpoint, under its id.
+/// Shared by `ResumeJob` and the Job API's `Run` of a failed job.
+#[allow(clippy::result_large_err)]
+pub(crate) fn resume(
+    registry: &JobRegistry,
+    runner: &Arc<dyn JobRunner>,
+    job: &crate::Job,
+) -> Result<Arc<crate::Job>, Status> {
+    if job.state() != JobState::Failed {
+        return Err(Status::failed_precondition(format!(
+            "job {} is {:?}; only a failed job can be resumed",
+            job.id(),
+            job.state()
+        )));
+    }
+    if !runner.resumable(job) {
+        return Err(Status::failed_precondition(format!(
+            "job {} cannot be resumed: it has no record and checkpoint in a state directory \
+             (start the server with --state_dir to keep jobs durably)",
+            job.id()
+        )));
+    }
+    let renewed = registry.renew(job);
+    if let Err(state) = renewed.begin_run() {
+        return Err(Status::failed_precondition(format!(
+            "job {} is {state:?} and cannot start",
+            job.id()
+        )));
+    }
+    tracing::info!(job_id = %renewed.id(), "resuming a failed job from its checkpoint");
+    runner.start(Arc::clone(&renewed));
+    Ok(renewed)
+}
+
+#[tonic::async_trait]
+impl RefractAdmin for AdminService {
+    async fn get_server_info(
+        &self,
+        _request: Request<GetServerInfoRequest>,
+    ) -> Result<Response<ServerInfo>, Status> {
+        Ok(Response::new(ServerInfo {
+            name: SERVER_NAME.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            durable: self.runner.durable(),
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<ListJobsRequest>,
+    ) -> Result<Response<ListJobsResponse>, Status> {
+        let request = request.into_inner();
+        let size = match request.page_size {
+            0 => DEFAULT_PAGE,
+            n => usize::try_from(n).unwrap_or(MAX_PAGE).min(MAX_PAGE),
+        };
+        let before = if request.page_token.is_empty() {
+            None
+        } else {
+            Some(request.page_token.parse::<u64>().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "page_token {:?} is not one this server handed out",
+                    request.page_token
+                ))
+            })?)
+        };
+        let (jobs, next) = self.registry.page(before, size);
+        Ok(Response::new(ListJobsResponse {
+            jobs: jobs
+                .iter()
+                .map(|job| JobSummary {
+                    job_id: job.id().to_string(),
+                    job_name: job.name().to_string(),
+                    state: job.state() as i32,
+                })
+                .collect(),
+            next_page_token: next.map(|n| n.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn describe_job(
+        &self,
+        request: Request<DescribeJobRequest>,
+    ) -> Result<Response<JobDescription>, Status> {
+        let job = self.job(&request.into_inner().job_id)?;
+        let mut description = JobDescription {
+            job_id: job.id().to_string(),
+            job_name: job.name().to_string(),
+            state: job.state() as i32,
+            error: job.failure().unwrap_or_default(),
+            durable: job.is_durable(),
+            ..Default::default()
+        };
+        self.runner.describe(&job, &mut description);
+        Ok(Response::new(description))
+    }
+
+    async fn resume_job(
+        &self,
+        request: Request<ResumeJobRequest>,
+    ) -> Result<Response<ResumeJobResponse>, Status> {
+        let job = self.job(&request.into_inner().job_id)?;
+        let resumed = resume(&self.registry, &self.runner, &job)?;
+        Ok(Response::new(ResumeJobResponse {
+            state: resumed.state() as i32,
+        }))
+    }
+
+    async fn delete_job(
+        &self,
+        request: Request<DeleteJobRequest>,
+    ) -> Result<Response<DeleteJobResponse>, Status> {
+        let job = self.job(&request.into_inner().job_id)?;
+        let state = job.state();
+        if !is_terminal(state) && state != JobState::Stopped {
+            return Err(Status::failed_precondition(format!(
+                "job {} is {state:?}; cancel it (or let it end) before deleting it",
+                job.id()
+            )));
+        }
+        if state == JobState::Stopped {
+            job.request_cancel();
+        }
+        let runner = Arc::clone(&self.runner);
+        let forgotten = Arc::clone(&job);
+        tokio::task::spawn_blocking(move || runner.delete(&forgotten))
+            .await
+            .map_err(|e| Status::internal(format!("deleting the job crashed: {e}")))?
+            .map_err(Status::internal)?;
+        job.remove_files();
+        self.registry.remove(job.id());
+        tracing::info!(job_id = %job.id(), "job deleted");
+        Ok(Response::new(DeleteJobResponse {}))
+    }
+}

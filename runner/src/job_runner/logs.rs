@@ -1,0 +1,75 @@
+//! Where a job's SDK workers find its staged files, and where their log
+//! lines go.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use refract_jobservice::redact::redact_text;
+use refract_jobservice::Job;
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::pipeline::ArtifactInformation;
+use refract_sdk_harness::{ArtifactSource, LogSink};
+
+/// A job's staged files, served to its workers.
+pub(super) struct JobArtifacts(pub(super) Arc<Job>);
+
+impl ArtifactSource for JobArtifacts {
+    fn open(&self, a: &ArtifactInformation) -> Option<std::path::PathBuf> {
+        self.0.artifacts().path_for(a)
+    }
+}
+
+/// Where a worker's log lines go: the runner's log (with the worker, stage
+/// and transform each came from) and the job's message stream.
+pub(super) struct JobLogs {
+    pub(super) job: Arc<Job>,
+    /// Transform id → (its stage's name, its unique name in the pipeline).
+    pub(super) origins: Arc<HashMap<String, (String, String)>>,
+}
+
+impl LogSink for JobLogs {
+    fn log(&self, worker_id: &str, entry: refract_proto::fn_api::LogEntry) {
+        use refract_proto::fn_api::log_entry::severity::Enum as Severity;
+        let severity = Severity::try_from(entry.severity).unwrap_or(Severity::Info);
+        let text = if entry.trace.is_empty() {
+            entry.message.clone()
+        } else {
+            format!("{}\n{}", entry.message, entry.trace)
+        };
+        // The SDK logs its pipeline options, and user code may log
+        // secrets: the job's messages show no secret-looking values (nor
+        // does the runner's log, which redacts every line it writes).
+        let text = redact_text(&text);
+        let (stage, transform) = match self.origins.get(&entry.transform_id) {
+            Some((stage, name)) => (stage.as_str(), name.as_str()),
+            None => ("", entry.transform_id.as_str()),
+        };
+        match severity {
+            Severity::Error | Severity::Critical => {
+                tracing::error!(worker = worker_id, stage, transform, "{text}")
+            }
+            Severity::Warn => tracing::warn!(worker = worker_id, stage, transform, "{text}"),
+            Severity::Notice | Severity::Info => {
+                tracing::info!(worker = worker_id, stage, transform, "{text}")
+            }
+            _ => tracing::debug!(worker = worker_id, stage, transform, "{text}"),
+        }
+        let importance = match severity {
+            Severity::Error | Severity::Critical | Severity::Warn => {
+                Some(MessageImportance::JobMessageWarning)
+            }
+            Severity::Notice | Severity::Info => Some(MessageImportance::JobMessageBasic),
+            _ => None,
+        };
+        // Which worker and transform it came from, so a reader can filter
+        // the job's messages by step.
+        if let Some(importance) = importance {
+            let origin = if transform.is_empty() {
+                worker_id.to_string()
+            } else {
+                format!("{worker_id} {transform}")
+            };
+            self.job.message(importance, format!("[{origin}] {text}"));
+        }
+    }
+}

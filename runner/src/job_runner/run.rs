@@ -1,0 +1,404 @@
+//! One attempt at running a job: record it, plan it, start its workers,
+//! run the engine (from the latest checkpoint, if there is one), stop the
+//! workers. The caller ([`super::RefractRunner`]) decides whether a failed
+//! attempt is tried again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
+use refract_engine::plan::StageKind;
+use refract_engine::spill::SpillStore;
+use refract_engine::time::wall_clock_ms;
+use refract_jobservice::Job;
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_sdk_harness::FnApiServer;
+use refract_translate::{translate, TranslateOptions};
+use tracing::{info, warn};
+
+use super::workers::WorkerStart;
+use super::{JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
+use crate::durability::{Durability, DurabilityError};
+use crate::harness_executor::HarnessExecutor;
+use crate::insights::JobView;
+use crate::options::{experiment_value, has_experiment, option_bool};
+use crate::output_spill::OutputSpill;
+use crate::telemetry::BundleRecorder;
+use crate::worker_set::WorkerSet;
+
+/// What one attempt learned about the job, for deciding whether to try
+/// again after it failed.
+#[derive(Debug, Default)]
+pub(super) struct AttemptFacts {
+    /// The job runs with streaming semantics (known once it is planned).
+    pub(super) streaming: bool,
+    /// The engine started: work may have been committed since the last
+    /// checkpoint.
+    pub(super) engine_ran: bool,
+}
+
+/// What follows a job as it runs: its stage snapshots, its view for the
+/// UI and metrics, its bundle telemetry, and its durable store.
+#[derive(Clone)]
+pub(super) struct JobWatchers {
+    pub(super) stats: tokio::sync::watch::Sender<Vec<StageStats>>,
+    pub(super) view: Arc<JobView>,
+    pub(super) recorder: BundleRecorder,
+    pub(super) durability: Option<Arc<Durability>>,
+}
+
+/// What the server gives each job to run with.
+#[derive(Clone)]
+pub(super) struct JobResources {
+    pub(super) workers_per_env: usize,
+    pub(super) memory_budget: Option<usize>,
+    pub(super) spill: Option<Arc<dyn SpillStore>>,
+}
+
+pub(super) async fn run_job(
+    job: Arc<Job>,
+    fn_server: Arc<FnApiServer>,
+    config: EngineConfig,
+    resources: JobResources,
+    watchers: JobWatchers,
+    facts: &mut AttemptFacts,
+) -> Result<(), JobError> {
+    let JobResources {
+        workers_per_env,
+        memory_budget,
+        spill,
+    } = resources;
+    let JobWatchers {
+        stats,
+        view,
+        recorder,
+        durability,
+    } = watchers;
+    // Recorded before anything runs, so that a crash from here on leaves
+    // a job to resume; a recovered job finds its latest checkpoint.
+    let mut latest_checkpoint = match &durability {
+        Some(durability) => {
+            let (store, recorded) = (durability.clone(), job.clone());
+            tokio::task::spawn_blocking(move || {
+                store.remember(&recorded)?;
+                store.latest_checkpoint(recorded.id())
+            })
+            .await
+            .map_err(|e| EngineError::InvalidPlan(format!("reading the checkpoint: {e}")))??
+        }
+        None => None,
+    };
+    // A new job asked to start from a savepoint (a recovered job's own
+    // checkpoint is newer, and wins).
+    if let (None, Some(path)) = (
+        &latest_checkpoint,
+        experiment_value(job.options(), SAVEPOINT_EXPERIMENT),
+    ) {
+        let file = std::path::PathBuf::from(&path);
+        let parts = tokio::task::spawn_blocking(move || refract_store::read_savepoint(&file))
+            .await
+            .map_err(|e| EngineError::InvalidPlan(format!("reading the savepoint: {e}")))?
+            .map_err(DurabilityError::from)?;
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!("starting from savepoint {path}"),
+        );
+        latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
+    }
+    let streaming = option_bool(job.options(), "streaming");
+    let options = TranslateOptions {
+        fn_api_url: fn_server.url(),
+        descriptor_id_prefix: job.id().to_string(),
+        streaming,
+        drain: has_experiment(job.options(), DRAIN_ON_START),
+    };
+    // Planning takes time in proportion to the pipeline: off the reactor.
+    let submitted = job.clone();
+    let mut translated =
+        tokio::task::spawn_blocking(move || translate(submitted.pipeline(), &options))
+            .await
+            .map_err(|e| EngineError::InvalidPlan(format!("translation crashed: {e}")))??;
+    // A pipeline with an unbounded PCollection runs with streaming semantics
+    // whatever its options say (Java's test runner, for one, does not set
+    // --streaming for unbounded pipelines).
+    let streaming = streaming || translated.plan.pcollections.iter().any(|p| !p.bounded);
+    facts.streaming = streaming;
+    // A streaming job retries a failing bundle with backoff for as long as
+    // it runs (it is someone's long-running job: the failure may pass, and
+    // they can cancel it); a batch job, or a test fed by a TestStream (which
+    // must see its assertion fail), gives up after a few attempts.
+    let test_stream = translated
+        .plan
+        .stages
+        .iter()
+        .any(|s| matches!(s.kind, StageKind::TestStream(_)));
+    let max_attempts = if streaming && !test_stream {
+        u32::MAX
+    } else {
+        config.max_attempts
+    };
+    let max_pending_bytes = memory_budget.map_or(config.max_pending_bytes, |budget| {
+        crate::memory::per_stage_bytes(budget, translated.plan.stages.len())
+    });
+    let config = EngineConfig {
+        streaming,
+        max_attempts,
+        max_pending_bytes,
+        ..config
+    };
+    job.metrics()
+        .set_transform_names(translated.unique_names.clone());
+    // Each descriptor transform's stage and name, for worker log lines.
+    let mut origins: HashMap<String, (String, String)> = HashMap::new();
+    for (idx, stage) in &translated.sdk_stages {
+        let stage_name = translated
+            .plan
+            .stages
+            .get(*idx)
+            .map_or_else(String::new, |s| s.name.clone());
+        for id in stage.descriptor.transforms.keys() {
+            let name = translated
+                .unique_names
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| id.clone());
+            origins.insert(id.clone(), (stage_name.clone(), name));
+        }
+    }
+    let origins = Arc::new(origins);
+    let mut stages = HashMap::new();
+    let mut environments: HashSet<String> = HashSet::new();
+    let mut descriptor_ids = Vec::new();
+    for (idx, stage) in translated.sdk_stages {
+        fn_server.register_descriptor(stage.descriptor.clone());
+        descriptor_ids.push(stage.descriptor.id.clone());
+        if let Some(drain) = &stage.drain_descriptor {
+            fn_server.register_descriptor(drain.clone());
+            descriptor_ids.push(drain.id.clone());
+        }
+        environments.insert(stage.environment_id.clone());
+        stages.insert(idx, Arc::new(stage));
+    }
+    let mut mergers = HashMap::new();
+    for (idx, merger) in translated.window_mergers {
+        fn_server.register_descriptor(merger.descriptor.clone());
+        descriptor_ids.push(merger.descriptor.id.clone());
+        environments.insert(merger.environment_id.clone());
+        mergers.insert(idx, Arc::new(merger));
+    }
+    let mut started: Vec<Arc<WorkerSet>> = Vec::new();
+    let mut env_ids: Vec<String> = environments.into_iter().collect();
+    env_ids.sort();
+    let result = async {
+        let start = WorkerStart {
+            job: &job,
+            fn_server: &fn_server,
+            environments: &translated.environments,
+            origins: &origins,
+            workers_per_env,
+            view: &view,
+        };
+        let workers = start.start(&env_ids, &mut started).await?;
+        let stage_names = translated
+            .plan
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(idx, stage)| (idx, stage.name.clone()))
+            .collect();
+        // Up to `max_bundles_per_stage` bundles of a stage run at once, and
+        // their outputs wait until each commits: together they stay within
+        // the stage's queue bound, in memory, so a bundle is split once its
+        // output passes its part of it. Past the whole share, one that
+        // cannot be split further (one element's output) goes to disk.
+        let bundle_output_bytes = max_pending_bytes / config.max_bundles_per_stage.max(1);
+        let mut executor =
+            HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
+                .with_split_output_bytes(bundle_output_bytes);
+        if let Some(store) = &spill {
+            executor = executor.with_output_spill(OutputSpill::new(
+                store.clone(),
+                job.id().as_bytes(),
+                max_pending_bytes,
+            ));
+        }
+        let executor = Arc::new(executor);
+        let state_backed_outputs = std::mem::take(&mut translated.state_backed_outputs);
+        let mut engine = Engine::new(
+            translated.plan,
+            executor,
+            config,
+            job.id().to_string(),
+            Arc::new(wall_clock_ms),
+        )?
+        .with_drain(job.drain_requested())
+        .with_stats(stats);
+        if let Some(store) = spill.clone() {
+            if let Some(durability) = &durability {
+                // Bags past their share go beside the checkpoints, which
+                // name them: a checkpointed job's state may outgrow memory.
+                engine = engine.with_durable_state(durability.state_store(job.id()));
+            }
+            // A GroupByKey may hold a stage's share of the budget before it
+            // spills (without a budget, the engine's queue bound).
+            engine = engine
+                .with_spill(store, job.id().as_bytes(), max_pending_bytes)
+                .with_state_backed_outputs(&state_backed_outputs);
+        }
+        if let Some(checkpoint) = latest_checkpoint {
+            engine.restore(&checkpoint.parts)?;
+            crate::durability::restore_metrics(&job, &checkpoint.parts)?;
+            if checkpoint.id > 0 {
+                view.observe_restore(checkpoint.id);
+                info!(
+                    checkpoint = checkpoint.id,
+                    "resuming from the job's checkpoint"
+                );
+                job.message(
+                    MessageImportance::JobMessageBasic,
+                    format!("resumed from checkpoint {}", checkpoint.id),
+                );
+            }
+        }
+        let metrics_part: refract_engine::manager::ExtraPart = {
+            let job = job.clone();
+            Arc::new(move || crate::durability::metrics_part(&job))
+        };
+        engine = engine.with_extra_part(crate::durability::METRICS_PART, metrics_part);
+        let mut checkpoint_writer = None;
+        if let Some(durability) = &durability {
+            view.enable_checkpoints();
+            let writer = durability.checkpoint_writer(job.clone(), view.clone());
+            engine =
+                engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.progress));
+            checkpoint_writer = Some(writer.task);
+        }
+        let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);
+        engine = engine.with_savepoints(savepoint_rx);
+        view.set_savepoint_channel(Some(savepoint_tx));
+        facts.engine_ran = true;
+        let summary = engine.run(job.cancel_requested()).await;
+        view.set_savepoint_channel(None);
+        let spilled = summary.as_ref().map_or(true, |s| {
+            s.spilled_bytes + s.output_spilled_bytes + s.queue_spilled_bytes + s.state_spilled_bytes
+                > 0
+        });
+        if let (Some(store), true) = (&spill, spilled) {
+            reclaim_spill_space(store.as_ref(), job.id());
+        }
+        let summary = summary?;
+        if let Some(task) = checkpoint_writer {
+            // The engine dropped its sender: the task ends after the
+            // checkpoint in hand, if any, is written.
+            let _ = task.await;
+        }
+        report_summary(&job, &summary);
+        Ok::<(), JobError>(())
+    }
+    .await;
+    // All at once: a pool that is slow to answer StopWorker delays the job's
+    // end by one timeout, not one per worker.
+    let workers: Vec<_> = started.iter().flat_map(|set| set.workers()).collect();
+    futures::future::join_all(workers.iter().map(|w| w.stop())).await;
+    for id in descriptor_ids {
+        fn_server.forget_descriptor(&id);
+    }
+    result
+}
+
+/// Logs what the engine did, and tells the job what went to disk.
+fn report_summary(job: &Job, summary: &RunSummary) {
+    info!(
+        bundles = summary.bundles,
+        dropped_late = summary.dropped_late,
+        spilled_bytes = summary.spilled_bytes,
+        output_spilled_bytes = summary.output_spilled_bytes,
+        queue_spilled_bytes = summary.queue_spilled_bytes,
+        state_spilled_bytes = summary.state_spilled_bytes,
+        handed_out_keys = summary.handed_out_keys,
+        "engine finished"
+    );
+    let waited_on_disk = summary.output_spilled_bytes + summary.queue_spilled_bytes;
+    if waited_on_disk > 0 {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "bundle outputs and queues larger than their share of the memory budget \
+                 waited on disk ({:.1} MiB)",
+                waited_on_disk as f64 / f64::from(1 << 20)
+            ),
+        );
+    }
+    if summary.spilled_bytes > 0 {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "GroupByKey buffers larger than their share of the memory budget spilled \
+                 {:.1} MiB to disk",
+                summary.spilled_bytes as f64 / f64::from(1 << 20)
+            ),
+        );
+    }
+    if summary.handed_out_keys > 0 {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "{} GroupByKey key(s) too large for memory went to their consumers as \
+                 state-backed iterables, read from disk as they were iterated (no checkpoint \
+                 was taken while one could be read)",
+                summary.handed_out_keys
+            ),
+        );
+    }
+    if summary.state_spilled_bytes > 0 {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "user state larger than its stage's share of the memory budget spilled \
+                 {:.1} MiB to disk",
+                summary.state_spilled_bytes as f64 / f64::from(1 << 20)
+            ),
+        );
+    }
+    job.metrics()
+        .commit(&dropped_late_metrics(&summary.dropped_late_by_stage));
+}
+
+/// Gives back the disk space of everything job `job_id` spilled: queues
+/// and bundle outputs forget their parts as they read them without
+/// compacting (cheap, but the space stays until RocksDB compacts those
+/// files); one compaction over the job's whole space when it ends does it.
+fn reclaim_spill_space(store: &dyn SpillStore, job_id: &str) {
+    let space = refract_engine::spill::job_space(job_id.as_bytes());
+    let Some(end) = refract_engine::spill::prefix_end(&space) else {
+        return;
+    };
+    if let Err(e) = store.delete_range(&space, &end) {
+        warn!(job_id, error = %e, "could not give back a job's spill space");
+    }
+}
+
+/// Late data dropped by each GroupByKey, as the counter Beam's runners
+/// report for it (`droppedDueToLateness`, in the grouping step).
+fn dropped_late_metrics(dropped: &[(String, u64)]) -> Vec<refract_proto::pipeline::MonitoringInfo> {
+    dropped
+        .iter()
+        .map(|(step, count)| {
+            let mut payload = Vec::new();
+            refract_engine::coder::encode_varint_u64(*count, &mut payload);
+            refract_proto::pipeline::MonitoringInfo {
+                urn: "beam:metric:user:sum_int64:v1".into(),
+                r#type: "beam:metrics:sum_int64:v1".into(),
+                payload,
+                labels: [
+                    ("PTRANSFORM".to_string(), step.clone()),
+                    ("NAMESPACE".to_string(), "refract".to_string()),
+                    ("NAME".to_string(), "droppedDueToLateness".to_string()),
+                ]
+                .into_iter()
+                .collect(),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
