@@ -28,6 +28,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the Beam Job API and run submitted pipelines.
@@ -180,8 +182,8 @@ pub struct ServeArgs {
     /// declared lost (Go duration): its connection is pinged after half
     /// of this without traffic and closed when the ping goes unanswered
     /// for the other half; its bundles are then retried on another worker.
-    #[arg(long = "worker_liveness_timeout", default_value = "20s")]
-    pub worker_liveness_timeout: String,
+    #[arg(long = "worker_liveness_timeout", default_value = "20s", value_parser = parse_go_duration)]
+    pub worker_liveness_timeout: std::time::Duration,
     /// SDK workers started per environment of a job when the job's own
     /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
@@ -205,13 +207,36 @@ pub struct ServeArgs {
     /// `--state_dir`, else a temporary directory).
     #[arg(long = "staging_dir")]
     pub staging_dir: Option<PathBuf>,
-    /// Memory a job's elements waiting between stages may take (e.g.
-    /// `512m`, `2g`), split over its stages; a stage whose consumer is over
-    /// its share is not scheduled, and a batch GroupByKey holding more than
-    /// its share spills to `--spill_dir`. Default: a quarter of the
-    /// machine's RAM.
+    /// Memory the jobs' data (elements waiting between stages, GroupByKey
+    /// buffers, bag state) may take on this server, all jobs together
+    /// (e.g. `512m`, `2g`). A job's share is split over its stages; a stage
+    /// whose consumer is over its share is not scheduled, and a batch
+    /// GroupByKey or a bag over its share spills to `--spill_dir`. Default:
+    /// a quarter of the memory this process may use (the machine's, or its
+    /// cgroup's limit when lower).
     #[arg(long = "memory_budget", value_parser = crate::memory::parse_byte_size)]
     pub memory_budget: Option<usize>,
+    /// The most of `--memory_budget` one job is granted (default: half of
+    /// it). A job starting when less is left gets what is left, at least
+    /// 4 MiB a stage, or waits (STARTING) until a job ends.
+    #[arg(long = "job_memory_budget", value_parser = crate::memory::parse_byte_size)]
+    pub job_memory_budget: Option<usize>,
+    /// Bytes one job may stage (its artifacts: jars, packages, the pickled
+    /// main session); staging past it fails the job, saying so.
+    #[arg(long = "max_staged_bytes", default_value = "4g", value_parser = crate::memory::parse_byte_size)]
+    pub max_staged_bytes: usize,
+    /// Ended jobs kept in memory, newest first (their states, messages and
+    /// metrics); older ones are let go. Failed jobs kept in --state_dir
+    /// stay until resumed or deleted.
+    #[arg(long = "retain_finished_jobs", default_value_t = 1000)]
+    pub retain_finished_jobs: usize,
+    /// Ended jobs are let go this long after they ended (Go duration).
+    #[arg(long = "retain_finished_for", default_value = "24h", value_parser = parse_go_duration)]
+    pub retain_finished_for: std::time::Duration,
+    /// A job prepared and never run is cancelled, and its staged files
+    /// removed, this long after it was prepared (Go duration).
+    #[arg(long = "prepared_job_timeout", default_value = "1h", value_parser = parse_go_duration)]
+    pub prepared_job_timeout: std::time::Duration,
     /// Where GroupByKey buffers larger than their memory share spill (a
     /// RocksDB database, emptied at start). Default: `STATE_DIR/spill` with
     /// `--state_dir`, else a temporary directory removed at exit.

@@ -17,6 +17,7 @@ use crate::cli::{parse_go_duration, ServeArgs};
 use crate::durability::Durability;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
+use crate::memory::MemoryLedger;
 use crate::private_dir::{private_temp_dir, TempDirGuard};
 use crate::savepoints::SavepointDir;
 use crate::spill_store::RocksSpillStore;
@@ -58,9 +59,7 @@ pub async fn start(
     args: &ServeArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Server> {
-    let liveness = parse_go_duration(&args.worker_liveness_timeout)
-        .map_err(anyhow::Error::msg)
-        .context("--worker_liveness_timeout")?;
+    let liveness = args.worker_liveness_timeout;
     if liveness.is_zero() {
         anyhow::bail!("--worker_liveness_timeout must be longer than 0");
     }
@@ -99,9 +98,13 @@ pub async fn start(
     let memory_budget = args
         .memory_budget
         .unwrap_or_else(crate::memory::default_budget);
+    let job_memory_budget = args
+        .job_memory_budget
+        .unwrap_or(memory_budget / 2)
+        .min(memory_budget);
     info!(
         memory_budget,
-        "memory budget for each job's waiting elements"
+        job_memory_budget, "memory budget of the jobs' data, and of one job"
     );
     let (spill_dir, remove_spill) =
         server_dir(args.spill_dir.as_ref(), args.state_dir.as_ref(), "spill")
@@ -110,7 +113,7 @@ pub async fn start(
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
-        .with_memory_budget(memory_budget)
+        .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
         .with_spill(Arc::new(spill));
     let insights = runner.insights();
     let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
@@ -137,6 +140,10 @@ pub async fn start(
         staging_dir,
         keep_unfinished_artifacts: durability.is_some(),
         recovered,
+        max_staged_bytes_per_job: args.max_staged_bytes as u64,
+        retain_finished_jobs: args.retain_finished_jobs,
+        retain_finished_for: args.retain_finished_for,
+        prepared_job_timeout: args.prepared_job_timeout,
         ..JobServiceConfig::default()
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();

@@ -47,6 +47,9 @@ pub struct JobServiceConfig {
     /// refused with `RESOURCE_EXHAUSTED` (each waiting one holds its
     /// pipeline in memory).
     pub max_waiting_prepares: usize,
+    /// Bytes one job may stage in all (its artifacts); staging past it
+    /// fails the job with a message saying so.
+    pub max_staged_bytes_per_job: u64,
     /// Ended jobs kept in memory (the newest); older ones are let go, with
     /// their messages. Failed jobs kept durably stay until deleted.
     pub retain_finished_jobs: usize,
@@ -102,6 +105,7 @@ impl Default for JobServiceConfig {
             keep_unfinished_artifacts: false,
             max_concurrent_prepares: 2,
             max_waiting_prepares: 32,
+            max_staged_bytes_per_job: 4 << 30,
             retain_finished_jobs: 1_000,
             retain_finished_for: Duration::from_secs(24 * 3600),
             prepared_job_timeout: Duration::from_secs(3600),

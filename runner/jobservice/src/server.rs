@@ -52,7 +52,11 @@ pub async fn serve(
             config.max_waiting_prepares,
         ),
     );
-    let staging = StagingService::new(Arc::clone(&registry), stop_rx.clone());
+    let staging = StagingService::new(
+        Arc::clone(&registry),
+        stop_rx.clone(),
+        config.max_staged_bytes_per_job,
+    );
     let admin = AdminService::new(Arc::clone(&registry), Arc::clone(&runner));
     for recovered in config.recovered.clone() {
         let failed = recovered.failed.clone();

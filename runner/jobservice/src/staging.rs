@@ -45,6 +45,11 @@ enum StagingError {
         artifact: String,
         source: std::io::Error,
     },
+    #[error(
+        "staging {artifact} would pass the {limit} bytes a job may stage \
+         (--max_staged_bytes)"
+    )]
+    TooLarge { artifact: String, limit: u64 },
     #[error("{artifact} has sha256 {actual}, but {expected} was declared")]
     Checksum {
         artifact: String,
@@ -61,6 +66,7 @@ impl StagingError {
             Self::Protocol { .. } | Self::Checksum { .. } => {
                 Status::invalid_argument(self.to_string())
             }
+            Self::TooLarge { .. } => Status::resource_exhausted(self.to_string()),
             Self::Io { .. } => Status::internal(self.to_string()),
             Self::ShuttingDown => Status::unavailable(self.to_string()),
             Self::ClientClosed { .. } | Self::Client { .. } | Self::ClientGone => {
@@ -74,11 +80,21 @@ impl StagingError {
 pub(crate) struct StagingService {
     registry: Arc<JobRegistry>,
     shutdown: watch::Receiver<bool>,
+    /// Bytes one job may stage in all.
+    max_job_bytes: u64,
 }
 
 impl StagingService {
-    pub(crate) fn new(registry: Arc<JobRegistry>, shutdown: watch::Receiver<bool>) -> Self {
-        Self { registry, shutdown }
+    pub(crate) fn new(
+        registry: Arc<JobRegistry>,
+        shutdown: watch::Receiver<bool>,
+        max_job_bytes: u64,
+    ) -> Self {
+        Self {
+            registry,
+            shutdown,
+            max_job_bytes,
+        }
     }
 }
 
@@ -125,7 +141,8 @@ impl ArtifactStagingService for StagingService {
             .map_err(|text| reject(Status::failed_precondition(text)))?;
 
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move { run_staging(job, inbound, tx, shutdown).await });
+        let budget = self.max_job_bytes;
+        tokio::spawn(async move { run_staging(job, inbound, tx, shutdown, budget).await });
         Ok(GrpcResponse::new(ReceiverStream::new(rx)))
     }
 }
@@ -142,6 +159,7 @@ async fn run_staging(
     mut inbound: Streaming<ArtifactResponseWrapper>,
     tx: Outbound,
     mut shutdown: watch::Receiver<bool>,
+    max_bytes: u64,
 ) {
     let pending = job.artifacts().pending();
     tracing::info!(job_id = %job.id(), artifacts = pending.len(), "staging artifacts");
@@ -159,7 +177,17 @@ async fn run_staging(
             job.artifacts().record(artifact, file);
             continue;
         }
-        match fetch(&job, artifact, &mut inbound, &tx, &mut shutdown).await {
+        let left = max_bytes.saturating_sub(bytes);
+        match fetch(
+            &job,
+            artifact,
+            &mut inbound,
+            &tx,
+            &mut shutdown,
+            (left, max_bytes),
+        )
+        .await
+        {
             Ok(file) => {
                 tracing::debug!(
                     job_id = %job.id(),
@@ -201,13 +229,15 @@ async fn run_staging(
     // Dropping `tx` here closes the server's side of the stream.
 }
 
-/// Requests one artifact and streams its chunks to disk.
+/// Requests one artifact and streams its chunks to disk, refusing it once
+/// it passes the `(left, limit)` bytes the job may still stage.
 async fn fetch(
     job: &Job,
     artifact: &ArtifactInformation,
     inbound: &mut Streaming<ArtifactResponseWrapper>,
     tx: &Outbound,
     shutdown: &mut watch::Receiver<bool>,
+    budget: (u64, u64),
 ) -> Result<StagedFile, StagingError> {
     let name = describe(artifact);
     let request = ArtifactRequestWrapper {
@@ -227,7 +257,7 @@ async fn fetch(
             artifact: name.clone(),
             source,
         })?;
-    let received = receive_chunks(&name, &mut writer, inbound, shutdown).await;
+    let received = receive_chunks(&name, &mut writer, inbound, shutdown, budget).await;
     if let Err(error) = received {
         writer.abandon().await;
         return Err(error);
@@ -254,7 +284,9 @@ async fn receive_chunks(
     writer: &mut crate::artifacts::ArtifactWriter,
     inbound: &mut Streaming<ArtifactResponseWrapper>,
     shutdown: &mut watch::Receiver<bool>,
+    (left, limit): (u64, u64),
 ) -> Result<(), StagingError> {
+    let mut received = 0u64;
     loop {
         let message = tokio::select! {
             message = inbound.message() => message,
@@ -276,6 +308,13 @@ async fn receive_chunks(
         };
         match message.response {
             Some(Response::GetArtifactResponse(chunk)) => {
+                received += chunk.data.len() as u64;
+                if received > left {
+                    return Err(StagingError::TooLarge {
+                        artifact: name.to_string(),
+                        limit,
+                    });
+                }
                 writer
                     .write(&chunk.data)
                     .await

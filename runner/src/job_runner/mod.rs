@@ -32,6 +32,7 @@ use tracing::{error, info, warn, Instrument};
 use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::insights::Insights;
+use crate::memory::MemoryLedger;
 use crate::options::{experiment_value, option_bool, option_usize};
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
@@ -119,7 +120,8 @@ pub struct RefractRunner {
     otlp: Option<Arc<OtlpExport>>,
     durability: Option<Arc<Durability>>,
     /// Bytes a job's waiting elements may take, over all its stages.
-    memory_budget: Option<usize>,
+    /// The server's memory, and the most one job is granted.
+    memory: Option<(Arc<MemoryLedger>, usize)>,
     /// Where GroupByKey buffers over their share of the budget spill.
     spill: Option<Arc<dyn SpillStore>>,
 }
@@ -135,7 +137,7 @@ impl RefractRunner {
             insights: Insights::default(),
             otlp: None,
             durability: None,
-            memory_budget: None,
+            memory: None,
             spill: None,
         }
     }
@@ -148,11 +150,12 @@ impl RefractRunner {
         self
     }
 
-    /// Bound each job's waiting elements to `bytes` in all (split over its
-    /// stages; see [`crate::memory`]). Without it, each stage keeps the
-    /// engine's default bound.
-    pub fn with_memory_budget(mut self, bytes: usize) -> Self {
-        self.memory_budget = Some(bytes);
+    /// Grant each job up to `per_job` bytes of `ledger`'s budget for its
+    /// data (split over its stages; see [`crate::memory`]); a job for which
+    /// not even its stages' floor is left waits. Without it, each stage
+    /// keeps the engine's default bound.
+    pub fn with_memory(mut self, ledger: Arc<MemoryLedger>, per_job: usize) -> Self {
+        self.memory = Some((ledger, per_job));
         self
     }
 
@@ -246,7 +249,7 @@ impl JobRunner for RefractRunner {
                 Some(0) | None => self.default_workers,
                 Some(n) => n,
             },
-            memory_budget: self.memory_budget,
+            memory: self.memory.clone(),
             spill: self.spill.clone(),
         };
         let span = tracing::info_span!("job", id = %job.id());
@@ -273,7 +276,6 @@ impl JobRunner for RefractRunner {
         activity.job_started();
         tokio::spawn(
             async move {
-                job.set_state(job_state::Enum::Running);
                 let watchers = JobWatchers {
                     stats,
                     view: view.clone(),

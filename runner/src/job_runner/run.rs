@@ -12,6 +12,7 @@ use refract_engine::spill::SpillStore;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
 use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
 use refract_translate::{translate, TranslateOptions};
 use tracing::{info, warn};
@@ -21,6 +22,7 @@ use super::{JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
 use crate::durability::{Durability, DurabilityError};
 use crate::harness_executor::HarnessExecutor;
 use crate::insights::JobView;
+use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::options::{experiment_value, has_experiment, option_bool};
 use crate::output_spill::OutputSpill;
 use crate::telemetry::BundleRecorder;
@@ -51,7 +53,8 @@ pub(super) struct JobWatchers {
 #[derive(Clone)]
 pub(super) struct JobResources {
     pub(super) workers_per_env: usize,
-    pub(super) memory_budget: Option<usize>,
+    /// The server's memory, and the most one job is granted of it.
+    pub(super) memory: Option<(Arc<MemoryLedger>, usize)>,
     pub(super) spill: Option<Arc<dyn SpillStore>>,
 }
 
@@ -65,7 +68,7 @@ pub(super) async fn run_job(
 ) -> Result<(), JobError> {
     let JobResources {
         workers_per_env,
-        memory_budget,
+        memory,
         spill,
     } = resources;
     let JobWatchers {
@@ -137,8 +140,15 @@ pub(super) async fn run_job(
     } else {
         config.max_attempts
     };
-    let max_pending_bytes = memory_budget.map_or(config.max_pending_bytes, |budget| {
-        crate::memory::per_stage_bytes(budget, translated.plan.stages.len())
+    let stage_count = translated.plan.stages.len();
+    let Some(grant) = admit(&job, memory.as_ref(), stage_count).await else {
+        return Err(JobError::Engine(EngineError::Cancelled));
+    };
+    if job.state() == JobState::Starting {
+        job.set_state(JobState::Running);
+    }
+    let max_pending_bytes = grant.as_ref().map_or(config.max_pending_bytes, |grant| {
+        crate::memory::per_stage_bytes(grant.bytes(), stage_count)
     });
     let config = EngineConfig {
         streaming,
@@ -304,6 +314,39 @@ pub(super) async fn run_job(
         fn_server.forget_descriptor(&id);
     }
     result
+}
+
+/// The job's share of the server's memory (`None` inside: no ledger),
+/// waiting while not even its stages' floor is left; outer `None` if it
+/// was cancelled meanwhile.
+async fn admit(
+    job: &Arc<Job>,
+    memory: Option<&(Arc<MemoryLedger>, usize)>,
+    stages: usize,
+) -> Option<Option<MemoryGrant>> {
+    let Some((ledger, per_job)) = memory else {
+        return Some(None);
+    };
+    let floor = stages.max(1).saturating_mul(crate::memory::MIN_STAGE_BYTES);
+    let told = job.clone();
+    let waiting = move |full: Exhausted| {
+        told.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "waiting for memory: {} running job(s) hold {} MiB of the server's {} MiB \
+                 (--memory_budget), and this job needs at least {} MiB; it starts when one ends",
+                full.jobs,
+                full.held >> 20,
+                full.total >> 20,
+                floor >> 20
+            ),
+        );
+    };
+    let mut cancel = job.cancel_requested();
+    tokio::select! {
+        grant = ledger.grant(floor, *per_job, waiting) => Some(Some(grant)),
+        _ = cancel.wait_for(|c| *c) => None,
+    }
 }
 
 /// Logs what the engine did, and tells the job what went to disk.
