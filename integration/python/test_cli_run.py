@@ -49,3 +49,30 @@ def test_refract_run_passes_the_pipeline_exit_status(refract_bin, tmp_path):
                         env=env)
   assert done.returncode == 3, done.stderr
   assert 'submitted no job' in done.stderr, done.stderr
+
+
+def test_refract_run_does_not_hand_its_pipeline_to_another_program(
+    refract_bin, tmp_path):
+  """What listens on the default port 8073 gets the pipeline only if it is
+  a Refract server of this user: here it is some other program, so
+  `refract run` starts a server of its own."""
+  import socket
+  other = socket.socket()
+  other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    other.bind(('127.0.0.1', 8073))
+  except OSError:
+    import pytest
+    pytest.skip('port 8073 is in use here')
+  other.listen(8)
+  try:
+    prefix = str(tmp_path / 'counts')
+    env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+    done = subprocess.run([
+        refract_bin, 'run', wordcount.__file__, '--output', prefix, '--top', '1'
+    ], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 'is not a Refract server' in done.stderr, done.stderr[-3000:]
+    assert 'started a server for this run' in done.stderr, done.stderr[-3000:]
+  finally:
+    other.close()

@@ -220,6 +220,18 @@ impl Durability {
             "error": job.failure(),
             "messages": messages,
         });
+        // Ids this server makes are safe file names; one from an odd
+        // record might not be.
+        if !job
+            .id()
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("job id {:?} is not a file name", job.id()),
+            ));
+        }
         let path = self.history_dir.join(format!("{}.json", job.id()));
         std::fs::write(&path, history.to_string())?;
         Ok(path)

@@ -128,13 +128,17 @@ async fn own_server_at_default_port() -> bool {
             return false;
         }
     }
-    let refract = match crate::client::connect_admin(DEFAULT_ENDPOINT).await {
-        Ok(mut admin) => admin
-            .get_server_info(GetServerInfoRequest {})
-            .await
-            .is_ok_and(|info| info.into_inner().name == refract_jobservice::SERVER_NAME),
-        Err(_) => false,
+    // Whatever listens may not speak gRPC at all: ask, and do not wait long.
+    let ask = async {
+        let mut admin = crate::client::connect_admin(DEFAULT_ENDPOINT).await.ok()?;
+        let info = admin.get_server_info(GetServerInfoRequest {}).await.ok()?;
+        Some(info.into_inner().name == refract_jobservice::SERVER_NAME)
     };
+    let refract = tokio::time::timeout(Duration::from_secs(3), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false);
     if !refract {
         eprintln!(
             "refract: what listens on port {DEFAULT_PORT} is not a Refract server; starting one \

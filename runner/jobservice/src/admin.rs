@@ -64,7 +64,12 @@ pub(crate) fn resume(
             job.id()
         )));
     }
-    let renewed = registry.renew(job);
+    let Some(renewed) = registry.renew(job) else {
+        return Err(Status::failed_precondition(format!(
+            "job {} was resumed or deleted meanwhile",
+            job.id()
+        )));
+    };
     if let Err(state) = renewed.begin_run() {
         return Err(Status::failed_precondition(format!(
             "job {} is {state:?} and cannot start",
@@ -165,6 +170,13 @@ impl RefractAdmin for AdminService {
         if state == JobState::Stopped {
             job.request_cancel();
         }
+        // Out of the table first: a resume racing with this finds nothing.
+        if !self.registry.remove_exactly(&job) {
+            return Err(Status::failed_precondition(format!(
+                "job {} was resumed or deleted meanwhile",
+                job.id()
+            )));
+        }
         let runner = Arc::clone(&self.runner);
         let forgotten = Arc::clone(&job);
         tokio::task::spawn_blocking(move || runner.delete(&forgotten))
@@ -172,7 +184,6 @@ impl RefractAdmin for AdminService {
             .map_err(|e| Status::internal(format!("deleting the job crashed: {e}")))?
             .map_err(Status::internal)?;
         job.remove_files();
-        self.registry.remove(job.id());
         tracing::info!(job_id = %job.id(), "job deleted");
         Ok(Response::new(DeleteJobResponse {}))
     }

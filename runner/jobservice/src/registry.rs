@@ -106,8 +106,10 @@ impl JobRegistry {
 
     /// A fresh job in place of `ended` (same id, submission and staged
     /// files), to run again: how a failed job resumes. Whoever holds the
-    /// old one keeps seeing it as it ended.
-    pub(crate) fn renew(&self, ended: &Job) -> Arc<Job> {
+    /// old one keeps seeing it as it ended. `None` when `ended` is no
+    /// longer the table's job of that id (another resume, or a delete,
+    /// came first): a job is never renewed twice.
+    pub(crate) fn renew(&self, ended: &Job) -> Option<Arc<Job>> {
         let id = ended.id().to_string();
         let job = Arc::new(Job::new(
             id.clone(),
@@ -121,19 +123,25 @@ impl JobRegistry {
             job.mark_durable();
         }
         let mut table = self.jobs.write();
-        match table.by_id.get_mut(&id) {
-            Some(entry) => entry.1 = Arc::clone(&job),
-            None => table.insert(Arc::clone(&job)),
+        let entry = table.by_id.get_mut(&id)?;
+        if !std::ptr::eq(Arc::as_ptr(&entry.1), ended) {
+            return None;
         }
-        job
+        entry.1 = Arc::clone(&job);
+        Some(job)
     }
 
-    /// Removes a job from the table.
-    pub(crate) fn remove(&self, id: &str) -> Option<Arc<Job>> {
+    /// Removes `job` if it is still the table's job of its id (not renewed
+    /// by a resume meanwhile); whether it was.
+    pub(crate) fn remove_exactly(&self, job: &Job) -> bool {
         let mut table = self.jobs.write();
-        let (seq, job) = table.by_id.remove(id)?;
+        let seq = match table.by_id.get(job.id()) {
+            Some((seq, held)) if std::ptr::eq(Arc::as_ptr(held), job) => *seq,
+            _ => return false,
+        };
+        table.by_id.remove(job.id());
         table.order.remove(&seq);
-        Some(job)
+        true
     }
 
     /// The job with this id (which is also its preparation id and staging
@@ -272,7 +280,8 @@ mod tests {
         let (all, next) = reg.page(None, 5);
         assert_eq!(all.len(), 5);
         assert_eq!(next, None);
-        assert!(reg.remove(&ids[0]).is_some());
+        let first = reg.get(&ids[0]).unwrap();
+        assert!(reg.remove_exactly(&first));
         assert!(reg.get(&ids[0]).is_none());
         assert_eq!(reg.all().len(), 4);
     }
@@ -319,6 +328,27 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64
+    }
+
+    #[test]
+    fn a_job_is_renewed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let failed = reg.create("j".into(), Pipeline::default(), Default::default());
+        failed.fail("boom");
+        let renewed = reg.renew(&failed).expect("renewed");
+        assert_eq!(renewed.id(), failed.id());
+        assert!(Arc::ptr_eq(
+            &reg.get(failed.id()).expect("listed"),
+            &renewed
+        ));
+        assert!(reg.renew(&failed).is_none(), "renewed twice");
+        assert!(
+            !reg.remove_exactly(&failed),
+            "removed a renewed job's old self"
+        );
+        assert!(reg.remove_exactly(&renewed));
+        assert!(reg.renew(&renewed).is_none());
     }
 
     #[test]

@@ -25,6 +25,7 @@ use refract_proto::job_api::job_state;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 use refract_sdk_harness::FnApiServer;
+use refract_store::StoreError;
 use refract_translate::validate;
 use thiserror::Error;
 use tracing::{error, info, warn, Instrument};
@@ -104,7 +105,7 @@ impl JobError {
                 e,
                 EngineError::Spill { .. } | EngineError::OutputSpill { .. }
             ),
-            JobError::Durability(DurabilityError::Store(_)) => true,
+            JobError::Durability(DurabilityError::Store(StoreError::Backend(_))) => true,
             JobError::Translate(_) | JobError::Durability(_) | JobError::Restore(_) => false,
         }
     }
@@ -119,8 +120,7 @@ pub struct RefractRunner {
     insights: Insights,
     otlp: Option<Arc<OtlpExport>>,
     durability: Option<Arc<Durability>>,
-    /// Bytes a job's waiting elements may take, over all its stages.
-    /// The server's memory, and the most one job is granted.
+    /// The server's memory, and the most one job is granted of it.
     memory: Option<(Arc<MemoryLedger>, usize)>,
     /// Where GroupByKey buffers over their share of the budget spill.
     spill: Option<Arc<dyn SpillStore>>,

@@ -58,6 +58,8 @@ pub(super) struct JobResources {
     pub(super) spill: Option<Arc<dyn SpillStore>>,
 }
 
+/// One attempt at `job` (see the module docs); `facts` learns what the
+/// caller needs to decide whether to make another after a failure.
 pub(super) async fn run_job(
     job: Arc<Job>,
     fn_server: Arc<FnApiServer>,

@@ -1,19 +1,21 @@
 //! The web UI and `/metrics`, served by `refract serve` on its own port
 //! (`--ui_port`, off with `--serve_http=false`).
 //!
-//! The UI is a client of the server's own Job API: it lists jobs, shows a
-//! job's state and committed metrics, and cancels or drains it through the
-//! same calls an SDK or `refract cancel` makes, so it can never show what the
-//! Job API would not. `/metrics` renders the same data for Prometheus.
+//! The UI is a client of the server's own Job API and admin API: it lists
+//! jobs (a page at a time), shows a job's state and committed metrics, and
+//! cancels or drains it through the same calls an SDK or `refract cancel`
+//! makes, so it can never show what those APIs would not. `/metrics` renders
+//! the same data for Prometheus.
 //!
 //! What the Job API cannot tell — each stage's watermarks, backlog and
 //! progress — comes from the engine's stage snapshots ([`Insights`]).
 //!
-//! Routes: `GET /` (the page), `GET /api/jobs`, `GET /api/jobs/{id}` (state,
+//! Routes: `GET /` (the page), `GET /api/jobs?limit=&page_token=` (newest
+//! first, a page at a time), `GET /api/jobs/{id}` (state,
 //! metrics, stages), `GET /api/jobs/{id}/logs?after=&limit=&level=&q=` (a
 //! page of the job's messages — runner events and harness log lines —
 //! filtered here, so a job logging fast does not stall the page),
-//! `POST /api/jobs/{id}/cancel`, `POST /api/jobs/{id}/drain`,
+//! `POST /api/jobs/{id}/cancel`, `.../drain`, `.../resume`, `.../delete`,
 //! `POST /api/jobs/{id}/savepoint[?stop=true]` (body: a file name in the
 //! savepoint directory), `GET /metrics`. Every request passes
 //! [`guard::check`] first.
@@ -29,11 +31,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use refract_proto::admin::refract_admin_client::RefractAdminClient;
+use refract_proto::admin::{DeleteJobRequest, ListJobsRequest, ResumeJobRequest};
 use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
-    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest, GetJobsRequest,
-    JobMessagesRequest,
+    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
@@ -134,15 +137,24 @@ async fn index() -> Response {
         .into_response()
 }
 
-/// Every job with its state (`GetJobs`).
-async fn jobs(channel: &Channel) -> Result<Vec<JobSnapshot>, ApiError> {
-    let infos = JobServiceClient::new(channel.clone())
-        .get_jobs(GetJobsRequest {})
+/// A page of jobs, newest first, from the admin API's `ListJobs`: up to
+/// `limit`, after `token` (a previous page's), and the next page's token
+/// when more are left.
+async fn jobs_page(
+    channel: &Channel,
+    limit: u32,
+    token: String,
+) -> Result<(Vec<JobSnapshot>, Option<String>), ApiError> {
+    let page = RefractAdminClient::new(channel.clone())
+        .list_jobs(ListJobsRequest {
+            page_size: limit,
+            page_token: token,
+        })
         .await
-        .map_err(api_error("GetJobs"))?
-        .into_inner()
-        .job_info;
-    Ok(infos
+        .map_err(api_error("ListJobs"))?
+        .into_inner();
+    let jobs = page
+        .jobs
         .into_iter()
         .map(|j| JobSnapshot {
             id: j.job_id,
@@ -150,8 +162,26 @@ async fn jobs(channel: &Channel) -> Result<Vec<JobSnapshot>, ApiError> {
             state: state_name(j.state),
             ..JobSnapshot::default()
         })
-        .collect())
+        .collect();
+    Ok((jobs, Some(page.next_page_token).filter(|t| !t.is_empty())))
 }
+
+/// Every job the server keeps in memory (a page at a time).
+async fn all_jobs(channel: &Channel) -> Result<Vec<JobSnapshot>, ApiError> {
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let (page, next) = jobs_page(channel, 1_000, token).await?;
+        all.extend(page);
+        match next {
+            Some(next) => token = next,
+            None => return Ok(all),
+        }
+    }
+}
+
+/// Jobs one `/api/jobs` answer lists unless it asks for fewer.
+const DEFAULT_JOB_PAGE: u32 = 200;
 
 /// A job's committed metrics (`GetJobMetrics`).
 async fn committed_metrics(
@@ -170,14 +200,35 @@ async fn committed_metrics(
         .unwrap_or_default())
 }
 
-async fn list_jobs(State(Ui { channel, .. }): State<Ui>) -> Result<Response, ApiError> {
-    let jobs = jobs(&channel).await?;
-    Ok(json_response(Value::Array(
+/// A page of jobs, newest first (`?limit=N&page_token=T`); the header
+/// `X-Refract-Next-Page` carries the token of the next page when more are
+/// left.
+async fn list_jobs(
+    State(Ui { channel, .. }): State<Ui>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let (mut limit, mut token) = (DEFAULT_JOB_PAGE, String::new());
+    for pair in query.as_deref().unwrap_or("").split('&') {
+        match pair.split_once('=') {
+            Some(("limit", n)) => limit = n.parse().unwrap_or(DEFAULT_JOB_PAGE),
+            Some(("page_token", t)) => token = percent_decode(t),
+            _ => {}
+        }
+    }
+    let (jobs, next) = jobs_page(&channel, limit, token).await?;
+    let mut response = json_response(Value::Array(
         jobs.iter()
             .map(|j| json!({"id": j.id, "name": j.name, "state": j.state}))
             .collect(),
-    )))
+    ));
+    if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert(NEXT_PAGE_HEADER, next);
+    }
+    Ok(response)
 }
+
+/// The header naming the next page of `/api/jobs`.
+const NEXT_PAGE_HEADER: &str = "x-refract-next-page";
 
 async fn job_details(
     State(Ui {
@@ -408,7 +459,8 @@ async fn never_run_job_logs(
     })))
 }
 
-/// `cancel` or `drain`, as the Job API's calls of those names.
+/// `cancel` or `drain`, as the Job API's calls of those names; `resume`
+/// or `delete`, as the admin API's.
 async fn act_on_job(
     State(Ui {
         channel,
@@ -423,7 +475,7 @@ async fn act_on_job(
         let stop = query.as_deref() == Some("stop=true");
         return Ok(savepoint(&insights, savepoints.as_deref(), &id, body.trim(), stop).await);
     }
-    let mut client = JobServiceClient::new(channel);
+    let mut client = JobServiceClient::new(channel.clone());
     let state = match action.as_str() {
         "cancel" => {
             client
@@ -441,10 +493,25 @@ async fn act_on_job(
                 .into_inner()
                 .state
         }
+        "resume" => {
+            RefractAdminClient::new(channel.clone())
+                .resume_job(ResumeJobRequest { job_id: id.clone() })
+                .await
+                .map_err(api_error("ResumeJob"))?
+                .into_inner()
+                .state
+        }
+        "delete" => {
+            RefractAdminClient::new(channel.clone())
+                .delete_job(DeleteJobRequest { job_id: id.clone() })
+                .await
+                .map_err(api_error("DeleteJob"))?;
+            return Ok(json_response(json!({"id": id, "deleted": true})));
+        }
         other => {
             return Ok((
                 StatusCode::NOT_FOUND,
-                format!("no action '{other}': use cancel or drain"),
+                format!("no action '{other}': use cancel, drain, resume or delete"),
             )
                 .into_response())
         }
@@ -500,7 +567,7 @@ async fn metrics(
         channel, insights, ..
     }): State<Ui>,
 ) -> Result<Response, ApiError> {
-    let mut jobs = jobs(&channel).await?;
+    let mut jobs = all_jobs(&channel).await?;
     for job in &mut jobs {
         job.metrics = committed_metrics(&channel, &job.id).await?;
         if let Some(view) = insights.job(&job.id) {
