@@ -69,7 +69,9 @@ def main():
       os.path.abspath(args.bin),
       os.path.join(work, 'refract.log'),
       port=free_port(),
+      # The one job gets the whole budget.
       extra_args=['--memory_budget', args.memory_budget,
+                  '--job_memory_budget', args.memory_budget,
                   '--serve_http=false']).wait_ready()
   try:
     script = os.path.join(work, 'pipeline.py')

@@ -45,7 +45,9 @@ def main():
                   help='serve with --state_dir (periodic checkpoints)')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-stateful-memory.')
-  extra = ['--memory_budget', args.memory_budget, '--serve_http=false']
+  # The one job gets the whole budget.
+  extra = ['--memory_budget', args.memory_budget,
+           '--job_memory_budget', args.memory_budget, '--serve_http=false']
   if args.checkpointed:
     extra += ['--state_dir', os.path.join(work, 'state')]
     os.environ.setdefault('REFRACT_LOG', 'info,refract::durability=debug')
