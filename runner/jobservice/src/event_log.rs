@@ -75,6 +75,11 @@ impl Inner {
             std::borrow::Cow::Borrowed(_) => text,
             std::borrow::Cow::Owned(redacted) => redacted,
         };
+        self.push_redacted(importance, text);
+    }
+
+    /// Appends a message whose text is redacted already.
+    fn push_redacted(&mut self, importance: MessageImportance, text: String) {
         let message_id = self.next_message_id.to_string();
         self.next_message_id += 1;
         self.push(Event::Message(JobMessage {
@@ -226,9 +231,10 @@ impl EventLog {
                     to: JobState::Failed,
                 });
             }
-            inner.push_message(MessageImportance::JobMessageError, text.clone());
+            let text = crate::redact::redact_text(&text).into_owned();
+            inner.push_redacted(MessageImportance::JobMessageError, text.clone());
             let event = inner.push_state(JobState::Failed)?;
-            inner.failure = Some(crate::redact::redact_text(&text).into_owned());
+            inner.failure = Some(text);
             (event, inner.end_seq())
         };
         self.appended.send_replace(end);

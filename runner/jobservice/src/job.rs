@@ -187,7 +187,7 @@ impl Job {
     /// or a runner notice). Ignored once the job is terminal, because its
     /// streams have ended.
     pub fn message(&self, importance: MessageImportance, text: impl Into<String>) {
-        let text = crate::redact::redact_text(&text.into()).into_owned();
+        let text = text.into();
         tracing::debug!(job_id = %self.id, ?importance, %text, "job message");
         if !self.log.message(importance, text) {
             tracing::debug!(job_id = %self.id, "dropping message for a finished job");
@@ -200,7 +200,7 @@ impl Job {
     /// with the last ERROR message). Pass the SDK's error unabridged. Ignored,
     /// with a log line, if the job is already terminal.
     pub fn fail(&self, error_text: impl Into<String>) {
-        let text = crate::redact::redact_text(&error_text.into()).into_owned();
+        let text = error_text.into();
         match self.log.fail(text.clone()) {
             Ok(_) => {
                 tracing::info!(job_id = %self.id, error = %text, "job failed");

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use refract_jobservice::redact::redact_text;
 use refract_jobservice::Job;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::pipeline::ArtifactInformation;
@@ -20,7 +19,9 @@ impl ArtifactSource for JobArtifacts {
 }
 
 /// Where a worker's log lines go: the runner's log (with the worker, stage
-/// and transform each came from) and the job's message stream.
+/// and transform each came from) and the job's message stream. Both redact
+/// secret-looking values as they take a line in (`crate::logging`, the job's
+/// event log), so the SDK's log of its options shows none.
 pub(super) struct JobLogs {
     pub(super) job: Arc<Job>,
     /// Transform id → (its stage's name, its unique name in the pipeline).
@@ -36,10 +37,6 @@ impl LogSink for JobLogs {
         } else {
             format!("{}\n{}", entry.message, entry.trace)
         };
-        // The SDK logs its pipeline options, and user code may log
-        // secrets: the job's messages show no secret-looking values (nor
-        // does the runner's log, which redacts every line it writes).
-        let text = redact_text(&text);
         let (stage, transform) = match self.origins.get(&entry.transform_id) {
             Some((stage, name)) => (stage.as_str(), name.as_str()),
             None => ("", entry.transform_id.as_str()),
