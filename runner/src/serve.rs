@@ -63,12 +63,14 @@ pub async fn start(
     if liveness.is_zero() {
         anyhow::bail!("--worker_liveness_timeout must be longer than 0");
     }
-    let fn_server = FnApiServer::start_with(&args.host, liveness)
-        .await
-        .context("starting the Fn API server")?;
+    // The job port first: the Fn API takes any free port, and could take
+    // the very port a caller chose for the job API if it went first.
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
         .await
         .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
+    let fn_server = FnApiServer::start_with(&args.host, liveness)
+        .await
+        .context("starting the Fn API server")?;
     let job_endpoint = listener.local_addr()?;
     let durability = match &args.state_dir {
         Some(dir) => {
