@@ -71,13 +71,20 @@ async fn write(
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_checkpoint_due_during_a_write_is_taken_when_the_write_ends() {
+/// Runs the stepped source into its sink, checkpointing every `every`
+/// (zero: after every commit) to the writer `writer` makes of the
+/// checkpoint channel and the progress it reports; the job must succeed,
+/// whatever the writes do. Returns once the writer has ended.
+async fn run_checkpointing<W>(
+    every: Duration,
+    writer: impl FnOnce(mpsc::Receiver<Vec<(String, Bytes)>>, watch::Sender<CheckpointProgress>) -> W,
+) where
+    W: std::future::Future<Output = ()> + Send + 'static,
+{
     let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
     let (tx, rx) = mpsc::channel(1);
     let (report, progress) = watch::channel(CheckpointProgress::default());
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let writer = tokio::spawn(write(rx, report, log.clone()));
+    let writer = tokio::spawn(writer(rx, report));
     let (_cancel, cancelled) = watch::channel(false);
     Engine::new(
         plan,
@@ -87,11 +94,18 @@ async fn a_checkpoint_due_during_a_write_is_taken_when_the_write_ends() {
         Arc::new(|| 0),
     )
     .expect("a valid plan")
-    .with_checkpoints(EVERY, tx, Some(progress))
+    .with_checkpoints(every, tx, Some(progress))
     .run(cancelled)
     .await
-    .expect("the run succeeds");
+    .expect("the job succeeds, whatever the checkpoint writes do");
     writer.await.expect("the writer ends");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_due_during_a_write_is_taken_when_the_write_ends() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let logged = log.clone();
+    run_checkpointing(EVERY, move |rx, report| write(rx, report, logged)).await;
     let log = log.lock().clone();
     // About a second of steps: several checkpoints back to back.
     assert!(log.len() >= 5, "{} checkpoints", log.len());
@@ -124,26 +138,13 @@ async fn fail_every_write(
 async fn failed_writes_make_the_next_attempt_wait_longer() {
     // A checkpoint after every commit: without a backoff, each failure
     // would be followed by another attempt at the next commit, 5 ms later
-    // (some 200 attempts in all).
-    let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
-    let (tx, rx) = mpsc::channel(1);
-    let (report, progress) = watch::channel(CheckpointProgress::default());
+    // (400 attempts in all).
     let log = Arc::new(Mutex::new(Vec::new()));
-    let writer = tokio::spawn(fail_every_write(rx, report, log.clone()));
-    let (_cancel, cancelled) = watch::channel(false);
-    Engine::new(
-        plan,
-        Arc::new(Sdk),
-        EngineConfig::default(),
-        "c",
-        Arc::new(|| 0),
-    )
-    .expect("a valid plan")
-    .with_checkpoints(Duration::ZERO, tx, Some(progress))
-    .run(cancelled)
-    .await
-    .expect("the job goes on through failed checkpoints");
-    writer.await.expect("the writer ends");
+    let logged = log.clone();
+    run_checkpointing(Duration::ZERO, move |rx, report| {
+        fail_every_write(rx, report, logged)
+    })
+    .await;
     let log = log.lock().clone();
     // About a second of steps, a commit every 5 ms: after the second
     // failure the waits double from 1 ms (1, 2, ..., 512 ms fit).

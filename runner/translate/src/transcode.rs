@@ -214,20 +214,8 @@ fn transcoder(
         ..Default::default()
     };
     Node {
-        id: transform_id,
-        name,
-        kind: NodeKind::Sdk,
-        inputs: vec![input.to_string()],
-        side_inputs: Vec::new(),
-        outputs: vec![output.to_string()],
         env: env.to_string(),
-        stateful: false,
-        splittable: false,
-        finalization: false,
-        window_expiration_family: None,
-        time_sorted_input: false,
-        stable_input: false,
-        transform,
+        ..Node::runner(&transform_id, &name, NodeKind::Sdk, transform)
     }
 }
 
