@@ -29,7 +29,7 @@ use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecut
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::spill::MemorySpillStore;
 
-const STEPS: u32 = 10;
+const STEPS: u32 = 20;
 const KEYS: u8 = 20;
 /// Elements per source step.
 const PER_STEP: u8 = 200;

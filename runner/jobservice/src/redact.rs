@@ -6,7 +6,8 @@
 //! A name looks secret when it contains `password`, `passwd`, `secret`,
 //! `token` or `credential`, in any case, or ends in the word `key`
 //! (`api_key`, `secretKey`, `KEY`; not `handed_out_keys` nor `key_coder`,
-//! which are counts and settings). In text, a value is found
+//! which are counts and settings, nor `GroupByKey` and `CombinePerKey`,
+//! which are Beam's transforms and name stages in Refract's messages). In text, a value is found
 //! after such a name in three forms: `name=value` (flags, URLs, log text),
 //! a quoted name and a colon (`'name': 'value'` as Python prints a dict,
 //! `"name": "value"` in JSON), and `--name value`. An unquoted `name:` is
@@ -29,7 +30,8 @@ pub fn is_secret_name(name: &str) -> bool {
 }
 
 /// Whether the last word of `name` (words split at `_`, `-`, `.` and
-/// lower-to-upper case changes) is `key`.
+/// lower-to-upper case changes) is `key`, other than in `...ByKey` and
+/// `...PerKey` (Beam's grouping transforms).
 fn last_word_is_key(name: &str) -> bool {
     let trimmed = name.trim_end_matches(['_', '-', '.']);
     let Some(start) = trimmed.len().checked_sub(3) else {
@@ -42,7 +44,9 @@ fn last_word_is_key(name: &str) -> bool {
         return false;
     }
     let before = trimmed[..start].chars().next_back();
-    let camel = word.starts_with('K') && before.is_some_and(|c| c.is_ascii_lowercase());
+    let camel = word.starts_with('K')
+        && before.is_some_and(|c| c.is_ascii_lowercase())
+        && !["By", "Per"].iter().any(|w| trimmed[..start].ends_with(w));
     before.is_none_or(|c| matches!(c, '_' | '-' | '.')) || camel
 }
 
@@ -267,6 +271,8 @@ mod tests {
             "monkey",
             "Keyed",
             "sortkeys",
+            "GroupByKey",
+            "CombinePerKey",
         ] {
             assert!(!is_secret_name(name), "{name}");
         }
@@ -280,6 +286,7 @@ mod tests {
     fn ordinary_text_is_left_alone() {
         for text in [
             "GroupByKey: 3 elements",
+            "stage 'GroupByKey': spilling to disk",
             "a == b",
             "--runner PortableRunner",
             "--flag=--password",

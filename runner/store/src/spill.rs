@@ -4,8 +4,16 @@
 //! is not durable state (a checkpoint never points into it), so writes skip
 //! the write-ahead log and are never synced, and the database is emptied
 //! when opened — whatever a previous process left there is garbage.
+//!
+//! Writes never wait inside RocksDB for a write stall: on a full disk,
+//! RocksDB keeps "recovering" from the failed flush (polling for free
+//! space every few seconds, for ever), and a writer already waiting for
+//! that flush waits with it — the job would neither fail nor end. Told not
+//! to wait, a write says it was stalled; it is tried again shortly, and
+//! once the flush has failed the next try returns its error.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::StoreError;
 
@@ -72,18 +80,26 @@ impl SpillDb {
     fn write_options() -> rocksdb::WriteOptions {
         let mut options = rocksdb::WriteOptions::default();
         options.disable_wal(true);
+        // A stall is waited out here, not in RocksDB (see the module docs).
+        options.set_no_slowdown(true);
         options
+    }
+
+    /// Writes the batch `make` builds (again after each stall).
+    fn write(&self, make: impl Fn() -> rocksdb::WriteBatch) -> Result<(), StoreError> {
+        let options = Self::write_options();
+        through_stalls(|| self.db.write_opt(make(), &options), stalled).map_err(backend)
     }
 
     /// Writes `entries` (not durable).
     pub fn put(&self, entries: SpillEntries) -> Result<(), StoreError> {
-        let mut batch = rocksdb::WriteBatch::default();
-        for (k, v) in entries {
-            batch.put(k, v);
-        }
-        self.db
-            .write_opt(batch, &Self::write_options())
-            .map_err(backend)
+        self.write(|| {
+            let mut batch = rocksdb::WriteBatch::default();
+            for (k, v) in &entries {
+                batch.put(k, v);
+            }
+            batch
+        })
     }
 
     /// Entries with keys in `[from, to)` in key order, stopping after the
@@ -129,11 +145,40 @@ impl SpillDb {
     /// RocksDB's own compactions: for ranges deleted often and soon after
     /// they were written (most never leave the memtable).
     pub fn forget_range(&self, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
-        let mut batch = rocksdb::WriteBatch::default();
-        batch.delete_range(from, to);
-        self.db
-            .write_opt(batch, &Self::write_options())
-            .map_err(backend)
+        self.write(|| {
+            let mut batch = rocksdb::WriteBatch::default();
+            batch.delete_range(from, to);
+            batch
+        })
+    }
+}
+
+/// How long a stalled write waits before it is tried again: at first, and
+/// at most.
+const STALL_WAIT: Duration = Duration::from_millis(1);
+const MAX_STALL_WAIT: Duration = Duration::from_millis(50);
+
+/// Whether RocksDB refused a write only because writes are stalled for now
+/// (its memtables wait for a flush) and the write was told not to wait.
+fn stalled(error: &rocksdb::Error) -> bool {
+    error.kind() == rocksdb::ErrorKind::Incomplete && error.as_ref().ends_with("Write stall")
+}
+
+/// Makes `attempt` until it is not `stalled`, waiting a little longer after
+/// each stall; its first other outcome, error or not.
+fn through_stalls<E>(
+    mut attempt: impl FnMut() -> Result<(), E>,
+    stalled: impl Fn(&E) -> bool,
+) -> Result<(), E> {
+    let mut wait = STALL_WAIT;
+    loop {
+        match attempt() {
+            Err(error) if stalled(&error) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(MAX_STALL_WAIT);
+            }
+            outcome => return outcome,
+        }
     }
 }
 
@@ -172,6 +217,49 @@ mod tests {
         assert!(db.scan(b"b", b"c", usize::MAX).unwrap().is_empty());
         drop(db);
         let db = SpillDb::open(dir.path()).unwrap();
+        assert!(db.scan(b"", b"\xff", usize::MAX).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_stalled_write_is_tried_again_until_it_is_written_or_fails() {
+        // Stalled twice, then the flush it waited for failed (a full disk):
+        // that error comes back, instead of a wait for ever.
+        let mut attempts = 0;
+        let outcome = through_stalls(
+            || {
+                attempts += 1;
+                match attempts {
+                    1 | 2 => Err("Result incomplete: Write stall"),
+                    _ => Err("IO error: No space left on device"),
+                }
+            },
+            |e: &&str| e.ends_with("Write stall"),
+        );
+        assert_eq!(outcome, Err("IO error: No space left on device"));
+        assert_eq!(attempts, 3);
+        // Stalled, then written.
+        let mut attempts = 0;
+        let outcome = through_stalls(
+            || {
+                attempts += 1;
+                if attempts == 1 {
+                    Err("Result incomplete: Write stall")
+                } else {
+                    Ok(())
+                }
+            },
+            |e: &&str| e.ends_with("Write stall"),
+        );
+        assert_eq!((outcome, attempts), (Ok(()), 2));
+    }
+
+    #[test]
+    fn writes_that_may_not_wait_go_through_when_nothing_stalls() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SpillDb::open(dir.path()).unwrap();
+        // No stall here: writes with no_slowdown go through, and read back.
+        db.put(vec![(b"k".to_vec(), b"v".to_vec())]).unwrap();
+        db.forget_range(b"k", b"l").unwrap();
         assert!(db.scan(b"", b"\xff", usize::MAX).unwrap().is_empty());
     }
 }
