@@ -58,6 +58,18 @@ refract_find_bin() {
   fi
 }
 
+# refract_suite_binary SCRIPT [BIN]: prints, as an absolute path, the refract
+# binary a suite script tests: BIN, else $REFRACT_BIN, else the release
+# build. Fails, naming SCRIPT, when that is not an executable.
+refract_suite_binary() {
+  local bin=${2:-${REFRACT_BIN:-$CARGO_TARGET_DIR/release/refract}}
+  if [ ! -x "$bin" ]; then
+    echo "$1: no executable refract binary at $bin" >&2
+    return 1
+  fi
+  realpath "$bin"
+}
+
 # refract_start_server BIN PORT LOG [FLAG...]: starts `BIN serve --job_port PORT
 # FLAG...` in the background with its output in LOG, and sets
 # REFRACT_SERVER_PID (for the caller's EXIT trap, to be set before
@@ -114,4 +126,82 @@ refract_java_classpath() {
   mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
   echo "== maven build took $((SECONDS - start))s" >&2
   echo "$project/target/classes:$(cat "$project/target/classpath.txt")"
+}
+
+# refract_prism_bin: prints the path of Prism, Beam's Go runner, built once
+# from the Go module proxy (`go install ...@$REFRACT_PRISM_VERSION`) into
+# $REFRACT_CACHE/prism/VERSION/. Tests run on it as the reference runner, for
+# instance the cross-language ones, which need a runner that already resolves
+# the expansion service's AnyOf environments. Python's PrismRunner would
+# download a release binary from GitHub, which these machines cannot reach.
+# Beam's Go module needs Go 1.26 or newer.
+REFRACT_PRISM_VERSION=${REFRACT_PRISM_VERSION:-v2.77.0}
+refract_prism_bin() {
+  local dir=$REFRACT_CACHE/prism/$REFRACT_PRISM_VERSION start=$SECONDS
+  if [ ! -x "$dir/prism" ]; then
+    if ! command -v go >/dev/null 2>&1; then
+      echo "refract_prism_bin: needs Go (1.26 or newer) on PATH" >&2
+      return 1
+    fi
+    echo "== building Prism $REFRACT_PRISM_VERSION (go install, once)" >&2
+    rm -rf "$dir/tmp"
+    mkdir -p "$dir/tmp"
+    # `go install pkg@version` builds outside any module, so nothing needs a
+    # go.mod of ours; the module and build caches are the ones the OTLP
+    # test's collector build uses. GOFLAGS is set whole because -mod=... is
+    # refused in this mode. GOTOOLCHAIN=auto lets a Go older than the
+    # module asks for fetch the newer toolchain from the module proxy.
+    GOBIN=$dir/tmp GOMODCACHE=$REFRACT_CACHE/go-mod \
+      GOCACHE=$REFRACT_CACHE/go-build GOFLAGS=-buildvcs=false \
+      GOTOOLCHAIN=${GOTOOLCHAIN:-auto} \
+      go install -trimpath \
+      "github.com/apache/beam/sdks/v2/go/cmd/prism@$REFRACT_PRISM_VERSION" >&2
+    mv "$dir/tmp/prism" "$dir/prism"
+    rmdir "$dir/tmp"
+    echo "== Prism build took $((SECONDS - start))s" >&2
+  fi
+  echo "$dir/prism"
+}
+
+# _refract_maven_classpath DIR: resolves the Maven project in DIR (a pom
+# that only writes target/classpath.txt, see integration/xlang and
+# integration/kafka) with the repository cached in $REFRACT_CACHE/m2, and
+# prints that classpath. Maven itself is run only when the pom or the cache
+# location changed or a listed jar is gone: even a warm `mvn package` costs
+# seconds, and the tests ask for these classpaths at every session start.
+_refract_maven_classpath() {
+  local project=$1 m2=$REFRACT_CACHE/m2 start=$SECONDS key jar fresh=1
+  local out=$project/target/classpath.txt stamp=$project/target/classpath.key
+  key=$({ cat "$project/pom.xml"; echo "$m2"; } | sha256sum | cut -c1-16)
+  if [ -f "$out" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
+    while IFS= read -r jar; do
+      [ -f "$jar" ] || fresh=0
+    done < <(tr ':' '\n' <"$out")
+  else
+    fresh=0
+  fi
+  if [ "$fresh" -eq 0 ]; then
+    mkdir -p "$m2"
+    echo "== resolving ${project#"$REFRACT_ROOT"/} (mvn -q package)" >&2
+    rm -f "$stamp"
+    mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
+    echo "$key" >"$stamp"
+    echo "== maven took $((SECONDS - start))s" >&2
+  fi
+  cat "$out"
+}
+
+# refract_xlang_classpath: prints the classpath of a Java expansion service
+# with KafkaIO (integration/xlang/pom.xml; Beam 2.73.0), resolved once.
+# Start it with: java -cp CP org.apache.beam.sdk.expansion.service.ExpansionService
+# PORT --alsoStartLoopbackWorker
+refract_xlang_classpath() {
+  _refract_maven_classpath "$REFRACT_ROOT/integration/xlang"
+}
+
+# refract_kafka_classpath: prints the classpath of a Kafka broker
+# (integration/kafka/pom.xml; kafka_2.13 4.4.0, run as kafka.Kafka), resolved
+# once.
+refract_kafka_classpath() {
+  _refract_maven_classpath "$REFRACT_ROOT/integration/kafka"
 }

@@ -26,13 +26,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh
 . "$here/common.sh"
 
-bin=${1:-${REFRACT_BIN:-$CARGO_TARGET_DIR/release/refract}}
+bin=$(refract_suite_binary prism_suite.sh "${1:-}")
 if [ "$#" -gt 0 ]; then shift; fi
-if [ ! -x "$bin" ]; then
-  echo "prism_suite.sh: no executable refract binary at $bin" >&2
-  exit 1
-fi
-bin=$(realpath "$bin")
 bar=${REFRACT_SUITE_BAR:-$(tr -d '[:space:]' <"$here/prism_suite_bar")}
 test_timeout=${REFRACT_SUITE_TEST_TIMEOUT:-120}
 session_timeout=${REFRACT_SUITE_SESSION_TIMEOUT:-1200}

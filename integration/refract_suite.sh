@@ -15,13 +15,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh
 . "$here/common.sh"
 
-bin=${1:-${REFRACT_BIN:-$CARGO_TARGET_DIR/release/refract}}
+bin=$(refract_suite_binary refract_suite.sh "${1:-}")
 if [ "$#" -gt 0 ]; then shift; fi
-if [ ! -x "$bin" ]; then
-  echo "refract_suite.sh: no executable refract binary at $bin" >&2
-  exit 1
-fi
-bin=$(realpath "$bin")
 bar=$(tr -d '[:space:]' <"$here/refract_suite_bar")
 report_dir=${REFRACT_REPORT_DIR:-$(mktemp -d -t refract-suite.XXXXXX)}
 mkdir -p "$report_dir"

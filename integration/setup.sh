@@ -166,7 +166,7 @@ if ! venv_ok; then
   log "installing Python packages into $REFRACT_VENV (apache-beam, pytest, ...)"
   quiet "$REFRACT_PY" -m pip install --disable-pip-version-check -q -r "$requirements"
   # Import what the suites import, so a broken install fails here, not later.
-  quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity'
+  quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity, kafka'
   echo "$stamp" >"$stamp_file"
 fi
 

@@ -14,7 +14,10 @@
 #    pass bar from integration/prism_suite_bar.
 # 6. Beam's shared cases without Prism's opt-outs via
 #    integration/refract_suite.sh (bar in integration/refract_suite_bar).
-# 7. the Java SDK: integration/run-java-wordcount.sh runs the Java WordCount
+# 7. Beam's cross-language suite via integration/xlang_suite.sh: Python
+#    pipelines whose transforms a second SDK process expands and runs
+#    (bar in integration/xlang_suite_bar).
+# 8. the Java SDK: integration/run-java-wordcount.sh runs the Java WordCount
 #    on Refract and on Beam's DirectRunner and compares the outputs (Maven's
 #    repository is cached in ~/.cache/refract/m2), and
 #    integration/run-java-hot-key.sh has the Java harness read a key larger
@@ -111,6 +114,11 @@ echo "== RefractRunnerTest suite (Beam's shared cases without Prism's opt-outs)"
 REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
   "$here/refract_suite.sh" "$bin" ||
   failed_steps+=("RefractRunnerTest suite (bar $(cat "$here/refract_suite_bar"))")
+
+echo "== Beam's cross-language suite (validate_runner_xlang_test, Python expansion service)"
+REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/xlang-suite \
+  "$here/xlang_suite.sh" "$bin" ||
+  failed_steps+=("cross-language suite (bar $(cat "$here/xlang_suite_bar"))")
 
 # Runs one pass/fail step (a script under the wall-clock bound) and records
 # it under LABEL: run_step LABEL DESCRIPTION SECONDS SCRIPT.

@@ -142,12 +142,13 @@ def wait_until_serving(proc, endpoint, timeout_s=READY_TIMEOUT_S):
 
 class RefractProcess:
   """A refract process started by a test, with its log in a file."""
-  def __init__(self, args, log_path):
+  def __init__(self, args, log_path, cwd=None):
     self.args = [str(a) for a in args]
     self.log_path = str(log_path)
     self._log = open(self.log_path, 'wb')
     self.proc = subprocess.Popen(
         self.args,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=self._log,
         stderr=subprocess.STDOUT,

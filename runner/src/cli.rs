@@ -188,6 +188,15 @@ pub struct ServeArgs {
     /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
     pub sdk_worker_parallelism: usize,
+    /// Which alternative to start when an environment offers several
+    /// (`beam:env:anyof:v1`, as expansion services answer): kinds in order
+    /// of preference, comma-separated; kinds left out are used only when
+    /// nothing listed is offered.
+    #[arg(
+        long = "environment_preference",
+        default_value = "external,process,docker"
+    )]
+    pub environment_preference: refract_translate::EnvironmentPreference,
     /// Export metrics and traces over OTLP/gRPC to this endpoint (e.g.
     /// `http://localhost:4317`); default: `$OTEL_EXPORTER_OTLP_ENDPOINT`,
     /// and no export when neither is set.

@@ -116,7 +116,8 @@ pub async fn start(
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
         .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
-        .with_spill(Arc::new(spill));
+        .with_spill(Arc::new(spill))
+        .with_environment_preference(args.environment_preference.clone());
     let insights = runner.insights();
     let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
         Some(endpoint) => {

@@ -26,7 +26,7 @@ use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 use refract_sdk_harness::FnApiServer;
 use refract_store::StoreError;
-use refract_translate::validate;
+use refract_translate::{validate, EnvironmentPreference};
 use thiserror::Error;
 use tracing::{error, info, warn, Instrument};
 
@@ -124,6 +124,8 @@ pub struct RefractRunner {
     memory: Option<(Arc<MemoryLedger>, usize)>,
     /// Where GroupByKey buffers over their share of the budget spill.
     spill: Option<Arc<dyn SpillStore>>,
+    /// Which alternative of an AnyOf environment jobs start.
+    environment_preference: EnvironmentPreference,
 }
 
 impl RefractRunner {
@@ -139,7 +141,15 @@ impl RefractRunner {
             durability: None,
             memory: None,
             spill: None,
+            environment_preference: EnvironmentPreference::default(),
         }
+    }
+
+    /// Start the alternative of an AnyOf environment (as expansion
+    /// services return) that comes first in `preference`.
+    pub fn with_environment_preference(mut self, preference: EnvironmentPreference) -> Self {
+        self.environment_preference = preference;
+        self
     }
 
     /// Let a job's batch GroupByKey buffers spill to `store` once one holds
@@ -251,6 +261,7 @@ impl JobRunner for RefractRunner {
             },
             memory: self.memory.clone(),
             spill: self.spill.clone(),
+            environment_preference: self.environment_preference.clone(),
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();

@@ -14,7 +14,7 @@ use refract_jobservice::Job;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
-use refract_translate::{translate, TranslateOptions};
+use refract_translate::{translate, EnvironmentPreference, TranslateOptions};
 use tracing::{info, warn};
 
 use super::workers::WorkerStart;
@@ -56,6 +56,8 @@ pub(super) struct JobResources {
     /// The server's memory, and the most one job is granted of it.
     pub(super) memory: Option<(Arc<MemoryLedger>, usize)>,
     pub(super) spill: Option<Arc<dyn SpillStore>>,
+    /// Which alternative of an AnyOf environment to start.
+    pub(super) environment_preference: EnvironmentPreference,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -72,6 +74,7 @@ pub(super) async fn run_job(
         workers_per_env,
         memory,
         spill,
+        environment_preference,
     } = resources;
     let JobWatchers {
         stats,
@@ -116,6 +119,7 @@ pub(super) async fn run_job(
         descriptor_id_prefix: job.id().to_string(),
         streaming,
         drain: has_experiment(job.options(), DRAIN_ON_START),
+        environment_preference,
     };
     // Planning takes time in proportion to the pipeline: off the reactor.
     let submitted = job.clone();

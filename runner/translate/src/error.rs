@@ -42,6 +42,25 @@ pub enum TranslateError {
         /// The environment's id in the pipeline.
         id: String,
     },
+    /// An AnyOf environment none of whose alternatives Refract can start.
+    #[error(
+        "environment '{id}' offers no alternative Refract can start (it offers: {offered}); \
+         Refract starts EXTERNAL, PROCESS and DOCKER environments"
+    )]
+    NoStartableAlternative {
+        /// The environment's id in the pipeline.
+        id: String,
+        /// The URNs it offers, in order.
+        offered: String,
+    },
+    /// An AnyOf environment whose list of alternatives is unreadable.
+    #[error("AnyOf environment '{id}' is invalid: {reason}")]
+    InvalidAnyOf {
+        /// The environment's id in the pipeline.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A feature of a component that Refract does not implement.
     #[error("unsupported {feature} in {location}")]
     Unsupported {

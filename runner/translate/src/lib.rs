@@ -22,6 +22,7 @@ mod coders;
 mod combine;
 mod descriptor;
 mod drain;
+mod environments;
 mod error;
 mod fuse;
 mod graph;
@@ -40,6 +41,7 @@ use std::collections::HashMap;
 use refract_engine::plan::{PCollectionIdx, Plan, StageIdx};
 use refract_proto::{fn_api, pipeline};
 
+pub use environments::{EnvironmentKind, EnvironmentPreference, PreferenceError};
 pub use error::TranslateError;
 
 /// What translation needs to know about the job and the runner.
@@ -59,6 +61,9 @@ pub struct TranslateOptions {
     /// sources stop and bounded ones may shorten their work, as Beam's
     /// drain defines it.
     pub drain: bool,
+    /// Which alternative of an AnyOf environment (as expansion services
+    /// return) the job's workers are started from.
+    pub environment_preference: EnvironmentPreference,
 }
 
 /// A bundle descriptor that merges a custom window function's windows in
@@ -135,6 +140,7 @@ pub fn validate(pipeline: &pipeline::Pipeline) -> Result<(), TranslateError> {
         descriptor_id_prefix: String::new(),
         streaming: false,
         drain: false,
+        environment_preference: EnvironmentPreference::default(),
     };
     translate(pipeline, &opts).map(|_| ())
 }
@@ -145,18 +151,25 @@ pub fn translate(
     pipeline: &pipeline::Pipeline,
     opts: &TranslateOptions,
 ) -> Result<Translated, TranslateError> {
-    assemble::assemble(prepare(pipeline, opts.drain)?, opts)
+    assemble::assemble(
+        prepare(pipeline, opts.drain, &opts.environment_preference)?,
+        opts,
+    )
 }
 
 /// The checks that need no fusion, and the executable graph they produce.
 /// Sizes come first: nothing walks a pipeline before its counts are known
 /// to be within [`limits::Limits`].
-fn prepare(pipeline: &pipeline::Pipeline, drain: bool) -> Result<graph::Graph, TranslateError> {
+fn prepare(
+    pipeline: &pipeline::Pipeline,
+    drain: bool,
+    preference: &EnvironmentPreference,
+) -> Result<graph::Graph, TranslateError> {
     let limits = limits::Limits::default();
     limits::check_counts(pipeline, &limits)?;
     validate::requirements(pipeline)?;
-    validate::environments(pipeline)?;
-    let mut graph = graph::build(pipeline, drain, &limits)?;
+    let pipeline = environments::resolve(pipeline, preference)?;
+    let mut graph = graph::build(&pipeline, drain, &limits)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
     transcode::test_stream_outputs(&mut graph);

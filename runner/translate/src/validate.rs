@@ -4,12 +4,13 @@
 //!
 //! Transform URNs, ParDo state and timer specs, side-input access patterns
 //! and payloads are checked while the executable graph is built
-//! ([`crate::graph::build`]); this module checks the rest.
+//! ([`crate::graph::build`]) and environments as they are resolved
+//! ([`crate::environments::resolve`]); this module checks the rest.
 
 use std::collections::HashSet;
 
 use refract_proto::pipeline as pb;
-use refract_proto::urns::{env, requirement};
+use refract_proto::urns::requirement;
 
 use crate::error::TranslateError;
 use crate::graph::Graph;
@@ -36,36 +37,6 @@ pub(crate) fn requirements(pipeline: &pb::Pipeline) -> Result<(), TranslateError
         Some(unsupported) => Err(TranslateError::UnsupportedRequirement(unsupported.clone())),
         None => Ok(()),
     }
-}
-
-/// Rejects environments Refract cannot start.
-pub(crate) fn environments(pipeline: &pb::Pipeline) -> Result<(), TranslateError> {
-    let Some(components) = &pipeline.components else {
-        return Ok(());
-    };
-    let mut ids: Vec<&String> = components.environments.keys().collect();
-    ids.sort();
-    for id in ids {
-        let Some(environment) = components.environments.get(id) else {
-            continue;
-        };
-        match environment.urn.as_str() {
-            env::EXTERNAL | env::DOCKER | env::PROCESS => {}
-            env::EMBEDDED_PYTHON | env::EMBEDDED_PYTHON_GRPC | env::EMBEDDED_PYTHON_LOOPBACK => {
-                return Err(TranslateError::EmbeddedEnvironment {
-                    urn: environment.urn.clone(),
-                    id: id.clone(),
-                })
-            }
-            other => {
-                return Err(TranslateError::UnsupportedEnvironment {
-                    urn: other.to_string(),
-                    id: id.clone(),
-                })
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Checks the windowing strategy of every PCollection an executed transform

@@ -103,11 +103,72 @@ fn embedded_environments_are_rejected() {
 fn unknown_environments_are_rejected() {
     let mut p = load("create_map_gbk");
     for env in components(&mut p).environments.values_mut() {
-        env.urn = "beam:env:anyof:v1".to_string();
+        env.urn = "beam:env:kubernetes:v1".to_string();
     }
     let err = rejected(&p);
     assert!(
-        err.starts_with("unsupported environment URN 'beam:env:anyof:v1'"),
+        err.starts_with("unsupported environment URN 'beam:env:kubernetes:v1'"),
+        "{err}"
+    );
+}
+
+/// The pipeline's environments wrapped, each, in an AnyOf list that offers
+/// `before` first and the original after it.
+fn offered_with(p: &mut pb::Pipeline, before: pb::Environment) {
+    for env in components(p).environments.values_mut() {
+        let original = env.clone();
+        *env = pb::Environment {
+            urn: "beam:env:anyof:v1".to_string(),
+            payload: pb::AnyOfEnvironmentPayload {
+                environments: vec![before.clone(), original],
+            }
+            .encode_to_vec(),
+            ..Default::default()
+        };
+    }
+}
+
+#[test]
+fn any_of_environments_run_their_preferred_alternative() {
+    let mut p = load("create_map_gbk");
+    let original = components(&mut p).environments.clone();
+    let docker = pb::Environment {
+        urn: urns::env::DOCKER.to_string(),
+        payload: pb::DockerPayload {
+            container_image: "apache/beam_java17_sdk:2.73.0".to_string(),
+        }
+        .encode_to_vec(),
+        ..Default::default()
+    };
+    offered_with(&mut p, docker);
+    let translated = translate(&p, &opts()).expect("translates");
+    // The original environments are EXTERNAL (LOOPBACK): preferred to DOCKER.
+    assert_eq!(translated.environments, original);
+    for stage in translated.sdk_stages.values() {
+        assert_eq!(
+            stage.descriptor.environments.get(&stage.environment_id),
+            original.get(&stage.environment_id)
+        );
+    }
+}
+
+#[test]
+fn any_of_environments_without_a_startable_alternative_are_rejected() {
+    let mut p = load("create_map_gbk");
+    for env in components(&mut p).environments.values_mut() {
+        env.urn = "beam:env:kubernetes:v1".to_string();
+    }
+    offered_with(
+        &mut p,
+        pb::Environment {
+            urn: urns::env::EMBEDDED_PYTHON.to_string(),
+            ..Default::default()
+        },
+    );
+    let err = rejected(&p);
+    assert!(
+        err.contains("offers no alternative Refract can start")
+            && err.contains("beam:env:embedded_python:v1, beam:env:kubernetes:v1"),
         "{err}"
     );
 }

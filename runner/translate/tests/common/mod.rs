@@ -32,6 +32,7 @@ pub fn opts() -> TranslateOptions {
         descriptor_id_prefix: "job".to_string(),
         streaming: false,
         drain: false,
+        environment_preference: Default::default(),
     }
 }
 
