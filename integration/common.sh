@@ -205,3 +205,14 @@ refract_xlang_classpath() {
 refract_kafka_classpath() {
   _refract_maven_classpath "$REFRACT_ROOT/integration/kafka"
 }
+
+# refract_sql_classpath: builds integration/sql-expansion (a Beam 2.65.0
+# expansion service that registers SqlTransform; Beam's own SQL expansion
+# jar is not served here) and prints its runtime classpath, its own jar
+# first. Start it like the Java expansion service above.
+refract_sql_classpath() {
+  local project=$REFRACT_ROOT/integration/sql-expansion m2=$REFRACT_CACHE/m2
+  mkdir -p "$m2"
+  mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
+  echo "$project/target/refract-sql-expansion-service-0.1.0.jar:$(cat "$project/target/classpath.txt")"
+}

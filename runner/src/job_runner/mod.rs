@@ -49,6 +49,26 @@ pub const DRAIN_ON_START: &str = "drain_on_start";
 /// taken of.
 pub const SAVEPOINT_EXPERIMENT: &str = "refract_savepoint";
 
+/// The experiment bounding how often a failing bundle is tried:
+/// `--experiments=refract_bundle_attempts=N`. Without it a batch job (or a
+/// TestStream-fed test) gives up after the engine's few attempts, and a
+/// streaming job retries for as long as it runs (documented in
+/// docs/operations.md); with it, a streaming job whose bundle fails N times
+/// fails with the SDK's error, as a test of a failing source expects.
+pub const BUNDLE_ATTEMPTS_EXPERIMENT: &str = "refract_bundle_attempts";
+
+/// The attempts a job's options ask for (see [`BUNDLE_ATTEMPTS_EXPERIMENT`]),
+/// or why the value is not a count.
+pub(crate) fn bundle_attempts(options: &prost_types::Struct) -> Result<Option<u32>, String> {
+    experiment_value(options, BUNDLE_ATTEMPTS_EXPERIMENT)
+        .map(|n| {
+            n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                format!("--experiments={BUNDLE_ATTEMPTS_EXPERIMENT}={n}: expected a number above 0")
+            })
+        })
+        .transpose()
+}
+
 /// The experiment choosing where one job keeps its state:
 /// `--experiments=refract_state_store=memory` keeps it in memory on a
 /// server with `--state_dir` (nothing checkpointed, nothing resumed);
@@ -204,6 +224,7 @@ impl RefractRunner {
 impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
         validate(pipeline).map_err(|e| e.to_string())?;
+        bundle_attempts(options)?;
         job_durability(options, self.durability.as_ref()).map(|_| ())
     }
 
@@ -417,6 +438,45 @@ async fn run_with_retries(
         );
         if !Backoff::sleep(wait, &mut cancel).await {
             return Err(JobError::Engine(EngineError::Cancelled));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bundle_attempts;
+    use prost_types::value::Kind;
+    use prost_types::{ListValue, Struct, Value};
+
+    fn with_experiment(experiment: &str) -> Struct {
+        let list = ListValue {
+            values: vec![Value {
+                kind: Some(Kind::StringValue(experiment.to_string())),
+            }],
+        };
+        Struct {
+            fields: [(
+                "beam:option:experiments:v1".to_string(),
+                Value {
+                    kind: Some(Kind::ListValue(list)),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn bundle_attempts_are_a_positive_count_or_refused() {
+        assert_eq!(bundle_attempts(&Struct::default()), Ok(None));
+        assert_eq!(
+            bundle_attempts(&with_experiment("refract_bundle_attempts=3")),
+            Ok(Some(3))
+        );
+        for bad in ["0", "-1", "many", ""] {
+            let e = bundle_attempts(&with_experiment(&format!("refract_bundle_attempts={bad}")))
+                .expect_err(bad);
+            assert!(e.contains("expected a number above 0"), "{e}");
         }
     }
 }

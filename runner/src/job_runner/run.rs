@@ -18,7 +18,7 @@ use refract_translate::{translate, EnvironmentPreference, TranslateOptions};
 use tracing::{info, warn};
 
 use super::workers::WorkerStart;
-use super::{JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
+use super::{bundle_attempts, JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
 use crate::durability::{Durability, DurabilityError};
 use crate::harness_executor::HarnessExecutor;
 use crate::insights::JobView;
@@ -141,10 +141,11 @@ pub(super) async fn run_job(
         .stages
         .iter()
         .any(|s| matches!(s.kind, StageKind::TestStream(_)));
-    let max_attempts = if streaming && !test_stream {
-        u32::MAX
-    } else {
-        config.max_attempts
+    let asked_attempts = bundle_attempts(job.options()).map_err(EngineError::InvalidPlan)?;
+    let max_attempts = match asked_attempts {
+        Some(n) => n,
+        None if streaming && !test_stream => u32::MAX,
+        None => config.max_attempts,
     };
     let stage_count = translated.plan.stages.len();
     let Some(grant) = admit(&job, memory.as_ref(), stage_count).await else {
