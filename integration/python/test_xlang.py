@@ -10,7 +10,10 @@ runner must pick the EXTERNAL choice to run them without Docker.
 Every test runs on two runners:
   prism    Prism, Beam's Go runner (built by refract_prism_bin), the
            reference that shows the services and the pipelines are right;
-  refract  `refract serve` (REFRACT_BIN), the runner under test.
+  refract  `refract serve` (REFRACT_BIN), the runner under test, which
+           picks the EXTERNAL alternative;
+  refract-sdk-image  the same, picking the Docker alternative, which with
+           no Docker engine runs Beam's Java SDK image as a local process.
 """
 
 import tempfile
@@ -26,6 +29,7 @@ from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 
 import xlang_services
+from refract_testlib import RefractServer
 
 # The first test may also resolve the Java classpaths with Maven (about
 # 1.5 minutes on an empty cache) and build Prism (about 2.5 minutes), both
@@ -72,7 +76,23 @@ def prism_endpoint(tmp_path_factory, service_processes):
     yield endpoint
 
 
-@pytest.fixture(params=['prism', 'refract'])
+@pytest.fixture
+def refract_with_sdk_images(request, refract_bin, tmp_path):
+  """A `refract serve` that starts the Docker alternative of an AnyOf
+  environment (`--environment_preference=docker`): with no Docker engine
+  here, Beam's Java SDK image runs as a local FnHarness over the jars the
+  expansion service staged."""
+  server = RefractServer(refract_bin, tmp_path / 'refract-sdk-images.log',
+                         extra_args=['--environment_preference=docker'])
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    yield server
+  finally:
+    server.stop()
+
+
+@pytest.fixture(params=['prism', 'refract', 'refract-sdk-image'])
 def runner_options(request, service_processes):
   """Pipeline options that run a pipeline on the runner named by the
   parameter, its Python transforms in LOOPBACK workers."""
@@ -82,10 +102,12 @@ def runner_options(request, service_processes):
         '--job_endpoint=%s' % request.getfixturevalue('prism_endpoint'),
         '--environment_type=LOOPBACK',
     ]
-  else:
+  elif request.param == 'refract':
     # conftest.py's fixture: a fresh `refract serve`, whose log a failing
     # test's report shows.
     args = request.getfixturevalue('refract_server').portable_args()
+  else:
+    args = request.getfixturevalue('refract_with_sdk_images').portable_args()
   # Module-scoped fixtures are set up before this one, so the list already
   # holds every service this test uses.
   request.node.refract_processes = (

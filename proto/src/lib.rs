@@ -13,6 +13,7 @@ pub use prost;
 pub use prost_types;
 pub use tonic;
 
+pub mod any_of;
 pub mod urns;
 
 /// Refract's own administration API (`proto/refract/admin/v1/admin.proto`),

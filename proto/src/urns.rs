@@ -82,6 +82,8 @@ pub mod env {
     pub const EMBEDDED_PYTHON_GRPC: &str = "beam:env:embedded_python_grpc:v1";
     pub const EMBEDDED_PYTHON_LOOPBACK: &str = "beam:env:embedded_python_loopback:v1";
     pub const DEFAULT: &str = "beam:env:default:v1";
+    /// A list of alternatives (see [`crate::any_of`]).
+    pub const ANY_OF: &str = "beam:env:anyof:v1";
 }
 
 /// Window functions.

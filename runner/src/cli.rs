@@ -197,6 +197,20 @@ pub struct ServeArgs {
         default_value = "external,process,docker"
     )]
     pub environment_preference: refract_translate::EnvironmentPreference,
+    /// When no Docker engine is reachable, run DOCKER environments that
+    /// name Beam's Python or Java SDK image as local processes (the SDK's
+    /// harness in a matching interpreter or JDK of this host).
+    #[arg(long = "sdk_images_as_processes", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub sdk_images_as_processes: bool,
+    /// The Python interpreter for Beam's Python SDK images run as processes
+    /// (it must have the image's Python and Beam versions); default:
+    /// `pythonX.Y`, then `python3`, on PATH.
+    #[arg(long = "sdk_python")]
+    pub sdk_python: Option<PathBuf>,
+    /// The `java` for Beam's Java SDK images run as processes (at least the
+    /// image's Java release); default: `$JAVA_HOME/bin/java`, then `java`.
+    #[arg(long = "sdk_java")]
+    pub sdk_java: Option<PathBuf>,
     /// Export metrics and traces over OTLP/gRPC to this endpoint (e.g.
     /// `http://localhost:4317`); default: `$OTEL_EXPORTER_OTLP_ENDPOINT`,
     /// and no export when neither is set.

@@ -71,6 +71,11 @@ pub async fn start(
     let fn_server = FnApiServer::start_with(&args.host, liveness)
         .await
         .context("starting the Fn API server")?;
+    fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
+        enabled: args.sdk_images_as_processes,
+        python: args.sdk_python.clone(),
+        java: args.sdk_java.clone(),
+    });
     let job_endpoint = listener.local_addr()?;
     let durability = match &args.state_dir {
         Some(dir) => {

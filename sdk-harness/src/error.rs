@@ -36,6 +36,15 @@ pub enum HarnessError {
     /// A DOCKER environment was requested on a machine without a Docker engine.
     #[error("DOCKER environments need a Docker engine, and none is reachable here; use --environment_type=LOOPBACK, EXTERNAL or PROCESS")]
     DockerUnavailable,
+    /// A DOCKER environment names a Beam SDK image, no Docker engine is
+    /// reachable, and its harness cannot run on this host either.
+    #[error("no Docker engine is reachable, and {image} cannot run as a process here: {reason}")]
+    NoHostHarness {
+        /// The image, described.
+        image: String,
+        /// What is missing.
+        reason: String,
+    },
     /// The environment payload could not be decoded or lacks a required field.
     #[error("invalid payload for environment {urn:?}: {reason}")]
     InvalidPayload {

@@ -20,7 +20,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::config::WorkerConfig;
-use crate::environment::{self, ExitReport, Launched};
+use crate::environment::{self, ExitReport, HostHarnesses, Launched};
 use crate::error::HarnessError;
 use crate::hub::Hub;
 use crate::link::{LinkStatus, WorkerLink};
@@ -44,6 +44,8 @@ pub struct FnApiServer {
     url: String,
     connect_timeout_ms: AtomicU64,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    /// How DOCKER environments run when no Docker engine is reachable.
+    host_harnesses: parking_lot::RwLock<Arc<HostHarnesses>>,
 }
 
 /// Default for [`FnApiServer::start_with`]'s liveness bound.
@@ -142,6 +144,7 @@ impl FnApiServer {
             url,
             connect_timeout_ms: AtomicU64::new(millis(DEFAULT_CONNECT_TIMEOUT)),
             shutdown: Mutex::new(Some(shutdown_tx)),
+            host_harnesses: parking_lot::RwLock::new(Arc::default()),
         }))
     }
 
@@ -167,6 +170,16 @@ impl FnApiServer {
             .store(millis(timeout), Ordering::Relaxed);
     }
 
+    /// Sets how DOCKER environments naming Beam's SDK images run when no
+    /// Docker engine is reachable (see [`HostHarnesses`]).
+    pub fn set_host_harnesses(&self, hosts: HostHarnesses) {
+        *self.host_harnesses.write() = Arc::new(hosts);
+    }
+
+    fn host_harnesses(&self) -> Arc<HostHarnesses> {
+        self.host_harnesses.read().clone()
+    }
+
     fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms.load(Ordering::Relaxed))
     }
@@ -181,7 +194,7 @@ impl FnApiServer {
         let link = WorkerLink::new(&cfg, &self.url);
         self.hub.add(Arc::clone(&link))?;
         let launched =
-            match environment::launch(&cfg.environment, &cfg.worker_id, &self.url, timeout).await {
+            match environment::launch(&cfg, &self.url, timeout, &self.host_harnesses()).await {
                 Ok(launched) => launched,
                 Err(e) => {
                     self.abandon(&link, &e);

@@ -9,7 +9,9 @@ use std::time::Duration;
 use fake_sdk::{within, FakePool, PoolMode};
 use prost::Message;
 use refract_proto::pipeline::{DockerPayload, Environment, ProcessPayload};
-use refract_sdk_harness::{FnApiServer, HarnessError, NoArtifacts, TracingLogSink, WorkerConfig};
+use refract_sdk_harness::{
+    FnApiServer, HarnessError, HostHarnesses, NoArtifacts, TracingLogSink, WorkerConfig,
+};
 
 fn config(worker_id: &str, environment: Environment) -> WorkerConfig {
     WorkerConfig {
@@ -76,19 +78,55 @@ async fn docker_without_an_engine_says_so() {
         return;
     }
     let server = FnApiServer::start("127.0.0.1").await.expect("server");
-    let payload = DockerPayload {
-        container_image: "apache/beam_python3.11_sdk:2.77.0".to_string(),
-    }
-    .encode_to_vec();
+    let docker = |image: &str| {
+        let payload = DockerPayload {
+            container_image: image.to_string(),
+        }
+        .encode_to_vec();
+        env("beam:env:docker:v1", payload)
+    };
+    let no_engine = "DOCKER environments need a Docker engine, and none is reachable here; use --environment_type=LOOPBACK, EXTERNAL or PROCESS";
+    // An image that is not one of Beam's SDK images needs Docker.
     let err = server
-        .start_worker(config("w-docker", env("beam:env:docker:v1", payload)))
+        .start_worker(config("w-docker", docker("example.com/custom:1")))
         .await
         .err()
         .expect("no engine");
-    assert_eq!(
-        err.to_string(),
-        "DOCKER environments need a Docker engine, and none is reachable here; use --environment_type=LOOPBACK, EXTERNAL or PROCESS"
+    assert_eq!(err.to_string(), no_engine);
+    // Beam's Python image, with no interpreter to run its harness: says
+    // what was looked for and found.
+    server.set_host_harnesses(HostHarnesses {
+        python: Some("/nonexistent/python".into()),
+        ..HostHarnesses::default()
+    });
+    let err = server
+        .start_worker(config(
+            "w-python-image",
+            docker("apache/beam_python3.11_sdk:2.77.0"),
+        ))
+        .await
+        .err()
+        .expect("no interpreter");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("no Docker engine is reachable, and Beam 2.77.0's Python 3.11 SDK image cannot run as a process here: no Python 3.11 interpreter with apache-beam 2.77.0 found (/nonexistent/python:"),
+        "{text}"
     );
+    assert!(text.contains("--sdk_python"), "{text}");
+    // With the mapping off, Beam's images need Docker too.
+    server.set_host_harnesses(HostHarnesses {
+        enabled: false,
+        ..HostHarnesses::default()
+    });
+    let err = server
+        .start_worker(config(
+            "w-python-off",
+            docker("apache/beam_python3.11_sdk:2.77.0"),
+        ))
+        .await
+        .err()
+        .expect("no engine");
+    assert_eq!(err.to_string(), no_engine);
 }
 
 #[tokio::test]

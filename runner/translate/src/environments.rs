@@ -22,19 +22,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use refract_proto::pipeline as pb;
-use refract_proto::prost::Message;
-use refract_proto::urns::env;
+use refract_proto::urns::env::{self, ANY_OF};
 
 use crate::error::TranslateError;
-
-/// `beam:env:anyof:v1`: the payload lists alternative environments.
-pub const ANY_OF: &str = "beam:env:anyof:v1";
-
-/// How deep AnyOf lists may nest inside one another (each level is a
-/// decode): Java flattens nested lists, so real pipelines have one level.
-const MAX_ANY_OF_DEPTH: usize = 8;
-/// How many alternatives one environment may offer, nesting included.
-const MAX_ALTERNATIVES: usize = 256;
 
 /// A way of starting SDK workers that Refract implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +190,11 @@ fn pick(
     outer: &pb::Environment,
     preference: &EnvironmentPreference,
 ) -> Result<pb::Environment, TranslateError> {
-    let alternatives = alternatives(id, outer)?;
+    let alternatives =
+        refract_proto::any_of::alternatives(outer).map_err(|e| TranslateError::InvalidAnyOf {
+            id: id.to_string(),
+            reason: e.to_string(),
+        })?;
     let best = alternatives
         .iter()
         .filter_map(|e| EnvironmentKind::of_urn(&e.urn).map(|kind| (preference.rank(kind), e)))
@@ -229,47 +223,11 @@ fn pick(
     Ok(chosen)
 }
 
-/// Every concrete alternative `outer` offers, nested lists flattened in
-/// the order offered, within [`MAX_ANY_OF_DEPTH`] and [`MAX_ALTERNATIVES`].
-fn alternatives(id: &str, outer: &pb::Environment) -> Result<Vec<pb::Environment>, TranslateError> {
-    let invalid = |reason: String| TranslateError::InvalidAnyOf {
-        id: id.to_string(),
-        reason,
-    };
-    let open = |payload: &[u8]| {
-        pb::AnyOfEnvironmentPayload::decode(payload)
-            .map(|list| list.environments.into_iter())
-            .map_err(|e| invalid(format!("its payload does not decode: {e}")))
-    };
-    let mut found = Vec::new();
-    // The lists being read, outermost first: depth first keeps the order.
-    let mut lists = vec![open(&outer.payload)?];
-    while let Some(list) = lists.last_mut() {
-        let Some(environment) = list.next() else {
-            lists.pop();
-            continue;
-        };
-        if environment.urn != ANY_OF {
-            found.push(environment);
-            if found.len() > MAX_ALTERNATIVES {
-                return Err(invalid(format!(
-                    "it offers more than {MAX_ALTERNATIVES} alternatives"
-                )));
-            }
-        } else if lists.len() >= MAX_ANY_OF_DEPTH {
-            return Err(invalid(format!(
-                "its AnyOf lists nest more than {MAX_ANY_OF_DEPTH} deep"
-            )));
-        } else {
-            lists.push(open(&environment.payload)?);
-        }
-    }
-    Ok(found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use refract_proto::any_of::{MAX_ALTERNATIVES, MAX_DEPTH as MAX_ANY_OF_DEPTH};
+    use refract_proto::prost::Message;
 
     fn environment(urn: &str, tag: &str) -> pb::Environment {
         pb::Environment {

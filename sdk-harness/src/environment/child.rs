@@ -4,6 +4,7 @@
 //! programs start the actual harness as a child.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,8 +43,27 @@ impl ChildWorker {
     /// Spawns `command` and supervises it.
     pub(crate) fn spawn(
         worker_id: &str,
+        command: Command,
+        cleanup: Option<Command>,
+    ) -> Result<Self, HarnessError> {
+        Self::spawn_in(worker_id, command, cleanup, None)
+    }
+
+    /// Spawns `command`, whose files are in `scratch`, and supervises it;
+    /// `scratch` is removed once the process has ended.
+    pub(crate) fn spawn_with_scratch(
+        worker_id: &str,
+        command: Command,
+        scratch: PathBuf,
+    ) -> Result<Self, HarnessError> {
+        Self::spawn_in(worker_id, command, None, Some(scratch))
+    }
+
+    fn spawn_in(
+        worker_id: &str,
         mut command: Command,
         cleanup: Option<Command>,
+        scratch: Option<PathBuf>,
     ) -> Result<Self, HarnessError> {
         command
             .stdin(Stdio::null())
@@ -77,6 +97,11 @@ impl ChildWorker {
             // Give the output readers a moment to drain what the process wrote last.
             for reader in [stdout, stderr].into_iter().flatten() {
                 let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+            }
+            if let Some(dir) = scratch {
+                if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+                    tracing::debug!(worker_id = %id, dir = %dir.display(), error = %e, "could not remove the worker's scratch directory");
+                }
             }
             let stderr_tail = tail.lock().iter().cloned().collect::<Vec<_>>().join("\n");
             tracing::info!(worker_id = %id, %status, "worker process exited");

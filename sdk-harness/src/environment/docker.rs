@@ -1,5 +1,7 @@
 //! DOCKER environments: `docker run --network=host` the payload's image with
-//! the standard endpoint flags, after checking that an engine is reachable.
+//! the standard endpoint flags, after checking that an engine is reachable;
+//! without one, Beam's own SDK images run as local processes
+//! ([`super::host_harness`]).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,6 +13,8 @@ use tokio::process::Command;
 
 use super::boot_flags;
 use super::child::ChildWorker;
+use super::host_harness::{self, HostHarnesses, SdkImage};
+use crate::config::WorkerConfig;
 use crate::error::HarnessError;
 
 /// How long `docker info` may take to prove an engine is there.
@@ -18,13 +22,16 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Starts the container, attached, so its exit is the process's exit.
 pub(crate) async fn start(
-    payload: &[u8],
-    worker_id: &str,
+    cfg: &WorkerConfig,
     url: &str,
+    hosts: &HostHarnesses,
 ) -> Result<ChildWorker, HarnessError> {
-    let payload = DockerPayload::decode(payload).map_err(|e| HarnessError::InvalidPayload {
-        urn: urns::env::DOCKER.to_string(),
-        reason: e.to_string(),
+    let worker_id = cfg.worker_id.as_str();
+    let payload = DockerPayload::decode(cfg.environment.payload.as_slice()).map_err(|e| {
+        HarnessError::InvalidPayload {
+            urn: urns::env::DOCKER.to_string(),
+            reason: e.to_string(),
+        }
     })?;
     if payload.container_image.is_empty() {
         return Err(HarnessError::InvalidPayload {
@@ -33,7 +40,10 @@ pub(crate) async fn start(
         });
     }
     if !engine_reachable().await {
-        return Err(HarnessError::DockerUnavailable);
+        return match SdkImage::parse(&payload.container_image) {
+            Some(image) if hosts.enabled => host_harness::start(&image, hosts, cfg, url).await,
+            _ => Err(HarnessError::DockerUnavailable),
+        };
     }
     let name = container_name(worker_id);
     let mut command = Command::new("docker");

@@ -3,16 +3,18 @@
 mod child;
 mod docker;
 mod external;
+mod host_harness;
 mod process;
 
 use std::time::Duration;
 
-use refract_proto::pipeline::Environment;
 use refract_proto::urns;
 use tokio::sync::watch;
 
 pub(crate) use child::ExitReport;
+pub use host_harness::HostHarnesses;
 
+use crate::config::WorkerConfig;
 use crate::error::HarnessError;
 
 /// A started worker, as far as its environment is concerned.
@@ -41,14 +43,17 @@ impl Launched {
     }
 }
 
-/// Starts a worker for `environment` that connects to `url` as `worker_id`.
-/// `timeout` bounds the calls made here (not the wait for the connection).
+/// Starts the worker `cfg` describes, connecting to `url`. `timeout`
+/// bounds the calls made here (not the wait for the connection); `hosts`
+/// says how DOCKER environments run without a Docker engine.
 pub(crate) async fn launch(
-    environment: &Environment,
-    worker_id: &str,
+    cfg: &WorkerConfig,
     url: &str,
     timeout: Duration,
+    hosts: &HostHarnesses,
 ) -> Result<Launched, HarnessError> {
+    let environment = &cfg.environment;
+    let worker_id = cfg.worker_id.as_str();
     let urn = environment.urn.as_str();
     match urn {
         urns::env::EXTERNAL => external::start(&environment.payload, worker_id, url, timeout)
@@ -56,7 +61,7 @@ pub(crate) async fn launch(
             .map(Launched::External),
         urns::env::PROCESS => process::start(&environment.payload, worker_id, url)
             .map(|c| Launched::Child(Box::new(c))),
-        urns::env::DOCKER => docker::start(&environment.payload, worker_id, url)
+        urns::env::DOCKER => docker::start(cfg, url, hosts)
             .await
             .map(|c| Launched::Child(Box::new(c))),
         urns::env::EMBEDDED_PYTHON

@@ -62,11 +62,24 @@ pub struct ArtifactStore {
 
 impl ArtifactStore {
     /// A store in `dir` (created on first write) for the dependencies the
-    /// pipeline's environments declare.
+    /// pipeline's environments declare. An AnyOf environment declares its
+    /// own and every alternative's: which alternative runs is decided when
+    /// the job is planned, and its worker is provisioned under the AnyOf
+    /// environment's id. (An unreadable list declares only its own; the
+    /// job is refused at planning.)
     pub(crate) fn new(dir: PathBuf, environments: &HashMap<String, Environment>) -> Self {
         let declared = environments
             .iter()
-            .map(|(id, env)| (id.clone(), env.dependencies.clone()))
+            .map(|(id, env)| {
+                let mut dependencies = env.dependencies.clone();
+                if env.urn == refract_proto::urns::env::ANY_OF {
+                    for alternative in refract_proto::any_of::alternatives(env).unwrap_or_default()
+                    {
+                        dependencies.extend(alternative.dependencies);
+                    }
+                }
+                (id.clone(), dependencies)
+            })
             .collect();
         Self {
             dir,
