@@ -118,7 +118,7 @@ REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
 echo "== Beam's cross-language suite (validate_runner_xlang_test, Python expansion service)"
 REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/xlang-suite \
   "$here/xlang_suite.sh" "$bin" ||
-  failed_steps+=("cross-language suite (bar $(cat "$here/xlang_suite_bar"))")
+  failed_steps+=("cross-language suites (bars in integration/xlang_suite_bar)")
 
 # Runs one pass/fail step (a script under the wall-clock bound) and records
 # it under LABEL: run_step LABEL DESCRIPTION SECONDS SCRIPT.
