@@ -163,32 +163,40 @@ refract_prism_bin() {
   echo "$dir/prism"
 }
 
-# _refract_maven_classpath DIR: resolves the Maven project in DIR (a pom
-# that only writes target/classpath.txt, see integration/xlang and
-# integration/kafka) with the repository cached in $REFRACT_CACHE/m2, and
-# prints that classpath. Maven itself is run only when the pom or the cache
-# location changed or a listed jar is gone: even a warm `mvn package` costs
-# seconds, and the tests ask for these classpaths at every session start.
+# _refract_maven_classpath DIR [JAR]: builds the Maven project in DIR (a
+# pom that writes target/classpath.txt, see integration/xlang,
+# integration/kafka and integration/sql-expansion) with the repository
+# cached in $REFRACT_CACHE/m2, and prints that classpath, preceded by the
+# project's own target/JAR when it builds one. Maven itself is run only when
+# the pom, the sources or the cache location changed or a listed jar is
+# gone: even a warm `mvn package` costs seconds, and the tests ask for these
+# classpaths at every session start.
 _refract_maven_classpath() {
-  local project=$1 m2=$REFRACT_CACHE/m2 start=$SECONDS key jar fresh=1
+  local project=$1 own=${2:+$1/target/$2} m2=$REFRACT_CACHE/m2 start=$SECONDS key jar fresh=1
   local out=$project/target/classpath.txt stamp=$project/target/classpath.key
-  key=$({ cat "$project/pom.xml"; echo "$m2"; } | sha256sum | cut -c1-16)
+  key=$({
+    cat "$project/pom.xml"
+    echo "$m2"
+    if [ -d "$project/src" ]; then
+      find "$project/src" -type f | LC_ALL=C sort | xargs cat
+    fi
+  } | sha256sum | cut -c1-16)
   if [ -f "$out" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
     while IFS= read -r jar; do
       [ -f "$jar" ] || fresh=0
-    done < <(tr ':' '\n' <"$out")
+    done < <({ [ -z "$own" ] || echo "$own"; tr ':' '\n' <"$out"; })
   else
     fresh=0
   fi
   if [ "$fresh" -eq 0 ]; then
     mkdir -p "$m2"
-    echo "== resolving ${project#"$REFRACT_ROOT"/} (mvn -q package)" >&2
+    echo "== building ${project#"$REFRACT_ROOT"/} (mvn -q package)" >&2
     rm -f "$stamp"
     mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
     echo "$key" >"$stamp"
     echo "== maven took $((SECONDS - start))s" >&2
   fi
-  cat "$out"
+  echo "${own:+$own:}$(cat "$out")"
 }
 
 # refract_xlang_classpath: prints the classpath of a Java expansion service
@@ -206,13 +214,11 @@ refract_kafka_classpath() {
   _refract_maven_classpath "$REFRACT_ROOT/integration/kafka"
 }
 
-# refract_sql_classpath: builds integration/sql-expansion (a Beam 2.65.0
-# expansion service that registers SqlTransform; Beam's own SQL expansion
-# jar is not served here) and prints its runtime classpath, its own jar
-# first. Start it like the Java expansion service above.
+# refract_sql_classpath: prints the classpath of integration/sql-expansion
+# (a Beam 2.65.0 expansion service that registers SqlTransform; Beam's own
+# SQL expansion jar is not served here), its own jar first, built once per
+# change. Start it like the Java expansion service above.
 refract_sql_classpath() {
-  local project=$REFRACT_ROOT/integration/sql-expansion m2=$REFRACT_CACHE/m2
-  mkdir -p "$m2"
-  mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" package >&2
-  echo "$project/target/refract-sql-expansion-service-0.1.0.jar:$(cat "$project/target/classpath.txt")"
+  _refract_maven_classpath "$REFRACT_ROOT/integration/sql-expansion" \
+    refract-sql-expansion-service-0.1.0.jar
 }
