@@ -309,15 +309,6 @@ def describe(got, want):
   return '\n'.join(lines)
 
 
-# Known bug (docs/architecture.md, Known gaps): after a restart, the watermark downstream of
-# the Kafka read passes records the restored read has yet to re-read, so a
-# contiguous block of them arrives late and is dropped (2 runs of 2 lost
-# 390 and 525 of 3 000 records; none duplicated; a run without kills is
-# exact). Not strict: a kill that lands where nothing is lost passes.
-@pytest.mark.xfail(
-    strict=False,
-    reason='records lost after a restart: the watermark runs ahead of the '
-    'restored Kafka read')
 def test_runner_killed_repeatedly_writes_each_window_exactly_once(
     request, refract_bin, tmp_path, kafka, worker_pool, java_classpath):
   bootstrap, broker = kafka

@@ -251,6 +251,10 @@ def _kafka_properties(data_dir, broker_port, controller_port):
       # A consumer group's first member starts at once instead of 3 s on.
       'group.initial.rebalance.delay.ms=0',
       'num.partitions=1',
+      # Keep every record: retention goes by record timestamps, and tests
+      # that set fixed event times in the past (test_kafka_exactly_once)
+      # would otherwise see the broker delete their input within minutes.
+      'log.retention.ms=-1',
       'auto.create.topics.enable=true',
       '',
   ])
