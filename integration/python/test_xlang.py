@@ -168,3 +168,35 @@ def test_kafka_write_then_read(
         max_num_records=KAFKA_RECORDS,
         expansion_service=java_expansion_service)
     assert_that(read, equal_to(records))
+
+
+def test_kafka_read_through_beam_services(
+    runner_options, java_expansion_service, kafka_bootstrap):
+  """`ReadFromKafka` with no `expansion_service`: Python looks up Beam's IO
+  expansion service by its Gradle target, which `--beam_services` (or the
+  BEAM_SERVICE_OVERRIDES environment variable) maps to a running service,
+  so the pipeline needs no Beam jar download and no edit to run here."""
+  topic = 'refract-xlang-%s' % uuid.uuid4().hex[:12]
+  records = [(b'key-%02d' % i, b'value-%02d' % i) for i in range(20)]
+  from kafka import KafkaProducer
+  producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+  try:
+    for key, value in records:
+      producer.send(topic, key=key, value=value)
+    producer.flush()
+  finally:
+    producer.close()
+
+  options = runner_options.get_all_options(drop_default=True)
+  options['beam_services'] = {
+      'sdks:java:io:expansion-service:shadowJar': java_expansion_service
+  }
+  with beam.Pipeline(options=PipelineOptions.from_dictionary(options)) as p:
+    read = p | ReadFromKafka(
+        consumer_config={
+            'bootstrap.servers': kafka_bootstrap,
+            'auto.offset.reset': 'earliest',
+        },
+        topics=[topic],
+        max_num_records=len(records))
+    assert_that(read, equal_to(records))
