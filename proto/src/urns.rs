@@ -71,6 +71,10 @@ pub mod coder {
     pub const ROW: &str = "beam:coder:row:v1";
     pub const SHARDED_KEY: &str = "beam:coder:sharded_key:v1";
     pub const NULLABLE: &str = "beam:coder:nullable:v1";
+    /// The Go SDK's coder for user types. Go writes every value of it with
+    /// a length prefix of its own, so its bytes are a length-prefixed blob
+    /// whether or not a `length_prefix` coder wraps it.
+    pub const GO_CUSTOM: &str = "beam:go:coder:custom:v1";
 }
 
 /// Environments.

@@ -16,6 +16,13 @@
 //!
 //! The engine's [`Coder`] is then derived from the *same* rewritten coder, so
 //! both sides agree byte for byte.
+//!
+//! The Go SDK's `beam:go:coder:custom:v1` is opaque yet self-delimiting: Go
+//! writes each value as a varint length and the bytes, and reads
+//! `length_prefix[custom]` as the custom coder alone. So the runner leaves
+//! it unwrapped, reads it as a length-prefixed blob, and counts
+//! `length_prefix[custom]` and `custom` as one encoding (a Go TestStream
+//! names the bare custom coder; its output PCollection, the wrapped one).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -140,6 +147,7 @@ impl Coders {
         let mut compared: HashSet<(&str, &str)> = HashSet::new();
         let mut todo: Vec<(&str, &str)> = vec![(a, b)];
         while let Some((a, b)) = todo.pop() {
+            let (a, b) = (self.unwrap_go_custom(a), self.unwrap_go_custom(b));
             if a == b || !compared.insert((a, b)) {
                 continue;
             }
@@ -159,6 +167,27 @@ impl Coders {
             );
         }
         true
+    }
+
+    /// The Go custom coder `id` wraps, if `id` is `length_prefix[custom]`
+    /// (the same encoding, see the module docs); else `id`.
+    fn unwrap_go_custom<'a>(&'a self, id: &'a str) -> &'a str {
+        let urn_of = |id: &str| {
+            self.map
+                .get(id)
+                .and_then(|coder| coder.spec.as_ref())
+                .map(|spec| spec.urn.as_str())
+        };
+        match self.map.get(id) {
+            Some(coder)
+                if urn_of(id) == Some(c::LENGTH_PREFIX)
+                    && coder.component_coder_ids.len() == 1
+                    && urn_of(&coder.component_coder_ids[0]) == Some(c::GO_CUSTOM) =>
+            {
+                &coder.component_coder_ids[0]
+            }
+            _ => id,
+        }
     }
 
     /// The components of coder `id`, checked to be `urn` with `n` components.
@@ -244,8 +273,9 @@ impl Coders {
         }
         let coder = self.get(id, referrer)?.clone();
         let urn = coder.spec.as_ref().map_or("", |s| s.urn.as_str());
-        let result = if urn == c::LENGTH_PREFIX {
-            // Already opaque to the runner.
+        let result = if urn == c::LENGTH_PREFIX || urn == c::GO_CUSTOM {
+            // Already opaque to the runner (Go's custom coder writes its own
+            // length prefix).
             id.to_string()
         } else if let Some(known) = self.known.get(urn).copied() {
             if coder.component_coder_ids.len() != arity(known) {
@@ -365,7 +395,7 @@ impl Coders {
         let coder = self.get(id, referrer)?;
         let urn = coder.spec.as_ref().map_or("", |s| s.urn.as_str());
         let n = coder.component_coder_ids.len();
-        if urn != c::LENGTH_PREFIX && n != arity(urn) {
+        if urn != c::LENGTH_PREFIX && urn != c::GO_CUSTOM && n != arity(urn) {
             return Err(TranslateError::Invalid(format!(
                 "coder '{id}' ('{urn}', used by {referrer}) has {n} components, expected {}",
                 arity(urn)
@@ -380,7 +410,7 @@ impl Coders {
             )?))
         };
         Ok(match urn {
-            c::LENGTH_PREFIX => Coder::LengthPrefix,
+            c::LENGTH_PREFIX | c::GO_CUSTOM => Coder::LengthPrefix,
             c::BYTES => Coder::Bytes,
             c::STRING_UTF8 => Coder::StringUtf8,
             c::VARINT => Coder::Varint,
@@ -556,6 +586,9 @@ mod tests {
             ("gw", coder(c::GLOBAL_WINDOW, &[])),
             ("iw", coder(c::INTERVAL_WINDOW, &[])),
             ("wv", coder(c::WINDOWED_VALUE, &["kv", "pickled"])),
+            ("go", coder(c::GO_CUSTOM, &[])),
+            ("lp_go", coder(c::LENGTH_PREFIX, &["go"])),
+            ("lp_bytes", coder(c::LENGTH_PREFIX, &["bytes"])),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -580,6 +613,16 @@ mod tests {
         assert_eq!(t.engine(&safe, "test").unwrap(), Coder::LengthPrefix);
         // Idempotent.
         assert_eq!(t.safe(&safe, "test").unwrap(), safe);
+    }
+
+    #[test]
+    fn go_custom_coders_are_self_delimiting() {
+        let mut t = table(&[env(&[])]);
+        assert_eq!(t.safe("go", "test").unwrap(), "go");
+        assert_eq!(t.engine("go", "test").unwrap(), Coder::LengthPrefix);
+        assert!(t.same_encoding("lp_go", "go"));
+        assert!(t.same_encoding("go", "lp_go"));
+        assert!(!t.same_encoding("lp_bytes", "bytes"));
     }
 
     #[test]
