@@ -169,22 +169,25 @@ impl Coders {
         true
     }
 
+    /// The URN of coder `id`, if the table has it.
+    fn urn_of(&self, id: &str) -> Option<&str> {
+        let spec = self.map.get(id)?.spec.as_ref()?;
+        Some(spec.urn.as_str())
+    }
+
     /// The Go custom coder `id` wraps, if `id` is `length_prefix[custom]`
     /// (the same encoding, see the module docs); else `id`.
     fn unwrap_go_custom<'a>(&'a self, id: &'a str) -> &'a str {
-        let urn_of = |id: &str| {
-            self.map
-                .get(id)
-                .and_then(|coder| coder.spec.as_ref())
-                .map(|spec| spec.urn.as_str())
-        };
-        match self.map.get(id) {
-            Some(coder)
-                if urn_of(id) == Some(c::LENGTH_PREFIX)
-                    && coder.component_coder_ids.len() == 1
-                    && urn_of(&coder.component_coder_ids[0]) == Some(c::GO_CUSTOM) =>
+        match self
+            .map
+            .get(id)
+            .map(|coder| coder.component_coder_ids.as_slice())
+        {
+            Some([inner])
+                if self.urn_of(id) == Some(c::LENGTH_PREFIX)
+                    && self.urn_of(inner) == Some(c::GO_CUSTOM) =>
             {
-                &coder.component_coder_ids[0]
+                inner
             }
             _ => id,
         }
@@ -344,12 +347,7 @@ impl Coders {
 
     /// `id` itself if it is a length prefix already, else `length_prefix[id]`.
     fn length_prefixed(&mut self, id: &str) -> String {
-        let is_lp = self
-            .map
-            .get(id)
-            .and_then(|coder| coder.spec.as_ref())
-            .is_some_and(|spec| spec.urn == c::LENGTH_PREFIX);
-        if is_lp {
+        if self.urn_of(id) == Some(c::LENGTH_PREFIX) {
             id.to_string()
         } else {
             self.add(
