@@ -66,9 +66,12 @@ pub(crate) fn assemble(
                 let node = graph.nodes[*i].clone();
                 let kind = match node.kind {
                     NodeKind::Impulse => StageKind::Impulse,
-                    NodeKind::TestStream => {
-                        StageKind::TestStream(test_stream::events(&node, &plan, &index)?)
-                    }
+                    NodeKind::TestStream => StageKind::TestStream(test_stream::events(
+                        &node,
+                        &plan,
+                        &index,
+                        &graph.coders,
+                    )?),
                     NodeKind::Flatten => StageKind::Flatten,
                     NodeKind::GroupByKey => {
                         let input = node.inputs.first().ok_or_else(|| {

@@ -19,10 +19,11 @@
 //!
 //! The Go SDK's `beam:go:coder:custom:v1` is opaque yet self-delimiting: Go
 //! writes each value as a varint length and the bytes, and reads
-//! `length_prefix[custom]` as the custom coder alone. So the runner leaves
-//! it unwrapped, reads it as a length-prefixed blob, and counts
-//! `length_prefix[custom]` and `custom` as one encoding (a Go TestStream
-//! names the bare custom coder; its output PCollection, the wrapped one).
+//! `length_prefix[custom]` as the custom coder alone (a bare custom coder on
+//! a PCollection it refuses). So it is wrapped like any unknown coder, and
+//! `length_prefix[custom]` and `custom` count as one encoding: a Go
+//! TestStream names the bare custom coder, its output the wrapped one
+//! ([`Coders::is_go_custom`] tells the TestStream its bytes need no prefix).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -175,6 +176,12 @@ impl Coders {
         Some(spec.urn.as_str())
     }
 
+    /// Whether coder `id` is Go's custom coder, bare or length-prefixed:
+    /// its values are written with their length prefix already.
+    pub(crate) fn is_go_custom(&self, id: &str) -> bool {
+        self.urn_of(self.unwrap_go_custom(id)) == Some(c::GO_CUSTOM)
+    }
+
     /// The Go custom coder `id` wraps, if `id` is `length_prefix[custom]`
     /// (the same encoding, see the module docs); else `id`.
     fn unwrap_go_custom<'a>(&'a self, id: &'a str) -> &'a str {
@@ -276,9 +283,8 @@ impl Coders {
         }
         let coder = self.get(id, referrer)?.clone();
         let urn = coder.spec.as_ref().map_or("", |s| s.urn.as_str());
-        let result = if urn == c::LENGTH_PREFIX || urn == c::GO_CUSTOM {
-            // Already opaque to the runner (Go's custom coder writes its own
-            // length prefix).
+        let result = if urn == c::LENGTH_PREFIX {
+            // Already opaque to the runner.
             id.to_string()
         } else if let Some(known) = self.known.get(urn).copied() {
             if coder.component_coder_ids.len() != arity(known) {
@@ -393,7 +399,7 @@ impl Coders {
         let coder = self.get(id, referrer)?;
         let urn = coder.spec.as_ref().map_or("", |s| s.urn.as_str());
         let n = coder.component_coder_ids.len();
-        if urn != c::LENGTH_PREFIX && urn != c::GO_CUSTOM && n != arity(urn) {
+        if urn != c::LENGTH_PREFIX && n != arity(urn) {
             return Err(TranslateError::Invalid(format!(
                 "coder '{id}' ('{urn}', used by {referrer}) has {n} components, expected {}",
                 arity(urn)
@@ -408,7 +414,7 @@ impl Coders {
             )?))
         };
         Ok(match urn {
-            c::LENGTH_PREFIX | c::GO_CUSTOM => Coder::LengthPrefix,
+            c::LENGTH_PREFIX => Coder::LengthPrefix,
             c::BYTES => Coder::Bytes,
             c::STRING_UTF8 => Coder::StringUtf8,
             c::VARINT => Coder::Varint,
@@ -616,8 +622,12 @@ mod tests {
     #[test]
     fn go_custom_coders_are_self_delimiting() {
         let mut t = table(&[env(&[])]);
-        assert_eq!(t.safe("go", "test").unwrap(), "go");
-        assert_eq!(t.engine("go", "test").unwrap(), Coder::LengthPrefix);
+        // Go refuses a bare custom coder on a PCollection: it is wrapped.
+        let safe = t.safe("go", "test").unwrap();
+        assert_eq!(safe, "lp_go");
+        assert_eq!(t.engine(&safe, "test").unwrap(), Coder::LengthPrefix);
+        assert!(t.is_go_custom("go") && t.is_go_custom("lp_go"));
+        assert!(!t.is_go_custom("lp_bytes"));
         assert!(t.same_encoding("lp_go", "go"));
         assert!(t.same_encoding("go", "lp_go"));
         assert!(!t.same_encoding("lp_bytes", "bytes"));

@@ -4,6 +4,8 @@
 //! the *outer* context of the TestStream's element coder. The engine moves
 //! nested values in the (length-prefix-safe) coder of the output
 //! PCollection, so every element is converted here, once, at translation.
+//! Go's custom coder writes its values with their length prefix already
+//! (see `coders.rs`): those bytes are the nested form as they are.
 
 use std::collections::HashMap;
 
@@ -12,6 +14,7 @@ use refract_engine::plan::{Plan, TestStreamEvent};
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
 
+use crate::coders::Coders;
 use crate::error::TranslateError;
 use crate::graph::{sorted_by_tag, Node};
 
@@ -32,9 +35,11 @@ pub(crate) fn events(
     node: &Node,
     plan: &Plan,
     index: &HashMap<String, usize>,
+    coders: &Coders,
 ) -> Result<Vec<TestStreamEvent>, TranslateError> {
     let location = format!("transform '{}'", node.name);
     let payload = payload(node)?;
+    let prefixed_by_sdk = coders.is_go_custom(&payload.coder_id);
     let outputs = sorted_by_tag(&node.transform.outputs);
     // An event's tag names the output; with one output any tag means it.
     let only_output = match outputs.as_slice() {
@@ -68,6 +73,9 @@ pub(crate) fn events(
                     .elements
                     .iter()
                     .map(|e| {
+                        if prefixed_by_sdk {
+                            return Ok((Bytes::from(e.encoded_element.clone()), e.timestamp));
+                        }
                         coder
                             .outer_to_nested(&e.encoded_element)
                             .map(|nested| (Bytes::from(nested), e.timestamp))
