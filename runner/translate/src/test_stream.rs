@@ -73,11 +73,19 @@ pub(crate) fn events(
                     .elements
                     .iter()
                     .map(|e| {
-                        if prefixed_by_sdk {
-                            return Ok((Bytes::from(e.encoded_element.clone()), e.timestamp));
-                        }
-                        coder
-                            .outer_to_nested(&e.encoded_element)
+                        let bytes = &e.encoded_element;
+                        let nested = if prefixed_by_sdk {
+                            // Already the nested form: exactly one
+                            // length-prefixed value.
+                            match coder.nested_len(bytes) {
+                                Ok(n) if n == bytes.len() => Ok(bytes.clone()),
+                                Ok(n) => Err(format!("{} bytes follow its value", bytes.len() - n)),
+                                Err(err) => Err(err.to_string()),
+                            }
+                        } else {
+                            coder.outer_to_nested(bytes).map_err(|err| err.to_string())
+                        };
+                        nested
                             .map(|nested| (Bytes::from(nested), e.timestamp))
                             .map_err(|err| {
                                 TranslateError::Invalid(format!(

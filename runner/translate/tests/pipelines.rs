@@ -815,3 +815,97 @@ fn test_stream_is_replayed_by_the_runner_with_nested_elements() {
     );
     assert!(t.sdk_stages.contains_key(&stage_with(&t, "Print")));
 }
+
+/// The Python TestStream pipeline, made to look as Go writes it: the
+/// payload in a bare `beam:go:coder:custom:v1` coder whose values carry
+/// their own length prefix (`elements`), the output PCollection in
+/// `length_prefix` of it.
+fn go_style_test_stream(elements: &[&[u8]]) -> pb::Pipeline {
+    use refract_proto::urns::coder as c;
+    let mut p = common::load("test_stream");
+    let comps = p.components.as_mut().expect("components");
+    let coder = |urn: &str, components: Vec<String>| pb::Coder {
+        spec: Some(pb::FunctionSpec {
+            urn: urn.to_string(),
+            payload: b"a Go type".to_vec(),
+        }),
+        component_coder_ids: components,
+    };
+    comps
+        .coders
+        .insert("go".into(), coder(c::GO_CUSTOM, Vec::new()));
+    comps
+        .coders
+        .insert("lp_go".into(), coder(c::LENGTH_PREFIX, vec!["go".into()]));
+    let ts = comps
+        .transforms
+        .values_mut()
+        .find(|t| {
+            t.spec
+                .as_ref()
+                .is_some_and(|s| s.urn == "beam:transform:teststream:v1")
+        })
+        .expect("a TestStream");
+    let spec = ts.spec.as_mut().expect("spec");
+    let mut payload = pb::TestStreamPayload::decode(spec.payload.as_slice()).expect("payload");
+    payload.coder_id = "go".into();
+    let add = payload
+        .events
+        .iter_mut()
+        .find_map(|e| match &mut e.event {
+            Some(pb::test_stream_payload::event::Event::ElementEvent(add)) => Some(add),
+            _ => None,
+        })
+        .expect("an element event");
+    for (element, bytes) in add.elements.iter_mut().zip(elements) {
+        element.encoded_element = bytes.to_vec();
+    }
+    spec.payload = payload.encode_to_vec();
+    let output = ts.outputs.values().next().expect("an output").clone();
+    comps
+        .pcollections
+        .get_mut(&output)
+        .expect("output")
+        .coder_id = "lp_go".into();
+    p
+}
+
+#[test]
+fn go_test_stream_elements_keep_the_sdks_own_length_prefix() {
+    use refract_engine::plan::TestStreamEvent;
+    let t = refract_translate::translate(
+        &go_style_test_stream(&[b"\x01\x54", b"\x02\x01\x02"]),
+        &common::opts(),
+    )
+    .expect("a Go TestStream translates");
+    common::check_invariants(&t);
+    let ts = stage_named(&t, "TestStream");
+    let StageKind::TestStream(events) = &t.plan.stages[ts].kind else {
+        panic!("not a TestStream stage: {}", describe(&t));
+    };
+    // No transcoding step: the payload's coder and the output's agree.
+    assert!(
+        !describe(&t).contains("Transcode"),
+        "a transcoding step: {}",
+        describe(&t)
+    );
+    let TestStreamEvent::Elements { elements, .. } = &events[0] else {
+        panic!("expected elements first, got {:?}", events[0]);
+    };
+    let values: Vec<&[u8]> = elements.iter().map(|(v, _)| v.as_ref()).collect();
+    assert_eq!(values, vec![&b"\x01\x54"[..], &b"\x02\x01\x02"[..]]);
+
+    // A value that is not exactly one length-prefixed blob is refused.
+    let err = refract_translate::translate(
+        &go_style_test_stream(&[b"\x01\x54\x00", b"\x01\x54"]),
+        &common::opts(),
+    )
+    .expect_err("trailing bytes");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+    let err = refract_translate::translate(
+        &go_style_test_stream(&[b"\x05\x54", b"\x01\x54"]),
+        &common::opts(),
+    )
+    .expect_err("a short value");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+}
