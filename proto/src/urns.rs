@@ -135,5 +135,11 @@ pub mod artifact {
     pub const FILE: &str = "beam:artifact:type:file:v1";
     pub const URL: &str = "beam:artifact:type:url:v1";
     pub const EMBEDDED: &str = "beam:artifact:type:embedded:v1";
+    /// A file only the expansion service that named it can give (its key
+    /// is meaningful to that service alone).
+    pub const DEFERRED: &str = "beam:artifact:type:deferred:v1";
     pub const STAGING_TO: &str = "beam:artifact:role:staging_to:v1";
+    /// The Go SDK marks its pipeline binary, run in worker mode by Go's
+    /// SDK image, with this role when it stages more than one file.
+    pub const GO_WORKER_BINARY: &str = "beam:artifact:role:go_worker_binary:v1";
 }

@@ -36,6 +36,7 @@ use crate::split_policy::SplitPolicy;
 use crate::telemetry::{BundleRecord, BundleRecorder};
 use crate::worker_set::WorkerSet;
 
+use crate::bundle_finalizations::BundleFinalizations;
 use crate::state_bridge::StateBridge;
 
 /// A [`StageExecutor`] backed by SDK harness workers.
@@ -53,6 +54,8 @@ pub struct HarnessExecutor {
     /// Where a bundle's output past that goes while the bundle runs on
     /// (one element's output cannot be split).
     output_spill: Option<Arc<OutputSpill>>,
+    /// Finalization calls the job must see through before it ends.
+    finalizations: Arc<BundleFinalizations>,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -235,7 +238,14 @@ impl HarnessExecutor {
             recorder,
             split_output_bytes: DEFAULT_SPLIT_OUTPUT_BYTES,
             output_spill: None,
+            finalizations: Arc::default(),
         }
+    }
+
+    /// The bundle finalization calls this executor starts, for the job to
+    /// wait for before it ends.
+    pub fn finalizations(&self) -> Arc<BundleFinalizations> {
+        self.finalizations.clone()
     }
 
     /// Split a bundle once its output reaches `bytes` (its part of a
@@ -309,6 +319,7 @@ impl StageExecutor for HarnessExecutor {
         let recorder = self.recorder.clone();
         let split_output_bytes = self.split_output_bytes;
         let output_spill = self.output_spill.clone();
+        let finalizations = self.finalizations.clone();
         let stage_name = self
             .stage_names
             .get(&input.stage)
@@ -325,7 +336,8 @@ impl StageExecutor for HarnessExecutor {
                 split_bytes: split_output_bytes,
                 spill: output_spill.as_deref(),
             };
-            let result = run_bundle(worker, &set, &stage, input, &job, limits).await;
+            let result =
+                run_bundle(worker, &set, &stage, input, &job, limits, &finalizations).await;
             let error = result.as_ref().err().map(ToString::to_string);
             recorder.record(&BundleRecord {
                 stage: &stage_name,
@@ -420,6 +432,7 @@ async fn run_bundle(
     input: BundleInput,
     job: &Arc<Job>,
     limits: OutputLimits<'_>,
+    finalizations: &Arc<BundleFinalizations>,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone().unwrap_or_default();
     let split_sink = input.splits.clone();
@@ -566,8 +579,9 @@ async fn run_bundle(
     let on_durable = result.response.requires_finalization.then(|| {
         let worker = worker.clone();
         let bundle_id = input.bundle_id.clone();
+        let finalizations = finalizations.clone();
         CommitAction::new(move || {
-            tokio::spawn(async move {
+            finalizations.spawn(async move {
                 if let Err(e) = worker.finalize_bundle(&bundle_id).await {
                     warn!(bundle = %bundle_id, error = %e, "bundle finalization failed");
                 }

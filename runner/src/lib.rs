@@ -3,6 +3,7 @@
 //! over this library so that integration tests can run the same code.
 
 pub mod activity;
+pub mod bundle_finalizations;
 pub mod cli;
 pub mod client;
 pub mod durability;

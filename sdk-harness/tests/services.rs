@@ -198,3 +198,38 @@ async fn logging_provisioning_and_artifacts_route_by_worker_id() {
 
     worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_are_served_by_id_with_or_without_a_worker_header() {
+    use refract_proto::fn_api::beam_fn_control_client::BeamFnControlClient;
+    use refract_proto::fn_api::{GetProcessBundleDescriptorRequest, ProcessBundleDescriptor};
+    let server = FnApiServer::start("127.0.0.1").await.expect("server");
+    server.register_descriptor(ProcessBundleDescriptor {
+        id: "job-1f3a-0".to_string(),
+        ..Default::default()
+    });
+    let mut control = BeamFnControlClient::new(channel(&server.url()).await);
+    let request = || GetProcessBundleDescriptorRequest {
+        process_bundle_descriptor_id: "job-1f3a-0".to_string(),
+    };
+    // The TypeScript SDK sends no `worker_id` header with this call.
+    let found = control
+        .get_process_bundle_descriptor(Request::new(request()))
+        .await
+        .expect("a descriptor by its id alone")
+        .into_inner();
+    assert_eq!(found.id, "job-1f3a-0");
+    // A header that is there must name a worker this server started.
+    let unknown = control
+        .get_process_bundle_descriptor(with_worker_id("w-none", request()))
+        .await
+        .expect_err("an unknown worker");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let missing = control
+        .get_process_bundle_descriptor(Request::new(GetProcessBundleDescriptorRequest {
+            process_bundle_descriptor_id: "job-other".to_string(),
+        }))
+        .await
+        .expect_err("an unknown descriptor");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+}

@@ -168,6 +168,12 @@ pub struct SideInput {
     pub pcollection: PCollectionIdx,
     /// How the SDK reads it.
     pub access: SideInputAccess,
+    /// Whether the side input's trigger fires panes before its windows
+    /// end. In streaming, a reader may then read a globally windowed side
+    /// input from its first pane on; otherwise it waits, as in batch, for
+    /// the watermark to pass the window (the Go SDK, for one, expects its
+    /// `passert` side inputs to be complete).
+    pub fires_early: bool,
 }
 
 /// The side-input access pattern (`beam:side_input:*`).
@@ -196,6 +202,21 @@ pub struct WindowingStrategy {
     pub closing_behavior: ClosingBehavior,
     /// Whether an on-time pane is emitted when it would be empty.
     pub on_time_behavior: OnTimeBehavior,
+    /// What data arriving after the trigger finished does.
+    pub finished_trigger: FinishedTrigger,
+}
+
+/// What a window's trigger does with data that arrives after it finished
+/// (an `AfterCount(n)` that fired, an `OrFinally` whose end came).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedTrigger {
+    /// Beam's rule (Java, Go, Flink, Dataflow): the window is closed, and
+    /// later data for it is dropped.
+    ClosesWindow,
+    /// Prism's rule, which Python's `PrismRunnerTest` expects: later data
+    /// starts the trigger again, and what it does not fire goes out when
+    /// the window closes.
+    Restarts,
 }
 
 impl WindowingStrategy {
@@ -209,6 +230,7 @@ impl WindowingStrategy {
             allowed_lateness: 0,
             closing_behavior: ClosingBehavior::EmitIfNonEmpty,
             on_time_behavior: OnTimeBehavior::FireIfNonEmpty,
+            finished_trigger: FinishedTrigger::Restarts,
         }
     }
 }
@@ -302,6 +324,30 @@ pub enum Trigger {
     Repeat(Box<Trigger>),
 }
 
+impl Trigger {
+    /// Whether this trigger can fire a pane before the watermark passes the
+    /// end of its window. Only then may a reader see a window's data while
+    /// the window is still open (a streaming side input, for one): with any
+    /// other trigger the first pane comes when the window closes.
+    pub fn fires_before_window_end(&self) -> bool {
+        match self {
+            Trigger::Default | Trigger::Never => false,
+            Trigger::AfterEndOfWindow { early, .. } => early.is_some(),
+            Trigger::OrFinally { main, finally } => {
+                main.fires_before_window_end() || finally.fires_before_window_end()
+            }
+            Trigger::AfterAll(parts) | Trigger::AfterAny(parts) | Trigger::AfterEach(parts) => {
+                parts.iter().any(Trigger::fires_before_window_end)
+            }
+            Trigger::Repeat(inner) => inner.fires_before_window_end(),
+            Trigger::ElementCount(_)
+            | Trigger::AfterProcessingTime { .. }
+            | Trigger::AfterSynchronizedProcessingTime
+            | Trigger::Always => true,
+        }
+    }
+}
+
 /// Whether a later pane includes earlier panes' data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccumulationMode {
@@ -338,4 +384,32 @@ pub enum OnTimeBehavior {
     FireAlways,
     /// Only if non-empty.
     FireIfNonEmpty,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_triggers_with_early_panes_fire_before_the_window_ends() {
+        let after_count = Trigger::ElementCount(1);
+        assert!(!Trigger::Default.fires_before_window_end());
+        assert!(!Trigger::Never.fires_before_window_end());
+        assert!(!Trigger::AfterEndOfWindow {
+            early: None,
+            late: Some(Box::new(after_count.clone())),
+        }
+        .fires_before_window_end());
+        assert!(Trigger::AfterEndOfWindow {
+            early: Some(Box::new(after_count.clone())),
+            late: None,
+        }
+        .fires_before_window_end());
+        assert!(Trigger::Repeat(Box::new(Trigger::AfterProcessingTime {
+            delay_ms: 1000,
+            align: None
+        }))
+        .fires_before_window_end());
+        assert!(Trigger::AfterAny(vec![Trigger::Default, after_count]).fires_before_window_end());
+    }
 }

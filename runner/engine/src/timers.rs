@@ -110,9 +110,22 @@ struct Totals {
     windows: BTreeMap<Window, WindowTimers>,
 }
 
+/// The watermark hold a pending timer keeps: its output timestamp, but for
+/// an event-time timer never past its firing time. Once the input watermark
+/// passes that, the timer is due work, and what it outputs must not reach
+/// a consumer that was already told the stage is done: a timer set with no
+/// output timestamp (Go's `WithNoOutputTimestamp`) holds at the end of
+/// time, which holds nothing, yet its firing may still emit.
+fn hold_of(domain: TimeDomain, timer: &TimerValue) -> Timestamp {
+    match domain {
+        TimeDomain::EventTime => timer.hold_timestamp.min(timer.fire_timestamp),
+        _ => timer.hold_timestamp,
+    }
+}
+
 impl Totals {
-    fn added(&mut self, window: &Window, timer: &TimerValue) {
-        self.holds.add(timer.hold_timestamp);
+    fn added(&mut self, window: &Window, domain: TimeDomain, timer: &TimerValue) {
+        self.holds.add(hold_of(domain, timer));
         match self.windows.get_mut(window) {
             Some(w) => {
                 w.count += 1;
@@ -128,8 +141,8 @@ impl Totals {
         }
     }
 
-    fn removed(&mut self, window: &Window, timer: &TimerValue) {
-        self.holds.remove(timer.hold_timestamp);
+    fn removed(&mut self, window: &Window, domain: TimeDomain, timer: &TimerValue) {
+        self.holds.remove(hold_of(domain, timer));
         if let Some(w) = self.windows.get_mut(window) {
             w.count -= 1;
             if w.count == 0 {
@@ -165,7 +178,7 @@ impl Family {
         if keep_existing && self.timers.contains_key(&slot) {
             return false;
         }
-        totals.added(&slot.0, &timer);
+        totals.added(&slot.0, domain, &timer);
         let new = Pending {
             domain,
             timer,
@@ -183,7 +196,7 @@ impl Family {
             }
             Entry::Occupied(mut set) => {
                 let old = std::mem::replace(set.get_mut(), new);
-                totals.removed(&set.key().0, &old.timer);
+                totals.removed(&set.key().0, old.domain, &old.timer);
                 let slot = by_time[domain_index(old.domain)]
                     .remove(&old.due())
                     .unwrap_or_else(|| set.key().clone());
@@ -195,7 +208,7 @@ impl Family {
 
     fn remove(&mut self, slot: &Slot, totals: &mut Totals) -> Option<(TimeDomain, TimerValue)> {
         let pending = self.timers.remove(slot)?;
-        totals.removed(&slot.0, &pending.timer);
+        totals.removed(&slot.0, pending.domain, &pending.timer);
         self.by_time[domain_index(pending.domain)].remove(&pending.due());
         Some((pending.domain, pending.timer))
     }
@@ -209,7 +222,7 @@ impl Family {
     ) -> Option<(TimeDomain, TimerValue)> {
         let slot = self.by_time[domain_index(domain)].remove(due)?;
         let pending = self.timers.remove(&slot)?;
-        totals.removed(&slot.0, &pending.timer);
+        totals.removed(&slot.0, pending.domain, &pending.timer);
         Some((pending.domain, pending.timer))
     }
 
@@ -602,6 +615,20 @@ mod tests {
     }
 
     #[test]
+    fn a_due_event_time_timer_holds_at_its_firing_time_whatever_its_output_time() {
+        let mut s = TimerStore::default();
+        // No output timestamp: the SDK writes the end of time as the hold.
+        let mut unheld = timer("k", 10, false);
+        unheld.hold_timestamp = MAX_TIMESTAMP;
+        s.apply("t", "e", TimeDomain::EventTime, vec![unheld.clone()]);
+        assert_eq!(s.hold(), Some(10));
+        // A processing-time timer's firing time is not event time.
+        let mut s = TimerStore::default();
+        s.apply("t", "p", TimeDomain::ProcessingTime, vec![unheld]);
+        assert_eq!(s.hold(), Some(MAX_TIMESTAMP));
+    }
+
+    #[test]
     fn last_write_wins_and_clear_deletes() {
         let mut s = TimerStore::default();
         s.apply(
@@ -817,8 +844,16 @@ mod tests {
             before - self.timers.len()
         }
 
+        /// An event-time timer holds at its output timestamp or its
+        /// firing time, whichever is earlier.
         fn hold(&self) -> Option<Timestamp> {
-            self.timers.values().map(|(_, t, _)| t.hold_timestamp).min()
+            self.timers
+                .values()
+                .map(|(d, t, _)| match d {
+                    TimeDomain::EventTime => t.hold_timestamp.min(t.fire_timestamp),
+                    _ => t.hold_timestamp,
+                })
+                .min()
         }
 
         fn next_processing_time(&self) -> Option<Timestamp> {

@@ -371,6 +371,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
                     tag: "s".into(),
                     pcollection: 2,
                     access: SideInputAccess::Iterable,
+                    fires_early: false,
                 }],
                 ..sdk_stage("consumer", vec![1], vec![])
             },

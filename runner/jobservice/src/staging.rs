@@ -19,6 +19,7 @@ use refract_proto::pipeline::ArtifactInformation;
 use refract_proto::tonic::{
     self, Request as GrpcRequest, Response as GrpcResponse, Status, Streaming,
 };
+use refract_proto::urns;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -166,6 +167,19 @@ async fn run_staging(
     let (mut bytes, mut reused) = (0u64, 0usize);
     let mut outcome = Ok(());
     for artifact in &pending {
+        if artifact.type_urn == urns::artifact::DEFERRED {
+            // Python's SDK resolves these at expansion; Go's sends them
+            // on, and cannot give them. A worker pool in the expansion
+            // service (the usual EXTERNAL alternative) has the files
+            // already; a worker started here that needs one fails saying
+            // it was not staged.
+            tracing::info!(
+                job_id = %job.id(),
+                artifact = %describe(artifact),
+                "not staged: a deferred artifact only its expansion service can give"
+            );
+            continue;
+        }
         if let Some(file) = job.artifacts().reuse(artifact).await {
             tracing::debug!(
                 job_id = %job.id(),

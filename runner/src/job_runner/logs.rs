@@ -28,10 +28,27 @@ pub(super) struct JobLogs {
     pub(super) origins: Arc<HashMap<String, (String, String)>>,
 }
 
+/// Whether a worker's log line is the job's own message, as the Go SDK's
+/// job client logs each one it reads: `(time=T)(id=N)text`. A Go LOOPBACK
+/// worker shares the submitting process, and with it the logger, so those
+/// lines reach the runner as the worker's.
+fn is_job_message_echo(message: &str) -> bool {
+    message
+        .strip_prefix("(time=")
+        .and_then(|rest| rest.split_once(')'))
+        .is_some_and(|(_, rest)| rest.starts_with("(id="))
+}
+
 impl LogSink for JobLogs {
     fn log(&self, worker_id: &str, entry: refract_proto::fn_api::LogEntry) {
         use refract_proto::fn_api::log_entry::severity::Enum as Severity;
         let severity = Severity::try_from(entry.severity).unwrap_or(Severity::Info);
+        if is_job_message_echo(&entry.message) {
+            // Sent back to where it came from, it would come back again,
+            // one level deeper, for as long as the job runs.
+            tracing::debug!(worker = worker_id, "{}", entry.message);
+            return;
+        }
         let text = if entry.trace.is_empty() {
             entry.message.clone()
         } else {
@@ -68,5 +85,20 @@ impl LogSink for JobLogs {
             };
             self.job.message(importance, format!("[{origin}] {text}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_go_clients_echo_of_a_job_message_is_recognised() {
+        assert!(is_job_message_echo(
+            "(time=2026-12-04T13:10:52.569481947Z)(id=1)[w0] Draining at: done 0"
+        ));
+        assert!(!is_job_message_echo("Draining at: done 0"));
+        assert!(!is_job_message_echo("(time=soon) a user's own line"));
+        assert!(!is_job_message_echo("(time=unclosed"));
     }
 }

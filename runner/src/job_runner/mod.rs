@@ -402,6 +402,7 @@ async fn run_with_retries(
         let mut facts = AttemptFacts {
             streaming: option_bool(job.options(), "streaming"),
             engine_ran: false,
+            attempt: backoff.attempts(),
         };
         let outcome = run_job(
             job.clone(),

@@ -28,6 +28,10 @@ use crate::output_spill::OutputSpill;
 use crate::telemetry::BundleRecorder;
 use crate::worker_set::WorkerSet;
 
+/// How long a finished job waits for its bundle finalization calls (each
+/// is one round trip to a worker that is still up).
+const FINALIZATION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What one attempt learned about the job, for deciding whether to try
 /// again after it failed.
 #[derive(Debug, Default)]
@@ -37,6 +41,8 @@ pub(super) struct AttemptFacts {
     /// The engine started: work may have been committed since the last
     /// checkpoint.
     pub(super) engine_ran: bool,
+    /// Which attempt of the job this is (0 for the first).
+    pub(super) attempt: u32,
 }
 
 /// What follows a job as it runs: its stage snapshots, its view for the
@@ -214,6 +220,7 @@ pub(super) async fn run_job(
             origins: &origins,
             workers_per_env,
             view: &view,
+            attempt: facts.attempt,
         };
         let workers = start.start(&env_ids, &mut started).await?;
         let stage_names = translated
@@ -239,6 +246,7 @@ pub(super) async fn run_job(
                 max_pending_bytes,
             ));
         }
+        let finalizations = executor.finalizations();
         let executor = Arc::new(executor);
         let state_backed_outputs = std::mem::take(&mut translated.state_backed_outputs);
         let mut engine = Engine::new(
@@ -304,6 +312,13 @@ pub(super) async fn run_job(
             reclaim_spill_space(store.as_ref(), job.id());
         }
         let summary = summary?;
+        let unfinished = finalizations.wait(FINALIZATION_LIMIT).await;
+        if unfinished > 0 {
+            warn!(
+                unfinished,
+                "bundle finalizations still running when the job ended"
+            );
+        }
         if let Some(task) = checkpoint_writer {
             // The engine dropped its sender: the task ends after the
             // checkpoint in hand, if any, is written.

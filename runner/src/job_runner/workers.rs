@@ -23,11 +23,14 @@ pub(super) struct WorkerStart<'a> {
     pub(super) origins: &'a Arc<HashMap<String, (String, String)>>,
     pub(super) workers_per_env: usize,
     pub(super) view: &'a JobView,
+    /// Which attempt of the job starts them (0 for the first).
+    pub(super) attempt: u32,
 }
 
 impl WorkerStart<'_> {
     /// Starts the workers of each environment in `env_ids` (the nth gets
-    /// worker ids `JOB-e<n>-w<k>`). Every set that came up is pushed to
+    /// worker ids `JOB-e<n>-w<k>`, `JOB-a<attempt>-e<n>-w<k>` after the
+    /// first attempt). Every set that came up is pushed to
     /// `started`, even when another failed, so that the caller stops it.
     pub(super) async fn start(
         &self,
@@ -89,7 +92,12 @@ impl WorkerStart<'_> {
         let fn_server = self.fn_server.clone();
         let environment = environment.clone();
         let origins = self.origins.clone();
-        let prefix = format!("{}-e{n}", job.id());
+        // Worker ids are never reused, not even by a later attempt of the
+        // job: the Go SDK's worker pool refuses an id it has seen.
+        let prefix = match self.attempt {
+            0 => format!("{}-e{n}", job.id()),
+            a => format!("{}-a{a}-e{n}", job.id()),
+        };
         Arc::new(move |w: usize| {
             let fn_server = fn_server.clone();
             let config = WorkerConfig {

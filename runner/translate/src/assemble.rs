@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use refract_engine::plan::{ClosingBehavior, PCollection, Plan, SideInput, Stage, StageKind};
+use refract_engine::plan::{
+    ClosingBehavior, FinishedTrigger, PCollection, Plan, SideInput, Stage, StageKind,
+};
 use refract_proto::pipeline as pb;
 
 use crate::error::TranslateError;
@@ -71,6 +73,7 @@ pub(crate) fn assemble(
                         &plan,
                         &index,
                         &graph.coders,
+                        read_by_go(&graph, &node),
                     )?),
                     NodeKind::Flatten => StageKind::Flatten,
                     NodeKind::GroupByKey => {
@@ -98,6 +101,11 @@ pub(crate) fn assemble(
                             // emit an empty closing pane; users expect those
                             // results.
                             strategy.closing_behavior = ClosingBehavior::EmitIfNonEmpty;
+                            // Python's suite for local runners expects
+                            // Prism's rule for data after a finished
+                            // trigger (see `FinishedTrigger`); Go's and
+                            // Java's expect Beam's.
+                            strategy.finished_trigger = FinishedTrigger::Restarts;
                         }
                         if let Some(m) = merge::window_merger(&mut graph, &node, g, opts)? {
                             window_mergers.insert(g, m);
@@ -141,11 +149,13 @@ pub(crate) fn assemble(
                     .side_inputs
                     .into_iter()
                     .map(|(transform_id, tag, pcoll, access)| {
+                        let fires_early = side_input_fires_early(&graph.components, &pcoll)?;
                         Ok(SideInput {
                             transform_id,
                             tag,
                             pcollection: lookup(&index, &pcoll)?,
                             access,
+                            fires_early,
                         })
                     })
                     .collect::<Result<_, TranslateError>>()?;
@@ -268,4 +278,39 @@ pub(crate) fn grouped_values(graph: &Graph, pcoll: &str) -> Option<(String, Stri
         ([key, _], [value]) => Some((key.clone(), value.clone())),
         _ => None,
     }
+}
+
+/// Whether the trigger of side-input PCollection `pcoll` can fire before
+/// its windows end (see `SideInput::fires_early`).
+fn side_input_fires_early(
+    components: &pb::Components,
+    pcoll: &str,
+) -> Result<bool, TranslateError> {
+    let pc = components
+        .pcollections
+        .get(pcoll)
+        .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "a side input"))?;
+    let strategy = windowing::convert(
+        components,
+        &pc.windowing_strategy_id,
+        &format!("PCollection '{pcoll}'"),
+    )?;
+    Ok(strategy.trigger.fires_before_window_end())
+}
+
+/// Whether SDK transforms of the Go SDK read the outputs of runner node
+/// `node` (a TestStream is the SDK's that consumes it: no other SDK
+/// builds one for a foreign pipeline). Go announces itself with a
+/// `beam:version:sdk_base:go:...` capability on its environments.
+fn read_by_go(graph: &Graph, node: &crate::graph::Node) -> bool {
+    graph
+        .nodes
+        .iter()
+        .filter(|n| n.inputs.iter().any(|i| node.outputs.contains(i)))
+        .filter_map(|n| graph.components.environments.get(&n.env))
+        .any(|env| {
+            env.capabilities
+                .iter()
+                .any(|c| c.starts_with("beam:version:sdk_base:go:"))
+        })
 }

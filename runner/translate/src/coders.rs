@@ -182,6 +182,13 @@ impl Coders {
         self.urn_of(self.unwrap_go_custom(id)) == Some(c::GO_CUSTOM)
     }
 
+    /// Whether the values of coder `id` carry their own length prefix (a
+    /// length-prefix coder, or Go's custom coder): the runner can skip one
+    /// without knowing what is inside.
+    pub(crate) fn writes_length_prefix(&self, id: &str) -> bool {
+        matches!(self.urn_of(id), Some(c::LENGTH_PREFIX | c::GO_CUSTOM))
+    }
+
     /// The Go custom coder `id` wraps, if `id` is `length_prefix[custom]`
     /// (the same encoding, see the module docs); else `id`.
     fn unwrap_go_custom<'a>(&'a self, id: &'a str) -> &'a str {

@@ -8,8 +8,8 @@
 //! and the closing and on-time behaviours.
 
 use refract_engine::plan::{
-    AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
-    WindowingStrategy,
+    AccumulationMode, ClosingBehavior, FinishedTrigger, OnTimeBehavior, OutputTime, Trigger,
+    WindowFn, WindowingStrategy,
 };
 use refract_proto::pipeline::{self as pb, trigger::Trigger as PbTrigger};
 use refract_proto::prost::Message;
@@ -43,6 +43,8 @@ pub(crate) fn convert(
             .unwrap_or(defaults.closing_behavior),
         on_time_behavior: on_time(ws.on_time_behavior, &location)?
             .unwrap_or(defaults.on_time_behavior),
+        // Beam's rule; the caller knows which SDK asks for Prism's.
+        finished_trigger: FinishedTrigger::ClosesWindow,
     })
 }
 
@@ -244,22 +246,23 @@ fn on_time(value: i32, location: &str) -> Result<Option<OnTimeBehavior>, Transla
     }
 }
 
-/// Whether combiner lifting preserves the trigger's semantics: triggers that
-/// must observe every element (element counts above one, and anything not
-/// listed) need the unlifted form. Mirrors Python's
-/// `is_compatible_with_combiner_lifting`.
+/// Whether combiner lifting preserves the trigger's semantics. Triggers that
+/// count elements (`Always`, `AfterCount`) must see each one: a lifted
+/// combine hands the GroupByKey one accumulator per key and bundle, so
+/// `Always` would fire once for a bundle's three elements, not three times
+/// (Beam's Go trigger tests count those panes, and Prism does not lift them
+/// either). Anything not listed needs the unlifted form too.
 pub(crate) fn allows_combiner_lifting(t: Option<&pb::Trigger>) -> bool {
     let Some(t) = t else { return true };
     match &t.trigger {
         None => false,
         Some(
             PbTrigger::Default(_)
-            | PbTrigger::Always(_)
             | PbTrigger::Never(_)
             | PbTrigger::AfterProcessingTime(_)
             | PbTrigger::AfterSynchronizedProcessingTime(_),
         ) => true,
-        Some(PbTrigger::ElementCount(c)) => c.element_count == 1,
+        Some(PbTrigger::Always(_) | PbTrigger::ElementCount(_)) => false,
         Some(PbTrigger::AfterEndOfWindow(a)) => {
             allows_combiner_lifting(a.early_firings.as_deref())
                 && allows_combiner_lifting(a.late_firings.as_deref())
@@ -335,8 +338,11 @@ mod tests {
         assert!(allows_combiner_lifting(Some(&t(PbTrigger::Default(
             pb::trigger::Default {}
         )))));
-        assert!(allows_combiner_lifting(Some(&t(PbTrigger::ElementCount(
+        assert!(!allows_combiner_lifting(Some(&t(PbTrigger::ElementCount(
             pb::trigger::ElementCount { element_count: 1 }
+        )))));
+        assert!(!allows_combiner_lifting(Some(&t(PbTrigger::Always(
+            pb::trigger::Always {}
         )))));
         assert!(!allows_combiner_lifting(Some(&t(PbTrigger::AfterAll(
             pb::trigger::AfterAll {

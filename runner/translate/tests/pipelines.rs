@@ -837,6 +837,19 @@ fn go_style_test_stream(elements: &[&[u8]]) -> pb::Pipeline {
     comps
         .coders
         .insert("lp_go".into(), coder(c::LENGTH_PREFIX, vec!["go".into()]));
+    recode_test_stream(comps, "go", "lp_go", elements);
+    p
+}
+
+/// Rewrites the TestStream of `comps`: its payload in coder `payload_coder`
+/// with its first element event's elements replaced by `elements`, its
+/// output in coder `output_coder`.
+fn recode_test_stream(
+    comps: &mut pb::Components,
+    payload_coder: &str,
+    output_coder: &str,
+    elements: &[&[u8]],
+) {
     let ts = comps
         .transforms
         .values_mut()
@@ -848,7 +861,7 @@ fn go_style_test_stream(elements: &[&[u8]]) -> pb::Pipeline {
         .expect("a TestStream");
     let spec = ts.spec.as_mut().expect("spec");
     let mut payload = pb::TestStreamPayload::decode(spec.payload.as_slice()).expect("payload");
-    payload.coder_id = "go".into();
+    payload.coder_id = payload_coder.into();
     let add = payload
         .events
         .iter_mut()
@@ -866,8 +879,7 @@ fn go_style_test_stream(elements: &[&[u8]]) -> pb::Pipeline {
         .pcollections
         .get_mut(&output)
         .expect("output")
-        .coder_id = "lp_go".into();
-    p
+        .coder_id = output_coder.into();
 }
 
 #[test]
@@ -908,4 +920,99 @@ fn go_test_stream_elements_keep_the_sdks_own_length_prefix() {
     )
     .expect_err("a short value");
     assert!(err.to_string().contains("does not decode"), "{err}");
+}
+
+/// The `test_stream` pipeline with its TestStream's payload and output in
+/// a coder of `urn`, the elements replaced by `elements`, and, when `go`,
+/// every environment announcing the Go SDK.
+fn coded_test_stream(urn: &str, elements: &[&[u8]], go: bool) -> pb::Pipeline {
+    let mut p = common::load("test_stream");
+    let comps = p.components.as_mut().expect("components");
+    comps.coders.insert(
+        "str".into(),
+        pb::Coder {
+            spec: Some(pb::FunctionSpec {
+                urn: urn.to_string(),
+                payload: Vec::new(),
+            }),
+            component_coder_ids: Vec::new(),
+        },
+    );
+    if go {
+        for env in comps.environments.values_mut() {
+            env.capabilities
+                .retain(|c| !c.starts_with("beam:version:sdk_base:"));
+            env.capabilities
+                .push("beam:version:sdk_base:go:apache/beam_go_sdk:2.77.0".into());
+        }
+    }
+    recode_test_stream(comps, "str", "str", elements);
+    p
+}
+
+/// The values of the first element event of `t`'s TestStream stage.
+fn first_test_stream_values(t: &Translated) -> Vec<Vec<u8>> {
+    use refract_engine::plan::TestStreamEvent;
+    let ts = stage_named(t, "TestStream");
+    let StageKind::TestStream(events) = &t.plan.stages[ts].kind else {
+        panic!("not a TestStream stage: {}", describe(t));
+    };
+    events
+        .iter()
+        .find_map(|e| match e {
+            TestStreamEvent::Elements { elements, .. } => {
+                Some(elements.iter().map(|(v, _)| v.to_vec()).collect())
+            }
+            _ => None,
+        })
+        .expect("an element event")
+}
+
+#[test]
+fn go_test_stream_strings_arrive_nested_and_others_outer() {
+    let string_test_stream =
+        |elements: &[&[u8]], go| coded_test_stream(urns::coder::STRING_UTF8, elements, go);
+    // Go writes "a" as its nested form, length first; the engine keeps it.
+    let go = refract_translate::translate(
+        &string_test_stream(&[b"\x01a", b"\x02bc"], true),
+        &common::opts(),
+    )
+    .expect("a Go TestStream of strings translates");
+    assert_eq!(
+        first_test_stream_values(&go),
+        vec![b"\x01a".to_vec(), b"\x02bc".to_vec()]
+    );
+    // Python writes "a" in the outer context: the length is added.
+    let python =
+        refract_translate::translate(&string_test_stream(&[b"a", b"bc"], false), &common::opts())
+            .expect("a Python TestStream of strings translates");
+    assert_eq!(
+        first_test_stream_values(&python),
+        vec![b"\x01a".to_vec(), b"\x02bc".to_vec()]
+    );
+    // A Go element that is not one nested string is refused.
+    let err = refract_translate::translate(
+        &string_test_stream(&[b"\x05a", b"\x02bc"], true),
+        &common::opts(),
+    )
+    .expect_err("a short string");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+}
+
+#[test]
+fn go_test_stream_values_of_coders_the_runner_does_not_know_get_its_prefix() {
+    // A Go schema row ("a", "b"): the runner holds it as an opaque,
+    // length-prefixed blob.
+    let row: &[u8] = b"\x02\x00\x01a\x01b";
+    let t = refract_translate::translate(
+        &coded_test_stream("beam:coder:row:v1", &[row, row], true),
+        &common::opts(),
+    )
+    .expect("a Go TestStream of rows translates");
+    let mut prefixed = vec![row.len() as u8];
+    prefixed.extend_from_slice(row);
+    assert_eq!(
+        first_test_stream_values(&t),
+        vec![prefixed.clone(), prefixed]
+    );
 }

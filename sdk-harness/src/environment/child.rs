@@ -39,6 +39,29 @@ pub(crate) struct ChildWorker {
     cleanup: Option<Command>,
 }
 
+/// A new directory only this user can read, for one worker's files.
+pub(crate) fn scratch_dir(worker_id: &str) -> std::io::Result<PathBuf> {
+    let safe: String = worker_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!(
+        "refract-worker-{safe}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(&dir)?;
+    Ok(dir)
+}
+
 impl ChildWorker {
     /// Spawns `command` and supervises it.
     pub(crate) fn spawn(
@@ -72,10 +95,19 @@ impl ChildWorker {
             .kill_on_drop(true);
         #[cfg(unix)]
         command.process_group(0);
-        let mut child = command.spawn().map_err(|e| HarnessError::WorkerStart {
-            worker_id: worker_id.to_string(),
-            reason: format!("cannot spawn {:?}: {e}", command.as_std().get_program()),
-        })?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(dir) = &scratch {
+                    // Nothing ran in it; it would be left behind.
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(HarnessError::WorkerStart {
+                    worker_id: worker_id.to_string(),
+                    reason: format!("cannot spawn {:?}: {e}", command.as_std().get_program()),
+                });
+            }
+        };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let stdout = child
             .stdout

@@ -18,10 +18,16 @@
 //!   with a JDK at least as new as the image's (`JAVA_HOME`, `PATH`, or
 //!   `--sdk_java`).
 //!
-//! Both get the environment variables the images' boot programs set: the
-//! worker id, the control and logging endpoints, the pipeline options as
-//! JSON, the runner's capabilities and a private scratch directory, which is
-//! removed when the process ends.
+//! - Go images: the job's staged pipeline binary itself, in worker mode
+//!   (`--worker=true --id=... --control_endpoint=...`), as Go's boot program
+//!   runs it: the only staged file, else the one with Go's worker-binary
+//!   role, else the one staged as `worker`. It carries its own SDK, so no
+//!   interpreter is needed.
+//!
+//! All get what the images' boot programs hand their harness: the worker
+//! id, the control and logging endpoints, the pipeline options as JSON, the
+//! runner's capabilities and a private scratch directory, which is removed
+//! when the process ends.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,7 +38,7 @@ use refract_proto::pipeline::{ArtifactInformation, ArtifactStagingToRolePayload}
 use refract_proto::urns;
 use tokio::process::Command;
 
-use super::child::ChildWorker;
+use super::child::{scratch_dir, ChildWorker};
 use crate::config::WorkerConfig;
 use crate::error::HarnessError;
 
@@ -79,6 +85,8 @@ pub(crate) enum SdkImage {
         /// The image's Java feature release.
         java: u32,
     },
+    /// `beam_go_sdk:BEAM`.
+    Go,
 }
 
 impl SdkImage {
@@ -89,6 +97,9 @@ impl SdkImage {
             .split_once(':')
             .unwrap_or((name_and_tag, "latest"));
         let sdk = name.strip_prefix("beam_")?.strip_suffix("_sdk")?;
+        if sdk == "go" {
+            return Some(SdkImage::Go);
+        }
         if let Some(python) = sdk.strip_prefix("python") {
             let (major, minor) = python.split_once('.')?;
             let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -118,6 +129,11 @@ pub(crate) async fn start(
         .map_err(|e| unavailable(format!("cannot make a scratch directory: {e}")))?;
     let started = async {
         let staged = stage_files(cfg, &scratch.join("staged")).map_err(&unavailable)?;
+        let options = cfg
+            .provision
+            .pipeline_options
+            .as_ref()
+            .map_or(serde_json::Value::Object(Default::default()), struct_json);
         let mut command = match image {
             SdkImage::Python { python, beam } => {
                 let interpreter = find_python(hosts, python, beam)
@@ -149,13 +165,24 @@ pub(crate) async fn start(
                 command.env("HARNESS_ID", &cfg.worker_id);
                 command
             }
+            SdkImage::Go => {
+                let binary = go_worker_binary(cfg, &staged, &scratch).map_err(&unavailable)?;
+                let options_file = scratch.join("pipeline_options.json");
+                std::fs::write(&options_file, options.to_string()).map_err(|e| {
+                    unavailable(format!("cannot write {}: {e}", options_file.display()))
+                })?;
+                let mut command = Command::new(binary);
+                command
+                    .arg("--worker=true")
+                    .arg(format!("--id={}", cfg.worker_id))
+                    .arg(format!("--logging_endpoint={url}"))
+                    .arg(format!("--control_endpoint={url}"))
+                    .arg(format!("--semi_persist_dir={}", scratch.display()))
+                    .env("PIPELINE_OPTIONS_FILE", &options_file);
+                command
+            }
         };
         let descriptor = format!("url: \"{url}\"");
-        let options = cfg
-            .provision
-            .pipeline_options
-            .as_ref()
-            .map_or(serde_json::Value::Object(Default::default()), struct_json);
         command
             .env("CONTROL_API_SERVICE_DESCRIPTOR", &descriptor)
             .env("LOGGING_API_SERVICE_DESCRIPTOR", &descriptor)
@@ -191,30 +218,56 @@ fn describe(image: &SdkImage) -> String {
     match image {
         SdkImage::Python { python, beam } => format!("Beam {beam}'s Python {python} SDK image"),
         SdkImage::Java { java } => format!("Beam's Java {java} SDK image"),
+        SdkImage::Go => "Beam's Go SDK image".to_string(),
     }
 }
 
-/// A new directory only this user can read, for one worker's files.
-fn scratch_dir(worker_id: &str) -> std::io::Result<PathBuf> {
-    let safe: String = worker_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let dir = std::env::temp_dir().join(format!(
-        "refract-worker-{safe}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let mut builder = std::fs::DirBuilder::new();
+/// The Go pipeline binary among the worker's staged files (`staged`, in
+/// the provisioned order), copied into `scratch` as an executable: staged
+/// files may sit on a volume that cannot execute, and the copy keeps the
+/// artifact store's file as it was.
+fn go_worker_binary(
+    cfg: &WorkerConfig,
+    staged: &[PathBuf],
+    scratch: &Path,
+) -> Result<PathBuf, String> {
+    let dependencies = &cfg.provision.dependencies;
+    let chosen = if staged.len() == 1 {
+        staged.first()
+    } else {
+        dependencies
+            .iter()
+            .position(|a| a.role_urn == urns::artifact::GO_WORKER_BINARY)
+            .or_else(|| {
+                staged
+                    .iter()
+                    .position(|p| p.file_name().is_some_and(|n| n == "worker"))
+            })
+            .and_then(|n| staged.get(n))
+    };
+    let source = chosen.ok_or_else(|| {
+        format!(
+            "the job staged {} files and none is the Go worker binary \
+             (role {} or named 'worker')",
+            staged.len(),
+            urns::artifact::GO_WORKER_BINARY
+        )
+    })?;
+    let target = scratch.join("worker");
+    std::fs::copy(source, &target).map_err(|e| {
+        format!(
+            "cannot copy {} to {}: {e}",
+            source.display(),
+            target.display()
+        )
+    })?;
     #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(&dir)?;
-    Ok(dir)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make {} executable: {e}", target.display()))?;
+    }
+    Ok(target)
 }
 
 /// Links (or copies) every staged dependency of the worker into `dir`
@@ -360,14 +413,25 @@ fn last_line(bytes: &[u8]) -> String {
         .to_string()
 }
 
+/// A protobuf number as JSON the way protobuf's JSON mapping writes it:
+/// whole numbers without a fraction (`-1`, not `-1.0`), which readers into
+/// integer fields (the Go SDK's) require.
+fn number(n: f64) -> serde_json::Value {
+    // Whole numbers up to 2^53 are exact in an f64 and in an i64.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if n.fract() == 0.0 && n.abs() <= EXACT {
+        return serde_json::Value::from(n as i64);
+    }
+    serde_json::Number::from_f64(n).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
 /// A protobuf `Struct` as the JSON object the SDKs' boot programs pass in
 /// `PIPELINE_OPTIONS`. (Nesting is bounded by protobuf's decoding limit.)
 fn struct_json(options: &prost_types::Struct) -> serde_json::Value {
     fn value(v: &prost_types::Value) -> serde_json::Value {
         match &v.kind {
             None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-            Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n)
-                .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            Some(Kind::NumberValue(n)) => number(*n),
             Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
             Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
             Some(Kind::StructValue(s)) => struct_json(s),
@@ -402,8 +466,11 @@ mod tests {
             SdkImage::parse("gcr.io/x/beam_java17_sdk:2.73.0"),
             Some(SdkImage::Java { java: 17 })
         );
+        assert_eq!(
+            SdkImage::parse("apache/beam_go_sdk:2.77.0"),
+            Some(SdkImage::Go)
+        );
         for other in [
-            "apache/beam_go_sdk:2.77.0",
             "apache/flink:1.18",
             "beam_pythonX.Y_sdk:1",
             "apache/beam_python3_sdk:2.77.0",
@@ -462,5 +529,10 @@ mod tests {
             struct_json(&options).to_string(),
             r#"{"beam:option:job_name:v1":"j"}"#
         );
+        // Whole numbers as integers (Go reads them into ints), others as
+        // they are.
+        assert_eq!(number(-1.0).to_string(), "-1");
+        assert_eq!(number(0.5).to_string(), "0.5");
+        assert_eq!(number(f64::NAN), serde_json::Value::Null);
     }
 }

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use crate::hub::Hub;
+use crate::hub::{Hub, WORKER_ID_HEADER};
 use crate::link::WorkerLink;
 
 /// Serves BeamFnControl for all workers.
@@ -55,9 +55,15 @@ impl BeamFnControl for ControlService {
         &self,
         request: Request<GetProcessBundleDescriptorRequest>,
     ) -> Result<Response<ProcessBundleDescriptor>, Status> {
-        let link = self.hub.link_for(&request)?;
+        // The TypeScript SDK asks without its `worker_id` header. A
+        // descriptor's id holds its job's random id, so a caller must
+        // know the job already; a header that is there must name a worker.
+        let worker = match request.metadata().get(WORKER_ID_HEADER) {
+            Some(_) => Some(self.hub.link_for(&request)?.id().to_string()),
+            None => None,
+        };
         let id = &request.get_ref().process_bundle_descriptor_id;
-        tracing::debug!(worker_id = %link.id(), descriptor_id = %id, "descriptor requested");
+        tracing::debug!(worker_id = ?worker, descriptor_id = %id, "descriptor requested");
         self.hub
             .descriptor(id)
             .map(Response::new)

@@ -37,8 +37,8 @@ use crate::coder::{
 };
 use crate::holds::Holds;
 use crate::plan::{
-    AccumulationMode, ClosingBehavior, OnTimeBehavior, OutputTime, Trigger, WindowFn,
-    WindowingStrategy,
+    AccumulationMode, ClosingBehavior, FinishedTrigger, OnTimeBehavior, OutputTime, Trigger,
+    WindowFn, WindowingStrategy,
 };
 use crate::spill::SpillError;
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
@@ -153,6 +153,13 @@ pub struct GroupingBuffer {
     panes: KeyTable<KeyPanes>,
     /// Elements dropped because they arrived after their window expired.
     dropped_late: u64,
+    /// Whether data for expired windows is dropped (streaming). A batch
+    /// pipeline has no late data: its GroupByKeys see all their input
+    /// before the end of time, whatever timestamps a DoFn gave it on the
+    /// way (the TypeScript SDK's `assignTimestamps` after a Reshuffle moves
+    /// elements from the end of the global window back into windows the
+    /// watermark has passed).
+    drops_late_data: bool,
     /// The output watermark this stage last published (as far as this
     /// buffer knows it): data behind it must not be emitted behind it.
     output_watermark: Timestamp,
@@ -236,6 +243,7 @@ impl GroupingBuffer {
             window_coder,
             panes: KeyTable::default(),
             dropped_late: 0,
+            drops_late_data: true,
             output_watermark: crate::time::MIN_TIMESTAMP,
             unmerged: BTreeSet::new(),
             touched: FxHashSet::default(),
@@ -245,6 +253,14 @@ impl GroupingBuffer {
             memory_bytes: 0,
             spill: None,
         }
+    }
+
+    /// Keeps data that arrives for expired windows instead of dropping it:
+    /// for batch pipelines, which have no late data (see
+    /// `drops_late_data`). Such data fires as a late pane of its window.
+    pub fn keeping_late_data(mut self) -> Self {
+        self.drops_late_data = false;
+        self
     }
 
     /// What a checkpoint keeps of this buffer: everything, spilled panes
@@ -362,7 +378,7 @@ impl GroupingBuffer {
         let value = &kv[key_len..];
         let ts = header.timestamp;
         for window in &header.windows {
-            if self.expired(window, input_watermark) {
+            if self.drops_late_data && self.expired(window, input_watermark) {
                 self.dropped_late += 1;
                 continue;
             }
@@ -408,10 +424,15 @@ impl GroupingBuffer {
             let (window, pane) = &mut windows[at];
             let before = pane_hold(&self.strategy, window, pane);
             if pane.trigger.is_finished() {
-                // A finished trigger starts over for data that still arrives
-                // before the window expires; what it has not fired by then is
-                // emitted when the window closes.
-                pane.trigger = TriggerState::new(trigger);
+                match self.strategy.finished_trigger {
+                    // The trigger closed the window: the data is dropped
+                    // (not late: Beam counts the two apart).
+                    FinishedTrigger::ClosesWindow => continue,
+                    // It starts over for data that still arrives before
+                    // the window expires; what it has not fired by then is
+                    // emitted when the window closes.
+                    FinishedTrigger::Restarts => pane.trigger = TriggerState::new(trigger),
+                }
             }
             pane.add(value, hold);
             self.memory_bytes += value.len();
@@ -1260,6 +1281,30 @@ mod tests {
         // Late data for the fired window is dropped once the window expired.
         g.add(&element(b"a", 3, 2, w(0)), 10, 0).unwrap();
         assert_eq!(g.dropped_late(), 1);
+    }
+
+    #[test]
+    fn a_batch_buffer_keeps_data_for_windows_the_watermark_passed() {
+        let mut strategy = WindowingStrategy::global_default();
+        strategy.window_fn = WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        };
+        let mut g =
+            GroupingBuffer::new(strategy, kv_coder(), Coder::IntervalWindow).keeping_late_data();
+        let w0 = Window::Interval { start: 0, end: 10 };
+        // The watermark is far past [0, 10) when its data arrives.
+        g.add(&element(b"a", 1, 1, w0.clone()), 1_000, 0).unwrap();
+        g.add(&element(b"a", 2, 2, w0.clone()), 1_000, 0).unwrap();
+        assert_eq!(g.dropped_late(), 0);
+        let mut out = Fired::default();
+        assert_eq!(
+            g.evaluate(MAX_TIMESTAMP, 0, &mut out, usize::MAX).unwrap(),
+            1
+        );
+        let decoded = emitted(out, &Coder::IntervalWindow);
+        assert_eq!(decoded.len(), 1);
+        assert_eq!(decoded[0].header.windows[0], w0);
     }
 }
 

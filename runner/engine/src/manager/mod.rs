@@ -358,6 +358,13 @@ impl Engine {
         clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     ) -> Result<Self, EngineError> {
         let n = plan.stages.len();
+        let scripted = plan
+            .stages
+            .iter()
+            .any(|s| matches!(s.kind, StageKind::TestStream(_)));
+        // A batch pipeline has no late data; one whose watermark a
+        // TestStream scripts means the lateness it makes.
+        let keeps_late_data = !config.streaming && !scripted;
         let mut consumers = vec![Consumers::default(); plan.pcollections.len()];
         let mut producers = vec![None; plan.pcollections.len()];
         for (idx, stage) in plan.stages.iter().enumerate() {
@@ -408,11 +415,16 @@ impl Engine {
                         ))
                     })?;
                     let pc = &plan.pcollections[*input];
-                    Some(GroupingBuffer::new(
+                    let buffer = GroupingBuffer::new(
                         strategy.clone(),
                         pc.value_coder.clone(),
                         pc.window_coder.clone(),
-                    ))
+                    );
+                    Some(if keeps_late_data {
+                        buffer.keeping_late_data()
+                    } else {
+                        buffer
+                    })
                 }
                 _ => None,
             };
@@ -439,11 +451,7 @@ impl Engine {
             });
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
-        let frozen_clock = plan
-            .stages
-            .iter()
-            .any(|s| matches!(s.kind, StageKind::TestStream(_)))
-            .then(|| clock());
+        let frozen_clock = scripted.then(|| clock());
         Ok(Engine {
             plan,
             executor,

@@ -10,6 +10,8 @@ pub(super) struct SideGate {
     pub(super) global: bool,
     /// Some value of it has arrived.
     pub(super) has_values: bool,
+    /// Its trigger fires panes before its windows end.
+    pub(super) fires_early: bool,
 }
 
 impl SideGate {
@@ -19,15 +21,16 @@ impl SideGate {
     /// the window the element could map to: the global window's end for a
     /// globally windowed side input, else the element's own windows' ends
     /// (the same window function on both sides is the common case). In
-    /// streaming a globally windowed side input is readable as soon as its
-    /// first pane arrived, and later panes update it.
+    /// streaming, a globally windowed side input whose trigger fires early
+    /// is readable as soon as its first pane arrived, and later panes
+    /// update it.
     pub(super) fn allows(&self, e: &DecodedElement, streaming: bool) -> bool {
         if self.watermark >= MAX_TIMESTAMP {
             return true;
         }
         if self.global {
             return self.watermark > crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP
-                || (streaming && self.has_values);
+                || (streaming && self.fires_early && self.has_values);
         }
         let end = e
             .header
@@ -55,7 +58,48 @@ impl Engine {
                 global: self.plan.pcollections[si.pcollection].window_coder
                     == crate::coder::Coder::GlobalWindow,
                 has_values: store.has_values(&si.transform_id, &si.tag),
+                fires_early: si.fires_early,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn main_element() -> DecodedElement {
+        let header = WindowedValueHeader {
+            timestamp: 100,
+            windows: smallvec::smallvec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        DecodedElement::new(header, Bytes::new(), 0)
+    }
+
+    fn global_side(fires_early: bool) -> SideGate {
+        SideGate {
+            watermark: 110,
+            global: true,
+            has_values: true,
+            fires_early,
+        }
+    }
+
+    #[test]
+    fn an_open_global_side_input_waits_unless_its_trigger_fires_early() {
+        let e = main_element();
+        // Default trigger: complete only once its window closes, even in
+        // streaming and with values already there.
+        assert!(!global_side(false).allows(&e, true));
+        // A trigger with early panes: its first pane is readable.
+        assert!(global_side(true).allows(&e, true));
+        // In batch a side input is always read complete.
+        assert!(!global_side(true).allows(&e, false));
+        let closed = SideGate {
+            watermark: crate::time::GLOBAL_WINDOW_MAX_TIMESTAMP + 1,
+            ..global_side(false)
+        };
+        assert!(closed.allows(&e, false));
     }
 }

@@ -30,7 +30,7 @@ impl<'a> Reader<'a> {
         Self { bytes }
     }
 
-    #[cfg(test)]
+    /// Whether every byte has been read.
     pub(crate) fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }

@@ -33,18 +33,24 @@ pub fn decode_int_metric(type_urn: &str, payload: &[u8]) -> Option<IntMetric> {
         MetricValue::SumInt64(total) => Some(IntMetric::Counter(total)),
         // An empty distribution shows as zeros, not as the extremes it
         // starts from.
-        MetricValue::DistributionInt64(d) if d.count == 0 => Some(IntMetric::Distribution {
-            count: 0,
-            sum: 0,
-            min: 0,
-            max: 0,
-        }),
-        MetricValue::DistributionInt64(d) => Some(IntMetric::Distribution {
-            count: d.count,
-            sum: d.sum,
-            min: d.min,
-            max: d.max,
-        }),
+        MetricValue::DistributionInt64(d) | MetricValue::CountedDistributionInt64(d)
+            if d.count == 0 =>
+        {
+            Some(IntMetric::Distribution {
+                count: 0,
+                sum: 0,
+                min: 0,
+                max: 0,
+            })
+        }
+        MetricValue::DistributionInt64(d) | MetricValue::CountedDistributionInt64(d) => {
+            Some(IntMetric::Distribution {
+                count: d.count,
+                sum: d.sum,
+                min: d.min,
+                max: d.max,
+            })
+        }
         MetricValue::LatestInt64 { value, .. } => Some(IntMetric::Gauge(value)),
         _ => None,
     }

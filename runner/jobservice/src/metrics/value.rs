@@ -39,6 +39,10 @@ pub(crate) enum MetricValue {
     SumInt64(i64),
     SumDouble(f64),
     DistributionInt64(Distribution<i64>),
+    /// An int64 distribution as the TypeScript SDK writes and reads it: its
+    /// four numbers as an iterable (a 4-byte count, 4, then the varints).
+    /// Kept in that layout so that the SDK's client reads the total back.
+    CountedDistributionInt64(Distribution<i64>),
     DistributionDouble(Distribution<f64>),
     LatestInt64 {
         millis: i64,
@@ -61,20 +65,23 @@ impl MetricValue {
         let value = match type_urn {
             type_urn::SUM_INT64 => Self::SumInt64(r.varint()?),
             type_urn::SUM_DOUBLE => Self::SumDouble(r.double()?),
-            type_urn::DISTRIBUTION_INT64 => {
-                let count = r.varint()?;
-                // An empty distribution may omit the rest (proto comment).
-                if count == 0 {
-                    Self::DistributionInt64(empty_int_distribution())
-                } else {
-                    Self::DistributionInt64(Distribution {
-                        count,
-                        sum: r.varint()?,
-                        min: r.varint()?,
-                        max: r.varint()?,
-                    })
+            type_urn::DISTRIBUTION_INT64 => match counted_four_varints(payload) {
+                Some(d) => Self::CountedDistributionInt64(d),
+                None => {
+                    let count = r.varint()?;
+                    // An empty distribution may omit the rest (proto comment).
+                    if count == 0 {
+                        Self::DistributionInt64(empty_int_distribution())
+                    } else {
+                        Self::DistributionInt64(Distribution {
+                            count,
+                            sum: r.varint()?,
+                            min: r.varint()?,
+                            max: r.varint()?,
+                        })
+                    }
                 }
-            }
+            },
             type_urn::DISTRIBUTION_DOUBLE => {
                 let count = r.varint()?;
                 if count == 0 {
@@ -107,7 +114,10 @@ impl MetricValue {
         match (self, other) {
             (Self::SumInt64(a), Self::SumInt64(b)) => *a = a.saturating_add(b),
             (Self::SumDouble(a), Self::SumDouble(b)) => *a += b,
-            (Self::DistributionInt64(a), Self::DistributionInt64(b)) => {
+            (
+                Self::DistributionInt64(a) | Self::CountedDistributionInt64(a),
+                Self::DistributionInt64(b) | Self::CountedDistributionInt64(b),
+            ) => {
                 if b.count == 0 {
                     return;
                 }
@@ -178,6 +188,13 @@ impl MetricValue {
                 put_varint(&mut out, d.min);
                 put_varint(&mut out, d.max);
             }
+            Self::CountedDistributionInt64(d) => {
+                out.extend_from_slice(&COUNTED_FOUR);
+                put_varint(&mut out, d.count);
+                put_varint(&mut out, d.sum);
+                put_varint(&mut out, d.min);
+                put_varint(&mut out, d.max);
+            }
             Self::DistributionDouble(d) => {
                 put_varint(&mut out, d.count);
                 put_double(&mut out, d.sum);
@@ -197,6 +214,25 @@ impl MetricValue {
         }
         out
     }
+}
+
+/// The 4-byte big-endian count an iterable of four values starts with.
+const COUNTED_FOUR: [u8; 4] = [0, 0, 0, 4];
+
+/// The distribution in `payload` if it is written as an iterable of its
+/// four numbers (the TypeScript SDK's layout). A standard payload never
+/// reads so: one starting with those bytes would be the empty distribution
+/// (count 0, sum 0, min 0, max 4) with bytes after its end.
+fn counted_four_varints(payload: &[u8]) -> Option<Distribution<i64>> {
+    let body = payload.strip_prefix(&COUNTED_FOUR)?;
+    let mut r = Reader::new(body);
+    let d = Distribution {
+        count: r.varint().ok()?,
+        sum: r.varint().ok()?,
+        min: r.varint().ok()?,
+        max: r.varint().ok()?,
+    };
+    r.is_empty().then_some(d)
 }
 
 fn empty_int_distribution() -> Distribution<i64> {
@@ -251,6 +287,19 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(a.encode(), dist(3, -1, -5, 3));
+    }
+
+    #[test]
+    fn typescript_distributions_merge_and_keep_their_layout() {
+        let counted = |count: u8, sum: u8, min: u8, max: u8| vec![0, 0, 0, 4, count, sum, min, max];
+        let mut a =
+            MetricValue::decode(type_urn::DISTRIBUTION_INT64, &counted(2, 3, 1, 2)).unwrap();
+        a.merge(MetricValue::decode(type_urn::DISTRIBUTION_INT64, &counted(1, 3, 3, 3)).unwrap());
+        assert_eq!(a.encode(), counted(3, 6, 1, 3));
+        // Four standard varints are not mistaken for it.
+        let standard =
+            MetricValue::decode(type_urn::DISTRIBUTION_INT64, &dist(0, 0, 0, 4)).unwrap();
+        assert!(matches!(standard, MetricValue::DistributionInt64(_)));
     }
 
     #[test]

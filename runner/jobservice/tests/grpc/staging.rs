@@ -368,3 +368,24 @@ async fn run_waits_for_a_transfer_in_flight() {
     assert_eq!(contents, [&b"first half, second half".to_vec()]);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn deferred_artifacts_are_not_asked_of_the_client() {
+    // Go's client passes on the Java expansion service's deferred jars,
+    // which it cannot give; the job still runs (a worker pool in the
+    // expansion service has them).
+    let server = Server::start().await;
+    let files: HashMap<String, Vec<u8>> = [("/m2/a.jar".to_string(), b"a".to_vec())].into();
+    let deferred = refract_proto::pipeline::ArtifactInformation {
+        type_urn: refract_proto::urns::artifact::DEFERRED.to_string(),
+        type_payload: b"a key of the expansion service".to_vec(),
+        ..file_artifact("/unused", "deferred.jar", "")
+    };
+    let declared = vec![deferred, file_artifact("/m2/a.jar", "a.jar", "")];
+    let (job, requested) = stage_job(&server, declared, &files).await;
+    assert_eq!(requested, ["/m2/a.jar"]);
+    let mut jobs = server.jobs().await;
+    let seen = run_to_end(&mut jobs, &job).await;
+    assert_eq!(seen.last(), Some(&State::Done));
+    server.shutdown().await.unwrap();
+}
