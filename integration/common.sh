@@ -163,6 +163,59 @@ refract_prism_bin() {
   echo "$dir/prism"
 }
 
+# _refract_go ARGS...: runs `go ARGS` with the module and build caches
+# under $REFRACT_CACHE (shared by every Go build of the scripts). GOFLAGS
+# (default -buildvcs=false) is set whole because `go install pkg@version`
+# refuses -mod=...;
+# GOTOOLCHAIN=auto lets a Go older than a module asks for fetch the newer
+# toolchain from the module proxy.
+_refract_go() {
+  GOMODCACHE=$REFRACT_CACHE/go-mod GOCACHE=$REFRACT_CACHE/go-build \
+    GOFLAGS=${GOFLAGS:--buildvcs=false} GOTOOLCHAIN=${GOTOOLCHAIN:-auto} go "$@"
+}
+
+# refract_stop_tracked: stops (TERM) and waits for every background process
+# whose pid a script appended to REFRACT_TRACKED; for its EXIT trap.
+REFRACT_TRACKED=()
+refract_stop_tracked() {
+  local pid
+  for pid in "${REFRACT_TRACKED[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${REFRACT_TRACKED[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+# refract_go_wordcount_bin: builds the Go pipeline integration/go/wordcount
+# (its go.mod and go.sum pin Beam's Go SDK) into $REFRACT_CACHE/go-bin and
+# prints its path. Go's build cache makes a rebuild of unchanged sources a
+# matter of seconds.
+refract_go_wordcount_bin() {
+  local out=$REFRACT_CACHE/go-bin
+  if ! command -v go >/dev/null 2>&1; then
+    echo "refract_go_wordcount_bin: needs Go (1.26 or newer) on PATH" >&2
+    return 1
+  fi
+  mkdir -p "$out"
+  (cd "$REFRACT_ROOT/integration/go/wordcount" &&
+    _refract_go build -trimpath -o "$out/wordcount" .) >&2
+  echo "$out/wordcount"
+}
+
+# refract_go_boot_bin: prints the path of the boot program of Beam's Go SDK
+# image (`go/container` at $REFRACT_PRISM_VERSION), built once. As a PROCESS
+# environment's command it fetches the job's staged pipeline binary and
+# runs it in worker mode, as inside the image.
+refract_go_boot_bin() {
+  local dir=$REFRACT_CACHE/go-boot/$REFRACT_PRISM_VERSION
+  if [ ! -x "$dir/container" ]; then
+    rm -rf "$dir/tmp"
+    mkdir -p "$dir/tmp"
+    GOBIN=$dir/tmp _refract_go install -trimpath \
+      "github.com/apache/beam/sdks/v2/go/container@$REFRACT_PRISM_VERSION" >&2
+    mv "$dir/tmp/container" "$dir/container"
+    rmdir "$dir/tmp"
+  fi
+  echo "$dir/container"
+}
+
 # _refract_maven_classpath DIR [JAR]: builds the Maven project in DIR (a
 # pom that writes target/classpath.txt, see integration/xlang,
 # integration/kafka and integration/sql-expansion) with the repository

@@ -22,6 +22,10 @@
 #    repository is cached in ~/.cache/refract/m2), and
 #    integration/run-java-hot-key.sh has the Java harness read a key larger
 #    than the memory budget as a state-backed iterable.
+# 9. the TypeScript SDK's own tests via integration/ts_suite.sh (its
+#    portable-runner and cross-language cases, beside Beam's Python job
+#    server). The Go SDK's pipeline runs in step 4 (test_go_sdk.py); Beam's
+#    Go suites are the separate command integration/go_suite.sh.
 # It goes on after a failing step 3-5 so one run reports everything, prints
 # each pytest summary and a closing "total: ..." line, and exits non-zero if
 # any step failed.
@@ -86,6 +90,14 @@ else
   failed_steps+=("building the OpenTelemetry Collector")
 fi
 
+# The Go end-to-end test (integration/python/test_go_sdk.py) runs a Go
+# pipeline; built here, so that a cold Go cache does not count against the
+# test's time limit.
+echo "== building the Go pipeline and Go's boot program (integration/go)"
+if ! { refract_go_wordcount_bin >/dev/null && refract_go_boot_bin >/dev/null; }; then
+  failed_steps+=("building the Go pipeline")
+fi
+
 echo "== Python end-to-end tests (integration/python) against $bin"
 e2e_timeout=${REFRACT_E2E_TIMEOUT:-120}
 rc=0
@@ -138,6 +150,9 @@ run_step java-wordcount "Java WordCount" 900 "$here/run-java-wordcount.sh"
 
 echo "== Java: a key larger than the memory budget, read as a state-backed iterable"
 run_step java-hot-key "Java hot key" 600 "$here/run-java-hot-key.sh"
+
+echo "== TypeScript SDK: its portable-runner and cross-language tests"
+REFRACT_REPORT_DIR=$work/ts-suite run_step typescript "TypeScript SDK tests" 1200 "$here/ts_suite.sh"
 
 echo "== reports in $work"
 if [ "${#failed_steps[@]}" -gt 0 ]; then

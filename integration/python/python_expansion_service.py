@@ -12,6 +12,16 @@ image only. This one imports them and serves, on loopback only:
   needs no Docker;
 - artifact retrieval, for the environments' dependencies.
 
+The Go SDK's cross-language tests send the same test transforms, written
+against Beam's Java test expansion service (not published to Maven). Their
+configuration rows name fields the Go way, capitalized (`Data`), which
+Java's setters match whatever the case and Python's test transforms do not;
+this service lower-cases the first letter of such field names before
+expanding a `beam:transforms:xlang:test:*` transform. Go also sends the
+transform's input PCollections without the transforms that produce them,
+which Python's service looks up: it gets a placeholder producer for each,
+removed from the answer.
+
     python python_expansion_service.py PORT
 
 runs until SIGTERM or SIGINT.
@@ -26,12 +36,56 @@ import grpc
 import apache_beam.runners.portability.expansion_service_test  # pylint: disable=unused-import
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_artifact_api_pb2_grpc
+from apache_beam.portability.api import external_transforms_pb2
 from apache_beam.portability.api import beam_expansion_api_pb2_grpc
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.runners.portability import artifact_service
 from apache_beam.runners.portability import expansion_service
 from apache_beam.runners.worker import worker_pool_main
 from apache_beam.utils import thread_pool_executor
+
+
+TEST_TRANSFORMS = 'beam:transforms:xlang:test:'
+
+
+class GoFriendlyExpansionService(expansion_service.ExpansionServiceServicer):
+  """Python's expansion service, reading Go's capitalized field names."""
+  def Expand(self, request, context=None):
+    spec = request.transform.spec
+    if spec.urn.startswith(TEST_TRANSFORMS) and spec.payload:
+      config = external_transforms_pb2.ExternalConfigurationPayload()
+      try:
+        config.ParseFromString(spec.payload)
+      except Exception:  # pylint: disable=broad-except
+        config = None
+      if config is not None and config.schema.fields:
+        for field in config.schema.fields:
+          field.name = field.name[:1].lower() + field.name[1:]
+        spec.payload = config.SerializeToString()
+    placeholders = self._add_placeholder_producers(request)
+    response = super().Expand(request, context)
+    for transform_id in placeholders:
+      if transform_id in response.components.transforms:
+        del response.components.transforms[transform_id]
+    return response
+
+  @staticmethod
+  def _add_placeholder_producers(request):
+    """Gives each input PCollection without a producer a placeholder one;
+    returns their transform ids."""
+    components = request.components
+    produced = {
+        pcoll
+        for t in components.transforms.values()
+        for pcoll in t.outputs.values()
+    }
+    placeholders = []
+    for pcoll in sorted(set(request.transform.inputs.values()) - produced):
+      transform_id = 'refract_input_producer_%d' % len(placeholders)
+      components.transforms[transform_id].unique_name = transform_id
+      components.transforms[transform_id].outputs['out'] = pcoll
+      placeholders.append(transform_id)
+    return placeholders
 
 
 def serve(port):
@@ -42,8 +96,7 @@ def serve(port):
   options = PipelineOptions(
       ['--experiments=beam_fn_api', '--sdk_location=container'])
   beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
-      expansion_service.ExpansionServiceServicer(
-          options, loopback_address=address),
+      GoFriendlyExpansionService(options, loopback_address=address),
       server)
   beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
       artifact_service.ArtifactRetrievalService(

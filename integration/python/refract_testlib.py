@@ -168,12 +168,13 @@ class RefractProcess:
 
 
 class RefractServer(RefractProcess):
-  def __init__(self, binary, log_path, port=None, extra_args=None, args=None):
+  def __init__(self, binary, log_path, port=None, extra_args=None, args=None,
+               cwd=None):
     self.port = port or free_port()
     self.endpoint = 'localhost:%d' % self.port
     if args is None:
       args = [binary, 'serve', '--job_port', self.port] + list(extra_args or [])
-    super().__init__(args, log_path)
+    super().__init__(args, log_path, cwd=cwd)
 
   def wait_ready(self):
     wait_until_serving(self.proc, self.endpoint)
