@@ -1,6 +1,7 @@
 """Helpers for Refract's end-to-end tests: free ports, starting and stopping
 refract processes, and waiting until a job service answers."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -165,6 +166,18 @@ class RefractProcess:
   def stop(self):
     stop_process_group(self.proc)
     self._log.close()
+
+
+@contextlib.contextmanager
+def serving(request, server):
+  """Waits until `server` (a RefractServer just started) serves, attaches
+  its log to the report of a failing test, and stops it afterwards."""
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    yield server
+  finally:
+    server.stop()
 
 
 class RefractServer(RefractProcess):

@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from refract_testlib import RefractServer
+from refract_testlib import RefractServer, serving
 from test_sdk_images import docker_engine_reachable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,12 +90,8 @@ def go_server(request, refract_bin, tmp_path):
   workdir.mkdir()
   server = RefractServer(refract_bin, tmp_path / 'refract-serve.log',
                          cwd=str(workdir))
-  request.node.refract_processes = [server]
-  try:
-    server.wait_ready()
+  with serving(request, server):
     yield server
-  finally:
-    server.stop()
 
 
 @pytest.mark.parametrize('environment', ['LOOPBACK', 'DOCKER', 'PROCESS'])

@@ -29,7 +29,7 @@ from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 
 import xlang_services
-from refract_testlib import RefractServer
+from refract_testlib import RefractServer, serving
 
 # The first test may also resolve the Java classpaths with Maven (about
 # 1.5 minutes on an empty cache) and build Prism (about 2.5 minutes), both
@@ -84,12 +84,8 @@ def refract_with_sdk_images(request, refract_bin, tmp_path):
   expansion service staged."""
   server = RefractServer(refract_bin, tmp_path / 'refract-sdk-images.log',
                          extra_args=['--environment_preference=docker'])
-  request.node.refract_processes = [server]
-  try:
-    server.wait_ready()
+  with serving(request, server):
     yield server
-  finally:
-    server.stop()
 
 
 @pytest.fixture(params=['prism', 'refract', 'refract-sdk-image'])

@@ -78,6 +78,15 @@ pub mod coder {
 }
 
 /// Environments.
+/// Prefixes of the `beam:version:sdk_base:...` capability by which an
+/// environment announces which SDK it runs.
+pub mod sdk_base {
+    /// Beam's Python SDK (`...:apache/beam_python3.11_sdk:2.77.0`).
+    pub const PYTHON: &str = "beam:version:sdk_base:apache/beam_python";
+    /// Beam's Go SDK (`...:go:apache/beam_go_sdk:2.77.0`).
+    pub const GO: &str = "beam:version:sdk_base:go:";
+}
+
 pub mod env {
     pub const EXTERNAL: &str = "beam:env:external:v1";
     pub const DOCKER: &str = "beam:env:docker:v1";

@@ -7,6 +7,7 @@ use refract_engine::plan::{
     ClosingBehavior, FinishedTrigger, PCollection, Plan, SideInput, Stage, StageKind,
 };
 use refract_proto::pipeline as pb;
+use refract_proto::urns;
 
 use crate::error::TranslateError;
 use crate::fuse::{self, Group};
@@ -54,11 +55,11 @@ pub(crate) fn assemble(
         };
 
     let python_only = !graph.components.environments.is_empty()
-        && graph.components.environments.values().all(|env| {
-            env.capabilities
-                .iter()
-                .any(|c| c.starts_with("beam:version:sdk_base:apache/beam_python"))
-        });
+        && graph
+            .components
+            .environments
+            .values()
+            .all(|env| runs_sdk(env, urns::sdk_base::PYTHON));
     let state_backed = state_backed_outputs(&graph, &groups);
     let mut sdk_stages = HashMap::new();
     let mut window_mergers = HashMap::new();
@@ -300,17 +301,18 @@ fn side_input_fires_early(
 
 /// Whether SDK transforms of the Go SDK read the outputs of runner node
 /// `node` (a TestStream is the SDK's that consumes it: no other SDK
-/// builds one for a foreign pipeline). Go announces itself with a
-/// `beam:version:sdk_base:go:...` capability on its environments.
+/// builds one for a foreign pipeline).
 fn read_by_go(graph: &Graph, node: &crate::graph::Node) -> bool {
     graph
         .nodes
         .iter()
         .filter(|n| n.inputs.iter().any(|i| node.outputs.contains(i)))
         .filter_map(|n| graph.components.environments.get(&n.env))
-        .any(|env| {
-            env.capabilities
-                .iter()
-                .any(|c| c.starts_with("beam:version:sdk_base:go:"))
-        })
+        .any(|env| runs_sdk(env, urns::sdk_base::GO))
+}
+
+/// Whether environment `env` announces the SDK whose base-version
+/// capability starts with `sdk_base` (see `urns::sdk_base`).
+fn runs_sdk(env: &pb::Environment, sdk_base: &str) -> bool {
+    env.capabilities.iter().any(|c| c.starts_with(sdk_base))
 }
