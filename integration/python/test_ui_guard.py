@@ -61,7 +61,7 @@ def slow(x):
   return x
 
 
-def start_endless_job(server):
+def start_endless_job(server, boot=BOOT):
   """A streaming job that runs until cancelled, on PROCESS workers (whose
   log lines reach the job's messages over the Fn API; a LOOPBACK worker
   logs to the submitting process instead), and its id."""
@@ -71,7 +71,7 @@ def start_endless_job(server):
   ]
   options = PipelineOptions(args + [
       '--environment_type=PROCESS',
-      '--environment_config=' + json.dumps({'command': BOOT}),
+      '--environment_config=' + json.dumps({'command': boot}),
   ])
   p = beam.Pipeline(options=options)
   from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -240,4 +240,32 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
   finally:
     if page:
       page.shutdown()
+    server.stop()
+
+
+def test_a_savepoint_asked_while_workers_boot_waits_for_them(
+    request, refract_bin, tmp_path):
+  """The job is RUNNING as soon as it is submitted, while its workers still
+  start: a savepoint asked then is taken once the engine runs."""
+  savepoints = tmp_path / 'savepoints'
+  slow_boot = tmp_path / 'slow_boot.sh'
+  slow_boot.write_text('#!/bin/sh\nsleep 4\nexec %s "$@"\n' % BOOT)
+  slow_boot.chmod(0o755)
+  server, ui = ui_server(
+      refract_bin, tmp_path / 'refract.log',
+      extra_args=['--savepoint_dir', str(savepoints)])
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    job, _ = start_endless_job(server, boot=str(slow_boot))
+    host = ui[len('http://'):]
+    status, text = send(ui, 'POST', '/api/jobs/%s/savepoint' % job, {
+        'Host': host, 'X-Refract-Action': '1'}, body=b'early.sp')
+    assert status == 200, text
+    assert (savepoints / 'early.sp').is_file()
+    assert job_state(ui, job) == 'RUNNING'
+    status, text = send(ui, 'POST', '/api/jobs/%s/cancel' % job, {
+        'Host': host, 'X-Refract-Action': '1', 'Origin': ui}, body=b'')
+    assert status == 200, text
+  finally:
     server.stop()

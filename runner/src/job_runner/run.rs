@@ -212,6 +212,11 @@ pub(super) async fn run_job(
     let mut started: Vec<Arc<WorkerSet>> = Vec::new();
     let mut env_ids: Vec<String> = environments.into_iter().collect();
     env_ids.sort();
+    // Open before the workers start: a savepoint asked for while the job
+    // is RUNNING but its workers still boot waits for the engine instead
+    // of failing.
+    let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);
+    view.set_savepoint_channel(Some(savepoint_tx));
     let result = async {
         let start = WorkerStart {
             job: &job,
@@ -298,9 +303,7 @@ pub(super) async fn run_job(
                 engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.progress));
             checkpoint_writer = Some(writer.task);
         }
-        let (savepoint_tx, savepoint_rx) = tokio::sync::mpsc::channel(4);
         engine = engine.with_savepoints(savepoint_rx);
-        view.set_savepoint_channel(Some(savepoint_tx));
         facts.engine_ran = true;
         let summary = engine.run(job.cancel_requested()).await;
         view.set_savepoint_channel(None);
@@ -328,6 +331,7 @@ pub(super) async fn run_job(
         Ok::<(), JobError>(())
     }
     .await;
+    view.set_savepoint_channel(None);
     // All at once: a pool that is slow to answer StopWorker delays the job's
     // end by one timeout, not one per worker.
     let workers: Vec<_> = started.iter().flat_map(|set| set.workers()).collect();
