@@ -1,11 +1,14 @@
 """Runner-initiated splits of running bundles.
 
-A bundle of a splittable DoFn that runs for more than a second is asked to
-split at half of its remaining work, and every second after that to keep
-1% of what is left (a bundle's output waits in the runner until it commits,
-so no bundle may read for long); the SDK keeps the primary and hands back
-the residual restriction, which Refract starts as a bundle of its own at
-once. Every offset is still produced exactly once.
+A bundle of a splittable DoFn that runs for more than a quarter second is
+asked to split at half of its remaining work, and every second after that
+to keep 1% of what is left, where what it gives back can run beside it
+(another worker, or another bundle waiting for this one's) and always in a
+streaming job (a bundle's output reaches its consumers only when it
+commits); the SDK keeps the primary and hands back the residual
+restriction, which Refract starts as a bundle of its own at once. Every
+offset is still produced exactly once. A lone Python worker in a batch job
+is not split for time: the split would only cost it work.
 
 Any other bundle that reads data is split the same way, at an element,
 once its output passes its share of the memory budget (a DoFn that emits
@@ -76,12 +79,29 @@ class SlowRange(beam.DoFn):
       position += 1
 
 
-def test_a_long_bundle_is_split_and_nothing_is_lost_or_repeated(
-    refract_server):
-  p = beam.Pipeline(options=PipelineOptions(refract_server.portable_args()))
+def slow_range_bundles(server, *args):
+  p = beam.Pipeline(options=PipelineOptions(server.portable_args(*args)))
   out = p | beam.Create([COUNT]) | beam.ParDo(SlowRange())
   assert_that(out, equal_to(list(range(COUNT))))
-  assert_split(run_and_count_bundles(p))
+  return run_and_count_bundles(p)
+
+
+def test_a_long_bundle_is_split_and_nothing_is_lost_or_repeated(
+    refract_server):
+  assert_split(slow_range_bundles(refract_server,
+                                  '--sdk_worker_parallelism=2'))
+
+
+def test_a_long_bundle_of_a_streaming_job_is_split_on_one_worker(
+    refract_server):
+  assert_split(slow_range_bundles(refract_server, '--streaming'))
+
+
+def test_a_long_bundle_is_not_split_when_nothing_could_run_beside_it(
+    refract_server):
+  # One worker, which runs one bundle at a time, and nothing else to do.
+  bundles = slow_range_bundles(refract_server)
+  assert sum(c.committed for c in bundles) == 1, bundles
 
 
 INPUTS = 40

@@ -137,6 +137,9 @@ pub mod protocol {
     pub const MONITORING_INFO_SHORT_IDS: &str = "beam:protocol:monitoring_info_short_ids:v1";
     pub const CONTROL_REQUEST_ELEMENTS_EMBEDDING: &str =
         "beam:protocol:control_request_elements_embedding:v1";
+    /// The environment's workers run bundles in parallel on several cores
+    /// (Java's and Go's declare it; Python's and TypeScript's do not).
+    pub const MULTI_CORE_BUNDLE_PROCESSING: &str = "beam:protocol:multi_core_bundle_processing:v1";
 }
 
 /// Artifact types and roles.

@@ -15,6 +15,7 @@ use std::time::{Instant, SystemTime};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::executor::{
     BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, StageExecutor,
     TimerInput,
@@ -56,6 +57,9 @@ pub struct HarnessExecutor {
     output_spill: Option<Arc<OutputSpill>>,
     /// Finalization calls the job must see through before it ends.
     finalizations: Arc<BundleFinalizations>,
+    /// The job runs with streaming semantics: long bundles are split for
+    /// time whatever else could run, so their outputs reach consumers.
+    streaming: bool,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -239,7 +243,14 @@ impl HarnessExecutor {
             split_output_bytes: DEFAULT_SPLIT_OUTPUT_BYTES,
             output_spill: None,
             finalizations: Arc::default(),
+            streaming: false,
         }
+    }
+
+    /// Runs a streaming job's bundles (see [`SplitPolicy`]).
+    pub fn with_streaming(mut self, streaming: bool) -> Self {
+        self.streaming = streaming;
+        self
     }
 
     /// The bundle finalization calls this executor starts, for the job to
@@ -266,6 +277,11 @@ impl HarnessExecutor {
 }
 
 impl StageExecutor for HarnessExecutor {
+    fn bundle_slots(&self, stage: StageIdx) -> Option<Arc<BundleSlots>> {
+        let environment = &self.stages.get(&stage)?.environment_id;
+        Some(self.workers.get(environment)?.bundle_slots())
+    }
+
     fn merge_windows(
         &self,
         stage: StageIdx,
@@ -318,6 +334,7 @@ impl StageExecutor for HarnessExecutor {
         let job = self.job.clone();
         let recorder = self.recorder.clone();
         let split_output_bytes = self.split_output_bytes;
+        let streaming = self.streaming;
         let output_spill = self.output_spill.clone();
         let finalizations = self.finalizations.clone();
         let stage_name = self
@@ -332,12 +349,12 @@ impl StageExecutor for HarnessExecutor {
             let clock = Instant::now();
             let bundle_id = input.bundle_id.clone();
             let input_bytes: usize = input.elements.iter().map(bytes::Bytes::len).sum();
-            let limits = OutputLimits {
+            let rules = BundleRules {
                 split_bytes: split_output_bytes,
                 spill: output_spill.as_deref(),
+                streaming,
             };
-            let result =
-                run_bundle(worker, &set, &stage, input, &job, limits, &finalizations).await;
+            let result = run_bundle(worker, &set, &stage, input, &job, rules, &finalizations).await;
             let error = result.as_ref().err().map(ToString::to_string);
             recorder.record(&BundleRecord {
                 stage: &stage_name,
@@ -411,14 +428,16 @@ fn split_policy(
     }
 }
 
-/// What a bundle's output may grow to in memory.
+/// How a bundle is split, and where its output goes past its limit.
 #[derive(Clone, Copy)]
-struct OutputLimits<'a> {
+struct BundleRules<'a> {
     /// The bundle is split once it has sent back this many bytes.
     split_bytes: u64,
     /// Where the output of a bundle that cannot be split at any position
     /// goes past the stage's share, if anywhere.
     spill: Option<&'a OutputSpill>,
+    /// The job is streaming (see [`HarnessExecutor::with_streaming`]).
+    streaming: bool,
 }
 
 /// Runs one bundle of `stage` on `worker` (splitting one that takes long or
@@ -431,23 +450,24 @@ async fn run_bundle(
     stage: &SdkStageDescriptor,
     input: BundleInput,
     job: &Arc<Job>,
-    limits: OutputLimits<'_>,
+    rules: BundleRules<'_>,
     finalizations: &Arc<BundleFinalizations>,
 ) -> Result<BundleOutput, ExecError> {
     let split_source = stage.input_transform_id.clone().unwrap_or_default();
+    let stage_idx = input.stage;
     let split_sink = input.splits.clone();
     let split_points = input.split_points;
     let policy = split_policy(
         stage,
         input.element_lengths.len(),
         &split_points,
-        limits.split_bytes,
+        rules.split_bytes,
     );
     // Not a splittable DoFn's bundle: splits at any position bound its
     // output, and its output to disk would be written twice for nothing.
     // (Splits take effect late — the SDK is ahead of what has arrived — so
     // such a bundle can still send back several times its limit.)
-    let overflow = limits
+    let overflow = rules
         .spill
         .filter(|_| !stage.splittable)
         .map(|spill| spill.for_bundle(stage.outputs.iter().map(|(s, _)| s.clone()).collect()));
@@ -498,6 +518,7 @@ async fn run_bundle(
                             Instant::now(),
                             received.load(Ordering::Relaxed),
                             workers.has_idle_worker(),
+                            rules.streaming || workers.split_adds_parallelism(stage_idx),
                         ) else {
                             continue;
                         };

@@ -9,10 +9,15 @@
 //! back must hold keys it no longer needs, or it would wait for the bundle
 //! anyway):
 //!
-//! * **time**: after a quarter second, then every second. A source read
-//!   as one restriction otherwise keeps one worker busy while the others
-//!   idle, and a bundle's outputs wait in the runner's memory until it
-//!   commits, so no bundle may read for long.
+//! * **time**: after a quarter second, then every second, where what it
+//!   gives back can run beside it: the environment's workers run bundles
+//!   in parallel, one of them idles, or the engine has another bundle
+//!   waiting for a worker — and always in a streaming job, whose bundles'
+//!   outputs reach their consumers only when they commit. A source read as
+//!   one restriction otherwise keeps one worker busy while the others
+//!   idle; but on a worker that runs one bundle at a time with nothing
+//!   else to do (a single Python worker in batch), a split only costs the
+//!   SDK a checkpoint and a second bundle.
 //! * **size**: once the bundle has sent back its share of the memory
 //!   budget (the stage's queue bound over the bundles it may run at once).
 //! * **an idle worker** in the bundle's environment (seen at two looks in a
@@ -106,9 +111,17 @@ impl SplitPolicy {
     }
 
     /// One look at the bundle at `now`, which has sent back `received`
-    /// bytes, while some worker of its environment is or is not idle: the
-    /// fraction of its remaining work to keep, if it is to be split now.
-    pub(crate) fn due(&mut self, now: Instant, received: u64, worker_idle: bool) -> Option<f64> {
+    /// bytes, while some worker of its environment is or is not idle and
+    /// a split for time would or would not let its residual run beside it
+    /// (`time_helps`): the fraction of its remaining work to keep, if it is
+    /// to be split now.
+    pub(crate) fn due(
+        &mut self,
+        now: Instant,
+        received: u64,
+        worker_idle: bool,
+        time_helps: bool,
+    ) -> Option<f64> {
         let idle_before = self.idle_seen;
         self.idle_seen = worker_idle;
         let since = now.saturating_duration_since(self.last_split);
@@ -131,7 +144,7 @@ impl SplitPolicy {
         let fraction = if by_size {
             self.size_splits += 1;
             later
-        } else if self.for_time && since >= period {
+        } else if self.for_time && time_helps && since >= period {
             later
         } else if self.for_idle && idle_before && worker_idle && since >= self.idle_every {
             FIRST_FRACTION
@@ -162,7 +175,7 @@ mod tests {
         let mut at = from;
         loop {
             at += LOOK;
-            if let Some(f) = p.due(start + at, received, idle) {
+            if let Some(f) = p.due(start + at, received, idle, true) {
                 return (at, f);
             }
             assert!(at < Duration::from_secs(60), "no split in a minute");
@@ -180,16 +193,34 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_no_other_work_could_run_beside_is_split_for_size_only() {
+        let start = Instant::now();
+        let mut p = SplitPolicy::new(u64::MAX, start);
+        for look in 1..500 {
+            assert_eq!(p.due(start + LOOK * look, 0, false, false), None);
+        }
+        // Once work waits for a worker, time splits resume.
+        assert_eq!(p.due(start + LOOK * 500, 0, false, true), Some(0.5));
+
+        let mut p = SplitPolicy::new(1000, start);
+        assert_eq!(p.due(start + LOOK * 500, 999, false, false), None);
+        assert_eq!(p.due(start + LOOK * 501, 1000, false, false), Some(0.5));
+    }
+
+    #[test]
     fn a_bundle_split_only_for_size_is_never_split_for_time_or_idle_workers() {
         let start = Instant::now();
         let mut p = SplitPolicy::for_elements(1000, start, false);
         for look in 1..200 {
-            assert_eq!(p.due(start + LOOK * look, 999, true), None);
+            assert_eq!(p.due(start + LOOK * look, 999, true, true), None);
         }
         let later = start + Duration::from_secs(5);
-        assert_eq!(p.due(later, 1000, false), Some(0.01));
-        assert_eq!(p.due(later + LOOK, 5000, false), Some(0.01));
-        assert_eq!(p.due(later + Duration::from_secs(10), 9000, true), None);
+        assert_eq!(p.due(later, 1000, false, true), Some(0.01));
+        assert_eq!(p.due(later + LOOK, 5000, false, true), Some(0.01));
+        assert_eq!(
+            p.due(later + Duration::from_secs(10), 9000, true, true),
+            None
+        );
     }
 
     #[test]
@@ -197,24 +228,24 @@ mod tests {
         let start = Instant::now();
         let mut p = SplitPolicy::for_elements(1000, start, true);
         for look in 1..200 {
-            assert_eq!(p.due(start + LOOK * look, 0, false), None);
+            assert_eq!(p.due(start + LOOK * look, 0, false, true), None);
         }
         let (at, f) = next_split(&mut p, start, LOOK * 200, 0, true);
         assert_eq!((at, f), (LOOK * 202, 0.5), "two idle looks in a row");
-        assert_eq!(p.due(start + at + LOOK * 6, 1000, false), Some(0.01));
+        assert_eq!(p.due(start + at + LOOK * 6, 1000, false, true), Some(0.01));
     }
 
     #[test]
     fn output_past_the_limit_halves_then_ends_the_bundle_once() {
         let start = Instant::now();
         let mut p = SplitPolicy::new(1000, start);
-        assert_eq!(p.due(start + LOOK, 999, false), None);
-        assert_eq!(p.due(start + LOOK * 2, 1000, false), Some(0.5));
-        assert_eq!(p.due(start + LOOK * 3, 5000, false), Some(0.01));
+        assert_eq!(p.due(start + LOOK, 999, false, true), None);
+        assert_eq!(p.due(start + LOOK * 2, 1000, false, true), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 3, 5000, false, true), Some(0.01));
         // No third split for size; the next is for time, a second later.
-        assert_eq!(p.due(start + LOOK * 4, 9000, false), None);
+        assert_eq!(p.due(start + LOOK * 4, 9000, false, true), None);
         assert_eq!(
-            p.due(start + LOOK * 3 + Duration::from_secs(1), 9000, false),
+            p.due(start + LOOK * 3 + Duration::from_secs(1), 9000, false, true),
             Some(0.01)
         );
     }
@@ -224,14 +255,14 @@ mod tests {
         let start = Instant::now();
         let mut p = SplitPolicy::new(u64::MAX, start);
         // Idle at one look only (a worker between two bundles): no split.
-        assert_eq!(p.due(start + LOOK * 5, 0, true), None);
-        assert_eq!(p.due(start + LOOK * 6, 0, false), None);
-        assert_eq!(p.due(start + LOOK * 7, 0, true), None);
-        assert_eq!(p.due(start + LOOK * 8, 0, true), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 5, 0, true, true), None);
+        assert_eq!(p.due(start + LOOK * 6, 0, false, true), None);
+        assert_eq!(p.due(start + LOOK * 7, 0, true, true), None);
+        assert_eq!(p.due(start + LOOK * 8, 0, true, true), Some(0.5));
         // Not again within 100 ms, even though the worker is still idle.
-        assert_eq!(p.due(start + LOOK * 9, 0, true), None);
-        assert_eq!(p.due(start + LOOK * 12, 0, true), None);
-        assert_eq!(p.due(start + LOOK * 13, 0, true), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 9, 0, true, true), None);
+        assert_eq!(p.due(start + LOOK * 12, 0, true, true), None);
+        assert_eq!(p.due(start + LOOK * 13, 0, true, true), Some(0.5));
     }
 
     #[test]
@@ -257,11 +288,11 @@ mod tests {
     fn idle_splits_do_not_use_up_the_splits_for_size() {
         let start = Instant::now();
         let mut p = SplitPolicy::new(1000, start);
-        p.due(start + LOOK, 0, true);
-        assert_eq!(p.due(start + LOOK * 6, 0, true), Some(0.5));
-        assert_eq!(p.due(start + LOOK * 12, 0, true), Some(0.5));
+        p.due(start + LOOK, 0, true, true);
+        assert_eq!(p.due(start + LOOK * 6, 0, true, true), Some(0.5));
+        assert_eq!(p.due(start + LOOK * 12, 0, true, true), Some(0.5));
         // The output then passes the limit: cut to 1% (not the first split).
-        assert_eq!(p.due(start + LOOK * 13, 2000, false), Some(0.01));
-        assert_eq!(p.due(start + LOOK * 14, 3000, false), Some(0.01));
+        assert_eq!(p.due(start + LOOK * 13, 2000, false, true), Some(0.01));
+        assert_eq!(p.due(start + LOOK * 14, 3000, false, true), Some(0.01));
     }
 }

@@ -6,12 +6,19 @@
 //! get another while a neighbour idles. The set also says whether some
 //! worker is idle, which is when a long splittable bundle is worth
 //! splitting so the idle worker can take half of what remains.
+//!
+//! How many bundles the set runs at once is the engine's to keep to, from
+//! the set's [`BundleSlots`]: one per worker for an SDK that runs a worker's
+//! bundles on one core (no `multi_core_bundle_processing` capability), no
+//! bound for one that runs them in parallel.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::executor::ExecError;
+use refract_engine::plan::StageIdx;
 use refract_sdk_harness::{HarnessError, Worker};
 use tracing::warn;
 
@@ -19,6 +26,40 @@ use tracing::warn;
 /// the replacement, for a unique worker id).
 pub type WorkerFactory =
     Arc<dyn Fn(usize) -> BoxFuture<'static, Result<Arc<Worker>, HarnessError>> + Send + Sync>;
+
+/// How many bundles one worker of an environment runs at once to good
+/// effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundlesPerWorker {
+    /// One: the SDK runs a worker's bundles on one core (Python behind its
+    /// interpreter lock, TypeScript on its event loop), so a second bundle
+    /// beside the first only slows both.
+    One,
+    /// As many as there is work: the SDK runs bundles in parallel.
+    Many,
+}
+
+impl BundlesPerWorker {
+    /// What an environment declaring `capabilities` runs.
+    pub fn of_capabilities(capabilities: &[String]) -> Self {
+        if capabilities
+            .iter()
+            .any(|c| c == refract_proto::urns::protocol::MULTI_CORE_BUNDLE_PROCESSING)
+        {
+            BundlesPerWorker::Many
+        } else {
+            BundlesPerWorker::One
+        }
+    }
+
+    /// The bundles `workers` workers run at once.
+    fn capacity(self, workers: usize) -> usize {
+        match self {
+            BundlesPerWorker::One => workers,
+            BundlesPerWorker::Many => usize::MAX,
+        }
+    }
+}
 
 /// One worker and how many bundles it is running.
 struct Slot {
@@ -56,18 +97,43 @@ pub struct WorkerSet {
     factory: Option<WorkerFactory>,
     /// Serializes replacements so a burst of failures starts one worker.
     replacing: tokio::sync::Mutex<()>,
+    per_worker: BundlesPerWorker,
+    /// The engine's bound on the set's bundles, kept to its live workers.
+    bundle_slots: Arc<BundleSlots>,
 }
 
 impl WorkerSet {
-    /// A set over already started workers; `factory` starts replacements.
-    pub fn new(workers: Vec<Arc<Worker>>, factory: Option<WorkerFactory>) -> Self {
+    /// A set over already started workers, each running `per_worker`
+    /// bundles at once; `factory` starts replacements.
+    pub fn new(
+        workers: Vec<Arc<Worker>>,
+        factory: Option<WorkerFactory>,
+        per_worker: BundlesPerWorker,
+    ) -> Self {
+        let bundle_slots = Arc::new(BundleSlots::new(per_worker.capacity(workers.len())));
         WorkerSet {
             slots: parking_lot::Mutex::new(workers.into_iter().map(Slot::new).collect()),
             next: AtomicUsize::new(0),
             replacements: AtomicUsize::new(0),
             factory,
             replacing: tokio::sync::Mutex::new(()),
+            per_worker,
+            bundle_slots,
         }
+    }
+
+    /// How many of the set's bundles may run at once, for the engine.
+    pub fn bundle_slots(&self) -> Arc<BundleSlots> {
+        self.bundle_slots.clone()
+    }
+
+    /// Whether splitting a running bundle of `stage` for time lets more
+    /// work run: its workers run bundles in parallel, one of them idles,
+    /// or another stage of this environment waits for a slot.
+    pub fn split_adds_parallelism(&self, stage: StageIdx) -> bool {
+        self.per_worker == BundlesPerWorker::Many
+            || self.bundle_slots.wanted_by_other_than(stage)
+            || self.has_idle_worker()
     }
 
     /// The live worker running the fewest bundles (the next in turn among
@@ -82,6 +148,9 @@ impl WorkerSet {
             }
         });
         let n = slots.len();
+        // A dead worker's slot goes with it (but one is always left: the
+        // next lease starts a replacement).
+        self.bundle_slots.set_capacity(self.per_worker.capacity(n));
         if n == 0 {
             return None;
         }
@@ -113,7 +182,10 @@ impl WorkerSet {
         warn!(worker = %worker.id(), "started a replacement SDK worker");
         let slot = Slot::new(worker);
         let lease = slot.lease();
-        self.slots.lock().push(slot);
+        let mut slots = self.slots.lock();
+        slots.push(slot);
+        self.bundle_slots
+            .set_capacity(self.per_worker.capacity(slots.len()));
         Ok(lease)
     }
 
@@ -160,7 +232,26 @@ fn least_loaded(running: &[usize], start: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::least_loaded;
+    use super::{least_loaded, BundlesPerWorker};
+
+    #[test]
+    fn only_sdks_declaring_multi_core_processing_take_many_bundles_per_worker() {
+        let python = vec!["beam:coder:bytes:v1".to_string()];
+        assert_eq!(
+            BundlesPerWorker::of_capabilities(&python),
+            BundlesPerWorker::One
+        );
+        assert_eq!(BundlesPerWorker::One.capacity(2), 2);
+        let java = vec![
+            "beam:coder:bytes:v1".to_string(),
+            "beam:protocol:multi_core_bundle_processing:v1".to_string(),
+        ];
+        assert_eq!(
+            BundlesPerWorker::of_capabilities(&java),
+            BundlesPerWorker::Many
+        );
+        assert_eq!(BundlesPerWorker::Many.capacity(1), usize::MAX);
+    }
 
     #[test]
     fn the_worker_running_fewest_bundles_gets_the_next() {

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use thiserror::Error;
 
+use crate::bundle_slots::BundleSlots;
 use crate::plan::{PCollectionIdx, StageIdx};
 use crate::spilled_output::SpilledOutput;
 use crate::state::BundleState;
@@ -214,6 +215,14 @@ pub trait StageExecutor: Send + Sync {
     /// Run one bundle to completion. The future must not hold the engine's
     /// locks; many bundles may be in flight at once.
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>>;
+
+    /// How many bundles of `stage` may run at once together with the other
+    /// stages sharing its slots (see [`crate::bundle_slots`]); `None`: as
+    /// many as the engine's own per-stage bound allows.
+    fn bundle_slots(&self, stage: StageIdx) -> Option<Arc<BundleSlots>> {
+        let _ = stage;
+        None
+    }
 
     /// Ask the SDK to merge windows of a custom merging window function for
     /// GroupByKey stage `stage` (see [`crate::window_merge`] for the bytes).

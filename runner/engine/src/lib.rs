@@ -19,6 +19,7 @@
 //! committed together or not at all.
 
 pub mod allocator;
+pub mod bundle_slots;
 pub mod coder;
 pub mod executor;
 pub mod grouping;

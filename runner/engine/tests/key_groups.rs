@@ -22,14 +22,11 @@ use common::{global_pcollection, stage};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
-use refract_engine::coder::{
-    decode_windowed_values, encode_windowed_value, Coder, PaneInfo, WindowedValueHeader,
-};
+use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::state::StateKey;
-use refract_engine::window::Window;
 use tokio::sync::watch;
 
 const KEYS: usize = 40;
@@ -65,23 +62,9 @@ impl StageExecutor for Counting {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let me = self.0.clone();
         async move {
-            let header = WindowedValueHeader {
-                timestamp: 0,
-                windows: smallvec::smallvec![Window::Global],
-                pane: PaneInfo::NO_FIRING,
-            };
             if input.stage == 1 {
-                let mut out = Vec::new();
-                for i in 0..ELEMENTS {
-                    let key = format!("k{:03}", i % KEYS).into_bytes();
-                    let mut kv = vec![key.len() as u8];
-                    kv.extend_from_slice(&key);
-                    kv.extend_from_slice(&[1, b'x']);
-                    encode_windowed_value(&header, &Coder::GlobalWindow, &kv, &mut out)
-                        .expect("encodes");
-                }
                 return Ok(BundleOutput {
-                    outputs: vec![(1, Bytes::from(out))],
+                    outputs: vec![(1, common::keyed_elements(ELEMENTS, KEYS))],
                     ..Default::default()
                 });
             }

@@ -243,7 +243,8 @@ pub(super) async fn run_job(
         let bundle_output_bytes = max_pending_bytes / config.max_bundles_per_stage.max(1);
         let mut executor =
             HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
-                .with_split_output_bytes(bundle_output_bytes);
+                .with_split_output_bytes(bundle_output_bytes)
+                .with_streaming(streaming);
         if let Some(store) = &spill {
             executor = executor.with_output_spill(OutputSpill::new(
                 store.clone(),

@@ -11,7 +11,7 @@ use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
 use super::logs::{JobArtifacts, JobLogs};
 use crate::insights::JobView;
-use crate::worker_set::{WorkerFactory, WorkerSet};
+use crate::worker_set::{BundlesPerWorker, WorkerFactory, WorkerSet};
 
 /// What starting a job's workers needs.
 pub(super) struct WorkerStart<'a> {
@@ -62,7 +62,12 @@ impl WorkerStart<'_> {
                 let first = self.workers_per_env;
                 Arc::new(move |r: usize| factory(first + r))
             };
-            let set = Arc::new(WorkerSet::new(env_workers, Some(replacement_factory)));
+            let per_worker = BundlesPerWorker::of_capabilities(&environment.capabilities);
+            let set = Arc::new(WorkerSet::new(
+                env_workers,
+                Some(replacement_factory),
+                per_worker,
+            ));
             started.push(set.clone());
             self.view.add_workers(set.clone());
             if let Some(e) = failure {

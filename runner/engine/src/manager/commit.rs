@@ -21,6 +21,7 @@ impl Engine {
             return Ok(());
         };
         let idx = flight.stage;
+        self.slot_groups.give_back(idx);
         {
             let s = &mut self.stages[idx];
             s.in_flight -= 1;

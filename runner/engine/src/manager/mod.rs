@@ -46,6 +46,7 @@ mod pending;
 mod routing;
 mod scheduling;
 mod side_inputs;
+mod slot_groups;
 mod snapshot;
 mod state_gc;
 mod stats;
@@ -59,6 +60,7 @@ use crate::key_groups::{group_of, KeyGroupSet};
 pub use checkpointing::CheckpointProgress;
 use checkpointing::CheckpointSink;
 use pending::{Overflow, Pending};
+use slot_groups::SlotGroups;
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stats::StageCounters;
 pub use stats::StageStats;
@@ -296,6 +298,8 @@ pub struct Engine {
     side_inputs: Arc<Mutex<SideInputStore>>,
     user_state: Vec<Arc<Mutex<UserStateStore>>>,
     in_flight: HashMap<u64, InFlight>,
+    /// Bundles the SDK workers behind groups of stages run at once.
+    slot_groups: SlotGroups,
     merges_in_flight: usize,
     next_bundle: u64,
     bundle_prefix: String,
@@ -452,6 +456,7 @@ impl Engine {
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
         let frozen_clock = scripted.then(|| clock());
+        let slot_groups = SlotGroups::new(&plan, executor.as_ref());
         Ok(Engine {
             plan,
             executor,
@@ -463,6 +468,7 @@ impl Engine {
             side_inputs: Arc::default(),
             user_state,
             in_flight: HashMap::new(),
+            slot_groups,
             merges_in_flight: 0,
             next_bundle: 0,
             bundle_prefix: bundle_prefix.into(),

@@ -146,8 +146,9 @@ impl Engine {
         tx: &mpsc::UnboundedSender<Report>,
     ) -> Result<(), EngineError> {
         self.schedule_merges(tx)?;
-        for i in 0..self.topo.len() {
-            let idx = self.topo[i];
+        self.slot_groups.begin_look();
+        let order = self.slot_groups.longest_waiting_first(&self.topo);
+        for idx in order {
             let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind else {
                 continue;
             };
@@ -170,9 +171,13 @@ impl Engine {
             } else {
                 None
             };
+            // As many slices as bundles of the stage may run at once: a
+            // stage whose workers take one bundle at a time takes every
+            // key group into it.
             let key_slices = self
                 .config
                 .max_bundles_per_stage
+                .min(self.slot_groups.capacity(idx))
                 .clamp(1, KEY_GROUPS as usize);
             let streaming = self.config.streaming;
             let gate = self.side_input_gate(idx);
@@ -204,6 +209,14 @@ impl Engine {
             self.stages[idx].retry_at = None;
             loop {
                 let now = self.now();
+                let free_slots = self.slot_groups.free(idx);
+                if free_slots == 0 {
+                    let s = &self.stages[idx];
+                    if !s.pending.is_empty() {
+                        self.slot_groups.wait(idx, s.in_flight > 0);
+                    }
+                    break;
+                }
                 let s = &mut self.stages[idx];
                 if s.in_flight >= self.config.max_bundles_per_stage {
                     break;
@@ -251,7 +264,8 @@ impl Engine {
                     s.pending.len(),
                     self.config
                         .max_bundles_per_stage
-                        .saturating_sub(s.in_flight),
+                        .saturating_sub(s.in_flight)
+                        .min(free_slots),
                     self.config.max_bundle_elements,
                     splittable,
                 );
@@ -325,6 +339,7 @@ impl Engine {
                     holds.push(f.timer.hold_timestamp);
                 }
                 s.in_flight += 1;
+                self.slot_groups.take(idx);
                 let element_lengths: Vec<usize> =
                     elements.iter().map(|e| e.encoded.len()).collect();
                 let input_bytes: usize = element_lengths.iter().sum();

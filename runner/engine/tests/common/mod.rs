@@ -69,6 +69,31 @@ pub fn global_windowed(value: &[u8], timestamp: i64) -> Bytes {
     Bytes::from(out)
 }
 
+/// The coder of `KV<bytes, bytes>` values.
+pub fn kv_bytes_coder() -> Coder {
+    Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes))
+}
+
+/// `count` `KV<bytes, bytes>` values at time 0 in the global window, keyed
+/// `k000`, `k001`, … in turn over `keys` keys, each valued `x`: what a
+/// keyed source emits.
+pub fn keyed_elements(count: usize, keys: usize) -> Bytes {
+    let header = WindowedValueHeader {
+        timestamp: 0,
+        windows: smallvec::smallvec![Window::Global],
+        pane: PaneInfo::NO_FIRING,
+    };
+    let mut out = Vec::new();
+    for i in 0..count {
+        let key = format!("k{:03}", i % keys.max(1)).into_bytes();
+        let mut kv = vec![key.len() as u8];
+        kv.extend_from_slice(&key);
+        kv.extend_from_slice(&[1, b'x']);
+        encode_windowed_value(&header, &Coder::GlobalWindow, &kv, &mut out).expect("encodes");
+    }
+    Bytes::from(out)
+}
+
 /// impulse (PCollection 0) → SDK stage 1 "read" (`KV<bytes, bytes>`, 1) →
 /// GroupByKey 2 in the global window (`KV<bytes, iterable<bytes>>`, 2) →
 /// SDK stage 3 "sink".
