@@ -76,3 +76,64 @@ def test_refract_run_does_not_hand_its_pipeline_to_another_program(
     assert 'started a server for this run' in done.stderr, done.stderr[-3000:]
   finally:
     other.close()
+
+
+MAIN_SESSION_PIPELINE = '''
+import argparse
+import os
+import re
+import sys
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+# A global of the main module: with dill, a worker finds it only in the
+# pickled main session the pipeline stages (--save_main_session).
+WORD = re.compile(r"[a-z]+")
+
+
+def words(line):
+  return WORD.findall(line)
+
+
+def tag(word):
+  return "%d %s" % (os.getpid(), word)
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--output", required=True)
+  args, rest = parser.parse_known_args(sys.argv[1:])
+  output = args.output
+  print("CLIENT_PID %d" % os.getpid())
+  with beam.Pipeline(options=PipelineOptions(rest)) as p:
+    _ = (p | beam.Create(["the cat", "a dog", "the end"])
+         | beam.FlatMap(words) | beam.Map(tag)
+         | beam.io.WriteToText(output, num_shards=1))
+'''
+
+
+def test_refract_run_starts_worker_processes_that_load_the_main_session(
+    refract_bin, tmp_path):
+  """Without flags, `refract run` runs the SDK in worker processes (not
+  threads of the pipeline's process), booted with the pipeline's own
+  interpreter; a pipeline that needs its main session there still works."""
+  pipeline = tmp_path / 'main_session.py'
+  pipeline.write_text(MAIN_SESSION_PIPELINE)
+  output = str(tmp_path / 'out')
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+  done = subprocess.run([
+      refract_bin, 'run', str(pipeline), '--output', output,
+      '--save_main_session',
+      '--pickle_library=dill'
+  ], capture_output=True, text=True, timeout=240, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  client = [l for l in done.stdout.splitlines() if l.startswith('CLIENT_PID ')]
+  assert len(client) == 1, done.stdout
+  client_pid = int(client[0].split()[1])
+  with open(output + '-00000-of-00001') as f:
+    rows = [line.split() for line in f.read().splitlines()]
+  assert sorted(w for _, w in rows) == ['a', 'cat', 'dog', 'end', 'the', 'the']
+  assert all(int(pid) != client_pid for pid, _ in rows), (client_pid, rows)
+  # The submission environment's `pip freeze` was skipped.
+  assert 'submission_environment_dependencies' not in done.stderr

@@ -72,8 +72,9 @@ pub struct RunArgs {
     pub python: Option<String>,
     /// The pipeline's Python file.
     pub pipeline: PathBuf,
-    /// Arguments for the pipeline, passed on as they are (its
-    /// `--runner`, `--job_endpoint` and `--environment_type` are set).
+    /// Arguments for the pipeline, passed on as they are (its `--runner`
+    /// and `--job_endpoint` are set; unless they choose an environment,
+    /// its workers are processes, one per core).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub pipeline_args: Vec<String>,
 }
