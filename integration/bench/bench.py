@@ -21,6 +21,7 @@ Sizes come from environment variables (see docs/benchmarks.md):
   REFRACT_BENCH_PARDO_STEPS     ParDo chain length             (default 4)
   REFRACT_BENCH_COMBINE_RECORDS Combine load test records      (default 1000000)
   REFRACT_BENCH_WORDCOUNT_MB    generated text for wordcount   (default 16)
+  REFRACT_BENCH_EVENTS          events for the events pipeline (default 300000)
   REFRACT_BENCH_TINY_JOBS       tiny jobs back to back         (default 100)
   REFRACT_BENCH_REPEATS         runs of each timed workload    (default 1)
   REFRACT_BENCH_TIMEOUT         seconds before a run is killed (default 600)
@@ -44,9 +45,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TIMED = os.path.join(HERE, 'timed_client.py')
 WORDCOUNT = os.path.join(ROOT, 'integration', 'wordcount', 'wordcount.py')
+EVENTS = os.path.join(HERE, 'events.py')
 
-ALL_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'tiny', 'suite']
-DEFAULT_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'tiny']
+ALL_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events', 'tiny',
+                 'suite']
+DEFAULT_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events', 'tiny']
+CLOCK_TICKS = os.sysconf('SC_CLK_TCK')
+# Workloads that are scripts taking pipeline options on their command line
+# (the load tests read theirs from one --test-pipeline-options string).
+SCRIPT_WORKLOADS = ['wordcount', 'events']
 PRISM_SUITE = os.path.join(ROOT, 'integration', 'prism_suite.sh')
 PYTHON_JOB_SERVER_BIN = os.path.join(ROOT, 'integration', 'beam_suite',
                                      'python_job_server.sh')
@@ -81,6 +88,7 @@ class Server:
   def __init__(self, name, argv_for_port, logdir):
     self.name = name
     self.port = free_port()
+    self.key = str(self.port)  # names this runner's output directories
     self.argv = argv_for_port(self.port)
     self.log_path = os.path.join(logdir, '%s.log' % name.replace(' ', '_'))
     self.proc = None
@@ -120,6 +128,16 @@ class Server:
         except ProcessLookupError:
           pass
 
+  def cpu_seconds(self):
+    """CPU time of the server process and its reaped children so far."""
+    try:
+      with open('/proc/%d/stat' % self.proc.pid) as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+      # utime, stime, cutime, cstime: fields 14-17 of stat(5).
+      return sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
+    except (OSError, AttributeError, IndexError, ValueError):
+      return None
+
   def pipeline_options(self):
     options = [
         '--runner=PortableRunner',
@@ -144,12 +162,53 @@ class Server:
     return options
 
 
-def job_seconds(out):
-  """The client's "BENCH_JOB_SECONDS s" line (timed_client.py), or None."""
+class RefractRun:
+  """Not a server: script workloads run through `refract run` against
+  `server`'s job endpoint, which picks the worker options itself."""
+  def __init__(self, server, refract):
+    self.name = 'refract run'
+    self.server = server
+    self.refract = refract
+    self.port = server.port
+    self.key = 'run-%d' % server.port
+
+  def start(self):
+    pass
+
+  def stop(self):
+    pass
+
+  def cpu_seconds(self):
+    return self.server.cpu_seconds()
+
+  def wrap(self, argv):
+    """`python TIMED SCRIPT ARGS...` as `refract run` runs it."""
+    return [self.refract, 'run', '--job_endpoint',
+            'localhost:%d' % self.port, '--python', argv[0]] + argv[1:]
+
+  def pipeline_options(self):
+    return ['--job_server_timeout=%d' % env_int('REFRACT_BENCH_TIMEOUT', 600)]
+
+
+def job_seconds(out, what='BENCH_JOB_SECONDS'):
+  """The client's "BENCH_JOB_SECONDS s" line (timed_client.py), or None;
+  `what='BENCH_JOB_CPU_SECONDS'` reads the client's CPU time instead."""
   for line in out.splitlines():
-    if line.startswith('BENCH_JOB_SECONDS '):
+    if line.startswith(what + ' '):
       return float(line.split()[1])
   return None
+
+
+def output_digest(prefix):
+  """The sorted lines of every file starting with `prefix`, hashed: the
+  same results from every runner give the same digest."""
+  import glob
+  import hashlib
+  lines = []
+  for path in sorted(glob.glob(prefix + '*')):
+    with open(path, 'rb') as f:
+      lines.extend(f.read().splitlines())
+  return hashlib.sha256(b'\n'.join(sorted(lines))).hexdigest()[:16], len(lines)
 
 
 def run_timed(argv, timeout, cwd=None):
@@ -275,6 +334,13 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--refract', required=True, help='refract binary')
   ap.add_argument('--prism', help='prism binary (omit to skip Prism)')
+  ap.add_argument('--refract-run', action='store_true',
+                  help='also run the script workloads (wordcount, events) '
+                  'through `refract run` against the Refract server, as the '
+                  'runner "refract run": its default worker processes')
+  ap.add_argument('--baseline',
+                  help='another refract binary (an earlier commit, say), run '
+                  'as the runner "Refract baseline" in the same run')
   ap.add_argument('--no-python-server', action='store_true')
   ap.add_argument(
       '--workloads', default=os.environ.get('REFRACT_BENCH_WORKLOADS',
@@ -294,6 +360,7 @@ def main():
   pardo_steps = env_int('REFRACT_BENCH_PARDO_STEPS', 4)
   combine_n = env_int('REFRACT_BENCH_COMBINE_RECORDS', 1000000)
   wc_mb = env_int('REFRACT_BENCH_WORDCOUNT_MB', 16)
+  events_n = env_int('REFRACT_BENCH_EVENTS', 300000)
   tiny_n = env_int('REFRACT_BENCH_TINY_JOBS', 100)
   repeats = env_int('REFRACT_BENCH_REPEATS', 1)
   timeout = env_int('REFRACT_BENCH_TIMEOUT', 600)
@@ -305,6 +372,12 @@ def main():
       Server('Refract', lambda p: [args.refract, 'serve', '--job_port',
                                    str(p)], workdir)
   ]
+  if args.refract_run:
+    servers.append(RefractRun(servers[0], args.refract))
+  if args.baseline:
+    servers.append(
+        Server('Refract baseline', lambda p: [args.baseline, 'serve',
+                                              '--job_port', str(p)], workdir))
   if not args.no_python_server:
     servers.append(
         Server(
@@ -349,8 +422,22 @@ def main():
     timed.append(('wordcount', 'wordcount.py over %d MB of generated text' %
                   wc_mb, lambda s, i: [
                       sys.executable, TIMED, WORDCOUNT, '--input', text, '--output',
-                      os.path.join(workdir, 'wc-%s-%d' % (s.port, i), 'out'),
+                      os.path.join(workdir, 'wc-%s-%d' % (s.key, i), 'out'),
                       '--top', '3'
+                  ] + s.pipeline_options()))
+
+  if 'events' in workloads:
+    events_dir = os.path.join(workdir, 'events')
+    log('generating %d events' % events_n)
+    subprocess.run([sys.executable, EVENTS, '--generate', events_dir,
+                    '--count', str(events_n)], check=True, env=child_env())
+    timed.append(('events', 'events.py: %d JSON events read, parsed, windowed '
+                  'sums + top 3, joined with 5 000 users, top 5 countries' %
+                  events_n, lambda s, i: [
+                      sys.executable, TIMED, EVENTS, '--events',
+                      os.path.join(events_dir, 'events-*.jsonl'), '--users',
+                      os.path.join(events_dir, 'users.csv'), '--output',
+                      os.path.join(workdir, 'ev-%s-%d' % (s.key, i), 'out')
                   ] + s.pipeline_options()))
 
   names = [s.name for s in servers]  # table columns, even if one fails
@@ -368,33 +455,76 @@ def main():
         log('SKIPPING %s: %s' % (s.name, e))
     servers = started
 
+    # Runs interleave (every runner's first run, then every runner's
+    # second...): these machines' speed drifts by tens of percent within
+    # minutes, and a drift should not land on one runner.
     for label, detail, builder in timed:
-      for s in servers:
-        times, walls = [], []
-        ok_all = True
-        for i in range(repeats):
-          wall, ok, out = run_timed(builder(s, i), timeout)
+      runs = {s.name: {'times': [], 'walls': [], 'client': [], 'runner': [],
+                       'ok': True} for s in servers}
+      for i in range(repeats):
+        for s in servers:
+          r = runs[s.name]
+          if not r['ok']:
+            continue
+          argv = builder(s, i)
+          if isinstance(s, RefractRun):
+            if label not in SCRIPT_WORKLOADS:
+              r['skipped'] = True
+              continue
+            argv = s.wrap(argv)
+          runner_before = s.cpu_seconds()
+          wall, ok, out = run_timed(argv, timeout)
+          runner_after = s.cpu_seconds()
           dt = job_seconds(out)
+          client_cpu = job_seconds(out, 'BENCH_JOB_CPU_SECONDS')
+          runner_cpu = (runner_after - runner_before
+                        if runner_before is not None and
+                        runner_after is not None else None)
           if dt is None:
             ok = False
-          log('%-9s %-18s run %d: %s job, %7.2f s client wall %s' %
+          log('%-9s %-18s run %d: %s job, %7.2f s client wall, CPU: client '
+              '%s, runner %s %s' %
               (label, s.name, i + 1, '%7.2f s' % dt if dt is not None else
-               '?', wall, 'ok' if ok else 'FAILED'))
+               '?', wall, '%.2f s' % client_cpu if client_cpu is not None
+               else '?', '%.2f s' % runner_cpu if runner_cpu is not None else
+               '?', 'ok' if ok else 'FAILED'))
           if not ok:
-            ok_all = False
+            r['ok'] = False
             failures.append((label, s.name, out[-3000:]))
-            break
-          times.append(dt)
-          walls.append(wall)
+            continue
+          r['times'].append(dt)
+          r['walls'].append(wall)
+          if client_cpu is not None:
+            r['client'].append(client_cpu)
+          if runner_cpu is not None:
+            r['runner'].append(runner_cpu)
+      for s in servers:
+        r = runs[s.name]
+        if r.get('skipped'):
+          results[(label, s.name)] = {'ok': True, 'skipped': True}
+          continue
+        ok_all = r['ok']
         results[(label, s.name)] = {
             'ok': ok_all,
-            'runs_s': times,
-            'wall_runs_s': walls,
-            'median_s': statistics.median(times) if times and ok_all else None,
+            'runs_s': r['times'],
+            'wall_runs_s': r['walls'],
+            'median_s': (statistics.median(r['times'])
+                         if r['times'] and ok_all else None),
+            'client_cpu_s': (statistics.median(r['client'])
+                             if r['client'] and ok_all else None),
+            'runner_cpu_s': (statistics.median(r['runner'])
+                             if r['runner'] and ok_all else None),
         }
+        if label == 'events' and ok_all:
+          results[(label, s.name)]['output'] = [
+              output_digest(os.path.join(workdir, 'ev-%s-%d' % (s.key, i),
+                                         'out-' + part))
+              for i in range(repeats) for part in ('categories', 'countries')]
 
     if 'tiny' in workloads:
       for s in servers:
+        if isinstance(s, RefractRun):
+          continue
         dt, ok, out = run_timed(
             [sys.executable, '-c', TINY_CLIENT,
              str(tiny_n)] + s.pipeline_options(), timeout)
@@ -450,24 +580,29 @@ def main():
                                   'summary': summary}
       log('suite     %-18s %7.1f s (%s)' % (name, dt, summary))
 
-  # The table.
-  peers = [n for n in names if n != 'Refract']
+  # The table: each peer over Refract (LOOPBACK defaults), and, with
+  # --refract-run, each peer over `refract run` (its worker processes).
+  own = ('Refract', 'refract run')
+  peers = [n for n in names if n not in own]
+  bases = [b for b in own if b in names]
 
   def cell(v, fmt):
     return fmt % v if v is not None else 'failed'
 
   header = ['workload'] + ['%s s' % n for n in names] + [
-      '%s / Refract' % p for p in peers
+      '%s / %s' % (p, b) for b in bases for p in peers
   ]
   rows = []
   for label, detail, _ in timed:
     row = [label]
-    ref = results.get((label, 'Refract'), {}).get('median_s')
     for n in names:
-      row.append(cell(results.get((label, n), {}).get('median_s'), '%.2f'))
-    for p in peers:
-      pv = results.get((label, p), {}).get('median_s')
-      row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+      r = results.get((label, n), {})
+      row.append('-' if r.get('skipped') else cell(r.get('median_s'), '%.2f'))
+    for b in bases:
+      ref = results.get((label, b), {}).get('median_s')
+      for p in peers:
+        pv = results.get((label, p), {}).get('median_s')
+        row.append('%.2fx' % (pv / ref) if pv and ref else '-')
     rows.append(row)
   if 'suite' in workloads:
     timed.append(('suite', 'Beam PrismRunnerTest suite wall time', None))
@@ -477,9 +612,11 @@ def main():
       r = results.get(('suite', n), {})
       row.append(cell(r.get('median_s'), '%.1f') + (' (%s)' % r['summary']
                                                     if 'summary' in r else ''))
-    for p in peers:
-      pv = results.get(('suite', p), {}).get('median_s')
-      row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+    for b in bases:
+      for p in peers:
+        pv = results.get(('suite', p), {}).get('median_s')
+        row.append('%.2fx' % (pv / ref) if pv and ref and b == 'Refract'
+                   else '-')
     rows.append(row)
   if 'tiny' in workloads:
     for who, q in (('runner', 'p50'), ('runner', 'p95'), ('client', 'p50'),
@@ -489,11 +626,38 @@ def main():
       ref = results.get(('tiny', 'Refract'), {}).get(key)
       for n in names:
         v = results.get(('tiny', n), {}).get(key)
-        row.append(cell(v * 1000 if v is not None else None, '%.0f'))
-      for p in peers:
-        pv = results.get(('tiny', p), {}).get(key)
-        row.append('%.2fx' % (pv / ref) if pv and ref else '-')
+        row.append('-' if n == 'refract run' else
+                   cell(v * 1000 if v is not None else None, '%.0f'))
+      for b in bases:
+        for p in peers:
+          pv = results.get(('tiny', p), {}).get(key)
+          row.append('%.2fx' % (pv / ref) if pv and ref and b == 'Refract'
+                     else '-')
       rows.append(row)
+
+  # Where the time went: the client's CPU over the job (with LOOPBACK
+  # thread workers, the SDK's work, bound to one core by its interpreter
+  # lock) and the job server's. A run at its ideal takes the client's CPU
+  # time in wall time; the last column is how far each is from that.
+  cpu_rows = []
+  for label, detail, builder in timed:
+    if builder is None:
+      continue
+    for n in names:
+      r = results.get((label, n), {})
+      if r.get('median_s') is None:
+        continue
+      if n == 'refract run':
+        # Its SDK work is in worker processes the server starts (their
+        # CPU is the server's children's), not in the client.
+        r = dict(r, client_cpu_s=None)
+      client, runner = r.get('client_cpu_s'), r.get('runner_cpu_s')
+      cpu_rows.append([
+          label, n, '%.2f' % r['median_s'],
+          '-' if n == 'refract run' else cell(client, '%.2f'),
+          cell(runner, '%.2f'),
+          '%.2fx' % (r['median_s'] / client) if client else '-'
+      ])
 
   widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
   print()
@@ -511,6 +675,27 @@ def main():
   print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
   for r in rows:
     print('| ' + ' | '.join(c.ljust(w) for c, w in zip(r, widths)) + ' |')
+
+  if cpu_rows:
+    cpu_header = ['workload', 'runner', 'job s', 'client CPU s',
+                  'server CPU s', 'job / client CPU']
+    cw = [max(len(r[i]) for r in [cpu_header] + cpu_rows)
+          for i in range(len(cpu_header))]
+    print()
+    print('CPU (medians; with LOOPBACK the SDK is the client: its CPU time '
+          'is the least a run can take)')
+    for r in [cpu_header] + cpu_rows:
+      print('| ' + ' | '.join(c.ljust(w) for c, w in zip(r, cw)) + ' |')
+      if r is cpu_header:
+        print('|' + '|'.join('-' * (w + 2) for w in cw) + '|')
+
+  digests = {n: results.get(('events', n), {}).get('output') for n in names}
+  digests = {n: d for n, d in digests.items() if d}
+  if len({json.dumps(d) for d in digests.values()}) > 1:
+    print('\nevents: the runners wrote DIFFERENT results: %s' % digests)
+  elif digests:
+    print('\nevents: every runner wrote the same results %s' %
+          next(iter(digests.values()))[:2])
 
   if args.json:
     with open(args.json, 'w') as f:

@@ -6,9 +6,11 @@ runner and would only dilute the comparison.
 
   python timed_client.py -m apache_beam.testing.load_tests.pardo_test ARGS...
   python timed_client.py path/to/script.py ARGS...
+  refract run timed_client.py path/to/script.py ARGS...
 
-Prints one line "BENCH_JOB_SECONDS <float>" (summed over the pipelines run)
-at exit, on stdout.
+Prints "BENCH_JOB_SECONDS <float>" (summed over the pipelines run) and
+"BENCH_JOB_CPU_SECONDS <float>" (this process's CPU time over the same
+spans: with LOOPBACK thread workers, the SDK's work) at exit, on stdout.
 """
 
 import atexit
@@ -21,6 +23,7 @@ from apache_beam.runners.portability import portable_runner as _portable
 
 _started = []
 _total = [0.0]
+_cpu_total = [0.0]
 
 _orig_run = _pipeline.Pipeline.run
 _orig_wait = _portable.PipelineResult.wait_until_finish
@@ -30,7 +33,7 @@ def _run(self, *args, **kwargs):
   # Pipeline.run re-enters itself (run -> run with the proto round trip);
   # only the outermost call starts the clock.
   if not _started:
-    _started.append(time.perf_counter())
+    _started.append((time.perf_counter(), time.process_time()))
   return _orig_run(self, *args, **kwargs)
 
 
@@ -39,7 +42,9 @@ def _wait(self, *args, **kwargs):
     return _orig_wait(self, *args, **kwargs)
   finally:
     if _started:
-      _total[0] += time.perf_counter() - _started.pop()
+      wall, cpu = _started.pop()
+      _total[0] += time.perf_counter() - wall
+      _cpu_total[0] += time.process_time() - cpu
 
 
 _pipeline.Pipeline.run = _run
@@ -49,6 +54,7 @@ _portable.PipelineResult.wait_until_finish = _wait
 @atexit.register
 def _report():
   sys.stdout.write('BENCH_JOB_SECONDS %.6f\n' % _total[0])
+  sys.stdout.write('BENCH_JOB_CPU_SECONDS %.6f\n' % _cpu_total[0])
   sys.stdout.flush()
 
 
@@ -59,8 +65,14 @@ def main():
     sys.argv = [module] + args[2:]
     runpy.run_module(module, run_name='__main__', alter_sys=True)
   else:
-    sys.argv = args
-    runpy.run_path(args[0], run_name='__main__')
+    # `refract run timed_client.py SCRIPT ...` puts its own options before
+    # the script: they go after it.
+    script = next((i for i, a in enumerate(args) if not a.startswith('--')),
+                  None)
+    if script is None:
+      sys.exit('timed_client.py: no script to run in %s' % args)
+    sys.argv = [args[script]] + args[:script] + args[script + 1:]
+    runpy.run_path(args[script], run_name='__main__')
 
 
 if __name__ == '__main__':
