@@ -6,6 +6,12 @@ a sink that sleeps per record. The source must be held back by the sink's
 queue — seen through the Reshuffle — so that what waits stays near the
 stage's share of `--memory_budget` instead of growing with the run (or
 spilling to disk), and the hold-back shows as throttled time.
+
+A Python worker runs one bundle at a time, so the source can get ahead only
+where the sink cannot use every worker: here two workers and a stateful sink
+whose records all have one key (one bundle at a time), so the source runs on
+the other worker. On one worker source and sink take turns and the source
+never gets ahead (the second test).
 """
 
 import re
@@ -14,6 +20,7 @@ import urllib.request
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms.userstate import CombiningValueStateSpec
 
 from endless_source import Records
 from refract_testlib import ui_server
@@ -21,9 +28,15 @@ from refract_testlib import ui_server
 RUN_SECONDS = 25
 
 
-def slow_sink(record):
-  time.sleep(0.002)
-  return len(record)
+class SlowSink(beam.DoFn):
+  """2 ms per record; counts its records in state (one key: one bundle at a
+  time)."""
+  SEEN = CombiningValueStateSpec('seen', sum)
+
+  def process(self, kv, seen=beam.DoFn.StateParam(SEEN)):
+    time.sleep(0.002)
+    seen.add(1)
+    yield len(kv[1])
 
 
 def stage_metric(text, name, stage_prefix):
@@ -36,18 +49,16 @@ def stage_metric(text, name, stage_prefix):
   return 0.0
 
 
-def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
-    request, refract_bin, tmp_path):
-  server, ui = ui_server(
-      refract_bin, str(tmp_path / 'refract.log'),
-      extra_args=['--memory_budget', '16m'])
-  server.wait_ready()
-  request.addfinalizer(server.stop)
-  options = PipelineOptions(server.portable_args('--streaming'))
+def run_source_into_slow_sink(server, ui, *args):
+  """Runs the endless source into the slow sink for RUN_SECONDS; returns
+  (records produced, records the sink took, seconds the source was
+  throttled, bytes the sink's queue spilled)."""
+  options = PipelineOptions(server.portable_args('--streaming', *args))
   p = beam.Pipeline(options=options)
   _ = (
       p | beam.Impulse() | 'Source' >> beam.ParDo(Records(200))
-      | beam.Reshuffle() | 'Sink' >> beam.Map(slow_sink))
+      | 'OneKey' >> beam.Map(lambda record: (0, record))
+      | beam.Reshuffle() | 'Sink' >> beam.ParDo(SlowSink()))
   result = p.run()
   try:
     time.sleep(RUN_SECONDS)
@@ -55,12 +66,25 @@ def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
       text = response.read().decode()
   finally:
     result.cancel()
-  produced = stage_metric(
-      text, 'refract_stage_output_elements_total', 'Source/Process')
-  taken = stage_metric(text, 'refract_stage_elements_total', 'Sink')
-  throttled = stage_metric(
-      text, 'refract_stage_throttled_seconds_total', 'Source/Process')
-  spilled = stage_metric(text, 'refract_stage_spilled_bytes_total', 'Sink')
+  return (
+      stage_metric(text, 'refract_stage_output_elements_total',
+                   'Source/Process'),
+      stage_metric(text, 'refract_stage_elements_total', 'Sink'),
+      stage_metric(text, 'refract_stage_throttled_seconds_total',
+                   'Source/Process'),
+      stage_metric(text, 'refract_stage_spilled_bytes_total', 'Sink'),
+  )
+
+
+def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
+    request, refract_bin, tmp_path):
+  server, ui = ui_server(
+      refract_bin, str(tmp_path / 'refract.log'),
+      extra_args=['--memory_budget', '16m'])
+  server.wait_ready()
+  request.addfinalizer(server.stop)
+  produced, taken, throttled, spilled = run_source_into_slow_sink(
+      server, ui, '--sdk_worker_parallelism=2')
   assert taken > 1000, (produced, taken, server.log_tail())
   # The sink's share of 16 MiB over the job's stages is a few thousand
   # 1 KiB records; a source bundle adds 200. Unchecked, the source runs
@@ -68,3 +92,18 @@ def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
   assert produced - taken <= 8000, (produced, taken)
   assert spilled == 0, spilled
   assert throttled > 1.0, (throttled, produced, taken)
+
+
+def test_on_one_worker_a_fast_source_and_a_slow_sink_take_turns(
+    request, refract_bin, tmp_path):
+  server, ui = ui_server(
+      refract_bin, str(tmp_path / 'refract.log'),
+      extra_args=['--memory_budget', '16m'])
+  server.wait_ready()
+  request.addfinalizer(server.stop)
+  produced, taken, _, spilled = run_source_into_slow_sink(server, ui)
+  assert taken > 1000, (produced, taken, server.log_tail())
+  # The sink takes what waits each time the source's bundle ends: the
+  # source is at most a bundle or two ahead.
+  assert produced - taken <= 1000, (produced, taken)
+  assert spilled == 0, spilled
