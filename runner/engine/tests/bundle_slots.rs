@@ -16,7 +16,6 @@ use std::time::Duration;
 
 mod common;
 
-use common::{global_pcollection, stage};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -24,7 +23,7 @@ use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, BundleSplit, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageIdx, StageKind};
+use refract_engine::plan::{SdkStage, StageIdx, StageKind};
 use tokio::sync::watch;
 
 const KEYS: usize = 40;
@@ -108,27 +107,6 @@ impl StageExecutor for Executor {
     }
 }
 
-fn plan() -> Plan {
-    let sdk = |stateful| {
-        StageKind::Sdk(SdkStage {
-            stateful,
-            ..SdkStage::default()
-        })
-    };
-    Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("keyed", common::kv_bytes_coder()),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("source", sdk(false), vec![0], vec![1]),
-            stage("count", sdk(true), vec![1], vec![]),
-            stage("step", sdk(false), vec![1], vec![]),
-        ],
-    }
-}
-
 async fn run(sdk: Arc<Sdk>) {
     let config = EngineConfig {
         max_bundle_elements: 1_000,
@@ -136,7 +114,7 @@ async fn run(sdk: Arc<Sdk>) {
         ..EngineConfig::default()
     };
     let engine = Engine::new(
-        plan(),
+        common::keyed_source_plan(&[("count", true), ("step", false)]),
         Arc::new(Executor(sdk)),
         config,
         "slots",

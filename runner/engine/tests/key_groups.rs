@@ -18,14 +18,12 @@ use std::time::Duration;
 mod common;
 
 use bytes::Bytes;
-use common::{global_pcollection, stage};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
 use refract_engine::state::StateKey;
 use tokio::sync::watch;
 
@@ -40,10 +38,6 @@ struct Counter {
     most_running: AtomicUsize,
     /// Key -> the most values a read of its bag returned.
     counted: Mutex<BTreeMap<String, usize>>,
-}
-
-fn kv_coder() -> Coder {
-    Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes))
 }
 
 fn bag(key: &[u8]) -> StateKey {
@@ -70,8 +64,9 @@ impl StageExecutor for Counting {
             }
             let mut keys: Vec<Vec<u8>> = Vec::new();
             for chunk in &input.elements {
-                for e in decode_windowed_values(chunk, &kv_coder(), &Coder::GlobalWindow)
-                    .expect("decodes")
+                for e in
+                    decode_windowed_values(chunk, &common::kv_bytes_coder(), &Coder::GlobalWindow)
+                        .expect("decodes")
                 {
                     // The nested key: its length byte and its bytes.
                     let n = e.value()[0] as usize;
@@ -116,26 +111,6 @@ impl StageExecutor for Counting {
     }
 }
 
-fn plan() -> Plan {
-    let sdk = |stateful| {
-        StageKind::Sdk(SdkStage {
-            stateful,
-            ..SdkStage::default()
-        })
-    };
-    Plan {
-        pcollections: vec![
-            global_pcollection("impulse", Coder::Bytes),
-            global_pcollection("keyed", kv_coder()),
-        ],
-        stages: vec![
-            stage("impulse", StageKind::Impulse, vec![], vec![0]),
-            stage("source", sdk(false), vec![0], vec![1]),
-            stage("count", sdk(true), vec![1], vec![]),
-        ],
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bundles_of_a_stateful_stage_overlap_on_disjoint_keys_only() {
     let counter = Arc::new(Counter::default());
@@ -146,7 +121,7 @@ async fn bundles_of_a_stateful_stage_overlap_on_disjoint_keys_only() {
         ..EngineConfig::default()
     };
     let engine = Engine::new(
-        plan(),
+        common::keyed_source_plan(&[("count", true)]),
         Arc::new(Counting(counter.clone())),
         config,
         "kg",

@@ -94,6 +94,32 @@ pub fn keyed_elements(count: usize, keys: usize) -> Bytes {
     Bytes::from(out)
 }
 
+/// impulse (PCollection 0) → SDK stage 1 "source" (`KV<bytes, bytes>`, 1,
+/// say [`keyed_elements`]) → each of `consumers` (SDK stages 2, 3, …, each
+/// named and stateful or not) reading PCollection 1.
+pub fn keyed_source_plan(consumers: &[(&str, bool)]) -> Plan {
+    let sdk = |stateful| {
+        StageKind::Sdk(SdkStage {
+            stateful,
+            ..SdkStage::default()
+        })
+    };
+    let mut stages = vec![
+        stage("impulse", StageKind::Impulse, vec![], vec![0]),
+        stage("source", sdk(false), vec![0], vec![1]),
+    ];
+    for &(name, stateful) in consumers {
+        stages.push(stage(name, sdk(stateful), vec![1], vec![]));
+    }
+    Plan {
+        pcollections: vec![
+            global_pcollection("impulse", Coder::Bytes),
+            global_pcollection("keyed", kv_bytes_coder()),
+        ],
+        stages,
+    }
+}
+
 /// impulse (PCollection 0) → SDK stage 1 "read" (`KV<bytes, bytes>`, 1) →
 /// GroupByKey 2 in the global window (`KV<bytes, iterable<bytes>>`, 2) →
 /// SDK stage 3 "sink".
