@@ -76,6 +76,13 @@ def free_port():
   return port
 
 
+def job_server_timeout():
+  """The client's Job API calls, its job-state stream included, have a
+  deadline (300 s by default): a run longer than that fails on the client's
+  side, whatever the runner does. This gives it the bench's timeout."""
+  return '--job_server_timeout=%d' % env_int('REFRACT_BENCH_TIMEOUT', 600)
+
+
 def child_env():
   env = dict(os.environ)
   env['PYTHONPATH'] = HERE + (
@@ -149,11 +156,7 @@ class Server:
       # as a process of its own, not a thread under the client's GIL: a
       # runner that starts several workers then gets several cores.
       options.append('--experiments=use_loopback_process_worker')
-    # The client's Job API calls, its job-state stream included, have a
-    # deadline (300 s by default): a run longer than that fails on the
-    # client's side, whatever the runner does. Give it the bench's timeout.
-    options.append('--job_server_timeout=%d' %
-                   env_int('REFRACT_BENCH_TIMEOUT', 600))
+    options.append(job_server_timeout())
     workers = os.environ.get('REFRACT_BENCH_SDK_WORKERS')
     if workers:
       # Python's default is 1 (and runners honour it): the same number of
@@ -187,7 +190,7 @@ class RefractRun:
             'localhost:%d' % self.port, '--python', argv[0]] + argv[1:]
 
   def pipeline_options(self):
-    return ['--job_server_timeout=%d' % env_int('REFRACT_BENCH_TIMEOUT', 600)]
+    return [job_server_timeout()]
 
 
 def job_seconds(out, what='BENCH_JOB_SECONDS'):

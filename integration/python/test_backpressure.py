@@ -49,10 +49,16 @@ def stage_metric(text, name, stage_prefix):
   return 0.0
 
 
-def run_source_into_slow_sink(server, ui, *args):
-  """Runs the endless source into the slow sink for RUN_SECONDS; returns
-  (records produced, records the sink took, seconds the source was
-  throttled, bytes the sink's queue spilled)."""
+def run_source_into_slow_sink(request, refract_bin, tmp_path, *args):
+  """Runs the endless source into the slow sink for RUN_SECONDS on a server
+  with a 16 MiB budget; returns (records produced, records the sink took,
+  seconds the source was throttled, bytes the sink's queue spilled, the
+  server)."""
+  server, ui = ui_server(
+      refract_bin, str(tmp_path / 'refract.log'),
+      extra_args=['--memory_budget', '16m'])
+  server.wait_ready()
+  request.addfinalizer(server.stop)
   options = PipelineOptions(server.portable_args('--streaming', *args))
   p = beam.Pipeline(options=options)
   _ = (
@@ -73,18 +79,14 @@ def run_source_into_slow_sink(server, ui, *args):
       stage_metric(text, 'refract_stage_throttled_seconds_total',
                    'Source/Process'),
       stage_metric(text, 'refract_stage_spilled_bytes_total', 'Sink'),
+      server,
   )
 
 
 def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
     request, refract_bin, tmp_path):
-  server, ui = ui_server(
-      refract_bin, str(tmp_path / 'refract.log'),
-      extra_args=['--memory_budget', '16m'])
-  server.wait_ready()
-  request.addfinalizer(server.stop)
-  produced, taken, throttled, spilled = run_source_into_slow_sink(
-      server, ui, '--sdk_worker_parallelism=2')
+  produced, taken, throttled, spilled, server = run_source_into_slow_sink(
+      request, refract_bin, tmp_path, '--sdk_worker_parallelism=2')
   assert taken > 1000, (produced, taken, server.log_tail())
   # The sink's share of 16 MiB over the job's stages is a few thousand
   # 1 KiB records; a source bundle adds 200. Unchecked, the source runs
@@ -96,12 +98,8 @@ def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
 
 def test_on_one_worker_a_fast_source_and_a_slow_sink_take_turns(
     request, refract_bin, tmp_path):
-  server, ui = ui_server(
-      refract_bin, str(tmp_path / 'refract.log'),
-      extra_args=['--memory_budget', '16m'])
-  server.wait_ready()
-  request.addfinalizer(server.stop)
-  produced, taken, _, spilled = run_source_into_slow_sink(server, ui)
+  produced, taken, _, spilled, server = run_source_into_slow_sink(
+      request, refract_bin, tmp_path)
   assert taken > 1000, (produced, taken, server.log_tail())
   # The sink takes what waits each time the source's bundle ends: the
   # source is at most a bundle or two ahead.
