@@ -139,10 +139,7 @@ REFRACT_PRISM_VERSION=${REFRACT_PRISM_VERSION:-v2.77.0}
 refract_prism_bin() {
   local dir=$REFRACT_CACHE/prism/$REFRACT_PRISM_VERSION start=$SECONDS
   if [ ! -x "$dir/prism" ]; then
-    if ! command -v go >/dev/null 2>&1; then
-      echo "refract_prism_bin: needs Go (1.26 or newer) on PATH" >&2
-      return 1
-    fi
+    refract_need_go refract_prism_bin || return 1
     echo "== building Prism $REFRACT_PRISM_VERSION (go install, once)" >&2
     rm -rf "$dir/tmp"
     mkdir -p "$dir/tmp"
@@ -169,6 +166,14 @@ refract_prism_bin() {
 # refuses -mod=...;
 # GOTOOLCHAIN=auto lets a Go older than a module asks for fetch the newer
 # toolchain from the module proxy.
+# refract_need_go WHO: fails, saying WHO needs it, unless `go` is on PATH.
+refract_need_go() {
+  if ! command -v go >/dev/null 2>&1; then
+    echo "$1: needs Go (1.26 or newer) on PATH" >&2
+    return 1
+  fi
+}
+
 _refract_go() {
   GOMODCACHE=$REFRACT_CACHE/go-mod GOCACHE=$REFRACT_CACHE/go-build \
     GOFLAGS=${GOFLAGS:--buildvcs=false} GOTOOLCHAIN=${GOTOOLCHAIN:-auto} go "$@"
@@ -189,10 +194,7 @@ refract_stop_tracked() {
 # matter of seconds.
 refract_go_wordcount_bin() {
   local out=$REFRACT_CACHE/go-bin
-  if ! command -v go >/dev/null 2>&1; then
-    echo "refract_go_wordcount_bin: needs Go (1.26 or newer) on PATH" >&2
-    return 1
-  fi
+  refract_need_go refract_go_wordcount_bin || return 1
   mkdir -p "$out"
   (cd "$REFRACT_ROOT/integration/go/wordcount" &&
     _refract_go build -trimpath -o "$out/wordcount" .) >&2

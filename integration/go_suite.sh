@@ -63,10 +63,7 @@ build_binaries() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${packages[*]}" ]; then
     return 0
   fi
-  if ! command -v go >/dev/null 2>&1; then
-    echo "go_suite.sh: needs Go (1.26 or newer) on PATH" >&2
-    return 1
-  fi
+  refract_need_go go_suite.sh || return 1
   echo "== building Beam's Go test binaries at $version (once)" >&2
   mkdir -p "$suite_dir/mod"
   rm -rf "$suite_dir/bin"
