@@ -66,12 +66,14 @@ for workload in "${names[@]}"; do
       refract_run_bounded "$limit" java -cp "$classpath" org.refract.bench.JavaBench \
         --workload="$workload" --records="$records" --keys="$keys" --output="$out.txt" \
         --runner=PortableRunner --jobEndpoint="localhost:$port" \
-        --defaultEnvironmentType=LOOPBACK >"$out.log" 2>&1 || rc=$?
-      seconds=$(sed -n 's/^BENCH_JOB_SECONDS //p' "$out.log")
+        --defaultEnvironmentType=LOOPBACK >"$out.out" 2>"$out.log" || rc=$?
+      # The pipeline prints its time on stdout; the SDK logs on stderr (one
+      # file for both once cut the time's line in two).
+      seconds=$(sed -n 's/^BENCH_JOB_SECONDS //p' "$out.out")
       got=$(cat "$out.txt" 2>/dev/null || echo missing)
       if [ "$rc" -ne 0 ] || [ -z "$seconds" ] || [ "$got" != "$expected" ]; then
         echo "== $workload on $name run $run FAILED (exit $rc, sum $got, want $expected)" >&2
-        tail -n 20 "$out.log" >&2
+        tail -n 20 "$out.out" "$out.log" >&2
         seconds=failed
       fi
       echo "== $workload $name run $run: $seconds s" >&2

@@ -49,7 +49,8 @@ pub trait SpillStore: Send + Sync + Debug {
     /// least one entry if any is there). Empty when the range is.
     fn scan(&self, from: &[u8], to: &[u8], max_bytes: usize) -> Result<Entries, SpillError>;
     /// Forgets every key in `[from, to)`, giving the space back soon (a
-    /// GroupByKey's drained window: large, and rare).
+    /// GroupByKey's drained window: one of few large ones, or of many
+    /// small ones, whose reclaiming the store batches).
     fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), SpillError>;
     /// Forgets every key in `[from, to)`, without hurrying to give the
     /// space back: for small ranges deleted often, soon after they were

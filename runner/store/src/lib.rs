@@ -40,6 +40,7 @@ mod kv;
 mod manifest;
 pub mod savepoint;
 mod spill;
+mod spill_reclaim;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
