@@ -9,7 +9,9 @@
 # 4. the Python end-to-end tests in integration/python against the release
 #    binary (wordcount on DirectRunner / PortableRunner / PrismRunner, errors,
 #    command line, web UI in Chromium, OTLP export to an OpenTelemetry
-#    Collector that integration/otel/build-collector.sh builds and caches);
+#    Collector that integration/otel/build-collector.sh builds and caches;
+#    the refract-beam wheel that integration/build-wheel.sh builds, installed
+#    into a fresh virtualenv);
 # 5. Beam's PrismRunnerTest suite via integration/prism_suite.sh, with the
 #    pass bar from integration/prism_suite_bar.
 # 6. Beam's shared cases without Prism's opt-outs via
@@ -96,6 +98,16 @@ fi
 echo "== building the Go pipeline and Go's boot program (integration/go)"
 if ! { refract_go_wordcount_bin >/dev/null && refract_go_boot_bin >/dev/null; }; then
   failed_steps+=("building the Go pipeline")
+fi
+
+# The refract-beam wheel (integration/python/test_wheel.py installs it into
+# a fresh virtualenv); maturin reuses the release build above.
+echo "== building the refract-beam wheel (integration/build-wheel.sh)"
+if REFRACT_WHEEL=$(REFRACT_DIST=$work/dist "$here/build-wheel.sh"); then
+  export REFRACT_WHEEL
+  echo "$REFRACT_WHEEL"
+else
+  failed_steps+=("building the refract-beam wheel")
 fi
 
 echo "== Python end-to-end tests (integration/python) against $bin"

@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "refract",
-    version,
+    version = crate::tested_with::VERSION_TEXT,
     about,
     args_conflicts_with_subcommands = true
 )]

@@ -24,5 +24,6 @@ pub mod spill_store;
 mod split_policy;
 mod state_bridge;
 pub mod telemetry;
+pub mod tested_with;
 pub mod ui;
 pub mod worker_set;

@@ -1,0 +1,279 @@
+"""The refract-beam wheel as a Beam Python user meets it: installed into a
+fresh virtualenv that has apache-beam, with no refract on PATH and no
+server started by hand.
+
+* `--runner=refract_beam.RefractRunner` starts the packaged binary once per
+  process, runs the pipeline's code in worker processes that see the
+  submitting process's sys.path, skips the submission `pip freeze`, and
+  prints the web UI's address once;
+* a pipeline that needs its main session in the workers still works;
+* `pytest --refract` moves a suite's TestPipelines onto Refract;
+* an apache-beam version Refract was not tested with is refused, naming
+  the tested one.
+
+The wheel is $REFRACT_WHEEL (integration/test.sh builds it), else built
+here with integration/build-wheel.sh.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_WHEEL = os.path.join(HERE, '..', 'build-wheel.sh')
+
+
+@pytest.fixture(scope='module')
+def wheel(tmp_path_factory):
+  given = os.environ.get('REFRACT_WHEEL')
+  if given:
+    return given
+  dist = tmp_path_factory.mktemp('dist')
+  built = subprocess.run([BUILD_WHEEL],
+                         env=dict(os.environ, REFRACT_DIST=str(dist)),
+                         capture_output=True,
+                         text=True,
+                         timeout=1200,
+                         check=False)
+  assert built.returncode == 0, built.stderr[-3000:]
+  return built.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope='module')
+def venv(tmp_path_factory, wheel):
+  """A new virtualenv whose apache-beam (and pytest) are this test
+  environment's, found through a .pth file instead of installed again,
+  with the wheel pip-installed into it; its python."""
+  root = tmp_path_factory.mktemp('venv')
+  subprocess.run([sys.executable, '-m', 'venv', str(root)],
+                 check=True,
+                 timeout=120)
+  python = str(root / 'bin' / 'python')
+  site = subprocess.run(
+      [python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
+      check=True,
+      capture_output=True,
+      text=True).stdout.strip()
+  with open(os.path.join(site, 'refract-test-beam.pth'), 'w') as f:
+    f.write(sysconfig.get_path('purelib') + '\n')
+  # No index: apache-beam is found installed, nothing is downloaded.
+  installed = subprocess.run([
+      python, '-m', 'pip', 'install', '--no-index', '--disable-pip-version-check',
+      '-q', wheel
+  ],
+                             capture_output=True,
+                             text=True,
+                             timeout=300)
+  assert installed.returncode == 0, installed.stderr[-3000:]
+  return python
+
+
+def user_env():
+  """The environment of a user who never built Refract: no REFRACT_BIN, no
+  refract on PATH."""
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if not k.startswith('REFRACT_') and k != 'PYTHONPATH'
+  }
+  env['PATH'] = '/usr/local/bin:/usr/bin:/bin'
+  return env
+
+
+def run_script(python, path, *args, env=None, timeout=240):
+  return subprocess.run([python, str(path), *map(str, args)],
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        cwd=os.path.dirname(str(path)),
+                        env=env or user_env())
+
+
+def read_lines(prefix):
+  lines = []
+  for name in sorted(glob.glob(str(prefix) + '*')):
+    with open(name) as f:
+      lines.extend(l.rstrip('\n') for l in f)
+  return lines
+
+
+def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
+  # A module the pipeline imports from a directory it adds to sys.path at
+  # run time (as a conftest or a notebook does): its functions are pickled
+  # by reference, so the workers must find it too.
+  helpers = tmp_path / 'helpers'
+  helpers.mkdir()
+  (helpers / 'shout.py').write_text(
+      textwrap.dedent('''\
+      import os
+
+      def shout(word):
+        return '%s %d' % (word.upper(), os.getpid())
+      '''))
+  script = tmp_path / 'pipeline.py'
+  script.write_text(
+      textwrap.dedent('''\
+      import os
+      import sys
+
+      sys.path.insert(0, sys.argv[1])
+      import shout
+
+      import apache_beam as beam
+      from apache_beam.options.pipeline_options import PipelineOptions
+      from apache_beam.runners.portability import stager
+      from refract_beam import _binary
+
+      # Counts the SDK's `pip freeze` of the submission environment.
+      freezes = []
+      freeze = stager.Stager._create_stage_submission_env_dependencies
+      stager.Stager._create_stage_submission_env_dependencies = staticmethod(
+          lambda *args: freezes.append(1) or freeze(*args))
+
+
+      def run(out):
+        options = PipelineOptions(['--runner=refract_beam.RefractRunner'])
+        with beam.Pipeline(options=options) as p:
+          _ = (
+              p | beam.Create(['a', 'b', 'c'] * 200)
+              | beam.Reshuffle()
+              | beam.Map(shout.shout)
+              | beam.io.WriteToText(out))
+
+
+      run(sys.argv[2])
+      run(sys.argv[3])
+      print('BINARY', _binary.find())
+      print('CLIENT', os.getpid())
+      print('FREEZES', len(freezes))
+      '''))
+  done = run_script(venv, script, helpers, tmp_path / 'one', tmp_path / 'two')
+  assert done.returncode == 0, done.stderr[-4000:]
+  out = dict(
+      line.split(' ', 1) for line in done.stdout.splitlines() if ' ' in line)
+  # The packaged binary, not one from PATH or the build tree.
+  assert out['BINARY'] == os.path.join(os.path.dirname(venv), 'refract'), out
+  assert out['FREEZES'] == '0', out
+  # One server for both pipelines: its address printed once.
+  assert done.stderr.count('its web UI is at http://localhost:') == 1, \
+      done.stderr[-4000:]
+  for prefix in ('one', 'two'):
+    lines = read_lines(tmp_path / prefix)
+    words = sorted(l.split()[0] for l in lines)
+    assert words == sorted(['A', 'B', 'C'] * 200), lines[:5]
+    pids = {int(l.split()[1]) for l in lines}
+    assert int(out['CLIENT']) not in pids, 'ran in the submitting process'
+
+
+def test_a_pipeline_that_needs_its_main_session_runs(venv, tmp_path):
+  script = tmp_path / 'main_session.py'
+  script.write_text(
+      textwrap.dedent('''\
+      import sys
+      import re as pattern_module
+
+      import apache_beam as beam
+      from apache_beam.options.pipeline_options import PipelineOptions
+
+      SUFFIX = '!'
+
+
+      class Tag(beam.DoFn):
+        def process(self, word):
+          # Names from the main session: gone in a worker without it.
+          yield pattern_module.sub('a', 'A', word) + SUFFIX
+
+
+      options = PipelineOptions([
+          '--runner=refract_beam.RefractRunner', '--pickle_library=dill',
+          '--save_main_session'
+      ])
+      with beam.Pipeline(options=options) as p:
+        _ = (
+            p | beam.Create(['abc', 'bca']) | beam.ParDo(Tag())
+            | beam.io.WriteToText(sys.argv[1]))
+      '''))
+  done = run_script(venv, script, tmp_path / 'out')
+  assert done.returncode == 0, done.stderr[-4000:]
+  assert sorted(read_lines(tmp_path / 'out')) == ['Abc!', 'bcA!']
+
+
+def test_pytest_refract_moves_test_pipelines_onto_refract(venv, tmp_path):
+  suite = tmp_path / 'suite'
+  suite.mkdir()
+  (suite / 'test_doubling.py').write_text(
+      textwrap.dedent('''\
+      import os
+
+      import apache_beam as beam
+      from apache_beam.testing.test_pipeline import TestPipeline
+      from apache_beam.testing.util import assert_that
+      from apache_beam.testing.util import equal_to
+
+
+      def test_doubles():
+        with TestPipeline() as p:
+          assert type(p.runner).__name__ == os.environ['EXPECTED_RUNNER']
+          assert_that(
+              p | beam.Create([1, 2, 3]) | beam.Map(lambda x: 2 * x),
+              equal_to([2, 4, 6]))
+      '''))
+
+  # As Beam's own conftest does: options for every TestPipeline, here
+  # naming another runner, which --refract replaces.
+  (suite / 'conftest.py').write_text(
+      textwrap.dedent('''\
+      from apache_beam.testing.test_pipeline import TestPipeline
+
+
+      def pytest_configure(config):
+        TestPipeline.pytest_test_pipeline_options = '--runner=DirectRunner'
+      '''))
+
+  def pytest_run(*flags, expected):
+    env = dict(user_env(), EXPECTED_RUNNER=expected)
+    return subprocess.run(
+        [venv, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *flags],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(suite),
+        env=env)
+
+  on_refract = pytest_run('--refract', expected='RefractRunner')
+  assert on_refract.returncode == 0, on_refract.stdout[-4000:]
+  assert '1 passed' in on_refract.stdout, on_refract.stdout[-2000:]
+  # Without the flag the plugin does nothing.
+  plain = pytest_run(expected='SwitchingDirectRunner')
+  assert plain.returncode == 0, plain.stdout[-4000:]
+
+
+def test_an_untested_beam_version_is_refused_clearly(venv, tmp_path):
+  script = tmp_path / 'old_beam.py'
+  script.write_text(
+      textwrap.dedent('''\
+      import apache_beam as beam
+      from apache_beam.options.pipeline_options import PipelineOptions
+
+      beam.__version__ = '2.70.0'  # as if another apache-beam were installed
+      with beam.Pipeline(options=PipelineOptions(
+          ['--runner=refract_beam.RefractRunner'])) as p:
+        _ = p | beam.Create([1])
+      '''))
+  done = run_script(venv, script)
+  assert done.returncode != 0
+  assert 'apache-beam 2.70.0 is installed, but this Refract' in done.stderr, \
+      done.stderr[-3000:]
+  tested = beam_minor()
+  assert f'was tested with apache-beam {tested}.x only' in done.stderr, \
+      done.stderr[-3000:]
+
+
+def beam_minor():
+  import apache_beam
+  return '.'.join(apache_beam.__version__.split('.')[:2])

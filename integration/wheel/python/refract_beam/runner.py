@@ -1,0 +1,179 @@
+"""`RefractRunner`: run a Beam Python pipeline on a Refract server that
+this process starts.
+
+Like Beam's PrismRunner, the first pipeline a process runs starts the
+server (the `refract` binary this package installed) and later pipelines
+of the process reuse it; it stops when the process exits. Unlike it, the
+pipeline's Python code runs in worker processes (one per core), not in a
+thread of the submitting process, where one GIL serialises every bundle:
+
+* the workers are PROCESS workers booted with this interpreter (the boot
+  program ships in this package), and see the submitting process's
+  `sys.path` — a pipeline's functions from importable modules are pickled
+  by reference, so a module found through a path the process added at run
+  time (a test's conftest, the script's own directory) must be found there
+  too;
+* `--sdk_worker_parallelism` defaults to 0, the server's choice of one
+  worker per core;
+* the SDK does not run `pip freeze` to log the submission environment
+  (`disable_logging_submission_environment`), which costs ~0.4 s a job.
+
+An `--environment_type` the pipeline passes wins over all of that (with
+`--environment_type=LOOPBACK`, the code runs in this process, as with
+PrismRunner).
+"""
+
+import atexit
+import json
+import os
+import shlex
+import shutil
+import stat
+import sys
+import tempfile
+import threading
+
+import apache_beam
+from apache_beam.options import pipeline_options
+from apache_beam.runners.portability import job_server
+from apache_beam.runners.portability import portable_runner
+from apache_beam.utils import shared
+from apache_beam.utils import subprocess_server
+
+from refract_beam import _binary
+
+_SKIP_PIP_FREEZE = 'disable_logging_submission_environment'
+
+
+class RefractOptions(pipeline_options.PipelineOptions):
+  """Options of `RefractRunner`."""
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument(
+        '--refract_location',
+        default=None,
+        help='The refract binary to start (default: $REFRACT_BIN, else the '
+        'one the refract-beam package installed, else refract on PATH).')
+
+
+class RefractRunner(portable_runner.PortableRunner):
+  """Runs pipelines on a Refract server started for this process."""
+  _shared_server = shared.Shared()
+
+  def run_pipeline(self, pipeline, options):
+    binary = _binary.find(options.view_as(RefractOptions).refract_location)
+    _check_versions(binary)
+    debug = options.view_as(pipeline_options.DebugOptions)
+    if not debug.lookup_experiment(_SKIP_PIP_FREEZE):
+      debug.add_experiment(_SKIP_PIP_FREEZE)
+    return super().run_pipeline(pipeline, options)
+
+  def default_environment(self, options):
+    portable = options.view_as(pipeline_options.PortableOptions)
+    if not portable.environment_type and not portable.output_executable_path:
+      portable.environment_type = 'PROCESS'
+      portable.environment_config = json.dumps({
+          'command': _worker_boot(),
+          'env': {
+              'PYTHONPATH': _import_path()
+          },
+      })
+      if not _given(options, 'sdk_worker_parallelism'):
+        portable.sdk_worker_parallelism = 0
+    return super().default_environment(options)
+
+  def default_job_server(self, options):
+    return RefractRunner._shared_server.acquire(
+        lambda: job_server.StopOnExitJobServer(RefractJobServer(options)))
+
+  def create_job_service_handle(self, job_service, options):
+    return portable_runner.JobServiceHandle(
+        job_service, options, retain_unknown_options=True)
+
+
+class RefractJobServer(job_server.SubprocessJobServer):
+  """`refract serve` on free ports of this machine's loopback address."""
+  def __init__(self, options):
+    super().__init__()
+    self._binary = _binary.find(
+        options.view_as(RefractOptions).refract_location)
+    self._job_port = options.view_as(
+        pipeline_options.JobServerOptions).job_port
+
+  def subprocess_cmd_and_endpoint(self):
+    job_port, ui_port = subprocess_server.pick_port(self._job_port, None)
+    # Printed once: the server serves every later pipeline of the process.
+    print(
+        f'Refract is running pipelines of this process; its web UI is at '
+        f'http://localhost:{ui_port}/',
+        file=sys.stderr,
+        flush=True)
+    cmd = [
+        self._binary,
+        'serve',
+        '--job_port',
+        str(job_port),
+        '--ui_port',
+        str(ui_port),
+    ]
+    return cmd, f'localhost:{job_port}'
+
+
+_checked = {}
+_checked_lock = threading.Lock()
+
+
+def _check_versions(binary):
+  """Refuses an apache-beam version `binary` was not tested with (asked
+  once per binary)."""
+  with _checked_lock:
+    tested = _checked.get(binary)
+    if tested is None:
+      tested = _binary.tested_python_versions(binary)
+      _checked[binary] = tested
+  _binary.check_beam_version(apache_beam.__version__, tested, binary)
+
+
+def _given(options, name):
+  """Whether the pipeline's own flags or keywords set option `name`."""
+  flags = getattr(options, '_flags', None) or []
+  if any(f == f'--{name}' or f.startswith(f'--{name}=') for f in flags):
+    return True
+  return name in options.get_all_options(drop_default=True)
+
+
+def _import_path():
+  """This process's `sys.path`, as a PYTHONPATH for its workers."""
+  entries = []
+  for entry in sys.path:
+    entry = os.path.abspath(entry or os.getcwd())
+    if entry not in entries and os.path.exists(entry):
+      entries.append(entry)
+  return os.pathsep.join(entries)
+
+
+_boot_lock = threading.Lock()
+_boot_program = None
+
+
+def _worker_boot():
+  """The PROCESS environment's command: a program, private to this user
+  and process, that boots a Python SDK worker with this interpreter."""
+  global _boot_program
+  with _boot_lock:
+    if _boot_program is None:
+      script = os.path.join(os.path.dirname(__file__), 'python_boot.sh')
+      if not os.path.isfile(script):
+        raise RuntimeError(
+            f'the refract-beam package is incomplete: {script} is missing')
+      directory = tempfile.mkdtemp(prefix='refract-beam-')  # mode 0700
+      atexit.register(shutil.rmtree, directory, True)
+      program = os.path.join(directory, 'boot')
+      with open(program, 'w') as f:
+        f.write(
+            '#!/bin/sh\nBEAM_PYTHON=%s exec /bin/bash %s "$@"\n' %
+            (shlex.quote(sys.executable), shlex.quote(script)))
+      os.chmod(program, stat.S_IRWXU)
+      _boot_program = program
+    return _boot_program
+
