@@ -10,8 +10,8 @@
 # Beam's Python container, it asks the provision service for the pipeline
 # options and runner capabilities, fetches the staged files (for example the
 # pickled main session of --save_main_session) from the artifact service, sets
-# the environment variables the harness reads, and execs
-# `python -m apache_beam.runners.worker.sdk_worker_main`.
+# the environment variables the harness reads, and runs Beam's harness
+# (`apache_beam.runners.worker.sdk_worker_main`) in the same interpreter.
 #
 # Unlike Beam's container boot, it installs nothing: the interpreter must
 # already have the pipeline's apache-beam version and its dependencies
@@ -68,15 +68,17 @@ if [ -z "$semi" ]; then
 fi
 mkdir -p "$semi/staged"
 
-# Prints `export NAME=VALUE` lines for the harness; fails loudly if the
-# runner's provision or artifact service does not answer.
-boot_env=$(
-  BOOT_ID=$id BOOT_CONTROL=$control BOOT_LOGGING=$logging \
-    BOOT_PROVISION=$provision BOOT_ARTIFACT=$artifact BOOT_SEMI=$semi \
-    "$python" - <<'PY'
+# One interpreter provisions the worker and then runs the harness in
+# itself: the variables the harness reads are set in its environment, and
+# Beam, imported for the provisioning, is not imported a second time by a
+# new process (about a second of CPU per worker). Its arguments only name
+# it for `ps` and `pgrep`. It fails loudly if the runner's provision or
+# artifact service does not answer.
+BOOT_ID=$id BOOT_CONTROL=$control BOOT_LOGGING=$logging \
+  BOOT_PROVISION=$provision BOOT_ARTIFACT=$artifact BOOT_SEMI=$semi \
+  exec "$python" - apache_beam.runners.worker.sdk_worker_main "--id=$id" <<'PY'
 import os
 import json
-import shlex
 import sys
 
 import grpc
@@ -149,9 +151,9 @@ if env['BOOT_PROVISION']:
         sys.exit('python_boot.sh: fetching %s failed: %s' % (name, e))
 out['PIPELINE_OPTIONS'] = json.dumps(options)
 
-for key, value in out.items():
-  print('export %s=%s' % (key, shlex.quote(value)))
+for key in [k for k in os.environ if k.startswith('BOOT_')]:
+  del os.environ[key]
+os.environ.update(out)
+from apache_beam.runners.worker import sdk_worker_main
+sdk_worker_main.main([sys.argv[0]])
 PY
-)
-eval "$boot_env"
-exec "$python" -m apache_beam.runners.worker.sdk_worker_main
