@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Java SDK on Refract: builds integration/java (Maven), runs its WordCount
-# over integration/wordcount/input.txt on Beam's DirectRunner and twice on
-# Refract through Beam's PortableRunner — with LOOPBACK workers (inside the
+# over integration/wordcount/input.txt on Beam's DirectRunner and three times
+# on Refract: through Beam's PortableRunner with LOOPBACK workers (inside the
 # submitting JVM) and with an EXTERNAL environment served by a Java worker pool
-# started beforehand as its own process — and compares the outputs. Exits
-# non-zero if a run fails or an output differs.
+# started beforehand as its own process, and by name with
+# `--runner=RefractRunner` (integration/java/refract-runner, installed by
+# install-java-runner.sh after its own tests) — and compares the outputs.
+# Exits non-zero if a run fails or an output differs.
 #
 #   integration/run-java-wordcount.sh [extra WordCount/pipeline options...]
 #
@@ -102,10 +104,19 @@ if [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
 
+# By name, with the runner that starts its own server (integration/java/refract-runner,
+# installed here after its own tests ran on $bin).
+runner_jar=$("$here/install-java-runner.sh" -Dmaven.repo.local="$REFRACT_CACHE/m2")
+classpath=$classpath:$runner_jar
+run_wordcount refract-by-name --runner=RefractRunner --refractLocation="$bin" "$@" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
+
 run_wordcount direct --runner=DirectRunner "$@"
 
 sort "$work/direct.txt" >"$work/direct.sorted"
-for name in refract refract-external; do
+for name in refract refract-external refract-by-name; do
   sort "$work/$name.txt" >"$work/$name.sorted"
   if ! diff -u "$work/direct.sorted" "$work/$name.sorted" >"$work/diff.txt"; then
     echo "== FAIL: Refract's output ($name) differs from the DirectRunner's:" >&2
@@ -113,7 +124,7 @@ for name in refract refract-external; do
     exit 1
   fi
 done
-echo "== OK: Refract (LOOPBACK and EXTERNAL) and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
+echo "== OK: Refract (LOOPBACK, EXTERNAL, RefractRunner) and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
 # (sorted to a file first: `sort | head` would fail with SIGPIPE under pipefail)
 sort -t: -k2 -n -r "$work/refract.txt" >"$work/top.txt"
 head -n 5 "$work/top.txt"

@@ -1,0 +1,73 @@
+package org.refract.beam;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import org.apache.beam.sdk.Pipeline;
+import org.apache.beam.sdk.options.PipelineOptions;
+import org.apache.beam.sdk.testing.PAssert;
+import org.apache.beam.sdk.testing.TestPipeline;
+import org.apache.beam.sdk.transforms.Create;
+import org.apache.beam.sdk.transforms.MapElements;
+import org.apache.beam.sdk.transforms.Sum;
+import org.apache.beam.sdk.values.KV;
+import org.apache.beam.sdk.values.PCollection;
+import org.apache.beam.sdk.values.TypeDescriptors;
+import org.junit.Rule;
+import org.junit.Test;
+import org.junit.runner.RunWith;
+import org.junit.runners.JUnit4;
+
+/**
+ * The runners as a Beam Java test suite uses them: the options come from {@code
+ * -DbeamTestPipelineOptions} (set by this module's surefire configuration to TestRefractRunner),
+ * with a real refract binary.
+ */
+@RunWith(JUnit4.class)
+public class RefractRunnerTest {
+  @Rule public final transient TestPipeline pipeline = TestPipeline.create();
+
+  @Test
+  public void aTestPipelineRunsOnRefract() {
+    assertEquals(TestRefractRunner.class, pipeline.getOptions().getRunner());
+    PCollection<KV<String, Integer>> sums =
+        pipeline
+            .apply(Create.of(KV.of("a", 1), KV.of("b", 2), KV.of("a", 3), KV.of("b", 4)))
+            .apply(Sum.integersPerKey());
+    PAssert.that(sums).containsInAnyOrder(KV.of("a", 4), KV.of("b", 6));
+    pipeline.run();
+  }
+
+  @Test
+  public void pipelinesOfOneJvmShareOneServer() {
+    PipelineOptions options = TestPipeline.testingPipelineOptions();
+    String first = RefractServer.endpoint(options.as(RefractPipelineOptions.class));
+    Pipeline p = Pipeline.create(options);
+    PAssert.that(p.apply(Create.of(1, 2, 3))).containsInAnyOrder(1, 2, 3);
+    p.run();
+    assertEquals(first, RefractServer.endpoint(options.as(RefractPipelineOptions.class)));
+  }
+
+  @Test
+  public void aFailingDoFnFailsTheTest() {
+    Pipeline p = Pipeline.create(TestPipeline.testingPipelineOptions());
+    p.apply(Create.of(1, 2, 3))
+        .apply(
+            MapElements.into(TypeDescriptors.integers())
+                .via(
+                    (Integer x) -> {
+                      if (x == 2) {
+                        throw new IllegalStateException("two is not allowed here");
+                      }
+                      return x;
+                    }));
+    Throwable failure = assertThrows(Throwable.class, p::run);
+    StringBuilder messages = new StringBuilder();
+    for (Throwable t = failure; t != null; t = t.getCause()) {
+      messages.append(t).append('\n');
+    }
+    // The job's failure carries the SDK's error text.
+    assertTrue(messages.toString(), messages.toString().contains("two is not allowed here"));
+  }
+}
