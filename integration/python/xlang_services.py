@@ -222,8 +222,14 @@ def prism_job_server(log_dir=None, process=None):
 
 def _kafka_cluster_id():
   # What `kafka-storage random-uuid` prints: 16 random bytes, base64url
-  # without padding. Made here to save starting a JVM for it.
-  return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b'=').decode()
+  # without padding, and (as Kafka's own generator does) never starting
+  # with '-', which the storage tool would read as a flag (one run in 64).
+  # Made here to save starting a JVM for it.
+  while True:
+    cluster_id = base64.urlsafe_b64encode(
+        uuid.uuid4().bytes).rstrip(b'=').decode()
+    if not cluster_id.startswith('-'):
+      return cluster_id
 
 
 def _kafka_properties(data_dir, broker_port, controller_port):
