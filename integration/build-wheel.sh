@@ -9,8 +9,9 @@
 #
 # Writes the wheel into $REFRACT_DIST (default: dist/ in the repository,
 # which git ignores) and prints its path. maturin builds the binary with
-# cargo's release profile into $CARGO_TARGET_DIR, so after
-# `cargo build --release` it only links it again (~1-2 minutes on 2 cores).
+# cargo's release profile into $CARGO_TARGET_DIR, so it reuses a
+# `cargo build --release` made before (about 90 s on 2 cores when the refract
+# crate itself had to be compiled again).
 # maturin itself comes from integration/requirements.txt (setup.sh).
 set -euo pipefail
 

@@ -7,7 +7,7 @@
 #
 # The tests run on $REFRACT_BIN, else the release build in $CARGO_TARGET_DIR,
 # else what the runner itself finds (refract on PATH, then the refract-beam
-# wheel's). Prints the installed jar's path. About 40 s with Maven's cache
+# wheel's). Prints the installed jar's path. About 20 s with Maven's cache
 # warm.
 set -euo pipefail
 
