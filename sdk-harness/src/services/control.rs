@@ -77,13 +77,7 @@ async fn read_responses(link: Arc<WorkerLink>, mut incoming: Streaming<Instructi
     let reason = loop {
         match incoming.message().await {
             Ok(Some(response)) => link.inflight().on_response(response),
-            Ok(None) => {
-                break format!(
-                    "the control stream of worker {} ended: the worker closed it, or it stopped \
-                     answering keepalive pings and was declared lost",
-                    link.id()
-                )
-            }
+            Ok(None) => break super::stream_ended("control", link.id()),
             Err(status) => {
                 break format!(
                     "control stream of worker {} failed: {}",

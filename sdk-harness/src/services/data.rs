@@ -56,7 +56,7 @@ async fn read_elements(link: Arc<WorkerLink>, mut incoming: Streaming<Elements>)
     let reason = loop {
         match incoming.message().await {
             Ok(Some(elements)) => link.inflight().on_elements(elements),
-            Ok(None) => break format!("worker {} closed its data stream", link.id()),
+            Ok(None) => break super::stream_ended("data", link.id()),
             Err(status) => {
                 break format!(
                     "data stream of worker {} failed: {}",
