@@ -12,7 +12,9 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -26,6 +28,7 @@ final class RefractServer {
   private static final Duration START_TIMEOUT = Duration.ofSeconds(60);
 
   private static RefractServer running;
+  private static final Map<String, String> LOCATED = new HashMap<>();
 
   private final Process process;
   private final String endpoint;
@@ -39,7 +42,9 @@ final class RefractServer {
 
   /** The job endpoint of this JVM's server, started now if there is none or it died. */
   static synchronized String endpoint(RefractPipelineOptions options) {
-    String binary = locate(options.getRefractLocation());
+    // Located once per --refractLocation: the wheel's copy costs a Python start to find.
+    String given = options.getRefractLocation() == null ? "" : options.getRefractLocation();
+    String binary = LOCATED.computeIfAbsent(given, RefractServer::locate);
     if (running == null || !running.process.isAlive() || !running.binary.equals(binary)) {
       if (running != null) {
         running.process.destroy();
