@@ -7,18 +7,17 @@ import json
 import logging
 import os
 import re
-import shutil
-import subprocess
 import threading
 import time
 import urllib.request
 
 import apache_beam as beam
-import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
+from refract_browser import page_dom
+from refract_browser import screenshot
 from refract_testlib import ui_server
 
 # PROCESS workers: their log lines travel over the Fn API's logging service
@@ -39,24 +38,6 @@ def get(url, data=None):
   request = urllib.request.Request(url, data=data, headers=headers)
   with urllib.request.urlopen(request, timeout=10) as response:
     return json.loads(response.read().decode())
-
-
-def page_dom(ui, job):
-  """The page of `job` after its scripts ran, as Chromium rendered it."""
-  chromium = shutil.which('chromium') or shutil.which('chromium-browser')
-  if not chromium:
-    pytest.fail('chromium is not installed (integration/setup.sh installs it)',
-                pytrace=False)
-  done = subprocess.run([
-      chromium, '--headless', '--no-sandbox', '--disable-gpu',
-      '--disable-dev-shm-usage', '--virtual-time-budget=3000', '--dump-dom',
-      '%s/#%s' % (ui, job)
-  ],
-                        capture_output=True,
-                        text=True,
-                        timeout=60)
-  assert done.returncode == 0, done.stderr[-2000:]
-  return done.stdout
 
 
 def output_watermarks(dom):
@@ -101,9 +82,15 @@ def test_browser_sees_job_stages_moving_watermark_and_logs(
       time.sleep(0.5)
     assert job, 'no running job'
 
-    first = page_dom(ui, job)
-    time.sleep(2)
-    second = page_dom(ui, job)
+    first = page_dom('%s/#%s' % (ui, job))
+    # Two samples of the stages' history make a line in their charts.
+    while time.monotonic() < deadline:
+      stages = get(ui + '/api/jobs/' + job)['stages']
+      if any(len(s['history']) >= 2 for s in stages):
+        break
+      time.sleep(0.5)
+    second = page_dom('%s/#%s' % (ui, job))
+    screenshot('%s/#%s' % (ui, job), 'streaming-job')
 
     # The job list and the job's view.
     assert job in first and 'RUNNING' in first, first[-3000:]
@@ -115,6 +102,12 @@ def test_browser_sees_job_stages_moving_watermark_and_logs(
     assert before != after, (before, after)
     # The harness's log lines reach the page, with the transform they came from.
     assert 'tick' in second, second[-3000:]
+    # Each stage charts its last minutes: throughput, watermark lag, backlog.
+    for chart in ('throughput-chart', 'lag-chart', 'backlog-chart'):
+      assert 'class="chart %s"' % chart in second, second[-3000:]
+    assert '<polyline' in second, second[-3000:]
+    # The user's transforms, by their names.
+    assert 'class="node' in second and '>Tick<' in second, second[-3000:]
 
     state = get(ui + '/api/jobs/%s/drain' % job, data=b'')
     assert state['state'] in ('DRAINING', 'DONE'), state

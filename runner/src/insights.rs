@@ -17,6 +17,8 @@ use refract_proto::job_api::job_state::Enum as JobState;
 use refract_store::CheckpointStats;
 use tokio::sync::{mpsc, watch};
 
+use crate::bundle_failures::{BundleFailures, FailureGroup};
+use crate::stage_history::{SeriesPoint, StageHistory};
 use crate::telemetry::histogram::LatencyHistogram;
 use crate::worker_set::WorkerSet;
 
@@ -32,6 +34,10 @@ pub struct JobView {
     checkpoints: Mutex<CheckpointSummary>,
     /// Where to ask the running engine for a savepoint.
     savepoints: Mutex<Option<mpsc::Sender<SavepointRequest>>>,
+    /// Its failed bundle attempts, by transform.
+    failures: Mutex<BundleFailures>,
+    /// Its stages' recent past.
+    history: Mutex<StageHistory>,
 }
 
 /// A job's checkpoints, for the UI and the metrics.
@@ -135,6 +141,30 @@ impl JobView {
         }
     }
 
+    /// Notes a failed attempt of a bundle of `stage`, with the error the
+    /// worker (or the runner) gave.
+    pub fn observe_bundle_failure(&self, stage: &str, error: &str) {
+        self.failures
+            .lock()
+            .observe(stage, error, refract_engine::time::wall_clock_ms());
+    }
+
+    /// The job's failed bundle attempts, grouped by transform.
+    pub fn bundle_failures(&self) -> Vec<FailureGroup> {
+        self.failures.lock().groups()
+    }
+
+    /// Samples the latest stage snapshot into the stages' history.
+    pub fn record_history(&self, at_ms: i64) {
+        let stages = self.stages();
+        self.history.lock().record(at_ms, &stages);
+    }
+
+    /// Each stage's recent series (see [`StageHistory::series`]).
+    pub fn stage_history(&self) -> Vec<Vec<SeriesPoint>> {
+        self.history.lock().series()
+    }
+
     /// Notes a written checkpoint.
     pub fn observe_checkpoint(&self, stats: CheckpointStats) {
         let mut c = self.checkpoints.lock();
@@ -231,6 +261,8 @@ impl Insights {
             workers: Mutex::default(),
             checkpoints: Mutex::default(),
             savepoints: Mutex::default(),
+            failures: Mutex::default(),
+            history: Mutex::default(),
         });
         self.jobs.lock().insert(job.id().to_string(), view.clone());
         (view, tx)

@@ -3,6 +3,7 @@
 //! over this library so that integration tests can run the same code.
 
 pub mod activity;
+pub mod bundle_failures;
 pub mod bundle_finalizations;
 pub mod cli;
 pub mod client;
@@ -22,6 +23,7 @@ pub mod serve;
 pub mod socket_owner;
 pub mod spill_store;
 mod split_policy;
+pub mod stage_history;
 mod state_bridge;
 pub mod telemetry;
 pub mod tested_with;

@@ -287,6 +287,7 @@ impl JobRunner for RefractRunner {
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
         let (view, stats) = self.insights.register(job.clone());
+        tokio::spawn(crate::stage_history::sample_while_running(view.clone()));
         let job_span = self
             .otlp
             .as_ref()

@@ -54,6 +54,9 @@ impl BundleRecorder {
     pub fn record(&self, record: &BundleRecord<'_>) {
         self.view
             .observe_bundle(record.stage, record.duration.as_secs_f64());
+        if let Some(error) = record.error {
+            self.view.observe_bundle_failure(record.stage, error);
+        }
         if let Some((otlp, job_span)) = &self.otlp {
             otlp.bundle(job_span, self.view.id(), record);
         }

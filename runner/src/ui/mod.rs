@@ -8,11 +8,14 @@
 //! the same data for Prometheus.
 //!
 //! What the Job API cannot tell — each stage's watermarks, backlog and
-//! progress — comes from the engine's stage snapshots ([`Insights`]).
+//! progress, their last ten minutes, and the failed bundle attempts —
+//! comes from the job's [`Insights`].
 //!
 //! Routes: `GET /` (the page), `GET /api/jobs?limit=&page_token=` (newest
-//! first, a page at a time), `GET /api/jobs/{id}` (state,
-//! metrics, stages), `GET /api/jobs/{id}/logs?after=&limit=&level=&q=` (a
+//! first, a page at a time), `GET /api/jobs/{id}` (state, failure,
+//! metrics, stages with their history, failed bundles by transform),
+//! `GET /api/jobs/{id}/graph` (the user's transforms, see [`graph`]),
+//! `GET /api/jobs/{id}/logs?after=&limit=&level=&q=` (a
 //! page of the job's messages — runner events and harness log lines —
 //! filtered here, so a job logging fast does not stall the page),
 //! `POST /api/jobs/{id}/cancel`, `.../drain`, `.../resume`, `.../delete`,
@@ -20,6 +23,7 @@
 //! savepoint directory), `GET /metrics`. Every request passes
 //! [`guard::check`] first.
 
+pub mod graph;
 pub mod guard;
 pub mod prometheus;
 
@@ -32,11 +36,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use refract_proto::admin::refract_admin_client::RefractAdminClient;
-use refract_proto::admin::{DeleteJobRequest, ListJobsRequest, ResumeJobRequest};
+use refract_proto::admin::{
+    DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
+};
 use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
-    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobStateRequest, JobMessagesRequest,
+    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobPipelineRequest,
+    GetJobStateRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
@@ -95,6 +102,7 @@ pub async fn serve(
         .route("/", get(index))
         .route("/api/jobs", get(list_jobs))
         .route("/api/jobs/:id", get(job_details))
+        .route("/api/jobs/:id/graph", get(job_graph))
         .route("/api/jobs/:id/logs", get(job_logs))
         .route("/api/jobs/:id/:action", post(act_on_job))
         .route("/metrics", get(metrics))
@@ -264,21 +272,94 @@ async fn job_details(
         .as_ref()
         .map(|v| v.bundle_latency().into_iter().collect())
         .unwrap_or_default();
+    let history = view.as_ref().map(|v| v.stage_history()).unwrap_or_default();
     let stages: Vec<Value> = view
         .as_ref()
         .map(|v| v.stages())
         .unwrap_or_default()
         .iter()
-        .map(|s| stage_json(s, latency.get(&s.name)))
+        .enumerate()
+        .map(|(i, s)| {
+            let mut stage = stage_json(s, latency.get(&s.name));
+            stage["history"] = history_json(history.get(i).map(Vec::as_slice).unwrap_or_default());
+            stage
+        })
         .collect();
+    let failed_bundles: Vec<Value> = view
+        .as_ref()
+        .map(|v| v.bundle_failures())
+        .unwrap_or_default()
+        .iter()
+        .map(|g| {
+            json!({
+                "transform": g.transform,
+                "stage": g.stage,
+                "count": g.count,
+                "last_at_ms": g.last_at_ms,
+                "last_error": g.last_error,
+            })
+        })
+        .collect();
+    // Why it failed: the SDK's text, as the job service keeps it (also for
+    // a job that failed before it ran).
+    let failure = RefractAdminClient::new(channel.clone())
+        .describe_job(DescribeJobRequest { job_id: id.clone() })
+        .await
+        .map(|d| d.into_inner().error)
+        .unwrap_or_default();
     Ok(json_response(json!({
         "id": id,
         "state": state_name(state),
+        "failure": Some(failure).filter(|f| !f.is_empty()),
+        "failed_bundles": failed_bundles,
         "metrics": metrics,
         "stages": stages,
         "workers": view.as_ref().map_or(0, |v| v.live_workers()),
         "checkpoints": checkpoints_json(view.as_ref().map(|v| v.checkpoints()).unwrap_or_default()),
     })))
+}
+
+/// The user's transforms of job `id` (see [`graph`]), with the stages
+/// running each once the engine has started.
+async fn job_graph(
+    State(Ui {
+        channel, insights, ..
+    }): State<Ui>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let pipeline = JobServiceClient::new(channel.clone())
+        .get_pipeline(GetJobPipelineRequest { job_id: id.clone() })
+        .await
+        .map_err(api_error("GetPipeline"))?
+        .into_inner()
+        .pipeline
+        .unwrap_or_default();
+    let stage_names: Vec<String> = insights
+        .stages(&id)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    Ok(json_response(graph::graph_json(&pipeline, &stage_names)))
+}
+
+/// A stage's recent past as the page charts it: one
+/// `[ms since the epoch, elements/s, watermark lag in s or null, backlog]`
+/// per sample.
+fn history_json(points: &[crate::stage_history::SeriesPoint]) -> Value {
+    Value::Array(
+        points
+            .iter()
+            .map(|p| {
+                json!([
+                    p.at_ms,
+                    (p.elements_per_second * 10.0).round() / 10.0,
+                    p.watermark_lag_ms.map(|ms| ms as f64 / 1000.0),
+                    p.backlog_elements,
+                ])
+            })
+            .collect(),
+    )
 }
 
 /// Log entries one `/logs` answer carries unless it asks for fewer.
