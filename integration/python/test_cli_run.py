@@ -3,8 +3,12 @@ started beforehand, shows per-stage progress and the job's metrics, and
 writes the same counts as Beam's DirectRunner."""
 
 import os
+import re
+import socket
 import subprocess
 import sys
+
+import pytest
 
 import wordcount  # integration/wordcount, put on sys.path by conftest.py
 
@@ -20,6 +24,11 @@ def test_refract_run_wordcount(refract_bin, tmp_path):
                         timeout=180,
                         env=env)
   assert done.returncode == 0, done.stderr[-3000:]
+  # It says which server it used: its own, with a web UI for the run.
+  assert re.search(
+      r'started a Refract \S+ server for this run at 127\.0\.0\.1:\d+; its web '
+      r'UI, until the run ends: http://127\.0\.0\.1:\d+/', done.stderr), (
+          done.stderr[-3000:])
   out = done.stdout.splitlines()
   # The pipeline's own output, then the job's state and metrics.
   assert 'Total: 3422 words, 726 distinct. Output files: %s*' % prefix in out, out
@@ -56,13 +65,11 @@ def test_refract_run_does_not_hand_its_pipeline_to_another_program(
   """What listens on the default port 8073 gets the pipeline only if it is
   a Refract server of this user: here it is some other program, so
   `refract run` starts a server of its own."""
-  import socket
   other = socket.socket()
   other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     other.bind(('127.0.0.1', 8073))
   except OSError:
-    import pytest
     pytest.skip('port 8073 is in use here')
   other.listen(8)
   try:
@@ -73,7 +80,37 @@ def test_refract_run_does_not_hand_its_pipeline_to_another_program(
     ], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert 'is not a Refract server' in done.stderr, done.stderr[-3000:]
-    assert 'started a server for this run' in done.stderr, done.stderr[-3000:]
+    assert 'server for this run' in done.stderr, done.stderr[-3000:]
+  finally:
+    other.close()
+
+
+def test_refract_run_names_the_server_it_is_given_and_refuses_others(
+    refract_bin, refract_server, tmp_path):
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+  prefix = str(tmp_path / 'counts')
+  done = subprocess.run([
+      refract_bin, 'run', '--job_endpoint', refract_server.endpoint,
+      wordcount.__file__, '--output', prefix, '--top', '1'
+  ], capture_output=True, text=True, timeout=180, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert re.search(r'running on the Refract \S+ server at %s' % re.escape(
+      refract_server.endpoint), done.stderr), done.stderr[-3000:]
+
+  # Something else listens there: refused, saying how to run there anyway.
+  other = socket.socket()
+  other.bind(('127.0.0.1', 0))
+  other.listen(8)
+  try:
+    endpoint = '127.0.0.1:%d' % other.getsockname()[1]
+    done = subprocess.run([
+        refract_bin, 'run', '--job_endpoint', endpoint, wordcount.__file__,
+        '--output', prefix
+    ], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert 'is not a Refract server' in done.stderr, done.stderr[-3000:]
+    assert '--runner=PortableRunner --job_endpoint=%s' % endpoint in (
+        done.stderr), done.stderr[-3000:]
   finally:
     other.close()
 

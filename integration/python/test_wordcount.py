@@ -7,6 +7,8 @@ refract binary itself as `BIN --job_port N --log_level ... --log_kind ...
 --serve_http=false`.
 """
 
+import logging
+
 import pytest
 
 from apache_beam.runners.portability import job_server
@@ -83,7 +85,8 @@ def test_portable_runner_loopback(refract_server, tmp_path, reference_counts):
 
 
 def test_prism_runner_with_refract_binary(
-    refract_bin, tmp_path, reference_counts):
+    refract_bin, tmp_path, reference_counts, caplog):
+  caplog.set_level(logging.INFO)
   runner = PrismRunnerKeepingItsServer()
   try:
     counts = run(
@@ -98,3 +101,12 @@ def test_prism_runner_with_refract_binary(
     if runner.job_server is not None:
       runner.job_server.stop()
   assert_same_counts(counts, reference_counts, 'PrismRunner(refract)')
+  # PrismRunner starts the binary with `--log_kind json` and parses each
+  # line it prints as Prism's JSON log: Refract's lines must parse, so the
+  # user reads messages, not JSON.
+  lines = [r for r in caplog.records if r.name == 'PrismRunner']
+  assert any(r.getMessage().startswith('refract is serving') for r in lines), [
+      r.getMessage() for r in caplog.records][-20:]
+  raw = [r.getMessage() for r in caplog.records
+         if r.getMessage().startswith('{"')]
+  assert not raw, raw[:5]

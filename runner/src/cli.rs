@@ -153,7 +153,7 @@ pub struct ServeArgs {
     /// Log level: debug, info, warn or error.
     #[arg(long = "log_level", default_value = "info")]
     pub log_level: LogLevel,
-    /// Log format: text, json, dev or console.
+    /// Log format: text, json (Prism's JSON lines), dev or console.
     #[arg(long = "log_kind", default_value = "text")]
     pub log_kind: LogKind,
     /// Serve the web UI and `/metrics` on `--ui_port` (Beam's SDKs pass
@@ -161,8 +161,8 @@ pub struct ServeArgs {
     #[arg(long = "serve_http", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub serve_http: bool,
     /// Port of the web UI and `/metrics` (0: any free port). A port in use
-    /// costs the UI, not the server.
-    #[arg(long = "ui_port", default_value_t = 8074)]
+    /// costs the UI, not the server. `--web_port` is Prism's name for it.
+    #[arg(long = "ui_port", alias = "web_port", default_value_t = 8074)]
     pub ui_port: u16,
     /// A host name the web UI answers to besides localhost, 127.0.0.1 and
     /// [::1] (repeatable): needed to reach it by another name, e.g. with
@@ -290,7 +290,8 @@ pub enum LogKind {
     Dev,
     /// Same as text.
     Console,
-    /// JSON lines.
+    /// JSON lines in the shape Prism writes (Go's `log/slog`), which
+    /// Beam's Python SDK parses back into log records.
     Json,
 }
 
@@ -370,11 +371,13 @@ mod tests {
             "-job_port=9000",
             "-serve_http=false",
             "-idle_shutdown_timeout=5m",
+            "-web_port=9100",
         ])
         .unwrap();
         assert!(cli.command.is_none());
         assert_eq!(cli.serve.job_port, 9000);
         assert!(!cli.serve.serve_http);
+        assert_eq!(cli.serve.ui_port, 9100);
         let cli = parse(&[
             "refract",
             "--job_port",

@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use refract::cli::{normalize_args, parse_go_duration, Cli, Command, LogKind, LogLevel, ServeArgs};
 use refract::client;
-use refract::logging::RedactingStderr;
+use refract::logging::{RedactingStderr, SlogJson};
 use refract::serve;
 use tracing::info;
 
@@ -22,7 +22,7 @@ fn init_logging(args: &ServeArgs) {
         .with_env_filter(filter)
         .with_writer(RedactingStderr);
     match args.log_kind {
-        LogKind::Json => builder.json().init(),
+        LogKind::Json => builder.with_ansi(false).event_format(SlogJson).init(),
         LogKind::Dev => builder.init(),
         LogKind::Text | LogKind::Console => builder.with_ansi(false).init(),
     }

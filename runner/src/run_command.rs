@@ -52,16 +52,36 @@ const PYTHON_BOOT: &str = include_str!("python_boot.sh");
 /// Runs the pipeline; returns the exit code for this process.
 pub async fn run(args: RunArgs) -> Result<i32> {
     let (endpoint, embedded) = match &args.job_endpoint {
-        Some(endpoint) => (endpoint.clone(), None),
-        None if own_server_at_default_port().await => (DEFAULT_ENDPOINT.to_string(), None),
-        None => {
-            let server = serve::start(&embedded_server_args()?, std::future::pending()).await?;
-            eprintln!(
-                "refract: started a server for this run at {}",
-                server.job_endpoint
-            );
-            (server.job_endpoint.to_string(), Some(server))
+        Some(endpoint) => {
+            let version = refract_version_at(endpoint).await.map_err(|why| {
+                anyhow!(
+                    "the job service at {endpoint} is not a Refract server ({why}); to run \
+                     there, start the pipeline itself with --runner=PortableRunner \
+                     --job_endpoint={endpoint}"
+                )
+            })?;
+            eprintln!("refract: running on the Refract {version} server at {endpoint}");
+            (endpoint.clone(), None)
         }
+        None => match own_server_at_default_port().await {
+            Some(version) => {
+                eprintln!("refract: running on the Refract {version} server at {DEFAULT_ENDPOINT}");
+                (DEFAULT_ENDPOINT.to_string(), None)
+            }
+            None => {
+                let server = serve::start(&embedded_server_args()?, std::future::pending()).await?;
+                let ui = server
+                    .ui_address
+                    .map(|a| format!("; its web UI, until the run ends: http://{a}/"))
+                    .unwrap_or_default();
+                eprintln!(
+                    "refract: started a Refract {} server for this run at {}{ui}",
+                    env!("CARGO_PKG_VERSION"),
+                    server.job_endpoint
+                );
+                (server.job_endpoint.to_string(), Some(server))
+            }
+        },
     };
     let mut client = connect(&endpoint).await?;
     let before = job_ids(&mut client).await?;
@@ -191,46 +211,69 @@ fn absolute_program(program: &str) -> PathBuf {
         .unwrap_or_else(|| path.to_path_buf())
 }
 
-/// Whether what listens on [`DEFAULT_PORT`] is a Refract server run by
-/// this user: another user's process (or another program) could listen
-/// there, and submitting a pipeline hands it the pipeline's code and data.
-async fn own_server_at_default_port() -> bool {
+/// The version of the Refract server at [`DEFAULT_PORT`], if one run by
+/// this user listens there: another user's process (or another program)
+/// could listen there, and submitting a pipeline hands it the pipeline's
+/// code and data.
+async fn own_server_at_default_port() -> Option<String> {
     let listeners = crate::socket_owner::listening_uids(DEFAULT_PORT);
     let me = crate::socket_owner::current_uid();
     match (me, listeners.as_slice()) {
         (Some(me), [_, ..]) if listeners.iter().all(|&uid| uid == me) => {}
-        (_, []) => return false,
+        (_, []) => return None,
         _ => {
             eprintln!(
                 "refract: port {DEFAULT_PORT} belongs to another user's process; starting a \
                  server for this run"
             );
-            return false;
+            return None;
         }
     }
-    // Whatever listens may not speak gRPC at all: ask, and do not wait long.
-    let ask = async {
-        let mut admin = crate::client::connect_admin(DEFAULT_ENDPOINT).await.ok()?;
-        let info = admin.get_server_info(GetServerInfoRequest {}).await.ok()?;
-        Some(info.into_inner().name == refract_jobservice::SERVER_NAME)
-    };
-    let refract = tokio::time::timeout(Duration::from_secs(3), ask)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false);
-    if !refract {
-        eprintln!(
-            "refract: what listens on port {DEFAULT_PORT} is not a Refract server; starting one \
-             for this run"
-        );
+    match refract_version_at(DEFAULT_ENDPOINT).await {
+        Ok(version) => Some(version),
+        Err(why) => {
+            eprintln!(
+                "refract: what listens on port {DEFAULT_PORT} is not a Refract server ({why}); \
+                 starting one for this run"
+            );
+            None
+        }
     }
-    refract
 }
 
-/// The flags of the embedded server: any free job port, no web UI.
+/// The version of the Refract server at `endpoint`, or why it is not one:
+/// whatever listens may not speak gRPC at all, so the question is asked
+/// with a short deadline.
+async fn refract_version_at(endpoint: &str) -> Result<String, String> {
+    let ask = async {
+        let mut admin = crate::client::connect_admin(endpoint)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let info = admin
+            .get_server_info(GetServerInfoRequest {})
+            .await
+            .map_err(|status| {
+                format!(
+                    "it does not answer Refract's GetServerInfo: {}",
+                    status.message()
+                )
+            })?
+            .into_inner();
+        if info.name == refract_jobservice::SERVER_NAME {
+            Ok(info.version)
+        } else {
+            Err(format!("it calls itself '{}'", info.name))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), ask)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 3 s".to_string()))
+}
+
+/// The flags of the embedded server: any free job port, and its web UI on
+/// any free port.
 fn embedded_server_args() -> Result<crate::cli::ServeArgs> {
-    let cli = Cli::try_parse_from(["refract", "serve", "--job_port", "0", "--serve_http=false"])
+    let cli = Cli::try_parse_from(["refract", "serve", "--job_port", "0", "--ui_port", "0"])
         .context("building the embedded server's flags")?;
     match cli.command {
         Some(Command::Serve(args)) => Ok(args),

@@ -30,6 +30,8 @@ use crate::ui::UiSettings;
 pub struct Server {
     /// Where the Job API listens.
     pub job_endpoint: SocketAddr,
+    /// Where the web UI listens, if it does.
+    pub ui_address: Option<SocketAddr>,
     /// Stage snapshots of its jobs.
     pub insights: Insights,
     /// Job activity, for idle shutdown.
@@ -155,12 +157,13 @@ pub async fn start(
         ..JobServiceConfig::default()
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();
+    let mut ui_address = None;
     if args.serve_http {
         let settings = UiSettings {
             allowed_hosts: AllowedHosts::new(&args.ui_allowed_host),
             savepoints: savepoint_dir(args),
         };
-        start_ui(
+        ui_address = start_ui(
             args,
             &job_endpoint.to_string(),
             insights.clone(),
@@ -190,6 +193,7 @@ pub async fn start(
     });
     Ok(Server {
         job_endpoint,
+        ui_address,
         insights,
         activity,
         stop: Some(stop),
@@ -197,23 +201,24 @@ pub async fn start(
     })
 }
 
-/// Starts the web UI in the background; a port that cannot be bound is
-/// logged and the server runs without a UI.
+/// Starts the web UI in the background and returns its address; a port
+/// that cannot be bound is logged and the server runs without a UI.
 async fn start_ui(
     args: &ServeArgs,
     job_endpoint: &str,
     insights: Insights,
     settings: UiSettings,
     stop: oneshot::Receiver<()>,
-) {
+) -> Option<SocketAddr> {
     let listener = match tokio::net::TcpListener::bind((args.host.as_str(), args.ui_port)).await {
         Ok(listener) => listener,
         Err(error) => {
             tracing::warn!(port = args.ui_port, %error, "cannot serve the web UI; running without it");
-            return;
+            return None;
         }
     };
-    if let Ok(addr) = listener.local_addr() {
+    let address = listener.local_addr().ok();
+    if let Some(addr) = address {
         info!(url = %format!("http://{addr}/"), "web UI and /metrics");
     }
     let job_endpoint = job_endpoint.to_string();
@@ -227,6 +232,7 @@ async fn start_ui(
             tracing::warn!(%error, "the web UI stopped");
         }
     });
+    address
 }
 
 /// The directory savepoints may be written to (`--savepoint_dir` or its

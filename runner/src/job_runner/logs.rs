@@ -58,15 +58,18 @@ impl LogSink for JobLogs {
             Some((stage, name)) => (stage.as_str(), name.as_str()),
             None => ("", entry.transform_id.as_str()),
         };
+        use crate::logging::SDK_WORKER_TARGET as WORKER;
         match severity {
             Severity::Error | Severity::Critical => {
-                tracing::error!(worker = worker_id, stage, transform, "{text}")
+                tracing::error!(target: WORKER, worker = worker_id, stage, transform, "{text}")
             }
-            Severity::Warn => tracing::warn!(worker = worker_id, stage, transform, "{text}"),
+            Severity::Warn => {
+                tracing::warn!(target: WORKER, worker = worker_id, stage, transform, "{text}")
+            }
             Severity::Notice | Severity::Info => {
-                tracing::info!(worker = worker_id, stage, transform, "{text}")
+                tracing::info!(target: WORKER, worker = worker_id, stage, transform, "{text}")
             }
-            _ => tracing::debug!(worker = worker_id, stage, transform, "{text}"),
+            _ => tracing::debug!(target: WORKER, worker = worker_id, stage, transform, "{text}"),
         }
         let importance = match severity {
             Severity::Error | Severity::Critical | Severity::Warn => {
