@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use refract_jobservice::redact::redact_text;
+
 /// The longest error text kept per group: a worker's error can carry a
 /// huge message, and every group keeps its latest one.
 pub const MAX_ERROR_BYTES: usize = 64 * 1024;
@@ -31,7 +33,8 @@ pub struct FailureGroup {
     pub count: u64,
     /// When the latest one failed, in ms since the epoch.
     pub last_at_ms: i64,
-    /// The latest error, as the SDK sent it (cut at [`MAX_ERROR_BYTES`]).
+    /// The latest error, as the SDK sent it with secrets redacted, as in
+    /// the job's messages (cut at [`MAX_ERROR_BYTES`]).
     pub last_error: String,
 }
 
@@ -65,7 +68,7 @@ impl BundleFailures {
             });
         group.count += 1;
         group.last_at_ms = at_ms;
-        group.last_error = truncated(error, MAX_ERROR_BYTES);
+        group.last_error = truncated(&redact_text(error), MAX_ERROR_BYTES);
     }
 
     /// The groups, most failures first.
@@ -163,6 +166,16 @@ mod tests {
         let groups = failures.groups();
         assert!(groups.len() <= MAX_GROUPS + 1, "{}", groups.len());
         assert_eq!((groups[0].transform.as_str(), groups[0].count), ("S", 10));
+    }
+
+    #[test]
+    fn secrets_in_errors_are_redacted() {
+        let mut failures = BundleFailures::default();
+        failures.observe("S", "connect(password=hunter2) refused", 0);
+        assert_eq!(
+            failures.groups()[0].last_error,
+            "connect(password=***) refused"
+        );
     }
 
     #[test]
