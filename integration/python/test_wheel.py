@@ -118,11 +118,14 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
   script = tmp_path / 'pipeline.py'
   script.write_text(
       textwrap.dedent('''\
+      import logging
       import os
       import sys
 
       sys.path.insert(0, sys.argv[1])
       import shout
+
+      logging.basicConfig(level=logging.INFO)
 
       import apache_beam as beam
       from apache_beam.options.pipeline_options import PipelineOptions
@@ -162,6 +165,11 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
   # One server for both pipelines: its address printed once.
   assert done.stderr.count('its web UI is at http://localhost:') == 1, \
       done.stderr[-4000:]
+  # The server's JSON log lines come back as records under `refract`.
+  assert 'INFO:refract:refract is serving (' in done.stderr, \
+      done.stderr[-4000:]
+  raw = [l for l in done.stderr.splitlines() if ':{"time"' in l]
+  assert not raw, raw[:3]
   for prefix in ('one', 'two'):
     lines = read_lines(tmp_path / prefix)
     words = sorted(l.split()[0] for l in lines)

@@ -25,6 +25,7 @@ PrismRunner).
 
 import atexit
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -91,10 +92,49 @@ class RefractRunner(portable_runner.PortableRunner):
         job_service, options, retain_unknown_options=True)
 
 
+class RefractLogLines(logging.Filter):
+  """Turns the server's log lines back into log records.
+
+  Beam logs each line the server prints as an INFO record of
+  `RefractJobServer`; the server writes JSON lines (`--log_kind json`,
+  in the shape of Go's log/slog), so each becomes a record with the
+  server's level and message under the logger name `refract`, or
+  `refract.worker@<id>` for a line an SDK worker logged. A runner warning
+  then shows as a warning; routine lines stay INFO (hidden at Python's
+  default WARNING level)."""
+  def filter(self, record):
+    if record.funcName != 'log_stdout':
+      return True
+    try:
+      line = json.loads(record.getMessage())
+    except ValueError:
+      return True
+    if not isinstance(line, dict) or 'msg' not in line:
+      return True
+    level = str(line.get('level', 'INFO'))
+    base = level.split('+')[0].split('-')[0]
+    record.levelno = getattr(logging, base, logging.INFO)
+    record.levelname = logging.getLevelName(record.levelno)
+    if line['msg'] == 'log from SDK worker':
+      worker = line.get('worker') or {}
+      sdk = line.get('sdk') or {}
+      record.name = 'refract.worker@%s' % worker.get('ID', '?')
+      record.msg = str(sdk.get('msg', ''))
+    else:
+      record.name = 'refract'
+      extras = ', '.join(
+          '%s=%r' % (k, v)
+          for k, v in line.items() if k not in ('time', 'level', 'msg'))
+      record.msg = line['msg'] + (' (%s)' % extras if extras else '')
+    record.args = ()
+    return True
+
+
 class RefractJobServer(job_server.SubprocessJobServer):
   """`refract serve` on free ports of this machine's loopback address."""
   def __init__(self, options):
     super().__init__()
+    self._log_filter = RefractLogLines()
     self._binary = _binary.find(
         options.view_as(RefractOptions).refract_location)
     self._job_port = options.view_as(
@@ -115,6 +155,8 @@ class RefractJobServer(job_server.SubprocessJobServer):
         str(job_port),
         '--ui_port',
         str(ui_port),
+        '--log_kind',
+        'json',
     ]
     return cmd, f'localhost:{job_port}'
 
