@@ -128,6 +128,7 @@ rc=0
   --events "$work/e2e-events.json" \
   --all-must-pass --pytest-exit "$rc" --label e2e --record "$record" ||
   failed_steps+=("Python end-to-end tests")
+echo "UI screenshots of the browser tests: ${REFRACT_ARTIFACTS:-$HOME/.cache/refract/artifacts}/ui"
 
 echo "== Beam PrismRunnerTest suite"
 REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/prism-suite \

@@ -1,6 +1,9 @@
 //! The `refract` binary: parses flags, starts the Fn API and Job API
 //! servers, and runs until interrupted (or idle for too long).
 
+#[cfg(feature = "glibc-2-34")]
+mod glibc_compat;
+
 use anyhow::{Context, Result};
 use clap::Parser;
 use refract::cli::{normalize_args, parse_go_duration, Cli, Command, LogKind, LogLevel, ServeArgs};
