@@ -1,0 +1,178 @@
+//! Materialized side inputs, by (consumer transform, tag, window): what a
+//! bundle reads through `IterableSideInput` and `MultimapSideInput` state
+//! keys once the side input's PCollection is complete.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::state::{StateError, StateKey};
+
+/// (consumer transform, side input tag, encoded window).
+type SideInputWindow = (String, String, Bytes);
+/// Keys in first-seen order, and values by key.
+type MultimapValues = (Vec<Bytes>, HashMap<Bytes, Vec<Bytes>>);
+
+/// Values and keys of side inputs, per window, readable by state key.
+#[derive(Debug, Default)]
+pub struct SideInputStore {
+    /// (transform, tag, window) -> whole nested values.
+    iterable: HashMap<SideInputWindow, Vec<Bytes>>,
+    /// (transform, tag, window) -> key -> values; keys kept in first-seen order.
+    multimap: HashMap<SideInputWindow, MultimapValues>,
+    /// Side inputs whose PCollection is complete and may be read.
+    ready: std::collections::HashSet<(String, String)>,
+}
+
+impl SideInputStore {
+    /// Record one value of an iterable side input in a window.
+    pub fn add_iterable(&mut self, transform: &str, tag: &str, window: Bytes, value: Bytes) {
+        self.iterable
+            .entry((transform.to_string(), tag.to_string(), window))
+            .or_default()
+            .push(value);
+    }
+
+    /// Record one key/value of a multimap side input in a window.
+    pub fn add_multimap(
+        &mut self,
+        transform: &str,
+        tag: &str,
+        window: Bytes,
+        key: Bytes,
+        value: Bytes,
+    ) {
+        let (keys, values) = self
+            .multimap
+            .entry((transform.to_string(), tag.to_string(), window))
+            .or_default();
+        let entry = values.entry(key.clone()).or_insert_with(|| {
+            keys.push(key);
+            Vec::new()
+        });
+        entry.push(value);
+    }
+
+    /// Whether any value of the side input has arrived (in any window):
+    /// in streaming, a globally windowed side input becomes readable with
+    /// its first pane and is updated by later ones.
+    pub fn has_values(&self, transform: &str, tag: &str) -> bool {
+        self.iterable
+            .keys()
+            .chain(self.multimap.keys())
+            .any(|(t, s, _)| t == transform && s == tag)
+    }
+
+    /// Mark a side input as complete (its producer's watermark is final).
+    pub fn mark_ready(&mut self, transform: &str, tag: &str) {
+        self.ready.insert((transform.to_string(), tag.to_string()));
+    }
+
+    pub(super) fn read(&self, key: &StateKey) -> Result<Vec<Bytes>, StateError> {
+        // The side input's window, once the side input is complete.
+        let complete = |t: &String, s: &String, w: &Bytes| {
+            if self.ready.contains(&(t.clone(), s.clone())) {
+                Ok((t.clone(), s.clone(), w.clone()))
+            } else {
+                Err(StateError(format!(
+                    "side input '{s}' of transform '{t}' was read before it was complete"
+                )))
+            }
+        };
+        match key {
+            StateKey::IterableSideInput {
+                transform_id,
+                side_input_id,
+                window,
+            } => {
+                let at = complete(transform_id, side_input_id, window)?;
+                Ok(self.iterable.get(&at).cloned().unwrap_or_default())
+            }
+            StateKey::MultimapSideInput {
+                transform_id,
+                side_input_id,
+                window,
+                key,
+            } => {
+                let at = complete(transform_id, side_input_id, window)?;
+                let values = self.multimap.get(&at).and_then(|(_, v)| v.get(key));
+                Ok(values.cloned().unwrap_or_default())
+            }
+            StateKey::MultimapKeysSideInput {
+                transform_id,
+                side_input_id,
+                window,
+            } => {
+                let at = complete(transform_id, side_input_id, window)?;
+                let keys = self.multimap.get(&at).map(|(keys, _)| keys.clone());
+                Ok(keys.unwrap_or_default())
+            }
+            StateKey::BagUserState { .. }
+            | StateKey::OrderedListUserState { .. }
+            | StateKey::MultimapUserState { .. }
+            | StateKey::MultimapKeysUserState { .. }
+            | StateKey::MultimapEntriesUserState { .. } => Err(StateError(
+                "user state requested from the side-input store".into(),
+            )),
+            StateKey::RunnerIterable { .. } => Err(StateError(
+                "a handed-out iterable requested from the side-input store".into(),
+            )),
+        }
+    }
+}
+
+/// A multimap side input in one window: its keys in first-seen order, and
+/// values by key, sorted.
+type MultimapSnapshot = (SideInputWindow, Vec<Bytes>, Vec<(Bytes, Vec<Bytes>)>);
+
+/// What a checkpoint keeps of a [`SideInputStore`], in a stable order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SideInputSnapshot {
+    iterable: Vec<(SideInputWindow, Vec<Bytes>)>,
+    multimap: Vec<MultimapSnapshot>,
+    ready: Vec<(String, String)>,
+}
+
+impl SideInputStore {
+    /// What a checkpoint keeps: everything, sorted.
+    pub(crate) fn snapshot(&self) -> SideInputSnapshot {
+        let mut iterable: Vec<_> = self
+            .iterable
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        iterable.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut multimap: Vec<_> = self
+            .multimap
+            .iter()
+            .map(|(k, (order, values))| {
+                let mut values: Vec<_> =
+                    values.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                values.sort_by(|a, b| a.0.cmp(&b.0));
+                (k.clone(), order.clone(), values)
+            })
+            .collect();
+        multimap.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut ready: Vec<_> = self.ready.iter().cloned().collect();
+        ready.sort();
+        SideInputSnapshot {
+            iterable,
+            multimap,
+            ready,
+        }
+    }
+
+    /// The store a checkpoint kept.
+    pub(crate) fn restore(snapshot: SideInputSnapshot) -> Self {
+        SideInputStore {
+            iterable: snapshot.iterable.into_iter().collect(),
+            multimap: snapshot
+                .multimap
+                .into_iter()
+                .map(|(k, order, values)| (k, (order, values.into_iter().collect())))
+                .collect(),
+            ready: snapshot.ready.into_iter().collect(),
+        }
+    }
+}
