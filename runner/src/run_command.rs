@@ -1,9 +1,11 @@
 //! `refract run PIPELINE.py [ARGS...]`: run a Python pipeline on Refract
 //! from a terminal, without starting a server first.
 //!
-//! The pipeline goes to the job service at `--job_endpoint`, else to one
+//! The pipeline goes to the Refract server at `--job_endpoint` (asked
+//! whether it is one: anything else is refused), else to one of this user's
 //! listening at `localhost:8073`, else to a server embedded in this process
-//! for the run. While the pipeline's process runs, each stage's progress
+//! for the run, with its web UI on a free port; the first line printed says
+//! which. While the pipeline's process runs, each stage's progress
 //! (elements processed, output watermark) is shown — rewritten in place on a
 //! terminal; in a log, only the final lines are printed. At the end come the
 //! job's state and metrics, as `refract status` prints them, and the exit
