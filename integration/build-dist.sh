@@ -13,6 +13,7 @@
 # Then the binary's dynamic needs are checked: glibc symbols no newer than
 # 2.34 and no shared C++ library, else the script fails saying what the
 # binary asks for. Needs binutils' objdump.
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -64,5 +65,12 @@ if $wheel; then
   (cd "$here/wheel" &&
     "$REFRACT_PY" -m maturin build --profile dist --features "$FEATURES" \
       --compatibility manylinux_2_34 --out "$dist" >&2)
-  ls -t "$dist"/refract_beam-*manylinux_2_34*.whl | head -n 1
+  # The newest such wheel: the one just built.
+  newest=
+  for wheel_file in "$dist"/refract_beam-*manylinux_2_34*.whl; do
+    if [ -z "$newest" ] || [ "$wheel_file" -nt "$newest" ]; then
+      newest=$wheel_file
+    fi
+  done
+  echo "$newest"
 fi

@@ -13,6 +13,7 @@
 # `cargo build --release` made before (about 90 s on 2 cores when the refract
 # crate itself had to be compiled again).
 # maturin itself comes from integration/requirements.txt (setup.sh).
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -66,7 +66,7 @@ build_binaries() {
   refract_need_go go_suite.sh || return 1
   echo "== building Beam's Go test binaries at $version (once)" >&2
   mkdir -p "$suite_dir/mod"
-  rm -rf "$suite_dir/bin"
+  rm -rf "${suite_dir:?}/bin"
   mkdir -p "$suite_dir/bin"
   printf 'module refract.local/gosuite\n\ngo 1.26\n\nrequire github.com/apache/beam/sdks/v2 %s\n' \
     "$version" >"$suite_dir/mod/go.mod"
@@ -167,6 +167,7 @@ run_binary "$report_dir/universal" "$port" universal xlang \
 (
   cd "$beam_go/test/integration/io/xlang/kafka"
   echo "== universal: kafka" >&2
+  # shellcheck disable=SC2016 # $0 and $EXPANSION_PORT are the inner shell's
   refract_run_bounded 900 "$REFRACT_PY" "$here/python/with_xlang_services.py" \
     "$report_dir/universal/kafka-services" -- bash -c \
     'exec "$0" -test.v -test.timeout 600s --runner=universal --endpoint=localhost:'"$port"' \

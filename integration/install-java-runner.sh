@@ -9,6 +9,7 @@
 # else what the runner itself finds (refract on PATH, then the refract-beam
 # wheel's). Prints the installed jar's path. About 20 s with Maven's cache
 # warm.
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

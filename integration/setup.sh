@@ -87,6 +87,11 @@ if ! command -v mvn >/dev/null 2>&1 || ! command -v javac >/dev/null 2>&1; then
   apt_install maven default-jdk-headless
 fi
 
+# CI (.ci/run) checks every shell script with shellcheck.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  apt_install shellcheck
+fi
+
 # The web UI's end-to-end test drives a headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium

@@ -33,7 +33,8 @@ report_dir=${REFRACT_REPORT_DIR:-$(mktemp -d -t refract-xlang.XXXXXX)}
 mkdir -p "$report_dir"
 beam_dir=$("$REFRACT_PY" -c 'import apache_beam, os; print(os.path.dirname(apache_beam.__file__))')
 
-expansion_pid= refract_pid= prism_pid=
+expansion_pid='' refract_pid='' prism_pid=''
+# shellcheck disable=SC2317 # called by the EXIT trap
 stop_services() {
   for pid in $expansion_pid $refract_pid $prism_pid; do
     kill -TERM "$pid" 2>/dev/null || true

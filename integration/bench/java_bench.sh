@@ -16,6 +16,7 @@
 # Knobs: REFRACT_BENCH_JAVA_RECORDS (2000000), REFRACT_BENCH_JAVA_KEYS
 # (100000), REFRACT_BENCH_REPEATS (3), REFRACT_BENCH_JAVA_WORKLOADS
 # (gbk,combine,stateful), REFRACT_BENCH_TIMEOUT (600 s per run).
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
