@@ -165,7 +165,7 @@ pub struct ServeArgs {
     #[arg(long = "ui_port", alias = "web_port", default_value_t = 8074)]
     pub ui_port: u16,
     /// A host name the web UI answers to besides localhost, 127.0.0.1 and
-    /// [::1] (repeatable): needed to reach it by another name, e.g. with
+    /// ::1 (repeatable): needed to reach it by another name, e.g. with
     /// `--host 0.0.0.0`. Requests naming other hosts are refused, which
     /// keeps web pages from reaching it through DNS rebinding.
     #[arg(long = "ui_allowed_host")]

@@ -14,7 +14,7 @@
 //! Fast without flags: unless the pipeline's arguments choose an
 //! environment, its SDK workers are processes the server starts — one per
 //! core unless `--sdk_worker_parallelism` says otherwise — each booted by
-//! [`PYTHON_BOOT`] with the pipeline's own interpreter (it fetches the
+//! `PYTHON_BOOT` with the pipeline's own interpreter (it fetches the
 //! staged main session, so `--save_main_session` pipelines work). A
 //! LOOPBACK worker is a thread of the pipeline's process: one interpreter
 //! lock, one core. The Python SDK's `pip freeze` of the submission

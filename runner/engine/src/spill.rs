@@ -15,7 +15,7 @@
 //! Spilled bytes are scratch space, not durable state: a checkpoint that
 //! must include a spilled buffer reads it back (see the grouping module).
 //! The same interface also fronts a durable store beside the checkpoints,
-//! where checkpoints name what was spilled instead ([`OwedDeletes`] keeps
+//! where checkpoints name what was spilled instead (`OwedDeletes` keeps
 //! what they may still name).
 //!
 //! The same store also takes what a GroupByKey is not the only place for:

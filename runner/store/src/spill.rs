@@ -144,7 +144,7 @@ impl SpillDb {
     /// Forgets every key in `[from, to)` and gives their disk space back
     /// soon: once deletions since the last compaction made at least half
     /// of the files' bytes dead, one compaction over their span drops them
-    /// (see [`crate::spill_reclaim`]), so many small ranges cost no more
+    /// (see the `spill_reclaim` module), so many small ranges cost no more
     /// than a few large ones.
     pub fn delete_range(&self, from: &[u8], to: &[u8]) -> Result<(), StoreError> {
         let dead = self

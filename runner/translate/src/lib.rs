@@ -109,7 +109,7 @@ pub struct SdkStageDescriptor {
     pub descriptor: fn_api::ProcessBundleDescriptor,
     /// The environment whose workers run the stage.
     pub environment_id: String,
-    /// Data-source transform id in the descriptor for the stage's main input (the engine's Stage.inputs[0]); None if the stage has no main input.
+    /// Data-source transform id in the descriptor for the stage's main input (the engine's `Stage.inputs[0]`); None if the stage has no main input.
     pub input_transform_id: Option<String>,
     /// (sink transform id, engine PCollection index) for every output in Stage.outputs.
     pub outputs: Vec<(String, PCollectionIdx)>,

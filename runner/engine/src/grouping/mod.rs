@@ -359,7 +359,7 @@ impl GroupingBuffer {
 
     /// About `elements` more are about to be added (the rest of the chunk
     /// being routed): makes room for the keys they will likely add at once
-    /// rather than by doubling (see [`key_table::KeyTable::expect_lookups`]).
+    /// rather than by doubling (see `KeyTable::expect_lookups`).
     pub fn expect_elements(&mut self, elements: usize) {
         self.panes.expect_lookups(elements);
     }

@@ -176,7 +176,7 @@ pub struct IterablePage {
 }
 
 /// The page of the values behind `token` that starts at `continuation`
-/// (the first, if none): whole chunks, about [`PAGE_BYTES`]. `job_space`
+/// (the first, if none): whole chunks, about `PAGE_BYTES`. `job_space`
 /// is the spill space of the job whose bundle asks; a token from anywhere
 /// else is refused, as is a continuation outside the token's space (both
 /// come from the SDK).
