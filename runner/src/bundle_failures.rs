@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use refract_engine::plan::fused_transform_names;
 use refract_jobservice::redact::redact_text;
 
 /// The longest error text kept per group: a worker's error can carry a
@@ -92,8 +93,7 @@ pub fn failing_transform(error: &str, stage: &str) -> String {
     }
     // The innermost transform the text quotes: later transforms of a
     // fused stage run inside the earlier ones' calls.
-    stage
-        .split('+')
+    fused_transform_names(stage)
         .rev()
         .find(|name| !name.is_empty() && error.contains(&format!("'{name}'")))
         .unwrap_or(stage)

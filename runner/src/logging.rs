@@ -130,38 +130,20 @@ fn slog_level(level: Level) -> &'static str {
 
 /// `t` in RFC 3339 with microseconds and a `+00:00` offset: what
 /// Python's `datetime.fromisoformat` reads in every version Beam runs on
-/// (a `Z`, or nanoseconds, it reads only from 3.11 on).
+/// (a `Z`, or nanoseconds, it reads only from 3.11 on). The date and time
+/// of day are prost's RFC 3339 rendering of the whole seconds.
 fn slog_time(t: std::time::SystemTime) -> String {
     let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let seconds = since.as_secs();
-    let (days, rest) = (seconds / 86_400, seconds % 86_400);
-    let (year, month, day) = civil_date(days);
+    let seconds = prost_types::Timestamp {
+        seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+    .to_string();
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}+00:00",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
+        "{}.{:06}+00:00",
+        seconds.trim_end_matches('Z'),
         since.subsec_micros()
     )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01.
-fn civil_date(days: u64) -> (u64, u64, u64) {
-    // Shifted so that years start in March: leap days come last.
-    let days = days + 719_468;
-    let era = days / 146_097;
-    let of_era = days % 146_097;
-    let year_of_era = (of_era - of_era / 1_460 + of_era / 36_524 - of_era / 146_096) / 365;
-    let day_of_year = of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 {
-        shifted_month + 3
-    } else {
-        shifted_month - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Makes a [`RedactedLine`] per log event, writing to stderr.

@@ -38,10 +38,22 @@ pub struct PCollection {
     pub bounded: bool,
 }
 
+/// What joins the names of a fused SDK stage's transforms into the
+/// stage's name: the UI and the failure view read them back with
+/// [`fused_transform_names`].
+pub const FUSED_NAME_SEPARATOR: char = '+';
+
+/// The transform names a stage's name lists, in fusion order (one name
+/// for a runner-executed stage).
+pub fn fused_transform_names(stage_name: &str) -> std::str::Split<'_, char> {
+    stage_name.split(FUSED_NAME_SEPARATOR)
+}
+
 /// One stage of the plan.
 #[derive(Debug, Clone)]
 pub struct Stage {
-    /// Human-readable name (e.g. the fused transforms' names), for logs.
+    /// Human-readable name: the unique names of its transforms joined by
+    /// [`FUSED_NAME_SEPARATOR`], for logs and the UI.
     pub name: String,
     /// What the stage does.
     pub kind: StageKind,

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use refract_engine::plan::fused_transform_names;
 use refract_proto::pipeline::Pipeline;
 use serde_json::{json, Value};
 
@@ -69,12 +70,7 @@ pub fn transforms(pipeline: &Pipeline, stage_names: &[String]) -> Vec<GraphTrans
                 t.unique_name.clone()
             },
             parent,
-            children: t
-                .subtransforms
-                .iter()
-                .filter(|c| components.transforms.contains_key(*c))
-                .cloned()
-                .collect(),
+            children: t.subtransforms.clone(),
             inputs,
             outputs,
             urn: t.spec.as_ref().map(|s| s.urn.clone()).unwrap_or_default(),
@@ -85,7 +81,8 @@ pub fn transforms(pipeline: &Pipeline, stage_names: &[String]) -> Vec<GraphTrans
         }
     }
     // A part listed under two composites (or under its own part) stays
-    // with the one that reached it first.
+    // with the one that reached it first; a part missing from the
+    // pipeline is dropped.
     let parents: HashMap<String, Option<String>> = out
         .iter()
         .map(|t| (t.id.clone(), t.parent.clone()))
@@ -101,7 +98,7 @@ pub fn transforms(pipeline: &Pipeline, stage_names: &[String]) -> Vec<GraphTrans
         .map(|(i, t)| (t.name.clone(), i))
         .collect();
     for (stage, name) in stage_names.iter().enumerate() {
-        for part in name.split('+') {
+        for part in fused_transform_names(name) {
             let Some(mut at) = owner(&by_name, part) else {
                 continue;
             };

@@ -727,7 +727,7 @@ fn stage_json(s: &StageStats, latency: Option<&LatencyHistogram>) -> Value {
     json!({
         "name": s.name,
         "kind": s.kind,
-        "transforms": s.name.split('+').collect::<Vec<_>>(),
+        "transforms": refract_engine::plan::fused_transform_names(&s.name).collect::<Vec<_>>(),
         "inputs": s.inputs,
         "input_watermark": mark(s.input_watermark),
         "output_watermark": mark(s.output_watermark),

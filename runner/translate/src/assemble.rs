@@ -145,7 +145,7 @@ pub(crate) fn assemble(
                     .iter()
                     .map(|&i| graph.nodes[i].name.as_str())
                     .collect::<Vec<_>>()
-                    .join("+");
+                    .join(&refract_engine::plan::FUSED_NAME_SEPARATOR.to_string());
                 let side_inputs = built
                     .side_inputs
                     .into_iter()
