@@ -3,6 +3,7 @@
 import os
 import signal
 import stat
+import time
 
 import pytest
 
@@ -74,6 +75,43 @@ def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
     assert not list(tmp.iterdir())
   finally:
     server.stop()
+
+
+def test_a_killed_servers_directories_are_removed_by_the_next(
+    request, refract_bin, tmp_path, monkeypatch):
+  """A server killed where it stands (SIGKILL, the OOM killer) cannot
+  remove its spill and staging directories; the next server to start in
+  the same temp directory does, once their owner is gone. A live server's
+  directories and directories Refract did not make are left alone."""
+  tmp = tmp_path / 'tmp'
+  tmp.mkdir()
+  monkeypatch.setenv('TMPDIR', str(tmp))
+  unrelated = tmp / 'refract-not-ours'
+  unrelated.mkdir()
+  first = RefractServer(refract_bin, tmp_path / 'first.log')
+  second = None
+  request.node.refract_processes = [first]
+  try:
+    first.wait_ready()
+    abandoned = sorted(p for p in tmp.iterdir() if p != unrelated)
+    assert len(abandoned) == 2, abandoned
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(timeout=30)
+    assert all(p.exists() for p in abandoned)
+    second = RefractServer(refract_bin, tmp_path / 'second.log')
+    request.node.refract_processes.append(second)
+    second.wait_ready()
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in abandoned) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not any(p.exists() for p in abandoned), abandoned
+    live = sorted(p for p in tmp.iterdir() if p != unrelated)
+    assert len(live) == 2 and unrelated.exists(), live
+    assert 'ended without cleaning up' in second.log_tail()
+  finally:
+    first.stop()
+    if second:
+      second.stop()
 
 
 def _listening_sockets(pid):

@@ -3,6 +3,14 @@
 //! data; savepoints) may be private, and the machine may be shared. A
 //! temporary directory gets an unpredictable name too, so another user
 //! cannot create it first and have Refract write into it.
+//!
+//! A temporary directory also names the process that owns it, in a
+//! `.refract-owner` file: a server that is killed (SIGKILL, a crash, the
+//! machine's OOM killer) cannot remove its staging or spill directory, and
+//! those hold hundreds of megabytes (staged jars, spilled runs). The next
+//! server to start removes such directories of owners that are gone
+//! ([`sweep_abandoned_temp_dirs`]); directories without the file, or of a
+//! live owner, are never touched.
 
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -23,7 +31,122 @@ pub fn private_temp_dir(prefix: &str) -> io::Result<TempDirGuard> {
         .prefix(prefix)
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()?;
+    if let Some(owner) = ProcessIdentity::of(std::process::id()) {
+        std::fs::write(dir.path().join(OWNER_FILE), owner.to_line())?;
+    }
     Ok(TempDirGuard(Some(dir)))
+}
+
+/// The file in a temporary directory that names the process owning it.
+const OWNER_FILE: &str = ".refract-owner";
+
+/// The prefix of every temporary directory Refract makes.
+const TEMP_PREFIX: &str = "refract-";
+
+/// A process, told apart from a later one given the same id: its id and
+/// its start time in clock ticks since boot (Linux's `/proc/PID/stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcessIdentity {
+    pid: u32,
+    started: u64,
+}
+
+impl ProcessIdentity {
+    /// The running process `pid`, or `None` if there is none (or no
+    /// `/proc` to ask).
+    fn of(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name, in parentheses, may hold spaces: fields are
+        // counted after its closing parenthesis (state is field 3).
+        let after_name = stat.rsplit_once(')')?.1;
+        let mut fields = after_name.split_whitespace();
+        let state = fields.next()?;
+        if state == "Z" || state == "X" {
+            return None;
+        }
+        let started = fields.nth(18)?.parse().ok()?;
+        Some(Self { pid, started })
+    }
+
+    fn to_line(self) -> String {
+        format!("{} {}\n", self.pid, self.started)
+    }
+
+    fn parse(line: &str) -> Option<Self> {
+        let mut parts = line.split_whitespace();
+        let pid = parts.next()?.parse().ok()?;
+        let started = parts.next()?.parse().ok()?;
+        Some(Self { pid, started })
+    }
+
+    /// Whether this very process still runs.
+    fn is_alive(self) -> bool {
+        Self::of(self.pid) == Some(self)
+    }
+}
+
+/// What a sweep removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Directories removed.
+    pub directories: usize,
+    /// Bytes they held.
+    pub bytes: u64,
+}
+
+/// Removes the temporary directories in `temp` that Refract processes now
+/// gone left behind (see the module doc). Needs `/proc` to tell a live
+/// owner; without it nothing is removed.
+pub fn sweep_abandoned_temp_dirs(temp: &Path) -> Swept {
+    let mut swept = Swept::default();
+    if ProcessIdentity::of(std::process::id()).is_none() {
+        return swept;
+    }
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return swept;
+    };
+    for entry in entries.flatten() {
+        let owned_by_refract = entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+            && entry.file_type().is_ok_and(|t| t.is_dir());
+        if !owned_by_refract {
+            continue;
+        }
+        let dir = entry.path();
+        let Ok(line) = std::fs::read_to_string(dir.join(OWNER_FILE)) else {
+            continue;
+        };
+        match ProcessIdentity::parse(&line) {
+            Some(owner) if !owner.is_alive() => {
+                let bytes = size_of_tree(&dir);
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {
+                        swept.directories += 1;
+                        swept.bytes += bytes;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, dir = %dir.display(), "cannot remove an abandoned temporary directory");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    swept
+}
+
+/// The bytes of the files under `dir` (what removing it frees).
+fn size_of_tree(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => size_of_tree(&entry.path()),
+            Ok(_) => entry.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Removes a directory from [`private_temp_dir`] when dropped.
@@ -69,6 +192,56 @@ mod tests {
         let path = a.path();
         drop(a);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn directories_of_dead_owners_are_swept_and_others_kept() {
+        let temp = tempfile::tempdir().expect("a temp dir");
+        let make = |name: &str, owner: Option<String>| {
+            let dir = temp.path().join(name);
+            std::fs::create_dir(&dir).expect("mkdir");
+            std::fs::write(dir.join("payload"), vec![0u8; 1000]).expect("write");
+            if let Some(line) = owner {
+                std::fs::write(dir.join(OWNER_FILE), line).expect("write");
+            }
+            dir
+        };
+        let me = ProcessIdentity::of(std::process::id()).expect("this process");
+        // A process that has exited: its id is free (or a later process's).
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let child_pid = child.id();
+        child.wait().expect("wait");
+        let dead = ProcessIdentity {
+            pid: child_pid,
+            started: 1,
+        };
+        let reused_pid = ProcessIdentity {
+            pid: me.pid,
+            started: me.started + 1,
+        };
+        let live = make("refract-staging-live", Some(me.to_line()));
+        let gone = make("refract-staging-gone", Some(dead.to_line()));
+        let reused = make("refract-spill-reused", Some(reused_pid.to_line()));
+        let unmarked = make("refract-staging-old", None);
+        let garbled = make("refract-spill-garbled", Some("not a pid".to_string()));
+        let foreign = make("other-gone", Some(dead.to_line()));
+
+        let swept = sweep_abandoned_temp_dirs(temp.path());
+        assert_eq!(swept.directories, 2);
+        assert!(swept.bytes >= 2000, "{swept:?}");
+        assert!(!gone.exists() && !reused.exists());
+        for kept in [live, unmarked, garbled, foreign] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+    }
+
+    #[test]
+    fn temporary_directories_name_their_owner() {
+        let dir = private_temp_dir("refract-test-").expect("created");
+        let line = std::fs::read_to_string(dir.path().join(OWNER_FILE)).expect("owner file");
+        let owner = ProcessIdentity::parse(&line).expect("parses");
+        assert_eq!(owner.pid, std::process::id());
+        assert!(owner.is_alive());
     }
 
     #[test]

@@ -91,6 +91,18 @@ pub async fn start(
         }
         None => None,
     };
+    // Servers killed without a chance to clean up left their staging and
+    // spill directories behind; remove those in the background.
+    tokio::task::spawn_blocking(|| {
+        let swept = crate::private_dir::sweep_abandoned_temp_dirs(&std::env::temp_dir());
+        if swept.directories > 0 {
+            info!(
+                directories = swept.directories,
+                megabytes = swept.bytes / (1 << 20),
+                "removed temporary directories of Refract servers that ended without cleaning up"
+            );
+        }
+    });
     let (staging_dir, remove_staging) = server_dir(
         args.staging_dir.as_ref(),
         args.state_dir.as_ref(),

@@ -163,6 +163,69 @@ async fn process_that_exits_early_reports_status_and_stderr() {
     assert!(text.contains("cannot install requirements"), "{text}");
 }
 
+#[tokio::test]
+async fn process_scratch_directory_is_private_and_removed_after_exit() {
+    let server = FnApiServer::start("127.0.0.1").await.expect("server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let seen = dir.path().join("seen");
+    let script = dir.path().join("boot.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nmkdir \"$SEMI_PERSISTENT_DIRECTORY/staged\" || exit 9\necho \"$SEMI_PERSISTENT_DIRECTORY\" > {}\nexit 3\n",
+            seen.display()
+        ),
+    )
+    .expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let start = |payload: ProcessPayload| {
+        server.start_worker(config(
+            "w-scratch",
+            env("beam:env:process:v1", payload.encode_to_vec()),
+        ))
+    };
+    let command = script.display().to_string();
+    let err = within(
+        "the exit",
+        start(ProcessPayload {
+            command: command.clone(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .err()
+    .expect("the process exits");
+    assert!(err.to_string().contains("exit status: 3"), "{err}");
+    let scratch = std::fs::read_to_string(&seen).expect("the script ran");
+    let scratch = std::path::Path::new(scratch.trim());
+    assert!(
+        scratch.starts_with(std::env::temp_dir()),
+        "{}",
+        scratch.display()
+    );
+    assert!(!scratch.exists(), "{} was left behind", scratch.display());
+
+    // A directory the payload names is the user's: kept.
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).expect("mkdir");
+    within(
+        "the exit",
+        start(ProcessPayload {
+            command,
+            env: [(
+                "SEMI_PERSISTENT_DIRECTORY".to_string(),
+                own.display().to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .err()
+    .expect("the process exits");
+    assert!(own.join("staged").is_dir());
+}
+
 /// Whether a process is alive (zombies, which an init that does not reap may
 /// leave behind, count as dead).
 fn running(pid: &str) -> bool {
