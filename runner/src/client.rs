@@ -9,15 +9,15 @@ use refract_proto::admin::refract_admin_client::RefractAdminClient;
 use refract_proto::admin::{
     DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
 };
-use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
-    job_state, CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobPipelineRequest,
+    CancelJobRequest, DrainJobRequest, GetJobMetricsRequest, GetJobPipelineRequest,
     GetJobStateRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
+use crate::job_api_text::{message_level, state_name};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
@@ -41,13 +41,6 @@ pub(crate) async fn connect_admin(endpoint: &str) -> Result<RefractAdminClient<C
     RefractAdminClient::connect(url)
         .await
         .with_context(|| format!("connecting to the server at {endpoint}"))
-}
-
-/// A job state's name as the Job API spells it (`RUNNING`, `DONE`, ...).
-pub(crate) fn state_name(state: i32) -> String {
-    job_state::Enum::try_from(state)
-        .map(|s| s.as_str_name().to_string())
-        .unwrap_or_else(|_| state.to_string())
 }
 
 /// Drain a job and print its new state.
@@ -266,18 +259,6 @@ fn describe_payload(kind: &str, payload: &[u8]) -> String {
         }) => format!("count {count}, sum {sum}, min {min}, max {max}"),
         None => format!("{} bytes", payload.len()),
     }
-}
-
-/// A job message's importance as people read it (`ERROR`, `WARNING`,
-/// `BASIC`, ...).
-pub fn message_level(importance: i32) -> String {
-    MessageImportance::try_from(importance)
-        .map(|i| {
-            i.as_str_name()
-                .trim_start_matches("JOB_MESSAGE_")
-                .to_string()
-        })
-        .unwrap_or_default()
 }
 
 /// Print a job's messages; with `--follow`, until the job ends, otherwise

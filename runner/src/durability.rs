@@ -201,13 +201,13 @@ impl Durability {
                 refract_jobservice::JobEvent::Message(m) => serde_json::json!({
                     "seq": seq,
                     "time": m.time,
-                    "level": crate::client::message_level(m.importance),
+                    "level": crate::job_api_text::message_level(m.importance),
                     "text": m.message_text,
                 }),
                 refract_jobservice::JobEvent::State(s) => serde_json::json!({
                     "seq": seq,
                     "level": "STATE",
-                    "text": crate::client::state_name(s.state),
+                    "text": crate::job_api_text::state_name(s.state),
                 }),
             })
             .collect();

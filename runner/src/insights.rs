@@ -12,14 +12,15 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use refract_engine::manager::SavepointRequest;
 use refract_engine::manager::StageStats;
+use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_store::CheckpointStats;
 use tokio::sync::{mpsc, watch};
 
 use crate::bundle_failures::{BundleFailures, FailureGroup};
-use crate::stage_history::{SeriesPoint, StageHistory};
-use crate::telemetry::histogram::LatencyHistogram;
+use crate::latency_histogram::LatencyHistogram;
+use crate::stage_history::{SeriesPoint, StageHistory, SAMPLE_EVERY};
 use crate::worker_set::WorkerSet;
 
 /// What the runner shows of one job.
@@ -158,6 +159,21 @@ impl JobView {
     pub fn record_history(&self, at_ms: i64) {
         let stages = self.stages();
         self.history.lock().record(at_ms, &stages);
+    }
+
+    /// Samples the stages every [`SAMPLE_EVERY`] until the job ends, and
+    /// once more then, so the charts of an ended job show how it ended.
+    pub async fn sample_history_while_running(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(SAMPLE_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let ended = refract_jobservice::is_terminal(self.state());
+            self.record_history(wall_clock_ms());
+            if ended {
+                return;
+            }
+        }
     }
 
     /// Each stage's recent series (see [`StageHistory::series`]).

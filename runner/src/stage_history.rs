@@ -2,20 +2,17 @@
 //! throughput, watermark lag and backlog over time.
 //!
 //! The engine publishes only the latest [`StageStats`]; a chart needs a
-//! series. [`sample_while_running`] reads the job's snapshot every
-//! [`SAMPLE_EVERY`] into its [`StageHistory`], which keeps
+//! series. The job's view samples its snapshot every [`SAMPLE_EVERY`] into
+//! its [`StageHistory`], which keeps
 //! [`HISTORY_SPAN`] of samples and turns counters into rates on demand.
 //! Samples keep the counters, not rates, so one missed tick costs
 //! resolution, never correctness.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use refract_engine::manager::StageStats;
-use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
-
-use crate::insights::JobView;
+use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 
 /// How far back the history reaches.
 pub const HISTORY_SPAN: Duration = Duration::from_secs(600);
@@ -118,21 +115,6 @@ impl StageHistory {
             }
         }
         series
-    }
-}
-
-/// Samples `view`'s stages every [`SAMPLE_EVERY`] until its job ends,
-/// and once more then, so the charts of an ended job show how it ended.
-pub async fn sample_while_running(view: Arc<JobView>) {
-    let mut ticks = tokio::time::interval(SAMPLE_EVERY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let ended = refract_jobservice::is_terminal(view.state());
-        view.record_history(wall_clock_ms());
-        if ended {
-            return;
-        }
     }
 }
 

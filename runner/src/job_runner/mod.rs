@@ -287,7 +287,7 @@ impl JobRunner for RefractRunner {
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
         let (view, stats) = self.insights.register(job.clone());
-        tokio::spawn(crate::stage_history::sample_while_running(view.clone()));
+        tokio::spawn(view.clone().sample_history_while_running());
         let job_span = self
             .otlp
             .as_ref()

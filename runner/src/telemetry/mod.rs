@@ -6,7 +6,6 @@
 //! latency histogram) and, only when [`OtlpExport`] runs, into the OTLP
 //! histogram and as a span under the job's span.
 
-pub mod histogram;
 pub mod otlp;
 
 use std::sync::Arc;

@@ -25,9 +25,9 @@ use opentelemetry_sdk::Resource;
 use refract_engine::time::{finite, wall_clock_ms};
 use thiserror::Error;
 
-use super::histogram::BOUNDS_SECONDS;
-use crate::client::state_name;
 use crate::insights::Insights;
+use crate::job_api_text::state_name;
+use crate::latency_histogram::BOUNDS_SECONDS;
 
 /// The standard variable naming the OTLP endpoint when no flag does.
 pub const ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";

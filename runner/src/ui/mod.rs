@@ -48,10 +48,10 @@ use refract_proto::job_api::{
 use refract_proto::tonic::transport::{Channel, Endpoint};
 use serde_json::{json, Value};
 
-use crate::client::state_name;
 use crate::insights::{CheckpointSummary, Insights};
+use crate::job_api_text::state_name;
+use crate::latency_histogram::LatencyHistogram;
 use crate::savepoints::SavepointDir;
-use crate::telemetry::histogram::LatencyHistogram;
 use guard::AllowedHosts;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
@@ -453,7 +453,7 @@ fn log_fields(event: &JobEvent) -> (String, String, String) {
     match event {
         JobEvent::Message(m) => (
             m.time.clone(),
-            crate::client::message_level(m.importance),
+            crate::job_api_text::message_level(m.importance),
             m.message_text.clone(),
         ),
         JobEvent::State(s) => (String::new(), "STATE".to_string(), state_name(s.state)),
@@ -517,7 +517,7 @@ async fn never_run_job_logs(
         let (time, level, text) = match item.response {
             Some(MessageOrState::MessageResponse(m)) => (
                 m.time,
-                crate::client::message_level(m.importance),
+                crate::job_api_text::message_level(m.importance),
                 m.message_text,
             ),
             Some(MessageOrState::StateResponse(s)) => {

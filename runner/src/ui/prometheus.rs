@@ -10,7 +10,7 @@ use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
-use crate::telemetry::histogram::LatencyHistogram;
+use crate::latency_histogram::LatencyHistogram;
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// URN of the runner's per-PCollection element counter.
