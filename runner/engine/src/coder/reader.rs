@@ -1,10 +1,12 @@
 //! A bounds-checked cursor over encoded bytes.
 //!
-//! Every decoder in this module reads through [`Reader`], so running off the
-//! end of a buffer is a [`CoderError::Truncated`] and never a slice-index
-//! panic. A reader built over a [`Bytes`] remembers it, which lets decoders
-//! hand out zero-copy slices of the input (keys, values, custom windows);
-//! one built over a plain slice copies those few bytes instead.
+//! Every decoder above the number formats (`primitive`, which this cursor
+//! reads varints and timestamps with) reads through [`Reader`], so running
+//! off the end of a buffer is a [`CoderError::Truncated`] and never a
+//! slice-index panic. A reader built over a [`Bytes`] remembers it, which
+//! lets decoders hand out zero-copy slices of the input (keys, values,
+//! custom windows); one built over a plain slice copies those few bytes
+//! instead.
 
 use bytes::Bytes;
 
