@@ -126,17 +126,23 @@ impl<'a> Reader<'a> {
     }
 
     /// The bytes from `start` (an earlier [`Reader::pos`]) to the current
-    /// position, without copying when the reader is over shared bytes.
-    pub(super) fn bytes_since(&self, start: usize) -> Result<Bytes, CoderError> {
+    /// position, borrowed from the buffer: how a decoder hands out what it
+    /// just walked over.
+    pub(super) fn slice_since(&self, start: usize) -> Result<&'a [u8], CoderError> {
         // ok_or_else: the message is built only on the error path (this is
         // called for every decoded element).
-        let slice = self
-            .buf
+        self.buf
             .get(start..self.pos)
             .ok_or_else(|| CoderError::Invalid {
                 what: "reader",
                 detail: format!("slice start {start} is past position {}", self.pos),
-            })?;
+            })
+    }
+
+    /// The bytes from `start` (an earlier [`Reader::pos`]) to the current
+    /// position, without copying when the reader is over shared bytes.
+    pub(super) fn bytes_since(&self, start: usize) -> Result<Bytes, CoderError> {
+        let slice = self.slice_since(start)?;
         Ok(match self.shared {
             // In bounds: `slice` above is the same range of the same bytes.
             Some(shared) => shared.slice(start..self.pos),
