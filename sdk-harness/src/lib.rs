@@ -15,6 +15,7 @@
 mod bundle;
 mod collector;
 mod config;
+mod endpoint;
 mod environment;
 mod error;
 mod framing;

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use refract_proto::fn_api::beam_fn_control_server::BeamFnControlServer;
 use refract_proto::fn_api::beam_fn_data_server::BeamFnDataServer;
 use refract_proto::fn_api::beam_fn_logging_server::BeamFnLoggingServer;
@@ -20,6 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::config::WorkerConfig;
+use crate::endpoint::Endpoint;
 use crate::environment::{self, ExitReport, HostHarnesses, Launched};
 use crate::error::HarnessError;
 use crate::hub::Hub;
@@ -40,10 +40,11 @@ const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
 
 /// The runner's Fn API endpoint, shared by every worker of every job.
 pub struct FnApiServer {
-    hub: Arc<Hub>,
+    /// Shared with every worker started here: serving stops when the
+    /// server and all of them are gone.
+    endpoint: Arc<Endpoint>,
     url: String,
     connect_timeout_ms: AtomicU64,
-    shutdown: Mutex<Option<oneshot::Sender<()>>>,
     /// How DOCKER environments run when no Docker engine is reachable.
     host_harnesses: parking_lot::RwLock<Arc<HostHarnesses>>,
 }
@@ -140,10 +141,9 @@ impl FnApiServer {
         });
         tracing::info!(%url, "Fn API server listening");
         Ok(Arc::new(FnApiServer {
-            hub,
+            endpoint: Arc::new(Endpoint::new(hub, shutdown_tx)),
             url,
             connect_timeout_ms: AtomicU64::new(millis(DEFAULT_CONNECT_TIMEOUT)),
-            shutdown: Mutex::new(Some(shutdown_tx)),
             host_harnesses: parking_lot::RwLock::new(Arc::default()),
         }))
     }
@@ -156,12 +156,12 @@ impl FnApiServer {
     /// Makes a bundle descriptor available to GetProcessBundleDescriptor.
     /// Ids must be globally unique: SDKs cache descriptors by id forever.
     pub fn register_descriptor(&self, d: ProcessBundleDescriptor) {
-        self.hub.register_descriptor(d);
+        self.endpoint.hub().register_descriptor(d);
     }
 
     /// Frees a descriptor once no worker can ask for it again (its job ended).
     pub fn forget_descriptor(&self, id: &str) {
-        self.hub.forget_descriptor(id);
+        self.endpoint.hub().forget_descriptor(id);
     }
 
     /// Sets how long `start_worker` waits for a worker's control stream.
@@ -186,13 +186,10 @@ impl FnApiServer {
 
     /// Starts one worker for an environment and waits until its control
     /// stream is connected, so that bundles can be sent to it.
-    pub async fn start_worker(
-        self: &Arc<Self>,
-        cfg: WorkerConfig,
-    ) -> Result<Arc<Worker>, HarnessError> {
+    pub async fn start_worker(&self, cfg: WorkerConfig) -> Result<Arc<Worker>, HarnessError> {
         let timeout = self.connect_timeout();
         let link = WorkerLink::new(&cfg, &self.url);
-        self.hub.add(Arc::clone(&link))?;
+        self.endpoint.hub().add(Arc::clone(&link))?;
         let launched =
             match environment::launch(&cfg, &self.url, timeout, &self.host_harnesses()).await {
                 Ok(launched) => launched,
@@ -207,25 +204,16 @@ impl FnApiServer {
             return Err(e);
         }
         tracing::info!(worker_id = %cfg.worker_id, urn = %cfg.environment.urn, "worker connected");
-        Ok(Arc::new(Worker::new(Arc::clone(self), link, launched)))
+        Ok(Arc::new(Worker::new(
+            Arc::clone(&self.endpoint),
+            link,
+            launched,
+        )))
     }
 
     fn abandon(&self, link: &Arc<WorkerLink>, error: &HarnessError) {
         link.close(&error.to_string());
-        self.hub.remove(link);
-    }
-
-    /// Removes a worker from routing (it was stopped or dropped).
-    pub(crate) fn unregister(&self, link: &Arc<WorkerLink>) {
-        self.hub.remove(link);
-    }
-}
-
-impl Drop for FnApiServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.lock().take() {
-            let _ = tx.send(());
-        }
+        self.endpoint.hub().remove(link);
     }
 }
 

@@ -12,23 +12,27 @@ use tokio::sync::mpsc;
 
 use crate::bundle::{BundleRequest, BundleResult};
 use crate::collector::BundleCollector;
+use crate::endpoint::Endpoint;
 use crate::environment::Launched;
 use crate::error::BundleError;
 use crate::framing::InputFrames;
 use crate::link::WorkerLink;
-use crate::server::FnApiServer;
 
 /// One connected SDK harness worker. Many bundles may run on it at once.
 pub struct Worker {
-    server: Arc<FnApiServer>,
+    /// Keeps the server's port serving while the worker lives, and takes
+    /// the worker out of its routing when it stops.
+    endpoint: Arc<Endpoint>,
     link: Arc<WorkerLink>,
     launched: tokio::sync::Mutex<Option<Launched>>,
 }
 
 impl Worker {
-    pub(crate) fn new(server: Arc<FnApiServer>, link: Arc<WorkerLink>, launched: Launched) -> Self {
+    /// The worker behind `link`, started as `launched`, routed (and kept
+    /// served) by `endpoint`.
+    pub(crate) fn new(endpoint: Arc<Endpoint>, link: Arc<WorkerLink>, launched: Launched) -> Self {
         Self {
-            server,
+            endpoint,
             link,
             launched: tokio::sync::Mutex::new(Some(launched)),
         }
@@ -164,7 +168,7 @@ impl Worker {
     pub async fn stop(&self) {
         self.link
             .close(&format!("worker {} was stopped", self.id()));
-        self.server.unregister(&self.link);
+        self.endpoint.hub().remove(&self.link);
         let launched = self.launched.lock().await.take();
         if let Some(launched) = launched {
             tracing::info!(worker_id = %self.id(), "stopping worker");
@@ -177,7 +181,7 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.link
             .close(&format!("worker {} was dropped", self.link.id()));
-        self.server.unregister(&self.link);
+        self.endpoint.hub().remove(&self.link);
         if let Some(launched) = self.launched.get_mut().take() {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {

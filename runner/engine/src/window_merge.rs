@@ -11,12 +11,17 @@
 //! Request element: `KV<bytes nonce, Iterable<W>>`; answer element:
 //! `KV<bytes nonce, KV<Iterable<W>, Iterable<KV<W, Iterable<W>>>>>`, both in
 //! the global window. The nonce is the key's position in the request.
+//!
+//! The answer's bytes come from an SDK, so reading them never indexes or
+//! slices (which panic out of bounds): a short answer is a [`CoderError`].
+
+#![deny(clippy::indexing_slicing)]
 
 use bytes::Bytes;
 
 use crate::coder::{
-    decode_windowed_values, encode_iterable_len, encode_varint_u64, encode_windowed_value,
-    split_iterable, Coder, CoderError, PaneInfo, WindowedValueHeader,
+    decode_varint_u64, decode_windowed_values, encode_iterable_len, encode_varint_u64,
+    encode_windowed_value, split_iterable, Coder, CoderError, PaneInfo, WindowedValueHeader,
 };
 use crate::time::MIN_TIMESTAMP;
 use crate::window::Window;
@@ -71,22 +76,25 @@ pub fn decode_response(
     for element in decode_windowed_values(buf, &answer, &Coder::GlobalWindow)? {
         let value = element.value();
         let nonce_len = Coder::Bytes.nested_len(value)?;
-        let (len, prefix) = crate::coder::decode_varint_u64(value)?;
-        let nonce = std::str::from_utf8(&value[prefix..prefix + len as usize])
+        let (nonce_field, rest) = split_at(value, nonce_len)?;
+        let (_, prefix) = decode_varint_u64(nonce_field)?;
+        let (_, nonce_bytes) = split_at(nonce_field, prefix)?;
+        let nonce = std::str::from_utf8(nonce_bytes)
             .ok()
             .and_then(|s| s.parse::<usize>().ok())
             .ok_or_else(|| invalid("the nonce is not one Refract sent".into()))?;
-        let rest = &value[nonce_len..];
         let (_, unmerged_len) = split_iterable(rest, window_coder)?;
         let pair = Coder::Kv(
             Box::new(window_coder.clone()),
             Box::new(Coder::Iterable(Box::new(window_coder.clone()))),
         );
-        let (pairs, _) = split_iterable(&rest[unmerged_len..], &pair)?;
+        let (_, merged_part) = split_at(rest, unmerged_len)?;
+        let (pairs, _) = split_iterable(merged_part, &pair)?;
         let mut merges = Vec::with_capacity(pairs.len());
         for p in pairs {
             let (merged, n) = window_coder.decode_window(p)?;
-            let (originals, _) = split_iterable(&p[n..], window_coder)?;
+            let (_, originals) = split_at(p, n)?;
+            let (originals, _) = split_iterable(originals, window_coder)?;
             let originals = originals
                 .into_iter()
                 .map(|o| window_coder.decode_window(o).map(|(w, _)| w))
@@ -98,12 +106,33 @@ pub fn decode_response(
     Ok(result)
 }
 
+/// `buf` cut after its first `n` bytes, or [`CoderError::Truncated`] when it
+/// is shorter than that.
+fn split_at(buf: &[u8], n: usize) -> Result<(&[u8], &[u8]), CoderError> {
+    buf.split_at_checked(n)
+        .ok_or(CoderError::Truncated("merge_windows answer"))
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn iw(start: i64, end: i64) -> Window {
         Window::Interval { start, end }
+    }
+
+    /// One answer element: `value` in the global window, as an SDK sends it.
+    fn in_global_window(value: &[u8]) -> Bytes {
+        let header = WindowedValueHeader {
+            timestamp: 0,
+            windows: smallvec::smallvec![Window::Global],
+            pane: PaneInfo::NO_FIRING,
+        };
+        let mut out = Vec::new();
+        encode_windowed_value(&header, &Coder::GlobalWindow, value, &mut out).unwrap();
+        Bytes::from(out)
     }
 
     #[test]
@@ -137,17 +166,22 @@ mod tests {
         encode_iterable_len(2, &mut value).unwrap();
         coder.encode_window(&iw(0, 10), &mut value).unwrap();
         coder.encode_window(&iw(5, 15), &mut value).unwrap();
-        let mut out = Vec::new();
-        let header = WindowedValueHeader {
-            timestamp: 0,
-            windows: smallvec::smallvec![Window::Global],
-            pane: PaneInfo::NO_FIRING,
-        };
-        encode_windowed_value(&header, &Coder::GlobalWindow, &value, &mut out).unwrap();
-        let answer = decode_response(&Bytes::from(out), &coder).unwrap();
+        let answer = decode_response(&in_global_window(&value), &coder).unwrap();
         assert_eq!(
             answer,
             vec![(0, vec![(iw(0, 15), vec![iw(0, 10), iw(5, 15)])])]
         );
+    }
+
+    proptest! {
+        #[test]
+        fn any_answer_is_decoded_or_refused_without_panicking(
+            tail in proptest::collection::vec(any::<u8>(), 0..64)
+        ) {
+            // A nonce Refract sent, then anything.
+            let mut value = vec![1, b'0'];
+            value.extend_from_slice(&tail);
+            let _ = decode_response(&in_global_window(&value), &Coder::IntervalWindow);
+        }
     }
 }

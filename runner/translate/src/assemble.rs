@@ -12,7 +12,7 @@ use refract_proto::urns;
 use crate::error::TranslateError;
 use crate::fuse::{self, Group};
 use crate::graph::{Graph, NodeKind};
-use crate::rewrite::{self, window_coder_of};
+use crate::rewrite::{self, grouped_values, window_coder_of};
 use crate::{descriptor, merge, test_stream, windowing, TranslateOptions, Translated};
 
 /// Fuses `graph`, rewrites its coders and builds the plan and descriptors.
@@ -262,23 +262,6 @@ fn state_backed_outputs(graph: &Graph, groups: &[Group]) -> HashSet<String> {
         }
     }
     outputs
-}
-
-/// The (key, values) coder ids of a GroupByKey output `pcoll` whose
-/// (rewritten) coder is `KV<K, iterable<V>>`, the only one a state-backed
-/// iterable can replace; `None` for any other.
-pub(crate) fn grouped_values(graph: &Graph, pcoll: &str) -> Option<(String, String)> {
-    use refract_proto::urns::coder as c;
-    let coder = rewrite::coder_of(graph, pcoll).ok()?;
-    let kv = graph.coders.components_of(&coder, c::KV, pcoll).ok()?;
-    let values = graph
-        .coders
-        .components_of(&kv[1], c::ITERABLE, pcoll)
-        .ok()?;
-    match (kv.as_slice(), values.as_slice()) {
-        ([key, _], [value]) => Some((key.clone(), value.clone())),
-        _ => None,
-    }
 }
 
 /// Whether the trigger of side-input PCollection `pcoll` can fire before

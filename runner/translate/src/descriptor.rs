@@ -21,7 +21,7 @@ use crate::error::TranslateError;
 use crate::fuse::SdkGroup;
 use crate::graph::Graph;
 use crate::payloads::{decode_combine, decode_pardo, state_coders, COMBINE_STEPS, PARDO_LIKE};
-use crate::rewrite::{coder_of, strategy_of, window_coder_of};
+use crate::rewrite::{coder_of, grouped_values, strategy_of, window_coder_of};
 use crate::{SdkStageDescriptor, TranslateOptions};
 
 /// A built SDK stage: its descriptor and the engine's facts about it.
@@ -282,7 +282,7 @@ pub(crate) fn build(
 fn state_backed_grouped(graph: &mut Graph, pcoll: &str) -> Result<String, TranslateError> {
     use refract_proto::urns::coder as c;
     let grouped = coder_of(graph, pcoll)?;
-    let (key, value) = crate::assemble::grouped_values(graph, pcoll).ok_or_else(|| {
+    let (key, value) = grouped_values(graph, pcoll).ok_or_else(|| {
         TranslateError::Invalid(format!(
             "the GroupByKey output '{pcoll}' has no KV<K, iterable<V>> coder"
         ))

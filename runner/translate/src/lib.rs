@@ -3,10 +3,10 @@
 //! This crate is the only place where Beam pipeline protos become the
 //! engine's proto-free [`Plan`]. It
 //! 1. validates what the pipeline asks for ([`validate`]);
-//! 2. walks composites down to leaves, turning Reshuffle into an identity
-//!    flatten, lifting unlifted combiners and expanding splittable DoFns
-//!    (`graph`, `payloads`, `combine`, `sdf`; windowing strategies in
-//!    `windowing`);
+//! 2. walks composites down to the leaves of a `graph`, turning Reshuffle
+//!    into an identity flatten, lifting unlifted combiners and expanding
+//!    splittable DoFns (`builder`, reading `payloads`; windowing strategies
+//!    in `windowing`);
 //! 3. fuses SDK transforms greedily into stages (`fuse`);
 //! 4. rewrites the coders of every PCollection that crosses a stage boundary
 //!    so the runner can walk their bytes (`coders`, `rewrite`);
@@ -18,8 +18,8 @@
 //! the job port.
 
 mod assemble;
+mod builder;
 mod coders;
-mod combine;
 mod descriptor;
 mod drain;
 mod environments;
@@ -30,7 +30,6 @@ mod limits;
 mod merge;
 mod payloads;
 mod rewrite;
-mod sdf;
 mod test_stream;
 mod transcode;
 mod validate;
@@ -169,7 +168,7 @@ fn prepare(
     limits::check_counts(pipeline, &limits)?;
     validate::requirements(pipeline)?;
     let pipeline = environments::resolve(pipeline, preference)?;
-    let mut graph = graph::build(&pipeline, drain, &limits)?;
+    let mut graph = builder::build(&pipeline, drain, &limits)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
     transcode::test_stream_outputs(&mut graph);

@@ -124,6 +124,23 @@ pub(crate) fn coder_of(graph: &Graph, pcoll: &str) -> Result<String, TranslateEr
         .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
 }
 
+/// The (key, values) coder ids of a GroupByKey output `pcoll` whose
+/// (rewritten) coder is `KV<K, iterable<V>>`, as `runner_outputs` makes
+/// it: the only one a state-backed iterable can replace; `None` for any
+/// other.
+pub(crate) fn grouped_values(graph: &Graph, pcoll: &str) -> Option<(String, String)> {
+    let coder = coder_of(graph, pcoll).ok()?;
+    let kv = graph.coders.components_of(&coder, c::KV, pcoll).ok()?;
+    let values = graph
+        .coders
+        .components_of(&kv[1], c::ITERABLE, pcoll)
+        .ok()?;
+    match (kv.as_slice(), values.as_slice()) {
+        ([key, _], [value]) => Some((key.clone(), value.clone())),
+        _ => None,
+    }
+}
+
 /// The (unrewritten) window coder id of PCollection `pcoll`'s windowing strategy.
 pub(crate) fn window_coder_of(graph: &Graph, pcoll: &str) -> Result<String, TranslateError> {
     strategy_of(graph, pcoll).map(|ws| ws.window_coder_id.clone())

@@ -4,7 +4,7 @@
 //!
 //! Transform URNs, ParDo state and timer specs, side-input access patterns
 //! and payloads are checked while the executable graph is built
-//! ([`crate::graph::build`]) and environments as they are resolved
+//! ([`crate::builder::build`]) and environments as they are resolved
 //! ([`crate::environments::resolve`]); this module checks the rest.
 
 use std::collections::HashSet;

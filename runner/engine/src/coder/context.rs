@@ -26,19 +26,22 @@ impl Coder {
             }
             Coder::Kv(key, value) => {
                 let key_len = key.nested_len(outer)?;
-                out.extend_from_slice(&outer[..key_len]);
-                value.write_nested_from_outer(&outer[key_len..], out)
+                let (key_bytes, value_bytes) = outer
+                    .split_at_checked(key_len)
+                    .ok_or(CoderError::Truncated("kv"))?;
+                out.extend_from_slice(key_bytes);
+                value.write_nested_from_outer(value_bytes, out)
             }
-            Coder::Nullable(inner) => match outer.first() {
-                Some(0) => {
+            Coder::Nullable(inner) => match outer.split_first() {
+                Some((0, _)) => {
                     out.push(0);
                     Ok(())
                 }
-                Some(1) => {
+                Some((1, present)) => {
                     out.push(1);
-                    inner.write_nested_from_outer(&outer[1..], out)
+                    inner.write_nested_from_outer(present, out)
                 }
-                Some(other) => Err(CoderError::Invalid {
+                Some((other, _)) => Err(CoderError::Invalid {
                     what: "nullable",
                     detail: format!("expected a 0 or 1 flag, got {other}"),
                 }),

@@ -75,8 +75,7 @@ pub fn split_iterable<'a>(
         for _ in 0..n {
             let start = r.pos();
             element.skip(r)?;
-            let end = r.pos();
-            items.push(start..end);
+            items.push(r.slice_since(start)?);
         }
         Ok(())
     })?;
@@ -86,9 +85,5 @@ pub fn split_iterable<'a>(
             detail: "unexpected state-backed continuation".into(),
         });
     }
-    let consumed = r.pos();
-    Ok((
-        items.into_iter().map(|range| &buf[range]).collect(),
-        consumed,
-    ))
+    Ok((items, r.pos()))
 }

@@ -27,7 +27,10 @@
 //! Decoding is strict where a mistake would silently corrupt grouping (bad
 //! pane bytes, bool bytes other than 0/1, varints longer than 64 bits) and is
 //! always total: any byte string yields a value or a [`CoderError`], never a
-//! panic, because the bytes come from another process.
+//! panic, because the bytes come from another process. Indexing and
+//! slicing, which panic out of bounds, are denied here for that reason.
+
+#![deny(clippy::indexing_slicing)]
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +45,8 @@ mod window_coder;
 mod windowed_value;
 
 #[cfg(test)]
+// Tests index what they built: out of bounds is a failed test.
+#[allow(clippy::indexing_slicing)]
 mod tests;
 
 use thiserror::Error;

@@ -14,8 +14,10 @@
 //! time. SDKs clamp to Beam's min/max timestamps when encoding; the runner
 //! decodes any 64-bit value, because rejecting an SDK's bytes is worse than
 //! carrying an odd timestamp.
+//!
+//! These are the bottom layer of the coders: they read plain slices, and
+//! `reader`'s cursor is built on them.
 
-use super::reader::Reader;
 use super::CoderError;
 use crate::time::Timestamp;
 
@@ -61,9 +63,10 @@ pub fn encode_timestamp(ts: Timestamp, out: &mut Vec<u8>) {
 /// Reads an 8-byte shifted timestamp at the start of `buf`; the count
 /// returned is always 8, for symmetry with the other decoders.
 pub fn decode_timestamp(buf: &[u8]) -> Result<(Timestamp, usize), CoderError> {
-    let mut r = Reader::new(buf);
-    let ts = r.timestamp("timestamp")?;
-    Ok((ts, r.pos()))
+    let bytes = buf
+        .first_chunk::<8>()
+        .ok_or(CoderError::Truncated("timestamp"))?;
+    Ok((timestamp_from_be_bytes(*bytes), bytes.len()))
 }
 
 /// Undoes the timestamp shift on 8 big-endian bytes.

@@ -1,10 +1,12 @@
 //! A bounds-checked cursor over encoded bytes.
 //!
-//! Every decoder in this module reads through [`Reader`], so running off the
-//! end of a buffer is a [`CoderError::Truncated`] and never a slice-index
-//! panic. A reader built over a [`Bytes`] remembers it, which lets decoders
-//! hand out zero-copy slices of the input (keys, values, custom windows);
-//! one built over a plain slice copies those few bytes instead.
+//! Every decoder above the number formats (`primitive`, which this cursor
+//! reads varints and timestamps with) reads through [`Reader`], so running
+//! off the end of a buffer is a [`CoderError::Truncated`] and never a
+//! slice-index panic. A reader built over a [`Bytes`] remembers it, which
+//! lets decoders hand out zero-copy slices of the input (keys, values,
+//! custom windows); one built over a plain slice copies those few bytes
+//! instead.
 
 use bytes::Bytes;
 
@@ -124,17 +126,23 @@ impl<'a> Reader<'a> {
     }
 
     /// The bytes from `start` (an earlier [`Reader::pos`]) to the current
-    /// position, without copying when the reader is over shared bytes.
-    pub(super) fn bytes_since(&self, start: usize) -> Result<Bytes, CoderError> {
+    /// position, borrowed from the buffer: how a decoder hands out what it
+    /// just walked over.
+    pub(super) fn slice_since(&self, start: usize) -> Result<&'a [u8], CoderError> {
         // ok_or_else: the message is built only on the error path (this is
         // called for every decoded element).
-        let slice = self
-            .buf
+        self.buf
             .get(start..self.pos)
             .ok_or_else(|| CoderError::Invalid {
                 what: "reader",
                 detail: format!("slice start {start} is past position {}", self.pos),
-            })?;
+            })
+    }
+
+    /// The bytes from `start` (an earlier [`Reader::pos`]) to the current
+    /// position, without copying when the reader is over shared bytes.
+    pub(super) fn bytes_since(&self, start: usize) -> Result<Bytes, CoderError> {
+        let slice = self.slice_since(start)?;
         Ok(match self.shared {
             // In bounds: `slice` above is the same range of the same bytes.
             Some(shared) => shared.slice(start..self.pos),

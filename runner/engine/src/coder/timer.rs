@@ -135,6 +135,8 @@ pub(super) fn read_timer(
 }
 
 #[cfg(test)]
+// Tests index what they built: out of bounds is a failed test.
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use proptest::prelude::*;
 

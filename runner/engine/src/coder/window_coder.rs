@@ -128,6 +128,8 @@ fn check_length_prefixed(encoded: &[u8]) -> Result<(), CoderError> {
 }
 
 #[cfg(test)]
+// Tests index what they built: out of bounds is a failed test.
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use bytes::Bytes;
     use proptest::prelude::*;

@@ -54,7 +54,9 @@ impl DecodedElement {
 
     /// The value, still nested-encoded in the value coder.
     pub fn value(&self) -> &[u8] {
-        &self.encoded[self.value_start..]
+        // `new` keeps `value_start` within `encoded`: the fallback never
+        // applies.
+        self.encoded.get(self.value_start..).unwrap_or_default()
     }
 
     /// [`Self::value`] as shared bytes, for whoever keeps it (side inputs,
@@ -183,7 +185,6 @@ pub fn whole_elements_len(
 /// atomic reference counts) per element.
 pub struct BorrowedWindowedValues<'a> {
     reader: Reader<'a>,
-    buf: &'a [u8],
     value_coder: &'a Coder,
     window_coder: &'a Coder,
 }
@@ -193,7 +194,6 @@ impl<'a> BorrowedWindowedValues<'a> {
     pub fn new(buf: &'a [u8], value_coder: &'a Coder, window_coder: &'a Coder) -> Self {
         BorrowedWindowedValues {
             reader: Reader::new(buf),
-            buf,
             value_coder,
             window_coder,
         }
@@ -212,8 +212,8 @@ impl<'a> Iterator for BorrowedWindowedValues<'a> {
         let read = read_header(r, self.window_coder).and_then(|header| {
             let value_start = r.pos();
             self.value_coder.skip(r)?;
-            let end = r.pos();
-            Ok((header, &self.buf[value_start..end], end - start))
+            let value = r.slice_since(value_start)?;
+            Ok((header, value, r.pos() - start))
         });
         if read.is_err() {
             // Nothing after a malformed element can be trusted.
@@ -323,6 +323,8 @@ pub(super) fn encode_windows(
 }
 
 #[cfg(test)]
+// Tests index what they built: out of bounds is a failed test.
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use proptest::prelude::*;
 

@@ -14,11 +14,12 @@
 use refract_proto::pipeline as pb;
 use refract_proto::urns::{coder as c, transform as t};
 
+use super::{name_of, Builder};
 use crate::error::TranslateError;
-use crate::graph::{name_of, Builder, Node};
+use crate::graph::Node;
 
 /// Expands the splittable ParDo `id` into its three steps' nodes.
-pub(crate) fn expand(
+pub(super) fn expand(
     b: &mut Builder,
     id: &str,
     transform: &pb::PTransform,

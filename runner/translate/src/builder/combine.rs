@@ -14,14 +14,15 @@ use std::collections::HashMap;
 use refract_proto::pipeline as pb;
 use refract_proto::urns::{coder as c, transform as t};
 
+use super::{name_of, Builder};
 use crate::error::TranslateError;
-use crate::graph::{name_of, Builder, Node, NodeKind};
+use crate::graph::{Node, NodeKind};
 use crate::payloads::decode_combine;
 use crate::windowing;
 
 /// The lifted nodes of combine_per_key `id`, or `None` when it must run
 /// unlifted (incompatible trigger, non-KV input, or no environment).
-pub(crate) fn lift(
+pub(super) fn lift(
     b: &mut Builder,
     id: &str,
     transform: &pb::PTransform,
