@@ -63,7 +63,10 @@ else
 
   echo "== cargo test --release --workspace"
   rc=0
-  cargo test --release --workspace 2>&1 | tee "$work/cargo-test.log" || rc=$?
+  # The tests that run the real Python SDK use the venv's interpreter, and
+  # fail rather than skip without it.
+  BEAM_PYTHON=$REFRACT_PY REFRACT_REQUIRE_PYTHON=1 \
+    cargo test --release --workspace 2>&1 | tee "$work/cargo-test.log" || rc=$?
   # Sum the "test result: ok. N passed; M failed; K ignored; ..." lines.
   awk '/^test result:/ {
          for (i = 1; i <= NF; i++) {

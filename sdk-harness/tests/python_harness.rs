@@ -30,14 +30,26 @@ const HEADER: [u8; 13] = [
     0x7f, 0xdf, 0x3b, 0x64, 0x5a, 0x1c, 0xac, 0x09, 0, 0, 0, 1, 0x0f,
 ];
 
-fn python_available() -> bool {
-    std::process::Command::new("python3")
+/// A Python interpreter with `apache_beam`: `$BEAM_PYTHON`, else `python3`.
+/// Without one the test says so and passes, unless
+/// `REFRACT_REQUIRE_PYTHON=1` (CI sets it), where that is a failure.
+fn beam_python() -> Option<String> {
+    let python = std::env::var("BEAM_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let found = std::process::Command::new(&python)
         .args(["-c", "import apache_beam"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+        .is_ok_and(|s| s.success());
+    if found {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("REFRACT_REQUIRE_PYTHON").as_deref() != Ok("1"),
+        "REFRACT_REQUIRE_PYTHON=1, but `{python} -c 'import apache_beam'` fails"
+    );
+    println!("skipped: `{python} -c 'import apache_beam'` fails here (set BEAM_PYTHON)");
+    None
 }
 
 fn varint(mut v: u64, out: &mut Vec<u8>) {
@@ -400,12 +412,21 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_worker_pool_runs_a_bundle() {
-    if !python_available() {
-        println!("skipped: `python3 -c 'import apache_beam'` fails here");
+    let Some(python) = beam_python() else {
         return;
-    }
+    };
     let port = free_port();
-    let pool = Command::new("python3")
+    let mut pool = Command::new(&python);
+    // Beam's pool starts each worker as `python` from PATH: the
+    // interpreter's own directory first, as in an activated virtualenv.
+    if let Some(bin) = std::path::Path::new(&python).parent() {
+        if !bin.as_os_str().is_empty() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&path));
+            pool.env("PATH", std::env::join_paths(dirs).expect("PATH joins"));
+        }
+    }
+    let pool = pool
         .args([
             "-m",
             "apache_beam.runners.worker.worker_pool_main",
@@ -465,10 +486,9 @@ async fn external_worker_pool_runs_a_bundle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_environment_runs_a_bundle_and_forwards_logs() {
-    if !python_available() {
-        println!("skipped: `python3 -c 'import apache_beam'` fails here");
+    let Some(python) = beam_python() else {
         return;
-    }
+    };
     // A minimal boot program: what Beam's container boot does, minus
     // provisioning and artifacts.
     let dir = tempfile::tempdir().expect("temp dir");
@@ -487,7 +507,7 @@ export WORKER_ID
 export CONTROL_API_SERVICE_DESCRIPTOR="url: '$CONTROL'"
 export LOGGING_API_SERVICE_DESCRIPTOR="url: '$LOGGING'"
 export PIPELINE_OPTIONS='{}'
-exec python3 -m apache_beam.runners.worker.sdk_worker_main
+exec "$BEAM_PYTHON" -m apache_beam.runners.worker.sdk_worker_main
 "#,
     )
     .expect("write boot");
@@ -504,6 +524,7 @@ exec python3 -m apache_beam.runners.worker.sdk_worker_main
                 urn: "beam:env:process:v1".to_string(),
                 payload: ProcessPayload {
                     command: boot.display().to_string(),
+                    env: [("BEAM_PYTHON".to_string(), python)].into(),
                     ..Default::default()
                 }
                 .encode_to_vec(),

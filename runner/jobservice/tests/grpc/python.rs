@@ -1,8 +1,9 @@
 //! The installed Python SDK's own client code against this server: if
-//! Python with `apache_beam` is available (`REFRACT_PYTHON`, else
+//! Python with `apache_beam` is available (`BEAM_PYTHON`, else
 //! `python3`), `submit.py` submits real pipelines through `PortableRunner`
 //! (with `--save_main_session`, so an artifact is staged) and the outcomes
-//! are checked; otherwise the test says so and passes.
+//! are checked; otherwise the test says so and passes, unless
+//! `REFRACT_REQUIRE_PYTHON=1` (CI sets it), where that is a failure.
 
 use std::time::Duration;
 
@@ -12,18 +13,25 @@ use refract_proto::job_api::PipelineOptionDescriptor;
 use crate::harness::*;
 
 fn python() -> Option<String> {
-    let python = std::env::var("REFRACT_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let probe = std::process::Command::new(&python)
+    let python = std::env::var("BEAM_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let found = std::process::Command::new(&python)
         .args(["-c", "import apache_beam"])
         .output()
-        .ok()?;
-    probe.status.success().then_some(python)
+        .is_ok_and(|probe| probe.status.success());
+    if found {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("REFRACT_REQUIRE_PYTHON").as_deref() != Ok("1"),
+        "REFRACT_REQUIRE_PYTHON=1, but `{python} -c 'import apache_beam'` fails"
+    );
+    None
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_portable_runner_submits_stages_and_reads_results() {
     let Some(python) = python() else {
-        eprintln!("skipping: no Python with apache_beam (set REFRACT_PYTHON)");
+        eprintln!("skipping: no Python with apache_beam (set BEAM_PYTHON)");
         return;
     };
     let server = Server::start_with(|config| {
