@@ -236,8 +236,8 @@ impl GroupingBuffer {
     /// (a `Kv` coder) in windows of `window_coder`.
     pub fn new(strategy: WindowingStrategy, input_value_coder: Coder, window_coder: Coder) -> Self {
         GroupingBuffer {
-            uses_processing_time: uses_processing_time(&strategy.trigger),
-            fires_only_past_end: fires_only_past_end(&strategy.trigger),
+            uses_processing_time: strategy.trigger.fires_on_processing_time(),
+            fires_only_past_end: !strategy.trigger.fires_before_window_end(),
             strategy,
             key_coder_kv: input_value_coder,
             window_coder,
@@ -1049,35 +1049,6 @@ fn insert_pane(
     }
 }
 
-/// Whether a trigger can only fire once the watermark passed the end of
-/// the window (so data before then never makes it ready).
-fn fires_only_past_end(trigger: &Trigger) -> bool {
-    match trigger {
-        Trigger::Default | Trigger::Never => true,
-        Trigger::AfterEndOfWindow { early, .. } => early.is_none(),
-        _ => false,
-    }
-}
-
-/// Whether a trigger can fire on processing time alone.
-fn uses_processing_time(trigger: &Trigger) -> bool {
-    match trigger {
-        Trigger::AfterProcessingTime { .. } | Trigger::AfterSynchronizedProcessingTime => true,
-        Trigger::AfterEndOfWindow { early, late } => {
-            early.as_deref().is_some_and(uses_processing_time)
-                || late.as_deref().is_some_and(uses_processing_time)
-        }
-        Trigger::AfterAll(subs) | Trigger::AfterAny(subs) | Trigger::AfterEach(subs) => {
-            subs.iter().any(uses_processing_time)
-        }
-        Trigger::OrFinally { main, finally } => {
-            uses_processing_time(main) || uses_processing_time(finally)
-        }
-        Trigger::Repeat(sub) => uses_processing_time(sub),
-        Trigger::Default | Trigger::ElementCount(_) | Trigger::Always | Trigger::Never => false,
-    }
-}
-
 /// Merge overlapping interval windows of one key (sessions): a new
 /// element's window `[t, t + gap)` joins every window it overlaps.
 fn merge_intervals(windows: &mut KeyPanes, strategy: &WindowingStrategy, holds: &mut Holds) {
@@ -1374,6 +1345,41 @@ mod trigger_tests {
                 (b'B', vec![10, 15, 16], true),
             ]
         );
+    }
+
+    /// `Repeatedly(t)` fires whenever `t` would: repeating a trigger that
+    /// waits for the watermark still waits for it, so an element before
+    /// the end of its window owes its key no look, and does not pin the
+    /// stage's hold to the watermark already published.
+    #[test]
+    fn a_repeated_watermark_trigger_waits_for_the_watermark_as_its_part_does() {
+        let at_end = Trigger::AfterEndOfWindow {
+            early: None,
+            late: None,
+        };
+        for trigger in [
+            Trigger::Default,
+            Trigger::Repeat(Box::new(Trigger::Default)),
+            Trigger::Repeat(Box::new(at_end)),
+        ] {
+            let strategy = WindowingStrategy {
+                window_fn: WindowFn::Fixed {
+                    size: 10,
+                    offset: 0,
+                },
+                trigger: trigger.clone(),
+                ..WindowingStrategy::global_default()
+            };
+            let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint));
+            let mut g = GroupingBuffer::new(strategy, kv, Coder::IntervalWindow);
+            let mut out = Fired::default();
+            g.evaluate(5, 0, &mut out, usize::MAX).unwrap();
+            g.add(&element(b"a", 1, 7), 5, 0).unwrap();
+            assert!(!g.has_unevaluated(), "{trigger:?}");
+            assert_eq!(g.hold(), Some(9), "{trigger:?}");
+            g.evaluate(10, 0, &mut out, usize::MAX).unwrap();
+            assert_eq!(panes(out), vec![(b'a', vec![1], true)], "{trigger:?}");
+        }
     }
 
     #[test]

@@ -294,24 +294,13 @@ enum SpillKind {
 /// How a buffer with this strategy may spill, if at all: only if its
 /// trigger fires first at the end of the window.
 fn spill_kind(strategy: &crate::plan::WindowingStrategy) -> Option<SpillKind> {
-    if !first_fires_at_end(&strategy.trigger) {
+    if !strategy.trigger.first_fires_at_window_end() {
         return None;
     }
     match strategy.window_fn {
         WindowFn::Sessions { .. } => Some(SpillKind::ByKey),
         WindowFn::Custom { merging: true } => None,
         _ => Some(SpillKind::ByWindow),
-    }
-}
-
-/// Whether `trigger` fires first when the watermark passes the end of the
-/// window, so that a pane has no trigger state worth keeping before then.
-fn first_fires_at_end(trigger: &Trigger) -> bool {
-    match trigger {
-        Trigger::Default => true,
-        Trigger::AfterEndOfWindow { early, .. } => early.is_none(),
-        Trigger::Repeat(inner) => first_fires_at_end(inner),
-        _ => false,
     }
 }
 
