@@ -1,10 +1,13 @@
 //! Tests of the grouping buffer as the engine uses it, and the helpers
 //! the other grouping tests share.
 
-use super::*;
-use crate::coder::decode_windowed_values;
-use crate::plan::WindowFn;
-use crate::time::MAX_TIMESTAMP;
+use bytes::Bytes;
+
+use super::{Fired, GroupingBuffer};
+use crate::coder::{decode_windowed_values, Coder, DecodedElement, PaneInfo, WindowedValueHeader};
+use crate::plan::{WindowFn, WindowingStrategy};
+use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::window::Window;
 
 /// `KV<bytes, varint>`, what the buffer tests (here and in `spill`)
 /// group.
@@ -50,33 +53,6 @@ pub(super) fn out_coder() -> Coder {
         Box::new(Coder::Bytes),
         Box::new(Coder::Iterable(Box::new(Coder::Varint))),
     )
-}
-
-/// A GroupByKey over distinct keys writes a pane (with its window and
-/// trigger state) for every element and reads it back at the firing:
-/// its size is per-element memory traffic, so it must not creep up.
-#[test]
-fn a_pane_stays_small() {
-    assert!(std::mem::size_of::<crate::trigger::TriggerState>() <= 40);
-    assert!(std::mem::size_of::<Pane>() <= 104);
-    assert!(std::mem::size_of::<(key_table::Key, KeyPanes)>() <= 168);
-}
-
-/// A firing over every key expects a pane per key, as many as fit its
-/// byte limit at the keys' average size (their bookkeeping estimates
-/// taken off).
-#[test]
-fn a_firing_expects_what_fits_its_limit() {
-    let per_key = KEY_OVERHEAD + PANE_OVERHEAD + 18;
-    let per_element = 18 + FIRED_ELEMENT_FRAMING;
-    assert_eq!(expected_elements(1000, 1000 * per_key, 4 << 20), 1000);
-    assert_eq!(
-        expected_elements(1_000_000, 1_000_000 * per_key, 4 << 20),
-        (4 << 20) / per_element
-    );
-    assert_eq!(expected_elements(0, 0, 4 << 20), 0);
-    // Estimates above what is buffered: framing alone.
-    assert_eq!(expected_elements(10, 10, 170), 10);
 }
 
 #[test]

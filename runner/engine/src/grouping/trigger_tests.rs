@@ -1,9 +1,11 @@
 //! Triggers other than the default, through a grouping buffer.
 
-use super::*;
-use crate::grouping::tests::emitted;
-use crate::plan::WindowFn;
-use crate::time::MAX_TIMESTAMP;
+use super::tests::emitted;
+use super::{Fired, GroupingBuffer};
+use crate::coder::{Coder, DecodedElement};
+use crate::plan::{ClosingBehavior, Trigger, WindowFn, WindowingStrategy};
+use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::window::Window;
 
 /// A `KV<bytes, varint>` element in its 10 ms fixed window.
 fn element(key: &[u8], value: u8, ts: Timestamp) -> DecodedElement {

@@ -2,26 +2,12 @@
 //! in memory, and which strategies spill.
 
 use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder as kv};
-use super::*;
+use super::super::{Fired, GroupingBuffer};
 use crate::coder::Coder;
-use crate::plan::WindowingStrategy;
+use crate::plan::{Trigger, WindowFn, WindowingStrategy};
 use crate::spill::MemorySpillStore;
 use crate::time::MAX_TIMESTAMP;
-
-/// The spill bound counts memory by these estimates: they must not
-/// fall behind the real layout (a window and its pane; the rest of a
-/// key's table entry).
-#[test]
-fn the_overhead_estimates_cover_the_layout() {
-    let pane = std::mem::size_of::<(Window, Pane)>();
-    assert!(PANE_OVERHEAD >= pane, "a pane takes {pane} bytes");
-    let entry = std::mem::size_of::<(super::super::key_table::Key, KeyPanes)>();
-    let index_slot = std::mem::size_of::<usize>();
-    assert!(
-        KEY_OVERHEAD + PANE_OVERHEAD >= entry + index_slot,
-        "a key's entry takes {entry} bytes"
-    );
-}
+use crate::window::Window;
 
 /// (key, its values sorted) of every pane in `out`, sorted; each pane
 /// must be its window's only one (first and last).
