@@ -290,7 +290,9 @@ impl WindowFn {
     }
 }
 
-/// A trigger (`beam_runner_api.proto`'s `Trigger`).
+/// A trigger (`beam_runner_api.proto`'s `Trigger`). What can be told of
+/// one before it runs (when it may fire) is answered by its methods in
+/// [`crate::trigger`]; how it runs, by [`crate::trigger::TriggerState`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Trigger {
     /// Fire once when the watermark passes the end of the window, and for
@@ -336,30 +338,6 @@ pub enum Trigger {
     Repeat(Box<Trigger>),
 }
 
-impl Trigger {
-    /// Whether this trigger can fire a pane before the watermark passes the
-    /// end of its window. Only then may a reader see a window's data while
-    /// the window is still open (a streaming side input, for one): with any
-    /// other trigger the first pane comes when the window closes.
-    pub fn fires_before_window_end(&self) -> bool {
-        match self {
-            Trigger::Default | Trigger::Never => false,
-            Trigger::AfterEndOfWindow { early, .. } => early.is_some(),
-            Trigger::OrFinally { main, finally } => {
-                main.fires_before_window_end() || finally.fires_before_window_end()
-            }
-            Trigger::AfterAll(parts) | Trigger::AfterAny(parts) | Trigger::AfterEach(parts) => {
-                parts.iter().any(Trigger::fires_before_window_end)
-            }
-            Trigger::Repeat(inner) => inner.fires_before_window_end(),
-            Trigger::ElementCount(_)
-            | Trigger::AfterProcessingTime { .. }
-            | Trigger::AfterSynchronizedProcessingTime
-            | Trigger::Always => true,
-        }
-    }
-}
-
 /// Whether a later pane includes earlier panes' data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccumulationMode {
@@ -396,32 +374,4 @@ pub enum OnTimeBehavior {
     FireAlways,
     /// Only if non-empty.
     FireIfNonEmpty,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_triggers_with_early_panes_fire_before_the_window_ends() {
-        let after_count = Trigger::ElementCount(1);
-        assert!(!Trigger::Default.fires_before_window_end());
-        assert!(!Trigger::Never.fires_before_window_end());
-        assert!(!Trigger::AfterEndOfWindow {
-            early: None,
-            late: Some(Box::new(after_count.clone())),
-        }
-        .fires_before_window_end());
-        assert!(Trigger::AfterEndOfWindow {
-            early: Some(Box::new(after_count.clone())),
-            late: None,
-        }
-        .fires_before_window_end());
-        assert!(Trigger::Repeat(Box::new(Trigger::AfterProcessingTime {
-            delay_ms: 1000,
-            align: None
-        }))
-        .fires_before_window_end());
-        assert!(Trigger::AfterAny(vec![Trigger::Default, after_count]).fires_before_window_end());
-    }
 }

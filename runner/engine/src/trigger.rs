@@ -10,6 +10,14 @@
 //!
 //! The "context" a trigger sees is the window's end, the input watermark and
 //! processing time — everything else is the node's own state.
+//!
+//! What can be told of a trigger before it runs — whether it may fire
+//! before the end of the window, on processing time alone, or first at
+//! the end of the window — is answered here too, by methods on
+//! [`Trigger`], so that every stage that plans around a trigger (side
+//! inputs, a GroupByKey's evaluation and its spill) reads the same
+//! answers. They follow Beam's model: `Never` fires only the final pane
+//! when its window expires, and `Repeatedly(t)` fires whenever `t` would.
 
 use crate::plan::Trigger;
 use crate::time::Timestamp;
@@ -29,6 +37,86 @@ pub struct TriggerContext {
 impl TriggerContext {
     fn past_end_of_window(&self) -> bool {
         self.watermark > self.window_end
+    }
+}
+
+impl Trigger {
+    /// Whether this trigger can fire a pane before the watermark passes the
+    /// end of its window. Only then may a reader see a window's data while
+    /// the window is still open (a streaming side input, for one): with any
+    /// other trigger the first pane comes when the window closes. It is
+    /// also why a GroupByKey evaluates a key after an element arrives: if
+    /// not, an element before the end cannot make the trigger ready, and
+    /// the key waits for the watermark. (Composites answer for any part
+    /// that can: a safe over-estimate.)
+    pub fn fires_before_window_end(&self) -> bool {
+        match self {
+            // `Never` fires only the final pane, when its window expires.
+            Trigger::Default | Trigger::Never => false,
+            Trigger::AfterEndOfWindow { early, .. } => early.is_some(),
+            Trigger::OrFinally { main, finally } => {
+                main.fires_before_window_end() || finally.fires_before_window_end()
+            }
+            Trigger::AfterAll(parts) | Trigger::AfterAny(parts) | Trigger::AfterEach(parts) => {
+                parts.iter().any(Trigger::fires_before_window_end)
+            }
+            Trigger::Repeat(inner) => inner.fires_before_window_end(),
+            Trigger::ElementCount(_)
+            | Trigger::AfterProcessingTime { .. }
+            | Trigger::AfterSynchronizedProcessingTime
+            | Trigger::Always => true,
+        }
+    }
+
+    /// Whether this trigger can fire on processing time alone, with no
+    /// element arriving and the watermark standing still: a GroupByKey
+    /// with such a trigger has deadlines to wake up for, and looks at
+    /// every key whenever it evaluates.
+    pub(crate) fn fires_on_processing_time(&self) -> bool {
+        match self {
+            Trigger::AfterProcessingTime { .. } | Trigger::AfterSynchronizedProcessingTime => true,
+            Trigger::AfterEndOfWindow { early, late } => {
+                early
+                    .as_deref()
+                    .is_some_and(Trigger::fires_on_processing_time)
+                    || late
+                        .as_deref()
+                        .is_some_and(Trigger::fires_on_processing_time)
+            }
+            Trigger::AfterAll(parts) | Trigger::AfterAny(parts) | Trigger::AfterEach(parts) => {
+                parts.iter().any(Trigger::fires_on_processing_time)
+            }
+            Trigger::OrFinally { main, finally } => {
+                main.fires_on_processing_time() || finally.fires_on_processing_time()
+            }
+            Trigger::Repeat(inner) => inner.fires_on_processing_time(),
+            Trigger::Default | Trigger::ElementCount(_) | Trigger::Always | Trigger::Never => false,
+        }
+    }
+
+    /// Whether this trigger's first pane is the on-time one, fired when
+    /// the watermark passes the end of the window, and nothing before then
+    /// changes its state. A GroupByKey may spill a window's panes only
+    /// then: a pane read back is one that has not fired, with fresh
+    /// trigger state, and a window past its end has fired (or closed).
+    /// Not `Never`, whose only pane comes when the window expires, which
+    /// with allowed lateness is after its end; composites other than
+    /// `Repeatedly` answer no (their parts may keep state).
+    pub(crate) fn first_fires_at_window_end(&self) -> bool {
+        match self {
+            Trigger::Default => true,
+            Trigger::AfterEndOfWindow { early, .. } => early.is_none(),
+            Trigger::Repeat(inner) => inner.first_fires_at_window_end(),
+            Trigger::Never
+            | Trigger::ElementCount(_)
+            | Trigger::AfterProcessingTime { .. }
+            | Trigger::AfterSynchronizedProcessingTime
+            | Trigger::AfterAll(_)
+            | Trigger::AfterAny(_)
+            | Trigger::AfterEach(_)
+            | Trigger::Always
+            | Trigger::OrFinally { .. } => false,
+        }
     }
 }
 
@@ -401,6 +489,135 @@ impl TriggerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every predicate of [`Trigger`] over every kind of trigger, as Beam
+    /// models it: `Never` fires only when its window expires, and
+    /// `Repeatedly(t)` whenever `t` would.
+    #[test]
+    fn trigger_predicates_answer_for_every_kind_of_trigger() {
+        let count = || Box::new(Trigger::ElementCount(1));
+        let clock = || {
+            Box::new(Trigger::AfterProcessingTime {
+                delay_ms: 1000,
+                align: None,
+            })
+        };
+        let at_end = |early: Option<Box<Trigger>>, late: Option<Box<Trigger>>| {
+            Trigger::AfterEndOfWindow { early, late }
+        };
+        // (trigger, fires before the window's end, fires on processing
+        // time, first fires at the window's end)
+        let table: Vec<(Trigger, bool, bool, bool)> = vec![
+            (Trigger::Default, false, false, true),
+            (at_end(None, None), false, false, true),
+            (at_end(None, Some(count())), false, false, true),
+            (at_end(None, Some(clock())), false, true, true),
+            (at_end(Some(count()), None), true, false, false),
+            (at_end(Some(clock()), Some(count())), true, true, false),
+            (Trigger::ElementCount(1), true, false, false),
+            (*clock(), true, true, false),
+            (Trigger::AfterSynchronizedProcessingTime, true, true, false),
+            (
+                Trigger::AfterAll(vec![Trigger::Default]),
+                false,
+                false,
+                false,
+            ),
+            (
+                Trigger::AfterAny(vec![Trigger::Default, *count()]),
+                true,
+                false,
+                false,
+            ),
+            (
+                Trigger::AfterEach(vec![*count(), *clock()]),
+                true,
+                true,
+                false,
+            ),
+            (Trigger::Always, true, false, false),
+            (Trigger::Never, false, false, false),
+            (
+                Trigger::OrFinally {
+                    main: Box::new(Trigger::Default),
+                    finally: Box::new(Trigger::Never),
+                },
+                false,
+                false,
+                false,
+            ),
+            (
+                Trigger::OrFinally {
+                    main: count(),
+                    finally: clock(),
+                },
+                true,
+                true,
+                false,
+            ),
+            (
+                Trigger::Repeat(Box::new(Trigger::Default)),
+                false,
+                false,
+                true,
+            ),
+            (
+                Trigger::Repeat(Box::new(at_end(None, None))),
+                false,
+                false,
+                true,
+            ),
+            (Trigger::Repeat(count()), true, false, false),
+            (Trigger::Repeat(clock()), true, true, false),
+            (
+                Trigger::Repeat(Box::new(Trigger::Never)),
+                false,
+                false,
+                false,
+            ),
+        ];
+        let mut kinds = std::collections::BTreeSet::new();
+        for (trigger, before_end, processing_time, first_at_end) in &table {
+            kinds.insert(kind(trigger));
+            assert_eq!(
+                trigger.fires_before_window_end(),
+                *before_end,
+                "fires_before_window_end of {trigger:?}"
+            );
+            assert_eq!(
+                trigger.fires_on_processing_time(),
+                *processing_time,
+                "fires_on_processing_time of {trigger:?}"
+            );
+            assert_eq!(
+                trigger.first_fires_at_window_end(),
+                *first_at_end,
+                "first_fires_at_window_end of {trigger:?}"
+            );
+            // A trigger that first fires at the end cannot fire before it.
+            assert!(!(first_at_end & before_end), "{trigger:?}");
+        }
+        assert_eq!(kinds.len(), 12, "every kind of trigger is in the table");
+    }
+
+    /// The kind of `trigger`, by name; exhaustive, so a new kind of
+    /// trigger must be added to the table above.
+    fn kind(trigger: &Trigger) -> &'static str {
+        match trigger {
+            Trigger::Default => "Default",
+            Trigger::AfterEndOfWindow { .. } => "AfterEndOfWindow",
+            Trigger::ElementCount(_) => "ElementCount",
+            Trigger::AfterProcessingTime { .. } => "AfterProcessingTime",
+            Trigger::AfterSynchronizedProcessingTime => "AfterSynchronizedProcessingTime",
+            Trigger::AfterAll(_) => "AfterAll",
+            Trigger::AfterAny(_) => "AfterAny",
+            Trigger::AfterEach(_) => "AfterEach",
+            Trigger::Always => "Always",
+            Trigger::Never => "Never",
+            Trigger::OrFinally { .. } => "OrFinally",
+            Trigger::Repeat(_) => "Repeat",
+        }
+    }
 
     fn ctx(watermark: Timestamp, now: Timestamp) -> TriggerContext {
         TriggerContext {

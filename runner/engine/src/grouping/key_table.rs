@@ -354,11 +354,6 @@ impl<V> KeyTable<V> {
         (k.as_slice(), v)
     }
 
-    /// The key at position `at` (see [`KeyTable::entry_at`]).
-    pub(super) fn key_at(&self, at: u32) -> &[u8] {
-        self.entry_at(at).0
-    }
-
     /// Every key and its value, the table given up (without copying the
     /// keys out, as `into_iter` does).
     pub(super) fn into_entries(self) -> impl Iterator<Item = (Key, V)> {

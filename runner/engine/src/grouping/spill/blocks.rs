@@ -26,12 +26,13 @@ use std::collections::BinaryHeap;
 
 use bytes::Bytes;
 
-use super::{
-    corrupt, key_order, large, put_out_of_line_pane, put_spilled_pane, read_spilled_pane, take,
-    RunWriter, SpilledPane, PANE_HEADER,
+use super::encoding::{
+    corrupt, key_order, put_out_of_line_pane, put_spilled_pane, read_spilled_pane, take,
+    SpilledPane, PANE_HEADER,
 };
+use super::{large, RunWriter};
 use crate::coder::Coder;
-use crate::grouping::Pane;
+use crate::grouping::pane::Pane;
 use crate::spill::Entries;
 use crate::spill::{PagedRange, SpillError, SpillStore};
 use crate::time::Timestamp;
@@ -89,9 +90,9 @@ impl BlockWriter {
         let len = u32::try_from(key.len())
             .map_err(|_| SpillError(format!("a key of {} bytes is too large", key.len())))?;
         let elsewhere = match &self.out_of_line {
-            Some((space, coder)) if pane.values.len() >= large::OUT_OF_LINE_BYTES => {
+            Some((space, coder)) if pane.values().len() >= large::OUT_OF_LINE_BYTES => {
                 let space = large::key_space(space, key)?;
-                let values = &pane.values;
+                let values = pane.values();
                 large::write_part(
                     &space,
                     self.run,
@@ -144,7 +145,9 @@ impl BlockWriter {
 /// One key's part of a pane, read from a block.
 #[derive(Debug, Clone)]
 pub(super) struct Record {
+    /// The key.
     pub(super) key: Bytes,
+    /// What this block holds of the key's pane.
     pub(super) part: SpilledPane,
 }
 

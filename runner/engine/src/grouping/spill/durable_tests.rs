@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder};
 use super::*;
 use crate::coder::Coder;
-use crate::grouping::GroupingSnapshot;
+use crate::grouping::{GroupingBuffer, GroupingSnapshot};
 use crate::plan::WindowingStrategy;
 use crate::spill::MemorySpillStore;
 use crate::time::MAX_TIMESTAMP;

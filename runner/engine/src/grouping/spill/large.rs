@@ -38,7 +38,8 @@
 
 use bytes::Bytes;
 
-use super::{put_len, RunWriter};
+use super::encoding::put_len;
+use super::RunWriter;
 use crate::coder::Coder;
 use crate::spill::{prefix_end, SpillError, SpillStore};
 

@@ -209,7 +209,7 @@ fn without_hand_outs_a_large_key_written_out_of_line_comes_back_whole() {
         .panes
         .iter()
         .find(|(key, _)| &key[..] == b"\x03hot")
-        .map(|(_, windows)| windows[0].1.count);
+        .map(|(_, windows)| windows[0].1.count());
     assert_eq!(hot, Some(HOT));
     let got = drain(&mut g);
     let hot: Vec<_> = got

@@ -248,10 +248,7 @@ fn a_window_closing_with_fired_and_spilled_panes_emits_each_once() {
 }
 
 fn spilled_runs(g: &GroupingBuffer) -> u32 {
-    match &g.spill {
-        Some(super::SpillSpace::ByWindow(s)) => s.runs,
-        _ => 0,
-    }
+    g.spilled_runs()
 }
 
 /// Panes that may not spill (a window open for late data, many keys) are

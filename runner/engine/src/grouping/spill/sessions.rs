@@ -3,7 +3,7 @@
 //! A session window is not known until every element of its key is: two
 //! elements far apart make two windows until a third between them merges
 //! them into one. So a spilled session cannot be filed under its window, as
-//! the other spilled buffers file theirs (the parent module); the pieces
+//! the other spilled buffers file theirs (`windows`); the pieces
 //! are filed under their *key*, and merged only when they are read back.
 //!
 //! What is written, under the buffer's prefix: for each *generation* (four
@@ -57,17 +57,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{
-    corrupt, drop_prefix, next_number, put_len, put_spilled_pane, read_spilled_pane, run_key,
-    run_key_user_key, take, RunWriter, SpillSpace, SpilledPane,
+use super::encoding::{
+    corrupt, put_len, put_spilled_pane, read_spilled_pane, run_key, run_key_user_key, take,
+    SpilledPane,
 };
+use super::{drop_prefix, next_number, BufferSide, InMemory, RunWriter, Spillable};
 use crate::coder::Coder;
-use crate::grouping::key_table::KeyTable;
-use crate::grouping::{
-    insert_pane, merge_intervals, pane_hold, wake, Evaluation, Fired, Firing, GroupingBuffer,
-    GroupingError, KeyPanes, Pane, KEY_OVERHEAD, PANE_OVERHEAD,
-};
+use crate::grouping::fired::Fired;
+use crate::grouping::firing::Evaluation;
+use crate::grouping::merging::merge_intervals;
+use crate::grouping::pane::{insert_pane, KeyPanes, Pane};
+use crate::grouping::GroupingError;
 use crate::holds::Holds;
+use crate::plan::WindowingStrategy;
 use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
@@ -79,10 +81,10 @@ pub(in crate::grouping) struct SessionSpill {
     /// Every key of this buffer starts with it.
     prefix: Vec<u8>,
     /// Bytes the buffer may hold in memory before it spills.
-    pub(in crate::grouping) limit: usize,
+    limit: usize,
     /// Bytes the last spill left in memory (keys kept whole): the next
     /// spill waits until the limit is exceeded past them.
-    pub(in crate::grouping) pinned: usize,
+    pub(super) pinned: usize,
     /// The generation runs are written to now.
     generation: u32,
     /// Runs written to it so far (the next run's number).
@@ -95,7 +97,7 @@ pub(in crate::grouping) struct SessionSpill {
     /// Their output-time holds.
     holds: Holds,
     /// Bytes written to the store so far.
-    pub(in crate::grouping) spilled_bytes: u64,
+    pub(super) spilled_bytes: u64,
     /// The generation being read back and emitted, if any.
     pass: Option<Pass>,
 }
@@ -120,11 +122,7 @@ struct Pass {
 
 impl SessionSpill {
     /// Spill space under `prefix`, used once the buffer holds `limit` bytes.
-    pub(in crate::grouping) fn new(
-        store: Arc<dyn SpillStore>,
-        prefix: Vec<u8>,
-        limit: usize,
-    ) -> Self {
+    pub(super) fn new(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
         SessionSpill {
             store,
             prefix,
@@ -142,17 +140,17 @@ impl SessionSpill {
 
     /// Whether some of the buffer's data is in the store (written, or
     /// being read back).
-    pub(in crate::grouping) fn holds_data(&self) -> bool {
+    pub(super) fn holds_data(&self) -> bool {
         self.pieces > 0 || self.pass.is_some()
     }
 
     /// Whether a pass is reading a generation back.
-    pub(in crate::grouping) fn in_pass(&self) -> bool {
+    pub(super) fn in_pass(&self) -> bool {
         self.pass.is_some()
     }
 
     /// The earliest output-time hold of what is in the store.
-    pub(in crate::grouping) fn hold(&self) -> Option<Timestamp> {
+    pub(super) fn hold(&self) -> Option<Timestamp> {
         earliest(self.holds.min(), self.pass.as_ref().and_then(|p| p.hold))
     }
 
@@ -165,7 +163,7 @@ impl SessionSpill {
 
     /// Forgets everything written (after a restore, which brought it back
     /// into memory).
-    pub(in crate::grouping) fn clear(&mut self) -> Result<(), SpillError> {
+    pub(super) fn clear(&mut self) -> Result<(), SpillError> {
         delete_prefix(self.store.as_ref(), &self.prefix)?;
         self.runs = 0;
         self.pieces = 0;
@@ -253,7 +251,7 @@ impl Pass {
 /// Whether a key's windows stay in memory, whole, until the one that
 /// fired closes (see the module docs).
 fn kept_whole(windows: &KeyPanes) -> bool {
-    windows.iter().any(|(_, pane)| pane.fired > 0)
+    windows.iter().any(|(_, pane)| pane.has_fired())
 }
 
 /// Appends a spilled piece's stored form.
@@ -297,188 +295,155 @@ fn decode_entry(
     Ok((Bytes::copy_from_slice(user_key), pieces))
 }
 
-impl GroupingBuffer {
-    /// The sessions spill space, if this buffer has one.
-    fn sessions(&self) -> Option<&SessionSpill> {
-        match &self.spill {
-            Some(SpillSpace::ByKey(s)) => Some(s.as_ref()),
-            _ => None,
+impl SessionSpill {
+    /// Spills the buffer's memory if it holds more than the limit past
+    /// what the last spill had to leave there.
+    pub(super) fn maybe_spill(
+        &mut self,
+        buffer: &mut BufferSide<'_, impl Spillable>,
+    ) -> Result<(), GroupingError> {
+        if buffer.memory.bytes() > self.limit + self.pinned {
+            self.spill(buffer)?;
         }
-    }
-
-    /// Writes every buffered key's windows to the current generation as one
-    /// run, except keys kept whole ([`kept_whole`]), which stay in memory.
-    pub(super) fn spill_sessions(&mut self) -> Result<(), GroupingError> {
-        let GroupingBuffer {
-            strategy,
-            window_coder,
-            panes,
-            holds,
-            spill,
-            memory_bytes,
-            ..
-        } = self;
-        let Some(SpillSpace::ByKey(spill)) = spill.as_mut() else {
-            return Ok(());
-        };
-        if panes.is_empty() {
-            return Ok(());
-        }
-        let run = next_number(&mut spill.runs, "runs")?;
-        let start = spill.generation_start(spill.generation);
-        let mut writer = RunWriter::default();
-        let mut encoded_window = Vec::new();
-        let mut keys = 0usize;
-        // The table is given up (it keeps the room it grew to) and the keys
-        // kept whole go to a new one.
-        let mut kept = KeyTable::<KeyPanes>::default();
-        let mut kept_bytes = 0usize;
-        for (key, windows) in std::mem::take(panes).into_entries() {
-            if kept_whole(&windows) {
-                kept_bytes += key.len()
-                    + KEY_OVERHEAD
-                    + windows
-                        .iter()
-                        .map(|(_, p)| p.values.len() + PANE_OVERHEAD)
-                        .sum::<usize>();
-                *kept.get_or_default(&key) = windows;
-                continue;
-            }
-            let mut v = Vec::new();
-            for (window, pane) in &windows {
-                if pane.count == 0 {
-                    continue;
-                }
-                if let Some(h) = pane_hold(strategy, window, pane) {
-                    holds.remove(h);
-                    spill.holds.add(h);
-                }
-                let end = window.max_timestamp();
-                spill.earliest_end = spill.earliest_end.min(end);
-                spill.pieces += 1;
-                encoded_window.clear();
-                window_coder.encode_window(window, &mut encoded_window)?;
-                put_piece(&mut v, &encoded_window, pane, end)?;
-            }
-            if v.is_empty() {
-                continue;
-            }
-            keys += 1;
-            let k = run_key(&start, &key, run)?;
-            writer.push(spill.store.as_ref(), (k, v), &mut spill.spilled_bytes)?;
-        }
-        writer.flush(spill.store.as_ref(), &mut spill.spilled_bytes)?;
-        tracing::debug!(
-            generation = spill.generation,
-            run,
-            keys,
-            bytes = *memory_bytes,
-            kept_bytes,
-            spilled_total = spill.spilled_bytes,
-            "GroupByKey sessions spilled"
-        );
-        // Keys that got data since the last evaluation stay in `touched`
-        // even when they went to the store: late data there makes a pass
-        // due.
-        *panes = kept;
-        *memory_bytes = kept_bytes;
-        spill.pinned = kept_bytes;
         Ok(())
     }
 
-    /// [`GroupingBuffer::evaluate`] for a sessions buffer with data in the
-    /// store: only keys kept whole fire from memory (any other key's
+    /// Writes every key in the buffer's memory to the current generation
+    /// as one run, except keys kept whole ([`kept_whole`]), which stay in
+    /// memory.
+    fn spill(&mut self, buffer: &mut BufferSide<'_, impl Spillable>) -> Result<(), GroupingError> {
+        let (strategy, window_coder) = (buffer.firing.strategy, buffer.firing.window_coder);
+        let memory = &mut *buffer.memory;
+        if memory.entries().next().is_none() {
+            return Ok(());
+        }
+        let run = next_number(&mut self.runs, "runs")?;
+        let start = self.generation_start(self.generation);
+        let mut writer = RunWriter::default();
+        let mut encoded_window = Vec::new();
+        let mut keys = 0usize;
+        let bytes = memory.bytes();
+        let kept_bytes = memory.hand_over_keys(
+            strategy,
+            kept_whole,
+            |key, windows| -> Result<(), GroupingError> {
+                let mut v = Vec::new();
+                for (window, pane) in windows {
+                    if pane.count() == 0 {
+                        continue;
+                    }
+                    if let Some(h) = pane.hold(strategy, window) {
+                        self.holds.add(h);
+                    }
+                    let end = window.max_timestamp();
+                    self.earliest_end = self.earliest_end.min(end);
+                    self.pieces += 1;
+                    encoded_window.clear();
+                    window_coder.encode_window(window, &mut encoded_window)?;
+                    put_piece(&mut v, &encoded_window, pane, end)?;
+                }
+                if v.is_empty() {
+                    return Ok(());
+                }
+                keys += 1;
+                let k = run_key(&start, key, run)?;
+                writer.push(self.store.as_ref(), (k, v), &mut self.spilled_bytes)?;
+                Ok(())
+            },
+        )?;
+        writer.flush(self.store.as_ref(), &mut self.spilled_bytes)?;
+        tracing::debug!(
+            generation = self.generation,
+            run,
+            keys,
+            bytes,
+            kept_bytes,
+            spilled_total = self.spilled_bytes,
+            "GroupByKey sessions spilled"
+        );
+        // Keys that got data since the last evaluation stay owed a look
+        // even when they went to the store: late data there makes a pass
+        // due.
+        self.pinned = kept_bytes;
+        Ok(())
+    }
+
+    /// Before an evaluation at `input_watermark` of a buffer with data in
+    /// the store: only keys kept whole fire from memory (any other key's
     /// windows may merge with its pieces in the store), and a pass starts
     /// once the watermark passes the end of some window, or late data
-    /// arrived for a key that is not whole. `None` when nothing is spilled
-    /// (the buffer evaluates as usual).
-    pub(in crate::grouping) fn evaluate_spilled_sessions(
+    /// arrived for a key that is not whole. Every key, when nothing is
+    /// spilled (the buffer evaluates as usual); none while a pass runs.
+    pub(super) fn prepare_evaluation(
         &mut self,
+        buffer: &mut BufferSide<'_, impl Spillable>,
         input_watermark: Timestamp,
-        now: Timestamp,
-        out: &mut Fired,
-        max_bytes: usize,
-    ) -> Result<Option<usize>, GroupingError> {
-        let Some(spill) = self.sessions() else {
-            return Ok(None);
-        };
-        if !spill.holds_data() {
-            return Ok(None);
+    ) -> Result<InMemory, GroupingError> {
+        if !self.holds_data() {
+            return Ok(InMemory::All);
         }
-        if spill.in_pass() {
+        if self.in_pass() {
             // The pass decides at its own watermark; what else is owed a
             // look waits for its end, which looks at every key.
-            self.publish(input_watermark);
-            return Ok(Some(0));
+            return Ok(InMemory::None);
         }
-        let late_data = self
-            .touched
-            .iter()
-            .any(|key| !self.panes.get(key).is_some_and(kept_whole));
-        let due = late_data || input_watermark > spill.earliest_end.min(self.next_wake);
+        let late_data = buffer.memory.touched_beyond(kept_whole);
+        let due = late_data || input_watermark > self.earliest_end.min(buffer.memory.next_wake());
         if due {
-            self.spill_sessions()?;
-            self.next_wake = MAX_TIMESTAMP;
-            // What stayed in memory is looked at below, all of it.
-            self.rescan = true;
-            if let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() {
-                let generation = next_number(&mut spill.generation, "generations")?;
-                let start = spill.generation_start(generation);
-                spill.pass = Some(Pass {
-                    watermark: input_watermark,
-                    hold: spill.holds.min(),
-                    range: PagedRange::prefixed(&start),
-                    start,
-                    page: VecDeque::new(),
-                });
-                spill.runs = 0;
-                spill.pieces = 0;
-                spill.earliest_end = MAX_TIMESTAMP;
-                spill.holds = Holds::default();
-            }
+            self.spill(buffer)?;
+            // What stayed in memory is looked at now, all of it.
+            buffer.memory.owe_every_key();
+            let generation = next_number(&mut self.generation, "generations")?;
+            let start = self.generation_start(generation);
+            self.pass = Some(Pass {
+                watermark: input_watermark,
+                hold: self.holds.min(),
+                range: PagedRange::prefixed(&start),
+                start,
+                page: VecDeque::new(),
+            });
+            self.runs = 0;
+            self.pieces = 0;
+            self.earliest_end = MAX_TIMESTAMP;
+            self.holds = Holds::default();
         }
         // The keys kept whole fire from memory (the walk still counts every
         // key's wake point).
-        let emitted = self.evaluate_keys(input_watermark, now, out, max_bytes, kept_whole)?;
-        self.publish(input_watermark);
-        Ok(Some(emitted))
+        Ok(InMemory::Only(kept_whole))
     }
 
-    /// [`GroupingBuffer::drain_spilled`] for a sessions buffer: the next
-    /// keys of the pass, until `out` holds about `max_bytes`.
-    pub(in crate::grouping) fn drain_sessions(
+    /// The next keys of the pass, emitted as the buffer's panes fire
+    /// until `out` holds about `max_bytes`; what stays open goes back into
+    /// the buffer's memory.
+    pub(super) fn drain(
         &mut self,
-        input_watermark: Timestamp,
+        buffer: &mut BufferSide<'_, impl Spillable>,
         now: Timestamp,
         out: &mut Fired,
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         let mut emitted = 0;
         while out.bytes.len() < max_bytes {
-            let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() else {
-                break;
-            };
-            let store = spill.store.clone();
-            let Some(pass) = spill.pass.as_mut() else {
+            let store = self.store.clone();
+            let Some(pass) = self.pass.as_mut() else {
                 break;
             };
             let watermark = pass.watermark;
-            match pass.next_key(store.as_ref(), &self.window_coder)? {
+            match pass.next_key(store.as_ref(), buffer.firing.window_coder)? {
                 Some((key, pieces)) => {
-                    emitted += self.settle_key(&key, pieces, watermark, now, out)?;
-                    self.maybe_spill(watermark)?;
+                    emitted += self.settle_key(buffer, &key, pieces, watermark, now, out)?;
+                    self.maybe_spill(buffer)?;
                 }
                 None => {
                     delete_prefix(store.as_ref(), &pass.start)?;
-                    spill.pass = None;
+                    self.pass = None;
                     // Windows put back may be due at the watermark as it is
                     // now: the next evaluation looks.
-                    self.rescan = true;
+                    buffer.memory.owe_every_key();
                     break;
                 }
             }
         }
-        self.publish(input_watermark);
         Ok(emitted)
     }
 
@@ -490,13 +455,14 @@ impl GroupingBuffer {
     /// being written come back too.
     fn settle_key(
         &mut self,
+        buffer: &mut BufferSide<'_, impl Spillable>,
         key: &[u8],
         pieces: Vec<(Window, SpilledPane)>,
         watermark: Timestamp,
         now: Timestamp,
         out: &mut Fired,
     ) -> Result<usize, GroupingError> {
-        let strategy = &self.strategy;
+        let strategy = buffer.firing.strategy;
         // Holds, bytes and wake points of the pieces were the pass's; these
         // are scratch.
         let mut scratch_holds = Holds::default();
@@ -504,17 +470,12 @@ impl GroupingBuffer {
         let mut scratch_bytes = 0usize;
         let mut windows = KeyPanes::new();
         for (window, piece) in pieces {
-            let pane = Pane::of_spilled(&strategy.trigger, piece);
+            let pane = piece.into_pane(&strategy.trigger);
             insert_pane(&mut windows, window, pane, strategy, &mut scratch_holds);
         }
         merge_intervals(&mut windows, strategy, &mut scratch_holds);
-        let firing = Firing {
-            strategy,
-            window_coder: &self.window_coder,
-            output_watermark: self.output_watermark,
-        };
         let mut evaluation = Evaluation::new(
-            firing,
+            buffer.firing,
             watermark,
             now,
             &mut scratch_holds,
@@ -522,57 +483,37 @@ impl GroupingBuffer {
             &mut scratch_bytes,
         );
         evaluation.key(key, &mut windows, out);
-        if let Some(e) = evaluation.error {
-            return Err(e.into());
-        }
-        let emitted = evaluation.emitted;
+        let emitted = evaluation.finish()?;
         if windows.is_empty() {
             return Ok(emitted);
         }
         let whole = kept_whole(&windows);
-        self.put_back(key, windows, watermark);
+        buffer
+            .memory
+            .take_back_key(strategy, key, windows, watermark);
         if whole {
-            self.take_back_written(key, watermark)?;
+            self.take_back_written(buffer, key, watermark)?;
         }
         Ok(emitted)
     }
 
-    /// Puts `windows` of `key` into memory, merged with what it has there.
-    fn put_back(&mut self, key: &[u8], windows: KeyPanes, watermark: Timestamp) {
-        let GroupingBuffer {
-            strategy,
-            panes,
-            holds,
-            next_wake,
-            memory_bytes,
-            ..
-        } = self;
-        let (kept, new_key) = panes.get_or_insert_with(key, KeyPanes::new);
-        if new_key {
-            *memory_bytes += key.len() + KEY_OVERHEAD;
-        }
-        for (window, pane) in windows {
-            *memory_bytes += pane.values.len() + PANE_OVERHEAD;
-            *next_wake = (*next_wake).min(wake(&window, watermark, strategy.allowed_lateness));
-            insert_pane(kept, window, pane, strategy, holds);
-        }
-        merge_intervals(kept, strategy, holds);
-    }
-
     /// Brings `key`'s pieces in the generation being written back into
     /// memory (and out of the store), so that the key is whole there.
-    fn take_back_written(&mut self, key: &[u8], watermark: Timestamp) -> Result<(), GroupingError> {
-        let Some(SpillSpace::ByKey(spill)) = self.spill.as_mut() else {
-            return Ok(());
-        };
-        if spill.pieces == 0 {
+    fn take_back_written(
+        &mut self,
+        buffer: &mut BufferSide<'_, impl Spillable>,
+        key: &[u8],
+        watermark: Timestamp,
+    ) -> Result<(), GroupingError> {
+        let (strategy, window_coder) = (buffer.firing.strategy, buffer.firing.window_coder);
+        if self.pieces == 0 {
             return Ok(());
         }
-        let start = spill.generation_start(spill.generation);
+        let start = self.generation_start(self.generation);
         let mut prefix = start.clone();
         put_len(&mut prefix, key.len())?;
         prefix.extend_from_slice(key);
-        let store = spill.store.clone();
+        let store = self.store.clone();
         let entries = PagedRange::prefixed(&prefix).rest(store.as_ref())?;
         if entries.is_empty() {
             return Ok(());
@@ -581,39 +522,39 @@ impl GroupingBuffer {
         let mut windows = KeyPanes::new();
         let mut scratch = Holds::default();
         for (k, v) in entries {
-            let (_, pieces) = decode_entry(&start, &k, v, &self.window_coder)?;
+            let (_, pieces) = decode_entry(&start, &k, v, window_coder)?;
             for (window, piece) in pieces {
-                let pane = Pane::of_spilled(&self.strategy.trigger, piece);
+                let pane = piece.into_pane(&strategy.trigger);
                 // The hold it added when it was written, computed again.
-                if let Some(h) = pane_hold(&self.strategy, &window, &pane) {
-                    spill.holds.remove(h);
+                if let Some(h) = pane.hold(strategy, &window) {
+                    self.holds.remove(h);
                 }
-                spill.pieces = spill.pieces.saturating_sub(1);
-                insert_pane(&mut windows, window, pane, &self.strategy, &mut scratch);
+                self.pieces = self.pieces.saturating_sub(1);
+                insert_pane(&mut windows, window, pane, strategy, &mut scratch);
             }
         }
-        self.put_back(key, windows, watermark);
+        buffer
+            .memory
+            .take_back_key(strategy, key, windows, watermark);
         Ok(())
     }
 
     /// For a checkpoint: every spilled piece read back, merged into `panes`
     /// as memory would have merged it.
-    pub(in crate::grouping) fn with_spilled_sessions(
+    pub(super) fn read_back_into(
         &self,
         panes: &mut std::collections::BTreeMap<Bytes, KeyPanes>,
+        strategy: &WindowingStrategy,
+        window_coder: &Coder,
     ) -> Result<(), SpillError> {
-        let Some(spill) = self.sessions() else {
-            return Ok(());
-        };
-        let trigger = &self.strategy.trigger;
         let mut scratch = Holds::default();
-        for (key, window, piece) in spill.read_back(&self.window_coder)? {
-            let pane = Pane::of_spilled(trigger, piece);
+        for (key, window, piece) in self.read_back(window_coder)? {
+            let pane = piece.into_pane(&strategy.trigger);
             let windows = panes.entry(key).or_default();
-            insert_pane(windows, window, pane, &self.strategy, &mut scratch);
+            insert_pane(windows, window, pane, strategy, &mut scratch);
         }
         for windows in panes.values_mut() {
-            merge_intervals(windows, &self.strategy, &mut scratch);
+            merge_intervals(windows, strategy, &mut scratch);
         }
         Ok(())
     }

@@ -126,7 +126,7 @@ impl Driver {
 
     /// One step's worth of emitting, `f` being evaluate or drain.
     fn emit(&mut self, f: impl FnOnce(&mut GroupingBuffer, &mut Fired)) {
-        let published = self.g.output_watermark;
+        let published = self.g.output_watermark();
         let mut out = Fired::default();
         f(&mut self.g, &mut out);
         // Late data stays late: its pane is stamped at the end of its

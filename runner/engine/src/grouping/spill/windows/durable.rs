@@ -9,7 +9,7 @@
 //! wrote to it and the holds of its panes, and the buffer's next run
 //! number says which runs came after the checkpoint.
 //!
-//! Windows (filed by window, [`super::Spill`]) get a fresh prefix each
+//! Windows (filed by window, [`super::WindowSpill`]) get a fresh prefix each
 //! time they spill anew — the window, then a number never reused — so a
 //! window emitted before a checkpoint (whose data the checkpoint does not
 //! name) and one spilled after never share keys. A restore therefore
@@ -28,8 +28,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Spill, SpillKind, SpillSpace, SpilledWindow};
-use crate::grouping::{GroupingBuffer, GroupingSnapshot};
+use super::{SpilledWindow, WindowSpill};
 use crate::holds::Holds;
 use crate::spill::{prefix_end, SpillError, SpillStore};
 use crate::time::Timestamp;
@@ -62,7 +61,7 @@ impl SpilledWindows {
     }
 }
 
-impl Spill {
+impl WindowSpill {
     /// Whether a checkpoint taken now can name what is on disk: the store
     /// is durable, no window is being emitted, and no key handed out may
     /// still be read.
@@ -144,78 +143,47 @@ impl Spill {
     }
 }
 
-impl GroupingBuffer {
-    /// [`Self::enable_spill`] to `store`, a durable store beside the
-    /// checkpoints, which then name the spilled windows (see the module
-    /// docs); only a buffer filed by window may. Whether it does.
-    pub fn enable_durable_spill(
-        &mut self,
-        store: std::sync::Arc<dyn SpillStore>,
-        prefix: Vec<u8>,
-        limit: usize,
-    ) -> bool {
-        if super::spill_kind(&self.strategy) != Some(SpillKind::ByWindow)
-            || !self.enable_spill(store, prefix, limit)
-        {
-            return false;
-        }
-        if let Some(SpillSpace::ByWindow(spill)) = &mut self.spill {
-            spill.owed = Some(Box::default());
-        }
-        true
+impl WindowSpill {
+    /// Makes this spill one on a durable store beside the checkpoints,
+    /// which then name its windows (see the module docs).
+    pub(in crate::grouping::spill) fn make_durable(&mut self) {
+        self.owed = Some(Box::default());
     }
 
-    /// Whether some of the buffer is on disk where a checkpoint taken now
-    /// would have to copy it back (what periodic checkpoints wait for).
-    pub fn holds_scratch_spill(&self) -> bool {
-        match &self.spill {
-            // (Keys handed out are `has_live_hand_outs`.)
-            Some(SpillSpace::ByWindow(spill)) => !spill.can_name() && !spill.windows.is_empty(),
-            Some(SpillSpace::ByKey(spill)) => spill.holds_data(),
-            None => false,
-        }
+    /// Whether some of it is on disk where a checkpoint taken now would
+    /// have to copy it back (what periodic checkpoints wait for). (Keys
+    /// handed out are `has_live_hand_outs`.)
+    pub(in crate::grouping::spill) fn holds_scratch_spill(&self) -> bool {
+        !self.can_name() && !self.windows.is_empty()
     }
 
-    /// What a checkpoint keeps of this buffer: with `named` (a periodic
-    /// checkpoint) and a spill that can be named, the panes in memory and
-    /// the spilled windows by name; else everything, spilled panes read
-    /// back.
-    pub(crate) fn checkpoint(
-        &self,
-        named: bool,
-    ) -> Result<(GroupingSnapshot, Option<SpilledWindows>), SpillError> {
-        match &self.spill {
-            Some(SpillSpace::ByWindow(spill)) if named && spill.can_name() => {
-                Ok((self.memory_snapshot(), Some(spill.named())))
-            }
-            _ => Ok((self.snapshot()?, None)),
-        }
+    /// What a checkpoint taken now names of it, if it can name it.
+    pub(in crate::grouping::spill) fn named_if_possible(&self) -> Option<SpilledWindows> {
+        self.can_name().then(|| self.named())
     }
 
     /// Periodic checkpoint `number` was taken: windows gone before it are
     /// deleted once it is durable.
-    pub(crate) fn checkpoint_taken(&mut self, number: u64) {
-        if let Some(SpillSpace::ByWindow(spill)) = &mut self.spill {
-            if let Some(owed) = &mut spill.owed {
-                owed.checkpoint_taken(number);
-            }
+    pub(in crate::grouping::spill) fn checkpoint_taken(&mut self, number: u64) {
+        if let Some(owed) = &mut self.owed {
+            owed.checkpoint_taken(number);
         }
     }
 
     /// Checkpoints up to `number` are durable: windows gone before them
     /// are named by none a restore would read. A failed delete is owed
     /// again.
-    pub(crate) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
-        let Some(SpillSpace::ByWindow(spill)) = &mut self.spill else {
-            return Ok(());
-        };
-        let Some(owed) = &mut spill.owed else {
+    pub(in crate::grouping::spill) fn checkpoint_durable(
+        &mut self,
+        number: u64,
+    ) -> Result<(), SpillError> {
+        let Some(owed) = &mut self.owed else {
             return Ok(());
         };
         let mut due = owed.due(number).into_iter();
         while let Some(space) = due.next() {
-            if let Err(error) = crate::spill::delete_prefix(spill.store.as_ref(), &space) {
-                if let Some(owed) = &mut spill.owed {
+            if let Err(error) = crate::spill::delete_prefix(self.store.as_ref(), &space) {
+                if let Some(owed) = &mut self.owed {
                     owed.owe(std::iter::once(space).chain(due));
                 }
                 return Err(error);
