@@ -4,6 +4,8 @@
 //! resume; a streaming job whose workers do not start tries again with
 //! growing waits instead of failing; a cancelled job leaves no record.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::time::Duration;

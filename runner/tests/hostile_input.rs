@@ -3,6 +3,8 @@
 //! limits, prepared and run), and the server serves on. A stack overflow
 //! in any of them aborts this test binary.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! The bundle protocol against a fake SDK over real gRPC.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod fake_sdk;
 
 use std::sync::Arc;

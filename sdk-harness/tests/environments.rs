@@ -1,5 +1,7 @@
 //! Worker start-up per environment, and its failures.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod fake_sdk;
 
 use std::os::unix::fs::PermissionsExt;

@@ -3,6 +3,8 @@
 //! hand-built bundle descriptor: two data sources → Flatten → ToString → sink.
 //! Skipped, with a message, where `import apache_beam` fails.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod fake_sdk;
 
 use std::collections::HashMap;

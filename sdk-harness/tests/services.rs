@@ -1,5 +1,7 @@
 //! Logging, provisioning, artifact retrieval and header routing, over real gRPC.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod fake_sdk;
 
 use std::io::Write;

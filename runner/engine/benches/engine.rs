@@ -19,6 +19,9 @@
 //!
 //! See docs/benchmarks.md.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+#![allow(missing_docs)] // criterion_group! makes an undocumented pub fn
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -9,6 +9,8 @@
 //! slot was seen waiting while the other ran, and every element arrives.
 //! Without slots (the control), the same plan does run bundles at once.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

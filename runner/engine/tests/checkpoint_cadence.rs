@@ -6,6 +6,8 @@
 //! previous one is taken as soon as that write ends — not an interval
 //! later, and not queued behind it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::sync::Arc;

@@ -12,6 +12,8 @@
 //! value. Runs a checkpoint names must still be there when it is restored,
 //! and runs written after it must not join the restored window.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::sync::Arc;

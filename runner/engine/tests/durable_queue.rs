@@ -12,6 +12,8 @@
 //! only once a later checkpoint is durable), and segments written after it
 //! must not join the restored queue.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::sync::Arc;

@@ -13,6 +13,8 @@
 //! once a later checkpoint is durable), and parts written after it must
 //! not join the restored bags.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::sync::Arc;

@@ -3,6 +3,8 @@
 //! holding the bundle's commit is written — never before, or a crash would
 //! redo work whose input was already acknowledged away.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

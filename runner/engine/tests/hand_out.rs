@@ -10,6 +10,8 @@
 //! checkpoints had been sent when it read the hot key; no checkpoint may
 //! hold the token (a restore could not read it).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

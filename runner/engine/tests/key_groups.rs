@@ -10,6 +10,8 @@
 //! key's bag holds exactly its number of elements (two bundles of one key
 //! at once would each have read the other's writes as missing).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

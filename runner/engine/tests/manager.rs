@@ -2,6 +2,8 @@
 //! scheduling, watermarks, grouping, side inputs, timers and bundle
 //! transactions are checked on their own, under several bundle shapes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

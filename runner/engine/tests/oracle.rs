@@ -81,6 +81,8 @@
 //! against bounds (`[earliest value, end of window]`); `AfterWatermark()`
 //! without late firings is left out; allowed lateness stays under a day.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 #[path = "common/mod.rs"]
 mod common;
 #[path = "oracle/model.rs"]

@@ -11,6 +11,8 @@
 //! output is ~30 times larger. And with the source's output handed over
 //! through the spill store, in parts cut inside elements.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

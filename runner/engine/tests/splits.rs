@@ -16,6 +16,8 @@
 //! stage with timers: every element's timer, set by whichever bundle ran
 //! it, fires exactly once.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

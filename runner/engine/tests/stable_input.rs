@@ -8,6 +8,8 @@
 //! stable stage saw in any attempt must be among the values finally
 //! committed, and those must be each source index exactly once.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -3,6 +3,8 @@
 //! exactly as a naive model says, and every read inside a bundle must see
 //! the committed state plus that bundle's own writes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -32,6 +32,8 @@
 //! there. Some take a checkpoint every millisecond with a durable store, so
 //! that checkpoints name bags on disk while bundles page through them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

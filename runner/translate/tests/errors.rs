@@ -1,5 +1,7 @@
 //! What Refract rejects, and that the error names what and where.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use common::{load, opts};

@@ -6,6 +6,8 @@
 //!         --test export_descriptors -- --ignored
 //!     python3 runner/translate/tests/data/check_descriptors.py /tmp/pbds
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use refract_proto::prost::Message;

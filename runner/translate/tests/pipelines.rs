@@ -3,6 +3,8 @@
 //! descriptors. Every translation is also checked against the invariants in
 //! `common::check_invariants`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod common;
 
 use common::{count, describe, port, sdk_transform_names, stage_with, transform, translated};

@@ -1,6 +1,8 @@
 //! End-to-end tests of the job service over real gRPC, with the generated
 //! tonic clients playing the SDK.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
 mod harness;
 mod lifecycle;
 mod python;
