@@ -16,6 +16,7 @@ pub mod job_runner;
 pub mod latency_histogram;
 pub mod logging;
 pub mod memory;
+pub mod metric_catalog;
 mod options;
 pub mod output_spill;
 pub mod private_dir;

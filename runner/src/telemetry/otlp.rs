@@ -22,12 +22,13 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracerProvider, Span, Tracer};
 use opentelemetry_sdk::Resource;
-use refract_engine::time::{finite, wall_clock_ms};
+use refract_engine::time::wall_clock_ms;
 use thiserror::Error;
 
 use crate::insights::Insights;
 use crate::job_api_text::state_name;
 use crate::latency_histogram::BOUNDS_SECONDS;
+use crate::metric_catalog::{self as catalog, MetricKind, MetricSpec};
 
 /// The standard variable naming the OTLP endpoint when no flag does.
 pub const ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -110,9 +111,9 @@ impl OtlpExport {
         let meter = meters.meter("refract");
         register_observers(&meter, insights);
         let bundle_duration = meter
-            .f64_histogram("refract.stage.bundle.duration")
-            .with_description("How long bundles of a stage took, start to commit-ready.")
-            .with_unit("s")
+            .f64_histogram(catalog::BUNDLE_DURATION.otlp.unwrap_or_default())
+            .with_description(catalog::BUNDLE_DURATION.help)
+            .with_unit(catalog::BUNDLE_DURATION.unit)
             .with_boundaries(BOUNDS_SECONDS.to_vec())
             .build();
         Ok(OtlpExport {
@@ -200,135 +201,50 @@ impl JobSpan {
     }
 }
 
-/// Registers an instrument observed at each export: a counter if
-/// `monotonic`, else a gauge.
+/// Registers `metric` as an instrument observed at each export: a
+/// counter or a gauge, as the catalog says. Metrics OTLP does not carry
+/// are skipped.
 fn register(
     meter: &Meter,
-    (name, description, unit): (&'static str, &'static str, &'static str),
-    monotonic: bool,
+    metric: &MetricSpec,
     observe: impl Fn(&dyn AsyncInstrument<f64>) + Send + Sync + 'static,
 ) {
-    if monotonic {
-        meter
-            .f64_observable_counter(name)
-            .with_description(description)
-            .with_unit(unit)
-            .with_callback(observe)
-            .build();
-    } else {
-        meter
-            .f64_observable_gauge(name)
-            .with_description(description)
-            .with_unit(unit)
-            .with_callback(observe)
-            .build();
+    let Some(name) = metric.otlp else {
+        return;
+    };
+    match metric.kind {
+        MetricKind::Counter => {
+            meter
+                .f64_observable_counter(name)
+                .with_description(metric.help)
+                .with_unit(metric.unit)
+                .with_callback(observe)
+                .build();
+        }
+        MetricKind::Gauge => {
+            meter
+                .f64_observable_gauge(name)
+                .with_description(metric.help)
+                .with_unit(metric.unit)
+                .with_callback(observe)
+                .build();
+        }
+        // Histograms are recorded as bundles end, not observed.
+        MetricKind::Histogram => {}
     }
 }
 
 /// Registers the instruments observed at each export; each reads the
-/// latest snapshots from `insights`.
+/// latest snapshots from `insights`. Values at the ends of time (infinite
+/// watermarks) are left out.
 fn register_observers(meter: &Meter, insights: Insights) {
-    /// One observation of a stage: the attributes and the stage's numbers.
-    type StageValue = fn(&refract_engine::manager::StageStats) -> Option<f64>;
-    let stage_metrics: [(&'static str, &'static str, &'static str, bool, StageValue); 13] = [
-        (
-            "refract.stage.elements.in",
-            "Input elements of a stage's committed bundles.",
-            "{element}",
-            true,
-            |s| Some(s.elements_processed as f64),
-        ),
-        (
-            "refract.stage.bytes.in",
-            "Encoded bytes of those elements.",
-            "By",
-            true,
-            |s| Some(s.bytes_processed as f64),
-        ),
-        (
-            "refract.stage.elements.out",
-            "Elements a stage emitted.",
-            "{element}",
-            true,
-            |s| Some(s.elements_out as f64),
-        ),
-        (
-            "refract.stage.bytes.out",
-            "Encoded bytes of those elements.",
-            "By",
-            true,
-            |s| Some(s.bytes_out as f64),
-        ),
-        (
-            "refract.stage.bundles",
-            "Bundles of a stage committed.",
-            "{bundle}",
-            true,
-            |s| Some(s.bundles_committed as f64),
-        ),
-        (
-            "refract.stage.throttled",
-            "Time a stage was held back by a consumer's backlog.",
-            "s",
-            true,
-            |s| Some(s.throttled_ms as f64 / 1000.0),
-        ),
-        (
-            "refract.stage.backlog.elements",
-            "Elements waiting for a bundle of a stage.",
-            "{element}",
-            false,
-            |s| Some(s.pending_elements as f64),
-        ),
-        (
-            "refract.stage.backlog.bytes",
-            "Encoded bytes waiting for a bundle of a stage, or in a GroupByKey's buffer.",
-            "By",
-            false,
-            |s| Some(s.pending_bytes as f64),
-        ),
-        (
-            "refract.stage.bundles.in_flight",
-            "Bundles of a stage running now.",
-            "{bundle}",
-            false,
-            |s| Some(s.bundles_in_flight as f64),
-        ),
-        (
-            "refract.stage.watermark.input",
-            "A stage's input watermark (ms since the epoch; absent at the ends of time).",
-            "ms",
-            false,
-            |s| finite(s.input_watermark).map(|t| t as f64),
-        ),
-        (
-            "refract.stage.watermark.output",
-            "A stage's output watermark (ms since the epoch; absent at the ends of time).",
-            "ms",
-            false,
-            |s| finite(s.output_watermark).map(|t| t as f64),
-        ),
-        (
-            "refract.stage.watermark.input.lag",
-            "How far a stage's input watermark is behind the wall clock.",
-            "s",
-            false,
-            |s| finite(s.input_watermark).map(|t| (wall_clock_ms() - t) as f64 / 1000.0),
-        ),
-        (
-            "refract.stage.watermark.output.lag",
-            "How far a stage's output watermark is behind the wall clock.",
-            "s",
-            false,
-            |s| finite(s.output_watermark).map(|t| (wall_clock_ms() - t) as f64 / 1000.0),
-        ),
-    ];
-    for (name, description, unit, monotonic, value) in stage_metrics {
+    for reading in catalog::STAGE_READINGS {
         let insights = insights.clone();
         let observe = move |observer: &dyn AsyncInstrument<f64>| {
+            let now = wall_clock_ms();
             for job in insights.jobs() {
                 for stage in job.stages() {
-                    if let Some(v) = value(&stage) {
+                    if let Some(v) = (reading.read)(&stage, now).filter(|v| v.is_finite()) {
                         observer.observe(
                             v,
                             &[
@@ -340,79 +256,29 @@ fn register_observers(meter: &Meter, insights: Insights) {
                 }
             }
         };
-        register(meter, (name, description, unit), monotonic, observe);
+        register(meter, &reading.spec, observe);
     }
-    type CheckpointValue = fn(&crate::insights::CheckpointSummary) -> Option<f64>;
-    let checkpoint_metrics: [(
-        &'static str,
-        &'static str,
-        &'static str,
-        bool,
-        CheckpointValue,
-    ); 6] = [
-        (
-            "refract.checkpoint.failures",
-            "Checkpoints of a job that could not be written (the job went on).",
-            "{checkpoint}",
-            true,
-            |c| Some(c.failed as f64),
-        ),
-        (
-            "refract.checkpoint.age",
-            "Time since a job's latest checkpoint was written (or it started checkpointing).",
-            "s",
-            false,
-            |c| c.age().map(|a| a.as_secs_f64()),
-        ),
-        (
-            "refract.checkpoints",
-            "Checkpoints of a job written to the state store.",
-            "{checkpoint}",
-            true,
-            |c| Some(c.taken as f64),
-        ),
-        (
-            "refract.checkpoint.duration",
-            "Time spent writing a job's checkpoints.",
-            "s",
-            true,
-            |c| Some(c.total_duration.as_secs_f64()),
-        ),
-        (
-            "refract.checkpoint.written",
-            "Bytes a job's checkpoints wrote (changed parts only).",
-            "By",
-            true,
-            |c| Some(c.bytes_written as f64),
-        ),
-        (
-            "refract.checkpoint.size",
-            "Size of a job's latest checkpoint (every part).",
-            "By",
-            false,
-            |c| c.last.map(|l| l.total_bytes as f64),
-        ),
-    ];
-    for (name, description, unit, monotonic, value) in checkpoint_metrics {
+    for reading in catalog::CHECKPOINT_READINGS {
         let insights = insights.clone();
         let observe = move |observer: &dyn AsyncInstrument<f64>| {
+            let now = wall_clock_ms();
             for job in insights.jobs() {
                 let checkpoints = job.checkpoints();
                 if !checkpoints.enabled {
                     continue;
                 }
-                if let Some(v) = value(&checkpoints) {
+                if let Some(v) = (reading.read)(&checkpoints, now) {
                     observer.observe(v, &[KeyValue::new("beam.job.id", job.id().to_string())]);
                 }
             }
         };
-        register(meter, (name, description, unit), monotonic, observe);
+        register(meter, &reading.spec, observe);
     }
     let jobs = insights.clone();
     meter
-        .u64_observable_gauge("refract.jobs")
-        .with_description("Jobs the server knows, by state.")
-        .with_unit("{job}")
+        .u64_observable_gauge(catalog::JOBS.otlp.unwrap_or_default())
+        .with_description(catalog::JOBS.help)
+        .with_unit(catalog::JOBS.unit)
         .with_callback(move |observer| {
             let mut by_state = std::collections::BTreeMap::<String, u64>::new();
             for job in jobs.jobs() {
@@ -424,9 +290,9 @@ fn register_observers(meter: &Meter, insights: Insights) {
         })
         .build();
     meter
-        .u64_observable_gauge("refract.harnesses.live")
-        .with_description("SDK harness workers connected now.")
-        .with_unit("{worker}")
+        .u64_observable_gauge(catalog::HARNESSES_LIVE.otlp.unwrap_or_default())
+        .with_description(catalog::HARNESSES_LIVE.help)
+        .with_unit(catalog::HARNESSES_LIVE.unit)
         .with_callback(move |observer| observer.observe(insights.live_workers() as u64, &[]))
         .build();
 }

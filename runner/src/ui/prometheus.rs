@@ -3,14 +3,14 @@
 //! ones `GetJobMetrics` returns, so a scrape and the SDK's view agree.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::fmt::{Display, Write};
 
 use refract_engine::manager::StageStats;
-use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
 use crate::latency_histogram::LatencyHistogram;
+use crate::metric_catalog::{self as catalog, MetricSpec};
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// URN of the runner's per-PCollection element counter.
@@ -49,38 +49,42 @@ struct Family {
 struct Families(BTreeMap<&'static str, Family>);
 
 impl Families {
-    /// Adds a sample named as its family.
-    fn add(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        kind: &'static str,
-        labels: &[(&str, &str)],
-        value: String,
-    ) {
-        self.add_sample(name, help, kind, "", labels, value);
+    /// Adds a sample of `metric`.
+    fn add(&mut self, metric: &MetricSpec, labels: &[(&str, &str)], value: impl Display) {
+        self.add_sample(metric, "", labels, value);
     }
 
-    /// Adds a sample named `name` + `suffix` (a histogram's `_bucket`,
-    /// `_sum` and `_count`) to the family `name`.
+    /// Adds a sample named `metric` + `suffix` (a histogram's `_bucket`,
+    /// `_sum` and `_count`) to the family of `metric`.
     fn add_sample(
         &mut self,
-        name: &'static str,
-        help: &'static str,
-        kind: &'static str,
+        metric: &MetricSpec,
         suffix: &str,
         labels: &[(&str, &str)],
-        value: String,
+        value: impl Display,
     ) {
+        let name = metric.prometheus;
         self.0
             .entry(name)
             .or_insert_with(|| Family {
-                help,
-                kind,
+                help: metric.help,
+                kind: metric.kind.prometheus_type(),
                 samples: Vec::new(),
             })
             .samples
             .push(format!("{name}{suffix}{} {value}", label_set(labels)));
+    }
+}
+
+/// A sample value as the exposition format spells it: integers without a
+/// fraction, infinities as `+Inf` and `-Inf`.
+fn sample_value(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_string()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
     }
 }
 
@@ -94,21 +98,9 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
         *by_state.entry(job.state.as_str()).or_default() += 1;
     }
     for (state, count) in by_state {
-        families.add(
-            "refract_jobs",
-            "Jobs the server knows, by state.",
-            "gauge",
-            &[("state", state)],
-            count.to_string(),
-        );
+        families.add(&catalog::JOBS, &[("state", state)], count);
     }
-    families.add(
-        "refract_harnesses_live",
-        "SDK harness workers connected now.",
-        "gauge",
-        &[],
-        live_workers.to_string(),
-    );
+    families.add(&catalog::HARNESSES_LIVE, &[], live_workers);
     for job in jobs {
         for info in &job.metrics {
             let Some(value) = decode(&info.r#type, &info.payload) else {
@@ -118,11 +110,9 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
             if info.urn == ELEMENT_COUNT {
                 if let IntMetric::Counter(n) = value {
                     families.add(
-                        "refract_pcollection_elements_total",
-                        "Elements output into each PCollection by committed bundles.",
-                        "counter",
+                        &catalog::PCOLLECTION_ELEMENTS,
                         &[("job", &job.id), ("pcollection", label("PCOLLECTION"))],
-                        n.to_string(),
+                        n,
                     );
                 }
                 continue;
@@ -137,54 +127,18 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
                 ("name", label("NAME")),
             ];
             match value {
-                IntMetric::Counter(n) => families.add(
-                    "refract_user_counter_total",
-                    "User counters (Metrics.counter) of committed bundles.",
-                    "counter",
-                    &labels,
-                    n.to_string(),
-                ),
-                IntMetric::Gauge(n) => families.add(
-                    "refract_user_gauge",
-                    "User gauges (Metrics.gauge): the latest value.",
-                    "gauge",
-                    &labels,
-                    n.to_string(),
-                ),
+                IntMetric::Counter(n) => families.add(&catalog::USER_COUNTER, &labels, n),
+                IntMetric::Gauge(n) => families.add(&catalog::USER_GAUGE, &labels, n),
                 IntMetric::Distribution {
                     count,
                     sum,
                     min,
                     max,
                 } => {
-                    families.add(
-                        "refract_user_distribution_count",
-                        "User distributions (Metrics.distribution): values seen.",
-                        "gauge",
-                        &labels,
-                        count.to_string(),
-                    );
-                    families.add(
-                        "refract_user_distribution_sum",
-                        "User distributions: sum of the values.",
-                        "gauge",
-                        &labels,
-                        sum.to_string(),
-                    );
-                    families.add(
-                        "refract_user_distribution_min",
-                        "User distributions: smallest value.",
-                        "gauge",
-                        &labels,
-                        min.to_string(),
-                    );
-                    families.add(
-                        "refract_user_distribution_max",
-                        "User distributions: largest value.",
-                        "gauge",
-                        &labels,
-                        max.to_string(),
-                    );
+                    families.add(&catalog::USER_DISTRIBUTION_COUNT, &labels, count);
+                    families.add(&catalog::USER_DISTRIBUTION_SUM, &labels, sum);
+                    families.add(&catalog::USER_DISTRIBUTION_MIN, &labels, min);
+                    families.add(&catalog::USER_DISTRIBUTION_MAX, &labels, max);
                 }
             }
         }
@@ -192,200 +146,34 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
     for job in jobs {
         for stage in &job.stages {
             let labels = [("job", job.id.as_str()), ("stage", stage.name.as_str())];
-            let gauges: [(&'static str, &'static str, String); 5] = [
-                (
-                    "refract_stage_input_watermark_ms",
-                    "A stage's input watermark (ms since the epoch; -Inf before any input).",
-                    watermark(stage.input_watermark),
-                ),
-                (
-                    "refract_stage_output_watermark_ms",
-                    "A stage's output watermark (ms since the epoch; +Inf once it finished).",
-                    watermark(stage.output_watermark),
-                ),
-                (
-                    "refract_stage_pending_elements",
-                    "Elements waiting for a bundle of the stage.",
-                    stage.pending_elements.to_string(),
-                ),
-                (
-                    "refract_stage_pending_bytes",
-                    "Encoded bytes waiting for a bundle of the stage, or in a GroupByKey's buffer (the backlog).",
-                    stage.pending_bytes.to_string(),
-                ),
-                (
-                    "refract_stage_bundles_in_flight",
-                    "Bundles of the stage running now.",
-                    stage.bundles_in_flight.to_string(),
-                ),
-            ];
-            for (name, help, value) in gauges {
-                families.add(name, help, "gauge", &labels, value);
-            }
-            families.add(
-                "refract_stage_bundles_total",
-                "Bundles of the stage committed.",
-                "counter",
-                &labels,
-                stage.bundles_committed.to_string(),
-            );
-            families.add(
-                "refract_stage_elements_total",
-                "Input elements of the stage's committed bundles.",
-                "counter",
-                &labels,
-                stage.elements_processed.to_string(),
-            );
-            let counters: [(&'static str, &'static str, u64); 3] = [
-                (
-                    "refract_stage_input_bytes_total",
-                    "Encoded bytes of the stage's input elements.",
-                    stage.bytes_processed,
-                ),
-                (
-                    "refract_stage_output_elements_total",
-                    "Elements the stage emitted.",
-                    stage.elements_out,
-                ),
-                (
-                    "refract_stage_output_bytes_total",
-                    "Encoded bytes of the elements the stage emitted.",
-                    stage.bytes_out,
-                ),
-            ];
-            for (name, help, value) in counters {
-                families.add(name, help, "counter", &labels, value.to_string());
-            }
-            for (name, help, mark) in [
-                (
-                    "refract_stage_input_watermark_lag_seconds",
-                    "How far the stage's input watermark is behind the wall clock.",
-                    stage.input_watermark,
-                ),
-                (
-                    "refract_stage_output_watermark_lag_seconds",
-                    "How far the stage's output watermark is behind the wall clock.",
-                    stage.output_watermark,
-                ),
-            ] {
-                if let Some(mark) = finite(mark) {
-                    let lag = (now_ms - mark) as f64 / 1000.0;
-                    families.add(name, help, "gauge", &labels, format!("{lag:.3}"));
+            for reading in &catalog::STAGE_READINGS {
+                if let Some(value) = (reading.read)(stage, now_ms) {
+                    families.add(&reading.spec, &labels, sample_value(value));
                 }
             }
-            families.add(
-                "refract_stage_throttled_seconds_total",
-                "Time the stage was held back because a consumer's backlog was over its bound.",
-                "counter",
-                &labels,
-                format!("{:.3}", stage.throttled_ms as f64 / 1000.0),
-            );
-            families.add(
-                "refract_stage_spilled_bytes_total",
-                "Bytes a stage spilled to disk: a GroupByKey's buffer that outgrew its memory share, or a queue far past its bound.",
-                "counter",
-                &labels,
-                stage.spilled_bytes.to_string(),
-            );
         }
     }
     for job in jobs.iter().filter(|j| j.checkpoints.enabled) {
         let labels = [("job", job.id.as_str())];
-        let c = &job.checkpoints;
-        families.add(
-            "refract_checkpoints_total",
-            "Checkpoints of the job written to the state store.",
-            "counter",
-            &labels,
-            c.taken.to_string(),
-        );
-        families.add(
-            "refract_checkpoint_seconds_total",
-            "Time spent writing the job's checkpoints.",
-            "counter",
-            &labels,
-            format!("{:.6}", c.total_duration.as_secs_f64()),
-        );
-        families.add(
-            "refract_checkpoint_written_bytes_total",
-            "Bytes the job's checkpoints wrote (changed parts only).",
-            "counter",
-            &labels,
-            c.bytes_written.to_string(),
-        );
-        families.add(
-            "refract_checkpoint_failures_total",
-            "Checkpoints of the job that could not be written (the job went on).",
-            "counter",
-            &labels,
-            c.failed.to_string(),
-        );
-        let now = std::time::UNIX_EPOCH
-            + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
-        if let Some(age) = c.age_at(now) {
-            families.add(
-                "refract_checkpoint_age_seconds",
-                "Time since the job's latest checkpoint was written (or, before its first, since it started checkpointing): what a restart would redo.",
-                "gauge",
-                &labels,
-                format!("{:.3}", age.as_secs_f64()),
-            );
-        }
-        if let Some(last) = &c.last {
-            families.add(
-                "refract_checkpoint_size_bytes",
-                "Size of the job's latest checkpoint (every part).",
-                "gauge",
-                &labels,
-                last.total_bytes.to_string(),
-            );
-            families.add(
-                "refract_checkpoint_last_seconds",
-                "How long writing the job's latest checkpoint took.",
-                "gauge",
-                &labels,
-                format!("{:.6}", last.duration.as_secs_f64()),
-            );
+        for reading in &catalog::CHECKPOINT_READINGS {
+            if let Some(value) = (reading.read)(&job.checkpoints, now_ms) {
+                families.add(&reading.spec, &labels, sample_value(value));
+            }
         }
     }
     for job in jobs {
         for (stage, histogram) in &job.bundle_latency {
             let labels = [("job", job.id.as_str()), ("stage", stage.as_str())];
-            let help = "How long the stage's bundles took on their SDK workers.";
+            let metric = &catalog::BUNDLE_DURATION;
             for (bound, count) in histogram.cumulative() {
-                let le = if bound.is_infinite() {
-                    "+Inf".to_string()
-                } else {
-                    bound.to_string()
-                };
+                let le = sample_value(bound);
                 let mut with_le = labels.to_vec();
                 with_le.push(("le", &le));
-                families.add_sample(
-                    "refract_stage_bundle_duration_seconds",
-                    help,
-                    "histogram",
-                    "_bucket",
-                    &with_le,
-                    count.to_string(),
-                );
+                families.add_sample(metric, "_bucket", &with_le, count);
             }
             // Prometheus reads `_sum` and `_count` as part of the family.
-            families.add_sample(
-                "refract_stage_bundle_duration_seconds",
-                help,
-                "histogram",
-                "_sum",
-                &labels,
-                format!("{:.6}", histogram.sum()),
-            );
-            families.add_sample(
-                "refract_stage_bundle_duration_seconds",
-                help,
-                "histogram",
-                "_count",
-                &labels,
-                histogram.count().to_string(),
-            );
+            families.add_sample(metric, "_sum", &labels, sample_value(histogram.sum()));
+            families.add_sample(metric, "_count", &labels, histogram.count());
         }
     }
     let mut out = String::new();
@@ -398,17 +186,6 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
         }
     }
     out
-}
-
-/// A watermark sample: ms, or an infinity at the ends of time.
-fn watermark(t: i64) -> String {
-    if t <= MIN_TIMESTAMP {
-        "-Inf".to_string()
-    } else if t >= MAX_TIMESTAMP {
-        "+Inf".to_string()
-    } else {
-        t.to_string()
-    }
 }
 
 /// `{k="v",...}` (nothing for no labels) with values escaped as the format requires.
@@ -432,6 +209,7 @@ fn label_set(labels: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use refract_engine::time::MIN_TIMESTAMP;
 
     fn info(urn: &str, kind: &str, labels: &[(&str, &str)], payload: Vec<u8>) -> MonitoringInfo {
         MonitoringInfo {
@@ -545,22 +323,22 @@ mod tests {
             "refract_stage_output_watermark_ms{job=\"job-2\",stage=\"Read+Split\"} 1000",
             "refract_stage_pending_bytes{job=\"job-2\",stage=\"Read+Split\"} 40",
             "refract_stage_elements_total{job=\"job-2\",stage=\"Read+Split\"} 9",
-            "refract_stage_throttled_seconds_total{job=\"job-2\",stage=\"Read+Split\"} 1.500",
+            "refract_stage_throttled_seconds_total{job=\"job-2\",stage=\"Read+Split\"} 1.5",
             "refract_stage_spilled_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 4096",
             "refract_stage_output_bytes_total{job=\"job-2\",stage=\"Read+Split\"} 77",
-            "refract_stage_output_watermark_lag_seconds{job=\"job-2\",stage=\"Read+Split\"} 3.000",
+            "refract_stage_output_watermark_lag_seconds{job=\"job-2\",stage=\"Read+Split\"} 3",
             "refract_harnesses_live 3",
             "refract_checkpoints_total{job=\"job-1\"} 2",
             "refract_checkpoint_size_bytes{job=\"job-1\"} 700",
-            "refract_checkpoint_seconds_total{job=\"job-1\"} 0.030000",
+            "refract_checkpoint_seconds_total{job=\"job-1\"} 0.03",
             "refract_checkpoint_failures_total{job=\"job-1\"} 1",
-            "refract_checkpoint_age_seconds{job=\"job-1\"} 2.500",
+            "refract_checkpoint_age_seconds{job=\"job-1\"} 2.5",
             "# TYPE refract_stage_bundle_duration_seconds histogram",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.002\"} 0",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"0.005\"} 1",
             "refract_stage_bundle_duration_seconds_bucket{job=\"job-2\",stage=\"Read+Split\",le=\"+Inf\"} 2",
             "refract_stage_bundle_duration_seconds_count{job=\"job-2\",stage=\"Read+Split\"} 2",
-            "refract_stage_bundle_duration_seconds_sum{job=\"job-2\",stage=\"Read+Split\"} 0.203000",
+            "refract_stage_bundle_duration_seconds_sum{job=\"job-2\",stage=\"Read+Split\"} 0.203",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
