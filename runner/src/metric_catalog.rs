@@ -12,6 +12,8 @@ use refract_engine::manager::StageStats;
 use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 
 use crate::insights::CheckpointSummary;
+use MetricKind::{Counter, Gauge, Histogram};
+use MetricScope::{Job, JobState, PCollection, Server, Stage, UserMetric};
 
 /// Whether a metric only grows (a counter) or is a reading (a gauge), or
 /// counts observations into buckets (a histogram).
@@ -114,9 +116,6 @@ const fn spec(
         scope,
     }
 }
-
-use MetricKind::{Counter, Gauge, Histogram};
-use MetricScope::{Job, JobState, PCollection, Server, Stage, UserMetric};
 
 /// Jobs the server knows, by state.
 pub const JOBS: MetricSpec = spec(
