@@ -20,6 +20,7 @@
 use serde::de::Deserializer;
 use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,10 +33,27 @@ use crate::plan::TimeDomain;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
-/// Identity of a timer: a later write with the same id replaces it.
-/// (transform, family, user key, dynamic tag, window): the form
-/// checkpoints keep.
-type TimerId = (String, String, Bytes, String, Window);
+/// Identity of a timer: a later write with the same id replaces it. The
+/// store keeps its timers by family and [`Slot`] instead; this is the form
+/// checkpoints keep them in (the key of their map of timers).
+///
+/// The fields are in the order in which a checkpoint encodes them, the
+/// order they had when the id was a tuple, so checkpoints keep their
+/// bytes; ids sort in that order too. They borrow from the store while a
+/// checkpoint is written, and own what they read back.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+struct TimerId<'a> {
+    /// Transform id of the timer's ParDo.
+    transform_id: Cow<'a, str>,
+    /// The timer family (within the transform).
+    family_id: Cow<'a, str>,
+    /// The user key, nested-encoded in the family's key coder.
+    user_key: Cow<'a, Bytes>,
+    /// The dynamic timer tag (`""` outside a timer map).
+    dynamic_tag: Cow<'a, str>,
+    /// The one window the timer is set in.
+    window: Cow<'a, Window>,
+}
 
 /// Where a timer sits in its family: (window, user key, dynamic tag).
 type Slot = (Window, Bytes, String);
@@ -543,7 +561,13 @@ impl Serialize for Entries<'_> {
         let mut map = serializer.serialize_map(Some(len))?;
         for family in &self.0.families {
             for ((window, key, tag), pending) in family.in_firing_order() {
-                let id = (&family.transform_id, &family.family_id, key, tag, window);
+                let id = TimerId {
+                    transform_id: Cow::Borrowed(&family.transform_id),
+                    family_id: Cow::Borrowed(&family.family_id),
+                    user_key: Cow::Borrowed(key),
+                    dynamic_tag: Cow::Borrowed(tag),
+                    window: Cow::Borrowed(window),
+                };
                 map.serialize_entry(&id, &(pending.domain, &pending.timer))?;
             }
         }
@@ -559,7 +583,7 @@ struct StoredTimers {
 }
 
 /// A checkpoint's entries, in the order they were written.
-struct StoredEntries(Vec<(TimerId, (TimeDomain, TimerValue))>);
+struct StoredEntries(Vec<(TimerId<'static>, (TimeDomain, TimerValue))>);
 
 impl<'de> Deserialize<'de> for StoredEntries {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -588,9 +612,9 @@ impl<'de> Deserialize<'de> for TimerStore {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stored = StoredTimers::deserialize(deserializer)?;
         let mut store = TimerStore::default();
-        for ((transform_id, family_id, _, _, window), (domain, mut timer)) in stored.timers.0 {
-            timer.windows = smallvec::smallvec![window];
-            store.put(&transform_id, &family_id, domain, timer, false);
+        for (id, (domain, mut timer)) in stored.timers.0 {
+            timer.windows = smallvec::smallvec![id.window.into_owned()];
+            store.put(&id.transform_id, &id.family_id, domain, timer, false);
         }
         Ok(store)
     }

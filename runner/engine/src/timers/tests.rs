@@ -148,7 +148,7 @@ fn fires_by_domain() {
 #[derive(Default, Serialize, Deserialize, PartialEq, Debug)]
 #[serde(rename = "TimerStore")]
 struct Plain {
-    timers: BTreeMap<TimerId, (TimeDomain, TimerValue)>,
+    timers: BTreeMap<TimerId<'static>, (TimeDomain, TimerValue)>,
 }
 
 /// The oracle: one map by identity, every question answered by a walk
@@ -156,20 +156,19 @@ struct Plain {
 /// that timers due together are taken in the order they were set.
 #[derive(Default)]
 struct Oracle {
-    timers: BTreeMap<TimerId, (TimeDomain, TimerValue, u64)>,
+    timers: BTreeMap<TimerId<'static>, (TimeDomain, TimerValue, u64)>,
     arrivals: u64,
 }
 
 impl Oracle {
     fn write(&mut self, t: &str, f: &str, domain: TimeDomain, timer: TimerValue, keep: bool) {
-        let window = timer.windows[0].clone();
-        let id = (
-            t.into(),
-            f.into(),
-            timer.user_key.clone(),
-            timer.dynamic_tag.clone(),
-            window,
-        );
+        let id = TimerId {
+            transform_id: Cow::Owned(t.into()),
+            family_id: Cow::Owned(f.into()),
+            user_key: Cow::Owned(timer.user_key.clone()),
+            dynamic_tag: Cow::Owned(timer.dynamic_tag.clone()),
+            window: Cow::Owned(timer.windows[0].clone()),
+        };
         if timer.clear {
             self.timers.remove(&id);
         } else if !(keep && self.timers.contains_key(&id)) {
@@ -196,13 +195,13 @@ impl Oracle {
         max: usize,
         eligible: impl Fn(&[u8]) -> bool,
     ) -> Vec<(TimeDomain, FiredTimer)> {
-        let ready = |last_family: bool| -> Vec<TimerId> {
+        let ready = |last_family: bool| -> Vec<TimerId<'static>> {
             let mut ids: Vec<(&TimerId, Timestamp, u64)> = self
                 .timers
                 .iter()
                 .filter(|(id, (d, t, _))| {
-                    ((id.0.as_str(), id.1.as_str()) == last) == last_family
-                        && eligible(&id.2)
+                    ((&*id.transform_id, &*id.family_id) == last) == last_family
+                        && eligible(&id.user_key)
                         && (wm >= MAX_TIMESTAMP
                             || match d {
                                 TimeDomain::EventTime => t.fire_timestamp < wm,
@@ -211,7 +210,14 @@ impl Oracle {
                 })
                 .map(|(id, (_, t, arrival))| (id, t.fire_timestamp, *arrival))
                 .collect();
-            ids.sort_by_key(|(id, fire, arrival)| (*fire, id.0.clone(), id.1.clone(), *arrival));
+            ids.sort_by_key(|(id, fire, arrival)| {
+                (
+                    *fire,
+                    id.transform_id.clone(),
+                    id.family_id.clone(),
+                    *arrival,
+                )
+            });
             ids.into_iter()
                 .take(max)
                 .map(|(id, _, _)| id.clone())
@@ -227,8 +233,8 @@ impl Oracle {
                 Some((
                     domain,
                     FiredTimer {
-                        transform_id: id.0,
-                        family_id: id.1,
+                        transform_id: id.transform_id.into_owned(),
+                        family_id: id.family_id.into_owned(),
                         timer,
                     },
                 ))
@@ -239,7 +245,7 @@ impl Oracle {
     fn drop_expired(&mut self, wm: Timestamp, gc: impl Fn(&Window) -> Timestamp) -> usize {
         let before = self.timers.len();
         self.timers.retain(|id, (d, t, _)| {
-            let at = gc(&id.4);
+            let at = gc(&id.window);
             at >= wm || (*d == TimeDomain::EventTime && t.fire_timestamp <= at)
         });
         before - self.timers.len()
@@ -266,7 +272,10 @@ impl Oracle {
     }
 
     fn windows(&self) -> BTreeSet<Window> {
-        self.timers.keys().map(|id| id.4.clone()).collect()
+        self.timers
+            .keys()
+            .map(|id| id.window.clone().into_owned())
+            .collect()
     }
 }
 
