@@ -55,8 +55,28 @@ struct TimerId<'a> {
     window: Cow<'a, Window>,
 }
 
-/// Where a timer sits in its family: (window, user key, dynamic tag).
-type Slot = (Window, Bytes, String);
+/// Where a timer sits in its family: what, with the family, makes its
+/// [`TimerId`]. A family keeps its timers by slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Slot {
+    /// The one window the timer is set in.
+    window: Window,
+    /// The user key, nested-encoded.
+    user_key: Bytes,
+    /// The dynamic timer tag.
+    dynamic_tag: String,
+}
+
+impl Slot {
+    /// The slot of `timer` in `window` (one of its windows).
+    fn of(window: Window, timer: &TimerValue) -> Self {
+        Slot {
+            window,
+            user_key: timer.user_key.clone(),
+            dynamic_tag: timer.dynamic_tag.clone(),
+        }
+    }
+}
 
 /// A timer's place in its family's firing order: (firing time, arrival
 /// number).
@@ -196,7 +216,7 @@ impl Family {
         if keep_existing && self.timers.contains_key(&slot) {
             return false;
         }
-        totals.added(&slot.0, domain, &timer);
+        totals.added(&slot.window, domain, &timer);
         let new = Pending {
             domain,
             timer,
@@ -214,7 +234,7 @@ impl Family {
             }
             Entry::Occupied(mut set) => {
                 let old = std::mem::replace(set.get_mut(), new);
-                totals.removed(&set.key().0, old.domain, &old.timer);
+                totals.removed(&set.key().window, old.domain, &old.timer);
                 let slot = by_time[domain_index(old.domain)]
                     .remove(&old.due())
                     .unwrap_or_else(|| set.key().clone());
@@ -226,7 +246,7 @@ impl Family {
 
     fn remove(&mut self, slot: &Slot, totals: &mut Totals) -> Option<(TimeDomain, TimerValue)> {
         let pending = self.timers.remove(slot)?;
-        totals.removed(&slot.0, pending.domain, &pending.timer);
+        totals.removed(&slot.window, pending.domain, &pending.timer);
         self.by_time[domain_index(pending.domain)].remove(&pending.due());
         Some((pending.domain, pending.timer))
     }
@@ -240,7 +260,7 @@ impl Family {
     ) -> Option<(TimeDomain, TimerValue)> {
         let slot = self.by_time[domain_index(domain)].remove(due)?;
         let pending = self.timers.remove(&slot)?;
-        totals.removed(&slot.0, pending.domain, &pending.timer);
+        totals.removed(&slot.window, pending.domain, &pending.timer);
         Some((pending.domain, pending.timer))
     }
 
@@ -297,7 +317,7 @@ impl TimerStore {
         let TimerStore { families, totals } = self;
         let family = family_of(families, transform_id, family_id);
         let mut put_one = |window: Window, timer: TimerValue| {
-            let slot = (window, timer.user_key.clone(), timer.dynamic_tag.clone());
+            let slot = Slot::of(window, &timer);
             family.put(slot, domain, timer, keep_existing, totals)
         };
         if timer.windows.len() == 1 {
@@ -326,12 +346,7 @@ impl TimerStore {
                 let TimerStore { families, totals } = self;
                 let family = family_of(families, transform_id, family_id);
                 for window in &timer.windows {
-                    let slot = (
-                        window.clone(),
-                        timer.user_key.clone(),
-                        timer.dynamic_tag.clone(),
-                    );
-                    family.remove(&slot, totals);
+                    family.remove(&Slot::of(window.clone(), &timer), totals);
                 }
             } else {
                 self.put(transform_id, family_id, domain, timer, false);
@@ -407,7 +422,7 @@ impl TimerStore {
                 .timers
                 .iter()
                 .filter(|(slot, p)| {
-                    expired.get(&slot.0).is_some_and(|gc| {
+                    expired.get(&slot.window).is_some_and(|gc| {
                         p.domain != TimeDomain::EventTime || p.timer.fire_timestamp > *gc
                     })
                 })
@@ -491,7 +506,7 @@ impl TimerStore {
                     let of_this = family.by_time[domain_index(domain)]
                         .iter()
                         .take_while(|((fire, _), _)| due(*fire))
-                        .filter(|(_, slot)| eligible(&slot.1))
+                        .filter(|(_, slot)| eligible(&slot.user_key))
                         .take(max)
                         .map(|(d, _)| (*d, at, domain));
                     ready.extend(of_this);
@@ -560,13 +575,13 @@ impl Serialize for Entries<'_> {
         let len = self.0.families.iter().map(|f| f.timers.len()).sum();
         let mut map = serializer.serialize_map(Some(len))?;
         for family in &self.0.families {
-            for ((window, key, tag), pending) in family.in_firing_order() {
+            for (slot, pending) in family.in_firing_order() {
                 let id = TimerId {
                     transform_id: Cow::Borrowed(&family.transform_id),
                     family_id: Cow::Borrowed(&family.family_id),
-                    user_key: Cow::Borrowed(key),
-                    dynamic_tag: Cow::Borrowed(tag),
-                    window: Cow::Borrowed(window),
+                    user_key: Cow::Borrowed(&slot.user_key),
+                    dynamic_tag: Cow::Borrowed(&slot.dynamic_tag),
+                    window: Cow::Borrowed(&slot.window),
                 };
                 map.serialize_entry(&id, &(pending.domain, &pending.timer))?;
             }
