@@ -39,8 +39,8 @@ use refract_engine::coder::{
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, Stage, StageIdx, StageKind, TimeDomain, TimerFamily, Trigger,
-    WindowingStrategy,
+    PCollection, PCollectionIdx, PCollectionVec, Plan, SdkStage, Stage, StageIdx, StageKind,
+    StageVec, TimeDomain, TimerFamily, Trigger, WindowingStrategy,
 };
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -75,13 +75,15 @@ fn pc(id: &str, value: Coder) -> PCollection {
     }
 }
 
+/// A stage reading and writing the PCollections numbered `inputs` and
+/// `outputs`.
 fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
     Stage {
         name: name.into(),
         kind,
-        inputs,
+        inputs: inputs.into_iter().map(PCollectionIdx::new).collect(),
         side_inputs: vec![],
-        outputs,
+        outputs: outputs.into_iter().map(PCollectionIdx::new).collect(),
     }
 }
 
@@ -118,7 +120,7 @@ fn source_block(n: usize, keys: usize) -> Bytes {
 
 /// The source stage: emits the pre-encoded block on `pcoll` (a refcount
 /// bump; no per-element work on the fake SDK's side).
-fn emit(pcoll: usize, block: Bytes) -> StageFn {
+fn emit(pcoll: PCollectionIdx, block: Bytes) -> StageFn {
     Arc::new(move |_| BundleOutput {
         outputs: vec![(pcoll, block.clone())],
         ..Default::default()
@@ -126,7 +128,7 @@ fn emit(pcoll: usize, block: Bytes) -> StageFn {
 }
 
 /// A fake DoFn that forwards its input unchanged (identity ParDo).
-fn identity(pcoll: usize) -> StageFn {
+fn identity(pcoll: PCollectionIdx) -> StageFn {
     Arc::new(move |input| BundleOutput {
         outputs: input.elements.iter().map(|c| (pcoll, c.clone())).collect(),
         ..Default::default()
@@ -153,19 +155,22 @@ fn gbk_plan(block: Bytes, strategy: WindowingStrategy) -> (Plan, FakeExecutor) {
             pc("impulse", Coder::Bytes),
             pc("kvs", kv_coder()),
             pc("grouped", grouped),
-        ],
+        ]
+        .into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("source", sdk(), vec![0], vec![1]),
             stage("gbk", StageKind::GroupByKey(strategy), vec![1], vec![2]),
             stage("sink", sdk(), vec![2], vec![]),
-        ],
+        ]
+        .into(),
     };
     let seen = Arc::new(AtomicUsize::new(0));
     let exec = FakeExecutor {
-        stages: [(1, emit(1, block)), (3, sink(seen.clone()))]
-            .into_iter()
-            .collect(),
+        stages: BTreeMap::from([
+            (StageIdx::new(1), emit(PCollectionIdx::new(1), block)),
+            (StageIdx::new(3), sink(seen.clone())),
+        ]),
         sink_bytes: seen,
     };
     (plan, exec)
@@ -175,25 +180,28 @@ fn gbk_plan(block: Bytes, strategy: WindowingStrategy) -> (Plan, FakeExecutor) {
 /// runner-executed Flatten (`sdk_hops == false`) or a fake identity SDK
 /// stage (`sdk_hops == true`; a ParDo chain that the SDK did not fuse).
 fn chain_plan(block: Bytes, hops: usize, sdk_hops: bool) -> (Plan, FakeExecutor) {
-    let mut pcollections = vec![pc("impulse", Coder::Bytes), pc("p0", kv_coder())];
-    let mut stages = vec![
-        stage("impulse", StageKind::Impulse, vec![], vec![0]),
-        stage("source", sdk(), vec![0], vec![1]),
-    ];
-    let mut fns: Vec<(StageIdx, StageFn)> = vec![(1, emit(1, block))];
+    let mut pcollections =
+        PCollectionVec::from(vec![pc("impulse", Coder::Bytes), pc("p0", kv_coder())]);
+    let mut stages = StageVec::from(vec![stage("impulse", StageKind::Impulse, vec![], vec![0])]);
+    let source = stages.push(stage("source", sdk(), vec![0], vec![1]));
+    let mut fns: Vec<(StageIdx, StageFn)> = vec![(source, emit(PCollectionIdx::new(1), block))];
     for h in 0..hops {
         let input = pcollections.len() - 1;
-        let output = pcollections.len();
-        pcollections.push(pc(&format!("p{}", h + 1), kv_coder()));
+        let output = pcollections.push(pc(&format!("p{}", h + 1), kv_coder()));
         let kind = if sdk_hops { sdk() } else { StageKind::Flatten };
+        let hop = stages.push(stage(
+            &format!("hop{h}"),
+            kind,
+            vec![input],
+            vec![output.index()],
+        ));
         if sdk_hops {
-            fns.push((stages.len(), identity(output)));
+            fns.push((hop, identity(output)));
         }
-        stages.push(stage(&format!("hop{h}"), kind, vec![input], vec![output]));
     }
     let seen = Arc::new(AtomicUsize::new(0));
-    fns.push((stages.len(), sink(seen.clone())));
-    stages.push(stage("sink", sdk(), vec![pcollections.len() - 1], vec![]));
+    let last = stages.push(stage("sink", sdk(), vec![pcollections.len() - 1], vec![]));
+    fns.push((last, sink(seen.clone())));
     let exec = FakeExecutor {
         stages: fns.into_iter().collect(),
         sink_bytes: seen,
@@ -223,12 +231,13 @@ fn stateful_timers_plan(block: Bytes) -> (Plan, FakeExecutor) {
         ..SdkStage::default()
     };
     let plan = Plan {
-        pcollections: vec![pc("impulse", Coder::Bytes), pc("kvs", kv_coder())],
+        pcollections: vec![pc("impulse", Coder::Bytes), pc("kvs", kv_coder())].into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("source", sdk(), vec![0], vec![1]),
             stage("stateful", StageKind::Sdk(stateful), vec![1], vec![]),
-        ],
+        ]
+        .into(),
     };
     let fired = Arc::new(AtomicUsize::new(0));
     let counted = fired.clone();
@@ -268,7 +277,10 @@ fn stateful_timers_plan(block: Bytes) -> (Plan, FakeExecutor) {
         }
     });
     let exec = FakeExecutor {
-        stages: [(1, emit(1, block)), (2, stateful)].into_iter().collect(),
+        stages: BTreeMap::from([
+            (StageIdx::new(1), emit(PCollectionIdx::new(1), block)),
+            (StageIdx::new(2), stateful),
+        ]),
         sink_bytes: fired,
     };
     (plan, exec)

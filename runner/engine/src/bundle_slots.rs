@@ -63,7 +63,7 @@ impl BundleSlots {
     /// would only queue behind what it gave back.)
     pub fn wanted_by_other_than(&self, stage: StageIdx) -> bool {
         let waiting = self.waiting.load(Ordering::Relaxed);
-        waiting != NONE && waiting != stage
+        waiting != NONE && waiting != stage.index()
     }
 
     /// A new look: no stage waits yet.
@@ -76,8 +76,8 @@ impl BundleSlots {
         let _ = self
             .waiting
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| match w {
-                NONE => Some(stage),
-                w if w == stage => None,
+                NONE => Some(stage.index()),
+                w if w == stage.index() => None,
                 _ => Some(SEVERAL),
             });
     }
@@ -86,6 +86,7 @@ impl BundleSlots {
 #[cfg(test)]
 mod tests {
     use super::BundleSlots;
+    use crate::plan::StageIdx;
 
     #[test]
     fn capacity_is_never_zero() {
@@ -100,16 +101,16 @@ mod tests {
     #[test]
     fn a_stage_is_not_wanted_by_itself() {
         let slots = BundleSlots::new(1);
-        assert!(!slots.wanted_by_other_than(3));
-        slots.note_waiting(3);
-        assert!(!slots.wanted_by_other_than(3));
-        assert!(slots.wanted_by_other_than(5));
-        slots.note_waiting(3);
-        assert!(!slots.wanted_by_other_than(3));
-        slots.note_waiting(4);
-        assert!(slots.wanted_by_other_than(3));
-        assert!(slots.wanted_by_other_than(4));
+        assert!(!slots.wanted_by_other_than(StageIdx::new(3)));
+        slots.note_waiting(StageIdx::new(3));
+        assert!(!slots.wanted_by_other_than(StageIdx::new(3)));
+        assert!(slots.wanted_by_other_than(StageIdx::new(5)));
+        slots.note_waiting(StageIdx::new(3));
+        assert!(!slots.wanted_by_other_than(StageIdx::new(3)));
+        slots.note_waiting(StageIdx::new(4));
+        assert!(slots.wanted_by_other_than(StageIdx::new(3)));
+        assert!(slots.wanted_by_other_than(StageIdx::new(4)));
         slots.clear_waiting();
-        assert!(!slots.wanted_by_other_than(4));
+        assert!(!slots.wanted_by_other_than(StageIdx::new(4)));
     }
 }

@@ -20,6 +20,8 @@
 
 pub mod allocator;
 pub mod bundle_slots;
+#[cfg(test)]
+mod checkpoint_format_tests;
 pub mod coder;
 pub mod executor;
 pub mod grouping;

@@ -11,18 +11,17 @@
 use crate::coder::Coder;
 use serde::{Deserialize, Serialize};
 
-/// Index of a PCollection in [`Plan::pcollections`].
-pub type PCollectionIdx = usize;
-/// Index of a stage in [`Plan::stages`].
-pub type StageIdx = usize;
+mod ids;
+
+pub use ids::{PCollectionIdx, PCollectionVec, StageIdx, StageVec, TypedIndex, TypedVec};
 
 /// A whole job's stage graph.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Every PCollection that crosses a stage boundary.
-    pub pcollections: Vec<PCollection>,
+    pub pcollections: PCollectionVec<PCollection>,
     /// The stages, in no particular order.
-    pub stages: Vec<Stage>,
+    pub stages: StageVec<Stage>,
 }
 
 /// A PCollection between stages, with the coders the runner uses to read it.

@@ -25,14 +25,14 @@ use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, BundleSplit, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{SdkStage, StageIdx, StageKind};
+use refract_engine::plan::{PCollectionIdx, SdkStage, StageIdx, StageKind};
 use tokio::sync::watch;
 
 const KEYS: usize = 40;
 const ELEMENTS: usize = 2_000;
-const SOURCE: StageIdx = 1;
-const COUNTER: StageIdx = 2;
-const STEP: StageIdx = 3;
+const SOURCE: StageIdx = StageIdx::new(1);
+const COUNTER: StageIdx = StageIdx::new(2);
+const STEP: StageIdx = StageIdx::new(3);
 
 /// The fake SDK: what ran, and how much at once.
 struct Sdk {
@@ -72,7 +72,10 @@ impl StageExecutor for Executor {
             let mut outputs = Vec::new();
             let mut seen = 0;
             if input.stage == SOURCE {
-                outputs.push((1, common::keyed_elements(ELEMENTS, KEYS)));
+                outputs.push((
+                    PCollectionIdx::new(1),
+                    common::keyed_elements(ELEMENTS, KEYS),
+                ));
             } else {
                 for chunk in &input.elements {
                     seen += decode_windowed_values(
@@ -203,7 +206,10 @@ impl StageExecutor for AlternatingExecutor {
                 });
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 return Ok(BundleOutput {
-                    outputs: vec![(1, common::global_windowed(&[1, b'x'], 0))],
+                    outputs: vec![(
+                        PCollectionIdx::new(1),
+                        common::global_windowed(&[1, b'x'], 0),
+                    )],
                     ..Default::default()
                 });
             }
@@ -242,10 +248,13 @@ async fn a_stage_that_waited_for_the_slot_gets_it_before_the_one_that_just_ran()
     assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "{ran:?}");
     // The sink, upstream's consumer, runs between the source's steps
     // instead of after all of them.
-    let first_sink = ran.iter().position(|(stage, _)| *stage == 2);
+    let first_sink = ran.iter().position(|(stage, _)| *stage == StageIdx::new(2));
     assert!(first_sink.is_some_and(|at| at <= 2), "{ran:?}");
     assert!(
-        ran.iter().filter(|(stage, _)| *stage == 2).count() >= 3,
+        ran.iter()
+            .filter(|(stage, _)| *stage == StageIdx::new(2))
+            .count()
+            >= 3,
         "{ran:?}"
     );
 }

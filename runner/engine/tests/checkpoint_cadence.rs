@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use refract_engine::coder::Coder;
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
-use refract_engine::plan::{SdkStage, StageKind};
+use refract_engine::plan::{PCollectionIdx, SdkStage, StageIdx, StageKind};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -38,10 +38,10 @@ struct Sdk;
 
 impl StageExecutor for Sdk {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
-        let output = if input.stage == 1 {
+        let output = if input.stage == StageIdx::new(1) {
             let step = source_step(&input);
             BundleOutput {
-                outputs: vec![(1, global_windowed(&[1, step as u8], 0))],
+                outputs: vec![(PCollectionIdx::new(1), global_windowed(&[1, step as u8], 0))],
                 residuals: next_source_step(step, STEPS),
                 ..Default::default()
             }

@@ -29,6 +29,7 @@ use futures::future::BoxFuture;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
+use refract_engine::plan::{PCollectionIdx, StageIdx};
 use refract_engine::spill::MemorySpillStore;
 
 const STEPS: u32 = 20;
@@ -38,7 +39,7 @@ const PER_STEP: u8 = 200;
 /// The GroupByKey's share of memory: less than a step's output.
 const GROUP_BYTES: usize = 4 << 10;
 /// The sink.
-const SINK: usize = 3;
+const SINK: StageIdx = StageIdx::new(3);
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(2);
 
@@ -64,7 +65,7 @@ impl StageExecutor for Sdk {
                 .flat_map(|i| global_windowed(&kv(i % KEYS, step as u8, i), 0))
                 .collect();
             BundleOutput {
-                outputs: vec![(1, Bytes::from(block))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(block))],
                 residuals: next_source_step(step, STEPS),
                 ..Default::default()
             }

@@ -29,7 +29,7 @@ use futures::future::BoxFuture;
 use refract_engine::coder::Coder;
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
 use refract_engine::spill::MemorySpillStore;
 
 const STEPS: u32 = 6;
@@ -40,7 +40,7 @@ const VALUE_BYTES: usize = 1 << 10;
 /// The queue's bound (it spills past twice this).
 const QUEUE_BYTES: usize = 4 << 10;
 /// The sink.
-const SINK: usize = 2;
+const SINK: StageIdx = StageIdx::new(2);
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(2);
 
@@ -76,7 +76,7 @@ impl StageExecutor for Sdk {
                 block.extend_from_slice(&global_windowed(&nested(&payload), 0));
             }
             BundleOutput {
-                outputs: vec![(1, Bytes::from(block))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(block))],
                 residuals: next_source_step(step, STEPS),
                 ..Default::default()
             }

@@ -30,7 +30,7 @@ use futures::future::BoxFuture;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
 use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::{BundleState, StateKey};
 
@@ -43,7 +43,7 @@ const VALUE_BYTES: usize = 50;
 /// back).
 const BAG_BYTES: usize = 120;
 /// The stateful stage.
-const STATEFUL: usize = 2;
+const STATEFUL: StageIdx = StageIdx::new(2);
 /// How long writing a checkpoint takes.
 const WRITE_TIME: Duration = Duration::from_millis(2);
 
@@ -97,7 +97,7 @@ impl StageExecutor for Sdk {
                 .flat_map(|k| global_windowed(&kv(k, round as u8), 30))
                 .collect();
             BundleOutput {
-                outputs: vec![(1, Bytes::from(block))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(block))],
                 residuals: next_source_step(round, u32::from(PER_KEY)),
                 ..Default::default()
             }

@@ -18,7 +18,7 @@ use futures::FutureExt;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
 use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
 
@@ -34,7 +34,7 @@ impl StageExecutor for Finalizing {
         let finalized = self.finalized.clone();
         let mut release = self.release.clone();
         async move {
-            if input.stage == 2 {
+            if input.stage == StageIdx::new(2) {
                 let _ = release.wait_for(|r| *r).await;
                 return Ok(BundleOutput::default());
             }
@@ -47,7 +47,7 @@ impl StageExecutor for Finalizing {
             encode_windowed_value(&header, &Coder::GlobalWindow, &[0], &mut element)
                 .expect("encodes");
             Ok(BundleOutput {
-                outputs: vec![(1, Bytes::from(element))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(element))],
                 on_durable: Some(CommitAction::new(move || {
                     finalized.store(true, Ordering::SeqCst)
                 })),
@@ -85,12 +85,14 @@ fn plan() -> Plan {
         pcollections: vec![
             global_pcollection("impulse", Coder::Bytes),
             global_pcollection("read", Coder::Bytes),
-        ],
+        ]
+        .into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("read", sdk(), vec![0], vec![1]),
             stage("slow sink", sdk(), vec![1], vec![]),
-        ],
+        ]
+        .into(),
     }
 }
 

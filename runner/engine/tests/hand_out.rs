@@ -28,6 +28,7 @@ use refract_engine::coder::{
 };
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
+use refract_engine::plan::PCollectionIdx;
 use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::StateKey;
 use refract_engine::window::Window;
@@ -136,7 +137,7 @@ impl StageExecutor for Fake {
             windows: smallvec::smallvec![Window::Global],
             pane: PaneInfo::NO_FIRING,
         };
-        let output = match input.stage {
+        let output = match input.stage.index() {
             // The source: one bundle per step, each deferring the next.
             1 => {
                 let n = common::source_step(&input);
@@ -150,7 +151,7 @@ impl StageExecutor for Fake {
                 }
                 let residuals = common::next_source_step(n, BUNDLES);
                 BundleOutput {
-                    outputs: vec![(1, Bytes::from(out))],
+                    outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
                     residuals,
                     ..BundleOutput::default()
                 }
@@ -192,7 +193,7 @@ async fn a_key_larger_than_memory_is_paged_by_its_consumer_and_checkpoints_resum
     let engine = Engine::new(common::group_plan(), executor, config, "h", Arc::new(|| 0))
         .expect("a valid plan")
         .with_spill(store.clone(), b"job", 1 << 20)
-        .with_state_backed_outputs(&[2])
+        .with_state_backed_outputs(&[PCollectionIdx::new(2)])
         .with_checkpoints(Duration::ZERO, tx, None);
     let summary = engine.run(cancelled).await.expect("the run succeeds");
     assert_eq!(summary.handed_out_keys, 1);

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
+use refract_engine::plan::{PCollectionIdx, StageIdx};
 use refract_engine::state::StateKey;
 use tokio::sync::watch;
 
@@ -58,9 +59,12 @@ impl StageExecutor for Counting {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let me = self.0.clone();
         async move {
-            if input.stage == 1 {
+            if input.stage == StageIdx::new(1) {
                 return Ok(BundleOutput {
-                    outputs: vec![(1, common::keyed_elements(ELEMENTS, KEYS))],
+                    outputs: vec![(
+                        PCollectionIdx::new(1),
+                        common::keyed_elements(ELEMENTS, KEYS),
+                    )],
                     ..Default::default()
                 });
             }

@@ -19,8 +19,9 @@ use refract_engine::coder::{
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
 use refract_engine::manager::{Engine, EngineConfig, EngineError};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageKind, TestStreamEvent,
-    TimeDomain, TimerFamily, Trigger, WindowExpiration, WindowFn, WindowingStrategy,
+    PCollection, PCollectionIdx, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageIdx,
+    StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration, WindowFn,
+    WindowingStrategy,
 };
 use refract_engine::state::StateKey;
 use refract_engine::window::Window;
@@ -39,13 +40,15 @@ fn pc(id: &str, value: Coder, window: Coder) -> PCollection {
     }
 }
 
+/// An SDK stage reading and writing the PCollections numbered `inputs`
+/// and `outputs`.
 fn sdk_stage(name: &str, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
     Stage {
         name: name.into(),
         kind: StageKind::Sdk(SdkStage::default()),
-        inputs,
+        inputs: inputs.into_iter().map(PCollectionIdx::new).collect(),
         side_inputs: vec![],
-        outputs,
+        outputs: outputs.into_iter().map(PCollectionIdx::new).collect(),
     }
 }
 
@@ -53,6 +56,7 @@ fn sdk_stage(name: &str, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
 type StageFn = Arc<dyn Fn(&BundleInput) -> Result<BundleOutput, ExecError> + Send + Sync>;
 
 struct FakeExecutor {
+    /// By stage number.
     stages: BTreeMap<usize, StageFn>,
     bundles: AtomicUsize,
 }
@@ -60,7 +64,7 @@ struct FakeExecutor {
 impl StageExecutor for FakeExecutor {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         self.bundles.fetch_add(1, Ordering::SeqCst);
-        let f = self.stages.get(&input.stage).cloned();
+        let f = self.stages.get(&input.stage.index()).cloned();
         async move {
             match f {
                 Some(f) => f(&input),
@@ -99,7 +103,8 @@ fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeEx
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
             pc("grouped", grouped.clone(), Coder::IntervalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             impulse_stage(),
             sdk_stage("source", vec![0], vec![1]),
@@ -112,12 +117,13 @@ fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeEx
                     },
                     ..WindowingStrategy::global_default()
                 }),
-                inputs: vec![1],
+                inputs: vec![PCollectionIdx::new(1)],
                 side_inputs: vec![],
-                outputs: vec![2],
+                outputs: vec![PCollectionIdx::new(2)],
             },
             sdk_stage("sink", vec![2], vec![]),
-        ],
+        ]
+        .into(),
     };
     let source: StageFn = Arc::new(|_input| {
         let mut out = Vec::new();
@@ -131,7 +137,7 @@ fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeEx
             encode_kv(key, i as i64, ts, &w, &Coder::IntervalWindow, &mut out);
         }
         Ok(BundleOutput {
-            outputs: vec![(1, Bytes::from(out))],
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
             ..Default::default()
         })
     });
@@ -227,13 +233,13 @@ async fn a_groupbykey_feeding_only_a_groupbykey_hands_over_every_group() {
     );
     for shape in [1, 100_000] {
         let (mut plan, mut exec) = gbk_pipeline(Arc::new(Mutex::new(Vec::new())), 0);
-        let gbk = plan.stages[2].clone();
+        let gbk = plan.stages[StageIdx::new(2)].clone();
         plan.pcollections
             .push(pc("regrouped", regrouped.clone(), Coder::IntervalWindow));
-        plan.stages[3] = Stage {
+        plan.stages[StageIdx::new(3)] = Stage {
             name: "regroup".into(),
-            inputs: vec![2],
-            outputs: vec![3],
+            inputs: vec![PCollectionIdx::new(2)],
+            outputs: vec![PCollectionIdx::new(3)],
             ..gbk
         };
         plan.stages.push(sdk_stage("sink", vec![3], vec![]));
@@ -301,7 +307,12 @@ async fn stage_snapshots_show_the_finished_graph() {
         );
         assert_eq!((s.pending_elements, s.bundles_in_flight), (0, 0), "{s:?}");
         // Every stage but the first reads the one before it.
-        assert_eq!(s.inputs, if i == 0 { vec![] } else { vec![i - 1] }, "{s:?}");
+        let previous = if i == 0 {
+            vec![]
+        } else {
+            vec![StageIdx::new(i - 1)]
+        };
+        assert_eq!(s.inputs, previous, "{s:?}");
     }
     let sdk: Vec<_> = stats.iter().filter(|s| s.kind == "sdk").collect();
     assert!(sdk.iter().all(|s| s.bundles_committed > 0), "{sdk:?}");
@@ -362,7 +373,8 @@ async fn side_input_is_complete_before_its_consumer_runs() {
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("main", Coder::Varint, Coder::GlobalWindow),
             pc("side", Coder::Varint, Coder::GlobalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             impulse_stage(),
             sdk_stage("main", vec![0], vec![1]),
@@ -371,13 +383,14 @@ async fn side_input_is_complete_before_its_consumer_runs() {
                 side_inputs: vec![SideInput {
                     transform_id: "consumer".into(),
                     tag: "s".into(),
-                    pcollection: 2,
+                    pcollection: PCollectionIdx::new(2),
                     access: SideInputAccess::Iterable,
                     fires_early: false,
                 }],
                 ..sdk_stage("consumer", vec![1], vec![])
             },
-        ],
+        ]
+        .into(),
     };
     let emit = |pcoll: usize, values: Vec<i64>| -> StageFn {
         Arc::new(move |_| {
@@ -393,7 +406,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
                 encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
             }
             Ok(BundleOutput {
-                outputs: vec![(pcoll, Bytes::from(out))],
+                outputs: vec![(PCollectionIdx::new(pcoll), Bytes::from(out))],
                 ..Default::default()
             })
         })
@@ -433,18 +446,20 @@ async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
         pcollections: vec![
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("flat", Coder::Bytes, Coder::GlobalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             impulse_stage(),
             Stage {
                 name: "flatten".into(),
                 kind: StageKind::Flatten,
-                inputs: vec![0, 0],
+                inputs: vec![PCollectionIdx::new(0), PCollectionIdx::new(0)],
                 side_inputs: vec![],
-                outputs: vec![1],
+                outputs: vec![PCollectionIdx::new(1)],
             },
             sdk_stage("count", vec![1], vec![]),
-        ],
+        ]
+        .into(),
     };
     let count = Arc::new(AtomicUsize::new(0));
     let c2 = count.clone();
@@ -479,12 +494,12 @@ async fn user_state_of_an_expired_window_is_collected() {
     let plan = stateful_plan(
         vec![
             TestStreamEvent::Elements {
-                output: 0,
+                output: PCollectionIdx::new(0),
                 elements: vec![keyed_at("k", 5)],
             },
             TestStreamEvent::Watermark(50),
             TestStreamEvent::Elements {
-                output: 0,
+                output: PCollectionIdx::new(0),
                 elements: vec![keyed_at("k", 105)],
             },
         ],
@@ -556,7 +571,7 @@ fn window_by_hundreds() -> StageFn {
             }
         }
         Ok(BundleOutput {
-            outputs: vec![(1, Bytes::from(out))],
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
             ..Default::default()
         })
     })
@@ -577,21 +592,23 @@ fn stateful_plan(events: Vec<TestStreamEvent>, stateful: SdkStage) -> Plan {
         pcollections: vec![
             pc("raw", kv.clone(), Coder::GlobalWindow),
             pc("in", kv, Coder::IntervalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             Stage {
                 name: "stream".into(),
                 kind: StageKind::TestStream(events),
                 inputs: vec![],
                 side_inputs: vec![],
-                outputs: vec![0],
+                outputs: vec![PCollectionIdx::new(0)],
             },
             sdk_stage("window", vec![0], vec![1]),
             Stage {
                 kind: StageKind::Sdk(stateful),
                 ..sdk_stage("stateful", vec![1], vec![])
             },
-        ],
+        ]
+        .into(),
     }
 }
 
@@ -649,12 +666,12 @@ fn user_timer_per_element(input: &BundleInput, fire_at: impl Fn(i64) -> i64) -> 
 async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers() {
     let events = vec![
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("a", 1), keyed_at("a", 3), keyed_at("b", 5)],
         },
         TestStreamEvent::Watermark(50),
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("a", 105)],
         },
     ];
@@ -746,7 +763,7 @@ async fn window_expiration_fires_once_per_key_and_window_after_its_user_timers()
 async fn timers_due_together_fire_in_bundles_of_the_element_bound() {
     let keys = ["a", "b", "c", "d", "e", "f", "g"];
     let events = vec![TestStreamEvent::Elements {
-        output: 0,
+        output: PCollectionIdx::new(0),
         elements: keys.iter().map(|k| keyed_at(k, 1)).collect(),
     }];
     let plan = stateful_plan(
@@ -799,12 +816,12 @@ async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
     };
     let events = vec![
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("k", 1)],
         },
         TestStreamEvent::ProcessingTime(5_000),
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("k", 2)],
         },
         TestStreamEvent::ProcessingTime(10_000),
@@ -884,12 +901,12 @@ async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
 async fn time_sorted_input_waits_for_the_watermark_and_arrives_in_order() {
     let events = vec![
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("k", 30), keyed_at("k", 10), keyed_at("k", 20)],
         },
         TestStreamEvent::Watermark(25),
         TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: vec![keyed_at("k", 40), keyed_at("k", 5)],
         },
     ];
@@ -936,7 +953,7 @@ fn impulse_stage() -> Stage {
         kind: StageKind::Impulse,
         inputs: vec![],
         side_inputs: vec![],
-        outputs: vec![0],
+        outputs: vec![PCollectionIdx::new(0)],
     }
 }
 
@@ -977,12 +994,14 @@ async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
         pcollections: vec![
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("numbers", Coder::Bytes, Coder::GlobalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             impulse_stage(),
             splittable_source_stage(),
             sdk_stage("sink", vec![1], vec![]),
-        ],
+        ]
+        .into(),
     };
     let rounds = Arc::new(AtomicUsize::new(0));
     let source: StageFn = Arc::new(move |input| {
@@ -999,7 +1018,7 @@ async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
         }
         let residuals = checkpoint_until(input, rounds.fetch_add(1, Ordering::SeqCst), 30);
         Ok(BundleOutput {
-            outputs: vec![(1, Bytes::from(out))],
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
             residuals,
             ..Default::default()
         })
@@ -1085,19 +1104,21 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize, how: Reshuffl
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("records", kv, Coder::GlobalWindow),
             pc("reshuffled", sink_coder.clone(), Coder::GlobalWindow),
-        ],
+        ]
+        .into(),
         stages: vec![
             impulse_stage(),
             splittable_source_stage(),
             Stage {
                 name: "reshuffle".into(),
                 kind,
-                inputs: vec![1],
+                inputs: vec![PCollectionIdx::new(1)],
                 side_inputs: vec![],
-                outputs: vec![2],
+                outputs: vec![PCollectionIdx::new(2)],
             },
             sdk_stage("sink", vec![2], vec![]),
-        ],
+        ]
+        .into(),
     };
     let produced = Arc::new(AtomicUsize::new(0));
     let consumed = Arc::new(AtomicUsize::new(0));
@@ -1123,7 +1144,7 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize, how: Reshuffl
             let round = produced.fetch_add(1000, Ordering::SeqCst) / 1000;
             let residuals = checkpoint_until(input, round, 30);
             Ok(BundleOutput {
-                outputs: vec![(1, Bytes::from(out))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
                 residuals,
                 ..Default::default()
             })

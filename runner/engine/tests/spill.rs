@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, StageKind};
+use refract_engine::plan::{PCollectionIdx, Plan, StageIdx, StageKind};
 use refract_engine::spill::{MemorySpillStore, SpillStore};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_engine::window::Window;
@@ -59,9 +59,9 @@ const PART_BYTES: usize = 1000;
 const CHUNK_BYTES: [usize; 5] = [1, 3, 17, 1000, 45];
 
 /// `bytes` as PCollection 1's output: one chunk, or several cut anywhere.
-fn in_memory(bytes: &[u8], chunked: bool) -> Vec<(usize, Bytes)> {
+fn in_memory(bytes: &[u8], chunked: bool) -> Vec<(PCollectionIdx, Bytes)> {
     if !chunked {
-        return vec![(1, Bytes::copy_from_slice(bytes))];
+        return vec![(PCollectionIdx::new(1), Bytes::copy_from_slice(bytes))];
     }
     let mut out = Vec::new();
     let mut at = 0;
@@ -70,7 +70,10 @@ fn in_memory(bytes: &[u8], chunked: bool) -> Vec<(usize, Bytes)> {
             break;
         }
         let end = (at + len).min(bytes.len());
-        out.push((1, Bytes::copy_from_slice(&bytes[at..end])));
+        out.push((
+            PCollectionIdx::new(1),
+            Bytes::copy_from_slice(&bytes[at..end]),
+        ));
         at = end;
     }
     out
@@ -105,7 +108,7 @@ fn source_output(
     let spilled = SpilledOutput::new(store.clone(), prefix, cut as u64).expect("a prefix");
     BundleOutput {
         outputs: in_memory(&out[cut..], chunked),
-        spilled: vec![(1, spilled)],
+        spilled: vec![(PCollectionIdx::new(1), spilled)],
         ..Default::default()
     }
 }
@@ -136,7 +139,7 @@ impl StageExecutor for Fake {
                 windows: smallvec::smallvec![Window::Global],
                 pane: PaneInfo::NO_FIRING,
             };
-            match input.stage {
+            match input.stage.index() {
                 // The source: one bundle per restriction, each deferring
                 // the next one (a self-checkpointing read).
                 1 => {
@@ -344,7 +347,7 @@ struct Recorder {
 
 impl StageExecutor for Recorder {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
-        if input.stage != 3 {
+        if input.stage != StageIdx::new(3) {
             return self.source.execute(input);
         }
         let received = self.received.clone();
@@ -368,9 +371,10 @@ impl StageExecutor for Recorder {
 /// GroupByKey: impulse → source → Flatten → sink.
 fn reshuffle_plan() -> Plan {
     let mut plan = common::group_plan();
-    plan.pcollections[2] =
-        global_pcollection("reshuffled", plan.pcollections[1].value_coder.clone());
-    plan.stages[2] = stage("reshuffle", StageKind::Flatten, vec![1], vec![2]);
+    let (read, grouped) = (PCollectionIdx::new(1), PCollectionIdx::new(2));
+    plan.pcollections[grouped] =
+        global_pcollection("reshuffled", plan.pcollections[read].value_coder.clone());
+    plan.stages[StageIdx::new(2)] = stage("reshuffle", StageKind::Flatten, vec![1], vec![2]);
     plan
 }
 

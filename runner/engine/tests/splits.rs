@@ -38,7 +38,9 @@ use refract_engine::executor::{
     BundleInput, BundleOutput, BundleSplit, ExecError, Residual, StageExecutor, TimerInput,
 };
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
+use refract_engine::plan::{
+    PCollectionIdx, Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily,
+};
 use tokio::sync::{watch, Notify};
 
 #[derive(Default)]
@@ -67,7 +69,7 @@ fn values(chunks: &[Bytes]) -> Vec<Bytes> {
 }
 
 /// A bundle's output: the one-byte numbers `numbers` on `pcollection`.
-fn numbered(pcollection: usize, numbers: impl IntoIterator<Item = u8>) -> BundleOutput {
+fn numbered(pcollection: PCollectionIdx, numbers: impl IntoIterator<Item = u8>) -> BundleOutput {
     let mut out = Vec::new();
     for n in numbers {
         out.extend_from_slice(&global_windowed(&[1, n], 0));
@@ -93,9 +95,9 @@ impl StageExecutor for Fake {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let me = self.0.clone();
         async move {
-            match input.stage {
+            match input.stage.index() {
                 1 => Ok(BundleOutput {
-                    outputs: vec![(1, restriction(0, 100))],
+                    outputs: vec![(PCollectionIdx::new(1), restriction(0, 100))],
                     ..Default::default()
                 }),
                 2 => {
@@ -123,7 +125,7 @@ impl StageExecutor for Fake {
                     if from == 50 {
                         me.residual_started.notify_one();
                     }
-                    Ok(numbered(2, from..to))
+                    Ok(numbered(PCollectionIdx::new(2), from..to))
                 }
                 _ => Ok(count_into(&me.seen, &input)),
             }
@@ -146,13 +148,15 @@ fn plan(splittable: bool) -> Plan {
             global_pcollection("impulse", Coder::Bytes),
             global_pcollection("inputs", Coder::Bytes),
             global_pcollection("outputs", Coder::Bytes),
-        ],
+        ]
+        .into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("make", sdk(false), vec![0], vec![1]),
             stage("read", sdk(splittable), vec![1], vec![2]),
             stage("sink", sdk(false), vec![2], vec![]),
-        ],
+        ]
+        .into(),
     }
 }
 
@@ -205,8 +209,8 @@ impl StageExecutor for FanOutFake {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let me = self.0.clone();
         async move {
-            match input.stage {
-                1 => Ok(numbered(1, 0..ELEMENTS)),
+            match input.stage.index() {
+                1 => Ok(numbered(PCollectionIdx::new(1), 0..ELEMENTS)),
                 2 => {
                     let given = elements(&input);
                     let numbers: Vec<u8> = values(&given).iter().map(|v| v[1]).collect();
@@ -219,7 +223,7 @@ impl StageExecutor for FanOutFake {
                         input.splits.send(split_at(&given, KEPT));
                         done = &numbers[..KEPT];
                     }
-                    Ok(numbered(2, done.iter().copied()))
+                    Ok(numbered(PCollectionIdx::new(2), done.iter().copied()))
                 }
                 _ => Ok(count_into(&me.seen, &input)),
             }
@@ -319,14 +323,14 @@ impl StageExecutor for KeyedFake {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
         let me = self.0.clone();
         async move {
-            match input.stage {
+            match input.stage.index() {
                 1 => {
                     let mut block = Vec::new();
                     for n in 0..KEYS {
                         block.extend_from_slice(&keyed_element(n));
                     }
                     Ok(BundleOutput {
-                        outputs: vec![(1, Bytes::from(block))],
+                        outputs: vec![(PCollectionIdx::new(1), Bytes::from(block))],
                         ..Default::default()
                     })
                 }
@@ -550,14 +554,14 @@ async fn a_streaming_bundle_split_with_timers_keeps_the_key_groups_of_its_timers
     let mut elements: Vec<(Bytes, i64)> = (0..KEYS).map(|n| (bare_kv(n, n), 30)).collect();
     elements.extend((0..KEYS).map(|n| (bare_kv(n, n + 100), 30)));
     let plan = Plan {
-        pcollections: vec![global_pcollection("kvs", kv_coder())],
+        pcollections: vec![global_pcollection("kvs", kv_coder())].into(),
         stages: vec![
             stage(
                 "stream",
                 StageKind::TestStream(vec![
                     TestStreamEvent::Watermark(20),
                     TestStreamEvent::Elements {
-                        output: 0,
+                        output: PCollectionIdx::new(0),
                         elements,
                     },
                 ]),
@@ -574,7 +578,8 @@ async fn a_streaming_bundle_split_with_timers_keeps_the_key_groups_of_its_timers
                 vec![0],
                 vec![],
             ),
-        ],
+        ]
+        .into(),
     };
     let config = EngineConfig {
         max_bundles_per_stage: 2,

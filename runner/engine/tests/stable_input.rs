@@ -28,7 +28,7 @@ use refract_engine::coder::{
 };
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind};
+use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageKind};
 use refract_engine::window::Window;
 
 /// Elements the source emits per run.
@@ -50,7 +50,7 @@ struct Sdk {
 
 impl StageExecutor for Sdk {
     fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
-        let output = match input.stage {
+        let output = match input.stage.index() {
             1 => {
                 let run = self.source_runs.fetch_add(1, Ordering::SeqCst) + 1;
                 let mut out = Vec::new();
@@ -66,7 +66,7 @@ impl StageExecutor for Sdk {
                         .expect("encodes");
                 }
                 BundleOutput {
-                    outputs: vec![(1, Bytes::from(out))],
+                    outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
                     ..Default::default()
                 }
             }

@@ -54,7 +54,9 @@ use refract_engine::coder::{decode_timers, decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::key_groups::key_group;
 use refract_engine::manager::{Engine, EngineConfig};
-use refract_engine::plan::{Plan, SdkStage, StageKind, TestStreamEvent, TimerFamily};
+use refract_engine::plan::{
+    PCollectionIdx, Plan, SdkStage, StageIdx, StageKind, TestStreamEvent, TimerFamily,
+};
 use refract_engine::spill::MemorySpillStore;
 use refract_engine::state::{BundleState, StateKey};
 use tokio::sync::watch;
@@ -96,7 +98,7 @@ enum Report {
 struct Fake {
     case: Case,
     /// The stateful stage's index.
-    stateful: usize,
+    stateful: StageIdx,
     /// Bundles started (seeds each bundle's choices).
     started: AtomicU64,
     /// Reports per key, in the order they were made.
@@ -277,7 +279,7 @@ impl StageExecutor for Executor {
                 .flat_map(|kv| global_windowed(kv, 30))
                 .collect();
             Ok(BundleOutput {
-                outputs: vec![(1, Bytes::from(block))],
+                outputs: vec![(PCollectionIdx::new(1), Bytes::from(block))],
                 ..Default::default()
             })
         }
@@ -296,28 +298,32 @@ fn stateful_kind() -> StageKind {
 
 /// Batch: impulse → source → stateful. Streaming: TestStream (the input in
 /// three steps, past the timers' time) → stateful.
-fn plan(case: &Case) -> (Plan, usize) {
+fn plan(case: &Case) -> (Plan, StageIdx) {
     if !case.streaming {
-        return (sourced_plan(kv_coder(), TRANSFORM, stateful_kind()), 2);
+        return (
+            sourced_plan(kv_coder(), TRANSFORM, stateful_kind()),
+            StageIdx::new(2),
+        );
     }
     let all = arrivals(case);
     let third = all.len().div_ceil(3).max(1);
     let mut events = vec![TestStreamEvent::Watermark(20)];
     for (step, part) in all.chunks(third).enumerate() {
         events.push(TestStreamEvent::Elements {
-            output: 0,
+            output: PCollectionIdx::new(0),
             elements: part.iter().map(|kv| (kv.clone(), 30)).collect(),
         });
         events.push(TestStreamEvent::Watermark(25 + step as i64));
     }
     let plan = Plan {
-        pcollections: vec![global_pcollection("kvs", kv_coder())],
+        pcollections: vec![global_pcollection("kvs", kv_coder())].into(),
         stages: vec![
             stage("stream", StageKind::TestStream(events), vec![], vec![0]),
             stage(TRANSFORM, stateful_kind(), vec![0], vec![]),
-        ],
+        ]
+        .into(),
     };
-    (plan, 1)
+    (plan, StageIdx::new(1))
 }
 
 fn run_case(case: Case) -> Arc<Fake> {

@@ -231,8 +231,7 @@ pub(super) async fn run_job(
         let stage_names = translated
             .plan
             .stages
-            .iter()
-            .enumerate()
+            .iter_enumerated()
             .map(|(idx, stage)| (idx, stage.name.clone()))
             .collect();
         // Up to `max_bundles_per_stage` bundles of a stage run at once, and

@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use refract_engine::plan::{
-    ClosingBehavior, FinishedTrigger, PCollection, Plan, SideInput, Stage, StageKind,
+    ClosingBehavior, FinishedTrigger, PCollection, PCollectionIdx, Plan, SideInput, Stage,
+    StageIdx, StageKind,
 };
 use refract_proto::pipeline as pb;
 use refract_proto::urns;
@@ -25,7 +26,7 @@ pub(crate) fn assemble(
     rewrite::rewrite(&mut graph, &groups, &bounds)?;
 
     let mut plan = Plan::default();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut index: HashMap<String, PCollectionIdx> = HashMap::new();
     for pcoll in &bounds.pcolls {
         let referrer = format!("PCollection '{pcoll}'");
         let pc = graph
@@ -38,21 +39,20 @@ pub(crate) fn assemble(
         let window = window_coder_of(&graph, pcoll)?;
         let window = graph.coders.safe_window(&window, &referrer)?;
         let window_coder = graph.coders.engine(&window, &referrer)?;
-        index.insert(pcoll.clone(), plan.pcollections.len());
-        plan.pcollections.push(PCollection {
+        let at = plan.pcollections.push(PCollection {
             id: pcoll.clone(),
             value_coder,
             window_coder,
             bounded,
         });
+        index.insert(pcoll.clone(), at);
     }
-    let lookup =
-        |index: &HashMap<String, usize>, pcoll: &String| -> Result<usize, TranslateError> {
-            index
-                .get(pcoll)
-                .copied()
-                .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
-        };
+    let lookup = |index: &HashMap<String, PCollectionIdx>, pcoll: &String| {
+        index
+            .get(pcoll)
+            .copied()
+            .ok_or_else(|| TranslateError::missing("PCollection", pcoll, "the plan"))
+    };
 
     let python_only = !graph.components.environments.is_empty()
         && graph
@@ -64,6 +64,8 @@ pub(crate) fn assemble(
     let mut sdk_stages = HashMap::new();
     let mut window_mergers = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
+        // Groups become stages in order: group `g` is stage `g`.
+        let stage_idx = StageIdx::new(g);
         let stage = match group {
             Group::Runner(i) => {
                 let node = graph.nodes[*i].clone();
@@ -108,8 +110,8 @@ pub(crate) fn assemble(
                             // Java's expect Beam's.
                             strategy.finished_trigger = FinishedTrigger::Restarts;
                         }
-                        if let Some(m) = merge::window_merger(&mut graph, &node, g, opts)? {
-                            window_mergers.insert(g, m);
+                        if let Some(m) = merge::window_merger(&mut graph, &node, stage_idx, opts)? {
+                            window_mergers.insert(stage_idx, m);
                         }
                         StageKind::GroupByKey(strategy)
                     }
@@ -138,8 +140,15 @@ pub(crate) fn assemble(
             }
             Group::Sdk(s) => {
                 let sinks = bounds.sinks.get(g).map(Vec::as_slice).unwrap_or_default();
-                let built =
-                    descriptor::build(&mut graph, s, g, sinks, &index, &state_backed, opts)?;
+                let built = descriptor::build(
+                    &mut graph,
+                    s,
+                    stage_idx,
+                    sinks,
+                    &index,
+                    &state_backed,
+                    opts,
+                )?;
                 let name = s
                     .nodes
                     .iter()
@@ -171,7 +180,7 @@ pub(crate) fn assemble(
                     .map(|(_, idx)| *idx)
                     .collect();
                 graph.unique_names.extend(built.synthetic_names);
-                sdk_stages.insert(g, built.descriptor);
+                sdk_stages.insert(stage_idx, built.descriptor);
                 Stage {
                     name,
                     kind: StageKind::Sdk(built.stage),
@@ -190,7 +199,7 @@ pub(crate) fn assemble(
         streaming = opts.streaming,
         "translated pipeline"
     );
-    let mut state_backed_outputs: Vec<usize> = state_backed
+    let mut state_backed_outputs: Vec<PCollectionIdx> = state_backed
         .iter()
         .filter_map(|p| index.get(p).copied())
         .collect();

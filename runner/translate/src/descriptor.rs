@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use refract_engine::plan::{SdkStage, SideInputAccess, TimeDomain, TimerFamily, WindowExpiration};
+use refract_engine::plan::{
+    PCollectionIdx, SdkStage, SideInputAccess, StageIdx, TimeDomain, TimerFamily, WindowExpiration,
+};
 use refract_proto::fn_api;
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -44,9 +46,9 @@ pub(crate) struct BuiltStage {
 pub(crate) fn build(
     graph: &mut Graph,
     group: &SdkGroup,
-    stage_idx: usize,
+    stage_idx: StageIdx,
     sinks: &[String],
-    pcoll_index: &HashMap<String, usize>,
+    pcoll_index: &HashMap<String, PCollectionIdx>,
     state_backed: &HashSet<String>,
     opts: &TranslateOptions,
 ) -> Result<BuiltStage, TranslateError> {

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use refract_engine::plan::StageIdx;
 use refract_proto::fn_api;
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -26,7 +27,7 @@ use crate::{TranslateOptions, WindowMerger};
 pub(crate) fn window_merger(
     graph: &mut Graph,
     node: &Node,
-    stage_idx: usize,
+    stage_idx: StageIdx,
     opts: &TranslateOptions,
 ) -> Result<Option<WindowMerger>, TranslateError> {
     let Some(input) = node.inputs.first() else {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use refract_engine::coder::{encode_varint_u64, Coder};
-use refract_engine::plan::{Plan, TestStreamEvent};
+use refract_engine::plan::{PCollectionIdx, Plan, TestStreamEvent};
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
 
@@ -37,7 +37,7 @@ pub(crate) fn payload(node: &Node) -> Result<pb::TestStreamPayload, TranslateErr
 pub(crate) fn events(
     node: &Node,
     plan: &Plan,
-    index: &HashMap<String, usize>,
+    index: &HashMap<String, PCollectionIdx>,
     coders: &Coders,
     from_go: bool,
 ) -> Result<Vec<TestStreamEvent>, TranslateError> {
@@ -50,7 +50,7 @@ pub(crate) fn events(
         [(_, only)] => Some(only),
         _ => None,
     };
-    let output_for = |tag: &str| -> Result<usize, TranslateError> {
+    let output_for = |tag: &str| -> Result<PCollectionIdx, TranslateError> {
         let pcoll = node
             .transform
             .outputs

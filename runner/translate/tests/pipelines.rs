@@ -10,7 +10,7 @@ mod common;
 use common::{count, describe, port, sdk_transform_names, stage_with, transform, translated};
 use refract_engine::coder::Coder;
 use refract_engine::plan::{
-    AccumulationMode, SideInputAccess, StageKind, TimeDomain, Trigger, WindowFn,
+    AccumulationMode, SideInputAccess, StageIdx, StageKind, TimeDomain, Trigger, WindowFn,
 };
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -52,11 +52,11 @@ fn urn(t: &pb::PTransform) -> &str {
 }
 
 /// The stage (by index) whose name is exactly `name`.
-fn stage_named(t: &Translated, name: &str) -> usize {
+fn stage_named(t: &Translated, name: &str) -> StageIdx {
     t.plan
         .stages
-        .iter()
-        .position(|s| s.name == name)
+        .iter_enumerated()
+        .find_map(|(at, s)| (s.name == name).then_some(at))
         .unwrap_or_else(|| panic!("no stage '{name}'\n{}", describe(t)))
 }
 
@@ -226,11 +226,10 @@ fn side_inputs_are_read_through_state() {
     for side in &stage.side_inputs {
         assert_eq!(&side.transform_id, use_id);
         // Produced by another stage, which sends it to the runner.
-        let producers: Vec<usize> = t
+        let producers: Vec<StageIdx> = t
             .plan
             .stages
-            .iter()
-            .enumerate()
+            .iter_enumerated()
             .filter(|(_, st)| st.outputs.contains(&side.pcollection))
             .map(|(i, _)| i)
             .collect();

@@ -139,13 +139,13 @@ impl Engine {
             failures: 0,
             retry_at: None,
         });
-        for (idx, stage) in self.plan.stages.iter().enumerate() {
+        for (idx, stage) in self.plan.stages.iter_enumerated() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
                 self.stages[idx].pending.gate();
             }
         }
         if !self.bags_may_spill() {
-            for (idx, user_state) in self.user_state.iter().enumerate() {
+            for (idx, user_state) in self.user_state.iter_enumerated() {
                 if let Err(error) = user_state.lock().disable_bag_spill() {
                     // Bags it could not read stay on disk (periodic
                     // checkpoints wait while they are there); parts it
@@ -234,8 +234,7 @@ impl Engine {
         }
         let marks: Vec<(StageIdx, u64)> = self
             .stages
-            .iter()
-            .enumerate()
+            .iter_enumerated()
             .map(|(idx, s)| (idx, s.pending.checkpoint_mark()))
             .collect();
         let Some(sink) = &mut self.checkpoints else {
@@ -339,13 +338,13 @@ impl Engine {
     /// named may go. (What cannot
     /// be deleted now is owed again by the next checkpoint.)
     fn spill_durable(&mut self, number: u64) {
-        for (idx, user_state) in self.user_state.iter().enumerate() {
+        for (idx, user_state) in self.user_state.iter_enumerated() {
             if let Err(error) = user_state.lock().checkpoint_durable(number) {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete user state no checkpoint needs");
             }
         }
-        for (idx, s) in self.stages.iter_mut().enumerate() {
+        for (idx, s) in self.stages.iter_enumerated_mut() {
             if let Err(error) = s.pending.checkpoint_durable(number) {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete queued elements no checkpoint needs");

@@ -33,7 +33,8 @@ use crate::executor::{
 };
 use crate::grouping::{GroupingBuffer, GroupingError};
 use crate::plan::{
-    PCollectionIdx, Plan, SideInputAccess, StageIdx, StageKind, TestStreamEvent, TimeDomain,
+    PCollectionIdx, PCollectionVec, Plan, SideInputAccess, StageIdx, StageKind, StageVec,
+    TestStreamEvent, TimeDomain,
 };
 use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
@@ -291,12 +292,12 @@ pub struct Engine {
     plan: Plan,
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
-    stages: Vec<StageRt>,
-    consumers: Vec<Consumers>,
-    producers: Vec<Option<StageIdx>>,
+    stages: StageVec<StageRt>,
+    consumers: PCollectionVec<Consumers>,
+    producers: PCollectionVec<Option<StageIdx>>,
     topo: Vec<StageIdx>,
     side_inputs: Arc<Mutex<SideInputStore>>,
-    user_state: Vec<Arc<Mutex<UserStateStore>>>,
+    user_state: StageVec<Arc<Mutex<UserStateStore>>>,
     in_flight: HashMap<u64, InFlight>,
     /// Bundles the SDK workers behind groups of stages run at once.
     slot_groups: SlotGroups,
@@ -369,9 +370,10 @@ impl Engine {
         // A batch pipeline has no late data; one whose watermark a
         // TestStream scripts means the lateness it makes.
         let keeps_late_data = !config.streaming && !scripted;
-        let mut consumers = vec![Consumers::default(); plan.pcollections.len()];
-        let mut producers = vec![None; plan.pcollections.len()];
-        for (idx, stage) in plan.stages.iter().enumerate() {
+        let mut consumers =
+            PCollectionVec::from(vec![Consumers::default(); plan.pcollections.len()]);
+        let mut producers = PCollectionVec::from(vec![None; plan.pcollections.len()]);
+        for (idx, stage) in plan.stages.iter_enumerated() {
             for &p in &stage.inputs {
                 let c = consumers.get_mut(p).ok_or_else(|| {
                     EngineError::InvalidPlan(format!(
@@ -408,7 +410,7 @@ impl Engine {
             }
         }
         let topo = topological_order(&plan, &producers)?;
-        let mut stages = Vec::with_capacity(n);
+        let mut stages = StageVec::from(Vec::with_capacity(n));
         for stage in &plan.stages {
             let grouping = match &stage.kind {
                 StageKind::GroupByKey(strategy) => {
@@ -550,9 +552,9 @@ impl Engine {
     ) -> Self {
         self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
         let bags_may_spill = self.bags_may_spill();
-        for (idx, s) in self.stages.iter_mut().enumerate() {
+        for (idx, s) in self.stages.iter_enumerated_mut() {
             let mut key = crate::spill::job_space(prefix);
-            key.extend_from_slice(&(idx as u32).to_be_bytes());
+            key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
             if let Some(g) = s.grouping.as_mut() {
                 // Beside the checkpoints in streaming, where a window may
                 // stay spilled for hours; in batch, windows are emitted once
@@ -561,7 +563,7 @@ impl Engine {
                     Some(durable) if self.config.streaming => {
                         let mut durable_key = crate::spill::job_space(prefix);
                         durable_key.extend_from_slice(&GROUPING_SPACE.to_be_bytes());
-                        durable_key.extend_from_slice(&(idx as u32).to_be_bytes());
+                        durable_key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
                         g.enable_durable_spill(durable.clone(), durable_key, limit_bytes)
                     }
                     _ => false,
@@ -588,7 +590,7 @@ impl Engine {
             if sdk.stateful && bags_may_spill {
                 let mut state_key = crate::spill::job_space(prefix);
                 state_key.extend_from_slice(&USER_STATE_SPACE.to_be_bytes());
-                state_key.extend_from_slice(&(idx as u32).to_be_bytes());
+                state_key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
                 let mut user_state = self.user_state[idx].lock();
                 match &self.durable_state {
                     Some(durable) => {
@@ -607,7 +609,7 @@ impl Engine {
                     Some(durable) => {
                         let mut key = crate::spill::job_space(prefix);
                         key.extend_from_slice(&QUEUE_SPACE.to_be_bytes());
-                        key.extend_from_slice(&(idx as u32).to_be_bytes());
+                        key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
                         Overflow::durable(durable.clone(), key, window_coder, limit_bytes)
                     }
                     None => Overflow::new(store.clone(), key, window_coder, limit_bytes),
@@ -634,7 +636,7 @@ impl Engine {
         if stable_input {
             return self;
         }
-        for (idx, s) in self.stages.iter_mut().enumerate() {
+        for (idx, s) in self.stages.iter_enumerated_mut() {
             let stage = &self.plan.stages[idx];
             let Some(g) = s.grouping.as_mut() else {
                 continue;
@@ -651,7 +653,7 @@ impl Engine {
     /// that carried one was then processed and committed, so none is in a
     /// checkpoint to come and no retry reads one again.
     fn release_consumed_hand_outs(&mut self) -> Result<(), GroupingError> {
-        for idx in 0..self.stages.len() {
+        for idx in self.stages.indices() {
             if !self.stages[idx]
                 .grouping
                 .as_ref()
@@ -687,7 +689,7 @@ impl Engine {
     /// checkpoint waits for. (Not data on a durable store, which
     /// checkpoints name.)
     fn spilled(&self) -> Option<(StageIdx, &'static str)> {
-        self.stages.iter().enumerate().find_map(|(idx, s)| {
+        self.stages.iter_enumerated().find_map(|(idx, s)| {
             let grouping = s.grouping.as_ref();
             let what = if s.pending.holds_scratch_spill() {
                 "its queue"
@@ -750,8 +752,7 @@ impl Engine {
             if self.idle() && self.all_done() {
                 self.summary.dropped_late_by_stage = self
                     .stages
-                    .iter()
-                    .enumerate()
+                    .iter_enumerated()
                     .filter_map(|(i, s)| {
                         let dropped = s.grouping.as_ref()?.dropped_late();
                         (dropped > 0).then(|| (self.plan.stages[i].name.clone(), dropped))
@@ -901,7 +902,7 @@ impl Engine {
     /// still to emit (and may go on now): the engine comes straight back
     /// to it after scheduling what it emitted.
     fn more_to_fire(&self) -> bool {
-        self.stages.iter().enumerate().any(|(idx, s)| {
+        self.stages.iter_enumerated().any(|(idx, s)| {
             s.grouping.as_ref().is_some_and(|g| {
                 !s.merging
                     && !g.needs_merge()
@@ -954,7 +955,7 @@ impl Engine {
 
     fn release_delayed(&mut self) -> Result<(), EngineError> {
         let now = Instant::now();
-        for (idx, s) in self.stages.iter_mut().enumerate() {
+        for (idx, s) in self.stages.iter_enumerated_mut() {
             let (ready, waiting): (Vec<_>, Vec<_>) =
                 s.delayed.drain(..).partition(|(at, _, _)| *at <= now);
             s.delayed = waiting;

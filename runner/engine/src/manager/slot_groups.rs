@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::bundle_slots::BundleSlots;
 use crate::executor::StageExecutor;
-use crate::plan::{Plan, StageIdx, StageKind};
+use crate::plan::{Plan, StageIdx, StageKind, StageVec};
 
 /// One executor-given set of slots and the bundles running in it.
 struct Group {
@@ -17,12 +17,12 @@ struct Group {
 #[derive(Default)]
 pub(super) struct SlotGroups {
     /// Stage → its group, if its bundles are bounded by one.
-    of_stage: Vec<Option<usize>>,
+    of_stage: StageVec<Option<usize>>,
     groups: Vec<Group>,
     /// Stage → the look at which it began to wait for a slot with input
     /// and no bundle running, if it has not had one since: the longest
     /// waiting gets the next free slot.
-    waiting_since: Vec<Option<u64>>,
+    waiting_since: StageVec<Option<u64>>,
     /// Looks so far.
     looks: u64,
 }
@@ -32,9 +32,11 @@ impl SlotGroups {
     /// given the same slots form one group.
     pub(super) fn new(plan: &Plan, executor: &dyn StageExecutor) -> Self {
         let mut groups: Vec<Group> = Vec::new();
-        let of_stage = (0..plan.stages.len())
-            .map(|idx| {
-                if !matches!(plan.stages[idx].kind, StageKind::Sdk(_)) {
+        let of_stage = plan
+            .stages
+            .iter_enumerated()
+            .map(|(idx, stage)| {
+                if !matches!(stage.kind, StageKind::Sdk(_)) {
                     return None;
                 }
                 let slots = executor.bundle_slots(idx)?;
@@ -52,7 +54,7 @@ impl SlotGroups {
         SlotGroups {
             of_stage,
             groups,
-            waiting_since: vec![None; plan.stages.len()],
+            waiting_since: StageVec::from(vec![None; plan.stages.len()]),
             looks: 0,
         }
     }

@@ -231,7 +231,7 @@ impl Engine {
                 rerun_bundles: flights.iter().map(|(id, _)| **id).collect(),
             },
         )?);
-        for (idx, s) in self.stages.iter().enumerate() {
+        for (idx, s) in self.stages.iter_enumerated() {
             let mut pending = Vec::new();
             let mut timers = Cow::Borrowed(&s.timers);
             for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
@@ -345,7 +345,7 @@ impl Engine {
             )));
         }
         let now = Instant::now();
-        for idx in 0..self.stages.len() {
+        for idx in self.stages.indices() {
             let name = format!("stage/{idx}");
             let record: StageRecord = decode(&name, part(&name)?)?;
             let gated = self.checkpoints.is_some()
@@ -424,7 +424,7 @@ impl Engine {
         self.summary.bundles = engine.bundles;
         self.summary.peak_pending_bytes = engine.peak_pending_bytes as usize;
         // Stages that had finished tell their side-input readers again.
-        for idx in 0..self.stages.len() {
+        for idx in self.stages.indices() {
             if self.stages[idx].output_wm >= MAX_TIMESTAMP {
                 self.on_stage_finished(idx);
             }

@@ -5,12 +5,12 @@ use super::*;
 /// Stages ordered so every producer precedes its consumers (side inputs included).
 pub(super) fn topological_order(
     plan: &Plan,
-    producers: &[Option<StageIdx>],
+    producers: &PCollectionVec<Option<StageIdx>>,
 ) -> Result<Vec<StageIdx>, EngineError> {
     let n = plan.stages.len();
-    let mut indegree = vec![0usize; n];
-    let mut edges: Vec<Vec<StageIdx>> = vec![Vec::new(); n];
-    for (idx, stage) in plan.stages.iter().enumerate() {
+    let mut indegree = StageVec::from(vec![0usize; n]);
+    let mut edges: StageVec<Vec<StageIdx>> = StageVec::from(vec![Vec::new(); n]);
+    for (idx, stage) in plan.stages.iter_enumerated() {
         let upstream = stage
             .inputs
             .iter()
@@ -23,7 +23,7 @@ pub(super) fn topological_order(
             }
         }
     }
-    let mut queue: VecDeque<StageIdx> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut queue: VecDeque<StageIdx> = indegree.indices().filter(|&i| indegree[i] == 0).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(i) = queue.pop_front() {
         order.push(i);

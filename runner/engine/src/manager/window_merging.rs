@@ -9,7 +9,7 @@ impl Engine {
         &mut self,
         tx: &mpsc::UnboundedSender<Report>,
     ) -> Result<(), EngineError> {
-        for idx in 0..self.stages.len() {
+        for idx in self.stages.indices() {
             let s = &mut self.stages[idx];
             if s.merging {
                 continue;

@@ -320,7 +320,7 @@ impl BagSpill {
         let doomed: Vec<BagId> = self
             .cells
             .keys()
-            .filter(|(_, _, window, _)| gone.contains(window))
+            .filter(|id| gone.contains(&id.window))
             .cloned()
             .collect();
         for id in doomed {

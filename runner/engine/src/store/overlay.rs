@@ -207,14 +207,14 @@ impl BundleOverlay {
                     .user_state
                     .lock()
                     .multimap_value_coders
-                    .get(&(id.0.clone(), id.1.clone()))
+                    .get(&(id.transform_id.clone(), id.state_id.clone()))
                     .cloned()
                     .ok_or_else(|| {
                         StateError(format!(
                             "multimap entries of state '{}' of transform '{}' are not available: \
                              the runner does not know the state's value coder, so it cannot \
                              count values",
-                            id.1, id.0
+                            id.state_id, id.transform_id
                         ))
                     })?;
                 let mut units = Vec::new();
@@ -224,7 +224,7 @@ impl BundleOverlay {
                         count += count_values(&coder, chunk).map_err(|detail| {
                             StateError(format!(
                                 "multimap entries of state '{}' of transform '{}': {detail}",
-                                id.1, id.0
+                                id.state_id, id.transform_id
                             ))
                         })?;
                     }
@@ -232,7 +232,7 @@ impl BundleOverlay {
                         StateError(format!(
                             "multimap entries of state '{}' of transform '{}': a map key has \
                              {count} values, more than an iterable can carry",
-                            id.1, id.0
+                            id.state_id, id.transform_id
                         ))
                     })?;
                     let len = map_key.len() + 4 + chunks.iter().map(Bytes::len).sum::<usize>();

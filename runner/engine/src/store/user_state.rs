@@ -15,9 +15,39 @@ use crate::coder::Coder;
 use crate::spill::{SpillError, SpillStore};
 use crate::state::{SortKeyRange, StateError, StateKey};
 
-/// Identifies one cell of user state of any kind: (transform id, state id,
-/// encoded window, nested-encoded user key).
-pub type CellId = (String, String, Bytes, Bytes);
+/// Identifies one cell of user state of any kind: the state API addresses
+/// user state by these four, and the store keeps a map of cells by them.
+///
+/// The fields are in this order on purpose: cells sort (a checkpoint
+/// writes them sorted) by transform, state id, window, then key, and a
+/// checkpoint encodes a cell as these four in this order, as it did when
+/// a cell was a tuple of them.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CellId {
+    /// The id of the transform that declared the state (in its stage's
+    /// bundle descriptor).
+    pub transform_id: String,
+    /// The state's id within that transform.
+    pub state_id: String,
+    /// The window the state is scoped to, encoded in the window coder:
+    /// when the window expires, its cells go.
+    pub window: Bytes,
+    /// The user key the state is scoped to, nested-encoded in the key
+    /// coder.
+    pub key: Bytes,
+}
+
+impl CellId {
+    /// The cell a state request addresses (copying its parts).
+    pub fn new(transform_id: &str, state_id: &str, window: &Bytes, key: &Bytes) -> Self {
+        CellId {
+            transform_id: transform_id.to_string(),
+            state_id: state_id.to_string(),
+            window: window.clone(),
+            key: key.clone(),
+        }
+    }
+}
 
 /// Identifies one bag of user state (a [`CellId`]; the name predates the
 /// other kinds of user state).
@@ -40,15 +70,6 @@ pub(super) enum UserKey<'a> {
     MultimapEntries(CellId),
 }
 
-pub(super) fn cell(transform_id: &str, state_id: &str, window: &Bytes, key: &Bytes) -> CellId {
-    (
-        transform_id.to_string(),
-        state_id.to_string(),
-        window.clone(),
-        key.clone(),
-    )
-}
-
 /// `None` for side-input keys.
 pub(super) fn user_key(key: &StateKey) -> Option<UserKey<'_>> {
     Some(match key {
@@ -57,33 +78,33 @@ pub(super) fn user_key(key: &StateKey) -> Option<UserKey<'_>> {
             state_id,
             window,
             key,
-        } => UserKey::Bag(cell(transform_id, state_id, window, key)),
+        } => UserKey::Bag(CellId::new(transform_id, state_id, window, key)),
         StateKey::OrderedListUserState {
             transform_id,
             state_id,
             window,
             key,
             range,
-        } => UserKey::OrderedList(cell(transform_id, state_id, window, key), *range),
+        } => UserKey::OrderedList(CellId::new(transform_id, state_id, window, key), *range),
         StateKey::MultimapUserState {
             transform_id,
             state_id,
             window,
             key,
             map_key,
-        } => UserKey::MultimapValues(cell(transform_id, state_id, window, key), map_key),
+        } => UserKey::MultimapValues(CellId::new(transform_id, state_id, window, key), map_key),
         StateKey::MultimapKeysUserState {
             transform_id,
             state_id,
             window,
             key,
-        } => UserKey::MultimapKeys(cell(transform_id, state_id, window, key)),
+        } => UserKey::MultimapKeys(CellId::new(transform_id, state_id, window, key)),
         StateKey::MultimapEntriesUserState {
             transform_id,
             state_id,
             window,
             key,
-        } => UserKey::MultimapEntries(cell(transform_id, state_id, window, key)),
+        } => UserKey::MultimapEntries(CellId::new(transform_id, state_id, window, key)),
         StateKey::IterableSideInput { .. }
         | StateKey::MultimapSideInput { .. }
         | StateKey::MultimapKeysSideInput { .. }
@@ -212,8 +233,8 @@ impl UserStateStore {
             .chain(on_disk_only)
             .chain(self.ordered_lists.keys())
             .chain(self.multimaps.keys());
-        for (_, _, window, _) in cells {
-            *self.windows.entry(window.clone()).or_default() += 1;
+        for cell in cells {
+            *self.windows.entry(cell.window.clone()).or_default() += 1;
         }
         self.bag_bytes = self.bags.values().flatten().map(Bytes::len).sum();
         self.maybe_spill_bags()
@@ -368,7 +389,7 @@ impl UserStateStore {
                     .extend(write.appended);
             }
             let exists = self.bags.contains_key(&id) || self.bag_on_disk(&id);
-            count_cell(&mut self.windows, &id.2, existed, exists);
+            count_cell(&mut self.windows, &id.window, existed, exists);
         }
         for (id, write) in writes.ordered_lists {
             let (list, existed) = cell_entry(&mut self.ordered_lists, &id);
@@ -386,7 +407,7 @@ impl UserStateStore {
             if !exists {
                 self.ordered_lists.remove(&id);
             }
-            count_cell(&mut self.windows, &id.2, existed, exists);
+            count_cell(&mut self.windows, &id.window, existed, exists);
         }
         for (id, write) in writes.multimaps {
             let (map, existed) = cell_entry(&mut self.multimaps, &id);
@@ -405,7 +426,7 @@ impl UserStateStore {
             if !exists {
                 self.multimaps.remove(&id);
             }
-            count_cell(&mut self.windows, &id.2, existed, exists);
+            count_cell(&mut self.windows, &id.window, existed, exists);
         }
         self.maybe_spill_bags()
     }
@@ -447,8 +468,8 @@ impl UserStateStore {
             return Ok(());
         }
         let bag_bytes = &mut self.bag_bytes;
-        self.bags.retain(|(_, _, window, _), chunks| {
-            let keep = !gone.contains(window);
+        self.bags.retain(|cell, chunks| {
+            let keep = !gone.contains(&cell.window);
             if !keep {
                 *bag_bytes -= chunks.iter().map(Bytes::len).sum::<usize>();
             }
@@ -458,9 +479,9 @@ impl UserStateStore {
             spill.forget_windows(&gone)?;
         }
         self.ordered_lists
-            .retain(|(_, _, window, _), _| !gone.contains(window));
+            .retain(|cell, _| !gone.contains(&cell.window));
         self.multimaps
-            .retain(|(_, _, window, _), _| !gone.contains(window));
+            .retain(|cell, _| !gone.contains(&cell.window));
         self.windows.retain(|window, _| !gone.contains(window));
         Ok(())
     }

@@ -10,7 +10,8 @@ use refract_engine::coder::{
 };
 use refract_engine::executor::{BundleInput, BundleSplit, Residual, TimerInput};
 use refract_engine::plan::{
-    PCollection, Plan, SdkStage, Stage, StageKind, TimeDomain, TimerFamily, WindowingStrategy,
+    PCollection, PCollectionIdx, Plan, SdkStage, Stage, StageKind, TimeDomain, TimerFamily,
+    WindowingStrategy,
 };
 use refract_engine::window::Window;
 
@@ -24,14 +25,15 @@ pub fn global_pcollection(id: &str, coder: Coder) -> PCollection {
     }
 }
 
-/// A stage without side inputs.
+/// A stage without side inputs, reading and writing the PCollections
+/// numbered `inputs` and `outputs`.
 pub fn stage(name: &str, kind: StageKind, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
     Stage {
         name: name.into(),
         kind,
-        inputs,
+        inputs: inputs.into_iter().map(PCollectionIdx::new).collect(),
         side_inputs: vec![],
-        outputs,
+        outputs: outputs.into_iter().map(PCollectionIdx::new).collect(),
     }
 }
 
@@ -43,7 +45,8 @@ pub fn sourced_plan(values: Coder, consumer: &str, kind: StageKind) -> Plan {
         pcollections: vec![
             global_pcollection("impulse", Coder::Bytes),
             global_pcollection("source", values),
-        ],
+        ]
+        .into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage(
@@ -53,7 +56,8 @@ pub fn sourced_plan(values: Coder, consumer: &str, kind: StageKind) -> Plan {
                 vec![1],
             ),
             stage(consumer, kind, vec![1], vec![]),
-        ],
+        ]
+        .into(),
     }
 }
 
@@ -115,8 +119,9 @@ pub fn keyed_source_plan(consumers: &[(&str, bool)]) -> Plan {
         pcollections: vec![
             global_pcollection("impulse", Coder::Bytes),
             global_pcollection("keyed", kv_bytes_coder()),
-        ],
-        stages,
+        ]
+        .into(),
+        stages: stages.into(),
     }
 }
 
@@ -137,7 +142,8 @@ pub fn group_plan() -> Plan {
                     Box::new(Coder::Iterable(Box::new(Coder::Bytes))),
                 ),
             ),
-        ],
+        ]
+        .into(),
         stages: vec![
             stage("impulse", StageKind::Impulse, vec![], vec![0]),
             stage("read", sdk(), vec![0], vec![1]),
@@ -148,7 +154,8 @@ pub fn group_plan() -> Plan {
                 vec![2],
             ),
             stage("sink", sdk(), vec![2], vec![]),
-        ],
+        ]
+        .into(),
     }
 }
 

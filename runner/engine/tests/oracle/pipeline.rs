@@ -31,8 +31,8 @@ use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig, EngineError, RunSummary};
 use refract_engine::plan::{
-    PCollection, PCollectionIdx, Plan, SdkStage, Stage, StageIdx, StageKind, TestStreamEvent,
-    WindowFn, WindowingStrategy,
+    PCollection, PCollectionIdx, PCollectionVec, Plan, SdkStage, Stage, StageIdx, StageKind,
+    StageVec, TestStreamEvent, WindowFn, WindowingStrategy,
 };
 use refract_engine::time::Timestamp;
 use refract_engine::window::Window;
@@ -279,25 +279,24 @@ fn run(
     shape: &Shape,
 ) -> Result<Run, EngineError> {
     let window_coder = window_coder_for(strategy.window_fn == WindowFn::Global);
-    let mut stages = source_stages;
+    let mut stages = StageVec::from(source_stages);
     // PCollections: 0 source output, 1 windowed, 2 grouped.
-    let first = stages.len();
-    stages.push(stage("window", sdk(), vec![0], vec![1]));
+    let window = stages.push(stage("window", sdk(), vec![0], vec![1]));
     stages.push(stage(
         "gbk",
         StageKind::GroupByKey(strategy.clone()),
         vec![1],
         vec![2],
     ));
-    stages.push(stage("sink", sdk(), vec![2], vec![]));
-    roles.insert(first, Role::Window(1));
-    roles.insert(first + 2, Role::Sink);
+    let sink = stages.push(stage("sink", sdk(), vec![2], vec![]));
+    roles.insert(window, Role::Window(PCollectionIdx::new(1)));
+    roles.insert(sink, Role::Sink);
     // The impulse, if any, writes a PCollection after the three above.
-    let mut pcollections = vec![
+    let mut pcollections = PCollectionVec::from(vec![
         pcollection("source", kv_coder(), Coder::GlobalWindow),
         pcollection("windowed", kv_coder(), window_coder.clone()),
         pcollection("grouped", grouped_coder(), window_coder.clone()),
-    ];
+    ]);
     if stages.iter().any(|s| matches!(s.kind, StageKind::Impulse)) {
         pcollections.push(pcollection("impulse", Coder::Bytes, Coder::GlobalWindow));
     }
@@ -352,7 +351,7 @@ pub fn run_batch(
         stage("impulse", StageKind::Impulse, vec![], vec![3]),
         stage("create", sdk(), vec![3], vec![0]),
     ];
-    let roles = HashMap::from([(1, Role::Create(0))]);
+    let roles = HashMap::from([(StageIdx::new(1), Role::Create(PCollectionIdx::new(0)))]);
     run(sources, roles, inputs, strategy, shape)
 }
 
@@ -366,7 +365,7 @@ pub fn run_stream(
         .iter()
         .map(|e| match e {
             StreamEvent::Elements(inputs) => TestStreamEvent::Elements {
-                output: 0,
+                output: PCollectionIdx::new(0),
                 elements: inputs
                     .iter()
                     .map(|i| (Bytes::from(kv_value(i)), i.ts))

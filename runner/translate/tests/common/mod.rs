@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
-use refract_engine::plan::{Stage, StageKind};
+use refract_engine::plan::{Stage, StageIdx, StageKind};
 use refract_proto::fn_api;
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -84,8 +84,8 @@ pub fn sdk_transform_names(d: &SdkStageDescriptor) -> Vec<String> {
 }
 
 /// The index of the SDK stage containing a transform with this unique name.
-pub fn stage_with(t: &Translated, unique_name: &str) -> usize {
-    let found: Vec<usize> = t
+pub fn stage_with(t: &Translated, unique_name: &str) -> StageIdx {
+    let found: Vec<StageIdx> = t
         .sdk_stages
         .iter()
         .filter(|(_, d)| {
@@ -195,7 +195,7 @@ pub fn assert_runner_readable(coders: &HashMap<String, pb::Coder>, coder: &str, 
 pub fn check_invariants(t: &Translated) {
     let plan = &t.plan;
     let mut ids = HashSet::new();
-    for (i, stage) in plan.stages.iter().enumerate() {
+    for (i, stage) in plan.stages.iter_enumerated() {
         let StageKind::Sdk(sdk) = &stage.kind else {
             assert!(
                 !t.sdk_stages.contains_key(&i),
@@ -275,7 +275,10 @@ pub fn check_invariants(t: &Translated) {
                 // A GroupByKey's output read through a state-backed
                 // iterable: KV[K, iterable[V]] with only the iterable's
                 // URN changed.
-                let grouped = plan.pcollections.iter().position(|p| &p.id == pcoll);
+                let grouped = plan
+                    .pcollections
+                    .iter_enumerated()
+                    .find_map(|(at, p)| (&p.id == pcoll).then_some(at));
                 assert!(
                     grouped.is_some_and(|g| t.state_backed_outputs.contains(&g)),
                     "{id}: port element coder {element} is not the PCollection's {declared}"
@@ -348,7 +351,7 @@ pub fn check_invariants(t: &Translated) {
     // Every PCollection index is in range.
     for stage in &plan.stages {
         for &p in stage.inputs.iter().chain(&stage.outputs) {
-            assert!(p < plan.pcollections.len());
+            assert!(plan.pcollections.get(p).is_some());
         }
     }
     // Every transform has a unique name.
