@@ -386,3 +386,6 @@ pub fn restore_metrics(job: &Job, parts: &[(String, Bytes)]) -> Result<(), Durab
     job.metrics().restore(&results.committed);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,81 +10,21 @@ mod common;
 
 use std::time::Duration;
 
-use common::{free_port, Pipe, ServerProcess, BYTES};
+use common::{
+    external_environment, free_port, pardo_in, pipeline_options, wait_for_message, ServerProcess,
+};
 use refract_proto::admin::{DeleteJobRequest, DescribeJobRequest, ListJobsRequest};
-use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::job_api::{
-    CancelJobRequest, GetJobStateRequest, JobMessagesRequest, PrepareJobRequest, RunJobRequest,
+    CancelJobRequest, GetJobStateRequest, PrepareJobRequest, RunJobRequest,
 };
 use refract_proto::pipeline as pb;
-use refract_proto::prost_types::{value::Kind, Struct, Value};
-use refract_proto::urns;
 
 /// Impulse → a ParDo whose EXTERNAL environment points at a port nothing
 /// listens on: its worker never starts.
 fn unstartable_pipeline() -> pb::Pipeline {
-    let mut p = Pipe::chain(0);
     let dead = format!("127.0.0.1:{}", free_port());
-    p.components.environments.insert(
-        "nowhere".into(),
-        pb::Environment {
-            urn: urns::env::EXTERNAL.into(),
-            payload: refract_proto::prost::Message::encode_to_vec(&pb::ExternalPayload {
-                endpoint: Some(pb::ApiServiceDescriptor {
-                    url: dead,
-                    authentication: None,
-                }),
-                params: Default::default(),
-            }),
-            ..Default::default()
-        },
-    );
-    p.pcollection("p1", BYTES);
-    p.root_transform(
-        "map",
-        urns::transform::PAR_DO,
-        &[("in", "p0")],
-        &[("out", "p1")],
-    )
-    .environment_id = "nowhere".into();
-    p.build()
-}
-
-fn streaming() -> Struct {
-    Struct {
-        fields: [(
-            "beam:option:streaming:v1".to_string(),
-            Value {
-                kind: Some(Kind::BoolValue(true)),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    }
-}
-
-/// Waits until one of job `id`'s messages contains `text`.
-async fn wait_for_message(server: &ServerProcess, id: &str, text: &str) {
-    let mut stream = server
-        .jobs()
-        .await
-        .get_message_stream(JobMessagesRequest { job_id: id.into() })
-        .await
-        .expect("a message stream")
-        .into_inner();
-    let found = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Ok(Some(item)) = stream.message().await {
-            if let Some(MessageOrState::MessageResponse(m)) = item.response {
-                if m.message_text.contains(text) {
-                    return true;
-                }
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(found, Ok(true), "no message of job {id} says {text:?}");
+    pardo_in(external_environment(&dead)).build()
 }
 
 async fn state(server: &ServerProcess, id: &str) -> JobState {
@@ -111,7 +51,7 @@ async fn unreadable_records_are_listed_failed_and_the_other_jobs_resume() {
     let id = jobs
         .prepare(PrepareJobRequest {
             pipeline: Some(unstartable_pipeline()),
-            pipeline_options: Some(streaming()),
+            pipeline_options: Some(pipeline_options(true, &[])),
             job_name: "unstartable".into(),
         })
         .await
@@ -125,7 +65,7 @@ async fn unreadable_records_are_listed_failed_and_the_other_jobs_resume() {
     .await
     .expect("run");
     // Its worker cannot start: a streaming job tries again, and runs on.
-    wait_for_message(&server, &id, "a streaming job tries again").await;
+    wait_for_message(server.jobs().await, &id, "a streaming job tries again").await;
     assert_eq!(state(&server, &id).await, JobState::Running);
     server.kill();
 
@@ -165,7 +105,7 @@ async fn unreadable_records_are_listed_failed_and_the_other_jobs_resume() {
         .into_inner();
     assert!(broken.error.contains("cannot be read"), "{}", broken.error);
     assert!(!broken.resumable);
-    wait_for_message(&server, &id, "a streaming job tries again").await;
+    wait_for_message(server.jobs().await, &id, "a streaming job tries again").await;
 
     admin
         .delete_job(DeleteJobRequest {

@@ -10,12 +10,15 @@ use std::time::Duration;
 use clap::Parser;
 use refract::cli::{Cli, Command, ServeArgs};
 use refract::serve::{self, Server};
+use refract_proto::job_api::job_messages_response::Response as MessageOrState;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::job_api::{
-    GetJobStateRequest, GetJobsRequest, PrepareJobRequest, RunJobRequest,
+    GetJobStateRequest, GetJobsRequest, JobMessage, JobMessagesRequest, PrepareJobRequest,
+    RunJobRequest,
 };
 use refract_proto::pipeline as pb;
+use refract_proto::prost_types::{value::Kind, ListValue, Struct, Value};
 use refract_proto::tonic::transport::Channel;
 use refract_proto::tonic::{Code, Status};
 use refract_proto::urns;
@@ -58,28 +61,50 @@ impl TestServer {
 
     /// `Prepare` of `pipeline`: the preparation id, or the refusal.
     pub async fn prepare(&self, pipeline: pb::Pipeline) -> Result<String, Status> {
+        self.prepare_named("hostile", pipeline, Struct::default())
+            .await
+    }
+
+    /// `Prepare` of job `name` running `pipeline` with `options`: the
+    /// preparation id, or the refusal.
+    pub async fn prepare_named(
+        &self,
+        name: &str,
+        pipeline: pb::Pipeline,
+        options: Struct,
+    ) -> Result<String, Status> {
         self.client
             .clone()
             .prepare(PrepareJobRequest {
                 pipeline: Some(pipeline),
-                pipeline_options: Some(Default::default()),
-                job_name: "hostile".into(),
+                pipeline_options: Some(options),
+                job_name: name.into(),
             })
             .await
             .map(|r| r.into_inner().preparation_id)
     }
 
-    /// Prepares and runs `pipeline`; the job's terminal state.
-    pub async fn run_to_end(&self, pipeline: pb::Pipeline, within: Duration) -> JobState {
-        let id = self.prepare(pipeline).await.expect("prepared");
-        let mut client = self.client.clone();
-        client
+    /// Prepares and runs job `name`, as an SDK submits one; its id.
+    pub async fn submit(&self, name: &str, pipeline: pb::Pipeline, options: Struct) -> String {
+        let id = self
+            .prepare_named(name, pipeline, options)
+            .await
+            .expect("prepared");
+        self.client
+            .clone()
             .run(RunJobRequest {
                 preparation_id: id.clone(),
                 retrieval_token: String::new(),
             })
             .await
             .expect("run");
+        id
+    }
+
+    /// Prepares and runs `pipeline`; the job's terminal state.
+    pub async fn run_to_end(&self, pipeline: pb::Pipeline, within: Duration) -> JobState {
+        let id = self.submit("hostile", pipeline, Struct::default()).await;
+        let mut client = self.client.clone();
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let state = client
@@ -295,6 +320,117 @@ impl Pipe {
             ..Default::default()
         }
     }
+}
+
+/// An EXTERNAL environment whose workers the worker pool at `url` starts.
+pub fn external_environment(url: &str) -> pb::Environment {
+    pb::Environment {
+        urn: urns::env::EXTERNAL.into(),
+        payload: refract_proto::prost::Message::encode_to_vec(&pb::ExternalPayload {
+            endpoint: Some(pb::ApiServiceDescriptor {
+                url: url.into(),
+                authentication: None,
+            }),
+            params: Default::default(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Impulse → a ParDo `map` in `environment` (its only environment, `env`):
+/// a pipeline with one SDK stage.
+pub fn pardo_in(environment: pb::Environment) -> Pipe {
+    let mut p = Pipe::chain(0);
+    p.components.environments.insert("env".into(), environment);
+    p.pcollection("p1", BYTES);
+    p.root_transform(
+        "map",
+        urns::transform::PAR_DO,
+        &[("in", "p0")],
+        &[("out", "p1")],
+    )
+    .environment_id = "env".into();
+    p
+}
+
+/// Pipeline options: `streaming`, and these `--experiments`.
+pub fn pipeline_options(streaming: bool, experiments: &[&str]) -> Struct {
+    let mut fields = std::collections::BTreeMap::new();
+    if streaming {
+        fields.insert(
+            "beam:option:streaming:v1".to_string(),
+            Value {
+                kind: Some(Kind::BoolValue(true)),
+            },
+        );
+    }
+    if !experiments.is_empty() {
+        let values = experiments
+            .iter()
+            .map(|e| Value {
+                kind: Some(Kind::StringValue(e.to_string())),
+            })
+            .collect();
+        fields.insert(
+            "beam:option:experiments:v1".to_string(),
+            Value {
+                kind: Some(Kind::ListValue(ListValue { values })),
+            },
+        );
+    }
+    Struct { fields }
+}
+
+/// Longest a test waits for a job to get somewhere.
+pub const JOB_WAIT: Duration = Duration::from_secs(30);
+
+/// Job `id`'s messages, in order, from the start until the job ended
+/// (the stream's end), and the state it ended in.
+pub async fn messages_to_end(
+    mut jobs: JobServiceClient<Channel>,
+    id: &str,
+) -> (Vec<JobMessage>, JobState) {
+    let mut stream = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.into() })
+        .await
+        .expect("a message stream")
+        .into_inner();
+    let mut messages = Vec::new();
+    let mut state = JobState::Unspecified;
+    let read = async {
+        while let Some(item) = stream.message().await.expect("the stream reads") {
+            match item.response {
+                Some(MessageOrState::MessageResponse(m)) => messages.push(m),
+                Some(MessageOrState::StateResponse(s)) => state = s.state(),
+                None => {}
+            }
+        }
+    };
+    if tokio::time::timeout(JOB_WAIT, read).await.is_err() {
+        panic!("job {id} is still {state:?} after {JOB_WAIT:?}; its messages: {messages:?}");
+    }
+    (messages, state)
+}
+
+/// Waits until one of job `id`'s messages contains `text`.
+pub async fn wait_for_message(mut jobs: JobServiceClient<Channel>, id: &str, text: &str) {
+    let mut stream = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.into() })
+        .await
+        .expect("a message stream")
+        .into_inner();
+    let found = tokio::time::timeout(JOB_WAIT, async {
+        while let Ok(Some(item)) = stream.message().await {
+            if let Some(MessageOrState::MessageResponse(m)) = item.response {
+                if m.message_text.contains(text) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "no message of job {id} says {text:?}");
 }
 
 /// Peak resident memory of this process so far (`VmHWM`), in bytes.

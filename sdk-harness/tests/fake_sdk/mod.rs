@@ -383,7 +383,13 @@ pub struct FakePool {
 impl FakePool {
     /// Serves a pool on a free local port.
     pub async fn start(mode: PoolMode) -> FakePool {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind pool");
+        Self::start_at("127.0.0.1:0", mode).await
+    }
+
+    /// Serves a pool at `address`: a pool that comes up after a job
+    /// pointing at it was submitted.
+    pub async fn start_at(address: &str, mode: PoolMode) -> FakePool {
+        let listener = TcpListener::bind(address).await.expect("bind pool");
         let url = listener.local_addr().expect("pool address").to_string();
         let (sdks_tx, sdks) = mpsc::unbounded_channel();
         let (starts_tx, starts) = mpsc::unbounded_channel();
