@@ -69,7 +69,7 @@ impl JobRegistry {
 
     fn settings(&self, id: &str) -> JobSettings {
         JobSettings {
-            artifact_dir: self.staging_root.join(id),
+            artifact_dir: self.staging_root.join(staging_dir_name(id)),
             max_retained_events: self.max_retained_events,
             retain_artifacts: self.retain_artifacts,
         }
@@ -222,6 +222,24 @@ impl JobRegistry {
     }
 }
 
+/// The name of `id`'s staging directory under the staging root: the id
+/// itself when it is safe as one (every id this server makes is), else a
+/// digest of it. Ids also come from records an earlier server wrote, and
+/// deleting a job removes its staging directory: an id such as `..` must
+/// never name a directory outside the job's own.
+fn staging_dir_name(id: &str) -> String {
+    let safe = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if safe {
+        return id.to_string();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    format!("id-{}", hex::encode(&digest[..16]))
+}
+
 /// A readable, unique id that is safe as a directory name: the job name
 /// reduced to `[A-Za-z0-9_-]`, then a random UUID.
 fn new_job_id(name: &str) -> String {
@@ -243,6 +261,38 @@ fn new_job_id(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_that_is_no_safe_directory_name_stages_under_a_digest() {
+        let root = std::path::Path::new("/state/staging");
+        let registry = JobRegistry::new(root.to_path_buf(), 16, false);
+        for (id, kept) in [
+            ("wordcount-0123abcd", true),
+            ("a_b-c", true),
+            ("..", false),
+            ("../db", false),
+            ("a/b", false),
+            ("", false),
+            ("/etc", false),
+        ] {
+            let dir = registry.settings(id).artifact_dir;
+            assert_eq!(dir.parent(), Some(root), "{id:?} -> {}", dir.display());
+            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+            if kept {
+                assert_eq!(name.as_deref(), Some(id));
+            } else {
+                let name = name.unwrap_or_default();
+                assert!(
+                    name.starts_with("id-") && name.len() == 35,
+                    "{id:?} -> {name}"
+                );
+            }
+        }
+        assert_ne!(
+            registry.settings("..").artifact_dir,
+            registry.settings("../db").artifact_dir
+        );
+    }
 
     #[test]
     fn ids_are_unique_and_path_safe() {

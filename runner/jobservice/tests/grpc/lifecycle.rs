@@ -513,3 +513,41 @@ async fn prepares_beyond_the_bound_wait_and_past_the_queue_are_refused() {
     use std::sync::atomic::Ordering::SeqCst;
     assert_eq!(server.runner.validation.most.load(SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_recovered_job_with_a_path_like_id_removes_nothing_outside_its_own() {
+    // Ids of recovered jobs come from records on disk; `..` joined onto
+    // the staging root used to name the state directory itself.
+    let recovered = |id: &str| refract_jobservice::RecoveredJob {
+        id: id.to_string(),
+        name: "odd".to_string(),
+        pipeline: Default::default(),
+        options: Default::default(),
+        staged: Vec::new(),
+        failed: Some("its record cannot be read".to_string()),
+    };
+    let server = Server::start_with(|config| {
+        config.recovered = vec![recovered(".."), recovered("../db")];
+    })
+    .await;
+    let state_dir = server.staging_dir.parent().unwrap().to_path_buf();
+    std::fs::create_dir_all(state_dir.join("db")).unwrap();
+    std::fs::write(state_dir.join("db/CURRENT"), b"live").unwrap();
+    let mut admin = refract_proto::admin::refract_admin_client::RefractAdminClient::connect(
+        format!("http://{}", server.addr),
+    )
+    .await
+    .unwrap();
+    for id in ["..", "../db"] {
+        admin
+            .delete_job(refract_proto::admin::DeleteJobRequest {
+                job_id: id.to_string(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("deleting {id:?}: {e}"));
+    }
+    assert_eq!(
+        std::fs::read(state_dir.join("db/CURRENT")).unwrap(),
+        b"live"
+    );
+}
