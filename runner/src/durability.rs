@@ -244,7 +244,7 @@ impl Durability {
     }
 
     /// Where `job_id`'s engine keeps user state beside its checkpoints
-    /// ([`refract_engine::manager::Engine::with_durable_state`]).
+    /// ([`refract_engine::manager::EngineBuilder::durable_state`]).
     pub fn state_store(&self, job_id: &str) -> Arc<dyn refract_engine::spill::SpillStore> {
         Arc::new(crate::durable_state::DurableStateStore::new(
             self.store.clone(),

@@ -88,15 +88,16 @@ async fn run_checkpointing<W>(
     let (report, progress) = watch::channel(CheckpointProgress::default());
     let writer = tokio::spawn(writer(rx, report));
     let (_cancel, cancelled) = watch::channel(false);
-    Engine::new(
+    Engine::builder(
         plan,
         Arc::new(Sdk),
         EngineConfig::default(),
         "c",
         Arc::new(|| 0),
     )
+    .checkpoints(every, tx, Some(progress))
+    .build()
     .expect("a valid plan")
-    .with_checkpoints(every, tx, Some(progress))
     .run(cancelled)
     .await
     .expect("the job succeeds, whatever the checkpoint writes do");

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValueHeader};
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
-use refract_engine::manager::{CheckpointProgress, Engine, EngineConfig};
+use refract_engine::manager::{CheckpointProgress, Engine, EngineBuilder, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
@@ -68,15 +68,14 @@ fn finalizing(release: watch::Receiver<bool>) -> (Arc<AtomicBool>, Arc<Finalizin
     (finalized, executor)
 }
 
-fn engine(executor: Arc<Finalizing>) -> Engine {
-    Engine::new(
+fn engine(executor: Arc<Finalizing>) -> EngineBuilder {
+    Engine::builder(
         plan(),
         executor,
         EngineConfig::default(),
         "f",
         Arc::new(|| 0),
     )
-    .expect("a valid plan")
 }
 
 fn plan() -> Plan {
@@ -105,7 +104,9 @@ async fn finalization_runs_once_the_checkpoint_holding_the_commit_is_written() {
     let (_cancel, cancelled) = watch::channel(false);
     let engine = engine(executor)
         // A checkpoint after every commit.
-        .with_checkpoints(Duration::ZERO, tx, Some(written));
+        .checkpoints(Duration::ZERO, tx, Some(written))
+        .build()
+        .expect("a valid plan");
     let run = tokio::spawn(engine.run(cancelled));
     // The checkpoint taken after the bundle committed arrives; until it is
     // written, nothing is finalized.
@@ -144,6 +145,8 @@ async fn without_checkpoints_finalization_follows_the_commit() {
     let (finalized, executor) = finalizing(release);
     let (_cancel, cancelled) = watch::channel(false);
     engine(executor)
+        .build()
+        .expect("a valid plan")
         .run(cancelled)
         .await
         .expect("the run succeeds");

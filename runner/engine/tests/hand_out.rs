@@ -190,11 +190,12 @@ async fn a_key_larger_than_memory_is_paged_by_its_consumer_and_checkpoints_resum
         ..EngineConfig::default()
     };
     let (_cancel, cancelled) = watch::channel(false);
-    let engine = Engine::new(common::group_plan(), executor, config, "h", Arc::new(|| 0))
-        .expect("a valid plan")
-        .with_spill(store.clone(), b"job", 1 << 20)
-        .with_state_backed_outputs(&[PCollectionIdx::new(2)])
-        .with_checkpoints(Duration::ZERO, tx, None);
+    let engine = Engine::builder(common::group_plan(), executor, config, "h", Arc::new(|| 0))
+        .state_backed_outputs(&[PCollectionIdx::new(2)])
+        .checkpoints(Duration::ZERO, tx, None)
+        .spill(store.clone(), b"job", 1 << 20)
+        .build()
+        .expect("a valid plan");
     let summary = engine.run(cancelled).await.expect("the run succeeds");
     assert_eq!(summary.handed_out_keys, 1);
     let mut parts = Vec::new();

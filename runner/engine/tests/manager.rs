@@ -288,9 +288,10 @@ async fn stage_snapshots_show_the_finished_graph() {
     let names: Vec<String> = plan.stages.iter().map(|s| s.name.clone()).collect();
     let (tx, rx) = watch::channel(Vec::new());
     let (_cancel_tx, cancel) = watch::channel(false);
-    Engine::new(plan, Arc::new(exec), config(2), "test", Arc::new(|| 0))
+    Engine::builder(plan, Arc::new(exec), config(2), "test", Arc::new(|| 0))
+        .stats(tx)
+        .build()
         .unwrap()
-        .with_stats(tx)
         .run(cancel)
         .await
         .unwrap();

@@ -238,11 +238,11 @@ async fn run(
         ..EngineConfig::default()
     };
     let (_cancel, cancelled) = watch::channel(false);
-    let mut engine = Engine::new(common::group_plan(), executor, config, "s", Arc::new(|| 0))
-        .expect("a valid plan");
+    let mut engine = Engine::builder(common::group_plan(), executor, config, "s", Arc::new(|| 0));
     if let Some(store) = spill {
-        engine = engine.with_spill(store, b"job", 256 << 10);
+        engine = engine.spill(store, b"job", 256 << 10);
     }
+    let engine = engine.build().expect("a valid plan");
     let summary = engine.run(cancelled).await.expect("the run succeeds");
     let mut got = seen.lock().clone();
     for values in got.values_mut() {
@@ -401,9 +401,10 @@ async fn a_queue_far_past_its_bound_waits_on_disk_and_every_element_arrives() {
         ..EngineConfig::default()
     };
     let (_cancel, cancelled) = watch::channel(false);
-    let summary = Engine::new(reshuffle_plan(), executor, config, "s", Arc::new(|| 0))
+    let summary = Engine::builder(reshuffle_plan(), executor, config, "s", Arc::new(|| 0))
+        .spill(store.clone(), b"job", 128 << 10)
+        .build()
         .expect("a valid plan")
-        .with_spill(store.clone(), b"job", 128 << 10)
         .run(cancelled)
         .await
         .expect("the run succeeds");

@@ -113,9 +113,10 @@ fn config() -> EngineConfig {
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> Vec<i64> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
     let engine = |tx, progress| {
-        Engine::new(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
+        Engine::builder(plan(), executor.clone(), config(), "s", Arc::new(|| 0))
+            .checkpoints(Duration::ZERO, tx, Some(progress))
+            .build()
             .expect("a valid plan")
-            .with_checkpoints(Duration::ZERO, tx, Some(progress))
     };
     run_crashing_at(engine, &sdk.committed, writer, WRITE_TIME).await;
     committed_values(sdk)

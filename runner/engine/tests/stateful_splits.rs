@@ -371,26 +371,28 @@ fn run_case_with_summary(case: Case, checkpoints: Checkpoints) -> (Arc<Fake>, u6
         .expect("a runtime");
     let state_spilled_bytes = runtime.block_on(async {
         let (_cancel, cancelled) = watch::channel(false);
-        let mut engine = Engine::new(
+        let mut engine = Engine::builder(
             plan,
             Arc::new(Executor(fake.clone())),
             config,
             "ss",
             Arc::new(|| 0),
-        )
-        .expect("a valid plan");
-        if checkpoints == Checkpoints::TakenWithDurableState {
-            engine = engine.with_durable_state(MemorySpillStore::shared());
-        }
+        );
         if let Some(limit) = spill_limit {
-            engine = engine.with_spill(MemorySpillStore::shared(), b"ss", limit);
+            engine = engine.spill(MemorySpillStore::shared(), b"ss", limit);
+            // A durable store decides where spills go: nothing without them.
+            if checkpoints == Checkpoints::TakenWithDurableState {
+                engine = engine.durable_state(MemorySpillStore::shared());
+            }
         }
         if checkpoints != Checkpoints::None {
             let (tx, mut rx) = tokio::sync::mpsc::channel(1);
             tokio::spawn(async move { while rx.recv().await.is_some() {} });
-            engine = engine.with_checkpoints(Duration::from_millis(1), tx, None);
+            engine = engine.checkpoints(Duration::from_millis(1), tx, None);
         }
         engine
+            .build()
+            .expect("a valid plan")
             .run(cancelled)
             .await
             .expect("the run succeeds")

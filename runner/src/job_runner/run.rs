@@ -254,27 +254,41 @@ pub(super) async fn run_job(
         let finalizations = executor.finalizations();
         let executor = Arc::new(executor);
         let state_backed_outputs = std::mem::take(&mut translated.state_backed_outputs);
-        let mut engine = Engine::new(
+        let metrics_part: refract_engine::manager::ExtraPart = {
+            let job = job.clone();
+            Arc::new(move || crate::durability::metrics_part(&job))
+        };
+        let mut builder = Engine::builder(
             translated.plan,
             executor,
             config,
             job.id().to_string(),
             Arc::new(wall_clock_ms),
-        )?
-        .with_drain(job.drain_requested())
-        .with_stats(stats);
+        )
+        .drain(job.drain_requested())
+        .stats(stats)
+        .extra_part(crate::durability::METRICS_PART, metrics_part)
+        .savepoints(savepoint_rx);
         if let Some(store) = spill.clone() {
+            // A GroupByKey may hold a stage's share of the budget before it
+            // spills (without a budget, the engine's queue bound).
+            builder = builder
+                .spill(store, job.id().as_bytes(), max_pending_bytes)
+                .state_backed_outputs(&state_backed_outputs);
             if let Some(durability) = &durability {
                 // Bags past their share go beside the checkpoints, which
                 // name them: a checkpointed job's state may outgrow memory.
-                engine = engine.with_durable_state(durability.state_store(job.id()));
+                builder = builder.durable_state(durability.state_store(job.id()));
             }
-            // A GroupByKey may hold a stage's share of the budget before it
-            // spills (without a budget, the engine's queue bound).
-            engine = engine
-                .with_spill(store, job.id().as_bytes(), max_pending_bytes)
-                .with_state_backed_outputs(&state_backed_outputs);
         }
+        let mut checkpoint_writer = None;
+        if let Some(durability) = &durability {
+            view.enable_checkpoints();
+            let writer = durability.checkpoint_writer(job.clone(), view.clone());
+            builder = builder.checkpoints(durability.interval(), writer.tx, Some(writer.progress));
+            checkpoint_writer = Some(writer.task);
+        }
+        let mut engine = builder.build()?;
         if let Some(checkpoint) = latest_checkpoint {
             engine.restore(&checkpoint.parts)?;
             crate::durability::restore_metrics(&job, &checkpoint.parts)?;
@@ -290,20 +304,6 @@ pub(super) async fn run_job(
                 );
             }
         }
-        let metrics_part: refract_engine::manager::ExtraPart = {
-            let job = job.clone();
-            Arc::new(move || crate::durability::metrics_part(&job))
-        };
-        engine = engine.with_extra_part(crate::durability::METRICS_PART, metrics_part);
-        let mut checkpoint_writer = None;
-        if let Some(durability) = &durability {
-            view.enable_checkpoints();
-            let writer = durability.checkpoint_writer(job.clone(), view.clone());
-            engine =
-                engine.with_checkpoints(durability.interval(), writer.tx, Some(writer.progress));
-            checkpoint_writer = Some(writer.task);
-        }
-        engine = engine.with_savepoints(savepoint_rx);
         facts.engine_ran = true;
         let summary = engine.run(job.cancel_requested()).await;
         view.set_savepoint_channel(None);

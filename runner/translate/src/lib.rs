@@ -96,7 +96,7 @@ pub struct Translated {
     /// GroupByKey outputs whose consumers all read them through a
     /// state-backed iterable coder (their data sources say so), so that
     /// the GroupByKey may hand out keys too large for memory
-    /// (`Engine::with_state_backed_outputs`).
+    /// (`EngineBuilder::state_backed_outputs`).
     pub state_backed_outputs: Vec<PCollectionIdx>,
 }
 

@@ -34,7 +34,7 @@ impl CheckpointProgress {
     }
 }
 
-/// Where a running engine sends its checkpoints (see [`Engine::with_checkpoints`]).
+/// Where a running engine sends its checkpoints (see [`super::EngineBuilder::checkpoints`]).
 pub(super) struct CheckpointSink {
     pub(super) every: Duration,
     tx: mpsc::Sender<Vec<(String, Bytes)>>,
@@ -118,12 +118,12 @@ impl Engine {
     /// counts once its checkpoint is durable, and the writer is busy until
     /// it reports the write finished; without, an element counts once its
     /// checkpoint is sent, and the writer is busy while the channel is full.
-    pub fn with_checkpoints(
-        mut self,
+    pub(super) fn enable_checkpoints(
+        &mut self,
         every: Duration,
         tx: mpsc::Sender<Vec<(String, Bytes)>>,
         progress: Option<watch::Receiver<CheckpointProgress>>,
-    ) -> Self {
+    ) {
         self.checkpoints = Some(CheckpointSink {
             every,
             tx,
@@ -155,7 +155,6 @@ impl Engine {
                 }
             }
         }
-        self
     }
 
     /// Takes a checkpoint if one is due, or if a stable-input stage waits

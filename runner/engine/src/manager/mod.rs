@@ -41,6 +41,7 @@ use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 use crate::window::Window;
 
+mod builder;
 mod checkpointing;
 mod commit;
 mod pending;
@@ -58,6 +59,7 @@ mod window_merging;
 
 use crate::holds::Holds;
 use crate::key_groups::{group_of, KeyGroupSet};
+pub use builder::EngineBuilder;
 pub use checkpointing::CheckpointProgress;
 use checkpointing::CheckpointSink;
 use pending::{Overflow, Pending};
@@ -107,6 +109,10 @@ pub enum EngineError {
         /// What the store said.
         source: crate::spill::SpillError,
     },
+    /// The engine's optional parts do not fit together (see
+    /// [`EngineBuilder::build`]).
+    #[error("the engine cannot be built: {0}")]
+    Misconfigured(String),
     /// The plan is not executable (e.g. a cycle).
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
@@ -338,7 +344,7 @@ pub struct Engine {
 }
 
 /// A request for a checkpoint of the running engine, answered with its
-/// parts (see [`Engine::with_savepoints`]).
+/// parts (see [`EngineBuilder::savepoints`]).
 #[derive(Debug)]
 pub struct SavepointRequest {
     /// End the run (as cancelled) right after the checkpoint, so that
@@ -353,8 +359,22 @@ pub struct SavepointRequest {
 pub type ExtraPart = Arc<dyn Fn() -> Bytes + Send + Sync>;
 
 impl Engine {
-    /// Prepare a run of `plan`. `bundle_prefix` makes bundle ids unique
-    /// across jobs sharing workers; `clock` is processing time in ms.
+    /// An engine of `plan` with optional parts (drain, spilling, durable
+    /// state, checkpoints, ...) set in any order; see [`EngineBuilder`].
+    pub fn builder(
+        plan: Plan,
+        executor: Arc<dyn StageExecutor>,
+        config: EngineConfig,
+        bundle_prefix: impl Into<String>,
+        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    ) -> EngineBuilder {
+        EngineBuilder::new(plan, executor, config, bundle_prefix.into(), clock)
+    }
+
+    /// Prepare a run of `plan` with none of the optional parts
+    /// ([`Self::builder`] adds them). `bundle_prefix` makes bundle ids
+    /// unique across jobs sharing workers; `clock` is processing time in
+    /// ms.
     pub fn new(
         plan: Plan,
         executor: Arc<dyn StageExecutor>,
@@ -490,44 +510,14 @@ impl Engine {
         })
     }
 
-    /// Drain the job when `drain` turns true: sources stop (splittable
-    /// restrictions are truncated), delayed work runs at once, windows
-    /// flush as the watermarks reach +∞, and the run ends normally.
-    pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
-        self.drain = Some(drain);
-        self
-    }
-
     /// Whether stateful stages' bags may move to disk: always to a durable
-    /// store ([`Self::with_durable_state`]), which checkpoints name; to the
+    /// store ([`EngineBuilder::durable_state`]), which checkpoints name; to the
     /// spill store in batch, and in streaming jobs that take no periodic
     /// checkpoints. A checkpointed streaming job without a durable store
     /// keeps its bags in memory, since their state may never leave the
     /// disk again and no checkpoint would be taken while it is there.
     fn bags_may_spill(&self) -> bool {
         self.durable_state.is_some() || !self.config.streaming || self.checkpoints.is_none()
-    }
-
-    /// Lets stateful stages' bags and SDK stages' queues spill to `store`
-    /// instead of the spill store: a store whose writes last as long as
-    /// the job's checkpoints (the runner's state database, beside them),
-    /// so that a periodic checkpoint names what is there instead of
-    /// copying it, and a checkpointed streaming job's state may outgrow
-    /// memory (see `store/bag_spill.rs`) and its checkpoints go on while a
-    /// queue is on disk (`manager/pending/overflow.rs`). Keys are those
-    /// [`Self::with_spill`] would give (the job's prefix, then a space of
-    /// their own and the stage). Call before `with_spill`, which enables
-    /// it.
-    pub fn with_durable_state(mut self, store: Arc<dyn crate::spill::SpillStore>) -> Self {
-        self.durable_state = Some(store);
-        self
-    }
-
-    /// Add part `name`, read by `read`, to every checkpoint and savepoint.
-    /// Its owner restores it; [`Self::restore`] ignores it.
-    pub fn with_extra_part(mut self, name: impl Into<String>, read: ExtraPart) -> Self {
-        self.extra_parts.push((name.into(), read));
-        self
     }
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
@@ -542,14 +532,15 @@ impl Engine {
     /// periodic checkpoints are not taken (a checkpoint would have to copy
     /// the spilled bytes back into memory); only a savepoint, or a
     /// stable-input stage waiting for one, takes a checkpoint then. (Bags
-    /// and queues on a durable store do not hold them back.) Call before
-    /// [`Self::restore`].
-    pub fn with_spill(
-        mut self,
+    /// and queues on a durable store do not hold them back.) Applied by
+    /// [`EngineBuilder::build`], after the durable store is set and before
+    /// any [`Self::restore`].
+    pub(super) fn enable_spill(
+        &mut self,
         store: Arc<dyn crate::spill::SpillStore>,
         prefix: &[u8],
         limit_bytes: usize,
-    ) -> Self {
+    ) {
         self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
         let bags_may_spill = self.bags_may_spill();
         for (idx, s) in self.stages.iter_enumerated_mut() {
@@ -617,7 +608,6 @@ impl Engine {
                 s.pending.enable_overflow(overflow);
             }
         }
-        self
     }
 
     /// Lets every spilling GroupByKey whose output is one of `outputs`
@@ -626,15 +616,15 @@ impl Engine {
     /// promises that every consumer of those PCollections reads them
     /// through `beam:coder:state_backed_iterable:v1`. Not in a job with a
     /// stable-input stage: such a job must be able to take a checkpoint,
-    /// which a handed-out key rules out. Call after [`Self::with_spill`].
-    pub fn with_state_backed_outputs(mut self, outputs: &[PCollectionIdx]) -> Self {
+    /// which a handed-out key rules out. Needs [`Self::enable_spill`] first.
+    pub(super) fn enable_state_backed_outputs(&mut self, outputs: &[PCollectionIdx]) {
         let stable_input = self
             .plan
             .stages
             .iter()
             .any(|s| matches!(&s.kind, StageKind::Sdk(sdk) if sdk.stable_input));
         if stable_input {
-            return self;
+            return;
         }
         for (idx, s) in self.stages.iter_enumerated_mut() {
             let stage = &self.plan.stages[idx];
@@ -645,7 +635,6 @@ impl Engine {
                 debug!(stage = %stage.name, "GroupByKey may hand out keys too large for memory");
             }
         }
-        self
     }
 
     /// Forgets the keys each GroupByKey handed out once every consumer of
@@ -704,14 +693,6 @@ impl Engine {
             };
             Some((idx, what))
         })
-    }
-
-    /// Answer each request on `requests` with a checkpoint of the engine as
-    /// it is when the request is seen (between two commits), for
-    /// savepoints.
-    pub fn with_savepoints(mut self, requests: mpsc::Receiver<SavepointRequest>) -> Self {
-        self.savepoints = Some(requests);
-        self
     }
 
     /// Run until every stage is done, a bundle fails, or `cancel` turns true.

@@ -15,11 +15,11 @@
 //! belongs to), `stage/{i}` (queue, delayed residuals, grouping buffer,
 //! timers, watermarks), `user_state/{i}`, `user_state_spill/{i}` (where a
 //! stage's bags on the durable store are: a periodic checkpoint names
-//! them rather than copying them, see [`Engine::with_durable_state`]),
+//! them rather than copying them, see [`EngineBuilder::durable_state`](super::EngineBuilder::durable_state)),
 //! `queue_spill/{i}` and `grouping_spill/{i}` (likewise, the spilled back
 //! of a stage's queue and the spilled windows of its GroupByKey),
 //! `side_inputs`, and the parts the engine's owner added
-//! ([`Engine::with_extra_part`]). A savepoint copies everything: it must
+//! ([`EngineBuilder::extra_part`](super::EngineBuilder::extra_part)). A savepoint copies everything: it must
 //! stand on its own. Each part's
 //! bytes are deterministic — maps are written sorted — so a stage that did
 //! nothing since the last checkpoint yields the same bytes and the store

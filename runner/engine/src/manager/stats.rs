@@ -129,13 +129,6 @@ fn kind_name(kind: &StageKind) -> &'static str {
 }
 
 impl Engine {
-    /// Publish stage snapshots to `stats` while the job runs (and once at
-    /// its end).
-    pub fn with_stats(mut self, stats: watch::Sender<Vec<StageStats>>) -> Self {
-        self.stats = Some(stats);
-        self
-    }
-
     /// Publishes a snapshot if one is due (or `force`).
     pub(super) fn publish_stats(&mut self, force: bool) {
         let Some(tx) = &self.stats else {

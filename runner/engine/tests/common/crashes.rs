@@ -226,9 +226,10 @@ pub fn durable_engine(
     limit: usize,
     (tx, progress): Checkpoints,
 ) -> Engine {
-    Engine::new(plan, executor, config, "d", Arc::new(|| 0))
+    Engine::builder(plan, executor, config, "d", Arc::new(|| 0))
+        .checkpoints(Duration::ZERO, tx, Some(progress))
+        .spill(MemorySpillStore::shared(), b"d", limit)
+        .durable_state(durable.clone())
+        .build()
         .expect("a valid plan")
-        .with_durable_state(durable.clone())
-        .with_spill(MemorySpillStore::shared(), b"d", limit)
-        .with_checkpoints(Duration::ZERO, tx, Some(progress))
 }

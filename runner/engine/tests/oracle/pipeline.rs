@@ -211,14 +211,15 @@ async fn run_engine(
         return Ok((engine.run(cancelled).await?, false));
     };
     let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
-    let engine = Engine::new(
+    let engine = Engine::builder(
         plan.clone(),
         executor.clone(),
         config.clone(),
         "oracle",
         clock.clone(),
-    )?
-    .with_checkpoints(Duration::ZERO, checkpoints, None);
+    )
+    .checkpoints(Duration::ZERO, checkpoints, None)
+    .build()?;
     let first = tokio::spawn(engine.run(cancelled));
     let mut chosen = None;
     let mut seen = 0;

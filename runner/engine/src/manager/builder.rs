@@ -1,0 +1,265 @@
+//! Building an engine. Its optional parts — draining, stage snapshots,
+//! spilling, a durable store beside the checkpoints, state-backed GroupByKey
+//! outputs, checkpoints, savepoints, extra checkpoint parts — depend on each
+//! other: the durable store decides where spilling goes, and handing out
+//! large keys needs spilling on. The builder's setters only record, in any
+//! order; [`EngineBuilder::build`] checks that the parts fit together and
+//! applies them in the one order that works.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    CheckpointProgress, Engine, EngineConfig, EngineError, ExtraPart, SavepointRequest, StageStats,
+};
+use crate::executor::StageExecutor;
+use crate::plan::{PCollectionIdx, Plan};
+use crate::spill::SpillStore;
+use crate::time::Timestamp;
+
+/// Where and how far the engine may spill (see [`EngineBuilder::spill`]).
+struct SpillSetting {
+    store: Arc<dyn SpillStore>,
+    prefix: Vec<u8>,
+    limit_bytes: usize,
+}
+
+/// Periodic checkpoints (see [`EngineBuilder::checkpoints`]).
+struct CheckpointSetting {
+    every: Duration,
+    tx: mpsc::Sender<Vec<(String, Bytes)>>,
+    progress: Option<watch::Receiver<CheckpointProgress>>,
+}
+
+/// An [`Engine`] being put together: made by [`Engine::builder`], its
+/// setters record, [`Self::build`] validates and applies.
+pub struct EngineBuilder {
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    bundle_prefix: String,
+    clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    drain: Option<watch::Receiver<bool>>,
+    stats: Option<watch::Sender<Vec<StageStats>>>,
+    durable_state: Option<Arc<dyn SpillStore>>,
+    spill: Option<SpillSetting>,
+    state_backed_outputs: Vec<PCollectionIdx>,
+    extra_parts: Vec<(String, ExtraPart)>,
+    checkpoints: Option<CheckpointSetting>,
+    savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+}
+
+impl EngineBuilder {
+    pub(super) fn new(
+        plan: Plan,
+        executor: Arc<dyn StageExecutor>,
+        config: EngineConfig,
+        bundle_prefix: String,
+        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    ) -> Self {
+        EngineBuilder {
+            plan,
+            executor,
+            config,
+            bundle_prefix,
+            clock,
+            drain: None,
+            stats: None,
+            durable_state: None,
+            spill: None,
+            state_backed_outputs: Vec::new(),
+            extra_parts: Vec::new(),
+            checkpoints: None,
+            savepoints: None,
+        }
+    }
+
+    /// Drain the job when `drain` turns true: sources stop (splittable
+    /// restrictions are truncated), delayed work runs at once, windows
+    /// flush as the watermarks reach +∞, and the run ends normally.
+    pub fn drain(mut self, drain: watch::Receiver<bool>) -> Self {
+        self.drain = Some(drain);
+        self
+    }
+
+    /// Publish stage snapshots to `stats` while the job runs (and once at
+    /// its end).
+    pub fn stats(mut self, stats: watch::Sender<Vec<StageStats>>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Let GroupByKey buffers spill to `store` once one holds more than
+    /// `limit_bytes`, SDK stages' queues once one holds more than twice
+    /// that, and stateful stages' bags past `limit_bytes`, under keys that
+    /// start with `prefix` (unique to the job) and the stage. While
+    /// something is on this store, periodic checkpoints wait: a checkpoint
+    /// would have to copy the spilled bytes back into memory.
+    pub fn spill(mut self, store: Arc<dyn SpillStore>, prefix: &[u8], limit_bytes: usize) -> Self {
+        self.spill = Some(SpillSetting {
+            store,
+            prefix: prefix.to_vec(),
+            limit_bytes,
+        });
+        self
+    }
+
+    /// With [`Self::spill`]: stateful stages' bags, SDK stages' queues and
+    /// streaming GroupByKeys spill to `store` instead, a store whose writes
+    /// last as long as the job's checkpoints (the runner's state database),
+    /// so a periodic checkpoint names what is there instead of copying it,
+    /// and a checkpointed streaming job's state may outgrow memory.
+    pub fn durable_state(mut self, store: Arc<dyn SpillStore>) -> Self {
+        self.durable_state = Some(store);
+        self
+    }
+
+    /// With [`Self::spill`]: every spilling GroupByKey whose output is one
+    /// of `outputs` may hand a key too large for memory to its consumers
+    /// as a state-backed iterable; the caller promises that every consumer
+    /// of those PCollections reads them through
+    /// `beam:coder:state_backed_iterable:v1`.
+    pub fn state_backed_outputs(mut self, outputs: &[PCollectionIdx]) -> Self {
+        self.state_backed_outputs = outputs.to_vec();
+        self
+    }
+
+    /// Add part `name`, read by `read`, to every checkpoint and savepoint.
+    /// Its owner restores it; [`Engine::restore`] ignores it.
+    pub fn extra_part(mut self, name: impl Into<String>, read: ExtraPart) -> Self {
+        self.extra_parts.push((name.into(), read));
+        self
+    }
+
+    /// Send a checkpoint on `tx` every `every` (with zero, after every
+    /// commit, as often as the writer keeps up); one due while the writer
+    /// is busy waits for it, so checkpointing never holds the job up.
+    /// Stable-input stages then see only elements a checkpoint holds: with
+    /// `progress` once the checkpoint is durable, else once it is sent.
+    pub fn checkpoints(
+        mut self,
+        every: Duration,
+        tx: mpsc::Sender<Vec<(String, Bytes)>>,
+        progress: Option<watch::Receiver<CheckpointProgress>>,
+    ) -> Self {
+        self.checkpoints = Some(CheckpointSetting {
+            every,
+            tx,
+            progress,
+        });
+        self
+    }
+
+    /// Answer each request on `requests` with a checkpoint of the engine as
+    /// it is when the request is seen (between two commits), for
+    /// savepoints.
+    pub fn savepoints(mut self, requests: mpsc::Receiver<SavepointRequest>) -> Self {
+        self.savepoints = Some(requests);
+        self
+    }
+
+    /// The engine, with every recorded part applied: the durable store
+    /// before spilling (it decides where spills go), spilling before the
+    /// state-backed outputs (which hand out only what spilled). Parts that
+    /// need another part that is missing are refused, naming both.
+    pub fn build(self) -> Result<Engine, EngineError> {
+        if self.spill.is_none() {
+            if self.durable_state.is_some() {
+                return Err(EngineError::Misconfigured(
+                    "a durable state store takes effect only with a spill store".to_string(),
+                ));
+            }
+            if !self.state_backed_outputs.is_empty() {
+                return Err(EngineError::Misconfigured(
+                    "state-backed GroupByKey outputs need a spill store".to_string(),
+                ));
+            }
+        }
+        let mut engine = Engine::new(
+            self.plan,
+            self.executor,
+            self.config,
+            self.bundle_prefix,
+            self.clock,
+        )?;
+        engine.drain = self.drain;
+        engine.stats = self.stats;
+        engine.durable_state = self.durable_state;
+        if let Some(spill) = self.spill {
+            engine.enable_spill(spill.store, &spill.prefix, spill.limit_bytes);
+            engine.enable_state_backed_outputs(&self.state_backed_outputs);
+        }
+        engine.extra_parts = self.extra_parts;
+        if let Some(c) = self.checkpoints {
+            engine.enable_checkpoints(c.every, c.tx, c.progress);
+        }
+        engine.savepoints = self.savepoints;
+        Ok(engine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::executor::{BundleInput, BundleOutput, ExecError};
+    use crate::spill::MemorySpillStore;
+
+    /// An executor no test here reaches: the plans have no SDK stage.
+    struct NoSdk;
+
+    impl StageExecutor for NoSdk {
+        fn execute(&self, _: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+            async { Err(ExecError::Harness("no SDK here".into())) }.boxed()
+        }
+    }
+
+    fn builder() -> EngineBuilder {
+        Engine::builder(
+            Plan::default(),
+            Arc::new(NoSdk),
+            EngineConfig::default(),
+            "b",
+            Arc::new(|| 0),
+        )
+    }
+
+    #[test]
+    fn parts_that_need_a_spill_store_are_refused_without_one() {
+        for (builder, needs) in [
+            (
+                builder().durable_state(MemorySpillStore::shared()),
+                "a durable state store",
+            ),
+            (
+                builder().state_backed_outputs(&[PCollectionIdx::new(0)]),
+                "state-backed GroupByKey outputs",
+            ),
+        ] {
+            let Err(error) = builder.build() else {
+                panic!("{needs} without a spill store was accepted");
+            };
+            assert!(matches!(error, EngineError::Misconfigured(_)), "{error}");
+            assert!(error.to_string().contains(needs), "{error}");
+        }
+    }
+
+    #[test]
+    fn setters_record_in_any_order() {
+        let (tx, _rx) = mpsc::channel(1);
+        let durable = MemorySpillStore::shared();
+        let engine = builder()
+            .durable_state(durable.clone())
+            .checkpoints(Duration::ZERO, tx, None)
+            .spill(MemorySpillStore::shared(), b"b", 1 << 20)
+            .build()
+            .expect("spill after the durable store is fine");
+        assert!(engine.durable_state.is_some() && engine.spill_space.is_some());
+        assert!(engine.checkpoints.is_some());
+    }
+}
