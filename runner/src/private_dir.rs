@@ -9,8 +9,9 @@
 //! machine's OOM killer) cannot remove its staging or spill directory, and
 //! those hold hundreds of megabytes (staged jars, spilled runs). The next
 //! server to start removes such directories of owners that are gone
-//! ([`sweep_abandoned_temp_dirs`]); directories without the file, or of a
-//! live owner, are never touched.
+//! ([`sweep_abandoned_temp_dirs`]); directories without the file, of a
+//! live owner, or of an owner in another boot or pid namespace (a
+//! container sharing the temp directory), are never touched.
 
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -43,17 +44,33 @@ const OWNER_FILE: &str = ".refract-owner";
 /// The prefix of every temporary directory Refract makes.
 const TEMP_PREFIX: &str = "refract-";
 
-/// A process, told apart from a later one given the same id: its id and
-/// its start time in clock ticks since boot (Linux's `/proc/PID/stat`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A process, told apart from a later one given the same id: its id, its
+/// start time in clock ticks since boot (Linux's `/proc/PID/stat`), and
+/// the machine boot and pid namespace it runs in ([`world`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct ProcessIdentity {
     pid: u32,
     started: u64,
+    world: String,
+}
+
+/// This boot of the machine and this process's pid namespace, as one
+/// token: a pid names the same process only within both. Containers that
+/// share a temp directory but not a pid namespace see each other's pids
+/// as free; their directories must not look abandoned.
+fn world() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let namespace = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    Some(format!(
+        "{}/{}",
+        boot.trim(),
+        namespace.to_string_lossy().replace(char::is_whitespace, "")
+    ))
 }
 
 impl ProcessIdentity {
-    /// The running process `pid`, or `None` if there is none (or no
-    /// `/proc` to ask).
+    /// The running process `pid` (in this pid namespace), or `None` if
+    /// there is none (or no `/proc` to ask).
     fn of(pid: u32) -> Option<Self> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // The command name, in parentheses, may hold spaces: fields are
@@ -65,23 +82,34 @@ impl ProcessIdentity {
             return None;
         }
         let started = fields.nth(18)?.parse().ok()?;
-        Some(Self { pid, started })
+        Some(Self {
+            pid,
+            started,
+            world: world()?,
+        })
     }
 
-    fn to_line(self) -> String {
-        format!("{} {}\n", self.pid, self.started)
+    fn to_line(&self) -> String {
+        format!("{} {} {}\n", self.pid, self.started, self.world)
     }
 
     fn parse(line: &str) -> Option<Self> {
         let mut parts = line.split_whitespace();
         let pid = parts.next()?.parse().ok()?;
         let started = parts.next()?.parse().ok()?;
-        Some(Self { pid, started })
+        let world = parts.next()?.to_string();
+        Some(Self {
+            pid,
+            started,
+            world,
+        })
     }
 
-    /// Whether this very process still runs.
-    fn is_alive(self) -> bool {
-        Self::of(self.pid) == Some(self)
+    /// Whether this process is known to have ended: it ran in this boot
+    /// and pid namespace (`here`), and no process of its id and start time
+    /// runs now. An owner from elsewhere is never known dead.
+    fn is_gone(&self, here: &str) -> bool {
+        self.world == here && Self::of(self.pid).as_ref() != Some(self)
     }
 }
 
@@ -99,9 +127,9 @@ pub struct Swept {
 /// owner; without it nothing is removed.
 pub fn sweep_abandoned_temp_dirs(temp: &Path) -> Swept {
     let mut swept = Swept::default();
-    if ProcessIdentity::of(std::process::id()).is_none() {
+    let Some(here) = ProcessIdentity::of(std::process::id()).map(|me| me.world) else {
         return swept;
-    }
+    };
     let Ok(entries) = std::fs::read_dir(temp) else {
         return swept;
     };
@@ -116,7 +144,7 @@ pub fn sweep_abandoned_temp_dirs(temp: &Path) -> Swept {
             continue;
         };
         match ProcessIdentity::parse(&line) {
-            Some(owner) if !owner.is_alive() => {
+            Some(owner) if owner.is_gone(&here) => {
                 let bytes = size_of_tree(&dir);
                 match std::fs::remove_dir_all(&dir) {
                     Ok(()) => {
@@ -214,23 +242,30 @@ mod tests {
         let dead = ProcessIdentity {
             pid: child_pid,
             started: 1,
+            world: me.world.clone(),
         };
         let reused_pid = ProcessIdentity {
             pid: me.pid,
             started: me.started + 1,
+            world: me.world.clone(),
+        };
+        let elsewhere = ProcessIdentity {
+            world: format!("another-boot/{}", me.world),
+            ..dead.clone()
         };
         let live = make("refract-staging-live", Some(me.to_line()));
         let gone = make("refract-staging-gone", Some(dead.to_line()));
         let reused = make("refract-spill-reused", Some(reused_pid.to_line()));
         let unmarked = make("refract-staging-old", None);
         let garbled = make("refract-spill-garbled", Some("not a pid".to_string()));
+        let other_container = make("refract-spill-elsewhere", Some(elsewhere.to_line()));
         let foreign = make("other-gone", Some(dead.to_line()));
 
         let swept = sweep_abandoned_temp_dirs(temp.path());
         assert_eq!(swept.directories, 2);
         assert!(swept.bytes >= 2000, "{swept:?}");
         assert!(!gone.exists() && !reused.exists());
-        for kept in [live, unmarked, garbled, foreign] {
+        for kept in [live, unmarked, garbled, foreign, other_container] {
             assert!(kept.exists(), "{} was removed", kept.display());
         }
     }
@@ -241,7 +276,9 @@ mod tests {
         let line = std::fs::read_to_string(dir.path().join(OWNER_FILE)).expect("owner file");
         let owner = ProcessIdentity::parse(&line).expect("parses");
         assert_eq!(owner.pid, std::process::id());
-        assert!(owner.is_alive());
+        let here = world().expect("this machine has /proc");
+        assert_eq!(owner.world, here);
+        assert!(!owner.is_gone(&here));
     }
 
     #[test]
