@@ -14,7 +14,7 @@
 //! container sharing the temp directory), are never touched.
 
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Creates `path` and any missing parents, each new one with mode 0700.
@@ -130,12 +130,18 @@ pub fn sweep_abandoned_temp_dirs(temp: &Path) -> Swept {
     let Some(here) = ProcessIdentity::of(std::process::id()).map(|me| me.world) else {
         return swept;
     };
+    // Only this user's directories: another user's are theirs to judge,
+    // and one made to look like Refract's must not be acted on.
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return swept;
+    };
     let Ok(entries) = std::fs::read_dir(temp) else {
         return swept;
     };
     for entry in entries.flatten() {
         let owned_by_refract = entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
-            && entry.file_type().is_ok_and(|t| t.is_dir());
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+            && entry.metadata().is_ok_and(|m| m.uid() == me);
         if !owned_by_refract {
             continue;
         }
