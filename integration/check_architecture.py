@@ -95,13 +95,14 @@ def non_test_part(code):
 
 def expand_use(tree):
     """Every full path of a `use` tree such as `a::{b, c::{d, e}}`."""
+    # Renames (`x as y`) first: the path is what is left of `as`.
+    tree = re.sub(r'\s+as\s+\w+', '', tree)
     tree = re.sub(r'\s+', '', tree)
-    depth, start, parts = 0, None, []
     brace = tree.find('{')
     if brace < 0:
-        return [tree.split(' as ')[0]]
+        return [tree]
     prefix, inner = tree[:brace], tree[brace + 1:tree.rfind('}')]
-    start = 0
+    depth, start, parts = 0, 0, []
     for i, ch in enumerate(inner):
         if ch == '{':
             depth += 1

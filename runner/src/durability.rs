@@ -222,11 +222,7 @@ impl Durability {
         });
         // Ids this server makes are safe file names; one from an odd
         // record might not be.
-        if !job
-            .id()
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
+        if !refract_jobservice::is_safe_job_id(job.id()) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("job id {:?} is not a file name", job.id()),

@@ -36,5 +36,6 @@ pub use job_state::{is_terminal, JobState};
 pub use metrics::{
     decode_int_metric, IntMetric, JobMetrics, DISTRIBUTION_INT64, LATEST_INT64, SUM_INT64,
 };
+pub use registry::is_safe_job_id;
 pub use runner::JobRunner;
 pub use server::serve;

@@ -222,17 +222,23 @@ impl JobRegistry {
     }
 }
 
+/// Whether `id` is safe as a file or directory name: not empty, only
+/// `[A-Za-z0-9_-]`. Every id this server makes is; one read from an
+/// earlier server's record might not be, and must not name a path.
+pub fn is_safe_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// The name of `id`'s staging directory under the staging root: the id
 /// itself when it is safe as one (every id this server makes is), else a
 /// digest of it. Ids also come from records an earlier server wrote, and
 /// deleting a job removes its staging directory: an id such as `..` must
 /// never name a directory outside the job's own.
 fn staging_dir_name(id: &str) -> String {
-    let safe = !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if safe {
+    if is_safe_job_id(id) {
         return id.to_string();
     }
     use sha2::Digest;
