@@ -16,8 +16,9 @@
 #   - Go, to build the OpenTelemetry Collector of the OTLP test;
 #   - the clippy and rustfmt components of the Rust toolchain;
 #   - a Python virtualenv at $REFRACT_VENV (default ~/.cache/refract/venv,
-#     never inside the clone) with the packages in integration/requirements.txt.
-#     It is reinstalled only when that file or the base Python changes.
+#     never inside the clone) with the packages in integration/requirements.txt
+#     and integration/ray/requirements.txt. It is reinstalled only when those
+#     files or the base Python change.
 #
 # Environment: REFRACT_PYTHON picks the base interpreter (default: python3).
 # shellcheck source-path=SCRIPTDIR
@@ -140,10 +141,11 @@ if ! "$base_python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
 fi
 
 requirements=$REFRACT_ROOT/integration/requirements.txt
+ray_requirements=$REFRACT_ROOT/integration/ray/requirements.txt
 stamp_file=$REFRACT_VENV/.refract-setup-stamp
 stamp=$(
   {
-    cat "$requirements"
+    cat "$requirements" "$ray_requirements"
     "$base_python" -c 'import sys; print(sys.executable, sys.version)'
   } | sha256sum | cut -d' ' -f1
 )
@@ -168,10 +170,11 @@ if ! venv_ok; then
       quiet "$base_python" -m venv "$REFRACT_VENV"
     fi
   fi
-  log "installing Python packages into $REFRACT_VENV (apache-beam, pytest, ...)"
-  quiet "$REFRACT_PY" -m pip install --disable-pip-version-check -q -r "$requirements"
+  log "installing Python packages into $REFRACT_VENV (apache-beam, pytest, ray, ...)"
+  quiet "$REFRACT_PY" -m pip install --disable-pip-version-check -q \
+    -r "$requirements" -r "$ray_requirements"
   # Import what the suites import, so a broken install fails here, not later.
-  quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity, kafka'
+  quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity, kafka, ray'
   echo "$stamp" >"$stamp_file"
 fi
 

@@ -57,6 +57,32 @@ pub enum Command {
     /// else on one listening at localhost:8073, else on one started for the
     /// run. Shows each stage's progress, then the job's metrics.
     Run(RunArgs),
+    /// List, add or remove the server's remote SDK worker pools.
+    #[command(subcommand)]
+    Pools(PoolsCommand),
+}
+
+/// `refract pools ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PoolsCommand {
+    /// Show each pool: its source, address, state, capacity and workers.
+    List(ServerArgs),
+    /// Start new workers on these pools too (as `serve --worker_pool`
+    /// takes them: `[SDK=]HOST:PORT` or `ray://HEAD:PORT`).
+    Add(PoolArgs),
+    /// Start no more workers on these pools (as `list` shows them); the
+    /// workers there are replaced on the others.
+    Remove(PoolArgs),
+}
+
+/// One pool source on one server.
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    /// The pools, as `serve --worker_pool` takes them.
+    pub spec: String,
+    /// Which server.
+    #[command(flatten)]
+    pub server: ServerArgs,
 }
 
 /// Flags of `refract run`.
@@ -183,10 +209,30 @@ pub struct ServeArgs {
     /// declared lost (Go duration): its connection is pinged after half
     /// of this without traffic and closed when the ping goes unanswered
     /// for the other half; its bundles are then retried on another worker.
-    #[arg(long = "worker_liveness_timeout", default_value = "20s", value_parser = parse_go_duration)]
+    #[arg(long = "worker_liveness_timeout", default_value = "12s", value_parser = parse_go_duration)]
     pub worker_liveness_timeout: std::time::Duration,
+    /// Where the Fn API listens, and the address SDK workers are told to
+    /// connect to (default: `--host`). Workers on other hosts (see
+    /// `--worker_pool`) need an address of this host they can reach; a
+    /// DNS name is handed to them as written. Anyone who can reach it can
+    /// pose as a worker of a job whose id they know: a trusted network only.
+    #[arg(long = "fn_api_host")]
+    pub fn_api_host: Option<String>,
+    /// Port of the Fn API (0: any free port).
+    #[arg(long = "fn_api_port", default_value_t = 0)]
+    pub fn_api_port: u16,
+    /// A pool of SDK workers on another host (repeatable): `[SDK=]HOST:PORT`
+    /// for a Beam worker pool service (Python's `worker_pool_main`, Java's
+    /// `ExternalWorkerService`, Go's pool; SDK is python, java or go, and
+    /// an unlabelled pool takes any environment; a DNS name stands for all
+    /// its addresses, looked up again every 10 s), or `ray://HEAD:PORT` for
+    /// one Python pool per node of a Ray cluster. Environments these pools
+    /// serve start their workers there; others start as before.
+    #[arg(long = "worker_pool")]
+    pub worker_pool: Vec<crate::pools::PoolSpec>,
     /// SDK workers started per environment of a job when the job's own
-    /// `--sdk_worker_parallelism` option is 0 (0 here: one per core).
+    /// `--sdk_worker_parallelism` option is 0 (0 here: one per core, or as
+    /// many as the pools' capacity for environments run on pools).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
     pub sdk_worker_parallelism: usize,
     /// Which alternative to start when an environment offers several

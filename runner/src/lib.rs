@@ -19,6 +19,8 @@ pub mod memory;
 pub mod metric_catalog;
 mod options;
 pub mod output_spill;
+pub mod pools;
+pub mod pools_command;
 pub mod private_dir;
 pub mod run_command;
 pub mod savepoints;

@@ -102,6 +102,7 @@ fn main() -> Result<()> {
         Some(Command::Status(job)) => return block_on(client::status(job)),
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
+        Some(Command::Pools(command)) => return block_on(refract::pools_command::run(command)),
         Some(Command::Run(run)) => {
             // An embedded server's routine logs would bury the progress.
             tracing_subscriber::fmt()

@@ -18,6 +18,7 @@ use crate::durability::Durability;
 use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
 use crate::memory::MemoryLedger;
+use crate::pools::WorkerPools;
 use crate::private_dir::{private_temp_dir, TempDirGuard};
 use crate::savepoints::SavepointDir;
 use crate::spill_store::RocksSpillStore;
@@ -70,9 +71,15 @@ pub async fn start(
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
         .await
         .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
-    let fn_server = FnApiServer::start_with(&args.host, liveness)
+    let fn_host = args.fn_api_host.as_deref().unwrap_or(&args.host);
+    let fn_server = FnApiServer::start_with(fn_host, args.fn_api_port, liveness)
         .await
-        .context("starting the Fn API server")?;
+        .with_context(|| {
+            format!(
+                "starting the Fn API server on {fn_host}:{}",
+                args.fn_api_port
+            )
+        })?;
     fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
         enabled: args.sdk_images_as_processes,
         python: args.sdk_python.clone(),
@@ -132,11 +139,17 @@ pub async fn start(
             .context("creating the spill directory")?;
     let spill = RocksSpillStore::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
+    let pools = worker_pools(args, &fn_server.url(), default_workers)?;
     let runner = RefractRunner::new(fn_server)
         .with_default_workers(default_workers)
+        .with_pools(pools)
         .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
         .with_spill(Arc::new(spill))
         .with_environment_preference(args.environment_preference.clone());
+    let runner = match args.sdk_worker_parallelism {
+        0 => runner,
+        n => runner.with_asked_workers(n),
+    };
     let insights = runner.insights();
     let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
         Some(endpoint) => {
@@ -211,6 +224,36 @@ pub async fn start(
         stop: Some(stop),
         finished,
     })
+}
+
+/// The pools of `--worker_pool`, following their sources from now on
+/// (none without the flag; `refract pools add` adds more). Pools named by
+/// address count `capacity` workers each.
+fn worker_pools(
+    args: &ServeArgs,
+    fn_api_url: &str,
+    capacity: usize,
+) -> Result<Option<Arc<WorkerPools>>> {
+    if !args.worker_pool.is_empty()
+        && (fn_api_url.starts_with("127.") || fn_api_url.starts_with("[::1]"))
+    {
+        tracing::warn!(
+            fn_api = %fn_api_url,
+            "workers on other hosts cannot reach a loopback Fn API: \
+             pass --fn_api_host with an address of this host they can reach"
+        );
+    }
+    let ray_python = args
+        .sdk_python
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("python3"));
+    let pools = WorkerPools::new(capacity, ray_python);
+    for spec in &args.worker_pool {
+        pools
+            .add(spec.clone())
+            .with_context(|| format!("--worker_pool {spec}"))?;
+    }
+    Ok(Some(pools))
 }
 
 /// Starts the web UI in the background and returns its address; a port

@@ -7,13 +7,21 @@
 //! worker is idle, which is when a long splittable bundle is worth
 //! splitting so the idle worker can take half of what remains.
 //!
+//! A set given a target ([`WorkerSet::keep`]; pooled environments, whose
+//! workers live on other hosts) keeps that many live workers: a worker
+//! lost with its host, or on a pool that went away, is replaced in the
+//! background on a live pool, with a pause that doubles while starts
+//! fail, and a bundle finding no live worker waits for it. Other sets
+//! replace a dead worker when none is left.
+//!
 //! How many bundles the set runs at once is the engine's to keep to, from
 //! the set's [`BundleSlots`]: one per worker for an SDK that runs a worker's
 //! bundles on one core (no `multi_core_bundle_processing` capability), no
 //! bound for one that runs them in parallel.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use refract_engine::bundle_slots::BundleSlots;
@@ -26,6 +34,14 @@ use tracing::warn;
 /// the replacement, for a unique worker id).
 pub type WorkerFactory =
     Arc<dyn Fn(usize) -> BoxFuture<'static, Result<Arc<Worker>, HarnessError>> + Send + Sync>;
+
+/// The first pause before topping up again after a failed start.
+const FIRST_TOP_UP_PAUSE: Duration = Duration::from_millis(500);
+/// The longest pause between top-up attempts.
+const MAX_TOP_UP_PAUSE: Duration = Duration::from_secs(30);
+/// How long a bundle of a set with a target waits for a worker when none
+/// is live.
+const TOP_UP_WAIT: Duration = Duration::from_secs(300);
 
 /// How many bundles one worker of an environment runs at once to good
 /// effect.
@@ -100,6 +116,14 @@ pub struct WorkerSet {
     per_worker: BundlesPerWorker,
     /// The engine's bound on the set's bundles, kept to its live workers.
     bundle_slots: Arc<BundleSlots>,
+    /// Live workers to keep, replacing lost ones in the background.
+    target: Option<usize>,
+    /// A background top-up is running.
+    topping_up: AtomicBool,
+    /// Signalled when the top-up added a worker.
+    grown: tokio::sync::Notify,
+    /// The job ended: no more workers are started.
+    closed: AtomicBool,
 }
 
 impl WorkerSet {
@@ -119,7 +143,18 @@ impl WorkerSet {
             replacing: tokio::sync::Mutex::new(()),
             per_worker,
             bundle_slots,
+            target: None,
+            topping_up: AtomicBool::new(false),
+            grown: tokio::sync::Notify::new(),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Keeps `target` live workers, starting replacements in the
+    /// background as workers are lost (see the module docs).
+    pub fn keep(mut self, target: usize) -> Self {
+        self.target = Some(target.max(1));
+        self
     }
 
     /// How many of the set's bundles may run at once, for the engine.
@@ -138,7 +173,7 @@ impl WorkerSet {
 
     /// The live worker running the fewest bundles (the next in turn among
     /// equals), leased for one bundle.
-    fn lease_live(&self) -> Option<Lease> {
+    fn lease_live(self: &Arc<Self>) -> Option<Lease> {
         let mut slots = self.slots.lock();
         slots.retain(|s| match s.worker.disconnected() {
             None => true,
@@ -148,6 +183,9 @@ impl WorkerSet {
             }
         });
         let n = slots.len();
+        if self.target.is_some_and(|t| n < t) {
+            self.top_up();
+        }
         // A dead worker's slot goes with it (but one is always left: the
         // next lease starts a replacement).
         self.bundle_slots.set_capacity(self.per_worker.capacity(n));
@@ -162,11 +200,64 @@ impl WorkerSet {
         slots.get(least_loaded(&running, start)).map(Slot::lease)
     }
 
+    /// Starts workers in the background until the set has its target,
+    /// unless that is already under way.
+    fn top_up(self: &Arc<Self>) {
+        let (Some(target), Some(factory)) = (self.target, self.factory.clone()) else {
+            return;
+        };
+        if self.closed.load(Ordering::Relaxed) || self.topping_up.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let set = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut pause = FIRST_TOP_UP_PAUSE;
+            while !set.closed.load(Ordering::Relaxed) && set.live_workers() < target {
+                let n = set.replacements.fetch_add(1, Ordering::Relaxed);
+                match factory(n).await {
+                    Ok(worker) => {
+                        pause = FIRST_TOP_UP_PAUSE;
+                        if set.closed.load(Ordering::Relaxed) {
+                            worker.stop().await;
+                            break;
+                        }
+                        warn!(worker = %worker.id(), "started a replacement SDK worker");
+                        {
+                            let mut slots = set.slots.lock();
+                            slots.push(Slot::new(worker));
+                            set.bundle_slots
+                                .set_capacity(set.per_worker.capacity(slots.len()));
+                        }
+                        set.grown.notify_waiters();
+                    }
+                    Err(error) => {
+                        warn!(%error, retry_in = ?pause, "cannot start a replacement SDK worker");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_TOP_UP_PAUSE);
+                    }
+                }
+            }
+            set.topping_up.store(false, Ordering::Release);
+        });
+    }
+
+    /// Workers still connected.
+    fn live_workers(&self) -> usize {
+        self.slots
+            .lock()
+            .iter()
+            .filter(|s| s.worker.disconnected().is_none())
+            .count()
+    }
+
     /// A live worker for one bundle, starting a replacement if none is
-    /// left.
-    pub async fn lease(&self) -> Result<Lease, ExecError> {
+    /// left (a set with a target waits for its top-up instead).
+    pub async fn lease(self: &Arc<Self>) -> Result<Lease, ExecError> {
         if let Some(l) = self.lease_live() {
             return Ok(l);
+        }
+        if self.target.is_some() {
+            return self.lease_after_top_up().await;
         }
         let _guard = self.replacing.lock().await;
         if let Some(l) = self.lease_live() {
@@ -189,6 +280,24 @@ impl WorkerSet {
         Ok(lease)
     }
 
+    /// Waits for the background top-up to bring a worker, up to
+    /// [`TOP_UP_WAIT`].
+    async fn lease_after_top_up(self: &Arc<Self>) -> Result<Lease, ExecError> {
+        let deadline = tokio::time::Instant::now() + TOP_UP_WAIT;
+        loop {
+            let grown = self.grown.notified();
+            if let Some(l) = self.lease_live() {
+                return Ok(l);
+            }
+            self.top_up();
+            if tokio::time::timeout_at(deadline, grown).await.is_err() {
+                return Err(ExecError::Harness(format!(
+                    "no live SDK worker: none could be started within {TOP_UP_WAIT:?}"
+                )));
+            }
+        }
+    }
+
     /// Whether some live worker runs no bundle at all.
     pub fn has_idle_worker(&self) -> bool {
         self.slots
@@ -197,9 +306,15 @@ impl WorkerSet {
             .any(|s| s.worker.disconnected().is_none() && s.running.load(Ordering::Relaxed) == 0)
     }
 
-    /// Every worker, for shutdown.
+    /// Every worker.
     pub fn workers(&self) -> Vec<Arc<Worker>> {
         self.slots.lock().iter().map(|s| s.worker.clone()).collect()
+    }
+
+    /// Every worker, for shutdown: no worker is started after this.
+    pub fn close(&self) -> Vec<Arc<Worker>> {
+        self.closed.store(true, Ordering::Relaxed);
+        self.workers()
     }
 }
 

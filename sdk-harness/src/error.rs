@@ -72,12 +72,16 @@ pub enum HarnessError {
         stderr_tail: String,
     },
     /// The worker did not connect its control stream in time.
-    #[error("worker {worker_id} did not connect to the control service within {waited:?}")]
+    #[error("worker {worker_id} did not connect to the control service at {url} within {waited:?}{hint}")]
     ConnectTimeout {
         /// The worker that did not connect.
         worker_id: String,
+        /// The address it was told to connect to.
+        url: String,
         /// How long we waited.
         waited: Duration,
+        /// What may be wrong, when something is known (empty otherwise).
+        hint: String,
     },
     /// The worker connected, then went away before start-up finished.
     #[error("worker {worker_id} disconnected during start-up: {reason}")]

@@ -28,7 +28,7 @@ mod worker;
 
 pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputOverflow, StateHandler};
 pub use config::{ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig};
-pub use environment::HostHarnesses;
+pub use environment::{BeamSdk, HostHarnesses};
 pub use error::{BundleError, HarnessError};
 pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WORKER_LIVENESS_TIMEOUT};
 pub use worker::Worker;

@@ -50,16 +50,27 @@ pub struct FnApiServer {
 }
 
 /// Default for [`FnApiServer::start_with`]'s liveness bound.
-pub const DEFAULT_WORKER_LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
+///
+/// A worker on a host that died or was cut off from the network answers
+/// no ping; this bounds how long its bundles wait before they are retried
+/// elsewhere.
+pub const DEFAULT_WORKER_LIVENESS_TIMEOUT: Duration = Duration::from_secs(12);
 
 impl FnApiServer {
-    /// [`Self::start_with`] with [`DEFAULT_WORKER_LIVENESS_TIMEOUT`].
+    /// [`Self::start_with`] on any free port of `bind_host`, with
+    /// [`DEFAULT_WORKER_LIVENESS_TIMEOUT`].
     pub async fn start(bind_host: &str) -> Result<Arc<FnApiServer>, HarnessError> {
-        Self::start_with(bind_host, DEFAULT_WORKER_LIVENESS_TIMEOUT).await
+        Self::start_with(bind_host, 0, DEFAULT_WORKER_LIVENESS_TIMEOUT).await
     }
 
-    /// Binds `bind_host:0` and serves all Fn API services on that port, with
-    /// unlimited message sizes (SDKs send unlimited ones).
+    /// Binds `bind_host:port` (port 0: any free one) and serves all Fn API
+    /// services there, with unlimited message sizes (SDKs send unlimited
+    /// ones).
+    ///
+    /// Workers are told to connect to the address bound, or, when
+    /// `bind_host` is a DNS name other than `localhost`, to that name and
+    /// the port: a worker on another host resolves the name the operator
+    /// chose, which a pod or VM address may not be.
     ///
     /// Every connection is pinged (HTTP/2 PING) once it has been quiet for
     /// half of `liveness`, and closed when a ping is not answered within
@@ -69,6 +80,7 @@ impl FnApiServer {
     /// are retried on another worker instead of waiting forever.
     pub async fn start_with(
         bind_host: &str,
+        port: u16,
         liveness: Duration,
     ) -> Result<Arc<FnApiServer>, HarnessError> {
         let ping_every = (liveness / 2).max(Duration::from_millis(100));
@@ -76,10 +88,11 @@ impl FnApiServer {
             host: bind_host.to_string(),
             source,
         };
-        let listener = TcpListener::bind((bind_host, 0))
+        let listener = TcpListener::bind((bind_host, port))
             .await
             .map_err(bind_error)?;
-        let url = listener.local_addr().map_err(bind_error)?.to_string();
+        let bound = listener.local_addr().map_err(bind_error)?;
+        let url = advertised_url(bind_host, bound);
         let hub = Arc::new(Hub::default());
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let router = tonic::transport::Server::builder()
@@ -198,7 +211,7 @@ impl FnApiServer {
                     return Err(e);
                 }
             };
-        if let Err(e) = wait_connected(&link, &launched, timeout).await {
+        if let Err(e) = wait_connected(&link, &launched, &self.url, timeout).await {
             self.abandon(&link, &e);
             launched.stop().await;
             return Err(e);
@@ -217,6 +230,18 @@ impl FnApiServer {
     }
 }
 
+/// What workers are told to connect to: the bound address, unless the
+/// server was bound by a DNS name (not `localhost`), which is kept.
+fn advertised_url(bind_host: &str, bound: std::net::SocketAddr) -> String {
+    let is_name = bind_host.parse::<std::net::IpAddr>().is_err()
+        && !bind_host.eq_ignore_ascii_case("localhost");
+    if is_name {
+        format!("{bind_host}:{}", bound.port())
+    } else {
+        bound.to_string()
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -226,6 +251,7 @@ fn millis(d: Duration) -> u64 {
 async fn wait_connected(
     link: &WorkerLink,
     launched: &Launched,
+    url: &str,
     timeout: Duration,
 ) -> Result<(), HarnessError> {
     let worker_id = link.id().to_string();
@@ -265,6 +291,36 @@ async fn wait_connected(
             status: report.status,
             stderr_tail: report.stderr_tail,
         }),
-        _ = tokio::time::sleep(timeout) => Err(HarnessError::ConnectTimeout { worker_id, waited: timeout }),
+        _ = tokio::time::sleep(timeout) => Err(HarnessError::ConnectTimeout {
+            worker_id,
+            url: url.to_string(),
+            waited: timeout,
+            hint: match launched {
+                // A pool's worker may run on another host.
+                Launched::External(_) => " (the worker pool started it: can the pool's host reach \
+                    that address? --fn_api_host sets it)"
+                    .to_string(),
+                Launched::Child(_) => String::new(),
+            },
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_url;
+
+    #[test]
+    fn workers_are_told_the_bound_address_or_the_name_chosen() {
+        let bound: std::net::SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        assert_eq!(advertised_url("10.1.2.3", bound), "10.1.2.3:4567");
+        assert_eq!(advertised_url("0.0.0.0", bound), "10.1.2.3:4567");
+        assert_eq!(advertised_url("localhost", bound), "10.1.2.3:4567");
+        assert_eq!(
+            advertised_url("refract.jobs.svc", bound),
+            "refract.jobs.svc:4567"
+        );
+        let v6: std::net::SocketAddr = "[fd00::1]:80".parse().unwrap();
+        assert_eq!(advertised_url("fd00::1", v6), "[fd00::1]:80");
     }
 }

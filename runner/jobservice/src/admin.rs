@@ -1,14 +1,16 @@
 //! `RefractAdmin`: Refract's own calls beside Beam's Job API (the proto in
 //! `proto/refract/admin/v1/admin.proto`): which server answers, jobs a page
 //! at a time, one job's checkpoints and failure, resuming a failed durable
-//! job, deleting an ended one.
+//! job, deleting an ended one; the remote worker pools.
 
 use std::sync::Arc;
 
 use refract_proto::admin::refract_admin_server::RefractAdmin;
 use refract_proto::admin::{
-    DeleteJobRequest, DeleteJobResponse, DescribeJobRequest, GetServerInfoRequest, JobDescription,
-    JobSummary, ListJobsRequest, ListJobsResponse, ResumeJobRequest, ResumeJobResponse, ServerInfo,
+    AddPoolRequest, AddPoolResponse, DeleteJobRequest, DeleteJobResponse, DescribeJobRequest,
+    GetServerInfoRequest, JobDescription, JobSummary, ListJobsRequest, ListJobsResponse,
+    ListPoolsRequest, ListPoolsResponse, RemovePoolRequest, RemovePoolResponse, ResumeJobRequest,
+    ResumeJobResponse, ServerInfo,
 };
 use refract_proto::tonic::{self, Request, Response, Status};
 
@@ -186,5 +188,36 @@ impl RefractAdmin for AdminService {
         job.remove_files();
         tracing::info!(job_id = %job.id(), "job deleted");
         Ok(Response::new(DeleteJobResponse {}))
+    }
+
+    async fn list_pools(
+        &self,
+        _request: Request<ListPoolsRequest>,
+    ) -> Result<Response<ListPoolsResponse>, Status> {
+        Ok(Response::new(ListPoolsResponse {
+            pools: self.runner.pools(),
+        }))
+    }
+
+    async fn add_pool(
+        &self,
+        request: Request<AddPoolRequest>,
+    ) -> Result<Response<AddPoolResponse>, Status> {
+        let spec = request.into_inner().spec;
+        self.runner
+            .add_pool(&spec)
+            .map_err(Status::invalid_argument)?;
+        Ok(Response::new(AddPoolResponse {}))
+    }
+
+    async fn remove_pool(
+        &self,
+        request: Request<RemovePoolRequest>,
+    ) -> Result<Response<RemovePoolResponse>, Status> {
+        let spec = request.into_inner().spec;
+        if !self.runner.remove_pool(&spec) {
+            return Err(Status::not_found(format!("no worker pool {spec:?}")));
+        }
+        Ok(Response::new(RemovePoolResponse {}))
     }
 }

@@ -51,4 +51,23 @@ pub trait JobRunner: Send + Sync + 'static {
     fn durable(&self) -> bool {
         false
     }
+
+    /// The remote worker pools, for `ListPools`; none by default.
+    fn pools(&self) -> Vec<refract_proto::admin::WorkerPool> {
+        Vec::new()
+    }
+
+    /// Adds worker pools written `spec` (`AddPool`); `Err(text)` fails
+    /// the call with `INVALID_ARGUMENT` and that text.
+    fn add_pool(&self, spec: &str) -> Result<(), String> {
+        Err(format!(
+            "cannot add worker pool {spec:?}: this server runs no remote workers"
+        ))
+    }
+
+    /// Removes the pools written `spec` (`RemovePool`); whether they were
+    /// known.
+    fn remove_pool(&self, _spec: &str) -> bool {
+        false
+    }
 }

@@ -35,6 +35,7 @@ use crate::durability::{Durability, DurabilityError};
 use crate::insights::Insights;
 use crate::memory::MemoryLedger;
 use crate::options::{experiment_value, option_bool, option_usize};
+use crate::pools::WorkerPools;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
@@ -146,6 +147,11 @@ pub struct RefractRunner {
     spill: Option<Arc<dyn SpillStore>>,
     /// Which alternative of an AnyOf environment jobs start.
     environment_preference: EnvironmentPreference,
+    /// Remote worker pools, if the server has any.
+    pools: Option<Arc<WorkerPools>>,
+    /// Workers per environment the server was told to start, if it was
+    /// (else pooled environments get their pools' capacity).
+    asked_default_workers: Option<usize>,
 }
 
 impl RefractRunner {
@@ -162,7 +168,21 @@ impl RefractRunner {
             memory: None,
             spill: None,
             environment_preference: EnvironmentPreference::default(),
+            pools: None,
+            asked_default_workers: None,
         }
+    }
+
+    /// Start the workers of environments that `pools` serve on those
+    /// pools (see [`crate::pools`]).
+    pub fn with_pools(mut self, pools: Option<Arc<WorkerPools>>) -> Self {
+        self.pools = pools;
+        self
+    }
+
+    /// The server's pools, if it has any.
+    pub fn pools(&self) -> Option<&Arc<WorkerPools>> {
+        self.pools.as_ref()
     }
 
     /// Start the alternative of an AnyOf environment (as expansion
@@ -212,6 +232,15 @@ impl RefractRunner {
     /// option is 0 ("let the runner choose").
     pub fn with_default_workers(mut self, workers: usize) -> Self {
         self.default_workers = workers.max(1);
+        self
+    }
+
+    /// Like [`Self::with_default_workers`], for a count the operator
+    /// chose: it holds for pooled environments too, which otherwise get
+    /// as many workers as their pools' capacity.
+    pub fn with_asked_workers(mut self, workers: usize) -> Self {
+        self.default_workers = workers.max(1);
+        self.asked_default_workers = Some(workers.max(1));
         self
     }
 
@@ -272,14 +301,54 @@ impl JobRunner for RefractRunner {
         self.durability.is_some()
     }
 
+    fn pools(&self) -> Vec<refract_proto::admin::WorkerPool> {
+        let Some(pools) = &self.pools else {
+            return Vec::new();
+        };
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        pools
+            .directory()
+            .statuses()
+            .into_iter()
+            .map(|p| refract_proto::admin::WorkerPool {
+                spec: p.spec,
+                address: p.address,
+                state: p.state,
+                capacity: count(p.capacity),
+                workers: count(p.workers),
+                detail: p.detail,
+            })
+            .collect()
+    }
+
+    fn add_pool(&self, spec: &str) -> Result<(), String> {
+        let Some(pools) = &self.pools else {
+            return Err(format!(
+                "cannot add worker pool {spec:?}: start the server with --worker_pool \
+                 to use remote worker pools"
+            ));
+        };
+        let spec: crate::pools::PoolSpec = spec.parse().map_err(|e| format!("{e}"))?;
+        pools.add(spec).map_err(|e| e.to_string())
+    }
+
+    fn remove_pool(&self, spec: &str) -> bool {
+        self.pools.as_ref().is_some_and(|p| p.remove(spec))
+    }
+
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
+        let job_asked = option_usize(job.options(), "sdk_worker_parallelism");
         let resources = JobResources {
-            workers_per_env: match option_usize(job.options(), "sdk_worker_parallelism") {
+            workers_per_env: match job_asked {
                 Some(0) | None => self.default_workers,
                 Some(n) => n,
             },
+            // Python sends 1 unless told otherwise: only more is a choice
+            // that pooled environments keep to.
+            asked_workers: job_asked.filter(|&n| n > 1).or(self.asked_default_workers),
+            pools: self.pools.clone(),
             memory: self.memory.clone(),
             spill: self.spill.clone(),
             environment_preference: self.environment_preference.clone(),

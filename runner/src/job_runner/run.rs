@@ -25,6 +25,7 @@ use crate::insights::JobView;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::options::{experiment_value, has_experiment, option_bool};
 use crate::output_spill::OutputSpill;
+use crate::pools::WorkerPools;
 use crate::telemetry::BundleRecorder;
 use crate::worker_set::WorkerSet;
 
@@ -59,6 +60,11 @@ pub(super) struct JobWatchers {
 #[derive(Clone)]
 pub(super) struct JobResources {
     pub(super) workers_per_env: usize,
+    /// Workers per environment of a pooled environment the server or the
+    /// job chose, if either did (else the pools' capacity).
+    pub(super) asked_workers: Option<usize>,
+    /// The server's remote worker pools, if any.
+    pub(super) pools: Option<Arc<WorkerPools>>,
     /// The server's memory, and the most one job is granted of it.
     pub(super) memory: Option<(Arc<MemoryLedger>, usize)>,
     pub(super) spill: Option<Arc<dyn SpillStore>>,
@@ -78,6 +84,8 @@ pub(super) async fn run_job(
 ) -> Result<(), JobError> {
     let JobResources {
         workers_per_env,
+        asked_workers,
+        pools,
         memory,
         spill,
         environment_preference,
@@ -224,6 +232,8 @@ pub(super) async fn run_job(
             environments: &translated.environments,
             origins: &origins,
             workers_per_env,
+            asked_workers,
+            pools: pools.as_ref(),
             view: &view,
             attempt: facts.attempt,
         };
@@ -334,7 +344,7 @@ pub(super) async fn run_job(
     view.set_savepoint_channel(None);
     // All at once: a pool that is slow to answer StopWorker delays the job's
     // end by one timeout, not one per worker.
-    let workers: Vec<_> = started.iter().flat_map(|set| set.workers()).collect();
+    let workers: Vec<_> = started.iter().flat_map(|set| set.close()).collect();
     futures::future::join_all(workers.iter().map(|w| w.stop())).await;
     for id in descriptor_ids {
         fn_server.forget_descriptor(&id);

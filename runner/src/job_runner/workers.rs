@@ -11,7 +11,11 @@ use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
 use super::logs::{JobArtifacts, JobLogs};
 use crate::insights::JobView;
+use crate::pools::{pool_need, pooled_environment, PoolNeed, WorkerPools};
 use crate::worker_set::{BundlesPerWorker, WorkerFactory, WorkerSet};
+
+/// How long starting a pooled worker waits for a live pool.
+const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What starting a job's workers needs.
 pub(super) struct WorkerStart<'a> {
@@ -22,6 +26,11 @@ pub(super) struct WorkerStart<'a> {
     /// Transform id → (stage name, unique name), for workers' log lines.
     pub(super) origins: &'a Arc<HashMap<String, (String, String)>>,
     pub(super) workers_per_env: usize,
+    /// Workers per environment the job or the server asked for, if any;
+    /// else pooled environments get as many as their pools' capacity.
+    pub(super) asked_workers: Option<usize>,
+    /// Remote worker pools, if the server has any.
+    pub(super) pools: Option<&'a Arc<WorkerPools>>,
     pub(super) view: &'a JobView,
     /// Which attempt of the job starts them (0 for the first).
     pub(super) attempt: u32,
@@ -42,11 +51,23 @@ impl WorkerStart<'_> {
             let Some(environment) = self.environments.get(env_id) else {
                 continue;
             };
-            let factory = self.factory(n, env_id, environment);
+            let pooled = self
+                .pools
+                .and_then(|p| pool_need(environment, p.directory()).map(|need| (p, need)));
+            let count = match pooled {
+                Some((pools, need)) => self
+                    .asked_workers
+                    .unwrap_or_else(|| pools.directory().capacity(need).max(1)),
+                None => self.workers_per_env,
+            };
+            let factory = match pooled {
+                Some((pools, need)) => self.pooled_factory(n, env_id, environment, pools, need),
+                None => self.factory(n, env_id, environment),
+            };
             // Start the environment's workers together; keep the ones that
             // came up so they are stopped even if another one failed.
-            let starts = (0..self.workers_per_env).map(|w| factory(w));
-            let mut env_workers = Vec::with_capacity(self.workers_per_env);
+            let starts = (0..count).map(|w| factory(w));
+            let mut env_workers = Vec::with_capacity(count);
             let mut failure = None;
             for outcome in futures::future::join_all(starts).await {
                 match outcome {
@@ -59,15 +80,14 @@ impl WorkerStart<'_> {
             // Replacements are numbered after the first workers.
             let replacement_factory: WorkerFactory = {
                 let factory = factory.clone();
-                let first = self.workers_per_env;
-                Arc::new(move |r: usize| factory(first + r))
+                Arc::new(move |r: usize| factory(count + r))
             };
             let per_worker = BundlesPerWorker::of_capabilities(&environment.capabilities);
-            let set = Arc::new(WorkerSet::new(
-                env_workers,
-                Some(replacement_factory),
-                per_worker,
-            ));
+            let mut set = WorkerSet::new(env_workers, Some(replacement_factory), per_worker);
+            if pooled.is_some() {
+                set = set.keep(count);
+            }
+            let set = Arc::new(set);
             started.push(set.clone());
             self.view.add_workers(set.clone());
             if let Some(e) = failure {
@@ -78,9 +98,70 @@ impl WorkerStart<'_> {
         Ok(workers)
     }
 
+    /// Starts workers of environment `env_id` (the `n`th of the job's) on
+    /// the pools serving `need`: each on the least loaded live pool, and
+    /// on the next one when a pool fails to start it (that pool is
+    /// quarantined).
+    fn pooled_factory(
+        &self,
+        n: usize,
+        env_id: &str,
+        environment: &Environment,
+        pools: &Arc<WorkerPools>,
+        need: PoolNeed,
+    ) -> WorkerFactory {
+        let start_on = self.starter(n, env_id, environment);
+        let directory = pools.directory().clone();
+        let environment = environment.clone();
+        Arc::new(move |w: usize| {
+            let (start_on, directory, environment) =
+                (start_on.clone(), directory.clone(), environment.clone());
+            Box::pin(async move {
+                let tries = directory.pool_count(need).max(1);
+                let mut last_error = None;
+                for attempt in 0..tries {
+                    let placement = match directory.acquire(need, POOL_WAIT).await {
+                        Ok(p) => p,
+                        Err(e) => {
+                            return Err(last_error.unwrap_or(HarnessError::WorkerStart {
+                                worker_id: format!("w{w}"),
+                                reason: e.to_string(),
+                            }))
+                        }
+                    };
+                    let pooled = pooled_environment(&environment, placement.address());
+                    match start_on.start(w, attempt, pooled).await {
+                        Ok(worker) => {
+                            placement.started(&worker);
+                            return Ok(worker);
+                        }
+                        Err(e) => {
+                            placement.failed(&e.to_string());
+                            last_error = Some(e);
+                        }
+                    }
+                }
+                Err(last_error.unwrap_or(HarnessError::WorkerStart {
+                    worker_id: format!("w{w}"),
+                    reason: "no worker pool could start it".to_string(),
+                }))
+            })
+        })
+    }
+
     /// One way to start a worker of environment `env_id` (the `n`th of
     /// the job's), for the first ones and for replacements of dead ones.
     fn factory(&self, n: usize, env_id: &str, environment: &Environment) -> WorkerFactory {
+        let start = self.starter(n, env_id, environment);
+        Arc::new(move |w: usize| {
+            let start = start.clone();
+            Box::pin(async move { start.start(w, 0, start.environment.clone()).await })
+        })
+    }
+
+    /// What starting any worker of environment `env_id` (the `n`th of
+    /// the job's) takes.
+    fn starter(&self, n: usize, env_id: &str, environment: &Environment) -> Arc<Starter> {
         let job = self.job.clone();
         let provision = ProvisionInfo {
             pipeline_options: Some(job.options().clone()),
@@ -103,19 +184,53 @@ impl WorkerStart<'_> {
             0 => format!("{}-e{n}", job.id()),
             a => format!("{}-a{a}-e{n}", job.id()),
         };
-        Arc::new(move |w: usize| {
-            let fn_server = fn_server.clone();
-            let config = WorkerConfig {
-                worker_id: format!("{prefix}-w{w}"),
-                environment: environment.clone(),
-                provision: provision.clone(),
-                artifacts: Arc::new(JobArtifacts(job.clone())),
-                logs: Arc::new(JobLogs {
-                    job: job.clone(),
-                    origins: origins.clone(),
-                }),
-            };
-            Box::pin(async move { fn_server.start_worker(config).await })
+        Arc::new(Starter {
+            fn_server,
+            environment,
+            provision,
+            job,
+            origins,
+            prefix,
         })
+    }
+}
+
+/// Starts workers of one environment of one job.
+struct Starter {
+    fn_server: Arc<FnApiServer>,
+    environment: Environment,
+    provision: ProvisionInfo,
+    job: Arc<Job>,
+    origins: Arc<HashMap<String, (String, String)>>,
+    /// Worker ids are `{prefix}-w{n}`.
+    prefix: String,
+}
+
+impl Starter {
+    /// Starts worker `w` (its `attempt`th try, on another pool after the
+    /// first) in `environment`.
+    async fn start(
+        &self,
+        w: usize,
+        attempt: usize,
+        environment: Environment,
+    ) -> Result<Arc<refract_sdk_harness::Worker>, HarnessError> {
+        // A pool that failed may still start the worker late: a new try
+        // takes a new id, so that worker finds nobody waiting for it.
+        let worker_id = match attempt {
+            0 => format!("{}-w{w}", self.prefix),
+            a => format!("{}-w{w}-t{a}", self.prefix),
+        };
+        let config = WorkerConfig {
+            worker_id,
+            environment,
+            provision: self.provision.clone(),
+            artifacts: Arc::new(JobArtifacts(self.job.clone())),
+            logs: Arc::new(JobLogs {
+                job: self.job.clone(),
+                origins: self.origins.clone(),
+            }),
+        };
+        self.fn_server.start_worker(config).await
     }
 }

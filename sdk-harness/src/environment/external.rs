@@ -15,6 +15,15 @@ use crate::error::HarnessError;
 /// How long StopWorker may take before we give up on it.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest a StartWorker call (connecting included) may take: pools
+/// answer once they have launched the worker, so a pool taking longer is
+/// on a host that is gone or cut off, and another pool should be asked.
+const START_CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// HTTP/2 pings on a pool connection, so a call to a host that vanished
+/// mid-call fails instead of hanging.
+const POOL_KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// A worker started by a pool.
 pub(crate) struct ExternalWorker {
     worker_id: String,
@@ -44,6 +53,7 @@ pub(crate) async fn start(
         worker_id: worker_id.to_string(),
         reason,
     };
+    let timeout = timeout.min(START_CALL_LIMIT);
     let mut client = connect(&pool_url, timeout)
         .await
         .map_err(|e| start_error(format!("cannot reach the worker pool at {pool_url}: {e}")))?;
@@ -134,6 +144,9 @@ async fn connect(
     let channel = Endpoint::from_shared(uri)
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
+        .http2_keep_alive_interval(POOL_KEEPALIVE)
+        .keep_alive_timeout(POOL_KEEPALIVE)
+        .keep_alive_while_idle(true)
         .connect()
         .await
         .map_err(|e| format!("{e} ({:?})", std::error::Error::source(&e)))?;

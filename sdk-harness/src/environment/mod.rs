@@ -14,6 +14,9 @@ use tokio::sync::watch;
 pub(crate) use child::ExitReport;
 pub use host_harness::HostHarnesses;
 
+use prost::Message;
+use refract_proto::pipeline::{DockerPayload, Environment};
+
 use crate::config::WorkerConfig;
 use crate::error::HarnessError;
 
@@ -72,6 +75,54 @@ pub(crate) async fn launch(
         _ => Err(HarnessError::UnsupportedEnvironment {
             urn: urn.to_string(),
         }),
+    }
+}
+
+/// One of Beam's SDKs, as far as choosing a worker pool that can run an
+/// environment is concerned: a pool runs the harness of one SDK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BeamSdk {
+    /// Beam's Python SDK.
+    Python,
+    /// Beam's Java SDK.
+    Java,
+    /// Beam's Go SDK.
+    Go,
+}
+
+impl BeamSdk {
+    /// The SDK's name as users write it (`python`, `java`, `go`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BeamSdk::Python => "python",
+            BeamSdk::Java => "java",
+            BeamSdk::Go => "go",
+        }
+    }
+
+    /// The SDK `name` names (as [`Self::name`] writes it), if any.
+    pub fn parse(name: &str) -> Option<BeamSdk> {
+        match name {
+            "python" => Some(BeamSdk::Python),
+            "java" => Some(BeamSdk::Java),
+            "go" => Some(BeamSdk::Go),
+            _ => None,
+        }
+    }
+
+    /// The SDK whose harness `environment` runs, when it says so: a DOCKER
+    /// environment naming one of Beam's SDK images. PROCESS and EXTERNAL
+    /// environments name a command or a pool, not an SDK.
+    pub fn of_environment(environment: &Environment) -> Option<BeamSdk> {
+        if environment.urn != urns::env::DOCKER {
+            return None;
+        }
+        let payload = DockerPayload::decode(environment.payload.as_slice()).ok()?;
+        match host_harness::SdkImage::parse(&payload.container_image)? {
+            host_harness::SdkImage::Python { .. } => Some(BeamSdk::Python),
+            host_harness::SdkImage::Java { .. } => Some(BeamSdk::Java),
+            host_harness::SdkImage::Go => Some(BeamSdk::Go),
+        }
     }
 }
 

@@ -1,0 +1,195 @@
+//! Remote worker pools against a server in this process: jobs whose
+//! environment names Beam's Python SDK image run on the pools of
+//! `--worker_pool`, which are fakes connecting a scripted SDK harness over
+//! real gRPC. Each test plays the pools' and the SDK's part — a pool that
+//! refuses, a worker that dies, a pool added and one removed mid-job — and
+//! checks where the job's workers start and that it ends DONE.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
+
+mod common;
+#[path = "../../sdk-harness/tests/fake_sdk/mod.rs"]
+mod fake_sdk;
+
+use common::{messages_to_end, pardo_in, pipeline_options, serve_args, TestServer};
+use fake_sdk::{within, FakePool, FakeSdk, PoolMode};
+use refract_proto::admin::refract_admin_client::RefractAdminClient;
+use refract_proto::admin::{AddPoolRequest, ListPoolsRequest, RemovePoolRequest, WorkerPool};
+use refract_proto::fn_api::{instruction_request, ProcessBundleResponse};
+use refract_proto::job_api::job_state::Enum as JobState;
+use refract_proto::pipeline::{self as pb, DockerPayload};
+use refract_proto::tonic::transport::Channel;
+use refract_proto::urns;
+
+/// The DOCKER environment Python pipelines have by default.
+fn python_image() -> pb::Environment {
+    pb::Environment {
+        urn: urns::env::DOCKER.into(),
+        payload: refract_proto::prost::Message::encode_to_vec(&DockerPayload {
+            container_image: "apache/beam_python3.11_sdk:2.60.0".into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A server with these pools, one worker per environment.
+async fn server_with_pools(pools: &[&str]) -> TestServer {
+    let mut args = vec!["--sdk_worker_parallelism", "1"];
+    for p in pools {
+        args.extend(["--worker_pool", p]);
+    }
+    TestServer::start_with(serve_args(&args)).await
+}
+
+async fn admin(server: &TestServer) -> RefractAdminClient<Channel> {
+    RefractAdminClient::connect(format!("http://{}", server.server.job_endpoint))
+        .await
+        .unwrap()
+}
+
+async fn pools(server: &TestServer) -> Vec<WorkerPool> {
+    admin(server)
+        .await
+        .list_pools(ListPoolsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pools
+}
+
+/// Waits for `sdk`'s next bundle; the instruction id.
+async fn next_bundle(sdk: &mut FakeSdk) -> String {
+    loop {
+        let request = within("a bundle", sdk.next_instruction()).await;
+        if let Some(instruction_request::Request::ProcessBundle(_)) = &request.request {
+            return request.instruction_id;
+        }
+    }
+}
+
+/// Runs the job's one bundle on `pool`'s next worker to its end.
+async fn finish_on(pool: &mut FakePool) -> String {
+    let start = within("StartWorker", pool.starts.recv()).await.unwrap();
+    let mut sdk = within("the SDK to connect", pool.sdks.recv())
+        .await
+        .unwrap();
+    let instruction = next_bundle(&mut sdk).await;
+    sdk.bundle_done(&instruction, ProcessBundleResponse::default());
+    // Keep the worker up until the job ends.
+    std::mem::forget(sdk);
+    start.worker_id
+}
+
+async fn ends_done(server: &TestServer, id: &str) {
+    let (messages, state) = messages_to_end(server.client.clone(), id).await;
+    assert_eq!(state, JobState::Done, "{messages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_image_runs_on_the_python_pool_after_a_refusing_one_is_quarantined() {
+    let refusing = FakePool::start(PoolMode::Fail("out of memory".into())).await;
+    let mut good = FakePool::start(PoolMode::Connect).await;
+    let java = FakePool::start(PoolMode::Connect).await;
+    let server = server_with_pools(&[
+        &format!("python={}", refusing.url),
+        &format!("python={}", good.url),
+        &format!("java={}", java.url),
+    ])
+    .await;
+    let id = server
+        .submit(
+            "pooled",
+            pardo_in(python_image()).build(),
+            pipeline_options(false, &[]),
+        )
+        .await;
+    let worker = finish_on(&mut good).await;
+    ends_done(&server, &id).await;
+    assert!(worker.starts_with(&format!("{id}-e0-w0")), "{worker}");
+    let listed = pools(&server).await;
+    let state_of = |url: &str| {
+        listed
+            .iter()
+            .find(|p| p.address == url)
+            .map(|p| (p.state.clone(), p.detail.clone()))
+            .unwrap()
+    };
+    // The refusing pool was asked at most once (it is quarantined after
+    // its refusal); the Java pool never.
+    let (state, detail) = state_of(&refusing.url);
+    if state == "quarantined" {
+        assert!(detail.contains("out of memory"), "{detail}");
+    }
+    assert_eq!(state_of(&java.url).0, "live");
+    assert!(java.starts.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_mid_bundle_is_replaced_on_the_pool_and_the_bundle_retried() {
+    let mut pool = FakePool::start(PoolMode::Connect).await;
+    let server = server_with_pools(&[&format!("python={}", pool.url)]).await;
+    let id = server
+        .submit(
+            "lost-worker",
+            pardo_in(python_image()).build(),
+            pipeline_options(false, &[]),
+        )
+        .await;
+    let first = within("StartWorker", pool.starts.recv()).await.unwrap();
+    let mut sdk = within("the SDK to connect", pool.sdks.recv())
+        .await
+        .unwrap();
+    next_bundle(&mut sdk).await;
+    sdk.crash();
+    // A replacement starts on the pool and runs the retried bundle.
+    let replacement = finish_on(&mut pool).await;
+    assert_ne!(replacement, first.worker_id);
+    ends_done(&server, &id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_move_to_a_pool_added_mid_job_when_theirs_is_removed() {
+    let mut old = FakePool::start(PoolMode::Connect).await;
+    let mut new = FakePool::start(PoolMode::Connect).await;
+    let old_spec = format!("python={}", old.url);
+    let server = server_with_pools(&[&old_spec]).await;
+    let id = server
+        .submit(
+            "moving",
+            pardo_in(python_image()).build(),
+            pipeline_options(false, &[]),
+        )
+        .await;
+    let first = within("StartWorker", old.starts.recv()).await.unwrap();
+    let mut sdk = within("the SDK to connect", old.sdks.recv()).await.unwrap();
+    next_bundle(&mut sdk).await;
+
+    let mut admin = admin(&server).await;
+    admin
+        .add_pool(AddPoolRequest {
+            spec: format!("python={}", new.url),
+        })
+        .await
+        .unwrap();
+    let refused = admin
+        .add_pool(AddPoolRequest {
+            spec: "rust=h:1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains("unknown SDK"), "{refused:?}");
+    admin
+        .remove_pool(RemovePoolRequest { spec: old_spec })
+        .await
+        .unwrap();
+    // The old pool's worker is stopped; the bundle it ran fails with it
+    // and is retried on a replacement on the new pool.
+    let stopped = within("StopWorker", old.stops.recv()).await.unwrap();
+    assert_eq!(stopped, first.worker_id);
+    sdk.crash();
+    finish_on(&mut new).await;
+    ends_done(&server, &id).await;
+    let listed = pools(&server).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].address, new.url);
+}
