@@ -11,8 +11,9 @@
 //! workers live on other hosts) keeps that many live workers: a worker
 //! lost with its host, or on a pool that went away, is replaced in the
 //! background on a live pool, with a pause that doubles while starts
-//! fail, and a bundle finding no live worker waits for it. Other sets
-//! replace a dead worker when none is left.
+//! fail, and a bundle finding no live worker waits for it. A target may
+//! follow the pools' capacity, so a pool added while a job runs gets
+//! workers of it. Other sets replace a dead worker when none is left.
 //!
 //! How many bundles the set runs at once is the engine's to keep to, from
 //! the set's [`BundleSlots`]: one per worker for an SDK that runs a worker's
@@ -29,6 +30,9 @@ use refract_engine::executor::ExecError;
 use refract_engine::plan::StageIdx;
 use refract_sdk_harness::{HarnessError, Worker};
 use tracing::warn;
+
+/// How many live workers a set keeps, asked each time it looks.
+pub type Target = Arc<dyn Fn() -> usize + Send + Sync>;
 
 /// Starts a replacement worker for an environment (its argument numbers
 /// the replacement, for a unique worker id).
@@ -117,7 +121,7 @@ pub struct WorkerSet {
     /// The engine's bound on the set's bundles, kept to its live workers.
     bundle_slots: Arc<BundleSlots>,
     /// Live workers to keep, replacing lost ones in the background.
-    target: Option<usize>,
+    target: Option<Target>,
     /// A background top-up is running.
     topping_up: AtomicBool,
     /// Signalled when the top-up added a worker.
@@ -150,11 +154,17 @@ impl WorkerSet {
         }
     }
 
-    /// Keeps `target` live workers, starting replacements in the
-    /// background as workers are lost (see the module docs).
-    pub fn keep(mut self, target: usize) -> Self {
-        self.target = Some(target.max(1));
+    /// Keeps as many live workers as `target` says (at least one),
+    /// starting more in the background as workers are lost or the target
+    /// grows (see the module docs).
+    pub fn keep(mut self, target: Target) -> Self {
+        self.target = Some(target);
         self
+    }
+
+    /// The workers to keep now, if the set keeps a number.
+    fn target(&self) -> Option<usize> {
+        self.target.as_ref().map(|t| t().max(1))
     }
 
     /// How many of the set's bundles may run at once, for the engine.
@@ -183,7 +193,7 @@ impl WorkerSet {
             }
         });
         let n = slots.len();
-        if self.target.is_some_and(|t| n < t) {
+        if self.target().is_some_and(|t| n < t) {
             self.top_up();
         }
         // A dead worker's slot goes with it (but one is always left: the
@@ -200,10 +210,23 @@ impl WorkerSet {
         slots.get(least_loaded(&running, start)).map(Slot::lease)
     }
 
+    /// Starts workers in the background if the set has fewer than its
+    /// target (which may have grown), unless the job ended. Whether the
+    /// set is still in use.
+    pub fn top_up_if_short(self: &Arc<Self>) -> bool {
+        if self.closed.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.target().is_some_and(|t| self.live_workers() < t) {
+            self.top_up();
+        }
+        true
+    }
+
     /// Starts workers in the background until the set has its target,
     /// unless that is already under way.
     fn top_up(self: &Arc<Self>) {
-        let (Some(target), Some(factory)) = (self.target, self.factory.clone()) else {
+        let (Some(_), Some(factory)) = (self.target(), self.factory.clone()) else {
             return;
         };
         if self.closed.load(Ordering::Relaxed) || self.topping_up.swap(true, Ordering::AcqRel) {
@@ -212,7 +235,9 @@ impl WorkerSet {
         let set = Arc::clone(self);
         tokio::spawn(async move {
             let mut pause = FIRST_TOP_UP_PAUSE;
-            while !set.closed.load(Ordering::Relaxed) && set.live_workers() < target {
+            while !set.closed.load(Ordering::Relaxed)
+                && set.target().is_some_and(|t| set.live_workers() < t)
+            {
                 let n = set.replacements.fetch_add(1, Ordering::Relaxed);
                 match factory(n).await {
                     Ok(worker) => {

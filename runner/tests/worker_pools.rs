@@ -17,6 +17,7 @@ use refract_proto::admin::refract_admin_client::RefractAdminClient;
 use refract_proto::admin::{AddPoolRequest, ListPoolsRequest, RemovePoolRequest, WorkerPool};
 use refract_proto::fn_api::{instruction_request, ProcessBundleResponse};
 use refract_proto::job_api::job_state::Enum as JobState;
+use refract_proto::job_api::CancelJobRequest;
 use refract_proto::pipeline::{self as pb, DockerPayload};
 use refract_proto::tonic::transport::Channel;
 use refract_proto::urns;
@@ -192,4 +193,76 @@ async fn workers_move_to_a_pool_added_mid_job_when_theirs_is_removed() {
     let listed = pools(&server).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].address, new.url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_added_while_a_job_runs_gets_workers_of_it() {
+    // No worker count asked: an environment gets its pools' capacity, a
+    // pool named by address counting this host's cores.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut first = FakePool::start(PoolMode::Connect).await;
+    let mut added = FakePool::start(PoolMode::Connect).await;
+    let server = TestServer::start_with(serve_args(&[
+        "--worker_pool",
+        &format!("python={}", first.url),
+    ]))
+    .await;
+    let id = server
+        .submit(
+            "growing",
+            pardo_in(python_image()).build(),
+            pipeline_options(false, &[]),
+        )
+        .await;
+    let mut sdks = Vec::new();
+    for _ in 0..cores {
+        within("StartWorker", first.starts.recv()).await.unwrap();
+        sdks.push(
+            within("the SDK to connect", first.sdks.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    admin(&server)
+        .await
+        .add_pool(AddPoolRequest {
+            spec: format!("python={}", added.url),
+        })
+        .await
+        .unwrap();
+    // The job's target grew with the pools: the new pool starts as many.
+    for _ in 0..cores {
+        let start = within("StartWorker on the added pool", added.starts.recv())
+            .await
+            .unwrap();
+        assert!(
+            start.worker_id.starts_with(&format!("{id}-e0-w")),
+            "{start:?}"
+        );
+        sdks.push(
+            within("the SDK to connect", added.sdks.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(first.starts.is_empty());
+    // Each pool counts its workers once their starts returned.
+    within("both pools to count their workers", async {
+        loop {
+            let listed = pools(&server).await;
+            if listed.iter().all(|p| p.workers as usize == cores) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    server
+        .client
+        .clone()
+        .cancel(CancelJobRequest { job_id: id.clone() })
+        .await
+        .unwrap();
+    let (_, state) = messages_to_end(server.client.clone(), &id).await;
+    assert_eq!(state, JobState::Cancelled);
 }

@@ -11,8 +11,8 @@ use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
 use super::logs::{JobArtifacts, JobLogs};
 use crate::insights::JobView;
-use crate::pools::{pool_need, pooled_environment, PoolNeed, WorkerPools};
-use crate::worker_set::{BundlesPerWorker, WorkerFactory, WorkerSet};
+use crate::pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
+use crate::worker_set::{BundlesPerWorker, Target, WorkerFactory, WorkerSet};
 
 /// How long starting a pooled worker waits for a live pool.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -84,10 +84,25 @@ impl WorkerStart<'_> {
             };
             let per_worker = BundlesPerWorker::of_capabilities(&environment.capabilities);
             let mut set = WorkerSet::new(env_workers, Some(replacement_factory), per_worker);
-            if pooled.is_some() {
-                set = set.keep(count);
+            if let Some((pools, need)) = pooled {
+                // A count asked for is kept; else the pools' capacity now,
+                // which grows when a pool is added.
+                let target: Target = match self.asked_workers {
+                    Some(n) => Arc::new(move || n),
+                    None => {
+                        let directory = pools.directory().clone();
+                        Arc::new(move || directory.capacity(need))
+                    }
+                };
+                set = set.keep(target);
             }
             let set = Arc::new(set);
+            if let Some((pools, _)) = pooled {
+                tokio::spawn(follow_pools(
+                    pools.directory().clone(),
+                    Arc::downgrade(&set),
+                ));
+            }
             started.push(set.clone());
             self.view.add_workers(set.clone());
             if let Some(e) = failure {
@@ -192,6 +207,22 @@ impl WorkerStart<'_> {
             origins,
             prefix,
         })
+    }
+}
+
+/// Tops `set` up whenever the pools change (a pool added raises the
+/// target), until the set is closed or gone.
+async fn follow_pools(directory: Arc<PoolDirectory>, set: std::sync::Weak<WorkerSet>) {
+    loop {
+        tokio::select! {
+            _ = directory.changed() => {}
+            // Notice a finished job's set even if the pools never change.
+            _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+        }
+        match set.upgrade() {
+            Some(set) if set.top_up_if_short() => {}
+            _ => return,
+        }
     }
 }
 

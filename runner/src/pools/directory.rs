@@ -173,6 +173,12 @@ impl PoolDirectory {
         }
     }
 
+    /// Resolves at the next change of the pools: one found or gone, one
+    /// quarantined or live again.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
     /// The capacity of a pool named by address.
     pub fn address_capacity(&self) -> usize {
         self.address_capacity
@@ -558,6 +564,7 @@ impl Placement {
             };
         });
         tracing::warn!(pool = %self.address, ?quarantine, %reason, "worker pool quarantined");
+        self.directory.changed.notify_waiters();
     }
 }
 
