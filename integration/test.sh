@@ -122,9 +122,9 @@ rc=0
   cd "$here/python"
   PYTHONPATH="$here/beam_suite${PYTHONPATH:+:$PYTHONPATH}" \
     REFRACT_SUITE_EVENTS="$work/e2e-events.json" \
-    REFRACT_BIN=$bin refract_run_bounded 1800 \
+    REFRACT_BIN=$bin refract_run_bounded 2700 \
     "$REFRACT_PY" -m pytest . -p refract_session_record \
-    --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 1500 \
+    --timeout "$e2e_timeout" --timeout-method=signal --session-timeout 2400 \
     --junitxml "$work/e2e.xml" -v --tb=native -rfE --disable-warnings
 ) || rc=$?
 "$REFRACT_PY" "$here/beam_suite/summarize.py" --junit "$work/e2e.xml" \

@@ -60,6 +60,33 @@ pub enum Command {
     /// List, add or remove the server's remote SDK worker pools.
     #[command(subcommand)]
     Pools(PoolsCommand),
+    /// Serve a Beam worker pool on this host for a Refract server elsewhere
+    /// (`serve --worker_pool`): each worker it is asked for is a run of an
+    /// SDK's boot program, as in Beam's Java and Go images, which have no
+    /// pool of their own.
+    #[command(name = "worker-pool")]
+    WorkerPool(WorkerPoolArgs),
+}
+
+/// Flags of `refract worker-pool`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerPoolArgs {
+    /// The SDK's boot program, run once per worker with the standard
+    /// `--id`, `--*_endpoint` and `--semi_persist_dir` flags (in Beam's
+    /// SDK images: /opt/apache/beam/boot).
+    #[arg(long)]
+    pub boot: PathBuf,
+    /// Address to listen on. Whoever reaches the port can make this host
+    /// run the boot program against a runner of their choosing: use an
+    /// address only the Refract server's network reaches.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (what `serve --worker_pool HOST:PORT` names).
+    #[arg(long = "port", default_value_t = 50000)]
+    pub port: u16,
+    /// Workers running at once; more are refused (default: four per core).
+    #[arg(long = "max_workers", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_workers: Option<usize>,
 }
 
 /// `refract pools ...`.

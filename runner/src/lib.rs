@@ -33,4 +33,5 @@ mod state_bridge;
 pub mod telemetry;
 pub mod tested_with;
 pub mod ui;
+pub mod worker_pool_command;
 pub mod worker_set;

@@ -79,6 +79,27 @@ async fn terminate_signal() {
     std::future::pending::<()>().await
 }
 
+/// Plain-text logs on stderr for a command other than `serve`, at `level`
+/// unless `REFRACT_LOG` says otherwise.
+fn init_command_logging(level: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("REFRACT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(RedactingStderr)
+        .with_ansi(false)
+        .init();
+}
+
+/// The runtime of a long-running command.
+fn multi_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Run a client command on a small runtime of its own.
 fn block_on(command: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     tokio::runtime::Builder::new_current_thread()
@@ -103,29 +124,27 @@ fn main() -> Result<()> {
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
         Some(Command::Pools(command)) => return block_on(refract::pools_command::run(command)),
+        Some(Command::WorkerPool(pool)) => {
+            init_command_logging("info");
+            return multi_thread_runtime()?.block_on(refract::worker_pool_command::run(
+                pool,
+                async {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = terminate_signal() => {}
+                    }
+                },
+            ));
+        }
         Some(Command::Run(run)) => {
             // An embedded server's routine logs would bury the progress.
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("REFRACT_LOG")
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-                )
-                .with_writer(RedactingStderr)
-                .init();
-            let code = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?
-                .block_on(refract::run_command::run(run))?;
+            init_command_logging("warn");
+            let code = multi_thread_runtime()?.block_on(refract::run_command::run(run))?;
             std::process::exit(code);
         }
         None => cli.serve,
     };
     init_logging(&args);
     tracing::debug!(allocator_tuned, "fixed glibc's mmap and trim thresholds");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(run_server(args))
+    multi_thread_runtime()?.block_on(run_server(args))
 }

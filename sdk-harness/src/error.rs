@@ -18,6 +18,17 @@ pub enum HarnessError {
         #[source]
         source: std::io::Error,
     },
+    /// A worker pool's boot program cannot be run.
+    #[error("boot program {path}: {reason}")]
+    BootProgram {
+        /// The program's path, as given.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A worker pool's gRPC server stopped with an error.
+    #[error("the worker pool's server failed: {0}")]
+    PoolServer(String),
     /// A worker id was used twice; ids route every gRPC call, so they must be unique.
     #[error("a worker with id {0:?} already exists")]
     DuplicateWorker(String),

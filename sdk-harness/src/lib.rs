@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+mod boot_pool;
 mod bundle;
 mod collector;
 mod config;
@@ -26,6 +27,7 @@ mod server;
 mod services;
 mod worker;
 
+pub use boot_pool::{BootPool, BootPoolConfig};
 pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputOverflow, StateHandler};
 pub use config::{ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig};
 pub use environment::{BeamSdk, HostHarnesses};

@@ -20,6 +20,12 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// on a host that is gone or cut off, and another pool should be asked.
 const START_CALL_LIMIT: Duration = Duration::from_secs(30);
 
+/// The longest connecting to a pool may take. A TCP handshake with a live
+/// host takes milliseconds, a lost SYN is resent after 1 s and 3 s; a host
+/// that answers none of them within this is gone or cut off, and the
+/// worker should start on another pool rather than wait for it.
+const POOL_CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
 /// HTTP/2 pings on a pool connection, so a call to a host that vanished
 /// mid-call fails instead of hanging.
 const POOL_KEEPALIVE: Duration = Duration::from_secs(5);
@@ -54,7 +60,7 @@ pub(crate) async fn start(
         reason,
     };
     let timeout = timeout.min(START_CALL_LIMIT);
-    let mut client = connect(&pool_url, timeout)
+    let mut client = connect(&pool_url, timeout.min(POOL_CONNECT_LIMIT))
         .await
         .map_err(|e| start_error(format!("cannot reach the worker pool at {pool_url}: {e}")))?;
     let endpoint = || {
@@ -103,7 +109,7 @@ impl ExternalWorker {
     /// since the worker is being discarded anyway.
     pub(crate) async fn stop(self) {
         let call = async {
-            let mut client = connect(&self.pool_url, STOP_TIMEOUT).await?;
+            let mut client = connect(&self.pool_url, POOL_CONNECT_LIMIT).await?;
             let response = client
                 .stop_worker(StopWorkerRequest {
                     worker_id: self.worker_id.clone(),

@@ -29,9 +29,12 @@
 //! runner's capabilities and a private scratch directory, which is removed
 //! when the process ends.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use prost::Message;
 use prost_types::value::Kind;
 use refract_proto::pipeline::{ArtifactInformation, ArtifactStagingToRolePayload};
@@ -310,6 +313,14 @@ fn staged_name(artifact: &ArtifactInformation, n: usize) -> String {
         .map_or_else(|| format!("dependency-{n}"), str::to_string)
 }
 
+/// Interpreters (as named: a path, or a name looked up on `PATH`) already
+/// found to have a Python and Beam version (`"X.Y BEAM"`). Asking costs a
+/// Python start and `import apache_beam`, about a second, which every
+/// worker of every job would otherwise pay before starting; an interpreter
+/// whose Beam changes while the server runs fails its workers with the
+/// SDK's own version error instead.
+static FOUND_PYTHONS: LazyLock<Mutex<HashSet<(PathBuf, String)>>> = LazyLock::new(Mutex::default);
+
 /// An interpreter with Python `python` and Beam `beam`: the configured one,
 /// else `pythonX.Y` or `python3` on `PATH`.
 async fn find_python(hosts: &HostHarnesses, python: &str, beam: &str) -> Result<PathBuf, String> {
@@ -323,6 +334,12 @@ async fn find_python(hosts: &HostHarnesses, python: &str, beam: &str) -> Result<
     let wanted = format!("{python} {beam}");
     let mut found = Vec::new();
     for candidate in candidates {
+        if FOUND_PYTHONS
+            .lock()
+            .contains(&(candidate.clone(), wanted.clone()))
+        {
+            return Ok(candidate);
+        }
         let probe = Command::new(&candidate)
             .args([
                 "-c",
@@ -340,6 +357,7 @@ async fn find_python(hosts: &HostHarnesses, python: &str, beam: &str) -> Result<
             Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
         };
         if report == wanted {
+            FOUND_PYTHONS.lock().insert((candidate.clone(), wanted));
             return Ok(candidate);
         }
         found.push(format!("{}: {report}", candidate.display()));

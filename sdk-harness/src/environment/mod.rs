@@ -1,6 +1,6 @@
 //! Starting and stopping SDK harness workers, per environment URN.
 
-mod child;
+pub(crate) mod child;
 mod docker;
 mod external;
 mod host_harness;
