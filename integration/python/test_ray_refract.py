@@ -150,7 +150,13 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv[1:]))
+  # os._exit: once the job's end is printed, gRPC's threads must not keep
+  # the client from exiting (seen in CI: DONE printed, then a hang until
+  # the test's limit).
+  code = main(sys.argv[1:])
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 # ---------------------------------------------------------------------------
 # The tests.
