@@ -165,7 +165,9 @@ async fn bundle_round_trip_with_chunked_input_and_split_output() {
         .expect("finalized");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the sleep below ends only once every task (runner and fake
+// SDK) is idle, so the bundle has seen everything the response can cause.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn response_before_last_data_waits_for_is_last() {
     let mut s = setup("w-early-response").await;
     let bundle = spawn_bundle(&s.worker, request("b-early", "pbd"));

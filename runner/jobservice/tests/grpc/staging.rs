@@ -300,7 +300,9 @@ async fn unknown_token_and_client_abort_are_handled() {
     server.shutdown().await.unwrap();
 }
 
-#[tokio::test]
+// Paused time: the sleep below ends only once every task (client and
+// server) is idle, so Run has done all it can before the check.
+#[tokio::test(start_paused = true)]
 async fn run_waits_for_a_transfer_in_flight() {
     use refract_proto::job_api::artifact_response_wrapper::Response;
     use refract_proto::job_api::{ArtifactResponseWrapper, GetArtifactResponse};
