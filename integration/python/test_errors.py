@@ -108,6 +108,19 @@ def test_a_bad_memory_budget_exits_nonzero_naming_it(refract_bin):
   assert '--memory_budget' in output and "'lots' is not a size" in output, output
 
 
+@pytest.mark.parametrize('args,expected', [
+    ((), '--boot'),
+    (('--boot', '/bin/true', '--max_workers', '0'), '--max_workers'),
+    (('--boot', '/no/such/boot'), '/no/such/boot'),
+], ids=['no_boot', 'zero_workers', 'missing_boot'])
+def test_a_bad_worker_pool_invocation_exits_nonzero_naming_it(
+    refract_bin, args, expected):
+  r = run_cli(refract_bin, 'worker-pool', *args)
+  output = r.stdout + r.stderr
+  assert r.returncode != 0, output
+  assert expected in output, output
+
+
 def test_help_exits_zero_with_usage(refract_bin):
   r = run_cli(refract_bin, '--help')
   output = r.stdout + r.stderr

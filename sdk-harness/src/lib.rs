@@ -9,6 +9,9 @@
 //!
 //! This crate knows the Fn API protocol and nothing about pipelines: the
 //! engine decides what runs, this crate only moves bytes and instructions.
+//! It also holds the other side of EXTERNAL environments for hosts without
+//! a pool of their own: [`BootPool`], a worker pool that runs an SDK's boot
+//! program per worker (`refract worker-pool`).
 
 #![warn(missing_docs)]
 
