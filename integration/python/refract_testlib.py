@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -141,6 +142,27 @@ def wait_until_serving(proc, endpoint, timeout_s=READY_TIMEOUT_S):
       time.sleep(0.1)
 
 
+def read_log_tail(path, max_chars=6000):
+  """The last `max_chars` characters of the log file at `path` ('' if it
+  cannot be read), marked with '...' when cut."""
+  try:
+    with open(path, 'rb') as f:
+      text = f.read().decode('utf-8', 'replace')
+  except OSError:
+    return ''
+  return text if len(text) <= max_chars else '...' + text[-max_chars:]
+
+
+def exit_now(code):
+  """Ends a pipeline client process with `code` once its output is
+  flushed, without waiting for other threads: once a job's end is printed,
+  gRPC's threads must not keep the client from exiting (seen: DONE printed,
+  then a hang until the test's limit)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
 class RefractProcess:
   """A refract process started by a test, with its log in a file."""
   def __init__(self, args, log_path, cwd=None):
@@ -156,12 +178,7 @@ class RefractProcess:
         start_new_session=True)
 
   def log_tail(self, max_chars=6000):
-    try:
-      with open(self.log_path, 'rb') as f:
-        text = f.read().decode('utf-8', 'replace')
-    except OSError:
-      return ''
-    return text if len(text) <= max_chars else '...' + text[-max_chars:]
+    return read_log_tail(self.log_path, max_chars)
 
   def stop(self):
     stop_process_group(self.proc)

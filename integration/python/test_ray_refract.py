@@ -50,6 +50,8 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+import refract_testlib
+
 # ---------------------------------------------------------------------------
 # The pipelines (run by the tests as `python THIS_FILE pipeline NAME ...`).
 # ---------------------------------------------------------------------------
@@ -150,13 +152,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  # os._exit: once the job's end is printed, gRPC's threads must not keep
-  # the client from exiting (seen in CI: DONE printed, then a hang until
-  # the test's limit).
-  code = main(sys.argv[1:])
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
+  refract_testlib.exit_now(main(sys.argv[1:]))
 
 # ---------------------------------------------------------------------------
 # The tests.

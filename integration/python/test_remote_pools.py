@@ -68,6 +68,8 @@ from apache_beam.transforms import trigger
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
 
+import refract_testlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 INTEGRATION = os.path.dirname(HERE)
 BOOT = os.path.join(INTEGRATION, 'python_boot.sh')
@@ -313,12 +315,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  # os._exit: once the job's end is printed, gRPC's threads must not keep
-  # the client from exiting (seen once: DONE printed, then a 300 s hang).
-  code = main(sys.argv[1:])
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)  # pylint: disable=protected-access
+  refract_testlib.exit_now(main(sys.argv[1:]))
 
 # ---------------------------------------------------------------------------
 # The tests.
@@ -378,12 +375,7 @@ class Logged:
     self.args = ['[%s] %s' % (host.name, what)]
 
   def log_tail(self, max_chars=6000):
-    try:
-      with open(self.log_path, 'rb') as f:
-        text = f.read().decode('utf-8', 'replace')
-    except OSError:
-      return ''
-    return text if len(text) <= max_chars else '...' + text[-max_chars:]
+    return refract_testlib.read_log_tail(self.log_path, max_chars)
 
   def log_text(self):
     return self.log_tail(1 << 30)
