@@ -12,13 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use refract_engine::spill::{forget_prefix, job_space, SpillStore};
+use refract_engine::spill::{forget_prefix, SpillArea, SpillStore};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_sdk_harness::OutputOverflow;
 use tracing::warn;
-
-/// The "stage number" under a job's spill prefix that bundle outputs use.
-const OUTPUT_SPACE: u32 = u32::MAX;
 
 /// One job's spill space for bundle outputs.
 #[derive(Debug)]
@@ -36,8 +33,7 @@ impl OutputSpill {
     /// Bundle outputs of the job whose spill prefix is `job_prefix`, held
     /// in memory up to `limit` bytes a bundle.
     pub fn new(store: Arc<dyn SpillStore>, job_prefix: &[u8], limit: usize) -> Self {
-        let mut prefix = job_space(job_prefix);
-        prefix.extend_from_slice(&OUTPUT_SPACE.to_be_bytes());
+        let prefix = SpillArea::BundleOutputs.prefix(job_prefix);
         OutputSpill {
             store,
             prefix,

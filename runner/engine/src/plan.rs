@@ -171,10 +171,9 @@ pub enum TimeDomain {
 /// A side input of an SDK stage.
 #[derive(Debug, Clone)]
 pub struct SideInput {
-    /// Transform id (in the stage's bundle descriptor) that reads it.
-    pub transform_id: String,
-    /// The side input's local tag (e.g. `side0`).
-    pub tag: String,
+    /// Which side input: the transform (in the stage's bundle descriptor)
+    /// that reads it, and its tag there.
+    pub id: SideInputId,
     /// The PCollection read.
     pub pcollection: PCollectionIdx,
     /// How the SDK reads it.
@@ -185,6 +184,30 @@ pub struct SideInput {
     /// the watermark to pass the window (the Go SDK, for one, expects its
     /// `passert` side inputs to be complete).
     pub fires_early: bool,
+}
+
+/// Which side input of a pipeline: the transform that reads it and its
+/// local tag there (a PCollection read as a side input by two transforms
+/// is two side inputs, each materialized for its reader).
+///
+/// Checkpoints encode it as the (transform, tag) pair it replaced, and it
+/// sorts in that order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SideInputId {
+    /// The reading transform's id (in its stage's bundle descriptor).
+    pub transform_id: String,
+    /// The side input's local tag (e.g. `side0`).
+    pub tag: String,
+}
+
+impl SideInputId {
+    /// The side input `tag` of transform `transform_id`.
+    pub fn new(transform_id: impl Into<String>, tag: impl Into<String>) -> Self {
+        SideInputId {
+            transform_id: transform_id.into(),
+            tag: tag.into(),
+        }
+    }
 }
 
 /// The side-input access pattern (`beam:side_input:*`).

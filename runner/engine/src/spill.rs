@@ -31,6 +31,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use thiserror::Error;
 
+use crate::plan::StageIdx;
+
 /// Entries as written and read: (key, value).
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -272,6 +274,63 @@ pub fn job_space(job_prefix: &[u8]) -> Vec<u8> {
     space
 }
 
+/// What a job files in its spill space, each under a prefix of its own:
+/// the one definition of the layout. A key starts with the job's
+/// [`job_space`], then a 4-byte big-endian number: a stage's own number
+/// for its scratch space, or one of the numbers at the top of the range
+/// (no plan has that many stages) for the spaces shared by every stage,
+/// followed by the stage's number where the space is per stage. Durable
+/// stores keep these keys across restarts: the numbers must not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpillArea {
+    /// A stage's scratch space on the spill store: its GroupByKey's runs,
+    /// or the back of its queue.
+    Stage(StageIdx),
+    /// A stateful stage's bags, on whichever store they spill to.
+    UserState(StageIdx),
+    /// The back of a stage's queue on a durable store.
+    DurableQueue(StageIdx),
+    /// A GroupByKey's spilled windows on a durable store.
+    DurableGrouping(StageIdx),
+    /// Bundle outputs waiting in the spill store for their bundle to end.
+    BundleOutputs,
+}
+
+impl SpillArea {
+    /// The number of the space bundle outputs share.
+    const BUNDLE_OUTPUTS: u32 = u32::MAX;
+    /// The number of the space every stage's bags share.
+    const USER_STATE: u32 = u32::MAX - 1;
+    /// The number of the space every durable queue shares.
+    const DURABLE_QUEUES: u32 = u32::MAX - 2;
+    /// The number of the space every durable GroupByKey spill shares.
+    const DURABLE_GROUPINGS: u32 = u32::MAX - 3;
+
+    /// The prefix of every key of this space in the job whose prefix is
+    /// `job_prefix`.
+    pub fn prefix(self, job_prefix: &[u8]) -> Vec<u8> {
+        let mut key = job_space(job_prefix);
+        let (shared, stage) = match self {
+            SpillArea::Stage(stage) => (None, Some(stage)),
+            SpillArea::UserState(stage) => (Some(Self::USER_STATE), Some(stage)),
+            SpillArea::DurableQueue(stage) => (Some(Self::DURABLE_QUEUES), Some(stage)),
+            SpillArea::DurableGrouping(stage) => (Some(Self::DURABLE_GROUPINGS), Some(stage)),
+            SpillArea::BundleOutputs => (Some(Self::BUNDLE_OUTPUTS), None),
+        };
+        if let Some(number) = shared {
+            key.extend_from_slice(&number.to_be_bytes());
+        }
+        if let Some(stage) = stage {
+            // Plans are far smaller than the shared numbers (translation
+            // refuses huge pipelines), so a stage's number never reaches
+            // them.
+            let number = u32::try_from(stage.index()).unwrap_or(Self::DURABLE_GROUPINGS - 1);
+            key.extend_from_slice(&number.to_be_bytes());
+        }
+        key
+    }
+}
+
 /// The first key after every key that starts with `prefix` (for ranges
 /// over a prefix); `None` if there is none (all bytes 0xFF).
 pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -294,6 +353,54 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
         assert_eq!(prefix_end(&[1, 0xFF]), Some(vec![2]));
         assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
+    }
+
+    #[test]
+    fn spill_areas_keep_their_layout_and_never_overlap() {
+        let job = b"job";
+        let mut head = job_space(job);
+        head.extend_from_slice(&[0, 0, 0, 2]);
+        assert_eq!(SpillArea::Stage(StageIdx::new(2)).prefix(job), head);
+        let shared = |number: u32, stage: Option<u32>| {
+            let mut key = job_space(job);
+            key.extend_from_slice(&number.to_be_bytes());
+            key.extend(stage.map(u32::to_be_bytes).into_iter().flatten());
+            key
+        };
+        let stage = StageIdx::new(7);
+        assert_eq!(SpillArea::BundleOutputs.prefix(job), shared(u32::MAX, None));
+        assert_eq!(
+            SpillArea::UserState(stage).prefix(job),
+            shared(u32::MAX - 1, Some(7))
+        );
+        assert_eq!(
+            SpillArea::DurableQueue(stage).prefix(job),
+            shared(u32::MAX - 2, Some(7))
+        );
+        assert_eq!(
+            SpillArea::DurableGrouping(stage).prefix(job),
+            shared(u32::MAX - 3, Some(7))
+        );
+        let mut spaces = vec![SpillArea::BundleOutputs];
+        for i in [0, 1, 255, 256, 70_000] {
+            let stage = StageIdx::new(i);
+            spaces.extend([
+                SpillArea::Stage(stage),
+                SpillArea::UserState(stage),
+                SpillArea::DurableQueue(stage),
+                SpillArea::DurableGrouping(stage),
+            ]);
+        }
+        for (i, a) in spaces.iter().enumerate() {
+            for b in &spaces[i + 1..] {
+                let (a, b) = (a.prefix(job), b.prefix(job));
+                assert!(!a.starts_with(&b) && !b.starts_with(&a), "{a:?} / {b:?}");
+            }
+        }
+        // Another job's space is never inside this one's.
+        assert!(!SpillArea::Stage(StageIdx::new(0))
+            .prefix(b"jo")
+            .starts_with(&job_space(job)));
     }
 
     #[test]

@@ -95,13 +95,13 @@ pub struct FiredTimer {
 
 /// A pending timer, with where it is in its family's firing order.
 #[derive(Debug, Clone)]
-struct Pending {
+struct WaitingTimer {
     domain: TimeDomain,
     timer: TimerValue,
     arrival: u64,
 }
 
-impl Pending {
+impl WaitingTimer {
     fn due(&self) -> Due {
         (self.timer.fire_timestamp, self.arrival)
     }
@@ -113,7 +113,7 @@ struct Family {
     transform_id: String,
     family_id: String,
     /// Latest write per slot (one window each).
-    timers: FxHashMap<Slot, Pending>,
+    timers: FxHashMap<Slot, WaitingTimer>,
     /// The same timers in firing order, per time domain
     /// ([`domain_index`]).
     by_time: [BTreeMap<Due, Slot>; 2],
@@ -217,7 +217,7 @@ impl Family {
             return false;
         }
         totals.added(&slot.window, domain, &timer);
-        let new = Pending {
+        let new = WaitingTimer {
             domain,
             timer,
             arrival: self.arrivals,
@@ -267,7 +267,7 @@ impl Family {
     /// Every timer in firing order, both domains merged: the order
     /// checkpoints keep them in, so that a restored store fires timers due
     /// together in the same order.
-    fn in_firing_order(&self) -> Vec<(&Slot, &Pending)> {
+    fn in_firing_order(&self) -> Vec<(&Slot, &WaitingTimer)> {
         let [event, processing] = &self.by_time;
         let mut all: Vec<(&Due, &Slot)> = event.iter().chain(processing.iter()).collect();
         // Two sorted runs: a merge, in effect.

@@ -19,9 +19,9 @@ use refract_engine::coder::{
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput};
 use refract_engine::manager::{Engine, EngineConfig, EngineError};
 use refract_engine::plan::{
-    PCollection, PCollectionIdx, Plan, SdkStage, SideInput, SideInputAccess, Stage, StageIdx,
-    StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration, WindowFn,
-    WindowingStrategy,
+    PCollection, PCollectionIdx, Plan, SdkStage, SideInput, SideInputAccess, SideInputId, Stage,
+    StageIdx, StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration,
+    WindowFn, WindowingStrategy,
 };
 use refract_engine::state::StateKey;
 use refract_engine::window::Window;
@@ -382,8 +382,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
             sdk_stage("side", vec![0], vec![2]),
             Stage {
                 side_inputs: vec![SideInput {
-                    transform_id: "consumer".into(),
-                    tag: "s".into(),
+                    id: SideInputId::new("consumer", "s"),
                     pcollection: PCollectionIdx::new(2),
                     access: SideInputAccess::Iterable,
                     fires_early: false,

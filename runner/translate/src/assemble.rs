@@ -4,8 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use refract_engine::plan::{
-    ClosingBehavior, FinishedTrigger, PCollection, PCollectionIdx, Plan, SideInput, Stage,
-    StageIdx, StageKind,
+    ClosingBehavior, FinishedTrigger, PCollection, PCollectionIdx, Plan, SideInput, SideInputId,
+    Stage, StageIdx, StageKind,
 };
 use refract_proto::pipeline as pb;
 use refract_proto::urns;
@@ -161,8 +161,7 @@ pub(crate) fn assemble(
                     .map(|(transform_id, tag, pcoll, access)| {
                         let fires_early = side_input_fires_early(&graph.components, &pcoll)?;
                         Ok(SideInput {
-                            transform_id,
-                            tag,
+                            id: SideInputId::new(transform_id, tag),
                             pcollection: lookup(&index, &pcoll)?,
                             access,
                             fires_early,

@@ -76,7 +76,7 @@ fn render(t: &Translated) -> String {
             stage
                 .side_inputs
                 .iter()
-                .map(|s| format!("{}/{}<-{}", s.transform_id, s.tag, s.pcollection)),
+                .map(|s| format!("{}/{}<-{}", s.id.transform_id, s.id.tag, s.pcollection)),
         );
         let _ = writeln!(
             out,

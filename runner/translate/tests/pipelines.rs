@@ -214,7 +214,7 @@ fn side_inputs_are_read_through_state() {
     let sides: Vec<(&str, SideInputAccess)> = stage
         .side_inputs
         .iter()
-        .map(|si| (si.tag.as_str(), si.access))
+        .map(|si| (si.id.tag.as_str(), si.access))
         .collect();
     assert_eq!(
         sides,
@@ -224,7 +224,7 @@ fn side_inputs_are_read_through_state() {
         ]
     );
     for side in &stage.side_inputs {
-        assert_eq!(&side.transform_id, use_id);
+        assert_eq!(&side.id.transform_id, use_id);
         // Produced by another stage, which sends it to the runner.
         let producers: Vec<StageIdx> = t
             .plan

@@ -141,7 +141,7 @@ impl Engine {
         });
         for (idx, stage) in self.plan.stages.iter_enumerated() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
-                self.stages[idx].pending.gate();
+                self.stages[idx].queue.pending.gate();
             }
         }
         if !self.bags_may_spill() {
@@ -163,8 +163,11 @@ impl Engine {
         let Some(sink) = &self.checkpoints else {
             return;
         };
-        let awaited =
-            sink.awaiting.is_empty() && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
+        let awaited = sink.awaiting.is_empty()
+            && self
+                .stages
+                .iter()
+                .any(|s| s.queue.pending.awaits_checkpoint());
         let due = if sink.every.is_zero() {
             sink.commits > 0
         } else {
@@ -225,8 +228,8 @@ impl Engine {
         let parts = self.cut(Some(number));
         if parts.is_ok() {
             for s in &mut self.stages {
-                s.pending.checkpoint_taken(number);
-                if let Some(g) = &mut s.grouping {
+                s.queue.pending.checkpoint_taken(number);
+                if let Some(g) = s.grouping_mut() {
                     g.checkpoint_taken(number);
                 }
             }
@@ -234,7 +237,7 @@ impl Engine {
         let marks: Vec<(StageIdx, u64)> = self
             .stages
             .iter_enumerated()
-            .map(|(idx, s)| (idx, s.pending.checkpoint_mark()))
+            .map(|(idx, s)| (idx, s.queue.pending.checkpoint_mark()))
             .collect();
         let Some(sink) = &mut self.checkpoints else {
             return;
@@ -344,11 +347,11 @@ impl Engine {
             }
         }
         for (idx, s) in self.stages.iter_enumerated_mut() {
-            if let Err(error) = s.pending.checkpoint_durable(number) {
+            if let Err(error) = s.queue.pending.checkpoint_durable(number) {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete queued elements no checkpoint needs");
             }
-            let grouping = s.grouping.as_mut().map(|g| g.checkpoint_durable(number));
+            let grouping = s.grouping_mut().map(|g| g.checkpoint_durable(number));
             if let Some(Err(error)) = grouping {
                 warn!(stage = %self.plan.stages[idx].name, %error,
                       "cannot delete spilled GroupByKey windows no checkpoint needs");
@@ -378,7 +381,7 @@ impl Engine {
 
     fn made_durable(&mut self, marks: Vec<(StageIdx, u64)>) {
         for (idx, mark) in marks {
-            self.stages[idx].pending.made_durable(mark);
+            self.stages[idx].queue.pending.made_durable(mark);
         }
     }
 

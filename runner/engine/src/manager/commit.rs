@@ -22,23 +22,23 @@ impl Engine {
         };
         let idx = flight.stage;
         self.slot_groups.give_back(idx);
-        {
-            let s = &mut self.stages[idx];
-            s.in_flight -= 1;
-            s.in_flight_bytes = s.in_flight_bytes.saturating_sub(flight.input_bytes);
-            s.locked_key_groups &= !flight.key_groups;
-            for h in &flight.holds {
-                s.in_flight_holds.remove(*h);
-            }
-        }
+        self.stages[idx]
+            .queue
+            .bundle_ended(flight.key_groups, &flight.holds, flight.input_bytes);
         let output = match result {
             Ok(output) => output,
             Err(error) => {
                 let s = &mut self.stages[idx];
-                s.timers.restore(flight.fired_timers);
-                s.failures = s.failures.saturating_add(1);
+                let Some(sdk) = s.sdk_mut() else {
+                    return Err(EngineError::BundleFailed {
+                        stage: self.plan.stages[idx].name.clone(),
+                        error,
+                    });
+                };
+                sdk.timers.restore(flight.fired_timers);
+                let failures = sdk.retries.failed();
                 let retryable = !matches!(error, ExecError::Runner(_));
-                if !retryable || s.failures >= self.config.max_attempts {
+                if !retryable || failures >= self.config.max_attempts {
                     return Err(EngineError::BundleFailed {
                         stage: self.plan.stages[idx].name.clone(),
                         error,
@@ -46,14 +46,14 @@ impl Engine {
                 }
                 // The bundle left nothing behind: put its input back, to be
                 // processed again after a backoff.
-                let backoff = retry_delay(&self.config, &error, s.failures);
-                s.retry_at = Some(Instant::now() + backoff);
+                let backoff = retry_delay(&self.config, &error, failures);
+                sdk.retries.back_off_until(Instant::now() + backoff);
                 for e in flight.elements.into_iter().rev() {
-                    s.pending.push_front(e);
+                    s.queue.pending.push_front(e);
                 }
                 tracing::warn!(
                     stage = %self.plan.stages[idx].name,
-                    attempt = s.failures,
+                    attempt = failures,
                     ?backoff,
                     %error,
                     "bundle failed; retrying its input"
@@ -63,10 +63,13 @@ impl Engine {
         };
         {
             let s = &mut self.stages[idx];
-            s.failures = 0;
-            s.counters.bundles_committed += 1;
-            s.counters.elements_processed += flight.elements.len() as u64;
-            s.counters.bytes_processed += flight
+            if let Some(sdk) = s.sdk_mut() {
+                sdk.retries.succeeded();
+            }
+            let counters = &mut s.progress.counters;
+            counters.bundles_committed += 1;
+            counters.elements_processed += flight.elements.len() as u64;
+            counters.bytes_processed += flight
                 .elements
                 .iter()
                 .map(|e| e.encoded.len() as u64)
@@ -101,9 +104,11 @@ impl Engine {
                         source,
                     },
                 )?;
-                self.stages[idx]
-                    .timers
-                    .apply(&t.transform_id, &t.family_id, fam.domain, timers);
+                if let Some(state) = self.stages[idx].sdk_mut() {
+                    state
+                        .timers
+                        .apply(&t.transform_id, &t.family_id, fam.domain, timers);
+                }
             }
         }
         self.defer_residuals(idx, &output.residuals)?;
@@ -224,7 +229,7 @@ impl Engine {
                     r.delay_ms.max(0) as u64
                 };
                 let at = Instant::now() + Duration::from_millis(delay);
-                self.stages[idx].delayed.push((at, e, hold));
+                self.stages[idx].queue.delay(at, e, hold);
             }
         }
         Ok(())
@@ -282,7 +287,7 @@ impl Engine {
             return;
         }
         flight.key_groups &= kept;
-        self.stages[idx].locked_key_groups &= !released;
+        self.stages[idx].queue.unlock_key_groups(released);
         debug!(
             stage = %self.plan.stages[idx].name,
             bundle,

@@ -36,7 +36,8 @@ use crate::plan::{
     PCollectionIdx, PCollectionVec, Plan, SideInputAccess, StageIdx, StageKind, StageVec,
     TestStreamEvent, TimeDomain,
 };
-use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
+use crate::spill::SpillArea;
+use crate::store::{BundleOverlay, SideInputId, SideInputStore, UserStateStore};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 use crate::window::Window;
@@ -50,6 +51,7 @@ mod scheduling;
 mod side_inputs;
 mod slot_groups;
 mod snapshot;
+mod stage_state;
 mod state_gc;
 mod stats;
 mod test_stream;
@@ -65,6 +67,7 @@ use checkpointing::CheckpointSink;
 use pending::{Overflow, Pending};
 use slot_groups::SlotGroups;
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
+use stage_state::{KindState, StageState};
 use stats::StageCounters;
 pub use stats::StageStats;
 use topology::topological_order;
@@ -193,18 +196,6 @@ pub struct RunSummary {
     pub handed_out_keys: u64,
 }
 
-/// The "stage number" under a job's spill prefix under which stateful
-/// stages' bags are filed, each under its own stage's number after it
-/// (bundle outputs use `u32::MAX`).
-const USER_STATE_SPACE: u32 = u32::MAX - 1;
-
-/// Likewise, where SDK stages' queues spill on a durable store (on the
-/// spill store each is under its stage's number itself).
-const QUEUE_SPACE: u32 = u32::MAX - 2;
-
-/// Likewise, where GroupByKeys spill on a durable store.
-const GROUPING_SPACE: u32 = u32::MAX - 3;
-
 /// How a spill store error of stage `stage` reaches the job: naming the
 /// stage (its GroupByKey buffer, its queue or its user state spilled).
 fn spill_failed(
@@ -217,49 +208,13 @@ fn spill_failed(
     }
 }
 
-/// Run-time state of one stage.
-struct StageRt {
-    pending: Pending,
-    in_flight: usize,
-    /// Input bytes of the bundles in flight: with `pending`, what the
-    /// stage's queue bound limits.
-    in_flight_bytes: usize,
-    in_flight_holds: Holds,
-    delayed: Vec<(Instant, DecodedElement, Timestamp)>,
-    grouping: Option<GroupingBuffer>,
-    timers: TimerStore,
-    input_wm: Timestamp,
-    output_wm: Timestamp,
-    impulse_done: bool,
-    /// TestStream: index of the next event to apply.
-    stream_cursor: usize,
-    /// TestStream: the watermark its events advanced to.
-    stream_wm: Timestamp,
-    /// Grouping: a window-merge request is with the SDK.
-    merging: bool,
-    /// Grouping: bytes of panes it may still emit before the engine
-    /// schedules bundles again (refilled by every `advance` and commit), so
-    /// that its consumers start on a big firing while the rest follows.
-    fire_budget: usize,
-    /// Stateful stages: the input watermark of the last state collection.
-    state_gc_wm: Timestamp,
-    /// Bundles of this stage that failed in a row.
-    failures: u32,
-    /// No bundle of this stage starts before this (retry backoff).
-    retry_at: Option<Instant>,
-    /// What the stage did, for [`StageStats`].
-    counters: StageCounters,
-    /// Keyed stages: the key groups bundles in flight hold.
-    locked_key_groups: KeyGroupSet,
-}
-
 /// Where elements of a PCollection go.
 #[derive(Default, Clone)]
 struct Consumers {
     /// Stages reading it as a main input (with multiplicity).
     stages: Vec<StageIdx>,
-    /// Side inputs reading it: (transform id, tag, access).
-    side_inputs: Vec<(String, String, SideInputAccess)>,
+    /// Side inputs reading it, and how.
+    side_inputs: Vec<(SideInputId, SideInputAccess)>,
 }
 
 /// A bundle in flight, remembered until it reports back.
@@ -298,7 +253,7 @@ pub struct Engine {
     plan: Plan,
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
-    stages: StageVec<StageRt>,
+    stages: StageVec<StageState>,
     consumers: PCollectionVec<Consumers>,
     producers: PCollectionVec<Option<StageIdx>>,
     topo: Vec<StageIdx>,
@@ -410,8 +365,7 @@ impl Engine {
                         stage.name, si.pcollection
                     ))
                 })?;
-                c.side_inputs
-                    .push((si.transform_id.clone(), si.tag.clone(), si.access));
+                c.side_inputs.push((si.id.clone(), si.access));
             }
             for &p in &stage.outputs {
                 let slot = producers.get_mut(p).ok_or_else(|| {
@@ -432,49 +386,23 @@ impl Engine {
         let topo = topological_order(&plan, &producers)?;
         let mut stages = StageVec::from(Vec::with_capacity(n));
         for stage in &plan.stages {
-            let grouping = match &stage.kind {
-                StageKind::GroupByKey(strategy) => {
-                    let input = stage.inputs.first().ok_or_else(|| {
-                        EngineError::InvalidPlan(format!(
-                            "GroupByKey '{}' has no input",
-                            stage.name
-                        ))
-                    })?;
-                    let pc = &plan.pcollections[*input];
-                    let buffer = GroupingBuffer::new(
-                        strategy.clone(),
-                        pc.value_coder.clone(),
-                        pc.window_coder.clone(),
-                    );
-                    Some(if keeps_late_data {
-                        buffer.keeping_late_data()
-                    } else {
-                        buffer
-                    })
-                }
-                _ => None,
-            };
-            stages.push(StageRt {
-                pending: Pending::default(),
-                in_flight: 0,
-                in_flight_bytes: 0,
-                in_flight_holds: Holds::default(),
-                delayed: Vec::new(),
-                grouping,
-                timers: TimerStore::default(),
-                input_wm: MIN_TIMESTAMP,
-                output_wm: MIN_TIMESTAMP,
-                impulse_done: false,
-                stream_cursor: 0,
-                stream_wm: MIN_TIMESTAMP,
-                merging: false,
-                fire_budget: 0,
-                state_gc_wm: MIN_TIMESTAMP,
-                failures: 0,
-                retry_at: None,
-                counters: StageCounters::default(),
-                locked_key_groups: 0,
-            });
+            let kind = KindState::of(&stage.kind, |strategy| {
+                let input = stage.inputs.first().ok_or_else(|| {
+                    EngineError::InvalidPlan(format!("GroupByKey '{}' has no input", stage.name))
+                })?;
+                let pc = &plan.pcollections[*input];
+                let buffer = GroupingBuffer::new(
+                    strategy.clone(),
+                    pc.value_coder.clone(),
+                    pc.window_coder.clone(),
+                );
+                Ok(if keeps_late_data {
+                    buffer.keeping_late_data()
+                } else {
+                    buffer
+                })
+            })?;
+            stages.push(StageState::new(kind));
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
         let frozen_clock = scripted.then(|| clock());
@@ -544,17 +472,14 @@ impl Engine {
         self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
         let bags_may_spill = self.bags_may_spill();
         for (idx, s) in self.stages.iter_enumerated_mut() {
-            let mut key = crate::spill::job_space(prefix);
-            key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
-            if let Some(g) = s.grouping.as_mut() {
+            let key = SpillArea::Stage(idx).prefix(prefix);
+            if let Some(g) = s.grouping_mut() {
                 // Beside the checkpoints in streaming, where a window may
                 // stay spilled for hours; in batch, windows are emitted once
                 // the input ends, and scratch writes cost less.
                 let durable = match &self.durable_state {
                     Some(durable) if self.config.streaming => {
-                        let mut durable_key = crate::spill::job_space(prefix);
-                        durable_key.extend_from_slice(&GROUPING_SPACE.to_be_bytes());
-                        durable_key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
+                        let durable_key = SpillArea::DurableGrouping(idx).prefix(prefix);
                         g.enable_durable_spill(durable.clone(), durable_key, limit_bytes)
                     }
                     _ => false,
@@ -579,9 +504,7 @@ impl Engine {
             // checkpointed streaming one, whose state may stay there for
             // good, cannot: see `bags_may_spill`.
             if sdk.stateful && bags_may_spill {
-                let mut state_key = crate::spill::job_space(prefix);
-                state_key.extend_from_slice(&USER_STATE_SPACE.to_be_bytes());
-                state_key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
+                let state_key = SpillArea::UserState(idx).prefix(prefix);
                 let mut user_state = self.user_state[idx].lock();
                 match &self.durable_state {
                     Some(durable) => {
@@ -598,14 +521,12 @@ impl Engine {
                 let overflow = match &self.durable_state {
                     // Beside the checkpoints, which name its segments.
                     Some(durable) => {
-                        let mut key = crate::spill::job_space(prefix);
-                        key.extend_from_slice(&QUEUE_SPACE.to_be_bytes());
-                        key.extend_from_slice(&(idx.index() as u32).to_be_bytes());
+                        let key = SpillArea::DurableQueue(idx).prefix(prefix);
                         Overflow::durable(durable.clone(), key, window_coder, limit_bytes)
                     }
                     None => Overflow::new(store.clone(), key, window_coder, limit_bytes),
                 };
-                s.pending.enable_overflow(overflow);
+                s.queue.pending.enable_overflow(overflow);
             }
         }
     }
@@ -628,7 +549,7 @@ impl Engine {
         }
         for (idx, s) in self.stages.iter_enumerated_mut() {
             let stage = &self.plan.stages[idx];
-            let Some(g) = s.grouping.as_mut() else {
+            let Some(g) = s.grouping_mut() else {
                 continue;
             };
             if stage.outputs.iter().all(|o| outputs.contains(o)) && g.hand_out_large_keys() {
@@ -644,19 +565,18 @@ impl Engine {
     fn release_consumed_hand_outs(&mut self) -> Result<(), GroupingError> {
         for idx in self.stages.indices() {
             if !self.stages[idx]
-                .grouping
-                .as_ref()
+                .grouping()
                 .is_some_and(GroupingBuffer::has_live_hand_outs)
             {
                 continue;
             }
             let consumed = self.plan.stages[idx].outputs.iter().all(|&out| {
-                self.consumers[out].stages.iter().all(|&c| {
-                    let consumer = &self.stages[c];
-                    consumer.in_flight == 0 && consumer.pending.is_empty()
-                })
+                self.consumers[out]
+                    .stages
+                    .iter()
+                    .all(|&c| self.stages[c].queue.is_quiet())
             });
-            if let Some(g) = self.stages[idx].grouping.as_mut().filter(|_| consumed) {
+            if let Some(g) = self.stages[idx].grouping_mut().filter(|_| consumed) {
                 g.release_hand_outs()?;
                 debug!(stage = %self.plan.stages[idx].name, "handed-out keys consumed");
             }
@@ -679,8 +599,8 @@ impl Engine {
     /// checkpoints name.)
     fn spilled(&self) -> Option<(StageIdx, &'static str)> {
         self.stages.iter_enumerated().find_map(|(idx, s)| {
-            let grouping = s.grouping.as_ref();
-            let what = if s.pending.holds_scratch_spill() {
+            let grouping = s.grouping();
+            let what = if s.queue.pending.holds_scratch_spill() {
                 "its queue"
             } else if grouping.is_some_and(GroupingBuffer::holds_scratch_spill) {
                 "its GroupByKey buffer"
@@ -717,9 +637,7 @@ impl Engine {
                 drain = None;
                 let now = Instant::now();
                 for s in &mut self.stages {
-                    for d in &mut s.delayed {
-                        d.0 = now;
-                    }
+                    s.queue.hurry_delayed(now);
                 }
                 self.release_delayed()?;
             }
@@ -735,7 +653,7 @@ impl Engine {
                     .stages
                     .iter_enumerated()
                     .filter_map(|(i, s)| {
-                        let dropped = s.grouping.as_ref()?.dropped_late();
+                        let dropped = s.grouping()?.dropped_late();
                         (dropped > 0).then(|| (self.plan.stages[i].name.clone(), dropped))
                     })
                     .collect();
@@ -749,17 +667,20 @@ impl Engine {
                 self.summary.spilled_bytes = self
                     .stages
                     .iter()
-                    .filter_map(|s| s.grouping.as_ref())
+                    .filter_map(StageState::grouping)
                     .map(GroupingBuffer::spilled_bytes)
                     .sum();
                 self.summary.handed_out_keys = self
                     .stages
                     .iter()
-                    .filter_map(|s| s.grouping.as_ref())
+                    .filter_map(StageState::grouping)
                     .map(GroupingBuffer::handed_out)
                     .sum();
-                self.summary.queue_spilled_bytes =
-                    self.stages.iter().map(|s| s.pending.spilled_bytes()).sum();
+                self.summary.queue_spilled_bytes = self
+                    .stages
+                    .iter()
+                    .map(|s| s.queue.pending.spilled_bytes())
+                    .sum();
                 self.summary.state_spilled_bytes = self
                     .user_state
                     .iter()
@@ -778,7 +699,10 @@ impl Engine {
             // room for: try again shortly.
             let checkpoint_retry = self.checkpoints.is_some()
                 && !self.awaiting_checkpoint()
-                && self.stages.iter().any(|s| s.pending.awaits_checkpoint());
+                && self
+                    .stages
+                    .iter()
+                    .any(|s| s.queue.pending.awaits_checkpoint());
             let next_wakeup = if checkpoint_retry {
                 let soon = self.checkpoint_retry_at();
                 Some(next_wakeup.map_or(soon, |at| at.min(soon)))
@@ -855,19 +779,11 @@ impl Engine {
     /// When something time-driven is due next: a delayed residual, a retry
     /// after backoff, a processing-time trigger or a processing-time timer.
     fn next_wakeup(&self) -> Option<Instant> {
-        let delayed = self
-            .stages
-            .iter()
-            .flat_map(|s| s.delayed.iter().map(|(at, _, _)| *at).chain(s.retry_at))
-            .min();
+        let delayed = self.stages.iter().filter_map(StageState::next_wakeup).min();
         let processing = self
             .stages
             .iter()
-            .filter_map(|s| {
-                let grouping = s.grouping.as_ref().and_then(GroupingBuffer::next_deadline);
-                let timers = s.timers.next_processing_time();
-                earliest(grouping, timers)
-            })
+            .filter_map(StageState::next_processing_deadline)
             .min()
             .map(|deadline| {
                 let wait = deadline.saturating_sub(self.now()).max(0);
@@ -884,10 +800,10 @@ impl Engine {
     /// to it after scheduling what it emitted.
     fn more_to_fire(&self) -> bool {
         self.stages.iter_enumerated().any(|(idx, s)| {
-            s.grouping.as_ref().is_some_and(|g| {
-                !s.merging
-                    && !g.needs_merge()
-                    && (g.has_unevaluated() || g.is_draining())
+            s.grouping_state().is_some_and(|g| {
+                !g.merging
+                    && !g.buffer.needs_merge()
+                    && (g.buffer.has_unevaluated() || g.buffer.is_draining())
                     && !self.backpressured(idx)
             })
         })
@@ -907,23 +823,25 @@ impl Engine {
     }
 
     fn all_done(&self) -> bool {
-        self.stages.iter().all(|s| s.output_wm >= MAX_TIMESTAMP)
+        self.stages
+            .iter()
+            .all(|s| s.progress.output_wm >= MAX_TIMESTAMP)
     }
 
     fn describe_unfinished(&self) -> String {
         let names: Vec<String> = self
             .topo
             .iter()
-            .filter(|&&i| self.stages[i].output_wm < MAX_TIMESTAMP)
+            .filter(|&&i| self.stages[i].progress.output_wm < MAX_TIMESTAMP)
             .map(|&i| {
                 let s = &self.stages[i];
                 format!(
                     "stage '{}' (input watermark {}, output watermark {}, {} pending elements, {} timers)",
                     self.plan.stages[i].name,
-                    s.input_wm,
-                    s.output_wm,
-                    s.pending.len(),
-                    if s.timers.is_empty() { "no" } else { "pending" }
+                    s.progress.input_wm,
+                    s.progress.output_wm,
+                    s.queue.pending.len(),
+                    if s.timers().is_none_or(TimerStore::is_empty) { "no" } else { "pending" }
                 )
             })
             .take(3)
@@ -937,14 +855,9 @@ impl Engine {
     fn release_delayed(&mut self) -> Result<(), EngineError> {
         let now = Instant::now();
         for (idx, s) in self.stages.iter_enumerated_mut() {
-            let (ready, waiting): (Vec<_>, Vec<_>) =
-                s.delayed.drain(..).partition(|(at, _, _)| *at <= now);
-            s.delayed = waiting;
-            for (_, e, _) in ready {
-                s.pending
-                    .push_back(e)
-                    .map_err(spill_failed(&self.plan, idx))?;
-            }
+            s.queue
+                .release_delayed(now)
+                .map_err(spill_failed(&self.plan, idx))?;
         }
         Ok(())
     }

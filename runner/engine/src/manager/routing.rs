@@ -93,7 +93,7 @@ impl Engine {
             && consumers
                 .stages
                 .iter()
-                .all(|&c| self.stages[c].grouping.is_some())
+                .all(|&c| self.stages[c].grouping().is_some())
     }
 
     /// [`Self::route`] when every consumer is a GroupByKey: elements are
@@ -136,17 +136,17 @@ impl Engine {
                 self.expect_grouped(pcoll, left);
             }
             if let Some(producer) = self.producers[pcoll] {
-                let counters = &mut self.stages[producer].counters;
+                let counters = &mut self.stages[producer].progress.counters;
                 counters.elements_out += 1;
                 counters.bytes_out += len as u64;
             }
             for i in 0..self.consumers[pcoll].stages.len() {
                 let stage = self.consumers[pcoll].stages[i];
-                let input_wm = self.stages[stage].input_wm;
                 let s = &mut self.stages[stage];
-                s.counters.elements_processed += 1;
-                s.counters.bytes_processed += len as u64;
-                let Some(g) = s.grouping.as_mut() else {
+                let input_wm = s.progress.input_wm;
+                s.progress.counters.elements_processed += 1;
+                s.progress.counters.bytes_processed += len as u64;
+                let Some(g) = s.grouping_mut() else {
                     continue;
                 };
                 let added = g.add_value(&header, kv, input_wm, now);
@@ -166,7 +166,7 @@ impl Engine {
     /// its elements are coming.
     fn expect_grouped(&mut self, pcoll: PCollectionIdx, elements: usize) {
         for &stage in &self.consumers[pcoll].stages {
-            if let Some(g) = self.stages[stage].grouping.as_mut() {
+            if let Some(g) = self.stages[stage].grouping_mut() {
                 g.expect_elements(elements);
             }
         }
@@ -185,9 +185,11 @@ impl Engine {
         // A GroupByKey emits only while its consumers are under their
         // queue bound, and a step's worth at a time: what it did not get
         // to waits for the next step (holding the output watermark).
-        let budget = self.stages[stage].fire_budget;
+        let Some(budget) = self.stages[stage].grouping_state().map(|g| g.fire_budget) else {
+            return Ok(false);
+        };
         let blocked = budget == 0 || self.backpressured(stage);
-        let Some(g) = self.stages[stage].grouping.as_mut() else {
+        let Some(g) = self.stages[stage].grouping_mut() else {
             return Ok(false);
         };
         if blocked || g.needs_merge() {
@@ -199,16 +201,17 @@ impl Engine {
         let output = || format!("output of '{}'", self.plan.stages[stage].name);
         let mut fired = evaluated.map_err(|e| self.grouping_error(stage, output(), e))?;
         let draining = self.stages[stage]
-            .grouping
-            .as_ref()
+            .grouping()
             .is_some_and(GroupingBuffer::is_draining);
         if draining && out.bytes.len() < budget {
-            if let Some(g) = self.stages[stage].grouping.as_mut() {
+            if let Some(g) = self.stages[stage].grouping_mut() {
                 let drained = g.drain_spilled(input_wm, now, &mut out, budget);
                 fired += drained.map_err(|e| self.grouping_error(stage, output(), e))?;
             }
         }
-        self.stages[stage].fire_budget = budget.saturating_sub(out.bytes.len());
+        if let Some(g) = self.stages[stage].grouping_state_mut() {
+            g.fire_budget = budget.saturating_sub(out.bytes.len());
+        }
         if fired > 0 {
             let outputs = self.plan.stages[stage].outputs.clone();
             if outputs.iter().all(|&p| self.only_groupings_consume(p)) {
@@ -234,8 +237,11 @@ impl Engine {
     /// Gives every GroupByKey a step's worth of output ([`FIRE_STEP_BYTES`]).
     pub(super) fn refill_fire_budgets(&mut self) {
         let step = self.config.max_pending_bytes.clamp(1, FIRE_STEP_BYTES);
-        for s in &mut self.stages {
-            s.fire_budget = step;
+        for g in (&mut self.stages)
+            .into_iter()
+            .filter_map(StageState::grouping_state_mut)
+        {
+            g.fire_budget = step;
         }
     }
 
@@ -263,7 +269,7 @@ impl Engine {
         e: DecodedElement,
     ) -> Result<(), EngineError> {
         if let Some(producer) = self.producers[pcoll] {
-            let counters = &mut self.stages[producer].counters;
+            let counters = &mut self.stages[producer].progress.counters;
             counters.elements_out += 1;
             counters.bytes_out += e.encoded.len() as u64;
         }
@@ -280,10 +286,10 @@ impl Engine {
                         source,
                     })?;
                 let wbytes = Bytes::from(wbytes);
-                for (transform, tag, access) in &consumers.side_inputs {
+                for (side_input, access) in &consumers.side_inputs {
                     match access {
                         SideInputAccess::Iterable => {
-                            store.add_iterable(transform, tag, wbytes.clone(), e.value_bytes())
+                            store.add_iterable(side_input, wbytes.clone(), e.value_bytes())
                         }
                         SideInputAccess::Multimap => {
                             let value = e.value_bytes();
@@ -294,8 +300,7 @@ impl Engine {
                                 }
                             })?;
                             store.add_multimap(
-                                transform,
-                                tag,
+                                side_input,
                                 wbytes.clone(),
                                 value.slice(..n),
                                 value.slice(n..),
@@ -314,17 +319,21 @@ impl Engine {
             let Some(element) = e.as_ref() else {
                 break;
             };
-            let input_wm = self.stages[stage].input_wm;
             let now = self.now();
             let streaming = self.config.streaming;
-            let s = &mut self.stages[stage];
-            match s.grouping.as_mut() {
-                Some(g) => {
+            let StageState {
+                queue,
+                progress,
+                kind,
+            } = &mut self.stages[stage];
+            let input_wm = progress.input_wm;
+            match kind {
+                KindState::Grouping(g) => {
                     // A grouping stage runs no bundles: its progress is
                     // the elements it took in.
-                    s.counters.elements_processed += 1;
-                    s.counters.bytes_processed += element.encoded.len() as u64;
-                    if let Err(e) = g.add(element, input_wm, now) {
+                    progress.counters.elements_processed += 1;
+                    progress.counters.bytes_processed += element.encoded.len() as u64;
+                    if let Err(e) = g.buffer.add(element, input_wm, now) {
                         let pcollection = self.plan.pcollections[pcoll].id.clone();
                         return Err(self.grouping_error(stage, pcollection, e));
                     }
@@ -332,12 +341,15 @@ impl Engine {
                         self.fire_grouping(stage, input_wm, now)?;
                     }
                 }
-                None => {
-                    if let StageKind::Sdk(SdkStage {
-                        window_expiration: Some(expiration),
-                        allowed_lateness,
-                        ..
-                    }) = &self.plan.stages[stage].kind
+                kind => {
+                    if let (
+                        StageKind::Sdk(SdkStage {
+                            window_expiration: Some(expiration),
+                            allowed_lateness,
+                            ..
+                        }),
+                        KindState::Sdk(state),
+                    ) = (&self.plan.stages[stage].kind, kind)
                     {
                         let pc = &self.plan.pcollections[pcoll];
                         let key_len =
@@ -349,7 +361,7 @@ impl Engine {
                                 })?;
                         let key = element.value_bytes().slice(..key_len);
                         for window in &element.header.windows {
-                            s.timers.set_if_absent(
+                            state.timers.set_if_absent(
                                 &expiration.transform_id,
                                 &expiration.family_id,
                                 expiration_timer(key.clone(), window, *allowed_lateness),
@@ -358,12 +370,13 @@ impl Engine {
                     }
                     let queued = if i + 1 == n { e.take() } else { e.clone() };
                     if let Some(queued) = queued {
-                        s.pending
+                        queue
+                            .pending
                             .push_back(queued)
                             .map_err(spill_failed(&self.plan, stage))?;
                     }
                     self.summary.peak_pending_bytes =
-                        self.summary.peak_pending_bytes.max(s.pending.bytes());
+                        self.summary.peak_pending_bytes.max(queue.pending.bytes());
                 }
             }
         }

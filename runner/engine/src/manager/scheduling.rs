@@ -113,7 +113,7 @@ impl Engine {
     /// How consumer `c`'s own backlog bears on its producers.
     fn backlog_of(&self, c: StageIdx) -> Backlog {
         let s = &self.stages[c];
-        if let Some(g) = &s.grouping {
+        if let Some(g) = s.grouping() {
             // A GroupByKey has no queue: what it takes in waits in its
             // buffer. Data there that is owed to consumers now (its keys
             // wait to fire, as a streaming trigger's do) but held back by
@@ -128,10 +128,12 @@ impl Engine {
         }
         // What waits and what runs: a consumer that takes its whole queue
         // into bundles does not make room for more.
-        let over = s.pending.bytes() + s.in_flight_bytes > self.config.max_pending_bytes
-            && (s.in_flight > 0 || self.plan.stages[c].side_inputs.is_empty() || {
+        let queue = &s.queue;
+        let over = queue.backlog_bytes() > self.config.max_pending_bytes
+            && (queue.in_flight() > 0 || self.plan.stages[c].side_inputs.is_empty() || {
                 let gate = self.side_input_gate(c);
-                s.pending
+                queue
+                    .pending
                     .any(|e| gate.iter().all(|g| g.allows(e, self.config.streaming)))
             });
         match (over, &self.plan.stages[c].kind) {
@@ -190,40 +192,48 @@ impl Engine {
             if !gate.is_empty() {
                 let mut store = self.side_inputs.lock();
                 for si in &self.plan.stages[idx].side_inputs {
-                    store.mark_ready(&si.transform_id, &si.tag);
+                    store.mark_ready(&si.id);
                 }
             }
-            if self.stages[idx]
-                .retry_at
-                .is_some_and(|at| at > Instant::now())
-            {
+            let backing_off = self.stages[idx]
+                .sdk()
+                .is_some_and(|sdk| !sdk.retries.may_start(Instant::now()));
+            if backing_off {
                 continue;
             }
             let throttled = self.backpressured(idx);
             self.stages[idx]
+                .progress
                 .counters
                 .set_throttled(throttled, Instant::now());
             if throttled {
                 continue;
             }
-            self.stages[idx].retry_at = None;
+            if let Some(sdk) = self.stages[idx].sdk_mut() {
+                sdk.retries.end_backoff();
+            }
             loop {
                 let now = self.now();
                 let free_slots = self.slot_groups.free(idx);
                 if free_slots == 0 {
-                    let s = &self.stages[idx];
-                    if !s.pending.is_empty() {
-                        self.slot_groups.wait(idx, s.in_flight > 0);
+                    let queue = &self.stages[idx].queue;
+                    if !queue.pending.is_empty() {
+                        self.slot_groups.wait(idx, queue.in_flight() > 0);
                     }
                     break;
                 }
-                let s = &mut self.stages[idx];
-                if s.in_flight >= self.config.max_bundles_per_stage {
+                let Some((queue, progress, state)) = self.stages[idx].sdk_parts() else {
+                    break;
+                };
+                if queue.in_flight() >= self.config.max_bundles_per_stage {
                     break;
                 }
                 // Bundles take from the queue's memory part: bring spilled
                 // elements back as it drains.
-                s.pending.refill().map_err(spill_failed(&self.plan, idx))?;
+                queue
+                    .pending
+                    .refill()
+                    .map_err(spill_failed(&self.plan, idx))?;
                 let element_group = |e: &DecodedElement| -> KeyGroupSet {
                     match &key_coder {
                         Some(coder) => element_key_group(coder, e),
@@ -232,12 +242,12 @@ impl Engine {
                 };
                 // Time-sorted input: an element goes out only once the input
                 // watermark passed it, so nothing earlier can still arrive.
-                let input_wm = s.input_wm;
+                let input_wm = progress.input_wm;
                 let released = |e: &DecodedElement| !time_sorted || e.header.timestamp < input_wm;
                 let has_input = if time_sorted {
-                    s.pending.any(released)
+                    queue.pending.any(released)
                 } else {
-                    !s.pending.is_empty()
+                    !queue.pending.is_empty()
                 };
                 // Elements that already arrived are processed before any
                 // timer they could precede fires, so a timer cannot overtake
@@ -254,17 +264,17 @@ impl Engine {
                 // bundles running beside it.
                 let candidates: Vec<KeyGroupSet> = if keyed {
                     (0..key_slices)
-                        .map(|k| slice_mask(k, key_slices) & !s.locked_key_groups)
+                        .map(|k| slice_mask(k, key_slices) & queue.free_key_groups())
                         .filter(|m| *m != 0)
                         .collect()
                 } else {
                     vec![KeyGroupSet::MAX]
                 };
                 let bundle_elements = balanced_bundle_elements(
-                    s.pending.len(),
+                    queue.pending.len(),
                     self.config
                         .max_bundles_per_stage
-                        .saturating_sub(s.in_flight)
+                        .saturating_sub(queue.in_flight())
                         .min(free_slots),
                     self.config.max_bundle_elements,
                     splittable,
@@ -279,12 +289,13 @@ impl Engine {
                     let fired = if families.is_empty() {
                         Vec::new()
                     } else if !has_input {
-                        s.timers
-                            .take_ready_where(s.input_wm, now, last, max_timers, eligible)
+                        state
+                            .timers
+                            .take_ready_where(input_wm, now, last, max_timers, eligible)
                     } else if streaming {
                         let before_waiting =
-                            s.pending.hold().map_or(s.input_wm, |h| h.min(s.input_wm));
-                        s.timers.take_ready_where(
+                            queue.pending.hold().map_or(input_wm, |h| h.min(input_wm));
+                        state.timers.take_ready_where(
                             before_waiting,
                             MIN_TIMESTAMP,
                             last,
@@ -296,11 +307,11 @@ impl Engine {
                     };
                     let elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted && !keyed
                     {
-                        s.pending.take(bundle_elements)
+                        queue.pending.take(bundle_elements)
                     } else {
                         // Only elements whose side inputs are ready, in
                         // the bundle's key slice.
-                        s.pending.take_where(bundle_elements, |e| {
+                        queue.pending.take_where(bundle_elements, |e| {
                             released(e)
                                 && in_slice(e)
                                 && gate.iter().all(|g| g.allows(e, streaming))
@@ -328,22 +339,14 @@ impl Engine {
                 }
                 let take = elements.len();
                 let key_groups: KeyGroupSet = if keyed { allowed } else { 0 };
-                s.locked_key_groups |= key_groups;
                 let mut holds = Vec::with_capacity(elements.len() + fired.len());
-                for e in &elements {
-                    s.in_flight_holds.add(e.header.timestamp);
-                    holds.push(e.header.timestamp);
-                }
-                for (_, f) in &fired {
-                    s.in_flight_holds.add(f.timer.hold_timestamp);
-                    holds.push(f.timer.hold_timestamp);
-                }
-                s.in_flight += 1;
-                self.slot_groups.take(idx);
+                holds.extend(elements.iter().map(|e| e.header.timestamp));
+                holds.extend(fired.iter().map(|(_, f)| f.timer.hold_timestamp));
                 let element_lengths: Vec<usize> =
                     elements.iter().map(|e| e.encoded.len()).collect();
                 let input_bytes: usize = element_lengths.iter().sum();
-                s.in_flight_bytes += input_bytes;
+                queue.bundle_started(key_groups, &holds, input_bytes);
+                self.slot_groups.take(idx);
                 let mut timer_inputs = Vec::with_capacity(families.len());
                 for fam in &families {
                     let of_family: Vec<&FiredTimer> = fired

@@ -53,11 +53,11 @@ impl Engine {
             .iter()
             .map(|si| SideGate {
                 watermark: self.producers[si.pcollection]
-                    .map(|p| self.stages[p].output_wm)
+                    .map(|p| self.stages[p].progress.output_wm)
                     .unwrap_or(MAX_TIMESTAMP),
                 global: self.plan.pcollections[si.pcollection].window_coder
                     == crate::coder::Coder::GlobalWindow,
-                has_values: store.has_values(&si.transform_id, &si.tag),
+                has_values: store.has_values(&si.id),
                 fires_early: si.fires_early,
             })
             .collect()

@@ -30,6 +30,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::pending::SpilledQueue;
+use super::stage_state::{Delayed, KindRecord};
 use super::stats::CounterRecord;
 use super::*;
 use crate::grouping::{GroupingSnapshot, SpilledWindows};
@@ -233,7 +234,8 @@ impl Engine {
         )?);
         for (idx, s) in self.stages.iter_enumerated() {
             let mut pending = Vec::new();
-            let mut timers = Cow::Borrowed(&s.timers);
+            let kind = s.kind.record();
+            let mut timers = kind.timers;
             for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
                 pending.extend(flight.elements.iter().map(ElementRecord::of));
                 if !flight.fired_timers.is_empty() {
@@ -242,6 +244,7 @@ impl Engine {
             }
             let mut tail = Vec::new();
             let spilled_queue = s
+                .queue
                 .pending
                 .checkpoint(
                     number.is_some(),
@@ -259,14 +262,15 @@ impl Engine {
                 )?);
             }
             let delayed = s
-                .delayed
+                .queue
+                .delayed()
                 .iter()
-                .map(|(at, e, hold)| {
-                    let wait = at.saturating_duration_since(now).as_millis() as u64;
-                    (wait, ElementRecord::of(e), *hold)
+                .map(|d| {
+                    let wait = d.at.saturating_duration_since(now).as_millis() as u64;
+                    (wait, ElementRecord::of(&d.element), d.hold)
                 })
                 .collect();
-            let (grouping, spilled_windows) = match &s.grouping {
+            let (grouping, spilled_windows) = match s.grouping() {
                 Some(g) => {
                     let (snapshot, named) = g
                         .checkpoint(number.is_some())
@@ -285,13 +289,13 @@ impl Engine {
                     delayed,
                     grouping,
                     timers,
-                    input_wm: s.input_wm,
-                    output_wm: s.output_wm,
-                    impulse_done: s.impulse_done,
-                    stream_cursor: s.stream_cursor as u64,
-                    stream_wm: s.stream_wm,
-                    state_gc_wm: s.state_gc_wm,
-                    counters: s.counters.record(now),
+                    input_wm: s.progress.input_wm,
+                    output_wm: s.progress.output_wm,
+                    impulse_done: kind.impulse_done,
+                    stream_cursor: kind.stream_cursor,
+                    stream_wm: kind.stream_wm,
+                    state_gc_wm: kind.state_gc_wm,
+                    counters: s.progress.counters.record(now),
                 },
             )?);
             let user_state_error = |source| SnapshotError::UserState {
@@ -366,23 +370,30 @@ impl Engine {
                 let tail = r.tail.into_iter().map(ElementRecord::into_element);
                 (r.spilled, tail.collect())
             });
-            s.pending
+            s.queue
+                .pending
                 .restore(front.collect(), spilled_queue)
                 .map_err(|source| SnapshotError::Queue {
                     stage: self.plan.stages[idx].name.clone(),
                     source,
                 })?;
             // It came from a checkpoint: it is stable input.
-            s.pending.all_durable();
+            s.queue.pending.all_durable();
             if gated {
-                s.pending.gate();
+                s.queue.pending.gate();
             }
-            s.delayed = record
-                .delayed
-                .into_iter()
-                .map(|(wait, e, hold)| (now + Duration::from_millis(wait), e.into_element(), hold))
-                .collect();
-            match (s.grouping.as_mut(), record.grouping) {
+            s.queue.restore_delayed(
+                record
+                    .delayed
+                    .into_iter()
+                    .map(|(wait, e, hold)| Delayed {
+                        at: now + Duration::from_millis(wait),
+                        element: e.into_element(),
+                        hold,
+                    })
+                    .collect(),
+            );
+            match (s.grouping_mut(), record.grouping) {
                 (Some(g), Some(snapshot)) => g
                     .restore(snapshot, spilled_windows)
                     .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
@@ -393,14 +404,18 @@ impl Engine {
                     )))
                 }
             }
-            s.timers = record.timers.into_owned();
-            s.input_wm = record.input_wm;
-            s.output_wm = record.output_wm;
-            s.impulse_done = record.impulse_done;
-            s.stream_cursor = record.stream_cursor as usize;
-            s.stream_wm = record.stream_wm;
-            s.state_gc_wm = record.state_gc_wm;
-            s.counters = StageCounters::from_record(record.counters);
+            s.kind
+                .restore(KindRecord {
+                    timers: record.timers,
+                    impulse_done: record.impulse_done,
+                    stream_cursor: record.stream_cursor,
+                    stream_wm: record.stream_wm,
+                    state_gc_wm: record.state_gc_wm,
+                })
+                .map_err(|what| SnapshotError::Mismatch(format!("stage {idx} has {what}")))?;
+            s.progress.input_wm = record.input_wm;
+            s.progress.output_wm = record.output_wm;
+            s.progress.counters = StageCounters::from_record(record.counters);
             let name = format!("user_state/{idx}");
             let state: UserStateSnapshot = decode(&name, part(&name)?)?;
             let name = format!("user_state_spill/{idx}");
@@ -425,7 +440,7 @@ impl Engine {
         self.summary.peak_pending_bytes = engine.peak_pending_bytes as usize;
         // Stages that had finished tell their side-input readers again.
         for idx in self.stages.indices() {
-            if self.stages[idx].output_wm >= MAX_TIMESTAMP {
+            if self.stages[idx].progress.output_wm >= MAX_TIMESTAMP {
                 self.on_stage_finished(idx);
             }
         }

@@ -15,7 +15,11 @@ impl Engine {
             return Ok(());
         };
         let s = &mut self.stages[idx];
-        if !sdk.stateful || s.in_flight > 0 || !s.pending.is_empty() || input_wm <= s.state_gc_wm {
+        let quiet = s.queue.is_quiet();
+        let Some(state) = s.sdk_mut() else {
+            return Ok(());
+        };
+        if !sdk.stateful || !quiet || input_wm <= state.state_gc_wm {
             return Ok(());
         }
         let Some(&input) = self.plan.stages[idx].inputs.first() else {
@@ -27,10 +31,10 @@ impl Engine {
         // its GC time fire (and may read its state) before it goes.
         // (At the end of the input every timer fires instead.)
         if input_wm < MAX_TIMESTAMP {
-            s.timers.drop_expired(input_wm, gc_time);
+            state.timers.drop_expired(input_wm, gc_time);
         }
-        let timer_windows = s.timers.windows();
-        s.state_gc_wm = input_wm;
+        let timer_windows = state.timers.windows();
+        state.state_gc_wm = input_wm;
         let window_coder = &self.plan.pcollections[input].window_coder;
         self.user_state[idx]
             .lock()

@@ -161,22 +161,20 @@ impl Engine {
                     name: stage.name.clone(),
                     kind: kind_name(&stage.kind),
                     inputs,
-                    input_watermark: s.input_wm,
-                    output_watermark: s.output_wm,
-                    pending_elements: s.pending.len(),
-                    pending_bytes: s.pending.bytes()
-                        + s.grouping
-                            .as_ref()
-                            .map_or(0, GroupingBuffer::buffered_bytes),
-                    bundles_in_flight: s.in_flight,
-                    bundles_committed: s.counters.bundles_committed,
-                    elements_processed: s.counters.elements_processed,
-                    bytes_processed: s.counters.bytes_processed,
-                    elements_out: s.counters.elements_out,
-                    bytes_out: s.counters.bytes_out,
-                    throttled_ms: s.counters.throttled_ms(now),
-                    spilled_bytes: s.grouping.as_ref().map_or(0, GroupingBuffer::spilled_bytes)
-                        + s.pending.spilled_bytes()
+                    input_watermark: s.progress.input_wm,
+                    output_watermark: s.progress.output_wm,
+                    pending_elements: s.queue.pending.len(),
+                    pending_bytes: s.queue.pending.bytes()
+                        + s.grouping().map_or(0, GroupingBuffer::buffered_bytes),
+                    bundles_in_flight: s.queue.in_flight(),
+                    bundles_committed: s.progress.counters.bundles_committed,
+                    elements_processed: s.progress.counters.elements_processed,
+                    bytes_processed: s.progress.counters.bytes_processed,
+                    elements_out: s.progress.counters.elements_out,
+                    bytes_out: s.progress.counters.bytes_out,
+                    throttled_ms: s.progress.counters.throttled_ms(now),
+                    spilled_bytes: s.grouping().map_or(0, GroupingBuffer::spilled_bytes)
+                        + s.queue.pending.spilled_bytes()
                         + user_state.lock().spilled_bytes(),
                 }
             })

@@ -12,10 +12,12 @@ impl Engine {
             let StageKind::TestStream(events) = &self.plan.stages[idx].kind else {
                 continue;
             };
-            let Some(event) = events.get(self.stages[idx].stream_cursor).cloned() else {
+            let KindState::TestStream(cursor) = &mut self.stages[idx].kind else {
                 continue;
             };
-            self.stages[idx].stream_cursor += 1;
+            let Some(event) = cursor.next_event(events).cloned() else {
+                continue;
+            };
             match event {
                 TestStreamEvent::Elements { output, elements } => {
                     let pc = &self.plan.pcollections[output];
@@ -35,8 +37,9 @@ impl Engine {
                     self.route(output, Bytes::from(bytes))?;
                 }
                 TestStreamEvent::Watermark(wm) => {
-                    let s = &mut self.stages[idx];
-                    s.stream_wm = s.stream_wm.max(wm);
+                    if let KindState::TestStream(cursor) = &mut self.stages[idx].kind {
+                        cursor.advance_watermark(wm);
+                    }
                 }
                 TestStreamEvent::ProcessingTime(ms) => {
                     self.clock_offset = self.clock_offset.saturating_add(ms.max(0));

@@ -14,11 +14,10 @@ impl Engine {
             for i in 0..self.topo.len() {
                 let idx = self.topo[i];
                 let input_wm = self.input_watermark(idx);
-                self.stages[idx].input_wm = input_wm;
+                self.stages[idx].progress.input_wm = input_wm;
                 match self.plan.stages[idx].kind {
                     StageKind::Impulse => {
-                        if !self.stages[idx].impulse_done {
-                            self.stages[idx].impulse_done = true;
+                        if self.stages[idx].take_impulse() {
                             let mut bytes = Vec::new();
                             let header = WindowedValueHeader {
                                 timestamp: MIN_TIMESTAMP,
@@ -53,7 +52,8 @@ impl Engine {
                     StageKind::GroupByKey(_) => {
                         // Not while the SDK merges this stage's windows.
                         let now = self.now();
-                        if !self.stages[idx].merging && self.fire_grouping(idx, input_wm, now)? {
+                        let merging = self.stages[idx].grouping_state().is_some_and(|g| g.merging);
+                        if !merging && self.fire_grouping(idx, input_wm, now)? {
                             changed = true;
                         }
                     }
@@ -61,9 +61,9 @@ impl Engine {
                     StageKind::TestStream(_) => {}
                 }
                 let out_wm = self.output_watermark(idx, input_wm);
-                let s = &mut self.stages[idx];
-                if out_wm > s.output_wm {
-                    s.output_wm = out_wm;
+                let progress = &mut self.stages[idx].progress;
+                if out_wm > progress.output_wm {
+                    progress.output_wm = out_wm;
                     changed = true;
                     if out_wm >= MAX_TIMESTAMP {
                         debug!(stage = %self.plan.stages[idx].name, "stage finished");
@@ -81,8 +81,8 @@ impl Engine {
         let outputs = self.plan.stages[idx].outputs.clone();
         let mut store = self.side_inputs.lock();
         for out in outputs {
-            for (transform, tag, _) in &self.consumers[out].side_inputs {
-                store.mark_ready(transform, tag);
+            for (side_input, _) in &self.consumers[out].side_inputs {
+                store.mark_ready(side_input);
             }
         }
     }
@@ -97,54 +97,17 @@ impl Engine {
             .iter()
             .map(|&p| {
                 self.producers[p]
-                    .map(|producer| self.stages[producer].output_wm)
+                    .map(|producer| self.stages[producer].progress.output_wm)
                     .unwrap_or(MAX_TIMESTAMP)
             })
             .min()
             .unwrap_or(MAX_TIMESTAMP)
     }
 
+    /// Stage `idx`'s output watermark for input watermark `input_wm`
+    /// ([`StageState::output_watermark`] has the formula).
     pub(super) fn output_watermark(&self, idx: StageIdx, input_wm: Timestamp) -> Timestamp {
-        let s = &self.stages[idx];
-        match &self.plan.stages[idx].kind {
-            StageKind::Impulse => {
-                return if s.impulse_done {
-                    MAX_TIMESTAMP
-                } else {
-                    MIN_TIMESTAMP
-                };
-            }
-            StageKind::TestStream(events) => {
-                return if s.stream_cursor >= events.len() {
-                    MAX_TIMESTAMP
-                } else {
-                    s.stream_wm
-                };
-            }
-            _ => {}
-        }
-        let holds = [
-            s.pending.hold(),
-            s.in_flight_holds.min(),
-            s.grouping.as_ref().and_then(GroupingBuffer::hold),
-            s.timers.hold(),
-            s.delayed.iter().map(|(_, _, h)| *h).min(),
-        ];
-        let mut wm = input_wm;
-        for h in holds.into_iter().flatten() {
-            wm = wm.min(h);
-        }
-        // Something still pending holds the stage below +∞ even if its
-        // timestamp is +∞ (e.g. a timer at the end of time).
-        let busy = s.in_flight > 0
-            || !s.pending.is_empty()
-            || !s.timers.is_empty()
-            || !s.delayed.is_empty()
-            || s.grouping.as_ref().is_some_and(|g| !g.is_empty());
-        if busy && wm >= MAX_TIMESTAMP {
-            wm = MAX_TIMESTAMP - 1;
-        }
-        wm
+        self.stages[idx].output_watermark(input_wm)
     }
 }
 
@@ -152,10 +115,10 @@ impl Engine {
     /// Hands what waits at Flatten `idx` to its outputs' consumers (a copy
     /// for each output but the last); whether anything waited.
     fn forward_flatten(&mut self, idx: StageIdx) -> Result<bool, EngineError> {
-        if self.stages[idx].pending.is_empty() {
+        if self.stages[idx].queue.pending.is_empty() {
             return Ok(false);
         }
-        let elements = self.stages[idx].pending.take(usize::MAX);
+        let elements = self.stages[idx].queue.pending.take(usize::MAX);
         let outputs = self.plan.stages[idx].outputs.clone();
         if let Some((&last, others)) = outputs.split_last() {
             for &out in others {

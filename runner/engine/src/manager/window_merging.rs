@@ -10,17 +10,13 @@ impl Engine {
         tx: &mpsc::UnboundedSender<Report>,
     ) -> Result<(), EngineError> {
         for idx in self.stages.indices() {
-            let s = &mut self.stages[idx];
-            if s.merging {
-                continue;
-            }
-            let Some(g) = s.grouping.as_ref() else {
+            let Some(g) = self.stages[idx].grouping_state_mut() else {
                 continue;
             };
-            if !g.needs_merge() {
+            if g.merging || !g.buffer.needs_merge() {
                 continue;
             }
-            let request = g.merge_request();
+            let request = g.buffer.merge_request();
             let window_coder =
                 &self.plan.pcollections[self.plan.stages[idx].inputs[0]].window_coder;
             let bytes =
@@ -33,7 +29,7 @@ impl Engine {
                         source,
                     }
                 })?;
-            s.merging = true;
+            g.merging = true;
             let keys: Vec<Bytes> = request.into_iter().map(|(k, _)| k).collect();
             let bundle = self.next_bundle;
             self.next_bundle += 1;
@@ -63,7 +59,9 @@ impl Engine {
         result: Result<Bytes, ExecError>,
     ) -> Result<(), EngineError> {
         self.merges_in_flight -= 1;
-        self.stages[idx].merging = false;
+        if let Some(g) = self.stages[idx].grouping_state_mut() {
+            g.merging = false;
+        }
         let answer = result.map_err(|error| EngineError::BundleFailed {
             stage: self.plan.stages[idx].name.clone(),
             error,
@@ -76,7 +74,7 @@ impl Engine {
                     source,
                 }
             })?;
-        if let Some(g) = self.stages[idx].grouping.as_mut() {
+        if let Some(g) = self.stages[idx].grouping_mut() {
             for (i, m) in merges {
                 if let Some(key) = keys.get(i) {
                     g.apply_merges(key, m);

@@ -23,7 +23,7 @@ mod user_state;
 pub(crate) use bag_spill::SpilledBags;
 pub use overlay::BundleOverlay;
 pub(crate) use side_inputs::SideInputSnapshot;
-pub use side_inputs::SideInputStore;
+pub use side_inputs::{SideInputId, SideInputStore};
 pub(crate) use user_state::UserStateSnapshot;
 pub use user_state::{
     BagId, BagWrite, CellId, MultimapWrite, OrderedListOp, OrderedListWrite, UserStateStore,

@@ -7,10 +7,18 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use crate::plan::SideInputId;
 use crate::state::{StateError, StateKey};
 
-/// (consumer transform, side input tag, encoded window).
-type SideInputWindow = (String, String, Bytes);
+/// One window of one side input: where its values are kept. Encoded, and
+/// sorted, as the (transform, tag, window) triple it replaced.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+struct SideInputWindow {
+    /// The side input.
+    side_input: SideInputId,
+    /// The window, encoded in the side input's window coder.
+    window: Bytes,
+}
 /// Keys in first-seen order, and values by key.
 type MultimapValues = (Vec<Bytes>, HashMap<Bytes, Vec<Bytes>>);
 
@@ -22,31 +30,32 @@ pub struct SideInputStore {
     /// (transform, tag, window) -> key -> values; keys kept in first-seen order.
     multimap: HashMap<SideInputWindow, MultimapValues>,
     /// Side inputs whose PCollection is complete and may be read.
-    ready: std::collections::HashSet<(String, String)>,
+    ready: std::collections::HashSet<SideInputId>,
 }
 
 impl SideInputStore {
     /// Record one value of an iterable side input in a window.
-    pub fn add_iterable(&mut self, transform: &str, tag: &str, window: Bytes, value: Bytes) {
-        self.iterable
-            .entry((transform.to_string(), tag.to_string(), window))
-            .or_default()
-            .push(value);
+    pub fn add_iterable(&mut self, side_input: &SideInputId, window: Bytes, value: Bytes) {
+        let at = SideInputWindow {
+            side_input: side_input.clone(),
+            window,
+        };
+        self.iterable.entry(at).or_default().push(value);
     }
 
     /// Record one key/value of a multimap side input in a window.
     pub fn add_multimap(
         &mut self,
-        transform: &str,
-        tag: &str,
+        side_input: &SideInputId,
         window: Bytes,
         key: Bytes,
         value: Bytes,
     ) {
-        let (keys, values) = self
-            .multimap
-            .entry((transform.to_string(), tag.to_string(), window))
-            .or_default();
+        let at = SideInputWindow {
+            side_input: side_input.clone(),
+            window,
+        };
+        let (keys, values) = self.multimap.entry(at).or_default();
         let entry = values.entry(key.clone()).or_insert_with(|| {
             keys.push(key);
             Vec::new()
@@ -57,23 +66,29 @@ impl SideInputStore {
     /// Whether any value of the side input has arrived (in any window):
     /// in streaming, a globally windowed side input becomes readable with
     /// its first pane and is updated by later ones.
-    pub fn has_values(&self, transform: &str, tag: &str) -> bool {
+    pub fn has_values(&self, side_input: &SideInputId) -> bool {
         self.iterable
             .keys()
             .chain(self.multimap.keys())
-            .any(|(t, s, _)| t == transform && s == tag)
+            .any(|at| at.side_input == *side_input)
     }
 
     /// Mark a side input as complete (its producer's watermark is final).
-    pub fn mark_ready(&mut self, transform: &str, tag: &str) {
-        self.ready.insert((transform.to_string(), tag.to_string()));
+    pub fn mark_ready(&mut self, side_input: &SideInputId) {
+        if !self.ready.contains(side_input) {
+            self.ready.insert(side_input.clone());
+        }
     }
 
     pub(super) fn read(&self, key: &StateKey) -> Result<Vec<Bytes>, StateError> {
         // The side input's window, once the side input is complete.
         let complete = |t: &String, s: &String, w: &Bytes| {
-            if self.ready.contains(&(t.clone(), s.clone())) {
-                Ok((t.clone(), s.clone(), w.clone()))
+            let side_input = SideInputId::new(t.clone(), s.clone());
+            if self.ready.contains(&side_input) {
+                Ok(SideInputWindow {
+                    side_input,
+                    window: w.clone(),
+                })
             } else {
                 Err(StateError(format!(
                     "side input '{s}' of transform '{t}' was read before it was complete"
@@ -131,7 +146,7 @@ type MultimapSnapshot = (SideInputWindow, Vec<Bytes>, Vec<(Bytes, Vec<Bytes>)>);
 pub(crate) struct SideInputSnapshot {
     iterable: Vec<(SideInputWindow, Vec<Bytes>)>,
     multimap: Vec<MultimapSnapshot>,
-    ready: Vec<(String, String)>,
+    ready: Vec<SideInputId>,
 }
 
 impl SideInputStore {

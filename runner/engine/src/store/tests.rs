@@ -139,8 +139,11 @@ fn overlay_reads_its_own_writes_and_commits_only_when_applied() {
 #[test]
 fn side_inputs_must_be_ready() {
     let si = Arc::new(Mutex::new(SideInputStore::default()));
-    si.lock()
-        .add_iterable("t", "s", Bytes::new(), Bytes::from_static(b"\x01"));
+    si.lock().add_iterable(
+        &SideInputId::new("t", "s"),
+        Bytes::new(),
+        Bytes::from_static(b"\x01"),
+    );
     let o = BundleOverlay::new(si.clone(), Arc::default());
     let key = StateKey::IterableSideInput {
         transform_id: "t".into(),
@@ -148,7 +151,7 @@ fn side_inputs_must_be_ready() {
         window: Bytes::new(),
     };
     assert!(o.get(&key, None).is_err());
-    si.lock().mark_ready("t", "s");
+    si.lock().mark_ready(&SideInputId::new("t", "s"));
     assert_eq!(&o.get(&key, None).unwrap().data[..], b"\x01");
     assert!(o.append(&key, Bytes::new()).is_err());
     assert!(o.clear(&key).is_err());

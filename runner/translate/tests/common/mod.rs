@@ -328,7 +328,7 @@ pub fn check_invariants(t: &Translated) {
                 .get(id)
                 .expect("side input PCollection in the descriptor");
             assert_runner_readable(&pbd.coders, &pc.coder_id, id);
-            assert!(pbd.transforms.contains_key(&side.transform_id));
+            assert!(pbd.transforms.contains_key(&side.id.transform_id));
         }
         if !stage.side_inputs.is_empty() || sdk.stateful {
             assert!(
