@@ -129,8 +129,13 @@ async fn unreadable_records_are_listed_failed_and_the_other_jobs_resume() {
         assert!(tokio::time::Instant::now() < deadline, "not cancelled");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The cancelled job's record goes once it ended; give it a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The cancelled job's record goes once it ended, before its history
+    // file is written.
+    let history = state_dir.join("history").join(format!("{id}.json"));
+    while !history.is_file() {
+        assert!(tokio::time::Instant::now() < deadline, "no history file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.kill();
 
     let server = ServerProcess::start(port, &args).await;
@@ -143,6 +148,5 @@ async fn unreadable_records_are_listed_failed_and_the_other_jobs_resume() {
         .into_inner()
         .jobs;
     assert!(listed.is_empty(), "{listed:?}");
-    let history = state_dir.join("history").join(format!("{id}.json"));
     assert!(history.is_file(), "no history file for {id}");
 }

@@ -415,15 +415,19 @@ impl JobRunner for RefractRunner {
                 if let Some(durability) = durability {
                     let ended = job.clone();
                     let failed = error.is_some();
+                    // The record goes first: a crash between the two then
+                    // costs the history file, never a resumed ended job;
+                    // and a history file says the record is gone.
                     let done = tokio::task::spawn_blocking(move || {
-                        if let Err(e) = durability.write_history(&ended) {
-                            warn!(error = %e, "cannot write the ended job's history");
-                        }
-                        if failed {
+                        let forgotten = if failed {
                             Ok(())
                         } else {
                             durability.forget(ended.id())
+                        };
+                        if let Err(e) = durability.write_history(&ended) {
+                            warn!(error = %e, "cannot write the ended job's history");
                         }
+                        forgotten
                     })
                     .await;
                     if let Ok(Err(error)) = done {
