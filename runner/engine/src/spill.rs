@@ -183,7 +183,7 @@ impl PagedRange {
 /// owed, which a restore deletes (a crash may come between the checkpoint
 /// and the deletes).
 #[derive(Debug)]
-pub(crate) struct OwedDeletes<K> {
+struct OwedDeletes<K> {
     /// Consumed since the last checkpoint was taken.
     since_checkpoint: Vec<K>,
     /// Consumed before checkpoint `n` was taken: deleted once it is durable.
@@ -202,22 +202,13 @@ impl<K> Default for OwedDeletes<K> {
 impl<K: Clone + Ord> OwedDeletes<K> {
     /// `keys` were consumed: deleted once a checkpoint taken from now on
     /// is durable.
-    pub(crate) fn owe(&mut self, keys: impl IntoIterator<Item = K>) {
+    fn owe(&mut self, keys: impl IntoIterator<Item = K>) {
         self.since_checkpoint.extend(keys);
-    }
-
-    /// Checkpoint `number` is taken: what it must list as owed (sorted),
-    /// everything consumed so far and not deleted yet
-    /// ([`Self::listed`], then [`Self::checkpoint_taken`]).
-    pub(crate) fn checkpoint(&mut self, number: u64) -> Vec<K> {
-        let owed = self.listed();
-        self.checkpoint_taken(number);
-        owed
     }
 
     /// Everything consumed and not deleted yet, sorted: what a checkpoint
     /// taken now lists as owed.
-    pub(crate) fn listed(&self) -> Vec<K> {
+    fn listed(&self) -> Vec<K> {
         let mut owed: Vec<K> = self
             .before
             .iter()
@@ -230,7 +221,7 @@ impl<K: Clone + Ord> OwedDeletes<K> {
 
     /// Checkpoint `number` was taken: what was consumed before it may be
     /// deleted once it is durable.
-    pub(crate) fn checkpoint_taken(&mut self, number: u64) {
+    fn checkpoint_taken(&mut self, number: u64) {
         let consumed = std::mem::take(&mut self.since_checkpoint);
         if !consumed.is_empty() {
             self.before.push_back((number, consumed));
@@ -240,7 +231,7 @@ impl<K: Clone + Ord> OwedDeletes<K> {
     /// Checkpoints up to `number` are durable: what may be deleted now.
     /// Whatever the caller then fails to delete goes back with
     /// [`Self::owe`], for the next checkpoint to list again.
-    pub(crate) fn due(&mut self, number: u64) -> Vec<K> {
+    fn due(&mut self, number: u64) -> Vec<K> {
         let mut due = Vec::new();
         while self.before.front().is_some_and(|(n, _)| *n <= number) {
             if let Some((_, keys)) = self.before.pop_front() {
@@ -248,6 +239,107 @@ impl<K: Clone + Ord> OwedDeletes<K> {
             }
         }
         due
+    }
+}
+
+/// When the pieces an owner consumed leave the store — a queue segment read
+/// back, a cleared bag's parts, a drained GroupByKey window — by the kind
+/// of store they are on. The one home of that rule for queues, bags and
+/// GroupByKeys alike.
+///
+/// On scratch space, which a crash empties and no checkpoint names,
+/// consumed pieces are deleted at once. On a durable store beside the
+/// checkpoints they stay until no checkpoint a restore may read names
+/// them ([`OwedDeletes`]).
+#[derive(Debug)]
+pub(crate) struct Reclaim<K> {
+    /// What a durable store owes; `None` on scratch.
+    owed: Option<OwedDeletes<K>>,
+}
+
+impl<K: Clone + Ord> Reclaim<K> {
+    /// Deletes on scratch: at once.
+    pub(crate) fn scratch() -> Self {
+        Reclaim { owed: None }
+    }
+
+    /// Deletes on a durable store, owing nothing yet.
+    pub(crate) fn durable() -> Self {
+        Reclaim {
+            owed: Some(OwedDeletes::default()),
+        }
+    }
+
+    /// Whether the store is durable (checkpoints name its pieces).
+    pub(crate) fn is_durable(&self) -> bool {
+        self.owed.is_some()
+    }
+
+    /// `pieces` were consumed: deleted now with `delete` on scratch,
+    /// owed on a durable store.
+    pub(crate) fn consumed(
+        &mut self,
+        pieces: impl IntoIterator<Item = K>,
+        mut delete: impl FnMut(&K) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        match &mut self.owed {
+            None => pieces.into_iter().try_for_each(|piece| delete(&piece)),
+            Some(owed) => {
+                owed.owe(pieces);
+                Ok(())
+            }
+        }
+    }
+
+    /// What a checkpoint taken now lists as owed (nothing on scratch).
+    pub(crate) fn listed(&self) -> Vec<K> {
+        self.owed
+            .as_ref()
+            .map_or_else(Vec::new, OwedDeletes::listed)
+    }
+
+    /// Checkpoint `number` was taken: what was consumed before it is
+    /// deleted once it is durable ([`Self::checkpoint_durable`]).
+    pub(crate) fn checkpoint_taken(&mut self, number: u64) {
+        if let Some(owed) = &mut self.owed {
+            owed.checkpoint_taken(number);
+        }
+    }
+
+    /// [`Self::listed`], then [`Self::checkpoint_taken`].
+    pub(crate) fn checkpoint(&mut self, number: u64) -> Vec<K> {
+        let listed = self.listed();
+        self.checkpoint_taken(number);
+        listed
+    }
+
+    /// Checkpoints up to `number` are durable: what was consumed before
+    /// them is deleted with `delete`. A failed delete, and those after it,
+    /// are owed again (the next checkpoint lists them).
+    pub(crate) fn checkpoint_durable(
+        &mut self,
+        number: u64,
+        mut delete: impl FnMut(&K) -> Result<(), SpillError>,
+    ) -> Result<(), SpillError> {
+        let Some(owed) = &mut self.owed else {
+            return Ok(());
+        };
+        let mut due = owed.due(number).into_iter();
+        while let Some(piece) = due.next() {
+            if let Err(error) = delete(&piece) {
+                owed.owe(std::iter::once(piece).chain(due));
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Owes nothing any more: a restore carried out the deletes its
+    /// checkpoint listed.
+    pub(crate) fn restart(&mut self) {
+        if let Some(owed) = &mut self.owed {
+            *owed = OwedDeletes::default();
+        }
     }
 }
 
@@ -401,6 +493,52 @@ mod tests {
         assert!(!SpillArea::Stage(StageIdx::new(0))
             .prefix(b"jo")
             .starts_with(&job_space(job)));
+    }
+
+    #[test]
+    fn consumed_pieces_go_at_once_on_scratch_and_after_a_durable_checkpoint_otherwise() {
+        let mut deleted = Vec::new();
+        let mut scratch = Reclaim::scratch();
+        scratch
+            .consumed([1, 2], |&n| {
+                deleted.push(n);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(deleted, [1, 2]);
+        assert!(scratch.listed().is_empty());
+
+        let mut durable = Reclaim::durable();
+        let never = |_: &u64| -> Result<(), SpillError> { panic!("deleted too early") };
+        durable.consumed([3], never).unwrap();
+        assert_eq!(durable.checkpoint(1), [3], "checkpoint 1 lists it as owed");
+        durable.consumed([4, 5], never).unwrap();
+        durable.checkpoint_taken(2);
+        // Checkpoint 1 is durable: what was consumed before it may go,
+        // and no more. The first delete fails: it and the rest are owed
+        // again, for the next checkpoint to list.
+        let mut tries = Vec::new();
+        let failing = |&n: &u64| {
+            tries.push(n);
+            Err(SpillError("disk full".into()))
+        };
+        assert!(durable.checkpoint_durable(1, failing).is_err());
+        assert_eq!(tries, [3]);
+        assert_eq!(durable.listed(), [3, 4, 5]);
+        durable.checkpoint_taken(3);
+        let mut deleted = Vec::new();
+        durable
+            .checkpoint_durable(3, |&n| {
+                deleted.push(n);
+                Ok(())
+            })
+            .unwrap();
+        deleted.sort_unstable();
+        assert_eq!(deleted, [3, 4, 5]);
+        assert!(durable.listed().is_empty());
+        durable.consumed([6], never).unwrap();
+        durable.restart();
+        assert!(durable.listed().is_empty(), "a restore carried them out");
     }
 
     #[test]

@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::BagId;
-use crate::spill::{forget_prefix, prefix_end, OwedDeletes, PagedRange, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, PagedRange, Reclaim, SpillError, SpillStore};
 
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
@@ -110,9 +110,8 @@ pub(super) struct BagSpill {
     cells: HashMap<BagId, SpilledBag>,
     /// Bytes written so far.
     spilled_bytes: u64,
-    /// On a durable store, the deletes it owes (cleared bags' parts);
-    /// `None` on scratch.
-    owed: Option<OwedDeletes<RunKey>>,
+    /// When a cleared bag's parts are deleted (by run).
+    reclaim: Reclaim<RunKey>,
 }
 
 impl BagSpill {
@@ -127,7 +126,7 @@ impl BagSpill {
             generation: 0,
             cells: HashMap::new(),
             spilled_bytes: 0,
-            owed: None,
+            reclaim: Reclaim::scratch(),
         }
     }
 
@@ -135,13 +134,13 @@ impl BagSpill {
     /// checkpoint that names them (see the module docs).
     pub(super) fn durable(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
         let mut spill = Self::scratch(store, prefix, limit);
-        spill.owed = Some(OwedDeletes::default());
+        spill.reclaim = Reclaim::durable();
         spill
     }
 
     /// Whether checkpoints name the parts instead of copying them.
     pub(super) fn is_durable(&self) -> bool {
-        self.owed.is_some()
+        self.reclaim.is_durable()
     }
 
     /// Bytes of bag values the stage may hold in memory.
@@ -175,12 +174,8 @@ impl BagSpill {
         self.cells.keys()
     }
 
-    fn run_prefix(&self, (generation, number): RunKey) -> Vec<u8> {
-        let mut key = Vec::with_capacity(self.prefix.len() + 16);
-        key.extend_from_slice(&self.prefix);
-        key.extend_from_slice(&generation.to_be_bytes());
-        key.extend_from_slice(&number.to_be_bytes());
-        key
+    fn run_prefix(&self, run: RunKey) -> Vec<u8> {
+        run_prefix(&self.prefix, run)
     }
 
     fn part_key(&self, run: RunKey, part: u32) -> Vec<u8> {
@@ -304,15 +299,9 @@ impl BagSpill {
             return Ok(());
         };
         let runs = cell.runs.iter().map(|r| (r.generation, cell.number));
-        match &mut self.owed {
-            Some(owed) => owed.owe(runs),
-            None => {
-                for run in runs {
-                    forget_prefix(self.store.as_ref(), &self.run_prefix(run))?;
-                }
-            }
-        }
-        Ok(())
+        let (store, prefix) = (&self.store, &self.prefix);
+        self.reclaim
+            .consumed(runs, |&run| forget_run(store.as_ref(), prefix, run))
     }
 
     /// Forgets the parts of every bag in a window of `gone`.
@@ -334,10 +323,7 @@ impl BagSpill {
     /// still owed, which are carried out once it is durable
     /// ([`Self::checkpoint_durable`]).
     pub(super) fn checkpoint(&mut self, number: u64) -> SpilledBags {
-        let owed = self
-            .owed
-            .as_mut()
-            .map_or_else(Vec::new, |owed| owed.checkpoint(number));
+        let owed = self.reclaim.checkpoint(number);
         let mut cells: Vec<(BagId, SpilledBag)> = self
             .cells
             .iter()
@@ -357,20 +343,9 @@ impl BagSpill {
     /// read. A failed delete leaves garbage that the next checkpoint still
     /// lists (and a restore deletes).
     pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
-        let Some(owed) = &mut self.owed else {
-            return Ok(());
-        };
-        let mut due = owed.due(number).into_iter();
-        while let Some(run) = due.next() {
-            if let Err(error) = forget_prefix(self.store.as_ref(), &self.run_prefix(run)) {
-                // Still owed: the next checkpoint lists them again.
-                if let Some(owed) = &mut self.owed {
-                    owed.owe(std::iter::once(run).chain(due));
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
+        let (store, prefix) = (&self.store, &self.prefix);
+        self.reclaim
+            .checkpoint_durable(number, |&run| forget_run(store.as_ref(), prefix, run))
     }
 
     /// Puts back what checkpoint `record` kept of a durable store's bags
@@ -382,15 +357,13 @@ impl BagSpill {
         after.extend_from_slice(&record.generation.to_be_bytes());
         let end = prefix_end(&self.prefix).unwrap_or_default();
         self.store.forget_range(&after, &end)?;
-        for run in &record.owed {
-            forget_prefix(self.store.as_ref(), &self.run_prefix(*run))?;
+        for &run in &record.owed {
+            forget_run(self.store.as_ref(), &self.prefix, run)?;
         }
         self.next_cell = record.next_cell;
         self.generation = record.generation;
         self.cells = record.cells.into_iter().collect();
-        if let Some(owed) = &mut self.owed {
-            *owed = OwedDeletes::default();
-        }
+        self.reclaim.restart();
         Ok(())
     }
 
@@ -400,6 +373,20 @@ impl BagSpill {
         self.cells.clear();
         forget_prefix(self.store.as_ref(), &self.prefix)
     }
+}
+
+/// Where run `(generation, cell number)` of the bags under `prefix` is.
+fn run_prefix(prefix: &[u8], (generation, number): RunKey) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + 16);
+    key.extend_from_slice(prefix);
+    key.extend_from_slice(&generation.to_be_bytes());
+    key.extend_from_slice(&number.to_be_bytes());
+    key
+}
+
+/// Forgets a run of the bags under `prefix` (a cleared bag's parts).
+fn forget_run(store: &dyn SpillStore, prefix: &[u8], run: RunKey) -> Result<(), SpillError> {
+    forget_prefix(store, &run_prefix(prefix, run))
 }
 
 impl Drop for BagSpill {

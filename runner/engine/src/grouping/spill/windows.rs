@@ -36,7 +36,7 @@ use crate::grouping::pane::{position, KeyPanes, Pane};
 use crate::grouping::GroupingError;
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowingStrategy};
-use crate::spill::{delete_prefix, OwedDeletes, PagedRange, SpillError, SpillStore};
+use crate::spill::{delete_prefix, PagedRange, Reclaim, SpillError, SpillStore};
 use crate::time::Timestamp;
 use crate::window::Window;
 
@@ -95,10 +95,9 @@ pub(in crate::grouping) struct WindowSpill {
     /// The number the next spilled window gets in its prefix: a window
     /// that spills again after its data went gets a space of its own.
     next_window: u64,
-    /// On a durable store, the window spaces gone that a checkpoint may
-    /// still name (see `durable`); `None` on scratch. (Boxed: most
-    /// buffers spill to scratch, if at all.)
-    owed: Option<Box<OwedDeletes<Vec<u8>>>>,
+    /// When the spaces of windows gone are deleted: on a durable store,
+    /// once no checkpoint may name them (see `durable`).
+    reclaim: Reclaim<Vec<u8>>,
 }
 
 /// A window some of whose panes are in the store.
@@ -184,7 +183,7 @@ impl WindowSpill {
             live_hand_outs: 0,
             kept_spaces: Vec::new(),
             next_window: 0,
-            owed: None,
+            reclaim: Reclaim::scratch(),
         }
     }
 
@@ -193,7 +192,7 @@ impl WindowSpill {
     /// reads (which go to the job's spill space) would not find, and
     /// which a checkpoint could not name.
     pub(super) fn hand_out_large_keys(&mut self) -> bool {
-        if self.value_coder.is_none() || self.owed.is_some() {
+        if self.value_coder.is_none() || self.reclaim.is_durable() {
             return false;
         }
         self.hand_out_above = Some(self.limit.clamp(HAND_OUT_MIN, HAND_OUT_MAX));
@@ -425,7 +424,7 @@ impl WindowSpill {
         self.pinned = 0;
         self.live_hand_outs = 0;
         self.kept_spaces.clear();
-        if self.owed.is_some() {
+        if self.reclaim.is_durable() {
             self.restore(named.unwrap_or_default())?;
         } else {
             delete_prefix(self.store.as_ref(), &self.prefix)?;
@@ -485,15 +484,9 @@ impl WindowSpill {
     /// Deletes everything under each of `spaces`: at once on scratch, on a
     /// durable store once a later checkpoint is durable.
     fn forget_spaces(&mut self, spaces: Vec<Vec<u8>>) -> Result<(), SpillError> {
-        match &mut self.owed {
-            Some(owed) => owed.owe(spaces),
-            None => {
-                for space in spaces {
-                    delete_prefix(self.store.as_ref(), &space)?;
-                }
-            }
-        }
-        Ok(())
+        let store = &self.store;
+        self.reclaim
+            .consumed(spaces, |space| delete_prefix(store.as_ref(), space))
     }
 }
 
@@ -501,7 +494,7 @@ impl Drop for WindowSpill {
     /// Spilled bytes on scratch are gone with the buffer; on a durable
     /// store they are the checkpoints', and go with the job.
     fn drop(&mut self) {
-        if self.owed.is_none() {
+        if !self.reclaim.is_durable() {
             drop_prefix(self.store.as_ref(), &self.prefix);
         }
     }

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
-use crate::spill::{forget_prefix, prefix_end, OwedDeletes, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, Reclaim, SpillError, SpillStore};
 
 /// About how many bytes of elements one segment holds at most: half the
 /// queue's bound, within these.
@@ -62,9 +62,8 @@ pub(in crate::manager) struct Overflow {
     len: usize,
     /// Bytes written to the store so far.
     pub(super) written: u64,
-    /// On a durable store, the segments read back that a checkpoint may
-    /// still name; `None` on scratch.
-    owed: Option<OwedDeletes<u64>>,
+    /// When segments read back are deleted (by segment number).
+    reclaim: Reclaim<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +106,7 @@ impl Overflow {
             next: 0,
             len: 0,
             written: 0,
-            owed: None,
+            reclaim: Reclaim::scratch(),
         }
     }
 
@@ -120,7 +119,7 @@ impl Overflow {
         limit: usize,
     ) -> Self {
         let mut overflow = Overflow::new(store, prefix, window_coder, limit);
-        overflow.owed = Some(OwedDeletes::default());
+        overflow.reclaim = Reclaim::durable();
         overflow
     }
 
@@ -133,14 +132,14 @@ impl Overflow {
             self.limit,
         );
         if self.is_durable() {
-            overflow.owed = Some(OwedDeletes::default());
+            overflow.reclaim = Reclaim::durable();
         }
         overflow
     }
 
     /// Whether checkpoints name the segments instead of copying them.
     pub(super) fn is_durable(&self) -> bool {
-        self.owed.is_some()
+        self.reclaim.is_durable()
     }
 
     /// How many elements wait here.
@@ -178,9 +177,7 @@ impl Overflow {
     }
 
     fn key(&self, number: u64) -> Vec<u8> {
-        let mut key = self.prefix.clone();
-        key.extend_from_slice(&number.to_be_bytes());
-        key
+        segment_key(&self.prefix, number)
     }
 
     fn write_open(&mut self) -> Result<(), SpillError> {
@@ -219,18 +216,12 @@ impl Overflow {
         };
         let number = segment.number;
         let elements = self.read(number, segment.elements)?;
-        match &mut self.owed {
-            Some(owed) => owed.owe([number]),
-            None => self.forget(number)?,
-        }
+        let (store, prefix) = (&self.store, &self.prefix);
+        self.reclaim
+            .consumed([number], |&n| forget_segment(store.as_ref(), prefix, n))?;
         self.segments.pop_front();
         self.len -= elements.len();
         Ok(elements)
-    }
-
-    fn forget(&self, number: u64) -> Result<(), SpillError> {
-        self.store
-            .forget_range(&self.key(number), &self.key(number + 1))
     }
 
     fn read(&self, number: u64, count: u32) -> Result<Vec<DecodedElement>, SpillError> {
@@ -289,10 +280,7 @@ impl Overflow {
         SpilledQueue {
             next: self.next,
             segments: self.segments.iter().copied().collect(),
-            owed: self
-                .owed
-                .as_ref()
-                .map_or_else(Vec::new, OwedDeletes::listed),
+            owed: self.reclaim.listed(),
         }
     }
 
@@ -300,28 +288,16 @@ impl Overflow {
     /// segments read back before it are deleted once it is durable
     /// ([`Self::checkpoint_durable`]).
     pub(super) fn checkpoint_taken(&mut self, number: u64) {
-        if let Some(owed) = &mut self.owed {
-            owed.checkpoint_taken(number);
-        }
+        self.reclaim.checkpoint_taken(number);
     }
 
     /// Checkpoints up to `number` are durable: segments read back before
     /// them are named by no checkpoint a restore would read. A failed
     /// delete is owed again (the next checkpoint lists it).
     pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
-        let Some(owed) = &mut self.owed else {
-            return Ok(());
-        };
-        let mut due = owed.due(number).into_iter();
-        while let Some(segment) = due.next() {
-            if let Err(error) = self.forget(segment) {
-                if let Some(owed) = &mut self.owed {
-                    owed.owe(std::iter::once(segment).chain(due));
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
+        let (store, prefix) = (&self.store, &self.prefix);
+        self.reclaim
+            .checkpoint_durable(number, |&n| forget_segment(store.as_ref(), prefix, n))
     }
 
     /// Deletes what checkpoint `record` does not name (`None`: it named no
@@ -332,7 +308,7 @@ impl Overflow {
         let end = prefix_end(&self.prefix).unwrap_or_default();
         self.store.forget_range(&self.key(record.next), &end)?;
         for &segment in &record.owed {
-            self.forget(segment)?;
+            forget_segment(self.store.as_ref(), &self.prefix, segment)?;
         }
         self.next = record.next;
         Ok(())
@@ -359,6 +335,18 @@ impl Overflow {
         }
         Ok(())
     }
+}
+
+/// The key of segment `number` under `prefix`.
+fn segment_key(prefix: &[u8], number: u64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&number.to_be_bytes());
+    key
+}
+
+/// Forgets segment `number` under `prefix`.
+fn forget_segment(store: &dyn SpillStore, prefix: &[u8], number: u64) -> Result<(), SpillError> {
+    forget_prefix(store, &segment_key(prefix, number))
 }
 
 impl Drop for Overflow {

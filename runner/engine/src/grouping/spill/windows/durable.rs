@@ -18,7 +18,7 @@
 //! on (out-of-line parts those runs wrote are rewritten, never joined,
 //! when their numbers are used again, and go with their window). While
 //! running, an emitted window's data is deleted only once a later
-//! checkpoint is durable (`OwedDeletes`).
+//! checkpoint is durable (`Reclaim`).
 //!
 //! A checkpoint can name a buffer's spill only between drains: while a
 //! window is being emitted (its keys partly out), periodic checkpoints
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{SpilledWindow, WindowSpill};
 use crate::holds::Holds;
-use crate::spill::{prefix_end, SpillError, SpillStore};
+use crate::spill::{prefix_end, Reclaim, SpillError, SpillStore};
 use crate::time::Timestamp;
 use crate::window::Window;
 
@@ -66,7 +66,7 @@ impl WindowSpill {
     /// is durable, no window is being emitted, and no key handed out may
     /// still be read.
     fn can_name(&self) -> bool {
-        self.owed.is_some() && self.drains.is_empty() && self.live_hand_outs == 0
+        self.reclaim.is_durable() && self.drains.is_empty() && self.live_hand_outs == 0
     }
 
     fn named(&self) -> SpilledWindows {
@@ -138,7 +138,7 @@ impl WindowSpill {
                 (w.window, spilled)
             })
             .collect();
-        self.owed = Some(Box::default());
+        self.reclaim = Reclaim::durable();
         Ok(())
     }
 }
@@ -147,7 +147,7 @@ impl WindowSpill {
     /// Makes this spill one on a durable store beside the checkpoints,
     /// which then name its windows (see the module docs).
     pub(in crate::grouping::spill) fn make_durable(&mut self) {
-        self.owed = Some(Box::default());
+        self.reclaim = Reclaim::durable();
     }
 
     /// Whether some of it is on disk where a checkpoint taken now would
@@ -165,9 +165,7 @@ impl WindowSpill {
     /// Periodic checkpoint `number` was taken: windows gone before it are
     /// deleted once it is durable.
     pub(in crate::grouping::spill) fn checkpoint_taken(&mut self, number: u64) {
-        if let Some(owed) = &mut self.owed {
-            owed.checkpoint_taken(number);
-        }
+        self.reclaim.checkpoint_taken(number);
     }
 
     /// Checkpoints up to `number` are durable: windows gone before them
@@ -177,18 +175,9 @@ impl WindowSpill {
         &mut self,
         number: u64,
     ) -> Result<(), SpillError> {
-        let Some(owed) = &mut self.owed else {
-            return Ok(());
-        };
-        let mut due = owed.due(number).into_iter();
-        while let Some(space) = due.next() {
-            if let Err(error) = crate::spill::delete_prefix(self.store.as_ref(), &space) {
-                if let Some(owed) = &mut self.owed {
-                    owed.owe(std::iter::once(space).chain(due));
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
+        let store = &self.store;
+        self.reclaim.checkpoint_durable(number, |space| {
+            crate::spill::delete_prefix(store.as_ref(), space)
+        })
     }
 }
