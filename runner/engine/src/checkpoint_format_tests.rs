@@ -11,9 +11,12 @@ use parking_lot::Mutex;
 
 use crate::coder::{PaneInfo, TimerValue};
 use crate::plan::TimeDomain;
+use crate::plan::TransformId;
 use crate::spill::MemorySpillStore;
 use crate::state::{encode_ordered_entry, BundleState, StateKey};
-use crate::store::{BundleOverlay, SpilledBags, UserStateSnapshot, UserStateStore};
+use crate::store::{
+    BundleOverlay, SideInputId, SideInputStore, SpilledBags, UserStateSnapshot, UserStateStore,
+};
 use crate::timers::TimerStore;
 use crate::window::Window;
 
@@ -137,11 +140,70 @@ fn timer_checkpoints_keep_their_bytes() {
         timer(b"\x01a", interval, 5),
         timer(b"\x01b", Window::Global, 3),
     ];
-    store.apply("t", "event", TimeDomain::EventTime, event);
+    store.apply(
+        &TransformId::new("t"),
+        "event",
+        TimeDomain::EventTime,
+        event,
+    );
     let processing = vec![timer(b"\x01a", Window::Global, 100)];
-    store.apply("t", "processing", TimeDomain::ProcessingTime, processing);
+    store.apply(
+        &TransformId::new("t"),
+        "processing",
+        TimeDomain::ProcessingTime,
+        processing,
+    );
     let bytes = postcard::to_stdvec(&store).expect("encodes");
     assert_eq!(to_hex(&bytes), to_hex(&hex(TIMERS)));
     let read: TimerStore = postcard::from_bytes(&hex(TIMERS)).expect("decodes");
     assert_eq!(postcard::to_stdvec(&read).expect("encodes"), bytes);
+}
+
+/// The side-input part as it was written while side inputs were named by
+/// (transform, tag) tuples: the same fields, nested in tuples.
+type TupleSideInputs = (
+    Vec<((String, String, Bytes), Vec<Bytes>)>,
+    Vec<(
+        (String, String, Bytes),
+        Vec<Bytes>,
+        Vec<(Bytes, Vec<Bytes>)>,
+    )>,
+    Vec<(String, String)>,
+);
+
+#[test]
+fn side_input_checkpoints_keep_their_bytes() {
+    let mut store = SideInputStore::default();
+    let iterable = SideInputId::new("t", "side0");
+    let multimap = SideInputId::new("u", "side1");
+    store.add_iterable(
+        &iterable,
+        Bytes::from_static(b"w"),
+        Bytes::from_static(b"\x01x"),
+    );
+    store.add_multimap(
+        &multimap,
+        Bytes::from_static(b"w"),
+        Bytes::from_static(b"\x01k"),
+        Bytes::from_static(b"\x01v"),
+    );
+    store.mark_ready(&iterable);
+    let bytes = postcard::to_stdvec(&store.snapshot()).expect("encodes");
+    let s = |text: &str| text.to_string();
+    let b = Bytes::from_static;
+    let tuples: TupleSideInputs = (
+        vec![((s("t"), s("side0"), b(b"w")), vec![b(b"\x01x")])],
+        vec![(
+            (s("u"), s("side1"), b(b"w")),
+            vec![b(b"\x01k")],
+            vec![(b(b"\x01k"), vec![b(b"\x01v")])],
+        )],
+        vec![(s("t"), s("side0"))],
+    );
+    assert_eq!(bytes, postcard::to_stdvec(&tuples).expect("encodes"));
+    let read = SideInputStore::restore(postcard::from_bytes(&bytes).expect("decodes"));
+    assert_eq!(
+        postcard::to_stdvec(&read.snapshot()).expect("encodes"),
+        bytes
+    );
 }

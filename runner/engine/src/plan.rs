@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 
 mod ids;
 
-pub use ids::{PCollectionIdx, PCollectionVec, StageIdx, StageVec, TypedIndex, TypedVec};
+pub use ids::{
+    PCollectionIdx, PCollectionVec, StageIdx, StageVec, TransformId, TypedIndex, TypedVec,
+};
 
 /// A whole job's stage graph.
 #[derive(Debug, Clone, Default)]
@@ -139,7 +141,7 @@ pub struct SdkStage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowExpiration {
     /// Transform id (inside the stage's bundle descriptor).
-    pub transform_id: String,
+    pub transform_id: TransformId,
     /// Timer family id.
     pub family_id: String,
 }
@@ -148,7 +150,7 @@ pub struct WindowExpiration {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerFamily {
     /// Transform id (inside the stage's bundle descriptor).
-    pub transform_id: String,
+    pub transform_id: TransformId,
     /// Timer family id (Python: `ts-<name>`).
     pub family_id: String,
     /// Event or processing time.
@@ -195,14 +197,14 @@ pub struct SideInput {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SideInputId {
     /// The reading transform's id (in its stage's bundle descriptor).
-    pub transform_id: String,
+    pub transform_id: TransformId,
     /// The side input's local tag (e.g. `side0`).
     pub tag: String,
 }
 
 impl SideInputId {
     /// The side input `tag` of transform `transform_id`.
-    pub fn new(transform_id: impl Into<String>, tag: impl Into<String>) -> Self {
+    pub fn new(transform_id: impl Into<TransformId>, tag: impl Into<String>) -> Self {
         SideInputId {
             transform_id: transform_id.into(),
             tag: tag.into(),

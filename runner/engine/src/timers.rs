@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap;
 
 use crate::coder::{Coder, TimerValue};
 use crate::holds::Holds;
-use crate::plan::TimeDomain;
+use crate::plan::{TimeDomain, TransformId};
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
@@ -86,7 +86,7 @@ type Due = (Timestamp, u64);
 #[derive(Debug, Clone)]
 pub struct FiredTimer {
     /// Transform id of the timer's ParDo.
-    pub transform_id: String,
+    pub transform_id: TransformId,
     /// Timer family id.
     pub family_id: String,
     /// The timer as it will be sent (one window).
@@ -110,7 +110,7 @@ impl WaitingTimer {
 /// The pending timers of one (transform, family).
 #[derive(Debug, Clone)]
 struct Family {
-    transform_id: String,
+    transform_id: TransformId,
     family_id: String,
     /// Latest write per slot (one window each).
     timers: FxHashMap<Slot, WaitingTimer>,
@@ -191,9 +191,9 @@ impl Totals {
 }
 
 impl Family {
-    fn new(transform_id: &str, family_id: &str) -> Self {
+    fn new(transform_id: &TransformId, family_id: &str) -> Self {
         Family {
-            transform_id: transform_id.to_string(),
+            transform_id: transform_id.clone(),
             family_id: family_id.to_string(),
             timers: FxHashMap::default(),
             by_time: [BTreeMap::new(), BTreeMap::new()],
@@ -289,11 +289,11 @@ pub struct TimerStore {
 /// The family (transform, family) of `families`, added if new.
 fn family_of<'a>(
     families: &'a mut Vec<Family>,
-    transform_id: &str,
+    transform_id: &TransformId,
     family_id: &str,
 ) -> &'a mut Family {
     let at = match families.binary_search_by(|f| {
-        (f.transform_id.as_str(), f.family_id.as_str()).cmp(&(transform_id, family_id))
+        (f.transform_id.as_str(), f.family_id.as_str()).cmp(&(transform_id.as_str(), family_id))
     }) {
         Ok(at) => at,
         Err(at) => {
@@ -308,7 +308,7 @@ impl TimerStore {
     /// Sets `timer` in each of its windows; whether any was new.
     fn put(
         &mut self,
-        transform_id: &str,
+        transform_id: &TransformId,
         family_id: &str,
         domain: TimeDomain,
         timer: TimerValue,
@@ -336,7 +336,7 @@ impl TimerStore {
     /// Apply the timer writes of a committed bundle, in order.
     pub fn apply(
         &mut self,
-        transform_id: &str,
+        transform_id: &TransformId,
         family_id: &str,
         domain: TimeDomain,
         writes: Vec<TimerValue>,
@@ -360,7 +360,7 @@ impl TimerStore {
     /// setting stands. Returns whether it was new.
     pub fn set_if_absent(
         &mut self,
-        transform_id: &str,
+        transform_id: &TransformId,
         family_id: &str,
         timer: TimerValue,
     ) -> bool {
@@ -487,7 +487,7 @@ impl TimerStore {
         let max = max.max(1);
         let complete = input_watermark >= MAX_TIMESTAMP;
         let is_last =
-            |f: &Family| last.is_some_and(|(t, id)| f.transform_id == t && f.family_id == id);
+            |f: &Family| last.is_some_and(|(t, id)| f.transform_id == *t && f.family_id == id);
         // (firing order, family, domain): small keys, copied while choosing.
         let mut ready: Vec<(Due, usize, TimeDomain)> = Vec::new();
         for last_family in [false, true] {
@@ -577,7 +577,7 @@ impl Serialize for Entries<'_> {
         for family in &self.0.families {
             for (slot, pending) in family.in_firing_order() {
                 let id = TimerId {
-                    transform_id: Cow::Borrowed(&family.transform_id),
+                    transform_id: Cow::Borrowed(family.transform_id.as_str()),
                     family_id: Cow::Borrowed(&family.family_id),
                     user_key: Cow::Borrowed(&slot.user_key),
                     dynamic_tag: Cow::Borrowed(&slot.dynamic_tag),
@@ -627,9 +627,16 @@ impl<'de> Deserialize<'de> for TimerStore {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stored = StoredTimers::deserialize(deserializer)?;
         let mut store = TimerStore::default();
+        // Entries come family by family: one id per family, not per timer.
+        let mut transform: Option<TransformId> = None;
         for (id, (domain, mut timer)) in stored.timers.0 {
             timer.windows = smallvec::smallvec![id.window.into_owned()];
-            store.put(&id.transform_id, &id.family_id, domain, timer, false);
+            let transform_id = match transform.take() {
+                Some(known) if known == *id.transform_id => known,
+                _ => TransformId::new(&id.transform_id),
+            };
+            store.put(&transform_id, &id.family_id, domain, timer, false);
+            transform = Some(transform_id);
         }
         Ok(store)
     }

@@ -11,7 +11,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use refract_engine::plan::{
-    PCollectionIdx, SdkStage, SideInputAccess, StageIdx, TimeDomain, TimerFamily, WindowExpiration,
+    PCollectionIdx, SdkStage, SideInputAccess, StageIdx, TimeDomain, TimerFamily, TransformId,
+    WindowExpiration,
 };
 use refract_proto::fn_api;
 use refract_proto::pipeline as pb;
@@ -33,7 +34,7 @@ pub(crate) struct BuiltStage {
     /// Engine facts (state, timers, splitting).
     pub stage: SdkStage,
     /// Side inputs, with PCollection ids still to be mapped to plan indices.
-    pub side_inputs: Vec<(String, String, String, SideInputAccess)>,
+    pub side_inputs: Vec<(TransformId, String, String, SideInputAccess)>,
     /// Data source and sink ids → their unique names.
     pub synthetic_names: Vec<(String, String)>,
 }
@@ -65,8 +66,13 @@ pub(crate) fn build(
     let mut timer_ids = Vec::new();
     let mut side_inputs = Vec::new();
 
+    // Each transform's id is interned once: its timer families, side
+    // inputs and window expiration share it.
+    let mut root_id: Option<TransformId> = None;
     for &i in &group.nodes {
         let node = &graph.nodes[i];
+        let transform_id = TransformId::new(&node.id);
+        root_id.get_or_insert_with(|| transform_id.clone());
         let urn = node.transform.spec.as_ref().map_or("", |s| s.urn.as_str());
         if PARDO_LIKE.contains(&urn) {
             let payload = decode_pardo(&node.transform, &node.name)?;
@@ -86,7 +92,7 @@ pub(crate) fn build(
                 let (key, window) = timer_parts(graph, &spec.timer_family_coder_id, &node.name)?;
                 coder_roots.insert(spec.timer_family_coder_id.clone());
                 stage.timer_families.push(TimerFamily {
-                    transform_id: node.id.clone(),
+                    transform_id: transform_id.clone(),
                     family_id: family.clone(),
                     domain: if spec.time_domain == pb::time_domain::Enum::ProcessingTime as i32 {
                         TimeDomain::ProcessingTime
@@ -103,7 +109,7 @@ pub(crate) fn build(
         }
         for side in &node.side_inputs {
             side_inputs.push((
-                node.id.clone(),
+                transform_id.clone(),
                 side.tag.clone(),
                 side.pcoll.clone(),
                 side.access,
@@ -124,7 +130,9 @@ pub(crate) fn build(
                 root.window_expiration_family
                     .as_ref()
                     .map(|family_id| WindowExpiration {
-                        transform_id: root.id.clone(),
+                        transform_id: root_id
+                            .clone()
+                            .unwrap_or_else(|| TransformId::new(&root.id)),
                         family_id: family_id.clone(),
                     });
             stage.time_sorted_input = root.time_sorted_input;

@@ -107,7 +107,7 @@ impl Engine {
                 if let Some(state) = self.stages[idx].sdk_mut() {
                     state
                         .timers
-                        .apply(&t.transform_id, &t.family_id, fam.domain, timers);
+                        .apply(&fam.transform_id, &t.family_id, fam.domain, timers);
                 }
             }
         }

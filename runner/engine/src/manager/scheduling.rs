@@ -364,7 +364,7 @@ impl Engine {
                             }
                         })?;
                     timer_inputs.push(TimerInput {
-                        transform_id: fam.transform_id.clone(),
+                        transform_id: fam.transform_id.to_string(),
                         family_id: fam.family_id.clone(),
                         data,
                     });

@@ -11,6 +11,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Index, IndexMut};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +79,88 @@ typed_index! {
 typed_index! {
     /// Index of a PCollection in [`super::Plan::pcollections`].
     PCollectionIdx
+}
+
+/// A transform's id as the pipeline names it, interned: translation makes
+/// one per transform, and the plan's timer families, window expirations
+/// and side inputs, and the timers the engine keeps and fires, share it
+/// (a clone is a reference count, not a copy of the string). It reads as
+/// the `str` it stands for, and checkpoints encode it as one.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TransformId(Arc<str>);
+
+impl TransformId {
+    /// The id `id` (translation makes one per transform, then clones it).
+    pub fn new(id: &str) -> Self {
+        TransformId(Arc::from(id))
+    }
+
+    /// The id as the pipeline spells it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for TransformId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for TransformId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for TransformId {
+    fn from(id: &str) -> Self {
+        TransformId::new(id)
+    }
+}
+
+impl From<String> for TransformId {
+    fn from(id: String) -> Self {
+        TransformId(Arc::from(id))
+    }
+}
+
+impl PartialEq<str> for TransformId {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<String> for TransformId {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl fmt::Display for TransformId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TransformId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl Serialize for TransformId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for TransformId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(TransformId::from)
+    }
 }
 
 /// A vector that only `I` indexes: the table of a plan's stages or

@@ -245,7 +245,7 @@ pub fn global_timers_at_10(
         .expect("encodes");
     }
     vec![TimerInput {
-        transform_id: family.transform_id.clone(),
+        transform_id: family.transform_id.to_string(),
         family_id: family.family_id.clone(),
         data: Bytes::from(data),
     }]

@@ -328,7 +328,7 @@ pub fn check_invariants(t: &Translated) {
                 .get(id)
                 .expect("side input PCollection in the descriptor");
             assert_runner_readable(&pbd.coders, &pc.coder_id, id);
-            assert!(pbd.transforms.contains_key(&side.id.transform_id));
+            assert!(pbd.transforms.contains_key(side.id.transform_id.as_str()));
         }
         if !stage.side_inputs.is_empty() || sdk.stateful {
             assert!(
@@ -341,7 +341,7 @@ pub fn check_invariants(t: &Translated) {
         let families: Vec<(String, String)> = sdk
             .timer_families
             .iter()
-            .map(|f| (f.transform_id.clone(), f.family_id.clone()))
+            .map(|f| (f.transform_id.to_string(), f.family_id.clone()))
             .collect();
         assert_eq!(families, d.timer_families);
         if !families.is_empty() {
