@@ -102,13 +102,51 @@ def client_port():
   return free_port()
 
 
+def start_cluster(client_port):
+  """A Ray cluster of one head node. Ray gives a new head 30 s to
+  register with its GCS, which a loaded two-core machine now and then
+  misses: then the processes that attempt started are killed and it is
+  made once more."""
+  before = descendants()
+  args = dict(NODE, include_dashboard=False, ray_client_server_port=client_port)
+  try:
+    return Cluster(initialize_head=True, head_node_args=args)
+  except Exception as e:  # pylint: disable=broad-except
+    print('Ray head did not start (%s); trying once more' % e, file=sys.stderr)
+    for pid in descendants() - before:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    return Cluster(initialize_head=True, head_node_args=args)
+
+
+def descendants():
+  """The pids of this process's children, theirs, and so on (from /proc)."""
+  children = {}
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open('/proc/%s/stat' % entry) as f:
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue
+    children.setdefault(ppid, []).append(int(entry))
+  found, todo = set(), [os.getpid()]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      if child not in found:
+        found.add(child)
+        todo.append(child)
+  return found
+
+
 @pytest.fixture
 def cluster(client_port):
   """A Ray cluster of one (head) node; tests add more."""
-  ray_cluster = Cluster(
-      initialize_head=True,
-      head_node_args=dict(NODE, include_dashboard=False,
-                          ray_client_server_port=client_port))
+  ray_cluster = start_cluster(client_port)
   try:
     yield ray_cluster
   finally:

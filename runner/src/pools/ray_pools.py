@@ -59,6 +59,9 @@ LOCK_FILE = 'lock'
 # How long connecting to Ray may take: ray.init retries an unanswering GCS
 # address forever.
 CONNECT_TIMEOUT_S = 60
+# Pause before asking again when the Ray Client server refused to start a
+# driver's server.
+REFUSED_PAUSE_S = 2
 # How long a new actor may take to report its port (scheduling, a fresh
 # worker process, importing Beam).
 STARTUP_TIMEOUT_S = 180
@@ -583,9 +586,23 @@ def connect(address, events):
                           args=(address, events))
   timer.daemon = True
   timer.start()
+  deadline = time.monotonic() + CONNECT_TIMEOUT_S - REFUSED_PAUSE_S
   try:
-    ray.init(address=address, log_to_driver=True,
-             runtime_env={'env_vars': RAY_LOG_ENV})
+    while True:
+      try:
+        ray.init(address=address, log_to_driver=True,
+                 runtime_env={'env_vars': RAY_LOG_ENV})
+        break
+      except ConnectionAbortedError as e:
+        # The Ray Client server answered but could not start this driver's
+        # server (a head still coming up, its runtime-env agent not ready
+        # yet): it may well succeed a moment later. The client has
+        # disconnected itself.
+        if time.monotonic() >= deadline:
+          raise
+        _LOG.warning('Ray refused the connection for now, trying again: %s',
+                     str(e).splitlines()[0])
+        time.sleep(REFUSED_PAUSE_S)
   finally:
     timer.cancel()
   return ray
