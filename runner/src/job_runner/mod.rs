@@ -39,6 +39,7 @@ use crate::pools::WorkerPools;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
+use workers::WorkerCounts;
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -339,15 +340,14 @@ impl JobRunner for RefractRunner {
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
-        let job_asked = option_usize(job.options(), "sdk_worker_parallelism");
+        let counts = WorkerCounts::choose(
+            option_usize(job.options(), "sdk_worker_parallelism"),
+            self.default_workers,
+            self.asked_default_workers,
+        );
         let resources = JobResources {
-            workers_per_env: match job_asked {
-                Some(0) | None => self.default_workers,
-                Some(n) => n,
-            },
-            // Python sends 1 unless told otherwise: only more is a choice
-            // that pooled environments keep to.
-            asked_workers: job_asked.filter(|&n| n > 1).or(self.asked_default_workers),
+            workers_per_env: counts.local,
+            asked_workers: counts.pooled,
             pools: self.pools.clone(),
             memory: self.memory.clone(),
             spill: self.spill.clone(),

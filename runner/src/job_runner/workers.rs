@@ -17,6 +17,49 @@ use crate::worker_set::{BundlesPerWorker, Target, WorkerFactory, WorkerSet};
 /// How long starting a pooled worker waits for a live pool.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How many SDK workers a job's environments get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WorkerCounts {
+    /// Per environment started on this host.
+    pub(super) local: usize,
+    /// Per environment started on remote pools, if the job or the operator
+    /// chose a count; else as many as the pools' capacity.
+    pub(super) pooled: Option<usize>,
+}
+
+impl WorkerCounts {
+    /// The counts for a job whose `sdk_worker_parallelism` option is
+    /// `job`, on a server whose own count is `server_default` (its flag,
+    /// or one per core) and that the operator set to `server_asked`, if
+    /// they did.
+    ///
+    /// More than one is the job's choice and holds everywhere; 0 lets the
+    /// server choose. Python sends 1 unless told otherwise, so a job's 1
+    /// cannot be told from no choice at all: it stands unless the operator
+    /// chose a count for the server, which then holds for local and
+    /// pooled environments alike.
+    pub(super) fn choose(
+        job: Option<usize>,
+        server_default: usize,
+        server_asked: Option<usize>,
+    ) -> Self {
+        match job {
+            Some(n) if n > 1 => WorkerCounts {
+                local: n,
+                pooled: Some(n),
+            },
+            Some(1) => WorkerCounts {
+                local: server_asked.unwrap_or(1),
+                pooled: server_asked,
+            },
+            _ => WorkerCounts {
+                local: server_default.max(1),
+                pooled: server_asked,
+            },
+        }
+    }
+}
+
 /// What starting a job's workers needs.
 pub(super) struct WorkerStart<'a> {
     pub(super) job: &'a Arc<Job>,
@@ -263,5 +306,36 @@ impl Starter {
             }),
         };
         self.fn_server.start_worker(config).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerCounts;
+
+    fn counts(local: usize, pooled: Option<usize>) -> WorkerCounts {
+        WorkerCounts { local, pooled }
+    }
+
+    #[test]
+    fn a_jobs_count_a_servers_flag_and_the_defaults_combine() {
+        // The job chose more than one: it holds everywhere.
+        assert_eq!(WorkerCounts::choose(Some(3), 2, None), counts(3, Some(3)));
+        assert_eq!(
+            WorkerCounts::choose(Some(3), 2, Some(2)),
+            counts(3, Some(3))
+        );
+        // Python's default 1, on a server with no flag: one local worker,
+        // the pools' capacity on pools.
+        assert_eq!(WorkerCounts::choose(Some(1), 2, None), counts(1, None));
+        // ... and on a server the operator gave a count: that count.
+        assert_eq!(
+            WorkerCounts::choose(Some(1), 4, Some(4)),
+            counts(4, Some(4))
+        );
+        // 0 or no option: the server's choice.
+        assert_eq!(WorkerCounts::choose(Some(0), 2, None), counts(2, None));
+        assert_eq!(WorkerCounts::choose(None, 2, Some(2)), counts(2, Some(2)));
+        assert_eq!(WorkerCounts::choose(None, 0, None), counts(1, None));
     }
 }
