@@ -34,6 +34,7 @@ from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.portability.api import endpoints_pb2
 
 from refract_testlib import free_port
+from refract_testlib import read_log_tail
 from refract_testlib import stop_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,9 +88,7 @@ class Sidecar:
     self.proc.send_signal(signal.SIGTERM)
 
   def log_tail(self, max_chars=6000):
-    with open(self.log_path, 'rb') as f:
-      text = f.read().decode('utf-8', 'replace')
-    return text if len(text) <= max_chars else '...' + text[-max_chars:]
+    return read_log_tail(self.log_path, max_chars)
 
   def stop(self):
     stop_process_group(self.proc)

@@ -11,7 +11,6 @@ use parking_lot::Mutex;
 
 use crate::coder::{PaneInfo, TimerValue};
 use crate::plan::TimeDomain;
-use crate::plan::TransformId;
 use crate::spill::MemorySpillStore;
 use crate::state::{encode_ordered_entry, BundleState, StateKey};
 use crate::store::{
@@ -140,19 +139,9 @@ fn timer_checkpoints_keep_their_bytes() {
         timer(b"\x01a", interval, 5),
         timer(b"\x01b", Window::Global, 3),
     ];
-    store.apply(
-        &TransformId::new("t"),
-        "event",
-        TimeDomain::EventTime,
-        event,
-    );
+    store.apply("t", "event", TimeDomain::EventTime, event);
     let processing = vec![timer(b"\x01a", Window::Global, 100)];
-    store.apply(
-        &TransformId::new("t"),
-        "processing",
-        TimeDomain::ProcessingTime,
-        processing,
-    );
+    store.apply("t", "processing", TimeDomain::ProcessingTime, processing);
     let bytes = postcard::to_stdvec(&store).expect("encodes");
     assert_eq!(to_hex(&bytes), to_hex(&hex(TIMERS)));
     let read: TimerStore = postcard::from_bytes(&hex(TIMERS)).expect("decodes");

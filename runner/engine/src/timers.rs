@@ -191,9 +191,9 @@ impl Totals {
 }
 
 impl Family {
-    fn new(transform_id: &TransformId, family_id: &str) -> Self {
+    fn new(transform_id: &str, family_id: &str) -> Self {
         Family {
-            transform_id: transform_id.clone(),
+            transform_id: TransformId::new(transform_id),
             family_id: family_id.to_string(),
             timers: FxHashMap::default(),
             by_time: [BTreeMap::new(), BTreeMap::new()],
@@ -289,11 +289,11 @@ pub struct TimerStore {
 /// The family (transform, family) of `families`, added if new.
 fn family_of<'a>(
     families: &'a mut Vec<Family>,
-    transform_id: &TransformId,
+    transform_id: &str,
     family_id: &str,
 ) -> &'a mut Family {
     let at = match families.binary_search_by(|f| {
-        (f.transform_id.as_str(), f.family_id.as_str()).cmp(&(transform_id.as_str(), family_id))
+        (f.transform_id.as_str(), f.family_id.as_str()).cmp(&(transform_id, family_id))
     }) {
         Ok(at) => at,
         Err(at) => {
@@ -308,7 +308,7 @@ impl TimerStore {
     /// Sets `timer` in each of its windows; whether any was new.
     fn put(
         &mut self,
-        transform_id: &TransformId,
+        transform_id: &str,
         family_id: &str,
         domain: TimeDomain,
         timer: TimerValue,
@@ -336,7 +336,7 @@ impl TimerStore {
     /// Apply the timer writes of a committed bundle, in order.
     pub fn apply(
         &mut self,
-        transform_id: &TransformId,
+        transform_id: &str,
         family_id: &str,
         domain: TimeDomain,
         writes: Vec<TimerValue>,
@@ -360,7 +360,7 @@ impl TimerStore {
     /// setting stands. Returns whether it was new.
     pub fn set_if_absent(
         &mut self,
-        transform_id: &TransformId,
+        transform_id: &str,
         family_id: &str,
         timer: TimerValue,
     ) -> bool {
@@ -627,16 +627,9 @@ impl<'de> Deserialize<'de> for TimerStore {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stored = StoredTimers::deserialize(deserializer)?;
         let mut store = TimerStore::default();
-        // Entries come family by family: one id per family, not per timer.
-        let mut transform: Option<TransformId> = None;
         for (id, (domain, mut timer)) in stored.timers.0 {
             timer.windows = smallvec::smallvec![id.window.into_owned()];
-            let transform_id = match transform.take() {
-                Some(known) if known == *id.transform_id => known,
-                _ => TransformId::new(&id.transform_id),
-            };
-            store.put(&transform_id, &id.family_id, domain, timer, false);
-            transform = Some(transform_id);
+            store.put(&id.transform_id, &id.family_id, domain, timer, false);
         }
         Ok(store)
     }

@@ -552,7 +552,7 @@ impl KindState {
 mod tests {
     use super::*;
     use crate::coder::TimerValue;
-    use crate::plan::{SdkStage, TransformId};
+    use crate::plan::SdkStage;
 
     /// An element at `timestamp` (only its header matters here).
     fn element(timestamp: Timestamp) -> DecodedElement {
@@ -616,8 +616,7 @@ mod tests {
         s.queue.pending.take(1);
         // A timer, at its hold.
         let sdk = s.sdk_mut().expect("an SDK stage");
-        sdk.timers
-            .set_if_absent(&TransformId::new("t"), "f", timer(50, 30));
+        sdk.timers.set_if_absent("t", "f", timer(50, 30));
         assert_eq!(s.output_watermark(100), 30);
         assert_eq!(s.output_watermark(25), 25, "never past the input");
     }
@@ -626,11 +625,8 @@ mod tests {
     fn anything_left_keeps_the_output_below_the_end_of_time() {
         let mut s = sdk_stage();
         let sdk = s.sdk_mut().expect("an SDK stage");
-        sdk.timers.set_if_absent(
-            &TransformId::new("t"),
-            "f",
-            timer(MAX_TIMESTAMP, MAX_TIMESTAMP),
-        );
+        sdk.timers
+            .set_if_absent("t", "f", timer(MAX_TIMESTAMP, MAX_TIMESTAMP));
         assert_eq!(s.output_watermark(MAX_TIMESTAMP), MAX_TIMESTAMP - 1);
         let mut s = sdk_stage();
         s.queue.bundle_started(0, &[], 0);
@@ -717,9 +713,7 @@ mod tests {
         impulse.take_impulse();
         let mut sdk = sdk_stage();
         if let Some(state) = sdk.sdk_mut() {
-            state
-                .timers
-                .set_if_absent(&TransformId::new("t"), "f", timer(40, 40));
+            state.timers.set_if_absent("t", "f", timer(40, 40));
             state.state_gc_wm = 33;
         }
         for (kind, original) in [

@@ -109,12 +109,6 @@ impl std::ops::Deref for TransformId {
     }
 }
 
-impl std::borrow::Borrow<str> for TransformId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
 impl From<&str> for TransformId {
     fn from(id: &str) -> Self {
         TransformId::new(id)

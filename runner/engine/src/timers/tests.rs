@@ -23,21 +23,11 @@ fn a_due_event_time_timer_holds_at_its_firing_time_whatever_its_output_time() {
     // No output timestamp: the SDK writes the end of time as the hold.
     let mut unheld = timer("k", 10, false);
     unheld.hold_timestamp = MAX_TIMESTAMP;
-    s.apply(
-        &TransformId::new("t"),
-        "e",
-        TimeDomain::EventTime,
-        vec![unheld.clone()],
-    );
+    s.apply("t", "e", TimeDomain::EventTime, vec![unheld.clone()]);
     assert_eq!(s.hold(), Some(10));
     // A processing-time timer's firing time is not event time.
     let mut s = TimerStore::default();
-    s.apply(
-        &TransformId::new("t"),
-        "p",
-        TimeDomain::ProcessingTime,
-        vec![unheld],
-    );
+    s.apply("t", "p", TimeDomain::ProcessingTime, vec![unheld]);
     assert_eq!(s.hold(), Some(MAX_TIMESTAMP));
 }
 
@@ -45,14 +35,14 @@ fn a_due_event_time_timer_holds_at_its_firing_time_whatever_its_output_time() {
 fn last_write_wins_and_clear_deletes() {
     let mut s = TimerStore::default();
     s.apply(
-        &TransformId::new("t"),
+        "t",
         "ts-a",
         TimeDomain::EventTime,
         vec![timer("k", 10, false), timer("k", 20, false)],
     );
     assert_eq!(s.hold(), Some(20));
     s.apply(
-        &TransformId::new("t"),
+        "t",
         "ts-a",
         TimeDomain::EventTime,
         vec![timer("k", 0, true)],
@@ -64,21 +54,11 @@ fn last_write_wins_and_clear_deletes() {
 fn expired_windows_lose_the_timers_they_can_no_longer_fire() {
     let mut s = TimerStore::default();
     // Due before the window's GC time (19): kept, it fires first.
-    s.apply(
-        &TransformId::new("t"),
-        "e",
-        TimeDomain::EventTime,
-        vec![timer("a", 15, false)],
-    );
+    s.apply("t", "e", TimeDomain::EventTime, vec![timer("a", 15, false)]);
     // Set beyond the GC time: dropped once the window expired.
+    s.apply("t", "e", TimeDomain::EventTime, vec![timer("b", 50, false)]);
     s.apply(
-        &TransformId::new("t"),
-        "e",
-        TimeDomain::EventTime,
-        vec![timer("b", 50, false)],
-    );
-    s.apply(
-        &TransformId::new("t"),
+        "t",
         "p",
         TimeDomain::ProcessingTime,
         vec![timer("c", 5, false)],
@@ -93,11 +73,11 @@ fn expired_windows_lose_the_timers_they_can_no_longer_fire() {
 #[test]
 fn runner_owned_timers_keep_their_first_setting() {
     let mut s = TimerStore::default();
-    assert!(s.set_if_absent(&TransformId::new("t"), "owe", timer("k", 19, false)));
-    assert!(!s.set_if_absent(&TransformId::new("t"), "owe", timer("k", 50, false)));
-    assert!(s.set_if_absent(&TransformId::new("t"), "owe", timer("j", 19, false)));
+    assert!(s.set_if_absent("t", "owe", timer("k", 19, false)));
+    assert!(!s.set_if_absent("t", "owe", timer("k", 50, false)));
+    assert!(s.set_if_absent("t", "owe", timer("j", 19, false)));
     s.apply(
-        &TransformId::new("t"),
+        "t",
         "user",
         TimeDomain::EventTime,
         vec![timer("k", 5, false)],
@@ -123,14 +103,9 @@ fn a_bounded_take_fires_the_earliest_first() {
     let keys = ["a", "b", "c", "d", "e", "f", "g"];
     for (i, k) in keys.iter().enumerate() {
         let at = 10 - i as i64;
-        s.apply(
-            &TransformId::new("t"),
-            "e",
-            TimeDomain::EventTime,
-            vec![timer(k, at, false)],
-        );
+        s.apply("t", "e", TimeDomain::EventTime, vec![timer(k, at, false)]);
     }
-    assert!(s.set_if_absent(&TransformId::new("t"), "owe", timer("a", 3, false)));
+    assert!(s.set_if_absent("t", "owe", timer("a", 3, false)));
     let last = Some(("t", "owe"));
     let times = |fired: Vec<(TimeDomain, FiredTimer)>| -> Vec<i64> {
         fired.iter().map(|(_, f)| f.timer.fire_timestamp).collect()
@@ -153,14 +128,9 @@ fn a_bounded_take_fires_the_earliest_first() {
 #[test]
 fn fires_by_domain() {
     let mut s = TimerStore::default();
+    s.apply("t", "e", TimeDomain::EventTime, vec![timer("a", 10, false)]);
     s.apply(
-        &TransformId::new("t"),
-        "e",
-        TimeDomain::EventTime,
-        vec![timer("a", 10, false)],
-    );
-    s.apply(
-        &TransformId::new("t"),
+        "t",
         "p",
         TimeDomain::ProcessingTime,
         vec![timer("b", 100, false)],
@@ -363,10 +333,10 @@ proptest! {
                     write.windows = smallvec::smallvec![window_of(w)];
                     write.hold_timestamp = at + h;
                     if f == 2 {
-                        store.set_if_absent(&TransformId::new(t), family, write.clone());
+                        store.set_if_absent(t, family, write.clone());
                         oracle.write(t, family, domain, write, true);
                     } else {
-                        store.apply(&TransformId::new(t), family, domain, vec![write.clone()]);
+                        store.apply(t, family, domain, vec![write.clone()]);
                         oracle.write(t, family, domain, write, false);
                     }
                 }
