@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -101,23 +102,40 @@ def client_port():
   return free_port()
 
 
+# How long Ray's GCS waits for a new node's raylet to register before it
+# answers "cannot find the node" (30 s by default, which a loaded two-core
+# machine now and then misses); the GCS reads it from its environment.
+os.environ.setdefault('RAY_raylet_start_wait_time_s', '120')
+
+
 def start_cluster(client_port):
-  """A Ray cluster of one head node. Ray gives a new head 30 s to
-  register with its GCS, which a loaded two-core machine now and then
-  misses: then the processes that attempt started are killed and it is
-  made once more."""
+  """A Ray cluster of one head node. Should the head still not come up,
+  the processes that attempt started are killed, the tail of Ray's own
+  logs is printed, and it is made once more."""
   before = descendants()
   args = dict(NODE, include_dashboard=False, ray_client_server_port=client_port)
   try:
     return Cluster(initialize_head=True, head_node_args=args)
   except Exception as e:  # pylint: disable=broad-except
     print('Ray head did not start (%s); trying once more' % e, file=sys.stderr)
+    print_ray_log_tails()
     for pid in descendants() - before:
       try:
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
     return Cluster(initialize_head=True, head_node_args=args)
+
+
+def print_ray_log_tails():
+  """The ends of the GCS's and raylets' logs of Ray's latest session,
+  to stderr: why a node did not start."""
+  logs = os.path.join(tempfile.gettempdir(), 'ray', 'session_latest', 'logs')
+  for name in ('gcs_server.err', 'gcs_server.out', 'raylet.err', 'raylet.out'):
+    path = os.path.join(logs, name)
+    if os.path.exists(path):
+      print('--- %s ---\n%s' % (path, read_log_tail(path, 3000)),
+            file=sys.stderr)
 
 
 def descendants():
