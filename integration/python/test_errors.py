@@ -84,6 +84,18 @@ def test_a_state_store_the_runner_cannot_give_is_refused_at_submission(
     p.run().wait_until_finish()
 
 
+def test_a_worker_count_past_the_limit_is_refused_at_submission(refract_server):
+  """Each SDK worker is a process: a client asking for 100 000 per
+  environment is refused, naming the option, and no worker starts."""
+  options = PipelineOptions(refract_server.portable_args() +
+                            ['--sdk_worker_parallelism=100000'])
+  p = beam.Pipeline(options=options)
+  _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
+  with pytest.raises(Exception,
+                     match='sdk_worker_parallelism=100000: at most 128'):
+    p.run().wait_until_finish()
+
+
 def run_cli(refract_bin, *args):
   return subprocess.run([refract_bin] + list(args),
                         stdin=subprocess.DEVNULL,

@@ -13,12 +13,26 @@ fn value<'a>(options: &'a prost_types::Struct, name: &str) -> Option<&'a Kind> {
         .and_then(|v| v.kind.as_ref())
 }
 
-/// A non-negative numeric option; absent or unreadable means `None`.
-pub(crate) fn option_usize(options: &prost_types::Struct, name: &str) -> Option<usize> {
-    match value(options, name)? {
-        Kind::NumberValue(n) if *n >= 0.0 => Some(*n as usize),
-        Kind::StringValue(s) => s.trim().parse().ok(),
-        _ => None,
+/// A count option: absent (or null) is `None`; a whole number at or
+/// above 0, sent as a number or as a string, is its value; anything
+/// else is an error naming the option, so that a typo is refused at
+/// submission rather than quietly replaced by a default.
+pub(crate) fn option_count(
+    options: &prost_types::Struct,
+    name: &str,
+) -> Result<Option<usize>, String> {
+    let refused = |shown: String| format!("--{name}={shown}: expected a whole number, 0 or more");
+    match value(options, name) {
+        None | Some(Kind::NullValue(_)) => Ok(None),
+        Some(Kind::NumberValue(n)) => {
+            if n.fract() == 0.0 && *n >= 0.0 && *n < usize::MAX as f64 {
+                Ok(Some(*n as usize))
+            } else {
+                Err(refused(n.to_string()))
+            }
+        }
+        Some(Kind::StringValue(s)) => s.trim().parse().map(Some).map_err(|_| refused(s.clone())),
+        Some(other) => Err(refused(format!("{other:?}"))),
     }
 }
 
@@ -90,8 +104,8 @@ mod tests {
         ]);
         assert!(option_bool(&o, "streaming"));
         assert!(!option_bool(&o, "missing"));
-        assert_eq!(option_usize(&o, "sdk_worker_parallelism"), Some(2));
-        assert_eq!(option_usize(&o, "missing"), None);
+        assert_eq!(option_count(&o, "sdk_worker_parallelism"), Ok(Some(2)));
+        assert_eq!(option_count(&o, "missing"), Ok(None));
         assert!(has_experiment(&o, "drain_on_start"));
         assert!(!has_experiment(&o, "other"));
         assert_eq!(
@@ -99,5 +113,26 @@ mod tests {
             Some("/tmp/a=b")
         );
         assert_eq!(experiment_value(&o, "drain_on_start"), None);
+    }
+
+    #[test]
+    fn a_count_that_is_not_a_whole_number_is_refused_naming_the_option() {
+        let count = |kind: Kind| option_count(&options(vec![("n", kind)]), "n");
+        assert_eq!(count(Kind::NumberValue(3.0)), Ok(Some(3)));
+        assert_eq!(count(Kind::StringValue(" 0 ".into())), Ok(Some(0)));
+        assert_eq!(count(Kind::NullValue(0)), Ok(None));
+        for bad in [
+            Kind::NumberValue(-1.0),
+            Kind::NumberValue(1.5),
+            Kind::NumberValue(f64::INFINITY),
+            Kind::NumberValue(f64::NAN),
+            Kind::StringValue("-2".into()),
+            Kind::StringValue("many".into()),
+            Kind::BoolValue(true),
+        ] {
+            let e = count(bad.clone()).expect_err(&format!("{bad:?}"));
+            assert!(e.starts_with("--n="), "{e}");
+            assert!(e.contains("expected a whole number"), "{e}");
+        }
     }
 }

@@ -34,12 +34,12 @@ use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::insights::Insights;
 use crate::memory::MemoryLedger;
-use crate::options::{experiment_value, option_bool, option_usize};
+use crate::options::{experiment_value, option_bool};
 use crate::pools::WorkerPools;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
-use workers::WorkerCounts;
+use workers::{job_worker_parallelism, WorkerCounts};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -255,6 +255,7 @@ impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
         validate(pipeline).map_err(|e| e.to_string())?;
         bundle_attempts(options)?;
+        job_worker_parallelism(options)?;
         job_durability(options, self.durability.as_ref()).map(|_| ())
     }
 
@@ -341,7 +342,8 @@ impl JobRunner for RefractRunner {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
         let counts = WorkerCounts::choose(
-            option_usize(job.options(), "sdk_worker_parallelism"),
+            // Checked at submission (`validate`).
+            job_worker_parallelism(job.options()).unwrap_or(None),
             self.default_workers,
             self.asked_default_workers,
         );

@@ -7,15 +7,37 @@ use std::sync::Arc;
 use refract_jobservice::Job;
 use refract_proto::fn_api::ProvisionInfo;
 use refract_proto::pipeline::Environment;
+use refract_proto::prost_types;
 use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
 use super::logs::{JobArtifacts, JobLogs};
 use crate::insights::JobView;
+use crate::options::option_count;
 use crate::pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
 use crate::worker_set::{BundlesPerWorker, Target, WorkerFactory, WorkerSet};
 
 /// How long starting a pooled worker waits for a live pool.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The most SDK workers per environment a job may ask for: each is a
+/// process (a Python worker holds ~100 MB), so a client asking for
+/// thousands would take the machine down. Refused at submission.
+pub(super) const MAX_WORKERS_PER_ENVIRONMENT: usize = 128;
+
+/// The job's `sdk_worker_parallelism`, if it set one: a whole number
+/// from 0 (let the runner choose) to [`MAX_WORKERS_PER_ENVIRONMENT`],
+/// else an error naming the option.
+pub(super) fn job_worker_parallelism(
+    options: &prost_types::Struct,
+) -> Result<Option<usize>, String> {
+    match option_count(options, "sdk_worker_parallelism")? {
+        Some(n) if n > MAX_WORKERS_PER_ENVIRONMENT => Err(format!(
+            "--sdk_worker_parallelism={n}: at most {MAX_WORKERS_PER_ENVIRONMENT} SDK workers \
+             per environment (0 lets the runner choose)"
+        )),
+        asked => Ok(asked),
+    }
+}
 
 /// How many SDK workers a job's environments get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,7 +333,38 @@ impl Starter {
 
 #[cfg(test)]
 mod tests {
-    use super::WorkerCounts;
+    use super::{job_worker_parallelism, WorkerCounts, MAX_WORKERS_PER_ENVIRONMENT};
+    use refract_proto::prost_types::{value::Kind, Struct, Value};
+
+    fn asking(workers: &str) -> Struct {
+        Struct {
+            fields: [(
+                "beam:option:sdk_worker_parallelism:v1".to_string(),
+                Value {
+                    kind: Some(Kind::StringValue(workers.to_string())),
+                },
+            )]
+            .into(),
+        }
+    }
+
+    #[test]
+    fn a_job_may_ask_for_up_to_the_limit_and_is_refused_past_it() {
+        assert_eq!(job_worker_parallelism(&Struct::default()), Ok(None));
+        assert_eq!(job_worker_parallelism(&asking("0")), Ok(Some(0)));
+        let limit = MAX_WORKERS_PER_ENVIRONMENT.to_string();
+        assert_eq!(
+            job_worker_parallelism(&asking(&limit)),
+            Ok(Some(MAX_WORKERS_PER_ENVIRONMENT))
+        );
+        let e = job_worker_parallelism(&asking("100000")).expect_err("past the limit");
+        assert!(
+            e.starts_with("--sdk_worker_parallelism=100000: at most 128"),
+            "{e}"
+        );
+        let e = job_worker_parallelism(&asking("lots")).expect_err("not a number");
+        assert!(e.starts_with("--sdk_worker_parallelism=lots"), "{e}");
+    }
 
     fn counts(local: usize, pooled: Option<usize>) -> WorkerCounts {
         WorkerCounts { local, pooled }
