@@ -492,7 +492,8 @@ pub async fn prepare_impulse_job(jobs: &mut JobServiceClient<Channel>, outcome: 
     .preparation_id
 }
 
-/// Runs a prepared job and returns the states it went through, to the end.
+/// Runs a prepared job and returns the states it went through, up to the
+/// terminal one.
 pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<State> {
     let mut states = jobs
         .get_state_stream(refract_proto::job_api::GetJobStateRequest {
@@ -510,16 +511,25 @@ pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<S
     read_states(&mut states).await
 }
 
-/// The states a state stream sends, to its end.
+/// The states a state stream sends, up to the terminal one, where SDK
+/// clients stop reading (the stream itself stays open a while after it,
+/// see `the_state_stream_stays_open_after_the_terminal_state`).
 pub async fn read_states(
     stream: &mut Streaming<refract_proto::job_api::JobStateEvent>,
 ) -> Vec<State> {
-    drain(stream)
+    let mut states = Vec::new();
+    let read = async {
+        while let Some(event) = stream.message().await.expect("a state event") {
+            states.push(event.state());
+            if refract_jobservice::is_terminal(event.state()) {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
         .await
-        .unwrap()
-        .iter()
-        .map(|e| e.state())
-        .collect()
+        .expect("no terminal state within 10 s");
+    states
 }
 
 /// Subscribes to a job's state stream and reads it to its end.

@@ -2,6 +2,7 @@
 //! metrics, and the error statuses of malformed or unknown requests.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use refract_proto::job_api::job_state::Enum as State;
 use refract_proto::job_api::{
@@ -376,6 +377,50 @@ async fn a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_afte
         "{messages:?}"
     );
     assert_eq!(messages.last().map(String::as_str), Some("state Failed"));
+    server.shutdown().await.unwrap();
+}
+
+/// Beam's Python client stops reading at the terminal state and exits;
+/// a server ending the stream at that moment can hang the client's
+/// interpreter at exit (see `LINGER_AFTER_TERMINAL`). So the state stream
+/// stays open after the terminal state, for the client to cancel, and ends
+/// on its own only some seconds later; the message stream ends at once.
+#[tokio::test]
+async fn the_state_stream_stays_open_after_the_terminal_state() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let id = prepare_impulse_job(&mut jobs, "done").await;
+    assert_eq!(run_to_end(&mut jobs, &id).await.last(), Some(&State::Done));
+
+    let mut states = jobs
+        .get_state_stream(GetJobStateRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = states.message().await.unwrap().unwrap();
+    assert_eq!(first.state(), State::Done);
+    let waited = std::time::Instant::now();
+    let open = tokio::time::timeout(Duration::from_secs(1), states.message()).await;
+    assert!(open.is_err(), "the stream ended or sent more: {open:?}");
+    let end = tokio::time::timeout(Duration::from_secs(10), states.message())
+        .await
+        .expect("the stream ends on its own");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert!(
+        waited.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        waited.elapsed()
+    );
+
+    // The message stream, which the client reads to its end, does not wait.
+    let started = std::time::Instant::now();
+    let messages = messages_to_end(&mut jobs, &id).await;
+    assert_eq!(messages.last().map(String::as_str), Some("state Done"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     server.shutdown().await.unwrap();
 }
 
