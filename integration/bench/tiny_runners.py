@@ -15,7 +15,8 @@ what `DirectRunner` runs batch pipelines on:
   RefractRunner LOOPBACK refract_beam (integration/wheel) with LOOPBACK
                          workers, as `pytest --refract` runs TestPipelines
   RefractRunner          refract_beam's defaults: worker processes, one per
-                         core, booted for every job
+                         core, forked for every job from a process that
+                         imported Beam once
 
 Test suites run many such jobs: this is their per-test cost.
 """

@@ -134,7 +134,11 @@ def words(line):
 
 
 def tag(word):
-  return "%d %s" % (os.getpid(), word)
+  # The worker's pid, and what its parent is: the fork server.
+  with open("/proc/%d/cmdline" % os.getppid(), "rb") as f:
+    parent = f.read().replace(b"\\0", b" ").decode()
+  return "%d %s %s" % (os.getpid(), word, "forked" if " serve " in parent
+                       else "booted")
 
 
 if __name__ == "__main__":
@@ -153,8 +157,9 @@ if __name__ == "__main__":
 def test_refract_run_starts_worker_processes_that_load_the_main_session(
     refract_bin, tmp_path):
   """Without flags, `refract run` runs the SDK in worker processes (not
-  threads of the pipeline's process), booted with the pipeline's own
-  interpreter; a pipeline that needs its main session there still works."""
+  threads of the pipeline's process), forked from a server of the
+  pipeline's own interpreter that imported Beam once; a pipeline that needs
+  its main session there still works."""
   pipeline = tmp_path / 'main_session.py'
   pipeline.write_text(MAIN_SESSION_PIPELINE)
   output = str(tmp_path / 'out')
@@ -170,7 +175,11 @@ def test_refract_run_starts_worker_processes_that_load_the_main_session(
   client_pid = int(client[0].split()[1])
   with open(output + '-00000-of-00001') as f:
     rows = [line.split() for line in f.read().splitlines()]
-  assert sorted(w for _, w in rows) == ['a', 'cat', 'dog', 'end', 'the', 'the']
-  assert all(int(pid) != client_pid for pid, _ in rows), (client_pid, rows)
+  assert sorted(w for _, w, _ in rows) == [
+      'a', 'cat', 'dog', 'end', 'the', 'the'
+  ]
+  assert all(int(pid) != client_pid for pid, _, _ in rows), (client_pid, rows)
+  # Forked from the run's fork server, which imported Beam once.
+  assert all(how == 'forked' for _, _, how in rows), rows
   # The submission environment's `pip freeze` was skipped.
   assert 'submission_environment_dependencies' not in done.stderr

@@ -113,7 +113,11 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
       import os
 
       def shout(word):
-        return '%s %d' % (word.upper(), os.getpid())
+        # Its worker's pid, and whether the fork server is its parent.
+        with open('/proc/%d/cmdline' % os.getppid(), 'rb') as f:
+          parent = f.read().split(b'\\0')
+        how = 'forked' if b'serve' in parent else 'booted'
+        return '%s %d %s' % (word.upper(), os.getpid(), how)
       '''))
   script = tmp_path / 'pipeline.py'
   script.write_text(
@@ -176,6 +180,7 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
     assert words == sorted(['A', 'B', 'C'] * 200), lines[:5]
     pids = {int(l.split()[1]) for l in lines}
     assert int(out['CLIENT']) not in pids, 'ran in the submitting process'
+    assert {l.split()[2] for l in lines} == {'forked'}, lines[:5]
 
 
 def test_a_pipeline_that_needs_its_main_session_runs(venv, tmp_path):

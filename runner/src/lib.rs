@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod durability;
 pub mod durable_state;
+mod fork_server;
 pub(crate) mod harness_executor;
 pub mod insights;
 pub mod job_api_text;

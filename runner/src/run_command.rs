@@ -36,6 +36,7 @@ use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{Cli, Command, JobArgs, RunArgs};
 use crate::client::connect;
+use crate::fork_server::ForkServer;
 use crate::serve;
 
 /// Where `refract run` looks for a running server first.
@@ -50,6 +51,10 @@ const REFRESH: Duration = Duration::from_millis(500);
 /// for the options, fetches the staged files, and starts the SDK harness
 /// with `$BEAM_PYTHON`.
 const PYTHON_BOOT: &str = include_str!("python_boot.sh");
+
+/// What [`PYTHON_BOOT`] runs: the worker's provisioning and harness, and
+/// the fork server the workers of a run are forked from.
+const PYTHON_WORKER: &str = include_str!("python_worker.py");
 
 /// Runs the pipeline; returns the exit code for this process.
 pub async fn run(args: RunArgs) -> Result<i32> {
@@ -97,11 +102,17 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let boot_dir = crate::private_dir::private_temp_dir("refract-run-")
         .context("creating a directory for the workers' boot program")?;
     let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path())?;
+    // Started beside the pipeline, it imports Beam while the pipeline's
+    // process does; the workers are forked from it once the job runs.
+    let _fork_server = match &defaults.boot {
+        Some(_) => Some(ForkServer::start(&python, &boot_dir.path())?),
+        None => None,
+    };
     let mut child = tokio::process::Command::new(&python)
         .arg(&args.pipeline)
         .arg("--runner=PortableRunner")
         .arg(format!("--job_endpoint={endpoint}"))
-        .args(&defaults)
+        .args(&defaults.options)
         .args(&args.pipeline_args)
         .stdin(Stdio::null())
         .spawn()
@@ -152,43 +163,59 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     Ok(status.code().unwrap_or(1))
 }
 
+/// What `refract run` adds to a pipeline's arguments.
+struct WorkerDefaults {
+    /// Pipeline options.
+    options: Vec<String>,
+    /// The boot program of the PROCESS workers they choose, if they do.
+    boot: Option<PathBuf>,
+}
+
 /// The pipeline options `refract run` adds to `pipeline_args`: PROCESS
 /// workers booted with `python` (the boot program written into `dir`), one
 /// per core, unless the arguments choose an environment or a worker count;
 /// and no `pip freeze` at submission.
-fn worker_defaults(pipeline_args: &[String], python: &str, dir: &Path) -> Result<Vec<String>> {
+fn worker_defaults(pipeline_args: &[String], python: &str, dir: &Path) -> Result<WorkerDefaults> {
     let given = |flag: &str| {
         pipeline_args
             .iter()
             .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
     };
-    let mut defaults = vec!["--experiments=disable_logging_submission_environment".to_string()];
+    let mut options = vec!["--experiments=disable_logging_submission_environment".to_string()];
+    let mut boot = None;
     if !given("--environment_type") && !given("--environment_config") {
-        let boot = write_boot(dir, &absolute_program(python))?;
-        let config = serde_json::json!({ "command": boot.to_string_lossy() });
-        defaults.push("--environment_type=PROCESS".to_string());
-        defaults.push(format!("--environment_config={config}"));
+        let program = write_boot(dir, &absolute_program(python))?;
+        let config = serde_json::json!({ "command": program.to_string_lossy() });
+        options.push("--environment_type=PROCESS".to_string());
+        options.push(format!("--environment_config={config}"));
         if !given("--sdk_worker_parallelism") {
             // 0: the server's choice, one worker per core.
-            defaults.push("--sdk_worker_parallelism=0".to_string());
+            options.push("--sdk_worker_parallelism=0".to_string());
         }
+        boot = Some(program);
     }
-    Ok(defaults)
+    Ok(WorkerDefaults { options, boot })
 }
 
-/// Writes [`PYTHON_BOOT`] and a `boot` program running it with `python`
-/// into `dir`; returns the latter's path.
+/// Writes [`PYTHON_BOOT`], [`PYTHON_WORKER`] and a `boot` program running
+/// the former with `python` and the fork server of `dir` into `dir`;
+/// returns the `boot` program's path.
 fn write_boot(dir: &Path, python: &Path) -> Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let script = dir.join("python_boot.sh");
     let boot = dir.join("boot");
     let quote = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', "'\\''"));
     let wrapper = format!(
-        "#!/bin/sh\nBEAM_PYTHON={} exec {} \"$@\"\n",
+        "#!/bin/sh\nREFRACT_FORKSERVER={} BEAM_PYTHON={} exec {} \"$@\"\n",
+        quote(&ForkServer::socket_in(dir)),
         quote(python),
         quote(&script)
     );
-    for (path, text) in [(&script, PYTHON_BOOT), (&boot, wrapper.as_str())] {
+    for (path, text) in [
+        (&script, PYTHON_BOOT),
+        (&dir.join("python_worker.py"), PYTHON_WORKER),
+        (&boot, wrapper.as_str()),
+    ] {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("making {} executable", path.display()))?;
@@ -390,6 +417,9 @@ mod tests {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let defaults = worker_defaults(&args(&["--output", "x"]), "/usr/bin/python3", dir.path())
             .expect("defaults");
+        assert_eq!(defaults.boot, Some(dir.path().join("boot")));
+        assert!(dir.path().join("python_worker.py").is_file());
+        let defaults = defaults.options;
         assert!(defaults.contains(&"--environment_type=PROCESS".to_string()));
         assert!(defaults.contains(&"--sdk_worker_parallelism=0".to_string()));
         assert!(defaults.contains(&"--experiments=disable_logging_submission_environment".into()));
@@ -398,6 +428,7 @@ mod tests {
             boot.contains("BEAM_PYTHON='/usr/bin/python3' exec"),
             "{boot}"
         );
+        assert!(boot.contains("REFRACT_FORKSERVER='"), "{boot}");
 
         let chosen = worker_defaults(
             &args(&[
@@ -409,8 +440,9 @@ mod tests {
             dir.path(),
         )
         .expect("defaults");
+        assert_eq!(chosen.boot, None);
         assert_eq!(
-            chosen,
+            chosen.options,
             vec!["--experiments=disable_logging_submission_environment".to_string()]
         );
         let two = worker_defaults(
@@ -420,6 +452,7 @@ mod tests {
         )
         .expect("defaults");
         assert!(!two
+            .options
             .iter()
             .any(|a| a.starts_with("--sdk_worker_parallelism")));
     }

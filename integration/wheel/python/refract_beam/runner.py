@@ -8,7 +8,9 @@ pipeline's Python code runs in worker processes (one per core), not in a
 thread of the submitting process, where one GIL serialises every bundle:
 
 * the workers are PROCESS workers booted with this interpreter (the boot
-  program ships in this package), and see the submitting process's
+  program ships in this package), forked from one process of it that
+  imported Beam once (so a worker starts in milliseconds, not a second),
+  and see the submitting process's
   `sys.path` — a pipeline's functions from importable modules are pickled
   by reference, so a module found through a path the process added at run
   time (a test's conftest, the script's own directory) must be found there
@@ -30,6 +32,7 @@ import os
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
@@ -196,25 +199,42 @@ def _import_path():
 
 _boot_lock = threading.Lock()
 _boot_program = None
+_fork_server = None
 
 
 def _worker_boot():
   """The PROCESS environment's command: a program, private to this user
-  and process, that boots a Python SDK worker with this interpreter."""
-  global _boot_program
+  and process, that boots a Python SDK worker with this interpreter,
+  forked from a server (started here, for this process's life) that
+  imported Beam once, instead of importing it again in every worker."""
+  global _boot_program, _fork_server
   with _boot_lock:
     if _boot_program is None:
-      script = os.path.join(os.path.dirname(__file__), 'python_boot.sh')
-      if not os.path.isfile(script):
-        raise RuntimeError(
-            f'the refract-beam package is incomplete: {script} is missing')
+      here = os.path.dirname(__file__)
+      script = os.path.join(here, 'python_boot.sh')
+      worker = os.path.join(here, 'python_worker.py')
+      for path in (script, worker):
+        if not os.path.isfile(path):
+          raise RuntimeError(
+              f'the refract-beam package is incomplete: {path} is missing')
       directory = tempfile.mkdtemp(prefix='refract-beam-')  # mode 0700
       atexit.register(shutil.rmtree, directory, True)
+      socket_path = os.path.join(directory, 'fork.sock')
+      # It ends when its standard input closes: when this process ends.
+      with open(os.path.join(directory, 'fork_server.log'), 'wb') as log:
+        _fork_server = subprocess.Popen(
+            [sys.executable, worker, 'serve', socket_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=log)
       program = os.path.join(directory, 'boot')
       with open(program, 'w') as f:
         f.write(
-            '#!/bin/sh\nBEAM_PYTHON=%s exec /bin/bash %s "$@"\n' %
-            (shlex.quote(sys.executable), shlex.quote(script)))
+            '#!/bin/sh\nREFRACT_FORKSERVER=%s BEAM_PYTHON=%s exec /bin/bash %s '
+            '"$@"\n' % (
+                shlex.quote(socket_path),
+                shlex.quote(sys.executable),
+                shlex.quote(script)))
       os.chmod(program, stat.S_IRWXU)
       _boot_program = program
     return _boot_program

@@ -1,0 +1,156 @@
+"""The fork server of Python workers (runner/src/python_worker.py), driven
+as python_boot.sh drives it, without a runner: a boot process stands for
+the worker forked for it — its exit status, its output, its death — and
+the server and its workers end when the server's parent lets go of it.
+
+The workers here are given a control endpoint where nothing listens, so
+Beam's harness waits there until killed; or no endpoint at all, so it
+fails at once. `refract run` and `RefractRunner` jobs through the server
+are in test_cli_run.py and test_wheel.py."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from refract_testlib import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(REPO, 'runner', 'src', 'python_worker.py')
+
+
+def children_of(pid):
+  """The pids whose parent is `pid` (from /proc)."""
+  found = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open('/proc/%s/stat' % entry) as f:
+        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue
+    if ppid == pid:
+      found.append(int(entry))
+  return found
+
+
+def alive(pid):
+  try:
+    with open('/proc/%d/stat' % pid) as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def wait_until(what, condition, timeout_s=30):
+  deadline = time.monotonic() + timeout_s
+  while not condition():
+    if time.monotonic() > deadline:
+      pytest.fail('timed out waiting until %s' % what, pytrace=False)
+    time.sleep(0.05)
+
+
+@pytest.fixture
+def fork_server(tmp_path):
+  """A fork server on a socket in `tmp_path`; its stdin is the pipe that
+  keeps it alive."""
+  sock = str(tmp_path / 'fork.sock')
+  server = subprocess.Popen([sys.executable, WORKER, 'serve', sock],
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / 'server.log', 'wb'))
+  wait_until('the server listens', lambda: os.path.exists(sock))
+  yield server, sock
+  server.kill()
+  server.wait()
+
+
+def boot(sock, tmp_path, control):
+  """A boot process as python_boot.sh starts it, asking `sock`'s server."""
+  env = dict(os.environ,
+             REFRACT_FORKSERVER=sock,
+             BOOT_ID='w1',
+             BOOT_CONTROL=control,
+             BOOT_LOGGING='',
+             BOOT_PROVISION='',
+             BOOT_ARTIFACT='',
+             BOOT_SEMI=str(tmp_path))
+  if control is None:
+    del env['BOOT_CONTROL']
+  with open(WORKER) as script:
+    return subprocess.Popen([sys.executable, '-', 'sdk_worker_main', '--id=w1'],
+                            stdin=script,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env=env)
+
+
+def forked_worker(server):
+  wait_until('a worker is forked', lambda: children_of(server.pid))
+  return children_of(server.pid)[0]
+
+
+def test_a_worker_that_fails_fails_its_boot_process_with_its_error(
+    fork_server, tmp_path):
+  server, sock = fork_server
+  proc = boot(sock, tmp_path, control=None)
+  _, err = proc.communicate(timeout=60)
+  # The worker's traceback went to the boot process's stderr, and its
+  # exit status is the boot process's.
+  assert proc.returncode == 1, err.decode()[-2000:]
+  assert "KeyError: 'BOOT_CONTROL'" in err.decode(), err.decode()[-2000:]
+  assert 'starting the worker here' not in err.decode()
+  wait_until('the worker is reaped', lambda: not children_of(server.pid))
+
+
+def test_a_killed_boot_process_takes_its_worker_with_it(fork_server, tmp_path):
+  server, sock = fork_server
+  proc = boot(sock, tmp_path, control='localhost:%d' % free_port())
+  worker = forked_worker(server)
+  assert alive(worker)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=10)
+  wait_until('the worker is gone', lambda: not alive(worker), 10)
+  # The server goes on serving.
+  again = boot(sock, tmp_path, control=None)
+  again.communicate(timeout=60)
+  assert again.returncode == 1
+
+
+def test_the_server_and_its_workers_end_when_its_parent_lets_go(
+    fork_server, tmp_path):
+  server, sock = fork_server
+  proc = boot(sock, tmp_path, control='localhost:%d' % free_port())
+  worker = forked_worker(server)
+  server.stdin.close()
+  server.wait(timeout=10)
+  wait_until('the worker is gone', lambda: not alive(worker), 10)
+  # The boot process learns that its worker is gone, and fails.
+  _, err = proc.communicate(timeout=10)
+  assert proc.returncode != 0
+  assert b'fork server ended before worker' in err, err[-2000:]
+
+
+def test_without_a_server_the_boot_process_runs_the_worker_itself(tmp_path):
+  proc = boot(str(tmp_path / 'nobody.sock'), tmp_path, control=None)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 1
+  assert b'did not answer' in err and b'starting the worker here' in err, err
+  assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
+
+
+def test_a_request_that_is_not_a_worker_is_refused(fork_server):
+  server, sock = fork_server
+  conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  conn.connect(sock)
+  conn.send(b'not json')
+  assert conn.recv(200).startswith(b'refused: ')
+  conn.close()
+  assert server.poll() is None
+  assert not children_of(server.pid)

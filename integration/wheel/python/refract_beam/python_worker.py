@@ -1,0 +1,1 @@
+../../../../runner/src/python_worker.py
