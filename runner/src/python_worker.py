@@ -189,10 +189,10 @@ def forked_by(path):
 # --- the fork server ---------------------------------------------------------
 
 
-def become_worker(request, fds, closing):
-  """In a freshly forked child: takes on the boot process's standard
-  streams, environment and working directory, and runs the harness; never
-  returns."""
+def become_worker(request, fds, closing, server_pid):
+  """In a freshly forked child of the server `server_pid`: takes on the
+  boot process's standard streams, environment and working directory, and
+  runs the harness; never returns."""
   code = 1
   try:
     for fd in closing:
@@ -201,6 +201,8 @@ def become_worker(request, fds, closing):
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
       signal.signal(sig, signal.SIG_DFL)
     die_with_parent(signal.SIGKILL)
+    if os.getppid() != server_pid:
+      return  # The server ended before the signal was asked for.
     for target, fd in enumerate(fds):
       os.dup2(fd, target)
       os.close(fd)
@@ -318,9 +320,21 @@ def fork_worker(conn, selector, workers, server_fds):
     return
   others = [k.fileobj.fileno() for k in selector.get_map().values()
             if k.data not in ('listener', 'signal', 'parent')]
-  pid = os.fork()
+  server_pid = os.getpid()
+  try:
+    pid = os.fork()
+  except OSError as e:
+    for fd in fds:
+      os.close(fd)
+    try:
+      conn.send(b'refused: fork failed: %s' % str(e).encode()[:200])
+    except OSError:
+      pass
+    conn.close()
+    return
   if pid == 0:
-    become_worker(request, fds, server_fds + others + [conn.fileno()])
+    become_worker(request, fds, server_fds + others + [conn.fileno()],
+                  server_pid)
   for fd in fds:
     os.close(fd)
   workers[pid] = conn

@@ -15,7 +15,9 @@
 //! environment, its SDK workers are processes the server starts — one per
 //! core unless `--sdk_worker_parallelism` says otherwise — each booted by
 //! `PYTHON_BOOT` with the pipeline's own interpreter (it fetches the
-//! staged main session, so `--save_main_session` pipelines work). A
+//! staged main session, so `--save_main_session` pipelines work) and
+//! forked from a [`ForkServer`] that imported Beam while the pipeline's
+//! process started, instead of importing Beam for a second itself. A
 //! LOOPBACK worker is a thread of the pipeline's process: one interpreter
 //! lock, one core. The Python SDK's `pip freeze` of the submission
 //! environment (~0.4 s per job) is skipped.
@@ -104,10 +106,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path())?;
     // Started beside the pipeline, it imports Beam while the pipeline's
     // process does; the workers are forked from it once the job runs.
-    let _fork_server = match &defaults.boot {
-        Some(_) => Some(ForkServer::start(&python, &boot_dir.path())?),
-        None => None,
-    };
+    let _fork_server = defaults
+        .boot
+        .as_ref()
+        .map(|_| ForkServer::start(&python, &boot_dir.path()))
+        .transpose()?;
     let mut child = tokio::process::Command::new(&python)
         .arg(&args.pipeline)
         .arg("--runner=PortableRunner")
