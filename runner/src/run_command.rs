@@ -16,7 +16,7 @@
 //! core unless `--sdk_worker_parallelism` says otherwise — each booted by
 //! `PYTHON_BOOT` with the pipeline's own interpreter (it fetches the
 //! staged main session, so `--save_main_session` pipelines work) and
-//! forked from a [`ForkServer`] that imported Beam while the pipeline's
+//! forked from a fork server (`fork_server.rs`) that imported Beam while the pipeline's
 //! process started, instead of importing Beam for a second itself. A
 //! LOOPBACK worker is a thread of the pipeline's process: one interpreter
 //! lock, one core. The Python SDK's `pip freeze` of the submission
