@@ -8,9 +8,11 @@ runner and would only dilute the comparison.
   python timed_client.py path/to/script.py ARGS...
   refract run timed_client.py path/to/script.py ARGS...
 
-Prints "BENCH_JOB_SECONDS <float>" (summed over the pipelines run) and
+Prints "BENCH_JOB_SECONDS <float>" (summed over the pipelines run),
 "BENCH_JOB_CPU_SECONDS <float>" (this process's CPU time over the same
-spans: with LOOPBACK thread workers, the SDK's work) at exit, on stdout.
+spans: with LOOPBACK thread workers, the SDK's work) and
+"BENCH_CLIENT_CPU_SECONDS <float>" (this process's CPU time from its start,
+imports included) at exit, on stdout.
 """
 
 import atexit
@@ -55,6 +57,7 @@ _portable.PipelineResult.wait_until_finish = _wait
 def _report():
   sys.stdout.write('BENCH_JOB_SECONDS %.6f\n' % _total[0])
   sys.stdout.write('BENCH_JOB_CPU_SECONDS %.6f\n' % _cpu_total[0])
+  sys.stdout.write('BENCH_CLIENT_CPU_SECONDS %.6f\n' % time.process_time())
   sys.stdout.flush()
 
 

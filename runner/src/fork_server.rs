@@ -15,12 +15,15 @@ use std::process::Stdio;
 
 use anyhow::{Context, Result};
 
-/// A running fork server; it ends when dropped.
+/// How long a fork server gets to end once asked before it is killed.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A running fork server; killed if dropped without [`ForkServer::stop`].
 pub(crate) struct ForkServer {
     /// Held open for the server's life: it ends when this closes, even if
     /// this process is killed.
-    _stdin: tokio::process::ChildStdin,
-    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    child: tokio::process::Child,
 }
 
 impl ForkServer {
@@ -49,9 +52,25 @@ impl ForkServer {
             .stdin
             .take()
             .context("the fork server's standard input was not piped")?;
-        Ok(ForkServer {
-            _stdin: stdin,
-            _child: child,
-        })
+        Ok(ForkServer { stdin, child })
+    }
+
+    /// Ends the server (its workers, if any are left, with it) and waits
+    /// for it, so that its and its workers' CPU time are counted among
+    /// this process's children's, as a worker's the server started would
+    /// be.
+    pub(crate) async fn stop(self) {
+        let ForkServer { stdin, mut child } = self;
+        drop(stdin);
+        match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "waiting for the fork server failed"),
+            Err(_) => {
+                tracing::warn!("the fork server did not end when asked; killing it");
+                if let Err(e) = child.kill().await {
+                    tracing::debug!(error = %e, "killing the fork server failed");
+                }
+            }
+        }
     }
 }

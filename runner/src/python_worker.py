@@ -294,7 +294,8 @@ def serve(path):
     for pid in list(workers):
       try:
         os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
+        os.waitpid(pid, 0)
+      except (ProcessLookupError, ChildProcessError):
         pass
 
 

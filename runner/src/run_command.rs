@@ -106,7 +106,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path())?;
     // Started beside the pipeline, it imports Beam while the pipeline's
     // process does; the workers are forked from it once the job runs.
-    let _fork_server = defaults
+    let fork_server = defaults
         .boot
         .as_ref()
         .map(|_| ForkServer::start(&python, &boot_dir.path()))
@@ -159,6 +159,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             .await?;
         }
         None => eprintln!("refract: the pipeline submitted no job to {endpoint}"),
+    }
+    if let Some(fork_server) = fork_server {
+        fork_server.stop().await;
     }
     if let Some(server) = embedded {
         server.stop().await?;
