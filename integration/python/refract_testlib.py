@@ -52,6 +52,28 @@ def rss_bytes(pid):
   return 0
 
 
+def stat_fields(pid):
+  """The fields of /proc/PID/stat after the command's name (state, ppid,
+  ...), or None once the process is gone. The name may hold spaces and
+  parentheses: it ends at the last ')'."""
+  try:
+    with open('/proc/%s/stat' % pid) as f:
+      return f.read().rsplit(')', 1)[1].split()
+  except (OSError, IndexError):
+    return None
+
+
+def children_by_parent():
+  """The pid of every process on the machine, listed under its parent's
+  (from /proc)."""
+  children = {}
+  for entry in os.listdir('/proc'):
+    fields = stat_fields(entry) if entry.isdigit() else None
+    if fields and len(fields) > 1 and fields[1].isdigit():
+      children.setdefault(int(fields[1]), []).append(int(entry))
+  return children
+
+
 def run_sampling_rss(pid, argv, every_s=0.5):
   """Runs `argv` to its end while sampling process `pid`'s resident set
   size every `every_s` seconds, for the memory benchmarks: the finished

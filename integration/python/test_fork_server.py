@@ -17,7 +17,9 @@ import time
 
 import pytest
 
+from refract_testlib import children_by_parent
 from refract_testlib import free_port
+from refract_testlib import stat_fields
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -26,26 +28,13 @@ WORKER = os.path.join(REPO, 'runner', 'src', 'python_worker.py')
 
 def children_of(pid):
   """The pids whose parent is `pid` (from /proc)."""
-  found = []
-  for entry in os.listdir('/proc'):
-    if not entry.isdigit():
-      continue
-    try:
-      with open('/proc/%s/stat' % entry) as f:
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-      continue
-    if ppid == pid:
-      found.append(int(entry))
-  return found
+  return children_by_parent().get(pid, [])
 
 
 def alive(pid):
-  try:
-    with open('/proc/%d/stat' % pid) as f:
-      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-  except OSError:
-    return False
+  """Whether `pid` runs (is neither gone nor a zombie)."""
+  fields = stat_fields(pid)
+  return bool(fields) and fields[0] != 'Z'
 
 
 def wait_until(what, condition, timeout_s=30):

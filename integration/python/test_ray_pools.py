@@ -34,8 +34,10 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.portability.api import endpoints_pb2
 
+from refract_testlib import children_by_parent
 from refract_testlib import free_port
 from refract_testlib import read_log_tail
+from refract_testlib import stat_fields
 from refract_testlib import stop_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,17 +142,7 @@ def print_ray_log_tails():
 
 def descendants():
   """The pids of this process's children, theirs, and so on (from /proc)."""
-  children = {}
-  for entry in os.listdir('/proc'):
-    if not entry.isdigit():
-      continue
-    try:
-      with open('/proc/%s/stat' % entry) as f:
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-      continue
-    children.setdefault(ppid, []).append(int(entry))
+  children = children_by_parent()
   found, todo = set(), [os.getpid()]
   while todo:
     for child in children.get(todo.pop(), []):
@@ -217,8 +209,9 @@ def pids_matching(pattern):
 
 
 def parent_pid(pid):
-  with open('/proc/%d/stat' % pid) as f:
-    return int(f.read().rsplit(')', 1)[1].split()[1])
+  fields = stat_fields(pid)
+  assert fields, 'process %d is gone' % pid
+  return int(fields[1])
 
 
 def wait_until(what, condition, timeout_s):

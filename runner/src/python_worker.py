@@ -299,6 +299,18 @@ def serve(path):
         pass
 
 
+def refuse(conn, fds, why):
+  """Answers a boot process that gets no worker, and lets go of it and of
+  the descriptors it sent."""
+  for fd in fds:
+    os.close(fd)
+  try:
+    conn.send(b'refused: %s' % why.encode()[:200])
+  except OSError:
+    pass
+  conn.close()
+
+
 def fork_worker(conn, selector, workers, server_fds):
   """Reads a boot process's request from `conn` and forks its worker."""
   fds = []
@@ -311,27 +323,14 @@ def fork_worker(conn, selector, workers, server_fds):
         not isinstance(request.get('argv'), list)):
       raise ValueError('expected env, cwd and argv, and three descriptors')
   except (OSError, ValueError) as e:
-    for fd in fds:
-      os.close(fd)
-    try:
-      conn.send(b'refused: %s' % str(e).encode()[:200])
-    except OSError:
-      pass
-    conn.close()
+    refuse(conn, fds, str(e))
     return
-  others = [k.fileobj.fileno() for k in selector.get_map().values()
-            if k.data not in ('listener', 'signal', 'parent')]
+  others = [c.fileno() for c in workers.values()]
   server_pid = os.getpid()
   try:
     pid = os.fork()
   except OSError as e:
-    for fd in fds:
-      os.close(fd)
-    try:
-      conn.send(b'refused: fork failed: %s' % str(e).encode()[:200])
-    except OSError:
-      pass
-    conn.close()
+    refuse(conn, fds, 'fork failed: %s' % e)
     return
   if pid == 0:
     become_worker(request, fds, server_fds + others + [conn.fileno()],
