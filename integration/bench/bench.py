@@ -21,7 +21,7 @@ Sizes come from environment variables (see docs/benchmarks.md):
   REFRACT_BENCH_PARDO_STEPS     ParDo chain length             (default 4)
   REFRACT_BENCH_COMBINE_RECORDS Combine load test records      (default 1000000)
   REFRACT_BENCH_WORDCOUNT_MB    generated text for wordcount   (default 16)
-  REFRACT_BENCH_EVENTS          events for the events pipeline (default 300000)
+  REFRACT_BENCH_EVENTS          events for the events pipelines (default 300000)
   REFRACT_BENCH_TINY_JOBS       tiny jobs back to back         (default 100)
   REFRACT_BENCH_REPEATS         runs of each timed workload    (default 1)
   REFRACT_BENCH_TIMEOUT         seconds before a run is killed (default 600)
@@ -48,13 +48,13 @@ TIMED = os.path.join(HERE, 'timed_client.py')
 WORDCOUNT = os.path.join(ROOT, 'integration', 'wordcount', 'wordcount.py')
 EVENTS = os.path.join(HERE, 'events.py')
 
-ALL_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events', 'tiny',
-                 'suite']
-DEFAULT_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events', 'tiny']
+ALL_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events',
+                 'events_streaming', 'tiny', 'suite']
+DEFAULT_WORKLOADS = ['gbk', 'pardo', 'combine', 'wordcount', 'events',
+                     'events_streaming', 'tiny']
+# Workloads whose outputs every runner must agree on (file prefixes).
+EVENTS_WORKLOADS = ['events', 'events_streaming']
 CLOCK_TICKS = os.sysconf('SC_CLK_TCK')
-# Workloads that are scripts taking pipeline options on their command line
-# (the load tests read theirs from one --test-pipeline-options string).
-SCRIPT_WORKLOADS = ['wordcount', 'events']
 PRISM_SUITE = os.path.join(ROOT, 'integration', 'prism_suite.sh')
 PYTHON_JOB_SERVER_BIN = os.path.join(ROOT, 'integration', 'beam_suite',
                                      'python_job_server.sh')
@@ -167,8 +167,11 @@ class Server:
 
 
 class RefractRun:
-  """Not a server: script workloads run through `refract run` against
+  """Not a server: every timed workload runs through `refract run` against
   `server`'s job endpoint, which picks the worker options itself."""
+  # The runner's CPU is partly in the client's process tree (the workers).
+  cpu_in_client_tree = True
+
   def __init__(self, server, refract):
     self.name = 'refract run'
     self.server = server
@@ -186,12 +189,38 @@ class RefractRun:
     return self.server.cpu_seconds()
 
   def wrap(self, argv):
-    """`python TIMED SCRIPT ARGS...` as `refract run` runs it."""
+    """`python TIMED ARGS...` as `refract run` runs it."""
     return [self.refract, 'run', '--job_endpoint',
             'localhost:%d' % self.port, '--python', argv[0]] + argv[1:]
 
   def pipeline_options(self):
     return [job_server_timeout()]
+
+
+class PrismRunnerPath:
+  """Not a server: each client starts its own Refract through Beam's
+  PrismRunner (`--runner=PrismRunner --prism_location=BIN`), as a Python
+  user who names Refract as their Prism does; the runner's start is in
+  the job's time, and its CPU in the client's process tree."""
+  cpu_in_client_tree = True
+
+  def __init__(self, refract):
+    self.name = 'PrismRunner path'
+    self.refract = refract
+    self.key = 'prism-path'
+
+  def start(self):
+    pass
+
+  def stop(self):
+    pass
+
+  def cpu_seconds(self):
+    return 0.0
+
+  def pipeline_options(self):
+    return ['--runner=PrismRunner', '--prism_location=' + self.refract,
+            job_server_timeout()]
 
 
 def job_seconds(out, what='BENCH_JOB_SECONDS'):
@@ -254,11 +283,11 @@ def synthetic(records, key, value):
 
 
 def load_test(module, server, extra):
-  opts = server.pipeline_options() + extra
-  return [
-      sys.executable, TIMED, '-m', 'apache_beam.testing.load_tests.' + module,
-      '--test-pipeline-options=' + ' '.join(shlex.quote(o) for o in opts)
-  ]
+  """A Beam load test through timed_client.py, which hands it every option
+  in its one --test-pipeline-options string (also those `refract run`
+  adds)."""
+  return [sys.executable, TIMED, '--load_test=' + module
+          ] + server.pipeline_options() + extra
 
 
 def generate_text(path, megabytes, seed=7):
@@ -346,9 +375,13 @@ def main():
   ap.add_argument('--refract', required=True, help='refract binary')
   ap.add_argument('--prism', help='prism binary (omit to skip Prism)')
   ap.add_argument('--refract-run', action='store_true',
-                  help='also run the script workloads (wordcount, events) '
-                  'through `refract run` against the Refract server, as the '
-                  'runner "refract run": its default worker processes')
+                  help='also run every timed workload through `refract run` '
+                  'against the Refract server, as the runner "refract run": '
+                  'its default worker processes')
+  ap.add_argument('--prism-runner-path', action='store_true',
+                  help='also run every workload with --runner=PrismRunner '
+                  '--prism_location=REFRACT, as the runner "PrismRunner '
+                  'path": each client starts its own Refract')
   ap.add_argument('--baseline',
                   help='another refract binary (an earlier commit, say), run '
                   'as the runner "Refract baseline" in the same run')
@@ -385,6 +418,8 @@ def main():
   ]
   if args.refract_run:
     servers.append(RefractRun(servers[0], args.refract))
+  if args.prism_runner_path:
+    servers.append(PrismRunnerPath(args.refract))
   if args.baseline:
     servers.append(
         Server('Refract baseline', lambda p: [args.baseline, 'serve',
@@ -437,19 +472,32 @@ def main():
                       '--top', '3'
                   ] + s.pipeline_options()))
 
-  if 'events' in workloads:
-    events_dir = os.path.join(workdir, 'events')
+  events_dir = os.path.join(workdir, 'events')
+  if any(w in workloads for w in EVENTS_WORKLOADS):
     log('generating %d events' % events_n)
     subprocess.run([sys.executable, EVENTS, '--generate', events_dir,
                     '--count', str(events_n)], check=True, env=child_env())
+
+  def events_run(label, extra):
+    return lambda s, i: [
+        sys.executable, TIMED, EVENTS, '--events',
+        os.path.join(events_dir, 'events-*.jsonl'), '--users',
+        os.path.join(events_dir, 'users.csv'), '--output',
+        events_output(label, s, i)
+    ] + s.pipeline_options() + extra
+
+  def events_output(label, s, i):
+    return os.path.join(workdir, '%s-%s-%d' % (label, s.key, i), 'out')
+
+  if 'events' in workloads:
     timed.append(('events', 'events.py: %d JSON events read, parsed, windowed '
                   'sums + top 3, joined with 5 000 users, top 5 countries' %
-                  events_n, lambda s, i: [
-                      sys.executable, TIMED, EVENTS, '--events',
-                      os.path.join(events_dir, 'events-*.jsonl'), '--users',
-                      os.path.join(events_dir, 'users.csv'), '--output',
-                      os.path.join(workdir, 'ev-%s-%d' % (s.key, i), 'out')
-                  ] + s.pipeline_options()))
+                  events_n, events_run('events', [])))
+  if 'events_streaming' in workloads:
+    timed.append(('events_streaming', 'events.py as a streaming job '
+                  '(--streaming: watermarks, triggers and bundles as for an '
+                  'unbounded source)', events_run('events_streaming',
+                                                  ['--streaming'])))
 
   names = [s.name for s in servers]  # table columns, even if one fails
   results = {}  # (workload, server) -> dict
@@ -479,9 +527,6 @@ def main():
             continue
           argv = builder(s, i)
           if isinstance(s, RefractRun):
-            if label not in SCRIPT_WORKLOADS:
-              r['skipped'] = True
-              continue
             argv = s.wrap(argv)
           runner_before = s.cpu_seconds()
           tree_before = children_cpu_seconds()
@@ -492,16 +537,17 @@ def main():
           runner_cpu = (runner_after - runner_before
                         if runner_before is not None and
                         runner_after is not None else None)
-          if isinstance(s, RefractRun) and runner_cpu is not None:
-            # Its workers are forked from a process `refract run` starts
-            # and waits for: their CPU is in `refract run`'s tree, less
-            # the pipeline's own process (imports and construction).
+          if getattr(s, 'cpu_in_client_tree', False) and runner_cpu is not None:
+            # `refract run`'s workers are forked from a process it starts
+            # and waits for; the PrismRunner path's server is the client's
+            # child: their CPU is in the client's tree, less the pipeline's
+            # own process (imports and construction).
             client_total = job_seconds(out, 'BENCH_CLIENT_CPU_SECONDS')
             if client_total is not None:
               runner_cpu += children_cpu_seconds() - tree_before - client_total
           if dt is None:
             ok = False
-          log('%-9s %-18s run %d: %s job, %7.2f s client wall, CPU: client '
+          log('%-16s %-18s run %d: %s job, %7.2f s client wall, CPU: client '
               '%s, runner %s %s' %
               (label, s.name, i + 1, '%7.2f s' % dt if dt is not None else
                '?', wall, '%.2f s' % client_cpu if client_cpu is not None
@@ -519,9 +565,6 @@ def main():
             r['runner'].append(runner_cpu)
       for s in servers:
         r = runs[s.name]
-        if r.get('skipped'):
-          results[(label, s.name)] = {'ok': True, 'skipped': True}
-          continue
         ok_all = r['ok']
         results[(label, s.name)] = {
             'ok': ok_all,
@@ -534,10 +577,9 @@ def main():
             'runner_cpu_s': (statistics.median(r['runner'])
                              if r['runner'] and ok_all else None),
         }
-        if label == 'events' and ok_all:
+        if label in EVENTS_WORKLOADS and ok_all:
           results[(label, s.name)]['output'] = [
-              output_digest(os.path.join(workdir, 'ev-%s-%d' % (s.key, i),
-                                         'out-' + part))
+              output_digest(events_output(label, s, i) + '-' + part)
               for i in range(repeats) for part in ('categories', 'countries')]
 
     if 'tiny' in workloads:
@@ -601,7 +643,7 @@ def main():
 
   # The table: each peer over Refract (LOOPBACK defaults), and, with
   # --refract-run, each peer over `refract run` (its worker processes).
-  own = ('Refract', 'refract run')
+  own = ('Refract', 'refract run', 'PrismRunner path')
   peers = [n for n in names if n not in own]
   bases = [b for b in own if b in names]
 
@@ -616,7 +658,7 @@ def main():
     row = [label]
     for n in names:
       r = results.get((label, n), {})
-      row.append('-' if r.get('skipped') else cell(r.get('median_s'), '%.2f'))
+      row.append(cell(r.get('median_s'), '%.2f'))
     for b in bases:
       ref = results.get((label, b), {}).get('median_s')
       for p in peers:
@@ -642,16 +684,15 @@ def main():
                    ('client', 'p95')):
       row = ['tiny %s %s ms' % (who, q)]
       key = '%s_%s_s' % (who, q)
-      ref = results.get(('tiny', 'Refract'), {}).get(key)
       for n in names:
         v = results.get(('tiny', n), {}).get(key)
         row.append('-' if n == 'refract run' else
                    cell(v * 1000 if v is not None else None, '%.0f'))
       for b in bases:
+        ref = results.get(('tiny', b), {}).get(key)
         for p in peers:
           pv = results.get(('tiny', p), {}).get(key)
-          row.append('%.2fx' % (pv / ref) if pv and ref and b == 'Refract'
-                     else '-')
+          row.append('%.2fx' % (pv / ref) if pv and ref else '-')
       rows.append(row)
 
   # Where the time went: the client's CPU over the job (with LOOPBACK
@@ -691,7 +732,7 @@ def main():
         (time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), os.cpu_count(),
          repeats))
   for label, detail, _ in timed:
-    print('  %-9s %s' % (label, detail))
+    print('  %-16s %s' % (label, detail))
   if 'tiny' in workloads:
     print('  tiny      %d x Create(3)|Map|Count.Globally back to back in one '
           'client; runner = Prepare to terminal state, client = run() to '
@@ -716,12 +757,16 @@ def main():
       if r is cpu_header:
         print('|' + '|'.join('-' * (w + 2) for w in cw) + '|')
 
-  digests = {n: results.get(('events', n), {}).get('output') for n in names}
-  digests = {n: d for n, d in digests.items() if d}
+  # Both events workloads compute the same results: every run of either
+  # must have written them.
+  digests = {'%s on %s' % (label, n): results[(label, n)]['output']
+             for label in EVENTS_WORKLOADS for n in names
+             if results.get((label, n), {}).get('output')}
   if len({json.dumps(d) for d in digests.values()}) > 1:
-    print('\nevents: the runners wrote DIFFERENT results: %s' % digests)
+    print('\nevents: the runs wrote DIFFERENT results: %s' % digests)
+    failures.append(('events', 'the runners', 'results differ: %s' % digests))
   elif digests:
-    print('\nevents: every runner wrote the same results %s' %
+    print('\nevents: every run wrote the same results %s' %
           next(iter(digests.values()))[:2])
 
   if args.json:

@@ -7,6 +7,12 @@ runner and would only dilute the comparison.
   python timed_client.py -m apache_beam.testing.load_tests.pardo_test ARGS...
   python timed_client.py path/to/script.py ARGS...
   refract run timed_client.py path/to/script.py ARGS...
+  [refract run] python timed_client.py --load_test=pardo_test ARGS...
+
+The last form runs the load test `apache_beam.testing.load_tests.pardo_test`
+with every other argument, wherever it stands, handed to it in the one
+--test-pipeline-options string the load tests read: so `refract run`, which
+adds its options before the script's, can run them too.
 
 Prints "BENCH_JOB_SECONDS <float>" (summed over the pipelines run),
 "BENCH_JOB_CPU_SECONDS <float>" (this process's CPU time over the same
@@ -17,6 +23,7 @@ imports included) at exit, on stdout.
 
 import atexit
 import runpy
+import shlex
 import sys
 import time
 
@@ -61,9 +68,19 @@ def _report():
   sys.stdout.flush()
 
 
+LOAD_TEST_FLAG = '--load_test='
+
+
 def main():
   args = sys.argv[1:]
-  if args and args[0] == '-m':
+  load_tests = [a[len(LOAD_TEST_FLAG):] for a in args
+                if a.startswith(LOAD_TEST_FLAG)]
+  if load_tests:
+    module = 'apache_beam.testing.load_tests.' + load_tests[-1]
+    options = [a for a in args if not a.startswith(LOAD_TEST_FLAG)]
+    sys.argv = [module, '--test-pipeline-options=' + shlex.join(options)]
+    runpy.run_module(module, run_name='__main__', alter_sys=True)
+  elif args and args[0] == '-m':
     module = args[1]
     sys.argv = [module] + args[2:]
     runpy.run_module(module, run_name='__main__', alter_sys=True)
