@@ -117,6 +117,7 @@ def test_refract_run_names_the_server_it_is_given_and_refuses_others(
 
 MAIN_SESSION_PIPELINE = '''
 import argparse
+import logging
 import os
 import re
 import sys
@@ -134,6 +135,8 @@ def words(line):
 
 
 def tag(word):
+  # Reaches the pipeline's output through the runner's log service.
+  logging.warning("REFRACT-LOG-PROBE %s from worker %d", word, os.getpid())
   # The worker's pid, and what its parent is: the fork server.
   with open("/proc/%d/cmdline" % os.getppid(), "rb") as f:
     parent = f.read().replace(b"\\0", b" ").decode()
@@ -181,5 +184,13 @@ def test_refract_run_starts_worker_processes_that_load_the_main_session(
   assert all(int(pid) != client_pid for pid, _, _ in rows), (client_pid, rows)
   # Forked from the run's fork server, which imported Beam once.
   assert all(how == 'forked' for _, _, how in rows), rows
+  # Their log lines reach the runner's log service, and from there the job's
+  # messages, which the pipeline's client prints ("[worker transform] ...").
+  probes = re.findall(r'\] REFRACT-LOG-PROBE (\w+) from worker (\d+)',
+                      done.stderr)
+  assert sorted(w for w, _ in probes) == sorted(w for _, w, _ in rows), (
+      done.stderr[-3000:])
+  assert {int(pid) for _, pid in probes} == {int(pid) for pid, _, _ in rows}
+  assert 'Logging client failed' not in done.stderr, done.stderr[-3000:]
   # The submission environment's `pip freeze` was skipped.
   assert 'submission_environment_dependencies' not in done.stderr

@@ -133,6 +133,12 @@ def run_harness():
   for key in [k for k in os.environ if k.startswith('BOOT_')]:
     del os.environ[key]
   os.environ.update(out)
+  # Beam's interceptor that names the worker on its log channel reads
+  # WORKER_ID once, when it is imported: in a worker forked from the fork
+  # server, that was before there was a worker, and the runner would refuse
+  # the channel (and with it every log line) for want of an id.
+  from apache_beam.runners.worker import worker_id_interceptor
+  worker_id_interceptor.WorkerIdInterceptor._worker_id = worker_id
   from apache_beam.runners.worker import sdk_worker_main
   sdk_worker_main.main([sys.argv[0]])
 
