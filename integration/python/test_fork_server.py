@@ -60,9 +60,10 @@ def fork_server(tmp_path):
   server.wait()
 
 
-def boot(sock, tmp_path, control):
+def boot(sock, tmp_path, control, extra_env=None):
   """A boot process as python_boot.sh starts it, asking `sock`'s server."""
   env = dict(os.environ,
+             **(extra_env or {}),
              REFRACT_FORKSERVER=sock,
              BOOT_ID='w1',
              BOOT_CONTROL=control,
@@ -141,5 +142,23 @@ def test_a_request_that_is_not_a_worker_is_refused(fork_server):
   conn.send(b'not json')
   assert conn.recv(200).startswith(b'refused: ')
   conn.close()
+  assert server.poll() is None
+  assert not children_of(server.pid)
+
+
+def test_an_environment_too_big_to_send_boots_its_worker_itself(
+    fork_server, tmp_path):
+  """A request is one message on the server's socket, which takes ~208 KiB
+  unless the system's limit is raised: a bigger environment (each variable
+  may hold 128 KiB) gets its worker booted by the boot process itself,
+  saying why."""
+  server, sock = fork_server
+  big = {'REFRACT_TEST_BIG_%d' % i: 'x' * 100000 for i in range(4)}
+  proc = boot(sock, tmp_path, control=None, extra_env=big)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 1
+  assert b'is more than its socket takes; starting the worker here' in err, (
+      err[-2000:])
+  assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
   assert server.poll() is None
   assert not children_of(server.pid)

@@ -30,6 +30,7 @@ The fork server runs only code of the user who started it: its socket is in
 a directory only that user can enter.
 """
 
+import errno
 import json
 import os
 import selectors
@@ -38,7 +39,9 @@ import socket
 import sys
 import traceback
 
-# How much a fork request may carry: the environment, as JSON.
+# How much a fork request may carry: the environment, as JSON. (A Unix
+# socket's send buffer, ~208 KiB unless raised system-wide, bounds it
+# first: a bigger request is not sent, and its worker boots on its own.)
 MAX_REQUEST = 1 << 20
 # A Linux prctl option: a signal for this process when its parent dies.
 PR_SET_PDEATHSIG = 1
@@ -166,9 +169,14 @@ def forked_by(path):
     socket.send_fds(conn, [request], [0, 1, 2])
     started = conn.recv(64)
   except OSError as e:
+    if e.errno == errno.EMSGSIZE:
+      why = ('its request, %d bytes of environment, directory and '
+             'arguments, is more than its socket takes' % len(request))
+    else:
+      why = 'did not answer (%s)' % e
     print(
-        'python_boot.sh: the fork server at %s did not answer (%s); '
-        'starting the worker here' % (path, e),
+        'python_boot.sh: the fork server at %s %s; starting the worker here' %
+        (path, why),
         file=sys.stderr)
     conn.close()
     return None
