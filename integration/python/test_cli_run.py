@@ -191,6 +191,42 @@ def test_refract_run_starts_worker_processes_that_load_the_main_session(
   assert sorted(w for w, _ in probes) == sorted(w for _, w, _ in rows), (
       done.stderr[-3000:])
   assert {int(pid) for _, pid in probes} == {int(pid) for pid, _, _ in rows}
+  # Once: the run's own server does not print them too.
+  assert done.stderr.count('REFRACT-LOG-PROBE') == len(rows), (
+      done.stderr[-3000:])
   assert 'Logging client failed' not in done.stderr, done.stderr[-3000:]
   # The submission environment's `pip freeze` was skipped.
   assert 'submission_environment_dependencies' not in done.stderr
+
+
+def test_refract_run_workers_import_modules_beside_the_script(
+    refract_bin, tmp_path):
+  """A module next to the pipeline's script imports in the pipeline
+  (Python puts the script's directory first on its path) and so is pickled
+  by reference: the workers find it there too, wherever `refract run` was
+  started from."""
+  project = tmp_path / 'project'
+  project.mkdir()
+  (project / 'helper.py').write_text(
+      'def shout(word):\n  return word.upper()\n')
+  (project / 'pipeline.py').write_text(
+      'import argparse\n'
+      'import apache_beam as beam\n'
+      'from apache_beam.options.pipeline_options import PipelineOptions\n'
+      'import helper\n'
+      'parser = argparse.ArgumentParser()\n'
+      'parser.add_argument("--output", required=True)\n'
+      'args, rest = parser.parse_known_args()\n'
+      'with beam.Pipeline(options=PipelineOptions(rest)) as p:\n'
+      '  _ = (p | beam.Create(["a", "b"]) | beam.Map(helper.shout)\n'
+      '       | beam.io.WriteToText(args.output, num_shards=1))\n')
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  output = str(tmp_path / 'out')
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable)
+  done = subprocess.run(
+      [refract_bin, 'run', str(project / 'pipeline.py'), '--output', output],
+      capture_output=True, text=True, timeout=240, env=env, cwd=elsewhere)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(output + '-00000-of-00001') as f:
+    assert sorted(f.read().split()) == ['A', 'B']

@@ -137,8 +137,10 @@ fn main() -> Result<()> {
             ));
         }
         Some(Command::Run(run)) => {
-            // An embedded server's routine logs would bury the progress.
-            init_command_logging("warn");
+            // An embedded server's routine logs would bury the progress;
+            // its workers' lines are the job's messages, which the
+            // pipeline's client prints itself.
+            init_command_logging(&format!("warn,{}=off", refract::logging::SDK_WORKER_TARGET));
             let code = multi_thread_runtime()?.block_on(refract::run_command::run(run))?;
             std::process::exit(code);
         }

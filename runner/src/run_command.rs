@@ -103,7 +103,8 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     // Kept until the pipeline is done: its workers boot from here.
     let boot_dir = crate::private_dir::private_temp_dir("refract-run-")
         .context("creating a directory for the workers' boot program")?;
-    let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path())?;
+    let import_path = worker_import_path(&args.pipeline, std::env::var_os("PYTHONPATH"));
+    let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path(), &import_path)?;
     // Started beside the pipeline, it imports Beam while the pipeline's
     // process does; the workers are forked from it once the job runs.
     let fork_server = defaults
@@ -178,10 +179,16 @@ struct WorkerDefaults {
 }
 
 /// The pipeline options `refract run` adds to `pipeline_args`: PROCESS
-/// workers booted with `python` (the boot program written into `dir`), one
-/// per core, unless the arguments choose an environment or a worker count;
-/// and no `pip freeze` at submission.
-fn worker_defaults(pipeline_args: &[String], python: &str, dir: &Path) -> Result<WorkerDefaults> {
+/// workers booted with `python` (the boot program written into `dir`) and
+/// `import_path` as their `PYTHONPATH`, one per core, unless the arguments
+/// choose an environment or a worker count; and no `pip freeze` at
+/// submission.
+fn worker_defaults(
+    pipeline_args: &[String],
+    python: &str,
+    dir: &Path,
+    import_path: &str,
+) -> Result<WorkerDefaults> {
     let given = |flag: &str| {
         pipeline_args
             .iter()
@@ -191,7 +198,10 @@ fn worker_defaults(pipeline_args: &[String], python: &str, dir: &Path) -> Result
     let mut boot = None;
     if !given("--environment_type") && !given("--environment_config") {
         let program = write_boot(dir, &absolute_program(python))?;
-        let config = serde_json::json!({ "command": program.to_string_lossy() });
+        let config = serde_json::json!({
+            "command": program.to_string_lossy(),
+            "env": { "PYTHONPATH": import_path },
+        });
         options.push("--environment_type=PROCESS".to_string());
         options.push(format!("--environment_config={config}"));
         if !given("--sdk_worker_parallelism") {
@@ -201,6 +211,27 @@ fn worker_defaults(pipeline_args: &[String], python: &str, dir: &Path) -> Result
         boot = Some(program);
     }
     Ok(WorkerDefaults { options, boot })
+}
+
+/// The `PYTHONPATH` of the pipeline's workers: the directory of the
+/// `pipeline` script, which Python puts first on the pipeline's own
+/// `sys.path` (so modules beside it import there, and functions of theirs
+/// are pickled by reference), then the `PYTHONPATH` the pipeline gets.
+fn worker_import_path(pipeline: &Path, pythonpath: Option<std::ffi::OsString>) -> String {
+    // As Python does for `python SCRIPT`: the script's directory, with
+    // symbolic links resolved.
+    let script = std::fs::canonicalize(pipeline)
+        .or_else(|_| std::path::absolute(pipeline))
+        .unwrap_or_else(|_| pipeline.to_path_buf());
+    let mut entries: Vec<PathBuf> = script.parent().map(Path::to_path_buf).into_iter().collect();
+    if let Some(pythonpath) = pythonpath {
+        entries.extend(std::env::split_paths(&pythonpath).filter(|p| !p.as_os_str().is_empty()));
+    }
+    entries
+        .iter()
+        .map(|p| p.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Writes [`PYTHON_BOOT`], [`PYTHON_WORKER`] and a `boot` program running
@@ -421,12 +452,23 @@ mod tests {
     fn workers_are_processes_unless_the_pipeline_chooses() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let defaults = worker_defaults(&args(&["--output", "x"]), "/usr/bin/python3", dir.path())
-            .expect("defaults");
+        let defaults = worker_defaults(
+            &args(&["--output", "x"]),
+            "/usr/bin/python3",
+            dir.path(),
+            "/work/pipelines:/opt/lib",
+        )
+        .expect("defaults");
         assert_eq!(defaults.boot, Some(dir.path().join("boot")));
         assert!(dir.path().join("python_worker.py").is_file());
         let defaults = defaults.options;
         assert!(defaults.contains(&"--environment_type=PROCESS".to_string()));
+        let config = defaults
+            .iter()
+            .find_map(|o| o.strip_prefix("--environment_config="))
+            .expect("an environment config");
+        let config: serde_json::Value = serde_json::from_str(config).expect("JSON");
+        assert_eq!(config["env"]["PYTHONPATH"], "/work/pipelines:/opt/lib");
         assert!(defaults.contains(&"--sdk_worker_parallelism=0".to_string()));
         assert!(defaults.contains(&"--experiments=disable_logging_submission_environment".into()));
         let boot = std::fs::read_to_string(dir.path().join("boot")).expect("the boot program");
@@ -444,6 +486,7 @@ mod tests {
             ]),
             "python3",
             dir.path(),
+            "",
         )
         .expect("defaults");
         assert_eq!(chosen.boot, None);
@@ -455,12 +498,29 @@ mod tests {
             &args(&["--sdk_worker_parallelism=2"]),
             "python3",
             dir.path(),
+            "",
         )
         .expect("defaults");
         assert!(!two
             .options
             .iter()
             .any(|a| a.starts_with("--sdk_worker_parallelism")));
+    }
+
+    #[test]
+    fn workers_import_from_the_scripts_directory_first() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let script = dir.path().join("pipeline.py");
+        std::fs::write(&script, "").expect("written");
+        let home = std::fs::canonicalize(dir.path()).expect("canonical");
+        assert_eq!(
+            worker_import_path(&script, Some("/opt/a::/opt/b".into())),
+            format!("{}:/opt/a:/opt/b", home.display())
+        );
+        assert_eq!(
+            worker_import_path(&script, None),
+            home.display().to_string()
+        );
     }
 
     #[test]
