@@ -641,8 +641,9 @@ def main():
                                   'summary': summary}
       log('suite     %-18s %7.1f s (%s)' % (name, dt, summary))
 
-  # The table: each peer over Refract (LOOPBACK defaults), and, with
-  # --refract-run, each peer over `refract run` (its worker processes).
+  # The table: each peer over Refract (LOOPBACK defaults), and each peer
+  # over `refract run` (its worker processes) and the PrismRunner path
+  # (the client starts Refract) where those ran.
   own = ('Refract', 'refract run', 'PrismRunner path')
   peers = [n for n in names if n not in own]
   bases = [b for b in own if b in names]

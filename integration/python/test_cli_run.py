@@ -4,13 +4,16 @@ writes the same counts as Beam's DirectRunner."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 import wordcount  # integration/wordcount, put on sys.path by conftest.py
+from refract_testlib import stat_fields
 
 
 def test_refract_run_wordcount(refract_bin, tmp_path):
@@ -230,3 +233,104 @@ def test_refract_run_workers_import_modules_beside_the_script(
   assert done.returncode == 0, done.stderr[-3000:]
   with open(output + '-00000-of-00001') as f:
     assert sorted(f.read().split()) == ['A', 'B']
+
+
+SLOW_PIPELINE = '''
+import argparse
+import os
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+MARKS = None
+
+
+def slow(x):
+  # Says which worker process runs it, then takes its time.
+  with open(os.path.join(MARKS, str(os.getpid())), "w") as f:
+    f.write(str(x))
+  time.sleep(300)
+  return x
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--marks", required=True)
+  args, rest = parser.parse_known_args()
+  MARKS = args.marks
+  with beam.Pipeline(options=PipelineOptions(rest)) as p:
+    _ = p | beam.Create(list(range(4))) | beam.Reshuffle() | beam.Map(slow)
+'''
+
+
+def start_slow_run(refract_bin, tmp_path, extra_args=()):
+  """`refract run` of a pipeline whose workers block, in a process group
+  of its own as a terminal's foreground job is; returns it once a worker
+  runs, with the directory where workers left their pids."""
+  pipeline = tmp_path / 'slow.py'
+  pipeline.write_text(SLOW_PIPELINE)
+  marks = tmp_path / 'marks'
+  marks.mkdir()
+  scratch = tmp_path / 'tmp'
+  scratch.mkdir()
+  env = dict(os.environ, REFRACT_PYTHON=sys.executable, TMPDIR=str(scratch))
+  run = subprocess.Popen(
+      [refract_bin, 'run', *extra_args, str(pipeline), '--marks', str(marks)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+      start_new_session=True)
+  deadline = time.monotonic() + 120
+  while not os.listdir(marks):
+    if run.poll() is not None or time.monotonic() > deadline:
+      run.kill()
+      pytest.fail('no worker ran: %s' % run.communicate()[1][-3000:])
+    time.sleep(0.1)
+  return run, marks, scratch
+
+
+def gone(pid):
+  """Whether `pid` ended (gone, or a zombie waiting for its parent)."""
+  fields = stat_fields(pid)
+  return not fields or fields[0] == 'Z'
+
+
+def test_ctrl_c_stops_the_run_its_job_and_its_workers(refract_bin, tmp_path):
+  """Ctrl-C sends SIGINT to the terminal's foreground group: `refract
+  run`, the pipeline's process and the fork server. The job is cancelled,
+  the workers, the fork server and the embedded server stop, nothing of
+  theirs is left in the temporary directory, and the exit status is a
+  SIGINT's (130)."""
+  run, marks, scratch = start_slow_run(refract_bin, tmp_path)
+  os.killpg(run.pid, signal.SIGINT)
+  _, err = run.communicate(timeout=60)
+  assert run.returncode == 130, err[-3000:]
+  assert re.search(r'refract: cancelled job-\w+', err), err[-3000:]
+  workers = [int(pid) for pid in os.listdir(marks)]
+  deadline = time.monotonic() + 10
+  while not all(gone(pid) for pid in workers):
+    assert time.monotonic() < deadline, 'workers left: %s' % workers
+    time.sleep(0.1)
+  # Stopped workers are not retried or replaced.
+  assert 'retrying' not in err and 'replacement' not in err, err[-3000:]
+  assert not [n for n in os.listdir(scratch) if n.startswith('refract')], (
+      os.listdir(scratch))
+
+
+def test_sigterm_stops_the_pipeline_and_cancels_its_job_on_a_server(
+    refract_bin, refract_server, tmp_path):
+  """A SIGTERM to `refract run` alone (a supervisor's): it passes it on to
+  the pipeline's process and cancels the job on the server it ran on."""
+  run, marks, _ = start_slow_run(
+      refract_bin, tmp_path, ['--job_endpoint', refract_server.endpoint])
+  run.send_signal(signal.SIGTERM)
+  _, err = run.communicate(timeout=60)
+  assert run.returncode == 143, err[-3000:]
+  job = re.search(r'refract: cancelled (job-\w+)', err)
+  assert job, err[-3000:]
+  status = subprocess.run([
+      refract_bin, 'status', job.group(1), '--job_endpoint',
+      refract_server.endpoint
+  ], capture_output=True, text=True, timeout=60)
+  assert status.stdout.splitlines()[0] in (
+      '%s: CANCELLED' % job.group(1), '%s: CANCELLING' % job.group(1)), (
+          status.stdout + status.stderr)

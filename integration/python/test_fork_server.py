@@ -60,8 +60,10 @@ def fork_server(tmp_path):
   server.wait()
 
 
-def boot(sock, tmp_path, control, extra_env=None):
-  """A boot process as python_boot.sh starts it, asking `sock`'s server."""
+def boot(sock, tmp_path, control, extra_env=None, own_group=False):
+  """A boot process as python_boot.sh starts it, asking `sock`'s server;
+  with `own_group`, in a process group of its own, as the runner starts
+  it."""
   env = dict(os.environ,
              **(extra_env or {}),
              REFRACT_FORKSERVER=sock,
@@ -78,7 +80,8 @@ def boot(sock, tmp_path, control, extra_env=None):
                             stdin=script,
                             stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE,
-                            env=env)
+                            env=env,
+                            process_group=0 if own_group else None)
 
 
 def forked_worker(server):
@@ -162,3 +165,24 @@ def test_an_environment_too_big_to_send_boots_its_worker_itself(
   assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
   assert server.poll() is None
   assert not children_of(server.pid)
+
+
+def test_a_worker_joins_its_boot_process_group_and_ctrl_c_spares_it(
+    fork_server, tmp_path):
+  """The runner starts each boot process in a process group of its own and
+  signals that group to stop it: the forked worker joins it. A terminal's
+  Ctrl-C, sent to the group the server runs in, stops neither the server
+  nor the worker (the runner stops those)."""
+  server, sock = fork_server
+  proc = boot(sock, tmp_path, control='localhost:%d' % free_port(),
+              own_group=True)
+  worker = forked_worker(server)
+  wait_until('the worker joins the group',
+             lambda: int(stat_fields(worker)[2]) == proc.pid)
+  server.send_signal(signal.SIGINT)
+  time.sleep(1)
+  assert server.poll() is None
+  assert alive(worker)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait(timeout=10)
+  wait_until('the worker is gone', lambda: not alive(worker), 10)

@@ -161,7 +161,10 @@ def forked_by(path):
   code once it ends, or None (nothing started) if the server cannot be
   reached."""
   request = json.dumps({
-      'env': dict(os.environ), 'cwd': os.getcwd(), 'argv': sys.argv
+      'env': dict(os.environ),
+      'cwd': os.getcwd(),
+      'argv': sys.argv,
+      'pgid': os.getpgrp(),
   }).encode()
   conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   try:
@@ -205,18 +208,28 @@ def forked_by(path):
 
 def become_worker(request, fds, closing, server_pid):
   """In a freshly forked child of the server `server_pid`: takes on the
-  boot process's standard streams, environment and working directory, and
-  runs the harness; never returns."""
+  boot process's standard streams, environment, working directory and
+  process group, and runs the harness; never returns."""
   code = 1
   try:
     for fd in closing:
       os.close(fd)
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
       signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent(signal.SIGKILL)
     if os.getppid() != server_pid:
       return  # The server ended before the signal was asked for.
+    # Into the boot process's process group, where the runner put it: a
+    # terminal's Ctrl-C to the server's group must not reach the worker,
+    # and the runner's signal to the boot process's group must.
+    pgid = request.get('pgid')
+    if isinstance(pgid, int):
+      try:
+        os.setpgid(0, pgid)
+      except OSError:
+        pass
     for target, fd in enumerate(fds):
       os.dup2(fd, target)
       os.close(fd)
@@ -271,6 +284,10 @@ def serve(path):
   signal.set_wakeup_fd(wake_w)
   signal.signal(signal.SIGCHLD, lambda *_: None)
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+  # A terminal's Ctrl-C reaches the group it was started in; what it
+  # interrupts stops its workers through their runner, and this server
+  # ends with its standard input.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   selector = selectors.DefaultSelector()
   selector.register(listener, selectors.EVENT_READ, 'listener')
   selector.register(wake_r, selectors.EVENT_READ, 'signal')

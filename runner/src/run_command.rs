@@ -21,6 +21,13 @@
 //! LOOPBACK worker is a thread of the pipeline's process: one interpreter
 //! lock, one core. The Python SDK's `pip freeze` of the submission
 //! environment (~0.4 s per job) is skipped.
+//!
+//! Interrupted (Ctrl-C, or SIGTERM), it stops what it started rather than
+//! dying where it stands: the pipeline's process gets the signal (a
+//! terminal sends it to the whole foreground group anyway), the job is
+//! cancelled, the fork server and an embedded server stop (their workers
+//! and temporary files with them), and the exit status is 128 + the
+//! signal, as a shell reports a process the signal ended.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -29,6 +36,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
+use futures::FutureExt;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::admin::GetServerInfoRequest;
@@ -125,9 +133,20 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let live = std::io::stderr().is_terminal();
     let mut job: Option<String> = None;
     let mut shown = 0usize;
-    let status = loop {
+    let interrupt = Interrupt::listen()?;
+    tokio::pin!(interrupt);
+    let ended = loop {
         tokio::select! {
-            status = child.wait() => break status.context("waiting for the pipeline")?,
+            status = child.wait() => {
+                let status = status.context("waiting for the pipeline")?;
+                // A terminal's Ctrl-C reaches the pipeline too: it may end
+                // first.
+                break match (&mut interrupt).now_or_never() {
+                    Some(signal) => Ended::Interrupted(signal),
+                    None => Ended::Exited(status),
+                };
+            }
+            signal = &mut interrupt => break Ended::Interrupted(signal),
             _ = tokio::time::sleep(REFRESH) => {}
         }
         if job.is_none() {
@@ -136,6 +155,26 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         if let (true, Some(id), Some(server)) = (live, &job, &embedded) {
             let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
             shown = redraw(shown, &lines);
+        }
+    };
+    let status = match ended {
+        Ended::Exited(status) => status,
+        Ended::Interrupted(signal) => {
+            stop_pipeline(signal, &mut child).await;
+            // Looked for once the pipeline is gone: it cannot submit after.
+            if job.is_none() {
+                job = new_job(&mut client, &before).await.unwrap_or(None);
+            }
+            if let Some(job) = &job {
+                cancel_job(&mut client, job).await;
+            }
+            if let Some(fork_server) = fork_server {
+                fork_server.stop().await;
+            }
+            if let Some(server) = embedded {
+                server.stop().await?;
+            }
+            return Ok(signal.exit_code());
         }
     };
     if job.is_none() {
@@ -168,6 +207,90 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         server.stop().await?;
     }
     Ok(status.code().unwrap_or(1))
+}
+
+/// How long an interrupted pipeline's process has to end after the signal
+/// before it is killed.
+const INTERRUPTED_GRACE: Duration = Duration::from_secs(5);
+/// How long cancelling an interrupted run's job may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the pipeline's process came to an end.
+enum Ended {
+    /// It exited by itself.
+    Exited(std::process::ExitStatus),
+    /// `refract run` was asked to stop.
+    Interrupted(Interrupt),
+}
+
+/// A signal that asks `refract run` to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interrupt {
+    /// SIGINT: Ctrl-C in a terminal.
+    Int,
+    /// SIGTERM: a supervisor or `kill`.
+    Term,
+}
+
+impl Interrupt {
+    /// Resolves with the first SIGINT or SIGTERM this process gets from now
+    /// on (listening replaces their default action, dying at once).
+    fn listen() -> Result<impl std::future::Future<Output = Interrupt>> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => Interrupt::Int,
+                _ = term.recv() => Interrupt::Term,
+            }
+        })
+    }
+
+    /// The signal itself.
+    fn signal(self) -> rustix::process::Signal {
+        match self {
+            Interrupt::Int => rustix::process::Signal::INT,
+            Interrupt::Term => rustix::process::Signal::TERM,
+        }
+    }
+
+    /// The exit status of a process this signal ended, as shells report it.
+    fn exit_code(self) -> i32 {
+        128 + self.signal().as_raw()
+    }
+}
+
+/// Passes `signal` on to the pipeline's process (which a terminal's Ctrl-C
+/// reached already; a `kill` of `refract run` did not), gives it
+/// [`INTERRUPTED_GRACE`] to end, and kills it if it has not.
+async fn stop_pipeline(signal: Interrupt, child: &mut tokio::process::Child) {
+    eprintln!("refract: interrupted; stopping the pipeline");
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(rustix::process::Pid::from_raw);
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, signal.signal());
+    }
+    if tokio::time::timeout(INTERRUPTED_GRACE, child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+/// Cancels an interrupted run's `job`, saying how that went.
+async fn cancel_job(client: &mut JobServiceClient<Channel>, job: &str) {
+    let request = refract_proto::job_api::CancelJobRequest {
+        job_id: job.to_string(),
+    };
+    match tokio::time::timeout(CANCEL_TIMEOUT, client.cancel(request)).await {
+        Ok(Ok(_)) => eprintln!("refract: cancelled {job}"),
+        Ok(Err(status)) => eprintln!("refract: cancelling {job} failed: {}", status.message()),
+        Err(_) => eprintln!("refract: cancelling {job} took too long; it may still run"),
+    }
 }
 
 /// What `refract run` adds to a pipeline's arguments.
