@@ -1,6 +1,9 @@
 """`refract run PIPELINE.py`: runs the bundled word count with no server
 started beforehand, shows per-stage progress and the job's metrics, and
-writes the same counts as Beam's DirectRunner."""
+writes the same counts as Beam's DirectRunner; its workers are forked
+processes that load the main session, import beside the script and log to
+the pipeline's console; Ctrl-C and SIGTERM stop the run and cancel its
+job."""
 
 import os
 import re
