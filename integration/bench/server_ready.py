@@ -12,17 +12,17 @@ waits out gRPC's reconnect backoff, about a second).
 """
 
 import argparse
-import socket
+import os
 import subprocess
+import sys
 import time
 
 import grpc
 
-
-def free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
+                    'python'))
+from refract_testlib import free_port  # pylint: disable=wrong-import-position
 
 
 def ready_seconds(binary):

@@ -63,6 +63,13 @@ def stat_fields(pid):
     return None
 
 
+def alive(pid):
+  """Whether process `pid` runs (is neither gone nor a zombie waiting for
+  its parent)."""
+  fields = stat_fields(pid)
+  return bool(fields) and fields[0] != 'Z'
+
+
 def children_by_parent():
   """The pid of every process on the machine, listed under its parent's
   (from /proc)."""

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import wordcount  # integration/wordcount, put on sys.path by conftest.py
-from refract_testlib import stat_fields
+from refract_testlib import alive
 
 
 def test_refract_run_wordcount(refract_bin, tmp_path):
@@ -291,12 +291,6 @@ def start_slow_run(refract_bin, tmp_path, extra_args=()):
   return run, marks, scratch
 
 
-def gone(pid):
-  """Whether `pid` ended (gone, or a zombie waiting for its parent)."""
-  fields = stat_fields(pid)
-  return not fields or fields[0] == 'Z'
-
-
 def test_ctrl_c_stops_the_run_its_job_and_its_workers(refract_bin, tmp_path):
   """Ctrl-C sends SIGINT to the terminal's foreground group: `refract
   run`, the pipeline's process and the fork server. The job is cancelled,
@@ -310,7 +304,7 @@ def test_ctrl_c_stops_the_run_its_job_and_its_workers(refract_bin, tmp_path):
   assert re.search(r'refract: cancelled job-\w+', err), err[-3000:]
   workers = [int(pid) for pid in os.listdir(marks)]
   deadline = time.monotonic() + 10
-  while not all(gone(pid) for pid in workers):
+  while any(alive(pid) for pid in workers):
     assert time.monotonic() < deadline, 'workers left: %s' % workers
     time.sleep(0.1)
   # Stopped workers are not retried or replaced.

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from refract_testlib import alive
 from refract_testlib import children_by_parent
 from refract_testlib import free_port
 from refract_testlib import stat_fields
@@ -29,12 +30,6 @@ WORKER = os.path.join(REPO, 'runner', 'src', 'python_worker.py')
 def children_of(pid):
   """The pids whose parent is `pid` (from /proc)."""
   return children_by_parent().get(pid, [])
-
-
-def alive(pid):
-  """Whether `pid` runs (is neither gone nor a zombie)."""
-  fields = stat_fields(pid)
-  return bool(fields) and fields[0] != 'Z'
 
 
 def wait_until(what, condition, timeout_s=30):
