@@ -157,8 +157,33 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             shown = redraw(shown, &lines);
         }
     };
-    let status = match ended {
-        Ended::Exited(status) => status,
+    let code = match ended {
+        Ended::Exited(status) => {
+            if job.is_none() {
+                job = new_job(&mut client, &before).await?;
+            }
+            match &job {
+                Some(id) => {
+                    if let Some(server) = &embedded {
+                        let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
+                        if live {
+                            redraw(shown, &lines);
+                        } else {
+                            for line in &lines {
+                                eprintln!("{line}");
+                            }
+                        }
+                    }
+                    crate::client::status(JobArgs {
+                        job_id: id.clone(),
+                        job_endpoint: endpoint.clone(),
+                    })
+                    .await?;
+                }
+                None => eprintln!("refract: the pipeline submitted no job to {endpoint}"),
+            }
+            status.code().unwrap_or(1)
+        }
         Ended::Interrupted(signal) => {
             stop_pipeline(signal, &mut child).await;
             // Looked for once the pipeline is gone: it cannot submit after.
@@ -168,45 +193,16 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             if let Some(job) = &job {
                 cancel_job(&mut client, job).await;
             }
-            if let Some(fork_server) = fork_server {
-                fork_server.stop().await;
-            }
-            if let Some(server) = embedded {
-                server.stop().await?;
-            }
-            return Ok(signal.exit_code());
+            signal.exit_code()
         }
     };
-    if job.is_none() {
-        job = new_job(&mut client, &before).await?;
-    }
-    match &job {
-        Some(id) => {
-            if let Some(server) = &embedded {
-                let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
-                if live {
-                    redraw(shown, &lines);
-                } else {
-                    for line in &lines {
-                        eprintln!("{line}");
-                    }
-                }
-            }
-            crate::client::status(JobArgs {
-                job_id: id.clone(),
-                job_endpoint: endpoint.clone(),
-            })
-            .await?;
-        }
-        None => eprintln!("refract: the pipeline submitted no job to {endpoint}"),
-    }
     if let Some(fork_server) = fork_server {
         fork_server.stop().await;
     }
     if let Some(server) = embedded {
         server.stop().await?;
     }
-    Ok(status.code().unwrap_or(1))
+    Ok(code)
 }
 
 /// How long an interrupted pipeline's process has to end after the signal
