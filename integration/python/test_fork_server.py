@@ -8,6 +8,7 @@ Beam's harness waits there until killed; or no endpoint at all, so it
 fails at once. `refract run` and `RefractRunner` jobs through the server
 are in test_cli_run.py and test_wheel.py."""
 
+import json
 import os
 import signal
 import socket
@@ -181,3 +182,28 @@ def test_a_worker_joins_its_boot_process_group_and_ctrl_c_spares_it(
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait(timeout=10)
   wait_until('the worker is gone', lambda: not alive(worker), 10)
+
+
+def test_a_process_group_out_of_range_is_ignored(fork_server, tmp_path):
+  """A request written by hand, whose process group no process can have:
+  the worker still starts (and fails only for want of a control
+  endpoint, as asked)."""
+  server, sock = fork_server
+  env = dict(os.environ, BOOT_ID='w1', BOOT_LOGGING='', BOOT_PROVISION='',
+             BOOT_ARTIFACT='', BOOT_SEMI=str(tmp_path))
+  request = json.dumps({'env': env, 'cwd': str(tmp_path),
+                        'argv': ['-', 'sdk_worker_main'], 'pgid': 2**70})
+  err_r, err_w = os.pipe()
+  conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  conn.connect(sock)
+  with open(os.devnull, 'rb') as stdin, open(os.devnull, 'wb') as stdout:
+    socket.send_fds(conn, [request.encode()],
+                    [stdin.fileno(), stdout.fileno(), err_w])
+  os.close(err_w)
+  assert conn.recv(64).startswith(b'pid ')
+  assert conn.recv(64) == b'exit 1'
+  conn.close()
+  with os.fdopen(err_r, 'rb') as f:
+    err = f.read()
+  assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
+  assert server.poll() is None

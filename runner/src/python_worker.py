@@ -228,8 +228,8 @@ def become_worker(request, fds, closing, server_pid):
     if isinstance(pgid, int):
       try:
         os.setpgid(0, pgid)
-      except OSError:
-        pass
+      except (OSError, OverflowError):
+        pass  # No such group here: the worker stays in the server's.
     for target, fd in enumerate(fds):
       os.dup2(fd, target)
       os.close(fd)
