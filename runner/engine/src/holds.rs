@@ -33,34 +33,47 @@ pub(crate) struct Holds {
 impl Holds {
     /// Hold at `ts` once more.
     pub(crate) fn add(&mut self, ts: Timestamp) {
+        self.add_many(ts, 1);
+    }
+
+    /// Hold at `ts` `n` times more (a run of elements at one hold).
+    pub(crate) fn add_many(&mut self, ts: Timestamp, n: usize) {
+        if n == 0 {
+            return;
+        }
         if !self.many.is_empty() {
-            *self.many.entry(ts).or_default() += 1;
+            *self.many.entry(ts).or_default() += n;
             return;
         }
         match self.few.iter().position(|&(t, _)| t >= ts) {
-            Some(at) if self.few[at].0 == ts => self.few[at].1 += 1,
+            Some(at) if self.few[at].0 == ts => self.few[at].1 += n,
             _ if self.few.len() == FEW => {
                 self.many.extend(self.few.drain(..));
-                self.many.insert(ts, 1);
+                self.many.insert(ts, n);
             }
-            Some(at) => self.few.insert(at, (ts, 1)),
-            None => self.few.push((ts, 1)),
+            Some(at) => self.few.insert(at, (ts, n)),
+            None => self.few.push((ts, n)),
         }
     }
 
     /// Release one hold at `ts`.
     pub(crate) fn remove(&mut self, ts: Timestamp) {
+        self.remove_many(ts, 1);
+    }
+
+    /// Release `n` holds at `ts` (as many as there are, if fewer).
+    pub(crate) fn remove_many(&mut self, ts: Timestamp, n: usize) {
         if !self.many.is_empty() {
-            if let Some(n) = self.many.get_mut(&ts) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(held) = self.many.get_mut(&ts) {
+                *held = held.saturating_sub(n);
+                if *held == 0 {
                     self.many.remove(&ts);
                 }
             }
             return;
         }
         if let Some(at) = self.few.iter().position(|&(t, _)| t == ts) {
-            self.few[at].1 -= 1;
+            self.few[at].1 = self.few[at].1.saturating_sub(n);
             if self.few[at].1 == 0 {
                 self.few.remove(at);
             }
@@ -81,9 +94,7 @@ impl Holds {
     pub(crate) fn from_entries(entries: &[(Timestamp, usize)]) -> Self {
         let mut holds = Holds::default();
         for &(ts, n) in entries {
-            for _ in 0..n {
-                holds.add(ts);
-            }
+            holds.add_many(ts, n);
         }
         holds
     }
@@ -116,26 +127,32 @@ mod tests {
             // Phases of few and of many distinct timestamps.
             let spread = if (round / 200) % 2 == 0 { 4 } else { 40 };
             let ts = (next() % spread) as Timestamp - 2;
+            // Mostly one at a time; sometimes a run's worth at once.
+            let n = if next() % 5 == 0 {
+                next() as usize % 7
+            } else {
+                1
+            };
             if next() % 3 == 0 {
-                holds.remove(ts);
-                if let Some(n) = oracle.get_mut(&ts) {
-                    *n -= 1;
-                    if *n == 0 {
+                holds.remove_many(ts, n);
+                if let Some(held) = oracle.get_mut(&ts) {
+                    *held = held.saturating_sub(n);
+                    if *held == 0 {
                         oracle.remove(&ts);
                     }
                 }
             } else {
-                holds.add(ts);
-                *oracle.entry(ts).or_default() += 1;
+                holds.add_many(ts, n);
+                if n > 0 {
+                    *oracle.entry(ts).or_default() += n;
+                }
             }
             assert_eq!(holds.min(), oracle.keys().next().copied(), "round {round}");
             assert!(holds.few.is_empty() || holds.many.is_empty());
         }
         // Draining everything leaves no hold, in either representation.
         for (ts, n) in oracle {
-            for _ in 0..n {
-                holds.remove(ts);
-            }
+            holds.remove_many(ts, n);
         }
         assert_eq!(holds.min(), None);
         assert!(holds.few.is_empty() && holds.many.is_empty());

@@ -7,11 +7,12 @@
 //! firing had all of that in hand while encoding, whereas decoding it again
 //! walks every value of every iterable (with all keys distinct, that second
 //! walk was a fifth of the engine's time per element). So the firing
-//! records it next to the bytes.
+//! records it next to the bytes, and hands both on as one
+//! [`ElementRun`].
 
 use bytes::Bytes;
 
-use crate::coder::{DecodedElement, WindowedValueHeader};
+use crate::coder::{DecodedElement, ElementRun, RunElement, WindowedValueHeader};
 
 /// Encoded elements, back to back, and where each one lies in them.
 #[derive(Debug, Default)]
@@ -19,26 +20,14 @@ pub struct Fired {
     /// The elements as their consumers receive them.
     pub bytes: Vec<u8>,
     /// One per element in `bytes`, in order.
-    elements: Vec<FiredElement>,
-}
-
-/// One element of [`Fired::bytes`].
-#[derive(Debug)]
-struct FiredElement {
-    header: WindowedValueHeader,
-    /// Where its header starts.
-    start: usize,
-    /// Where its value starts (its header's end).
-    value_start: usize,
-    /// Where it ends.
-    end: usize,
+    elements: Vec<RunElement>,
 }
 
 impl Fired {
     /// Appends an element: `header` encoded as `bytes[start..value_start]`,
     /// then its value up to the current end of `bytes`.
     pub(super) fn record(&mut self, header: WindowedValueHeader, start: usize, value_start: usize) {
-        self.elements.push(FiredElement {
+        self.elements.push(RunElement {
             header,
             start,
             value_start,
@@ -58,24 +47,31 @@ impl Fired {
         self.elements.len()
     }
 
-    /// The bytes, frozen, and each element as a slice of them — what
-    /// decoding the bytes would give, without decoding them.
-    pub fn into_elements(mut self) -> (Bytes, Vec<DecodedElement>) {
-        // Evaluation reserves room for all it may emit; what it did not
-        // fill must not stay allocated behind the queued slices.
-        if self.bytes.capacity() > 2 * self.bytes.len() {
-            self.bytes.shrink_to_fit();
+    /// The bytes, frozen. Evaluation reserves room for all it may emit;
+    /// what it did not fill must not stay allocated behind what is queued.
+    fn frozen_bytes(mut bytes: Vec<u8>) -> Bytes {
+        if bytes.capacity() > 2 * bytes.len() {
+            bytes.shrink_to_fit();
         }
-        let bytes = Bytes::from(self.bytes);
-        let elements = self
-            .elements
+        Bytes::from(bytes)
+    }
+
+    /// The elements as one run (`None` if none fired).
+    pub fn into_run(self) -> Option<ElementRun> {
+        ElementRun::new(Self::frozen_bytes(self.bytes), self.elements)
+    }
+
+    /// Each element as a slice of the bytes — what decoding the bytes
+    /// would give, without decoding them.
+    pub fn into_elements(self) -> Vec<DecodedElement> {
+        let bytes = Self::frozen_bytes(self.bytes);
+        self.elements
             .into_iter()
             .map(|e| {
                 let value_start = e.value_start - e.start;
                 DecodedElement::new(e.header, bytes.slice(e.start..e.end), value_start)
             })
-            .collect();
-        (bytes, elements)
+            .collect()
     }
 }
 
@@ -113,7 +109,8 @@ mod tests {
             fired.record(header, start, value_start);
         }
         assert_eq!(fired.element_count(), 3);
-        let (bytes, got) = fired.into_elements();
+        let bytes = Bytes::from(fired.bytes.clone());
+        let got = fired.into_elements();
         let want = decode_windowed_values(&bytes, &value_coder, &window_coder).unwrap();
         assert_eq!(got, want);
     }

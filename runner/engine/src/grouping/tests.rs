@@ -31,7 +31,8 @@ pub(super) fn element(key: &[u8], value: u8, ts: Timestamp, window: Window) -> D
 /// What a firing emitted, as the engine routes it; checked against
 /// decoding its bytes (what a consumer will do).
 pub(super) fn emitted(out: Fired, window_coder: &Coder) -> Vec<DecodedElement> {
-    let (bytes, got) = out.into_elements();
+    let bytes = bytes::Bytes::from(out.bytes.clone());
+    let got = out.into_elements();
     let want = decode_windowed_values(&bytes, &out_coder(), window_coder).unwrap();
     assert_eq!(got, want, "what the firing recorded is what its bytes hold");
     got

@@ -48,8 +48,8 @@ impl Engine {
                 // processed again after a backoff.
                 let backoff = retry_delay(&self.config, &error, failures);
                 sdk.retries.back_off_until(Instant::now() + backoff);
-                for e in flight.elements.into_iter().rev() {
-                    s.queue.pending.push_front(e);
+                for q in flight.elements.into_iter().rev() {
+                    s.queue.pending.push_front(q);
                 }
                 tracing::warn!(
                     stage = %self.plan.stages[idx].name,
@@ -68,12 +68,14 @@ impl Engine {
             }
             let counters = &mut s.progress.counters;
             counters.bundles_committed += 1;
-            counters.elements_processed += flight.elements.len() as u64;
-            counters.bytes_processed += flight
+            // One pass over what the bundle processed (what it kept and
+            // what its splits gave back as primaries).
+            let (elements, bytes) = flight
                 .elements
                 .iter()
-                .map(|e| e.encoded.len() as u64)
-                .sum::<u64>();
+                .fold((0, 0), |(n, b), q| (n + q.len(), b + q.encoded_len()));
+            counters.elements_processed += elements as u64;
+            counters.bytes_processed += bytes as u64;
         }
         self.summary.bundles += 1;
         if let Some(sink) = &mut self.checkpoints {
@@ -249,8 +251,10 @@ impl Engine {
             primaries.extend(self.decode_input(idx, p)?);
         }
         if let Some(flight) = self.in_flight.get_mut(&bundle) {
-            flight.elements.truncate(split.kept_elements);
-            flight.elements.extend(primaries);
+            truncate_elements(&mut flight.elements, split.kept_elements);
+            flight
+                .elements
+                .extend(primaries.into_iter().map(Queued::One));
         }
         self.release_given_back_groups(bundle);
         self.defer_residuals(idx, &split.residuals)?;
@@ -276,8 +280,8 @@ impl Engine {
         };
         let coder = &self.plan.pcollections[input].value_coder;
         let mut kept: KeyGroupSet = 0;
-        for e in &flight.elements {
-            kept |= super::scheduling::element_key_group(coder, e);
+        for q in &flight.elements {
+            q.for_each_element(|e| kept |= super::scheduling::element_key_group(coder, e));
         }
         for (_, t) in &flight.fired_timers {
             kept |= group_of(&t.timer.user_key);

@@ -64,7 +64,7 @@ use crate::key_groups::{group_of, KeyGroupSet};
 pub use builder::EngineBuilder;
 pub use checkpointing::CheckpointProgress;
 use checkpointing::CheckpointSink;
-use pending::{Overflow, Pending};
+use pending::{chunk_entries, element_count, truncate_elements, Overflow, Pending, Queued};
 use slot_groups::SlotGroups;
 pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stage_state::{KindState, StageState};
@@ -220,11 +220,12 @@ struct Consumers {
 /// A bundle in flight, remembered until it reports back.
 struct InFlight {
     stage: StageIdx,
-    holds: Vec<Timestamp>,
+    /// Timestamps its input and fired timers hold, each with how many.
+    holds: Vec<(Timestamp, usize)>,
     overlay: Arc<BundleOverlay>,
     fired_timers: Vec<(TimeDomain, FiredTimer)>,
     /// The bundle's input, put back for a retry if the bundle fails.
-    elements: Vec<DecodedElement>,
+    elements: Vec<Queued>,
     /// The key groups the bundle locks (keyed stages only).
     key_groups: KeyGroupSet,
     /// Encoded bytes of the input it was given (counted against its

@@ -11,6 +11,12 @@
 //! (they were durable when taken), so the durable elements are always a
 //! prefix of the queue: its length is all the queue needs to know.
 //!
+//! A GroupByKey's firing reaches a plain SDK stage's queue as one run of
+//! elements ([`Queued::Run`]), which bundles take whole or cut where they
+//! need; whatever needs one element at a time (a gated, keyed or
+//! time-sorted stage's take, a checkpoint, the spill store) takes a run's
+//! elements one by one.
+//!
 //! A queue far past its bound (one bundle's output can be any size) keeps
 //! its back in the spill store (`overflow`); bundles take only from its
 //! memory part, which is refilled from the store as it drains. With a
@@ -18,19 +24,28 @@
 //! back instead of copying it.
 
 use super::*;
+use crate::coder::ElementRun;
 use crate::spill::SpillError;
 
 #[cfg(test)]
 mod durable_tests;
 mod overflow;
+mod queued;
+#[cfg(test)]
+mod run_tests;
 pub(super) use overflow::Overflow;
 pub(crate) use overflow::SpilledQueue;
+pub(super) use queued::{chunk_entries, element_count, truncate_elements, Queued};
 
 /// A stage's queue of elements waiting for a bundle.
 #[derive(Default)]
 pub(super) struct Pending {
     /// The front of the queue, in memory.
-    queue: VecDeque<DecodedElement>,
+    queue: VecDeque<Queued>,
+    /// Elements in `queue` (a run counts each of its elements).
+    queued: usize,
+    /// Runs in `queue`.
+    runs: usize,
     /// Holds of every waiting element, wherever it waits.
     holds: Holds,
     /// Bytes of every waiting element.
@@ -97,7 +112,9 @@ impl Pending {
     ) -> Result<Option<SpilledQueue>, SpillError> {
         match &self.overflow {
             Some(o) if named && o.is_durable() => {
-                self.queue.iter().for_each(&mut front);
+                self.queue
+                    .iter()
+                    .for_each(|q| q.for_each_element(&mut front));
                 Ok(Some(o.checkpoint(tail)))
             }
             _ => self.for_each(front).map(|()| None),
@@ -168,20 +185,47 @@ impl Pending {
             Some(o) if o.takes(self.memory_bytes, len) => o.push(e)?,
             _ => {
                 self.memory_bytes += len;
-                self.queue.push_back(e);
+                self.queued += 1;
+                self.queue.push_back(Queued::One(e));
             }
         }
         Ok(())
     }
 
-    /// Queue an element first (a retried bundle's input, durable if the
+    /// Queue a run of elements last, as one entry (element by element
+    /// where the queue keeps them so: a gated queue counts its durable
+    /// prefix in elements, and its spill store takes single elements).
+    /// Errors only if the spill store does.
+    pub(super) fn push_run(&mut self, run: ElementRun) -> Result<(), SpillError> {
+        let len = run.encoded_len();
+        let spills = self
+            .overflow
+            .as_ref()
+            .is_some_and(|o| o.takes(self.memory_bytes, len));
+        if self.gated || spills {
+            return run.elements().try_for_each(|e| self.push_back(e));
+        }
+        let entry = Queued::Run(run);
+        entry.hold_in(&mut self.holds);
+        self.bytes += len;
+        self.memory_bytes += len;
+        self.pushed += entry.len() as u64;
+        self.queued += entry.len();
+        self.runs += 1;
+        self.queue.push_back(entry);
+        Ok(())
+    }
+
+    /// Queue an entry first (a retried bundle's input, durable if the
     /// stage is gated, as it was taken from the durable prefix).
-    pub(super) fn push_front(&mut self, e: DecodedElement) {
-        self.holds.add(e.header.timestamp);
-        self.bytes += e.encoded.len();
-        self.memory_bytes += e.encoded.len();
-        self.queue.push_front(e);
-        self.durable += 1;
+    pub(super) fn push_front(&mut self, q: Queued) {
+        q.hold_in(&mut self.holds);
+        self.bytes += q.encoded_len();
+        self.memory_bytes += q.encoded_len();
+        self.durable += q.len();
+        self.queued += q.len();
+        self.runs += usize::from(matches!(q, Queued::Run(_)));
+        self.queue.push_front(q);
     }
 
     /// Reads spilled elements back while the memory part holds less than
@@ -193,7 +237,8 @@ impl Pending {
         while self.memory_bytes < o.limit && !o.is_empty() {
             for e in o.pop_front()? {
                 self.memory_bytes += e.encoded.len();
-                self.queue.push_back(e);
+                self.queued += 1;
+                self.queue.push_back(Queued::One(e));
             }
         }
         Ok(())
@@ -203,6 +248,7 @@ impl Pending {
     /// gated queue does not spill; stages are gated before they run.)
     pub(super) fn gate(&mut self) {
         self.gated = true;
+        self.split_runs();
         if !self.has_spilled() {
             self.overflow = None;
         }
@@ -211,7 +257,7 @@ impl Pending {
     /// Whether the stage is gated and some waiting element is not durable
     /// yet, so a checkpoint would let work go on.
     pub(super) fn awaits_checkpoint(&self) -> bool {
-        self.gated && self.durable < self.queue.len()
+        self.gated && self.durable < self.queued
     }
 
     /// Where a checkpoint taken now cuts this queue (see [`Self::made_durable`]).
@@ -224,44 +270,99 @@ impl Pending {
     /// stage never takes them), so the rest is the durable prefix.
     pub(super) fn made_durable(&mut self, mark: u64) {
         let since = usize::try_from(self.pushed.saturating_sub(mark)).unwrap_or(usize::MAX);
-        self.durable = self.durable.max(self.queue.len().saturating_sub(since));
+        self.durable = self.durable.max(self.queued.saturating_sub(since));
     }
 
     /// Everything waiting is durable (it was just restored from a checkpoint).
     pub(super) fn all_durable(&mut self) {
-        self.durable = self.queue.len();
+        self.durable = self.queued;
     }
 
     /// How many elements from the front may be taken.
     fn takeable(&self) -> usize {
         if self.gated {
-            self.durable.min(self.queue.len())
+            self.durable.min(self.queued)
         } else {
-            self.queue.len()
+            self.queued
         }
     }
 
-    fn release(&mut self, e: &DecodedElement) {
-        self.holds.remove(e.header.timestamp);
-        self.bytes -= e.encoded.len();
-        self.memory_bytes -= e.encoded.len();
+    fn release(&mut self, q: &Queued) {
+        q.release_from(&mut self.holds);
+        self.bytes -= q.encoded_len();
+        self.memory_bytes -= q.encoded_len();
+        self.queued -= q.len();
+        self.runs -= usize::from(matches!(q, Queued::Run(_)));
     }
 
-    /// Take up to `max` elements from the front (of the memory part).
-    pub(super) fn take(&mut self, max: usize) -> Vec<DecodedElement> {
+    /// Replaces every run in the memory part by its elements, in place,
+    /// for what takes one element at a time. Each element then holds at
+    /// its own timestamp.
+    fn split_runs(&mut self) {
+        if self.runs == 0 {
+            return;
+        }
+        self.runs = 0;
+        let mut split = VecDeque::with_capacity(self.queued);
+        for q in std::mem::take(&mut self.queue) {
+            match q {
+                Queued::One(_) => split.push_back(q),
+                Queued::Run(run) => {
+                    self.holds.remove_many(run.hold(), run.len());
+                    for e in run.elements() {
+                        self.holds.add(e.header.timestamp);
+                        split.push_back(Queued::One(e));
+                    }
+                }
+            }
+        }
+        self.queue = split;
+    }
+
+    /// Take up to `max` elements from the front (of the memory part), a
+    /// run as one entry (or the part of it that fits).
+    pub(super) fn take(&mut self, max: usize) -> Vec<Queued> {
         let n = self.takeable().min(max);
         self.durable = self.durable.saturating_sub(n);
-        if n == self.queue.len() && !self.has_spilled() {
+        if n == self.queued && !self.has_spilled() {
             // Everything: hand over the queue's buffer instead of moving
-            // each element, and drop the holds and bytes all at once.
+            // each entry, and drop the holds and bytes all at once.
             self.holds = Holds::default();
             self.bytes = 0;
             self.memory_bytes = 0;
+            self.queued = 0;
+            self.runs = 0;
             return Vec::from(std::mem::take(&mut self.queue));
         }
-        let taken: Vec<DecodedElement> = self.queue.drain(..n).collect();
-        for e in &taken {
-            self.release(e);
+        if self.runs == 0 {
+            // Single elements only: one entry per element.
+            let taken: Vec<Queued> = self.queue.drain(..n.min(self.queue.len())).collect();
+            for q in &taken {
+                self.release(q);
+            }
+            return taken;
+        }
+        let mut taken = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let Some(mut q) = self.queue.pop_front() else {
+                break;
+            };
+            if q.len() > left {
+                if let Queued::Run(run) = &mut q {
+                    // The run's hold stays with both parts.
+                    let front = Queued::Run(run.split_to(left));
+                    self.release(&front);
+                    // The rest of the run stays, still a run.
+                    self.runs += 1;
+                    taken.push(front);
+                    self.queue.push_front(q);
+                    break;
+                }
+            }
+            left -= q.len();
+            self.release(&q);
+            taken.push(q);
         }
         taken
     }
@@ -276,14 +377,21 @@ impl Pending {
         max: usize,
         mut ready: impl FnMut(&DecodedElement) -> bool,
     ) -> Vec<DecodedElement> {
+        self.split_runs();
         let takeable = self.takeable();
         let mut taken = Vec::new();
         let mut passed_over = Vec::new();
         let mut scanned = 0;
         let mut kept_durable = 0;
         while scanned < takeable && taken.len() < max {
-            let Some(e) = self.queue.pop_front() else {
-                break;
+            let e = match self.queue.pop_front() {
+                Some(Queued::One(e)) => e,
+                // `split_runs` left none; were one here, it would stay.
+                Some(run @ Queued::Run(_)) => {
+                    self.queue.push_front(run);
+                    break;
+                }
+                None => break,
             };
             if ready(&e) {
                 taken.push(e);
@@ -296,26 +404,32 @@ impl Pending {
             scanned += 1;
         }
         for e in passed_over.into_iter().rev() {
-            self.queue.push_front(e);
+            self.queue.push_front(Queued::One(e));
         }
         // Durable elements left behind are still the queue's first ones.
         self.durable = kept_durable + self.durable.saturating_sub(scanned);
         for e in &taken {
-            self.release(e);
+            self.holds.remove(e.header.timestamp);
+            self.bytes -= e.encoded.len();
+            self.memory_bytes -= e.encoded.len();
+            self.queued -= 1;
         }
         taken
     }
 
     /// Whether some element of the memory part satisfies `pred` (what a
     /// bundle could take now).
-    pub(super) fn any(&self, pred: impl FnMut(&DecodedElement) -> bool) -> bool {
-        self.queue.iter().any(pred)
+    pub(super) fn any(&self, mut pred: impl FnMut(&DecodedElement) -> bool) -> bool {
+        self.queue.iter().any(|q| match q {
+            Queued::One(e) => pred(e),
+            Queued::Run(run) => run.elements().any(|e| pred(&e)),
+        })
     }
 
     /// Calls `f` with every waiting element, oldest first, reading spilled
     /// ones back (a checkpoint records them all).
     pub(super) fn for_each(&self, mut f: impl FnMut(&DecodedElement)) -> Result<(), SpillError> {
-        self.queue.iter().for_each(&mut f);
+        self.queue.iter().for_each(|q| q.for_each_element(&mut f));
         match &self.overflow {
             Some(o) => o.for_each(f),
             None => Ok(()),
@@ -330,7 +444,7 @@ impl Pending {
 
     /// Number of waiting elements.
     pub(super) fn len(&self) -> usize {
-        self.queue.len() + self.overflow.as_ref().map_or(0, Overflow::len)
+        self.queued + self.overflow.as_ref().map_or(0, Overflow::len)
     }
 
     /// Whether nothing waits.
@@ -363,6 +477,14 @@ mod tests {
             pane: PaneInfo::NO_FIRING,
         };
         DecodedElement::new(header, Bytes::copy_from_slice(&[n]), 0)
+    }
+
+    /// [`Pending::take`], element by element.
+    fn take(p: &mut Pending, max: usize) -> Vec<DecodedElement> {
+        p.take(max)
+            .into_iter()
+            .flat_map(Queued::into_elements)
+            .collect()
     }
 
     fn values(elements: &[DecodedElement]) -> Vec<u8> {
@@ -409,11 +531,15 @@ mod tests {
         let even = |e: &DecodedElement| e.value()[0].is_multiple_of(2);
         assert_eq!(values(&p.take_where(1, even)), [0]);
         assert_eq!(values(&p.take_where(10, even)), [2], "4 is not durable");
-        assert_eq!(values(&p.take(10)), [1, 3], "the durable rest, in order");
-        assert!(p.take(10).is_empty());
+        assert_eq!(
+            values(&take(&mut p, 10)),
+            [1, 3],
+            "the durable rest, in order"
+        );
+        assert!(take(&mut p, 10).is_empty());
         p.made_durable(p.checkpoint_mark());
         assert_eq!(values(&p.take_where(10, even)), [4]);
-        assert_eq!(values(&p.take(10)), [5]);
+        assert_eq!(values(&take(&mut p, 10)), [5]);
     }
 
     /// A queue with a bound of `limit` bytes that spills to `store`.
@@ -466,7 +592,7 @@ mod tests {
         let mut order = Vec::new();
         while !p.is_empty() {
             p.refill().unwrap();
-            let taken = p.take(3);
+            let taken = take(&mut p, 3);
             assert!(!taken.is_empty(), "a refilled queue has something to take");
             assert!(p.memory_bytes <= 6 << 20, "memory holds about the bound");
             order.extend(taken.iter().map(|e| e.value()[0]));

@@ -3,16 +3,23 @@
 
 use super::*;
 use crate::coder::{
-    decode_whole_windowed_values, BorrowedWindowedValues, CoderError, DecodedElement, TimerValue,
+    decode_whole_windowed_values, BorrowedWindowedValues, CoderError, DecodedElement, ElementRun,
+    TimerValue,
 };
 use crate::grouping::{Fired, GroupingError};
 use crate::plan::SdkStage;
+use smallvec::SmallVec;
 
 /// Most bytes of a GroupByKey's output emitted in one step of the engine
 /// (less if the consumer's queue bound is smaller): a window closing over
 /// many keys, or a spilled one, is emitted a step at a time, with bundles
 /// scheduled between steps.
 const FIRE_STEP_BYTES: usize = 4 << 20;
+
+/// Fewest elements of a firing queued as one run: fewer (a streaming
+/// trigger's firing of one key, say) are queued one by one, which costs
+/// less than a run's shared record.
+const RUN_AT_LEAST: usize = 64;
 
 /// Elements of a chunk routed to GroupByKeys before the rest of the chunk
 /// is announced to them ([`GroupingBuffer::expect_elements`]): enough to
@@ -67,21 +74,74 @@ impl Engine {
         Ok(routed)
     }
 
-    /// [`Self::route`] for elements already decoded from `bytes` (what a
-    /// GroupByKey's firing emitted, with its record of each element).
-    fn route_decoded(
+    /// [`Self::route`] for a run of elements (what a GroupByKey's firing
+    /// emitted, with its record of each element): one queue entry for each
+    /// consumer that takes runs, element by element where any consumer
+    /// needs more than a queue entry (a GroupByKey's buffer, a side input,
+    /// a stateful stage's expiry timers).
+    pub(super) fn route_run(
         &mut self,
         pcoll: PCollectionIdx,
-        bytes: &[u8],
-        elements: Vec<DecodedElement>,
+        run: ElementRun,
     ) -> Result<(), EngineError> {
-        if self.only_groupings_consume(pcoll) {
-            return self.route_to_grouping(pcoll, bytes, false).map(|_| ());
+        if !self.only_queues_consume(pcoll) {
+            return run
+                .elements()
+                .try_for_each(|e| self.route_element(pcoll, e));
         }
-        for e in elements {
-            self.route_element(pcoll, e)?;
+        if let Some(producer) = self.producers[pcoll] {
+            let counters = &mut self.stages[producer].progress.counters;
+            counters.elements_out += run.len() as u64;
+            counters.bytes_out += run.encoded_len() as u64;
+        }
+        let n = self.consumers[pcoll].stages.len();
+        let mut run = Some(run);
+        for i in 0..n {
+            let stage = self.consumers[pcoll].stages[i];
+            let queued = if i + 1 == n { run.take() } else { run.clone() };
+            let Some(queued) = queued else {
+                break;
+            };
+            let pending = &mut self.stages[stage].queue.pending;
+            pending
+                .push_run(queued)
+                .map_err(spill_failed(&self.plan, stage))?;
+            self.summary.peak_pending_bytes = self.summary.peak_pending_bytes.max(pending.bytes());
         }
         Ok(())
+    }
+
+    /// [`Self::route_element`] or [`Self::route_run`], as the entry is.
+    pub(super) fn route_entry(
+        &mut self,
+        pcoll: PCollectionIdx,
+        entry: Queued,
+    ) -> Result<(), EngineError> {
+        match entry {
+            Queued::One(e) => self.route_element(pcoll, e),
+            Queued::Run(run) => self.route_run(pcoll, run),
+        }
+    }
+
+    /// Whether every consumer of `pcoll` only queues what it is given
+    /// (an SDK stage that sets no expiry timers as elements arrive, or a
+    /// Flatten) and none reads it as a side input: a run of its elements
+    /// then goes to each queue as it is.
+    fn only_queues_consume(&self, pcoll: PCollectionIdx) -> bool {
+        let consumers = &self.consumers[pcoll];
+        consumers.side_inputs.is_empty()
+            && consumers.stages.iter().all(|&c| {
+                matches!(
+                    (&self.plan.stages[c].kind, &self.stages[c].kind),
+                    (
+                        StageKind::Sdk(SdkStage {
+                            window_expiration: None,
+                            ..
+                        }),
+                        KindState::Sdk(_)
+                    ) | (StageKind::Flatten, KindState::Flatten)
+                )
+            })
     }
 
     /// Whether every consumer of `pcoll` is a GroupByKey (and none reads it
@@ -213,22 +273,36 @@ impl Engine {
             g.fire_budget = budget.saturating_sub(out.bytes.len());
         }
         if fired > 0 {
-            let outputs = self.plan.stages[stage].outputs.clone();
-            if outputs.iter().all(|&p| self.only_groupings_consume(p)) {
-                // GroupByKeys read the bytes in place: no element needed.
-                for &pcoll in &outputs {
+            // GroupByKeys read the bytes in place. Queues take the elements
+            // as the firing recorded them while encoding them (not decoded
+            // again): as a run if there are enough of them to be worth one.
+            let mut queued: SmallVec<[PCollectionIdx; 2]> = SmallVec::new();
+            for i in 0..self.plan.stages[stage].outputs.len() {
+                let pcoll = self.plan.stages[stage].outputs[i];
+                if self.only_groupings_consume(pcoll) {
                     self.route_to_grouping(pcoll, &out.bytes, false)?;
+                } else {
+                    queued.push(pcoll);
                 }
-                return Ok(true);
             }
-            // The firing recorded each element's header and extent while
-            // encoding it: routed as they are, not decoded again.
-            let (bytes, elements) = out.into_elements();
-            if let Some((&last, others)) = outputs.split_last() {
+            let Some((&last, others)) = queued.split_last() else {
+                return Ok(true);
+            };
+            if out.element_count() < RUN_AT_LEAST {
+                let elements = out.into_elements();
                 for &pcoll in others {
-                    self.route_decoded(pcoll, &bytes, elements.clone())?;
+                    for e in &elements {
+                        self.route_element(pcoll, e.clone())?;
+                    }
                 }
-                self.route_decoded(last, &bytes, elements)?;
+                for e in elements {
+                    self.route_element(last, e)?;
+                }
+            } else if let Some(run) = out.into_run() {
+                for &pcoll in others {
+                    self.route_run(pcoll, run.clone())?;
+                }
+                self.route_run(last, run)?;
             }
         }
         Ok(fired > 0)

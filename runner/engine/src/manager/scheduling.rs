@@ -60,20 +60,30 @@ pub(super) fn group_by_key_group(
     (slots.into_iter().flatten().collect(), points)
 }
 
-/// Concatenate whole encoded elements into chunks of about `chunk_bytes`.
-pub(super) fn chunk_elements(elements: &[DecodedElement], chunk_bytes: usize) -> Vec<Bytes> {
-    let mut chunks = Vec::new();
-    let mut current: Vec<u8> = Vec::new();
-    for e in elements {
-        if !current.is_empty() && current.len() + e.encoded.len() > chunk_bytes {
-            chunks.push(Bytes::from(std::mem::take(&mut current)));
+/// Adds `hold` (a timestamp, how many hold there) to a bundle's record,
+/// beside the last one if it is at the same timestamp.
+fn push_hold(holds: &mut Vec<(Timestamp, usize)>, (ts, n): (Timestamp, usize)) {
+    match holds.last_mut() {
+        Some((last, count)) if *last == ts => *count += n,
+        _ => holds.push((ts, n)),
+    }
+}
+
+/// What a bundle took from its stage's queue: entries as they were queued
+/// (runs whole), or single elements picked one by one (a gated, keyed or
+/// time-sorted stage's).
+enum Taken {
+    Entries(Vec<Queued>),
+    Elements(Vec<DecodedElement>),
+}
+
+impl Taken {
+    fn is_empty(&self) -> bool {
+        match self {
+            Taken::Entries(entries) => entries.is_empty(),
+            Taken::Elements(elements) => elements.is_empty(),
         }
-        current.extend_from_slice(&e.encoded);
     }
-    if !current.is_empty() {
-        chunks.push(Bytes::from(current));
-    }
-    chunks
 }
 
 impl Engine {
@@ -305,24 +315,23 @@ impl Engine {
                     } else {
                         Vec::new()
                     };
-                    let elements: Vec<DecodedElement> = if gate.is_empty() && !time_sorted && !keyed
-                    {
-                        queue.pending.take(bundle_elements)
+                    let elements = if gate.is_empty() && !time_sorted && !keyed {
+                        Taken::Entries(queue.pending.take(bundle_elements))
                     } else {
                         // Only elements whose side inputs are ready, in
                         // the bundle's key slice.
-                        queue.pending.take_where(bundle_elements, |e| {
+                        Taken::Elements(queue.pending.take_where(bundle_elements, |e| {
                             released(e)
                                 && in_slice(e)
                                 && gate.iter().all(|g| g.allows(e, streaming))
-                        })
+                        }))
                     };
                     if !elements.is_empty() || !fired.is_empty() {
                         picked = Some((allowed, elements, fired));
                         break;
                     }
                 }
-                let Some((allowed, mut elements, fired)) = picked else {
+                let Some((allowed, taken, fired)) = picked else {
                     break;
                 };
                 // A stateful stage's bundle may be split between key
@@ -332,18 +341,30 @@ impl Engine {
                 // returns to the queue, where it holds back the timers it
                 // could precede as any waiting element does.
                 let mut split_points = Vec::new();
-                if time_sorted {
-                    elements.sort_by_key(|e| e.header.timestamp);
-                } else if let Some(coder) = key_coder.as_ref().filter(|_| elements.len() > 1) {
-                    (elements, split_points) = group_by_key_group(coder, elements);
-                }
-                let take = elements.len();
+                let elements: Vec<Queued> = match taken {
+                    Taken::Entries(entries) => entries,
+                    Taken::Elements(mut elements) => {
+                        if time_sorted {
+                            elements.sort_by_key(|e| e.header.timestamp);
+                        } else if let Some(coder) =
+                            key_coder.as_ref().filter(|_| elements.len() > 1)
+                        {
+                            (elements, split_points) = group_by_key_group(coder, elements);
+                        }
+                        elements.into_iter().map(Queued::One).collect()
+                    }
+                };
+                let take = element_count(&elements);
                 let key_groups: KeyGroupSet = if keyed { allowed } else { 0 };
-                let mut holds = Vec::with_capacity(elements.len() + fired.len());
-                holds.extend(elements.iter().map(|e| e.header.timestamp));
-                holds.extend(fired.iter().map(|(_, f)| f.timer.hold_timestamp));
-                let element_lengths: Vec<usize> =
-                    elements.iter().map(|e| e.encoded.len()).collect();
+                let mut holds = Vec::new();
+                let mut element_lengths = Vec::with_capacity(take);
+                for q in &elements {
+                    push_hold(&mut holds, q.holds());
+                    q.element_lengths(&mut element_lengths);
+                }
+                for (_, f) in &fired {
+                    push_hold(&mut holds, (f.timer.hold_timestamp, 1));
+                }
                 let input_bytes: usize = element_lengths.iter().sum();
                 queue.bundle_started(key_groups, &holds, input_bytes);
                 self.slot_groups.take(idx);
@@ -377,7 +398,7 @@ impl Engine {
                 } else {
                     self.config.chunk_bytes
                 };
-                let chunks = chunk_elements(&elements, chunk_bytes);
+                let chunks = chunk_entries(&elements, chunk_bytes);
                 let mut overlay =
                     BundleOverlay::new(self.side_inputs.clone(), self.user_state[idx].clone());
                 if let Some((store, space)) = &self.spill_space {

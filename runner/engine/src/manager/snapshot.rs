@@ -237,7 +237,9 @@ impl Engine {
             let kind = s.kind.record();
             let mut timers = kind.timers;
             for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
-                pending.extend(flight.elements.iter().map(ElementRecord::of));
+                for q in &flight.elements {
+                    q.for_each_element(|e| pending.push(ElementRecord::of(e)));
+                }
                 if !flight.fired_timers.is_empty() {
                     timers.to_mut().restore(flight.fired_timers.clone());
                 }

@@ -320,18 +320,19 @@ impl StageQueue {
     }
 
     /// A bundle started with input of `input_bytes` bytes holding `holds`
-    /// (its elements' and fired timers' timestamps), locking `key_groups`.
+    /// (its elements' and fired timers' timestamps, each with how many
+    /// hold there), locking `key_groups`.
     pub(super) fn bundle_started(
         &mut self,
         key_groups: KeyGroupSet,
-        holds: &[Timestamp],
+        holds: &[(Timestamp, usize)],
         input_bytes: usize,
     ) {
         self.in_flight += 1;
         self.in_flight_bytes += input_bytes;
         self.locked_key_groups |= key_groups;
-        for &h in holds {
-            self.in_flight_holds.add(h);
+        for &(h, n) in holds {
+            self.in_flight_holds.add_many(h, n);
         }
     }
 
@@ -339,14 +340,14 @@ impl StageQueue {
     pub(super) fn bundle_ended(
         &mut self,
         key_groups: KeyGroupSet,
-        holds: &[Timestamp],
+        holds: &[(Timestamp, usize)],
         input_bytes: usize,
     ) {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(input_bytes);
         self.unlock_key_groups(key_groups);
-        for &h in holds {
-            self.in_flight_holds.remove(h);
+        for &(h, n) in holds {
+            self.in_flight_holds.remove_many(h, n);
         }
     }
 
@@ -604,9 +605,9 @@ mod tests {
         assert_eq!(s.output_watermark(100), 10);
         // A bundle in flight, after its input left the queue.
         let taken = s.queue.pending.take(1);
-        s.queue.bundle_started(0, &[taken[0].header.timestamp], 1);
+        s.queue.bundle_started(0, &[taken[0].holds()], 1);
         assert_eq!(s.output_watermark(100), 10);
-        s.queue.bundle_ended(0, &[10], 1);
+        s.queue.bundle_ended(0, &[(10, 1)], 1);
         assert_eq!(s.output_watermark(100), 100);
         // A delayed residual.
         s.queue.delay(Instant::now(), element(20), 15);

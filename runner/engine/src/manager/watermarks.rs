@@ -118,16 +118,16 @@ impl Engine {
         if self.stages[idx].queue.pending.is_empty() {
             return Ok(false);
         }
-        let elements = self.stages[idx].queue.pending.take(usize::MAX);
+        let entries = self.stages[idx].queue.pending.take(usize::MAX);
         let outputs = self.plan.stages[idx].outputs.clone();
         if let Some((&last, others)) = outputs.split_last() {
             for &out in others {
-                for e in &elements {
-                    self.route_element(out, e.clone())?;
+                for q in &entries {
+                    self.route_entry(out, q.clone())?;
                 }
             }
-            for e in elements {
-                self.route_element(last, e)?;
+            for q in entries {
+                self.route_entry(last, q)?;
             }
         }
         Ok(true)

@@ -135,7 +135,8 @@ fn drain(g: &mut GroupingBuffer) -> Vec<DecodedElement> {
         let step = out.bytes.len() + (1 << 20);
         g.drain_spilled(MAX_TIMESTAMP, 0, &mut out, step).unwrap();
     }
-    let (bytes, got) = out.into_elements();
+    let bytes = bytes::Bytes::from(out.bytes.clone());
+    let got = out.into_elements();
     // What the firing recorded is what its bytes hold, state-backed form
     // included.
     let out_coder = Coder::Kv(

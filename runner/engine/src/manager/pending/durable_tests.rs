@@ -134,7 +134,12 @@ proptest! {
                 }
                 Op::Take(n) => {
                     p.refill().expect("refills");
-                    let taken: Vec<u32> = p.take(usize::from(n)).iter().map(id).collect();
+                    let taken: Vec<u32> = p
+                        .take(usize::from(n))
+                        .into_iter()
+                        .flat_map(Queued::into_elements)
+                        .map(|e| id(&e))
+                        .collect();
                     let want: Vec<u32> = model.drain(..taken.len()).collect();
                     prop_assert_eq!(taken, want);
                 }
