@@ -2,7 +2,7 @@
 started beforehand, shows per-stage progress and the job's metrics, and
 writes the same counts as Beam's DirectRunner; its workers are forked
 processes that load the main session, import beside the script and log to
-the pipeline's console; Ctrl-C and SIGTERM stop the run and cancel its
+the pipeline's console without Beam's start-up warnings; Ctrl-C and SIGTERM stop the run and cancel its
 job."""
 
 import os
@@ -46,6 +46,11 @@ def test_refract_run_wordcount(refract_bin, tmp_path):
   assert progress and all(l.endswith('watermark +inf') for l in progress), \
       done.stderr[-3000:]
   assert any('Count' in l for l in progress), progress
+  # The workers' start is quiet: Beam's harness would warn of a main session
+  # the job never staged and of options it "discards" while keeping their
+  # values, once per worker, on this console.
+  assert 'No session file found' not in done.stderr, done.stderr[-3000:]
+  assert 'Discarding unparseable args' not in done.stderr, done.stderr[-3000:]
 
   expected = wordcount.run_wordcount(
       wordcount.DEFAULT_INPUT, str(tmp_path / 'direct' / 'counts'),
@@ -201,6 +206,7 @@ def test_refract_run_starts_worker_processes_that_load_the_main_session(
   assert done.stderr.count('REFRACT-LOG-PROBE') == len(rows), (
       done.stderr[-3000:])
   assert 'Logging client failed' not in done.stderr, done.stderr[-3000:]
+  assert 'Discarding unparseable args' not in done.stderr, done.stderr[-3000:]
   # The submission environment's `pip freeze` was skipped.
   assert 'submission_environment_dependencies' not in done.stderr
 

@@ -32,6 +32,7 @@ a directory only that user can enter.
 
 import errno
 import json
+import logging
 import os
 import selectors
 import signal
@@ -58,6 +59,55 @@ def die_with_parent(sig):
     pass
 
 
+class NoStagedSession(logging.Filter):
+  """Drops the warning Beam's harness logs when it finds no pickled main
+  session, for a job that staged none: the pipeline did not ask for one
+  (`--save_main_session`), so nothing is missing. `refract run` shows the
+  job's warnings on the console, and every worker would print it there.
+  Any other record passes; so does this one if Beam words it otherwise."""
+
+  def filter(self, record):
+    return record.msg != 'No session file found: %s.%s'
+
+
+def options_the_harness_reads(options):
+  """`options` (the provisioned pipeline options, by portable name) less
+  the options the harness would discard with a warning at every start.
+
+  Beam writes a true boolean option back to flags as `--NAME`; an option
+  whose flag is not `--NAME` (`--no_pipeline_type_check` sets
+  `pipeline_type_check`, true by default) is then unparseable, and the
+  harness logs "Discarding unparseable args" and keeps its default (true),
+  the very value it was given. Such options are left out, so the harness
+  starts with the same options and without the warning. Should Beam's
+  option classes not be readable as expected, nothing is left out.
+  """
+  try:
+    from apache_beam.options import pipeline_options as beam_options
+    parser = beam_options._BeamArgumentParser(allow_abbrev=False)
+    for cls in beam_options.PipelineOptions.__subclasses__():
+      cls._add_argparse_args(parser)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    flagged_otherwise = {
+        action.dest
+        for action in parser._actions
+        if action.default is True and '--' + action.dest not in flags
+    }
+  except Exception:  # pylint: disable=broad-except
+    return options
+
+  def name(key):
+    if key.startswith('beam:option:') and key.endswith(':v1'):
+      return key[len('beam:option:'):-len(':v1')]
+    return key
+
+  return {
+      key: value
+      for key, value in options.items()
+      if not (value is True and name(key) in flagged_otherwise)
+  }
+
+
 def run_harness():
   """Provisions this worker from the runner's services (the BOOT_* variables
   python_boot.sh set) and runs Beam's SDK harness until it ends."""
@@ -72,6 +122,7 @@ def run_harness():
   from apache_beam.portability.api import beam_provision_api_pb2_grpc
   from apache_beam.portability.api import beam_runner_api_pb2
   from apache_beam.portability.api import endpoints_pb2
+  from apache_beam.runners.internal import names
 
   env = os.environ
   worker_id = env['BOOT_ID']
@@ -89,6 +140,7 @@ def run_harness():
     out['LOGGING_API_SERVICE_DESCRIPTOR'] = descriptor(env['BOOT_LOGGING'])
 
   options = {}
+  session_staged = False
   if env['BOOT_PROVISION']:
     channel = grpc.insecure_channel(env['BOOT_PROVISION'])
     try:
@@ -114,6 +166,11 @@ def run_harness():
     # <semi>/staged/<name>, where the harness looks for them.
     staging_to = common_urns.artifact_roles.STAGING_TO.urn
     artifacts = [d for d in info.dependencies if d.role_urn == staging_to]
+    session_staged = any(
+        os.path.basename(
+            beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
+                a.role_payload).staged_name) == names.PICKLED_MAIN_SESSION_FILE
+        for a in artifacts)
     if artifacts and env['BOOT_ARTIFACT']:
       stub = beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(
           grpc.insecure_channel(env['BOOT_ARTIFACT']))
@@ -131,7 +188,7 @@ def run_harness():
               f.write(chunk.data)
         except grpc.RpcError as e:
           sys.exit('python_boot.sh: fetching %s failed: %s' % (name, e))
-  out['PIPELINE_OPTIONS'] = json.dumps(options)
+  out['PIPELINE_OPTIONS'] = json.dumps(options_the_harness_reads(options))
 
   for key in [k for k in os.environ if k.startswith('BOOT_')]:
     del os.environ[key]
@@ -143,6 +200,8 @@ def run_harness():
   from apache_beam.runners.worker import worker_id_interceptor
   worker_id_interceptor.WorkerIdInterceptor._worker_id = worker_id
   from apache_beam.runners.worker import sdk_worker_main
+  if not session_staged:
+    logging.getLogger(sdk_worker_main.__name__).addFilter(NoStagedSession())
   sdk_worker_main.main([sys.argv[0]])
 
 

@@ -108,11 +108,6 @@ impl ElementRun {
         self.own().iter().map(|e| e.end - e.start)
     }
 
-    /// Each element's timestamp, in order.
-    pub fn timestamps(&self) -> impl Iterator<Item = Timestamp> + '_ {
-        self.own().iter().map(|e| e.header.timestamp)
-    }
-
     /// Takes its first `n` elements (all of them if it has fewer) as a run
     /// of their own; it keeps the rest.
     pub fn split_to(&mut self, n: usize) -> ElementRun {

@@ -11,9 +11,9 @@
 //! (they were durable when taken), so the durable elements are always a
 //! prefix of the queue: its length is all the queue needs to know.
 //!
-//! A GroupByKey's firing reaches a plain SDK stage's queue as one run of
-//! elements ([`Queued::Run`]), which bundles take whole or cut where they
-//! need; whatever needs one element at a time (a gated, keyed or
+//! A GroupByKey's firing of many elements reaches an SDK stage's or a
+//! Flatten's queue as one run of them ([`Queued::Run`]), which bundles
+//! take whole or cut where they need; whatever needs one element at a time (a gated, keyed or
 //! time-sorted stage's take, a checkpoint, the spill store) takes a run's
 //! elements one by one.
 //!
