@@ -11,12 +11,15 @@ are in test_cli_run.py and test_wheel.py."""
 import json
 import os
 import signal
+from concurrent import futures
 import socket
 import subprocess
 import sys
 import time
 
+import grpc
 import pytest
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
 
 from refract_testlib import alive
 from refract_testlib import children_by_parent
@@ -26,6 +29,7 @@ from refract_testlib import stat_fields
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(REPO, 'runner', 'src', 'python_worker.py')
+BOOT = os.path.join(REPO, 'runner', 'src', 'python_boot.sh')
 
 
 def children_of(pid):
@@ -207,3 +211,58 @@ def test_a_process_group_out_of_range_is_ignored(fork_server, tmp_path):
     err = f.read()
   assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
   assert server.poll() is None
+
+
+class EndAtOnce(beam_fn_api_pb2_grpc.BeamFnControlServicer):
+  """A runner with no work: each worker's control stream ends as it opens,
+  so its harness ends as at the end of a job."""
+
+  def Control(self, request_iterator, context):
+    return iter(())
+
+
+@pytest.fixture
+def control_with_no_work():
+  server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+  beam_fn_api_pb2_grpc.add_BeamFnControlServicer_to_server(EndAtOnce(), server)
+  port = server.add_insecure_port('127.0.0.1:0')
+  server.start()
+  yield '127.0.0.1:%d' % port
+  server.stop(None)
+
+
+def test_a_directory_the_boot_script_made_goes_when_the_harness_ends(
+    control_with_no_work, tmp_path):
+  """Started as Beam's worker_pool_main starts a container executable, with
+  no directory of its own, python_boot.sh makes one (in TMPDIR); it is gone
+  once the harness has ended (it was left behind, one per worker)."""
+  tmp = tmp_path / 'tmp'
+  tmp.mkdir()
+  env = dict(os.environ, TMPDIR=str(tmp), BEAM_PYTHON=sys.executable)
+  env.pop('SEMI_PERSISTENT_DIRECTORY', None)
+  done = subprocess.run(
+      [BOOT, '--id=w1', '--control_endpoint=' + control_with_no_work],
+      capture_output=True, env=env, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert b'No more requests from control plane' in done.stderr, (
+      done.stderr[-3000:])
+  assert os.listdir(tmp) == [], os.listdir(tmp)
+
+
+def test_a_forked_worker_removes_the_directory_its_boot_script_made(
+    fork_server, control_with_no_work, tmp_path):
+  _, sock = fork_server
+  semi = tmp_path / 'made-by-boot'
+  (semi / 'staged').mkdir(parents=True)
+  proc = boot(sock, semi, control_with_no_work,
+              extra_env={'BOOT_SEMI_OWNED': '1'})
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert not semi.exists()
+  # A directory it was given stays.
+  given = tmp_path / 'given'
+  (given / 'staged').mkdir(parents=True)
+  proc = boot(sock, given, control_with_no_work)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert given.exists()

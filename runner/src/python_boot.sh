@@ -63,9 +63,14 @@ if [ -z "$python" ]; then
   [ -x "$python" ] || python=python3
 fi
 
+# A directory for the worker's staged files: the one it is given, or one
+# of its own, which the worker removes when its harness ends (a pool, such
+# as Beam's worker_pool_main, gives none and would collect them).
 semi=${SEMI_PERSISTENT_DIRECTORY:-}
+semi_owned=
 if [ -z "$semi" ]; then
   semi=$(mktemp -d -t "refract-worker-${id:-x}.XXXXXX")
+  semi_owned=1
 fi
 mkdir -p "$semi/staged"
 
@@ -78,5 +83,6 @@ mkdir -p "$semi/staged"
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
 BOOT_ID=$id BOOT_CONTROL=$control BOOT_LOGGING=$logging \
   BOOT_PROVISION=$provision BOOT_ARTIFACT=$artifact BOOT_SEMI=$semi \
+  BOOT_SEMI_OWNED=$semi_owned \
   exec "$python" - apache_beam.runners.worker.sdk_worker_main "--id=$id" \
   <"$here/python_worker.py"

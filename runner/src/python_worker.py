@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -109,6 +110,19 @@ def options_the_harness_reads(options):
 
 
 def run_harness():
+  """Provisions this worker and runs Beam's SDK harness until it ends; then
+  removes the worker's directory if python_boot.sh made it (rather than
+  being given one), whether the harness ended well or not."""
+  semi = os.environ.get('BOOT_SEMI', '')
+  owned = os.environ.get('BOOT_SEMI_OWNED') == '1'
+  try:
+    provision_and_run_harness()
+  finally:
+    if owned and semi:
+      shutil.rmtree(semi, ignore_errors=True)
+
+
+def provision_and_run_harness():
   """Provisions this worker from the runner's services (the BOOT_* variables
   python_boot.sh set) and runs Beam's SDK harness until it ends."""
   import grpc
