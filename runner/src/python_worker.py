@@ -9,7 +9,10 @@ What it does depends on its environment:
 * Plain: it asks the runner's provision service for the pipeline options,
   fetches the staged files (the pickled main session of
   `--save_main_session`, for example), sets the variables Beam's harness
-  reads and runs the harness (`sdk_worker_main`) in this interpreter.
+  reads and runs the harness (`sdk_worker_main`) in this interpreter,
+  leaving out of its options and its log two warnings that are false here
+  (see `options_the_harness_reads`, `NoStagedSession`); when the harness
+  ends, it removes the worker's directory if python_boot.sh made it.
   Importing Beam takes about a second of CPU, paid by every worker.
 
 * With `REFRACT_FORKSERVER=SOCKET`: it hands its environment, working
