@@ -235,9 +235,18 @@ def test_a_directory_the_boot_script_made_goes_when_the_harness_ends(
     control_with_no_work, tmp_path):
   """Started as Beam's worker_pool_main starts a container executable, with
   no directory of its own, python_boot.sh makes one (in TMPDIR); it is gone
-  once the harness has ended (it was left behind, one per worker)."""
+  once the harness has ended (it was left behind, one per worker). One left
+  by a worker killed before its harness ended (worker_pool_main kills a
+  worker a second after StopWorker) goes when the next worker starts; one
+  whose worker lives stays."""
   tmp = tmp_path / 'tmp'
   tmp.mkdir()
+  gone = subprocess.Popen(['true'])
+  gone.wait()
+  killed = tmp / ('refract-worker-w0.pid%d.AbC123' % gone.pid)
+  living = tmp / ('refract-worker-w9.pid%d.XyZ789' % os.getpid())
+  for d in (killed, living):
+    (d / 'staged').mkdir(parents=True)
   env = dict(os.environ, TMPDIR=str(tmp), BEAM_PYTHON=sys.executable)
   env.pop('SEMI_PERSISTENT_DIRECTORY', None)
   done = subprocess.run(
@@ -246,7 +255,7 @@ def test_a_directory_the_boot_script_made_goes_when_the_harness_ends(
   assert done.returncode == 0, done.stderr[-3000:]
   assert b'No more requests from control plane' in done.stderr, (
       done.stderr[-3000:])
-  assert os.listdir(tmp) == [], os.listdir(tmp)
+  assert os.listdir(tmp) == [living.name], os.listdir(tmp)
 
 
 def test_a_forked_worker_removes_the_directory_its_boot_script_made(

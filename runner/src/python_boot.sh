@@ -64,12 +64,26 @@ if [ -z "$python" ]; then
 fi
 
 # A directory for the worker's staged files: the one it is given, or one
-# of its own, which the worker removes when its harness ends (a pool, such
-# as Beam's worker_pool_main, gives none and would collect them).
+# of its own (a pool, such as Beam's worker_pool_main, gives none). The
+# worker removes its own when its harness ends; one whose worker was killed
+# first (worker_pool_main kills a worker a second after StopWorker) goes
+# when a later worker starts here: its name carries the pid of the process
+# that made it (this one, which becomes the worker or, with a fork server,
+# waits for it), and a directory of this user's whose process is gone is
+# removed.
 semi=${SEMI_PERSISTENT_DIRECTORY:-}
 semi_owned=
 if [ -z "$semi" ]; then
-  semi=$(mktemp -d -t "refract-worker-${id:-x}.XXXXXX")
+  tmp=${TMPDIR:-/tmp}
+  for old in "$tmp"/refract-worker-*.pid*.*; do
+    pid=${old##*.pid}
+    pid=${pid%%.*}
+    case "$pid" in '' | *[!0-9]*) continue ;; esac
+    if [ -d "$old" ] && [ -O "$old" ] && ! kill -0 "$pid" 2>/dev/null; then
+      rm -rf -- "$old" || true
+    fi
+  done
+  semi=$(mktemp -d -t "refract-worker-${id:-x}.pid$$.XXXXXX")
   semi_owned=1
 fi
 mkdir -p "$semi/staged"
