@@ -103,6 +103,11 @@ impl ElementRun {
         self.extent().len()
     }
 
+    /// Its elements' bytes, back to back: a slice of the buffer.
+    pub fn bytes(&self) -> Bytes {
+        self.buffer.slice(self.extent())
+    }
+
     /// Each element's encoded length, in order.
     pub fn element_lengths(&self) -> impl Iterator<Item = usize> + '_ {
         self.own().iter().map(|e| e.end - e.start)
@@ -234,5 +239,6 @@ mod tests {
         let whole: Vec<u8> = run.chunks(20).concat();
         let want: Vec<u8> = run.elements().flat_map(|e| e.encoded.to_vec()).collect();
         assert_eq!(whole, want);
+        assert_eq!(run.bytes(), want, "its bytes are its elements'");
     }
 }

@@ -39,19 +39,15 @@ impl Queued {
     /// Adds its holds to `holds`.
     #[inline]
     pub(in crate::manager) fn hold_in(&self, holds: &mut Holds) {
-        match self {
-            Queued::One(e) => holds.add(e.header.timestamp),
-            Queued::Run(run) => holds.add_many(run.hold(), run.len()),
-        }
+        let (ts, n) = self.holds();
+        holds.add_many(ts, n);
     }
 
     /// Takes its holds out of `holds`.
     #[inline]
     pub(in crate::manager) fn release_from(&self, holds: &mut Holds) {
-        match self {
-            Queued::One(e) => holds.remove(e.header.timestamp),
-            Queued::Run(run) => holds.remove_many(run.hold(), run.len()),
-        }
+        let (ts, n) = self.holds();
+        holds.remove_many(ts, n);
     }
 
     /// Its holds as (timestamp, how many), for a bundle's record.
@@ -137,9 +133,7 @@ pub(in crate::manager) fn chunk_entries(entries: &[Queued], chunk_bytes: usize) 
         match q {
             Queued::One(e) => copy(&e.encoded, &mut chunks, &mut current),
             Queued::Run(run) if chunk_bytes > 0 && run.encoded_len() < chunk_bytes => {
-                for slice in run.chunks(chunk_bytes) {
-                    copy(&slice, &mut chunks, &mut current);
-                }
+                copy(&run.bytes(), &mut chunks, &mut current)
             }
             Queued::Run(run) => {
                 if !current.is_empty() {
