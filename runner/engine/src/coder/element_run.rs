@@ -15,6 +15,11 @@
 //! A run holds its consumer's output watermark at the earliest timestamp
 //! of all its elements, however many of them are left: a hold no later
 //! than any element's, and one that a part of the run releases as a whole.
+//!
+//! The record ([`RunRecord`]) keeps a header once for each stretch of
+//! elements that share it (a batch firing's panes all do): a header is
+//! several times the size of an element's extent, and the record of a
+//! firing over distinct keys is written once per element.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -24,17 +29,99 @@ use bytes::Bytes;
 use super::{DecodedElement, WindowedValueHeader};
 use crate::time::Timestamp;
 
-/// Where one element of a run's buffer lies, and its header.
-#[derive(Debug, Clone)]
-pub struct RunElement {
-    /// Timestamp, windows and pane, as encoded at `start`.
-    pub header: WindowedValueHeader,
+/// Where one element of a run's buffer lies.
+#[derive(Debug, Clone, Copy)]
+struct Extent {
     /// Where its header starts.
-    pub start: usize,
+    start: usize,
     /// Where its value starts (its header's end).
-    pub value_start: usize,
+    value_start: usize,
     /// Where it ends.
-    pub end: usize,
+    end: usize,
+}
+
+/// Where each element of an encoded buffer lies, and its header, in
+/// order: what an encoder records while it writes them.
+#[derive(Debug, Clone, Default)]
+pub struct RunRecord {
+    /// Each stretch of elements that share a header: where it starts in
+    /// `extents`, and the header (the first starts at 0).
+    stretches: Vec<(usize, WindowedValueHeader)>,
+    /// One per element, in order.
+    extents: Vec<Extent>,
+}
+
+impl RunRecord {
+    /// Records an element whose `header` is encoded at `start..value_start`
+    /// and its value at `value_start..end` (a header equal to the last
+    /// one recorded is not kept again).
+    pub fn push(
+        &mut self,
+        header: &WindowedValueHeader,
+        start: usize,
+        value_start: usize,
+        end: usize,
+    ) {
+        if self.stretches.last().map(|(_, h)| h) != Some(header) {
+            self.stretches.push((self.extents.len(), header.clone()));
+        }
+        self.extents.push(Extent {
+            start,
+            value_start,
+            end,
+        });
+    }
+
+    /// Room for `elements` more.
+    pub fn reserve(&mut self, elements: usize) {
+        self.extents.reserve(elements);
+    }
+
+    /// How many elements it records.
+    pub fn len(&self) -> usize {
+        self.extents.len()
+    }
+
+    /// Whether it records none.
+    pub fn is_empty(&self) -> bool {
+        self.extents.is_empty()
+    }
+
+    /// The earliest timestamp of its elements (`None` if it has none).
+    fn earliest(&self) -> Option<Timestamp> {
+        self.stretches.iter().map(|(_, h)| h.timestamp).min()
+    }
+
+    /// Elements `range` as shared slices of `buffer`, the buffer it
+    /// records, in order.
+    pub fn elements<'a>(
+        &'a self,
+        buffer: &'a Bytes,
+        range: Range<usize>,
+    ) -> impl Iterator<Item = DecodedElement> + 'a {
+        let mut stretch = self
+            .stretches
+            .partition_point(|(first, _)| *first <= range.start)
+            .saturating_sub(1);
+        let extents = self.extents.get(range.clone()).unwrap_or(&[]);
+        extents.iter().zip(range).filter_map(move |(e, at)| {
+            while self
+                .stretches
+                .get(stretch + 1)
+                .is_some_and(|(first, _)| *first <= at)
+            {
+                stretch += 1;
+            }
+            // Every element is in a stretch (`push` starts one at 0).
+            let (_, header) = self.stretches.get(stretch)?;
+            let value_start = e.value_start - e.start;
+            Some(DecodedElement::new(
+                header.clone(),
+                buffer.slice(e.start..e.end),
+                value_start,
+            ))
+        })
+    }
 }
 
 /// Whole encoded elements, back to back in one buffer, taken and handed
@@ -44,7 +131,7 @@ pub struct ElementRun {
     /// The buffer the elements were encoded into.
     buffer: Bytes,
     /// Every element of `buffer`, in order; the run is `range` of them.
-    elements: Arc<Vec<RunElement>>,
+    record: Arc<RunRecord>,
     /// Which of `elements` this run is (a part of a run is a run).
     range: Range<usize>,
     /// The earliest timestamp of all `elements`.
@@ -52,18 +139,23 @@ pub struct ElementRun {
 }
 
 impl ElementRun {
-    /// The run of all `elements`, recorded while encoding them into
-    /// `buffer`; `None` if there are none. Each element's extent must lie
-    /// within `buffer`, in order, as the encoder recorded it.
-    pub fn new(buffer: Bytes, elements: Vec<RunElement>) -> Option<Self> {
-        let hold = elements.iter().map(|e| e.header.timestamp).min()?;
-        debug_assert!(elements
+    /// The run of all the elements `record` records, recorded while
+    /// encoding them into `buffer`; `None` if there are none. Each
+    /// element's extent must lie within `buffer`, in order, as the encoder
+    /// recorded it.
+    pub fn new(buffer: Bytes, record: RunRecord) -> Option<Self> {
+        if record.is_empty() {
+            return None;
+        }
+        let hold = record.earliest()?;
+        debug_assert!(record
+            .extents
             .iter()
             .all(|e| e.start <= e.value_start && e.value_start <= e.end && e.end <= buffer.len()));
         Some(ElementRun {
             buffer,
-            range: 0..elements.len(),
-            elements: Arc::new(elements),
+            range: 0..record.len(),
+            record: Arc::new(record),
             hold,
         })
     }
@@ -85,9 +177,9 @@ impl ElementRun {
         self.hold
     }
 
-    fn own(&self) -> &[RunElement] {
-        // `range` stays within `elements` (splits clamp it).
-        self.elements.get(self.range.clone()).unwrap_or(&[])
+    fn own(&self) -> &[Extent] {
+        // `range` stays within the record (splits clamp it).
+        self.record.extents.get(self.range.clone()).unwrap_or(&[])
     }
 
     /// Its bytes' extent in the buffer.
@@ -119,7 +211,7 @@ impl ElementRun {
         let at = self.range.start + n.min(self.len());
         let front = ElementRun {
             buffer: self.buffer.clone(),
-            elements: self.elements.clone(),
+            record: self.record.clone(),
             range: self.range.start..at,
             hold: self.hold,
         };
@@ -130,13 +222,7 @@ impl ElementRun {
     /// Its elements as shared slices of the buffer, in order (no bytes are
     /// copied or decoded).
     pub fn elements(&self) -> impl Iterator<Item = DecodedElement> + '_ {
-        self.own().iter().map(|e| {
-            DecodedElement::new(
-                e.header.clone(),
-                self.buffer.slice(e.start..e.end),
-                e.value_start - e.start,
-            )
-        })
+        self.record.elements(&self.buffer, self.range.clone())
     }
 
     /// Its bytes as chunks of whole elements, each about `chunk_bytes` long
@@ -171,7 +257,7 @@ mod tests {
     /// `base - i`, as a firing would encode and record them.
     fn run(n: u8, base: i64) -> (ElementRun, Bytes) {
         let mut buffer = Vec::new();
-        let mut elements = Vec::new();
+        let mut record = RunRecord::default();
         for i in 0..n {
             let header = WindowedValueHeader {
                 timestamp: base - i64::from(i),
@@ -182,15 +268,10 @@ mod tests {
             header.encode(&Coder::GlobalWindow, &mut buffer).unwrap();
             let value_start = buffer.len();
             buffer.extend_from_slice(&[1, i]);
-            elements.push(RunElement {
-                header,
-                start,
-                value_start,
-                end: buffer.len(),
-            });
+            record.push(&header, start, value_start, buffer.len());
         }
         let buffer = Bytes::from(buffer);
-        (ElementRun::new(buffer.clone(), elements).unwrap(), buffer)
+        (ElementRun::new(buffer.clone(), record).unwrap(), buffer)
     }
 
     fn values(elements: impl Iterator<Item = DecodedElement>) -> Vec<u8> {
@@ -223,7 +304,7 @@ mod tests {
         let all = run.split_to(10);
         assert_eq!(all.len(), 3);
         assert!(run.is_empty() && run.encoded_len() == 0 && run.chunks(1).is_empty());
-        assert!(ElementRun::new(Bytes::new(), Vec::new()).is_none());
+        assert!(ElementRun::new(Bytes::new(), RunRecord::default()).is_none());
     }
 
     #[test]

@@ -55,7 +55,7 @@ use thiserror::Error;
 use crate::time::Timestamp;
 use crate::window::Window;
 
-pub use element_run::{ElementRun, RunElement};
+pub use element_run::{ElementRun, RunRecord};
 pub use iterable::split_iterable;
 pub use primitive::{
     decode_timestamp, decode_varint_i64, decode_varint_u64, encode_timestamp, encode_varint_i64,

@@ -75,10 +75,10 @@ impl GroupingBuffer {
         GroupingBuffer {
             uses_processing_time: strategy.trigger.fires_on_processing_time(),
             fires_only_past_end: !strategy.trigger.fires_before_window_end(),
+            memory: MemoryPanes::new(&strategy),
             strategy,
             key_coder_kv: input_value_coder,
             window_coder,
-            memory: MemoryPanes::default(),
             dropped_late: 0,
             drops_late_data: true,
             output_watermark: crate::time::MIN_TIMESTAMP,
@@ -146,6 +146,12 @@ impl GroupingBuffer {
                 watermark: input_watermark,
                 now,
             };
+            if self
+                .memory
+                .arrive(&self.strategy, kv, key_len, window, &ctx)
+            {
+                continue;
+            }
             // An element behind the published output watermark holds (and
             // stamps its pane) at the end of its window instead, so the pane
             // is never emitted behind the watermark downstream already saw.
@@ -254,6 +260,10 @@ impl GroupingBuffer {
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         let always = self.uses_processing_time;
+        if self.spill.as_ref().is_some_and(SpillSpace::is_in_use) {
+            // The spill sees only the table.
+            self.memory.settle(&self.strategy);
+        }
         let (spill, mut side) = self.split();
         let in_memory = match spill {
             Some(spill) => spill.prepare_evaluation(&mut side, input_watermark)?,
@@ -317,6 +327,13 @@ impl GroupingBuffer {
 
 #[cfg(test)]
 impl GroupingBuffer {
+    /// The same buffer, filing every element under its key as it comes
+    /// (the oracle arrivals are checked against).
+    pub(in crate::grouping) fn without_arrivals(mut self) -> Self {
+        self.memory = self.memory.without_arrivals();
+        self
+    }
+
     /// The output watermark this buffer last published (tests check
     /// what panes say against it).
     pub(in crate::grouping) fn output_watermark(&self) -> Timestamp {

@@ -12,39 +12,40 @@
 
 use bytes::Bytes;
 
-use crate::coder::{DecodedElement, ElementRun, RunElement, WindowedValueHeader};
+use crate::coder::{DecodedElement, ElementRun, RunRecord, WindowedValueHeader};
 
 /// Encoded elements, back to back, and where each one lies in them.
 #[derive(Debug, Default)]
 pub struct Fired {
     /// The elements as their consumers receive them.
     pub bytes: Vec<u8>,
-    /// One per element in `bytes`, in order.
-    elements: Vec<RunElement>,
+    /// Where each element lies in `bytes`, and its header.
+    record: RunRecord,
 }
 
 impl Fired {
     /// Appends an element: `header` encoded as `bytes[start..value_start]`,
     /// then its value up to the current end of `bytes`.
-    pub(super) fn record(&mut self, header: WindowedValueHeader, start: usize, value_start: usize) {
-        self.elements.push(RunElement {
-            header,
-            start,
-            value_start,
-            end: self.bytes.len(),
-        });
+    pub(super) fn record(
+        &mut self,
+        header: &WindowedValueHeader,
+        start: usize,
+        value_start: usize,
+    ) {
+        self.record
+            .push(header, start, value_start, self.bytes.len());
     }
 
     /// Room for `bytes` more bytes and `elements` more elements (a big
     /// firing would otherwise grow both by doubling, copying each time).
     pub(super) fn reserve(&mut self, bytes: usize, elements: usize) {
         self.bytes.reserve(bytes);
-        self.elements.reserve(elements);
+        self.record.reserve(elements);
     }
 
     /// How many elements were emitted.
     pub fn element_count(&self) -> usize {
-        self.elements.len()
+        self.record.len()
     }
 
     /// The bytes, frozen. Evaluation reserves room for all it may emit;
@@ -58,20 +59,15 @@ impl Fired {
 
     /// The elements as one run (`None` if none fired).
     pub fn into_run(self) -> Option<ElementRun> {
-        ElementRun::new(Self::frozen_bytes(self.bytes), self.elements)
+        ElementRun::new(Self::frozen_bytes(self.bytes), self.record)
     }
 
     /// Each element as a slice of the bytes — what decoding the bytes
     /// would give, without decoding them.
     pub fn into_elements(self) -> Vec<DecodedElement> {
         let bytes = Self::frozen_bytes(self.bytes);
-        self.elements
-            .into_iter()
-            .map(|e| {
-                let value_start = e.value_start - e.start;
-                DecodedElement::new(e.header, bytes.slice(e.start..e.end), value_start)
-            })
-            .collect()
+        let all = 0..self.record.len();
+        self.record.elements(&bytes, all).collect()
     }
 }
 
@@ -106,7 +102,7 @@ mod tests {
             let value_start = fired.bytes.len();
             fired.bytes.push(value.len() as u8);
             fired.bytes.extend_from_slice(value);
-            fired.record(header, start, value_start);
+            fired.record(&header, start, value_start);
         }
         assert_eq!(fired.element_count(), 3);
         let bytes = Bytes::from(fired.bytes.clone());

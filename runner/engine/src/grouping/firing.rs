@@ -247,6 +247,45 @@ pub(super) fn expected_elements(keys: usize, memory_bytes: usize, max_bytes: usi
 }
 
 impl Firing<'_> {
+    /// The header `pane` of `window` goes out with: its output timestamp,
+    /// and its pane info as Beam labels panes — LATE once the published
+    /// output watermark is past the window (downstream already considers
+    /// it done), else EARLY before the input watermark passes the end of
+    /// the window, and ON_TIME for the first pane after that.
+    pub(super) fn header(
+        &self,
+        window: &Window,
+        pane: &Pane,
+        ctx: &TriggerContext,
+        is_last: bool,
+    ) -> WindowedValueHeader {
+        let timing = if self.output_watermark > ctx.window_end {
+            PaneTiming::Late
+        } else if ctx.watermark <= ctx.window_end {
+            PaneTiming::Early
+        } else if pane.nonspeculative_fired() == 0 {
+            PaneTiming::OnTime
+        } else {
+            PaneTiming::Late
+        };
+        let nonspeculative_index = if timing == PaneTiming::Early {
+            -1
+        } else {
+            pane.nonspeculative_fired()
+        };
+        WindowedValueHeader {
+            timestamp: pane.output_timestamp(self.strategy, window),
+            windows: smallvec::smallvec![window.clone()],
+            pane: PaneInfo {
+                is_first: pane.fired() == 0,
+                is_last,
+                timing,
+                index: pane.fired(),
+                nonspeculative_index,
+            },
+        }
+    }
+
     /// Emits `pane` of `key` in `window` into `out`; with `token`, as the
     /// last pane of a key whose values a drain left in the spill store:
     /// `KV<key, Iterable<V>>` in the state-backed form, no values inline,
@@ -262,35 +301,8 @@ impl Firing<'_> {
         token: Option<&[u8]>,
         out: &mut Fired,
     ) -> Result<usize, CoderError> {
-        // As Beam labels panes: LATE once the published output watermark is
-        // past the window (downstream already considers it done), else
-        // EARLY before the input watermark passes the end of the window,
-        // and ON_TIME for the first pane after that.
-        let timing = if self.output_watermark > ctx.window_end {
-            PaneTiming::Late
-        } else if ctx.watermark <= ctx.window_end {
-            PaneTiming::Early
-        } else if pane.nonspeculative_fired() == 0 {
-            PaneTiming::OnTime
-        } else {
-            PaneTiming::Late
-        };
-        let nonspeculative_index = if timing == PaneTiming::Early {
-            -1
-        } else {
-            pane.nonspeculative_fired()
-        };
-        let header = WindowedValueHeader {
-            timestamp: pane.output_timestamp(self.strategy, window),
-            windows: smallvec::smallvec![window.clone()],
-            pane: PaneInfo {
-                is_first: pane.fired() == 0,
-                is_last,
-                timing,
-                index: pane.fired(),
-                nonspeculative_index,
-            },
-        };
+        let header = self.header(window, pane, ctx, is_last);
+        let timing = header.pane.timing;
         // Straight into `out`: header, key, count, values (checked first,
         // so that an error writes nothing).
         let count = match token {
@@ -315,12 +327,68 @@ impl Firing<'_> {
             }
         }
         tracing::trace!(?window, values = pane.count(), pane = ?header.pane, "pane fired");
-        out.record(header, start, value_start);
+        out.record(&header, start, value_start);
         pane.record_firing(
             timing == PaneTiming::Early,
             self.strategy.accumulation == AccumulationMode::Discarding,
         );
         Ok(1)
+    }
+}
+
+/// The pane every key of a closing window's arrivals fires as (see
+/// `arrivals`): what [`Evaluation::key`] emits for a pane of that window
+/// with data whose trigger never fired, which is alike for every key but
+/// for the key and its values — so its header is made and encoded once.
+pub(super) struct ClosingPane {
+    header: WindowedValueHeader,
+    encoded: Vec<u8>,
+}
+
+impl Firing<'_> {
+    /// The pane arrivals of `window` fire as at `ctx` (their window
+    /// expired: the pane is the last).
+    pub(super) fn closing_pane(
+        &self,
+        window: &Window,
+        ctx: &TriggerContext,
+    ) -> Result<ClosingPane, CoderError> {
+        let mut pane = Pane::new(&self.strategy.trigger);
+        pane.add(&[], window.max_timestamp());
+        let header = self.header(window, &pane, ctx, true);
+        let mut encoded = Vec::new();
+        header.encode(self.window_coder, &mut encoded)?;
+        Ok(ClosingPane { header, encoded })
+    }
+}
+
+impl ClosingPane {
+    /// The bytes each pane takes besides its key and values: the header
+    /// and the iterable's count.
+    pub(super) fn framing(&self) -> usize {
+        self.encoded.len() + 4
+    }
+
+    /// Emits `key` with its `count` nested-encoded `values` as this pane
+    /// into `out` (nothing if `count` does not fit an iterable).
+    pub(super) fn emit<'v>(
+        &self,
+        key: &[u8],
+        count: usize,
+        values: impl Iterator<Item = &'v [u8]>,
+        out: &mut Fired,
+    ) -> Result<(), CoderError> {
+        let count = iterable_len_bytes(count)?;
+        let start = out.bytes.len();
+        out.bytes.extend_from_slice(&self.encoded);
+        let value_start = out.bytes.len();
+        out.bytes.extend_from_slice(key);
+        out.bytes.extend_from_slice(&count);
+        for value in values {
+            out.bytes.extend_from_slice(value);
+        }
+        out.record(&self.header, start, value_start);
+        Ok(())
     }
 }
 

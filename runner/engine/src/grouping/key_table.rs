@@ -94,7 +94,7 @@ impl<V> Default for KeyTable<V> {
 /// hash needed: keys are looked up, never iterated by hash.) 32 bits are
 /// kept; they are spread over the 64 the index looks at (its top bits pick
 /// the tag, its low bits the bucket).
-fn hash(key: &[u8]) -> u32 {
+pub(super) fn hash(key: &[u8]) -> u32 {
     let h = FxBuildHasher.hash_one(key);
     (h ^ (h >> 32)) as u32
 }

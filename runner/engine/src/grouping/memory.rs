@@ -16,12 +16,20 @@
 //! It is also the buffer's side of the interface with its spill space
 //! ([`Spillable`]): the spill reads the panes here, and what it hands over
 //! or takes back keeps the holds, bytes and keys owed a look right.
+//!
+//! While the table is empty, a GroupByKey whose panes fire only as their
+//! window closes keeps what arrives as [`Arrivals`] instead, and fires
+//! them by sorting when the window closes. Whatever else needs the panes
+//! files the arrivals in the table first ([`MemoryPanes::settle`]): the
+//! spill sees only the table, and a checkpoint sees the panes the
+//! arrivals make.
 
 use bytes::Bytes;
 use rustc_hash::FxHashSet;
 
+use super::arrivals::Arrivals;
 use super::fired::Fired;
-use super::firing::{expected_elements, wake, Evaluation, Firing};
+use super::firing::{expected_elements, expired, wake, Evaluation, Firing};
 use super::key_table::{Key, KeyTable, Retain};
 use super::merging::{merge_intervals, merge_windows};
 use super::pane::{
@@ -31,7 +39,7 @@ use super::spill::Spillable;
 use crate::coder::CoderError;
 use crate::holds::Holds;
 use crate::plan::{FinishedTrigger, WindowFn, WindowingStrategy};
-use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::trigger::{TriggerContext, TriggerState};
 use crate::window::Window;
 
@@ -53,10 +61,22 @@ pub(super) struct MemoryPanes {
     next_wake: Timestamp,
     /// Every key needs a look at the next evaluation (after a restore).
     rescan: bool,
+    /// Elements not filed in `panes` yet (only while it is empty).
+    arrivals: Arrivals,
+    /// Whether the strategy lets elements wait as arrivals.
+    keeps_arrivals: bool,
 }
 
-impl Default for MemoryPanes {
-    fn default() -> Self {
+/// What an arrival counts for in `bytes`: what it would take filed under
+/// a key of its own, the most it can take in the table once settled (so
+/// that the spill limit is reached no later than without arrivals).
+fn arrival_bytes(kv_len: usize) -> usize {
+    kv_len + KEY_OVERHEAD + PANE_OVERHEAD
+}
+
+impl MemoryPanes {
+    /// No panes, for a buffer with `strategy`.
+    pub(super) fn new(strategy: &WindowingStrategy) -> Self {
         MemoryPanes {
             panes: KeyTable::default(),
             holds: Holds::default(),
@@ -64,15 +84,80 @@ impl Default for MemoryPanes {
             touched: FxHashSet::default(),
             next_wake: MAX_TIMESTAMP,
             rescan: false,
+            arrivals: Arrivals::default(),
+            keeps_arrivals: Arrivals::suit(strategy),
         }
     }
-}
 
-impl MemoryPanes {
+    /// The same, but filing every element in the table at once (tests
+    /// compare the two).
+    #[cfg(test)]
+    pub(super) fn without_arrivals(mut self) -> Self {
+        self.keeps_arrivals = false;
+        self
+    }
+
     /// About `lookups` keys are about to be looked up: makes room for the
-    /// keys they will likely add at once (see `KeyTable::expect_lookups`).
+    /// keys they will likely add at once (see `KeyTable::expect_lookups`),
+    /// or for as many arrivals.
     pub(super) fn expect_lookups(&mut self, lookups: usize) {
-        self.panes.expect_lookups(lookups);
+        if self.arrivals.is_empty() {
+            self.panes.expect_lookups(lookups);
+        } else {
+            self.arrivals.reserve(lookups);
+        }
+    }
+
+    /// Takes `kv` (the first `key_len` bytes its key) of `window` as an
+    /// arrival if it may wait as one (see `arrivals`): the strategy allows
+    /// it, the table is empty, and the element is on time for `window` at
+    /// `ctx`. Whether it did.
+    pub(super) fn arrive(
+        &mut self,
+        strategy: &WindowingStrategy,
+        kv: &[u8],
+        key_len: usize,
+        window: &Window,
+        ctx: &TriggerContext,
+    ) -> bool {
+        let takes = self.keeps_arrivals
+            && ctx.watermark <= ctx.window_end
+            && self.panes.is_empty()
+            && self.arrivals.takes(window, kv.len());
+        if !takes {
+            return false;
+        }
+        self.arrivals.push(window, kv, key_len);
+        self.bytes += arrival_bytes(kv.len());
+        self.next_wake = self
+            .next_wake
+            .min(wake(window, ctx.watermark, strategy.allowed_lateness));
+        true
+    }
+
+    /// Files the arrivals in the table, as [`Self::add`] would have filed
+    /// them when they came: what every path but arriving and firing them
+    /// needs first.
+    pub(super) fn settle(&mut self, strategy: &WindowingStrategy) {
+        let Some(window) = self.arrivals.window().cloned() else {
+            self.arrivals.clear();
+            return;
+        };
+        let arrivals = std::mem::take(&mut self.arrivals);
+        let end = window.max_timestamp();
+        // The default trigger reads nothing of the context an element
+        // brings, and the wake point already counts the window.
+        let ctx = TriggerContext {
+            window_end: end,
+            watermark: MIN_TIMESTAMP,
+            now: MIN_TIMESTAMP,
+        };
+        for (key, value) in arrivals.iter() {
+            self.bytes = self
+                .bytes
+                .saturating_sub(arrival_bytes(key.len() + value.len()));
+            self.add(strategy, key, &window, value, end, &ctx);
+        }
     }
 
     /// Adds `value` of `key` to its pane in `window` (made if new),
@@ -88,6 +173,9 @@ impl MemoryPanes {
         hold: Timestamp,
         ctx: &TriggerContext,
     ) -> bool {
+        if !self.arrivals.is_empty() {
+            self.settle(strategy);
+        }
         // Looked up by the borrowed bytes: a key is copied into the table
         // once, when it is new. A new key's entry is made with its pane in
         // it: written once, where it stays (a GroupByKey over distinct
@@ -143,8 +231,10 @@ impl MemoryPanes {
         }
     }
 
-    /// The windows `key` has panes in.
+    /// The windows `key` has panes in. (Merging windows only: arrivals
+    /// are never of those.)
     pub(super) fn windows_of(&self, key: &[u8]) -> Vec<Window> {
+        debug_assert!(self.arrivals.is_empty());
         self.panes
             .get(key)
             .map(|w| w.iter().map(|(w, _)| w.clone()).collect())
@@ -160,6 +250,7 @@ impl MemoryPanes {
         key: &[u8],
         merges: crate::window_merge::Merges,
     ) {
+        self.settle(strategy);
         // Only this key's windows changed; the earliest wake point stays a
         // lower bound (a merged window ends no earlier than its parts).
         self.touched.insert(Key::from_slice(key));
@@ -173,7 +264,7 @@ impl MemoryPanes {
 
     /// The earliest output-time hold of the unfired panes.
     pub(super) fn hold(&self) -> Option<Timestamp> {
-        self.holds.min()
+        earliest(self.holds.min(), self.arrivals.hold())
     }
 
     /// The earliest processing time at which some pane's trigger may fire.
@@ -187,12 +278,12 @@ impl MemoryPanes {
 
     /// Whether no key has panes here.
     pub(super) fn is_empty(&self) -> bool {
-        self.panes.is_empty()
+        self.panes.is_empty() && self.arrivals.is_empty()
     }
 
     /// Whether some keys wait for an evaluation to look at them.
     pub(super) fn has_unevaluated(&self) -> bool {
-        self.rescan || !self.touched.is_empty()
+        self.rescan || !self.touched.is_empty() || self.arrivals.is_firing()
     }
 
     /// The input watermark reached `input_watermark` but evaluation has to
@@ -224,6 +315,14 @@ impl MemoryPanes {
         evaluated: impl Fn(&KeyPanes) -> bool,
     ) -> Result<usize, CoderError> {
         let every_key = always || self.rescan || input_watermark > self.next_wake;
+        if let Some(window) = self.arrivals.window() {
+            if expired(firing.strategy, window, input_watermark) {
+                return self.fire_arrivals(firing, input_watermark, now, out, max_bytes);
+            }
+            if every_key {
+                self.settle(firing.strategy);
+            }
+        }
         let (room, room_elements) = if every_key {
             (
                 self.bytes.min(max_bytes),
@@ -239,6 +338,7 @@ impl MemoryPanes {
             touched,
             next_wake,
             rescan,
+            ..
         } = self;
         let mut evaluation = Evaluation::new(firing, input_watermark, now, holds, next_wake, bytes)
             .with_room(room, room_elements);
@@ -282,21 +382,109 @@ impl MemoryPanes {
             });
         }
         let emitted = evaluation.finish()?;
-        if self.panes.is_empty() {
+        if self.is_empty() {
             self.bytes = 0;
         }
         Ok(emitted)
     }
 
-    /// Every key with its panes, in the table's order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&[u8], &KeyPanes)> {
-        self.panes.iter()
+    /// Fires every arrival (their window closed at `input_watermark`), a
+    /// pane per key, as [`Evaluation::key`] fires a pane of that window
+    /// whose trigger never fired: the arrivals grouped by a sort, each
+    /// group written behind one header. Stops once `out` holds
+    /// `max_bytes`; the rest wait for the next call. The panes emitted.
+    fn fire_arrivals(
+        &mut self,
+        firing: Firing,
+        input_watermark: Timestamp,
+        now: Timestamp,
+        out: &mut Fired,
+        max_bytes: usize,
+    ) -> Result<usize, CoderError> {
+        let Some(window) = self.arrivals.window().cloned() else {
+            return Ok(0);
+        };
+        let ctx = TriggerContext {
+            window_end: window.max_timestamp(),
+            watermark: input_watermark,
+            now,
+        };
+        let pane = firing.closing_pane(&window, &ctx)?;
+        // Room for what is left (a pane per arrival at most), up to the
+        // byte limit, as an evaluation of every key gives it.
+        let left = self.arrivals.len();
+        let payload = self.arrivals.bytes_left();
+        out.reserve(
+            (payload + left * pane.framing()).min(max_bytes),
+            expected_elements(
+                left,
+                payload + left * (KEY_OVERHEAD + PANE_OVERHEAD),
+                max_bytes,
+            ),
+        );
+        self.arrivals.sort();
+        let mut emitted = 0;
+        while out.bytes.len() < max_bytes {
+            let Some(group) = self.arrivals.next_group() else {
+                break;
+            };
+            let counted: usize = group
+                .values()
+                .map(|v| arrival_bytes(group.key.len() + v.len()))
+                .sum();
+            pane.emit(group.key, group.len(), group.values(), out)?;
+            self.bytes = self.bytes.saturating_sub(counted);
+            emitted += 1;
+        }
+        if self.arrivals.is_empty() {
+            // Nothing is left: the table was empty while they arrived.
+            self.arrivals.clear();
+            self.next_wake = MAX_TIMESTAMP;
+            self.bytes = 0;
+            self.touched.clear();
+            self.rescan = false;
+        }
+        tracing::trace!(
+            ?window,
+            emitted,
+            left = self.arrivals.len(),
+            "arrivals fired"
+        );
+        Ok(emitted)
+    }
+
+    /// Every key with its panes, as copies (for a checkpoint): the table's,
+    /// or the panes the arrivals would make in it.
+    pub(super) fn copy_panes(&self, strategy: &WindowingStrategy) -> Vec<(Bytes, KeyPanes)> {
+        let mut panes: Vec<(Bytes, KeyPanes)> = self
+            .panes
+            .iter()
+            .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
+            .collect();
+        if let Some(window) = self.arrivals.window() {
+            let mut arrived = KeyTable::<KeyPanes>::default();
+            for (key, value) in self.arrivals.iter() {
+                let (windows, _) = arrived.get_or_insert_with(key, || {
+                    KeyPanes::from_buf([(window.clone(), Pane::new(&strategy.trigger))])
+                });
+                if let Some((_, pane)) = windows.first_mut() {
+                    pane.add(value, window.max_timestamp());
+                }
+            }
+            panes.extend(
+                arrived
+                    .into_entries()
+                    .map(|(key, windows)| (Bytes::copy_from_slice(&key), windows)),
+            );
+        }
+        panes
     }
 
     /// Puts back `panes`, as a checkpoint kept them, in place of what is
     /// here: their holds and bytes are counted again, and the next
     /// evaluation looks at every key.
     pub(super) fn restore(&mut self, strategy: &WindowingStrategy, panes: Vec<(Bytes, KeyPanes)>) {
+        self.arrivals.clear();
         self.panes = panes.into_iter().collect();
         self.touched.clear();
         self.rescan = true;
@@ -320,6 +508,7 @@ impl Spillable for MemoryPanes {
     }
 
     fn entries(&self) -> impl Iterator<Item = (&[u8], &KeyPanes)> {
+        debug_assert!(self.arrivals.is_empty(), "arrivals not settled");
         self.panes.iter()
     }
 
@@ -332,6 +521,7 @@ impl Spillable for MemoryPanes {
         strategy: &WindowingStrategy,
         goes: impl Fn(&Window, &Pane) -> bool,
     ) -> usize {
+        self.settle(strategy);
         // The table is given up and the few panes that stay go to a new
         // one: a table keeps the room it grew to, which after a spill of
         // many keys would be most of what the spill freed.
@@ -369,6 +559,7 @@ impl Spillable for MemoryPanes {
         stays: impl Fn(&KeyPanes) -> bool,
         mut take: impl FnMut(&[u8], &KeyPanes) -> Result<(), E>,
     ) -> Result<usize, E> {
+        self.settle(strategy);
         // The table is given up (it keeps the room it grew to) and the keys
         // that stay go to a new one.
         let mut kept = KeyTable::<KeyPanes>::default();
@@ -401,6 +592,7 @@ impl Spillable for MemoryPanes {
         window: &Window,
         fill: impl FnOnce(&mut Pane),
     ) {
+        self.settle(strategy);
         let (windows, new_key) = self.panes.get_or_insert_with(key, KeyPanes::new);
         if new_key {
             self.bytes += key.len() + KEY_OVERHEAD;
@@ -428,6 +620,7 @@ impl Spillable for MemoryPanes {
         windows: KeyPanes,
         watermark: Timestamp,
     ) {
+        self.settle(strategy);
         let (kept, new_key) = self.panes.get_or_insert_with(key, KeyPanes::new);
         if new_key {
             self.bytes += key.len() + KEY_OVERHEAD;

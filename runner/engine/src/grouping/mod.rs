@@ -18,12 +18,14 @@
 //! spilled windows a few megabytes at a time when they fire (`spill`).
 //!
 //! The parts, from the bottom up: a pane and a key's panes (`pane`, with
-//! `hold_range`), the table of keys (`key_table`), merging windows
+//! `hold_range`), the table of keys (`key_table`), elements that wait
+//! unfiled until their window closes (`arrivals`), merging windows
 //! (`merging`), firing and closing panes (`firing`, writing into `fired`),
 //! the panes in memory (`memory`), the spill space (`spill`, which sees
 //! the memory only through its `Spillable` interface), and the buffer the
 //! engine drives (`buffer`).
 
+mod arrivals;
 mod buffer;
 mod fired;
 mod firing;
@@ -56,6 +58,8 @@ pub enum GroupingError {
     Spill(#[from] SpillError),
 }
 
+#[cfg(test)]
+mod arrivals_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -271,6 +271,21 @@ impl SpillSpace {
         }
     }
 
+    /// Whether memory holding `bytes` is more than the limit, past what
+    /// the last spill had to leave there: what makes it spill.
+    pub(super) fn over_limit(&self, bytes: usize) -> bool {
+        match self {
+            SpillSpace::ByWindow(s) => s.over_limit(bytes),
+            SpillSpace::ByKey(s) => s.over_limit(bytes),
+        }
+    }
+
+    /// Whether it holds or emits anything of the buffer's: spilled data,
+    /// a drain under way, keys handed out.
+    pub(super) fn is_in_use(&self) -> bool {
+        self.has_spilled() || self.is_draining() || self.has_live_hand_outs()
+    }
+
     /// Spills if `memory` holds more than the limit (past what the last
     /// spill had to leave there), given the input watermark.
     pub(super) fn maybe_spill(

@@ -37,11 +37,8 @@ impl GroupingBuffer {
             Some(spill) if spill.has_spilled() || spill.has_live_hand_outs() => spill,
             _ => return Ok(self.memory_snapshot()),
         };
-        let mut all: BTreeMap<Bytes, KeyPanes> = self
-            .memory
-            .iter()
-            .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
-            .collect();
+        let mut all: BTreeMap<Bytes, KeyPanes> =
+            self.memory.copy_panes(&self.strategy).into_iter().collect();
         spill.read_back_into(&mut all, &self.strategy, &self.window_coder)?;
         Ok(self.snapshot_of(all.into_iter().collect()))
     }
@@ -49,12 +46,7 @@ impl GroupingBuffer {
     /// The panes in memory, and what the buffer counts, as a checkpoint
     /// keeps them.
     pub(crate) fn memory_snapshot(&self) -> GroupingSnapshot {
-        self.snapshot_of(
-            self.memory
-                .iter()
-                .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
-                .collect(),
-        )
+        self.snapshot_of(self.memory.copy_panes(&self.strategy))
     }
 
     fn snapshot_of(&self, mut panes: Vec<(Bytes, KeyPanes)>) -> GroupingSnapshot {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::super::fired::Fired;
-use super::super::spill::SpillSpace;
+use super::super::spill::{SpillSpace, Spillable};
 use super::GroupingBuffer;
 use crate::coder::Coder;
 use crate::grouping::GroupingError;
@@ -145,6 +145,15 @@ impl GroupingBuffer {
     /// Spills if the buffer holds more than its limit (past what the last
     /// spill had to leave in memory), given the input watermark.
     pub(super) fn maybe_spill(&mut self, input_watermark: Timestamp) -> Result<(), GroupingError> {
+        let Some(spill) = &self.spill else {
+            return Ok(());
+        };
+        if !spill.over_limit(self.memory.bytes()) {
+            return Ok(());
+        }
+        // Filed in the table, arrivals may take less than they count for
+        // (keys repeat): the spill sees only the table, and decides again.
+        self.memory.settle(&self.strategy);
         match self.split() {
             (Some(spill), mut side) => spill.maybe_spill(&mut side, input_watermark),
             (None, _) => Ok(()),

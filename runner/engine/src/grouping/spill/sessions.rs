@@ -302,10 +302,15 @@ impl SessionSpill {
         &mut self,
         buffer: &mut BufferSide<'_, impl Spillable>,
     ) -> Result<(), GroupingError> {
-        if buffer.memory.bytes() > self.limit + self.pinned {
+        if self.over_limit(buffer.memory.bytes()) {
             self.spill(buffer)?;
         }
         Ok(())
+    }
+
+    /// See [`super::SpillSpace::over_limit`].
+    pub(super) fn over_limit(&self, bytes: usize) -> bool {
+        bytes > self.limit + self.pinned
     }
 
     /// Writes every key in the buffer's memory to the current generation

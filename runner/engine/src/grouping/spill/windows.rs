@@ -240,10 +240,15 @@ impl WindowSpill {
         buffer: &mut BufferSide<'_, impl Spillable>,
         input_watermark: Timestamp,
     ) -> Result<(), GroupingError> {
-        if buffer.memory.bytes() > self.limit + self.pinned {
+        if self.over_limit(buffer.memory.bytes()) {
             self.pinned = self.write_run(buffer, input_watermark, None)?;
         }
         Ok(())
+    }
+
+    /// See [`super::SpillSpace::over_limit`].
+    pub(super) fn over_limit(&self, bytes: usize) -> bool {
+        bytes > self.limit + self.pinned
     }
 
     /// The spilled window `window`, created (with its store prefix) if new.

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use proptest::prelude::*;
 
 use super::*;
-use crate::coder::{Coder, PaneInfo, RunElement, WindowedValueHeader};
+use crate::coder::{Coder, PaneInfo, RunRecord, WindowedValueHeader};
 use crate::spill::MemorySpillStore;
 
 /// The header of element `id` at `timestamp`.
@@ -22,8 +22,8 @@ fn header(timestamp: i64) -> WindowedValueHeader {
     }
 }
 
-/// Encodes element `id` at `timestamp` into `buffer`: where it lies.
-fn encode(id: u32, timestamp: i64, buffer: &mut Vec<u8>) -> RunElement {
+/// Encodes element `id` at `timestamp` into `buffer`, recording it.
+fn encode(id: u32, timestamp: i64, buffer: &mut Vec<u8>, record: &mut RunRecord) {
     let header = header(timestamp);
     let start = buffer.len();
     header
@@ -31,28 +31,27 @@ fn encode(id: u32, timestamp: i64, buffer: &mut Vec<u8>) -> RunElement {
         .expect("encodes");
     let value_start = buffer.len();
     buffer.extend_from_slice(&id.to_be_bytes());
-    RunElement {
-        header,
-        start,
-        value_start,
-        end: buffer.len(),
-    }
+    record.push(&header, start, value_start, buffer.len());
 }
 
 fn element(id: u32, timestamp: i64) -> DecodedElement {
     let mut buffer = Vec::new();
-    let e = encode(id, timestamp, &mut buffer);
-    DecodedElement::new(e.header, Bytes::from(buffer), e.value_start)
+    let mut record = RunRecord::default();
+    encode(id, timestamp, &mut buffer, &mut record);
+    let mut elements = record
+        .elements(&Bytes::from(buffer), 0..1)
+        .collect::<Vec<_>>();
+    elements.pop().expect("one element")
 }
 
 /// A run of elements `ids`, the n-th at `timestamps[n]`.
 fn run(ids: std::ops::Range<u32>, timestamps: &[i64]) -> ElementRun {
     let mut buffer = Vec::new();
-    let elements = ids
-        .zip(timestamps)
-        .map(|(id, &ts)| encode(id, ts, &mut buffer))
-        .collect();
-    ElementRun::new(Bytes::from(buffer), elements).expect("not empty")
+    let mut record = RunRecord::default();
+    for (id, &ts) in ids.zip(timestamps) {
+        encode(id, ts, &mut buffer, &mut record);
+    }
+    ElementRun::new(Bytes::from(buffer), record).expect("not empty")
 }
 
 fn id(e: &DecodedElement) -> u32 {
