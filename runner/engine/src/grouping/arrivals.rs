@@ -43,28 +43,36 @@ pub(super) struct Arrivals {
     sorted: bool,
     /// How far into `order` the firing has emitted.
     next: usize,
+    /// The `KV` bytes of those not fired.
+    payload: usize,
 }
 
 /// One key's arrivals, as [`Arrivals::next_group`] gives them.
 pub(super) struct Group<'a> {
     /// The key's encoded bytes.
     pub(super) key: &'a [u8],
+    /// The first value (most keys of a GroupByKey over distinct keys have
+    /// only this one).
+    first: &'a [u8],
     arrivals: &'a Arrivals,
-    members: &'a [u64],
+    /// The arrivals after the first.
+    rest: &'a [u64],
 }
 
 impl<'a> Group<'a> {
     /// How many values the key has.
     pub(super) fn len(&self) -> usize {
-        self.members.len()
+        1 + self.rest.len()
     }
 
     /// The values, nested-encoded, in arrival order.
     pub(super) fn values(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         let arrivals = self.arrivals;
-        self.members
-            .iter()
-            .map(move |&m| arrivals.key_value(offset(m)).1)
+        std::iter::once(self.first).chain(
+            self.rest
+                .iter()
+                .map(move |&m| arrivals.key_value(offset(m)).1),
+        )
     }
 }
 
@@ -157,6 +165,7 @@ impl Arrivals {
             .extend_from_slice(&(value.len() as u32).to_le_bytes());
         self.bytes.extend_from_slice(kv);
         self.order.push((u64::from(hash(key)) << 32) | start);
+        self.payload += kv.len();
     }
 
     /// The key and value of the arrival starting at `at` in `bytes`.
@@ -177,10 +186,7 @@ impl Arrivals {
 
     /// The `KV` bytes of those not fired, for a firing's room.
     pub(super) fn bytes_left(&self) -> usize {
-        match self.next {
-            0 => self.bytes.len() - LENGTHS * self.order.len(),
-            _ => self.iter().map(|(k, v)| k.len() + v.len()).sum(),
-        }
+        self.payload
     }
 
     /// Those not fired, as (key, value), each key's in arrival order.
@@ -192,7 +198,7 @@ impl Arrivals {
 
     /// Starts a firing: sorts them by key hash (stable: a key's values
     /// stay in arrival order). Nothing arrives until they are all gone.
-    pub(super) fn sort(&mut self) {
+    pub(super) fn start_firing(&mut self) {
         if self.sorted {
             return;
         }
@@ -205,8 +211,9 @@ impl Arrivals {
         radix_sort_by_hash(&mut self.order);
     }
 
-    /// The next key's arrivals of a firing ([`Self::sort`] first), which
-    /// count as gone.
+    /// The next key's arrivals of a firing ([`Self::start_firing`]
+    /// first), which count as gone: the caller says how many `KV` bytes
+    /// they were ([`Self::fired`]).
     pub(super) fn next_group(&mut self) -> Option<Group<'_>> {
         debug_assert!(self.sorted);
         let start = self.next;
@@ -220,11 +227,19 @@ impl Arrivals {
             end = self.gather_key(start, end);
         }
         self.next = end;
+        let (key, first) = self.key_value(offset(first));
         Some(Group {
-            key: self.key_value(offset(first)).0,
+            key,
+            first,
             arrivals: self,
-            members: &self.order[start..end],
+            rest: self.order.get(start + 1..end).unwrap_or(&[]),
         })
+    }
+
+    /// The group [`Self::next_group`] gave went out: it had `kv_bytes`
+    /// `KV` bytes in all.
+    pub(super) fn fired(&mut self, kv_bytes: usize) {
+        self.payload -= kv_bytes;
     }
 
     /// Among `order[start..end]`, entries of one hash, moves those whose
@@ -298,12 +313,15 @@ mod tests {
 
     /// What a firing's groups are: (key, values), in the order it gives them.
     fn groups(arrivals: &mut Arrivals) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
-        arrivals.sort();
+        arrivals.start_firing();
         let mut out = Vec::new();
         while let Some(g) = arrivals.next_group() {
-            let values = g.values().map(<[u8]>::to_vec).collect();
+            let values: Vec<Vec<u8>> = g.values().map(<[u8]>::to_vec).collect();
+            let kv_bytes = values.iter().map(|v| g.key.len() + v.len()).sum();
             out.push((g.key.to_vec(), values));
+            arrivals.fired(kv_bytes);
         }
+        assert_eq!(arrivals.bytes_left(), 0);
         out
     }
 
@@ -371,10 +389,11 @@ mod tests {
         assert!(arrivals.takes(&w, 3));
         assert!(!arrivals.takes(&Window::Global, 3));
         assert_eq!(arrivals.hold(), Some(w.max_timestamp()));
-        arrivals.sort();
+        arrivals.start_firing();
         assert!(!arrivals.takes(&w, 3));
         assert!(arrivals.is_firing());
         let _ = arrivals.next_group();
+        arrivals.fired(3);
         assert!(arrivals.is_empty() && !arrivals.is_firing());
         assert_eq!(arrivals.hold(), None);
     }

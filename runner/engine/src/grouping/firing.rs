@@ -370,25 +370,27 @@ impl ClosingPane {
     }
 
     /// Emits `key` with its `count` nested-encoded `values` as this pane
-    /// into `out` (nothing if `count` does not fit an iterable).
+    /// into `out` (nothing if `count` does not fit an iterable); the
+    /// values' bytes.
     pub(super) fn emit<'v>(
         &self,
         key: &[u8],
         count: usize,
         values: impl Iterator<Item = &'v [u8]>,
         out: &mut Fired,
-    ) -> Result<(), CoderError> {
+    ) -> Result<usize, CoderError> {
         let count = iterable_len_bytes(count)?;
         let start = out.bytes.len();
         out.bytes.extend_from_slice(&self.encoded);
         let value_start = out.bytes.len();
         out.bytes.extend_from_slice(key);
         out.bytes.extend_from_slice(&count);
+        let values_start = out.bytes.len();
         for value in values {
             out.bytes.extend_from_slice(value);
         }
         out.record(&self.header, start, value_start);
-        Ok(())
+        Ok(out.bytes.len() - values_start)
     }
 }
 

@@ -67,11 +67,12 @@ pub(super) struct MemoryPanes {
     keeps_arrivals: bool,
 }
 
-/// What an arrival counts for in `bytes`: what it would take filed under
-/// a key of its own, the most it can take in the table once settled (so
-/// that the spill limit is reached no later than without arrivals).
-fn arrival_bytes(kv_len: usize) -> usize {
-    kv_len + KEY_OVERHEAD + PANE_OVERHEAD
+/// What `count` arrivals of `kv_bytes` `KV` bytes in all count for in
+/// `bytes`: what they would take filed each under a key of its own, the
+/// most they can take in the table once settled (so that the spill limit
+/// is reached no later than without arrivals).
+fn arrivals_bytes(count: usize, kv_bytes: usize) -> usize {
+    kv_bytes + count * (KEY_OVERHEAD + PANE_OVERHEAD)
 }
 
 impl MemoryPanes {
@@ -128,7 +129,7 @@ impl MemoryPanes {
             return false;
         }
         self.arrivals.push(window, kv, key_len);
-        self.bytes += arrival_bytes(kv.len());
+        self.bytes += arrivals_bytes(1, kv.len());
         self.next_wake = self
             .next_wake
             .min(wake(window, ctx.watermark, strategy.allowed_lateness));
@@ -155,7 +156,7 @@ impl MemoryPanes {
         for (key, value) in arrivals.iter() {
             self.bytes = self
                 .bytes
-                .saturating_sub(arrival_bytes(key.len() + value.len()));
+                .saturating_sub(arrivals_bytes(1, key.len() + value.len()));
             self.add(strategy, key, &window, value, end, &ctx);
         }
     }
@@ -416,24 +417,19 @@ impl MemoryPanes {
         let payload = self.arrivals.bytes_left();
         out.reserve(
             (payload + left * pane.framing()).min(max_bytes),
-            expected_elements(
-                left,
-                payload + left * (KEY_OVERHEAD + PANE_OVERHEAD),
-                max_bytes,
-            ),
+            expected_elements(left, arrivals_bytes(left, payload), max_bytes),
         );
-        self.arrivals.sort();
+        self.arrivals.start_firing();
         let mut emitted = 0;
         while out.bytes.len() < max_bytes {
             let Some(group) = self.arrivals.next_group() else {
                 break;
             };
-            let counted: usize = group
-                .values()
-                .map(|v| arrival_bytes(group.key.len() + v.len()))
-                .sum();
-            pane.emit(group.key, group.len(), group.values(), out)?;
-            self.bytes = self.bytes.saturating_sub(counted);
+            let (count, key_len) = (group.len(), group.key.len());
+            let value_bytes = pane.emit(group.key, count, group.values(), out)?;
+            let kv_bytes = count * key_len + value_bytes;
+            self.arrivals.fired(kv_bytes);
+            self.bytes = self.bytes.saturating_sub(arrivals_bytes(count, kv_bytes));
             emitted += 1;
         }
         if self.arrivals.is_empty() {
