@@ -203,6 +203,7 @@ impl<'a> BorrowedWindowedValues<'a> {
 impl<'a> Iterator for BorrowedWindowedValues<'a> {
     type Item = Result<(WindowedValueHeader, &'a [u8], usize), CoderError>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.reader.is_empty() {
             return None;
@@ -255,7 +256,9 @@ pub fn iterable_len_bytes(count: usize) -> Result<[u8; 4], CoderError> {
     Ok(count.to_be_bytes())
 }
 
-/// Reads a windowed-value header; shared with walking.
+/// Reads a windowed-value header; shared with walking. (Inlined: the
+/// header is then built where its reader wants it, not copied there.)
+#[inline]
 pub(super) fn read_header(
     r: &mut Reader<'_>,
     window_coder: &Coder,
