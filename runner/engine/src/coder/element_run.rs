@@ -25,6 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::{DecodedElement, WindowedValueHeader};
 use crate::time::Timestamp;
@@ -45,8 +46,9 @@ struct Extent {
 #[derive(Debug, Clone, Default)]
 pub struct RunRecord {
     /// Each stretch of elements that share a header: where it starts in
-    /// `extents`, and the header (the first starts at 0).
-    stretches: Vec<(usize, WindowedValueHeader)>,
+    /// `extents`, and the header (the first starts at 0). One is kept in
+    /// place: a streaming trigger's firing is often one element.
+    stretches: SmallVec<[(usize, WindowedValueHeader); 1]>,
     /// One per element, in order.
     extents: Vec<Extent>,
 }
@@ -56,6 +58,25 @@ impl RunRecord {
     /// and its value at `value_start..end` (a header equal to the last
     /// one recorded is not kept again).
     pub fn push(
+        &mut self,
+        header: WindowedValueHeader,
+        start: usize,
+        value_start: usize,
+        end: usize,
+    ) {
+        if self.stretches.last().map(|(_, h)| h) != Some(&header) {
+            self.stretches.push((self.extents.len(), header));
+        }
+        self.extents.push(Extent {
+            start,
+            value_start,
+            end,
+        });
+    }
+
+    /// [`Self::push`] for a header the caller keeps (cloned only if it
+    /// starts a stretch).
+    pub fn push_shared(
         &mut self,
         header: &WindowedValueHeader,
         start: usize,
@@ -87,6 +108,27 @@ impl RunRecord {
         self.extents.is_empty()
     }
 
+    /// Each element as a shared slice of `buffer`, the buffer it records,
+    /// in order: each stretch's header moved into its last element, cloned
+    /// for the others (a streaming firing's elements have one each).
+    pub fn into_elements(self, buffer: &Bytes) -> Vec<DecodedElement> {
+        let mut out = Vec::with_capacity(self.extents.len());
+        let mut stretches = self.stretches.into_iter().peekable();
+        while let Some((first, header)) = stretches.next() {
+            let end = stretches
+                .peek()
+                .map_or(self.extents.len(), |(next, _)| *next);
+            let extents = self.extents.get(first..end).unwrap_or(&[]);
+            if let Some((last, others)) = extents.split_last() {
+                for e in others {
+                    out.push(element_of(header.clone(), buffer, e));
+                }
+                out.push(element_of(header, buffer, last));
+            }
+        }
+        out
+    }
+
     /// The earliest timestamp of its elements (`None` if it has none).
     fn earliest(&self) -> Option<Timestamp> {
         self.stretches.iter().map(|(_, h)| h.timestamp).min()
@@ -114,14 +156,18 @@ impl RunRecord {
             }
             // Every element is in a stretch (`push` starts one at 0).
             let (_, header) = self.stretches.get(stretch)?;
-            let value_start = e.value_start - e.start;
-            Some(DecodedElement::new(
-                header.clone(),
-                buffer.slice(e.start..e.end),
-                value_start,
-            ))
+            Some(element_of(header.clone(), buffer, e))
         })
     }
+}
+
+/// The element `e` of `buffer`, whose header is `header`.
+fn element_of(header: WindowedValueHeader, buffer: &Bytes, e: &Extent) -> DecodedElement {
+    DecodedElement::new(
+        header,
+        buffer.slice(e.start..e.end),
+        e.value_start - e.start,
+    )
 }
 
 /// Whole encoded elements, back to back in one buffer, taken and handed
@@ -268,7 +314,7 @@ mod tests {
             header.encode(&Coder::GlobalWindow, &mut buffer).unwrap();
             let value_start = buffer.len();
             buffer.extend_from_slice(&[1, i]);
-            record.push(&header, start, value_start, buffer.len());
+            record.push(header, start, value_start, buffer.len());
         }
         let buffer = Bytes::from(buffer);
         (ElementRun::new(buffer.clone(), record).unwrap(), buffer)

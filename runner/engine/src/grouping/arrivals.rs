@@ -239,7 +239,7 @@ impl Arrivals {
     /// The group [`Self::next_group`] gave went out: it had `kv_bytes`
     /// `KV` bytes in all.
     pub(super) fn fired(&mut self, kv_bytes: usize) {
-        self.payload -= kv_bytes;
+        self.payload = self.payload.saturating_sub(kv_bytes);
     }
 
     /// Among `order[start..end]`, entries of one hash, moves those whose

@@ -26,14 +26,20 @@ pub struct Fired {
 impl Fired {
     /// Appends an element: `header` encoded as `bytes[start..value_start]`,
     /// then its value up to the current end of `bytes`.
-    pub(super) fn record(
+    pub(super) fn record(&mut self, header: WindowedValueHeader, start: usize, value_start: usize) {
+        self.record
+            .push(header, start, value_start, self.bytes.len());
+    }
+
+    /// [`Self::record`] for a header the caller keeps for more elements.
+    pub(super) fn record_shared(
         &mut self,
         header: &WindowedValueHeader,
         start: usize,
         value_start: usize,
     ) {
         self.record
-            .push(header, start, value_start, self.bytes.len());
+            .push_shared(header, start, value_start, self.bytes.len());
     }
 
     /// Room for `bytes` more bytes and `elements` more elements (a big
@@ -66,8 +72,7 @@ impl Fired {
     /// would give, without decoding them.
     pub fn into_elements(self) -> Vec<DecodedElement> {
         let bytes = Self::frozen_bytes(self.bytes);
-        let all = 0..self.record.len();
-        self.record.elements(&bytes, all).collect()
+        self.record.into_elements(&bytes)
     }
 }
 
@@ -102,7 +107,7 @@ mod tests {
             let value_start = fired.bytes.len();
             fired.bytes.push(value.len() as u8);
             fired.bytes.extend_from_slice(value);
-            fired.record(&header, start, value_start);
+            fired.record(header, start, value_start);
         }
         assert_eq!(fired.element_count(), 3);
         let bytes = Bytes::from(fired.bytes.clone());

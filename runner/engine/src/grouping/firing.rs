@@ -251,7 +251,9 @@ impl Firing<'_> {
     /// and its pane info as Beam labels panes — LATE once the published
     /// output watermark is past the window (downstream already considers
     /// it done), else EARLY before the input watermark passes the end of
-    /// the window, and ON_TIME for the first pane after that.
+    /// the window, and ON_TIME for the first pane after that. (Inlined:
+    /// the header is built where [`Self::emit`] encodes it.)
+    #[inline]
     pub(super) fn header(
         &self,
         window: &Window,
@@ -327,7 +329,7 @@ impl Firing<'_> {
             }
         }
         tracing::trace!(?window, values = pane.count(), pane = ?header.pane, "pane fired");
-        out.record(&header, start, value_start);
+        out.record(header, start, value_start);
         pane.record_firing(
             timing == PaneTiming::Early,
             self.strategy.accumulation == AccumulationMode::Discarding,
@@ -389,7 +391,7 @@ impl ClosingPane {
         for value in values {
             out.bytes.extend_from_slice(value);
         }
-        out.record(&self.header, start, value_start);
+        out.record_shared(&self.header, start, value_start);
         Ok(out.bytes.len() - values_start)
     }
 }

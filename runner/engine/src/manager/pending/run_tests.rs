@@ -31,7 +31,7 @@ fn encode(id: u32, timestamp: i64, buffer: &mut Vec<u8>, record: &mut RunRecord)
         .expect("encodes");
     let value_start = buffer.len();
     buffer.extend_from_slice(&id.to_be_bytes());
-    record.push(&header, start, value_start, buffer.len());
+    record.push(header, start, value_start, buffer.len());
 }
 
 fn element(id: u32, timestamp: i64) -> DecodedElement {
