@@ -368,4 +368,41 @@ mod tests {
         assert_eq!(whole, want);
         assert_eq!(run.bytes(), want, "its bytes are its elements'");
     }
+
+    /// Elements sharing a header keep one copy of it in the record; every
+    /// part of a run, and the record taken apart, still gives each element
+    /// its own header, as decoding the bytes does.
+    #[test]
+    fn elements_sharing_headers_each_get_theirs() {
+        let timestamps = [5, 5, 9, 9, 9, 5, 7];
+        let mut buffer = Vec::new();
+        let mut record = RunRecord::default();
+        for (i, &ts) in timestamps.iter().enumerate() {
+            let header = WindowedValueHeader {
+                timestamp: ts,
+                windows: smallvec::smallvec![Window::Global],
+                pane: PaneInfo::NO_FIRING,
+            };
+            let start = buffer.len();
+            header.encode(&Coder::GlobalWindow, &mut buffer).unwrap();
+            let value_start = buffer.len();
+            buffer.extend_from_slice(&[1, i as u8]);
+            if i % 2 == 0 {
+                record.push(header, start, value_start, buffer.len());
+            } else {
+                record.push_shared(&header, start, value_start, buffer.len());
+            }
+        }
+        assert_eq!(record.stretches.len(), 4, "one header per stretch");
+        let buffer = Bytes::from(buffer);
+        let want = decode_windowed_values(&buffer, &Coder::Bytes, &Coder::GlobalWindow).unwrap();
+        assert_eq!(record.clone().into_elements(&buffer), want);
+        for cut in 0..=timestamps.len() {
+            let mut run = ElementRun::new(buffer.clone(), record.clone()).unwrap();
+            assert_eq!(run.hold(), 5);
+            let front = run.split_to(cut);
+            let got: Vec<_> = front.elements().chain(run.elements()).collect();
+            assert_eq!(got, want, "cut after {cut}");
+        }
+    }
 }
