@@ -64,14 +64,10 @@ impl RunRecord {
         value_start: usize,
         end: usize,
     ) {
-        if self.stretches.last().map(|(_, h)| h) != Some(&header) {
+        if !self.continues(&header) {
             self.stretches.push((self.extents.len(), header));
         }
-        self.extents.push(Extent {
-            start,
-            value_start,
-            end,
-        });
+        self.push_extent(start, value_start, end);
     }
 
     /// [`Self::push`] for a header the caller keeps (cloned only if it
@@ -83,9 +79,18 @@ impl RunRecord {
         value_start: usize,
         end: usize,
     ) {
-        if self.stretches.last().map(|(_, h)| h) != Some(header) {
+        if !self.continues(header) {
             self.stretches.push((self.extents.len(), header.clone()));
         }
+        self.push_extent(start, value_start, end);
+    }
+
+    /// Whether `header` is the last stretch's.
+    fn continues(&self, header: &WindowedValueHeader) -> bool {
+        self.stretches.last().map(|(_, h)| h) == Some(header)
+    }
+
+    fn push_extent(&mut self, start: usize, value_start: usize, end: usize) {
         self.extents.push(Extent {
             start,
             value_start,

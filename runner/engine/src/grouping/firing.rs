@@ -79,6 +79,18 @@ pub(super) fn wake(window: &Window, watermark: Timestamp, allowed_lateness: i64)
     }
 }
 
+/// Lowers `next_wake` to `window`'s wake point at `watermark` (see
+/// [`wake`]): a window buffered, kept or left unevaluated counts towards
+/// the earliest.
+pub(super) fn count_wake(
+    next_wake: &mut Timestamp,
+    window: &Window,
+    watermark: Timestamp,
+    allowed_lateness: i64,
+) {
+    *next_wake = (*next_wake).min(wake(window, watermark, allowed_lateness));
+}
+
 impl<'a> Evaluation<'a> {
     /// An evaluation at `input_watermark` and `now` that keeps its holds,
     /// wake point and byte count in the given places, with no room given
@@ -127,7 +139,7 @@ impl<'a> Evaluation<'a> {
     /// kept, or one of a key it does not evaluate).
     pub(super) fn wake_for(&mut self, window: &Window) {
         let lateness = self.firing.strategy.allowed_lateness;
-        *self.next_wake = (*self.next_wake).min(wake(window, self.input_watermark, lateness));
+        count_wake(self.next_wake, window, self.input_watermark, lateness);
     }
 
     /// The panes it emitted, or its failure.

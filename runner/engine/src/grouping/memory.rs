@@ -29,7 +29,7 @@ use rustc_hash::FxHashSet;
 
 use super::arrivals::Arrivals;
 use super::fired::Fired;
-use super::firing::{expected_elements, expired, wake, Evaluation, Firing};
+use super::firing::{count_wake, expected_elements, expired, Evaluation, Firing};
 use super::key_table::{Key, KeyTable, Retain};
 use super::merging::{merge_intervals, merge_windows};
 use super::pane::{
@@ -130,9 +130,12 @@ impl MemoryPanes {
         }
         self.arrivals.push(window, kv, key_len);
         self.bytes += arrivals_bytes(1, kv.len());
-        self.next_wake = self
-            .next_wake
-            .min(wake(window, ctx.watermark, strategy.allowed_lateness));
+        count_wake(
+            &mut self.next_wake,
+            window,
+            ctx.watermark,
+            strategy.allowed_lateness,
+        );
         true
     }
 
@@ -140,11 +143,18 @@ impl MemoryPanes {
     /// them when they came: what every path but arriving and firing them
     /// needs first.
     pub(super) fn settle(&mut self, strategy: &WindowingStrategy) {
-        let Some(window) = self.arrivals.window().cloned() else {
-            self.arrivals.clear();
+        let arrivals = std::mem::take(&mut self.arrivals);
+        let counted = arrivals_bytes(arrivals.len(), arrivals.bytes_left());
+        self.bytes = self.bytes.saturating_sub(counted);
+        self.file(strategy, &arrivals);
+    }
+
+    /// Files `arrivals` in the table through [`Self::add`], each as it
+    /// would have been filed when it came.
+    fn file(&mut self, strategy: &WindowingStrategy, arrivals: &Arrivals) {
+        let Some(window) = arrivals.window() else {
             return;
         };
-        let arrivals = std::mem::take(&mut self.arrivals);
         let end = window.max_timestamp();
         // The default trigger reads nothing of the context an element
         // brings, and the wake point already counts the window.
@@ -154,10 +164,7 @@ impl MemoryPanes {
             now: MIN_TIMESTAMP,
         };
         for (key, value) in arrivals.iter() {
-            self.bytes = self
-                .bytes
-                .saturating_sub(arrivals_bytes(1, key.len() + value.len()));
-            self.add(strategy, key, &window, value, end, &ctx);
+            self.add(strategy, key, window, value, end, &ctx);
         }
     }
 
@@ -216,9 +223,12 @@ impl MemoryPanes {
         pane.trigger_mut().on_element(ctx);
         let after = pane.hold(strategy, window);
         update_holds(&mut self.holds, before, after);
-        self.next_wake = self
-            .next_wake
-            .min(wake(window, ctx.watermark, strategy.allowed_lateness));
+        count_wake(
+            &mut self.next_wake,
+            window,
+            ctx.watermark,
+            strategy.allowed_lateness,
+        );
         if let WindowFn::Sessions { .. } = strategy.window_fn {
             merge_intervals(windows, strategy, &mut self.holds);
         }
@@ -457,18 +467,12 @@ impl MemoryPanes {
             .iter()
             .map(|(key, windows)| (Bytes::copy_from_slice(key), windows.clone()))
             .collect();
-        if let Some(window) = self.arrivals.window() {
-            let mut arrived = KeyTable::<KeyPanes>::default();
-            for (key, value) in self.arrivals.iter() {
-                let (windows, _) = arrived.get_or_insert_with(key, || {
-                    KeyPanes::from_buf([(window.clone(), Pane::new(&strategy.trigger))])
-                });
-                if let Some((_, pane)) = windows.first_mut() {
-                    pane.add(value, window.max_timestamp());
-                }
-            }
+        if !self.arrivals.is_empty() {
+            let mut filed = MemoryPanes::new(strategy);
+            filed.file(strategy, &self.arrivals);
             panes.extend(
-                arrived
+                filed
+                    .panes
                     .into_entries()
                     .map(|(key, windows)| (Bytes::copy_from_slice(&key), windows)),
             );
@@ -623,9 +627,12 @@ impl Spillable for MemoryPanes {
         }
         for (window, pane) in windows {
             self.bytes += pane.values().len() + PANE_OVERHEAD;
-            self.next_wake =
-                self.next_wake
-                    .min(wake(&window, watermark, strategy.allowed_lateness));
+            count_wake(
+                &mut self.next_wake,
+                &window,
+                watermark,
+                strategy.allowed_lateness,
+            );
             insert_pane(kept, window, pane, strategy, &mut self.holds);
         }
         merge_intervals(kept, strategy, &mut self.holds);
