@@ -388,6 +388,9 @@ mod tests {
         arrivals.push(&w, b"kvv", 1);
         assert!(arrivals.takes(&w, 3));
         assert!(!arrivals.takes(&Window::Global, 3));
+        // An element too long for a 32-bit place goes to the key table.
+        assert!(!arrivals.takes(&w, u32::MAX as usize + 1));
+        assert!(arrivals.takes(&w, u32::MAX as usize - 100));
         assert_eq!(arrivals.hold(), Some(w.max_timestamp()));
         arrivals.start_firing();
         assert!(!arrivals.takes(&w, 3));
