@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
 
+mod beam_python;
 mod fake_sdk;
 
 use std::collections::HashMap;
@@ -13,6 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use beam_python::beam_python;
 use bytes::Bytes;
 use fake_sdk::CollectedLogs;
 use prost::Message;
@@ -31,28 +33,6 @@ use tokio::process::{Child, Command};
 const HEADER: [u8; 13] = [
     0x7f, 0xdf, 0x3b, 0x64, 0x5a, 0x1c, 0xac, 0x09, 0, 0, 0, 1, 0x0f,
 ];
-
-/// A Python interpreter with `apache_beam`: `$BEAM_PYTHON`, else `python3`.
-/// Without one the test says so and passes, unless
-/// `REFRACT_REQUIRE_PYTHON=1` (CI sets it), where that is a failure.
-fn beam_python() -> Option<String> {
-    let python = std::env::var("BEAM_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let found = std::process::Command::new(&python)
-        .args(["-c", "import apache_beam"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("REFRACT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-        "REFRACT_REQUIRE_PYTHON=1, but `{python} -c 'import apache_beam'` fails"
-    );
-    println!("skipped: `{python} -c 'import apache_beam'` fails here (set BEAM_PYTHON)");
-    None
-}
 
 fn varint(mut v: u64, out: &mut Vec<u8>) {
     loop {

@@ -116,7 +116,9 @@ impl JobServiceImpl {
     /// costs one round trip and loses nothing, because the message stream
     /// replays the job's history and the state stream starts with the
     /// current state. A subscription without a deadline, or one opened after
-    /// `Run`, is the client's own choice and is served.
+    /// `Run`, is the client's own choice and is served. Beam's Python job
+    /// server and Prism serve the deadlined one too, and so fail every job
+    /// that outlives the timeout in the client (Beam issue 35867).
     #[allow(clippy::result_large_err)]
     fn subscribed_job<T: HasJobId>(
         &self,
@@ -126,14 +128,14 @@ impl JobServiceImpl {
         let has_deadline = request.metadata().contains_key(GRPC_TIMEOUT_HEADER);
         let job = self.job(method, request.get_ref().job_id())?;
         if has_deadline && job.state() == JobState::Stopped {
-            return Err(reject(
-                method,
-                Status::failed_precondition(format!(
-                    "job {:?} has not been run yet: a subscription opened before Run with a \
-                     deadline would end while the job runs; subscribe after Run",
-                    job.id()
-                )),
-            ));
+            // Every Python submission asks this: the normal path, so not
+            // logged as a refusal.
+            tracing::debug!(method, job_id = %job.id(), "deadlined subscription before Run refused");
+            return Err(Status::failed_precondition(format!(
+                "job {:?} has not been run yet: a subscription opened before Run with a \
+                 deadline would end while the job runs; subscribe after Run",
+                job.id()
+            )));
         }
         Ok(job)
     }

@@ -1,14 +1,13 @@
 //! `GetStateStream` and `GetMessageStream`: follow a job's history until it
 //! ends.
 //!
-//! The message stream ends right after the terminal state, which is what
-//! lets SDK clients that read it to its end finish without waiting on a
-//! timeout. The state stream sends the terminal state and then stays open
-//! for [`LINGER_AFTER_TERMINAL`], for the client to let go of it first
-//! (clients stop reading at the terminal state; why it matters is on the
-//! constant). Both end with `UNAVAILABLE` when the server shuts down, so a
-//! graceful shutdown is not held up by subscribers of jobs that are still
-//! running.
+//! Both streams end right after the job's terminal state, and one opened
+//! after it sends that state and ends at once, as Beam's Python job server
+//! and Prism do. Beam's clients rely on it: Python's `TestPipeline` waits on
+//! a job twice, the second time reading the same state stream past the
+//! terminal state, and every client reads the message stream to its end.
+//! Both end with `UNAVAILABLE` when the server shuts down, so a graceful
+//! shutdown is not held up by subscribers of jobs that are still running.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,8 +21,8 @@ use crate::event_log::Event;
 use crate::job::Job;
 use crate::job_state::is_terminal;
 
-/// The current state immediately, then each change, ending
-/// [`LINGER_AFTER_TERMINAL`] after a terminal state.
+/// The current state immediately, then each change, ending with the
+/// terminal state.
 pub(crate) fn state_stream(
     job: Arc<Job>,
     shutdown: watch::Receiver<bool>,
@@ -31,9 +30,9 @@ pub(crate) fn state_stream(
     let (current, cursor) = job.state_with_cursor();
     let first = stream::once(futures::future::ready(Ok(current)));
     if is_terminal(current.state()) {
-        return first.chain(linger(shutdown)).boxed();
+        return first.boxed();
     }
-    let follower = Follower::new(job, cursor, shutdown.clone());
+    let follower = Follower::new(job, cursor, shutdown);
     let rest = stream::unfold(Some(follower), |follower| async move {
         let mut follower = follower?;
         loop {
@@ -47,31 +46,7 @@ pub(crate) fn state_stream(
             }
         }
     });
-    first.chain(rest).chain(linger(shutdown)).boxed()
-}
-
-/// How long a state stream stays open after its terminal state, unless the
-/// client lets go of it first.
-///
-/// Beam's Python client stops reading at the terminal state and, in a
-/// script, exits at once. Had the server ended the stream too, gRPC
-/// Python's channel thread may be handling that end while the interpreter
-/// shuts down, frozen holding the call's lock, which the garbage collector
-/// then waits for in `__del__`: the process never exits. Left open, the
-/// call is cancelled by the collector itself, with nothing in flight.
-/// Clients that read to the end of the stream wait this long.
-pub(crate) const LINGER_AFTER_TERMINAL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Nothing, after [`LINGER_AFTER_TERMINAL`] or once the server shuts down.
-fn linger<T: Send + 'static>(mut shutdown: watch::Receiver<bool>) -> BoxStream<'static, T> {
-    stream::once(async move {
-        tokio::select! {
-            _ = tokio::time::sleep(LINGER_AFTER_TERMINAL) => {}
-            _ = shutdown.wait_for(|stop| *stop) => {}
-        }
-    })
-    .filter_map(|()| futures::future::ready(None))
-    .boxed()
+    first.chain(rest).boxed()
 }
 
 /// The retained history of messages and state changes, then live ones,

@@ -511,24 +511,33 @@ pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<S
     read_states(&mut states).await
 }
 
-/// The states a state stream sends, up to the terminal one, where SDK
-/// clients stop reading (the stream itself stays open a while after it,
-/// see `the_state_stream_stays_open_after_the_terminal_state`).
+/// The states a state stream sends to its end, which must come right after
+/// a terminal state (failing the test after 10 s).
 pub async fn read_states(
     stream: &mut Streaming<refract_proto::job_api::JobStateEvent>,
 ) -> Vec<State> {
     let mut states = Vec::new();
     let read = async {
         while let Some(event) = stream.message().await.expect("a state event") {
+            assert!(
+                !states
+                    .last()
+                    .is_some_and(|s| refract_jobservice::is_terminal(*s)),
+                "a state after the terminal one: {states:?} then {:?}",
+                event.state()
+            );
             states.push(event.state());
-            if refract_jobservice::is_terminal(event.state()) {
-                break;
-            }
         }
     };
     tokio::time::timeout(Duration::from_secs(10), read)
         .await
-        .expect("no terminal state within 10 s");
+        .expect("the state stream did not end within 10 s");
+    assert!(
+        states
+            .last()
+            .is_some_and(|s| refract_jobservice::is_terminal(*s)),
+        "the state stream ended before a terminal state: {states:?}"
+    );
     states
 }
 

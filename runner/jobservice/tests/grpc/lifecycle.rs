@@ -380,47 +380,64 @@ async fn a_subscription_with_a_deadline_before_run_is_refused_and_the_retry_afte
     server.shutdown().await.unwrap();
 }
 
-/// Beam's Python client stops reading at the terminal state and exits;
-/// a server ending the stream at that moment can hang the client's
-/// interpreter at exit (see `LINGER_AFTER_TERMINAL`). So the state stream
-/// stays open after the terminal state, for the client to cancel, and ends
-/// on its own only some seconds later; the message stream ends at once.
+/// Beam's clients read a state stream until a terminal state and the
+/// message stream to its end; Python's `TestPipeline` then waits on the job
+/// again, reading the same state stream past the terminal state. Both
+/// streams end right after it, and one opened after it answers at once.
 #[tokio::test]
-async fn the_state_stream_stays_open_after_the_terminal_state() {
+async fn streams_end_at_the_terminal_state_and_late_ones_answer_at_once() {
     let server = Server::start().await;
     let mut jobs = server.jobs().await;
     let id = prepare_impulse_job(&mut jobs, "done").await;
-    assert_eq!(run_to_end(&mut jobs, &id).await.last(), Some(&State::Done));
-
     let mut states = jobs
         .get_state_stream(GetJobStateRequest { job_id: id.clone() })
         .await
         .unwrap()
         .into_inner();
-    let first = states.message().await.unwrap().unwrap();
-    assert_eq!(first.state(), State::Done);
-    let waited = std::time::Instant::now();
-    let open = tokio::time::timeout(Duration::from_secs(1), states.message()).await;
-    assert!(open.is_err(), "the stream ended or sent more: {open:?}");
-    let end = tokio::time::timeout(Duration::from_secs(10), states.message())
+    let mut messages = jobs
+        .get_message_stream(JobMessagesRequest { job_id: id.clone() })
         .await
-        .expect("the stream ends on its own");
-    assert!(matches!(end, Ok(None)), "{end:?}");
-    assert!(
-        waited.elapsed() >= Duration::from_secs(4),
-        "{:?}",
-        waited.elapsed()
+        .unwrap()
+        .into_inner();
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Up to the terminal state, as a first wait reads it ...
+    let mut seen = Vec::new();
+    while let Some(event) = states.message().await.unwrap() {
+        seen.push(event.state());
+        if event.state() == State::Done {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [State::Stopped, State::Starting, State::Running, State::Done]
     );
-
-    // The message stream, which the client reads to its end, does not wait.
-    let started = std::time::Instant::now();
-    let messages = messages_to_end(&mut jobs, &id).await;
+    // ... and past it, as a second wait does: the stream has ended.
+    let past = tokio::time::timeout(Duration::from_secs(2), states.message())
+        .await
+        .expect("the state stream ends after its terminal state");
+    assert!(matches!(past, Ok(None)), "{past:?}");
+    let messages = describe_messages(&drain(&mut messages).await.unwrap());
     assert_eq!(messages.last().map(String::as_str), Some("state Done"));
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+
+    // Opened after the end: the terminal state, then the end; the message
+    // stream's history, then the end.
+    let late = tokio::time::timeout(
+        Duration::from_secs(2),
+        states_to_end(&mut jobs, GetJobStateRequest { job_id: id.clone() }),
+    )
+    .await
+    .expect("a late state stream answers at once");
+    assert_eq!(late, [State::Done]);
+    let late = tokio::time::timeout(Duration::from_secs(2), messages_to_end(&mut jobs, &id))
+        .await
+        .expect("a late message stream answers at once");
+    assert_eq!(late, messages);
     server.shutdown().await.unwrap();
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
 
+#[path = "../../../../sdk-harness/tests/beam_python/mod.rs"]
+mod beam_python;
 mod harness;
 mod lifecycle;
 mod python;

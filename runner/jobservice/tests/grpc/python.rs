@@ -10,28 +10,12 @@ use std::time::Duration;
 use refract_proto::job_api::pipeline_option_type::Enum as OptionType;
 use refract_proto::job_api::PipelineOptionDescriptor;
 
+use crate::beam_python::beam_python;
 use crate::harness::*;
-
-fn python() -> Option<String> {
-    let python = std::env::var("BEAM_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let found = std::process::Command::new(&python)
-        .args(["-c", "import apache_beam"])
-        .output()
-        .is_ok_and(|probe| probe.status.success());
-    if found {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("REFRACT_REQUIRE_PYTHON").as_deref() != Ok("1"),
-        "REFRACT_REQUIRE_PYTHON=1, but `{python} -c 'import apache_beam'` fails"
-    );
-    None
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_portable_runner_submits_stages_and_reads_results() {
-    let Some(python) = python() else {
-        eprintln!("skipping: no Python with apache_beam (set BEAM_PYTHON)");
+    let Some(python) = beam_python() else {
         return;
     };
     let server = Server::start_with(|config| {
