@@ -135,7 +135,7 @@ refract_java_classpath() {
 # the expansion service's AnyOf environments. Python's PrismRunner would
 # download a release binary from GitHub, which these machines cannot reach.
 # Beam's Go module needs Go 1.26 or newer.
-REFRACT_PRISM_VERSION=${REFRACT_PRISM_VERSION:-v2.77.0}
+REFRACT_PRISM_VERSION=${REFRACT_PRISM_VERSION:-v2.78.0}
 refract_prism_bin() {
   local dir=$REFRACT_CACHE/prism/$REFRACT_PRISM_VERSION start=$SECONDS
   if [ ! -x "$dir/prism" ]; then

@@ -5,7 +5,7 @@
 #   integration/go_suite.sh [BIN] [-test.run REGEX ...]
 #
 # The suites are the ones Beam runs for Go at $REFRACT_GO_BEAM_VERSION
-# (default v2.77.0, from the Go module proxy): test/integration/primitives,
+# (default v2.78.0, from the Go module proxy): test/integration/primitives,
 # wordcount, synthetic, xlang (through Python's test expansion service,
 # integration/python/python_expansion_service.py), test/regression and the
 # ptest-based packages of pkg/beam that need no cloud service or database.
@@ -38,7 +38,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 bin=$(refract_suite_binary go_suite.sh "${1:-}")
 if [ "$#" -gt 0 ]; then shift; fi
-version=${REFRACT_GO_BEAM_VERSION:-v2.77.0}
+version=${REFRACT_GO_BEAM_VERSION:-v2.78.0}
 suite_dir=$REFRACT_CACHE/go-suite/$version
 report_dir=${REFRACT_REPORT_DIR:-$(mktemp -d -t refract-go-suite.XXXXXX)}
 mkdir -p "$report_dir"

@@ -136,7 +136,7 @@ if ! command -v "$base_python" >/dev/null 2>&1; then
   base_python=python3
 fi
 if ! "$base_python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-  log "$base_python is $("$base_python" --version 2>&1); apache-beam 2.77 needs Python >= 3.10"
+  log "$base_python is $("$base_python" --version 2>&1); apache-beam 2.78 needs Python >= 3.10"
   exit 1
 fi
 

@@ -8,19 +8,24 @@ server started by hand.
   prints the web UI's address once;
 * a pipeline that needs its main session in the workers still works;
 * `pytest --refract` moves a suite's TestPipelines onto Refract;
-* an apache-beam version Refract was not tested with is refused, naming
-  the tested one.
+* an apache-beam older than Refract supports is refused, naming the
+  range; a newer one runs, with a one-line warning;
+* the apache-beam that pip picks for the wheel from the package index is
+  one its binary runs.
 
 The wheel is $REFRACT_WHEEL (integration/test.sh builds it), else built
 here with integration/build-wheel.sh.
 """
 
 import glob
+import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 
 import pytest
 
@@ -174,6 +179,9 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
       done.stderr[-4000:]
   raw = [l for l in done.stderr.splitlines() if ':{"time"' in l]
   assert not raw, raw[:3]
+  # Nothing refused on the way: a normal submission logs no refusal.
+  assert 'rejected job service request' not in done.stderr, \
+      done.stderr[-4000:]
   # Forked workers name themselves on their log channel (which the runner
   # refuses without an id; the harness then says so on its stderr, which
   # comes back here as the server's lines).
@@ -270,27 +278,75 @@ def test_pytest_refract_moves_test_pipelines_onto_refract(venv, tmp_path):
   assert plain.returncode == 0, plain.stdout[-4000:]
 
 
-def test_an_untested_beam_version_is_refused_clearly(venv, tmp_path):
-  script = tmp_path / 'old_beam.py'
+def test_an_older_beam_is_refused_and_a_newer_one_runs_with_a_warning(
+    venv, tmp_path):
+  script = tmp_path / 'other_beam.py'
   script.write_text(
       textwrap.dedent('''\
+      import sys
+
       import apache_beam as beam
       from apache_beam.options.pipeline_options import PipelineOptions
 
-      beam.__version__ = '2.70.0'  # as if another apache-beam were installed
-      with beam.Pipeline(options=PipelineOptions(
-          ['--runner=refract_beam.RefractRunner'])) as p:
-        _ = p | beam.Create([1])
+      beam.__version__ = sys.argv[1]  # as if another apache-beam were installed
+      for _ in range(2):
+        with beam.Pipeline(options=PipelineOptions(
+            ['--runner=refract_beam.RefractRunner'])) as p:
+          _ = p | beam.Create([1]) | beam.Map(lambda x: x)
+      print('RAN')
       '''))
-  done = run_script(venv, script)
-  assert done.returncode != 0
-  assert 'apache-beam 2.70.0 is installed, but this Refract' in done.stderr, \
-      done.stderr[-3000:]
-  tested = beam_minor()
-  assert f'was tested with apache-beam {tested}.x only' in done.stderr, \
-      done.stderr[-3000:]
+  older = run_script(venv, script, '2.50.0')
+  assert older.returncode != 0
+  assert re.search(
+      r'apache-beam 2\.50\.0 is older than this Refract \(.*\) supports: it '
+      r'runs apache-beam 2\.\d+ to 2\.\d+', older.stderr), older.stderr[-3000:]
+  assert 'RAN' not in older.stdout
+
+  newer = run_script(venv, script, '2.999.0')
+  assert newer.returncode == 0, newer.stderr[-3000:]
+  assert 'RAN' in newer.stdout
+  warned = [l for l in newer.stderr.splitlines() if 'is newer than any' in l]
+  # One line, once per process (two pipelines ran).
+  assert len(warned) == 1, newer.stderr[-3000:]
+  assert re.search(
+      r'apache-beam 2\.999\.0 is newer than any Refract \(.*\) was tested '
+      r'with \(2\.\d+ to 2\.\d+\); running it anyway', warned[0]), warned
 
 
-def beam_minor():
-  import apache_beam
-  return '.'.join(apache_beam.__version__.split('.')[:2])
+def test_the_beam_pip_picks_for_the_wheel_is_one_it_runs(wheel, tmp_path):
+  """What a new user's `pip install` of the wheel would install as
+  apache-beam, asked of the package index (PyPI) without installing it, is
+  a version the wheel's binary runs without refusing."""
+  report = tmp_path / 'report.json'
+  asked = subprocess.run([
+      sys.executable, '-m', 'pip', 'install', '--dry-run', '--ignore-installed',
+      '--quiet', '--disable-pip-version-check', '--report',
+      str(report), wheel
+  ],
+                         capture_output=True,
+                         text=True,
+                         timeout=600,
+                         check=False)
+  assert asked.returncode == 0, asked.stderr[-3000:]
+  with open(report) as f:
+    picked = {
+        item['metadata']['name'].lower(): item['metadata']['version']
+        for item in json.load(f)['install']
+    }
+  beam_version = picked['apache-beam']
+  binary = os.path.join(str(tmp_path), 'refract')
+  with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith('.data/scripts/refract'))
+    with z.open(name) as src, open(binary, 'wb') as dst:
+      dst.write(src.read())
+  os.chmod(binary, 0o755)
+  sys.path.insert(0, os.path.join(HERE, '..', 'wheel', 'python'))
+  try:
+    from refract_beam import _binary
+  finally:
+    sys.path.pop(0)
+  supported = _binary.supported_python_range(binary)
+  # Raises for a version the binary refuses; a newer one only warns.
+  _binary.check_beam_version(beam_version, supported, binary)
+  assert _binary._minor(beam_version) >= supported[0], (beam_version,
+                                                        supported)

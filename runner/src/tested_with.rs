@@ -3,16 +3,19 @@
 //!
 //! Users pick a runner for the SDK version they have; tools that start
 //! Refract for them (the `refract_beam` Python package) read this line to
-//! refuse an SDK version nobody tested, with a message saying which ones
-//! were. The versions are those the integration suites pin
-//! (`integration/requirements.txt`, the Maven projects, `go_suite.sh`,
-//! `ts_suite.sh`); a test below keeps the line and those pins together.
+//! refuse an SDK version older than the supported range, naming it, and to
+//! warn of one newer than any tested. For Python it is a range: its lowest
+//! is the oldest release `integration/beam_versions.sh` runs its smoke suite
+//! on, its newest the release the CI suites pin
+//! (`integration/requirements.txt`); for the other SDKs, the versions the
+//! Maven projects, `go_suite.sh` and `ts_suite.sh` pin. A test below keeps
+//! the line and those pins together.
 
 /// `refract --version`: the crate's version, then the tested SDK versions
-/// (major.minor), one list per SDK.
+/// (major.minor), one list (Python: a range) per SDK.
 pub const VERSION_TEXT: &str = concat!(
     env!("CARGO_PKG_VERSION"),
-    "\ntested with Apache Beam: Python 2.77, Java 2.65 and 2.73, Go 2.77, TypeScript 2.49"
+    "\ntested with Apache Beam: Python 2.70-2.78, Java 2.65 and 2.73, Go 2.78, TypeScript 2.49"
 );
 
 #[cfg(test)]
@@ -45,8 +48,22 @@ mod tests {
         let tested = line
             .strip_prefix("tested with Apache Beam: ")
             .expect("the line's prefix, which refract_beam reads");
+        let listed = |sdk: &str| {
+            tested
+                .split(", ")
+                .find(|part| part.starts_with(sdk))
+                .unwrap_or_default()
+                .to_string()
+        };
+        // Python: from the oldest release of the version sweep to the one
+        // CI's suites pin.
+        let python_range = format!(
+            "Python {}-{}",
+            pinned("integration/beam_versions.sh", "REFRACT_BEAM_VERSIONS:-"),
+            pinned("integration/requirements.txt", "apache-beam==")
+        );
+        assert_eq!(listed("Python"), python_range, "`refract --version` says: {line}");
         for (sdk, file, marker) in [
-            ("Python", "integration/requirements.txt", "apache-beam=="),
             ("Java", "integration/java/pom.xml", "<beam.version>"),
             ("Java", "integration/xlang/pom.xml", "<beam.version>"),
             (
@@ -61,12 +78,8 @@ mod tests {
             ),
         ] {
             let version = pinned(file, marker);
-            let listed = tested
-                .split(", ")
-                .find(|part| part.starts_with(sdk))
-                .unwrap_or_default();
             assert!(
-                listed.contains(&version),
+                listed(sdk).contains(&version),
                 "{file} pins {sdk} {version}; `refract --version` says: {line}"
             );
         }

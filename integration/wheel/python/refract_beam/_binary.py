@@ -50,9 +50,10 @@ def find(location=None):
       '(or set REFRACT_BIN)' % ', '.join(looked))
 
 
-def tested_python_versions(binary):
-  """The Beam Python versions (major.minor strings) `binary --version`
-  says Refract was tested with."""
+def supported_python_range(binary):
+  """The (lowest, newest) Beam Python minor versions, as (major, minor)
+  tuples, that `binary --version` says Refract runs; a binary that lists
+  versions instead of a range (older builds) supports just those."""
   out = subprocess.run([binary, '--version'],
                        check=True,
                        capture_output=True,
@@ -63,20 +64,48 @@ def tested_python_versions(binary):
       for part in line.split(':', 1)[1].split(','):
         part = part.strip()
         if part.startswith('Python '):
-          return re.findall(r'\d+\.\d+', part)
+          found = [
+              (int(major), int(minor))
+              for major, minor in re.findall(r'(\d+)\.(\d+)', part)
+          ]
+          if found:
+            return min(found), max(found)
   raise RuntimeError(
       f'{binary} --version does not say which Beam versions it was tested '
       f'with (it printed {out!r}); is it a refract binary?')
 
 
-def check_beam_version(beam_version, tested, binary):
-  """Raises when `beam_version` (apache_beam's) is not a major.minor in
-  `tested`; `REFRACT_SKIP_VERSION_CHECK=1` lets it run anyway."""
-  minor = '.'.join(beam_version.split('.')[:2])
-  if minor in tested or os.environ.get('REFRACT_SKIP_VERSION_CHECK') == '1':
-    return
-  raise RuntimeError(
-      f'apache-beam {beam_version} is installed, but this Refract '
-      f'({binary}) was tested with apache-beam {" and ".join(tested)}.x only. '
-      'Install a matching apache-beam, or a refract-beam wheel built for '
-      f'{minor}; set REFRACT_SKIP_VERSION_CHECK=1 to try anyway.')
+def _minor(version):
+  """'2.78.0' -> (2, 78); None where it has no major.minor."""
+  match = re.match(r'(\d+)\.(\d+)', version)
+  return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _text(minor):
+  return '%d.%d' % minor
+
+
+class UnsupportedBeamVersion(RuntimeError):
+  """apache-beam older than any version Refract supports."""
+
+
+def check_beam_version(beam_version, supported, binary):
+  """Refuses an apache-beam older than the `supported` (lowest, newest)
+  range, naming the range; returns a one-line warning for one newer than
+  any tested (it runs), else None. `REFRACT_SKIP_VERSION_CHECK=1` lets an
+  older one run too."""
+  lowest, newest = supported
+  minor = _minor(beam_version)
+  if minor is None or lowest <= minor <= newest:
+    return None
+  if minor > newest:
+    return (f'apache-beam {beam_version} is newer than any Refract '
+            f'({binary}) was tested with ({_text(lowest)} to '
+            f'{_text(newest)}); running it anyway.')
+  if os.environ.get('REFRACT_SKIP_VERSION_CHECK') == '1':
+    return None
+  raise UnsupportedBeamVersion(
+      f'apache-beam {beam_version} is older than this Refract ({binary}) '
+      f'supports: it runs apache-beam {_text(lowest)} to {_text(newest)} '
+      f'(and newer, untested). Install apache-beam>={_text(lowest)}; set '
+      'REFRACT_SKIP_VERSION_CHECK=1 to try anyway.')

@@ -166,17 +166,25 @@ class RefractJobServer(job_server.SubprocessJobServer):
 
 _checked = {}
 _checked_lock = threading.Lock()
+_warned = set()
+_LOGGER = logging.getLogger(__name__)
 
 
 def _check_versions(binary):
-  """Refuses an apache-beam version `binary` was not tested with (asked
-  once per binary)."""
+  """Refuses an apache-beam older than `binary` supports; warns once per
+  process of one newer than it was tested with (the range is asked once
+  per binary)."""
   with _checked_lock:
-    tested = _checked.get(binary)
-    if tested is None:
-      tested = _binary.tested_python_versions(binary)
-      _checked[binary] = tested
-  _binary.check_beam_version(apache_beam.__version__, tested, binary)
+    supported = _checked.get(binary)
+    if supported is None:
+      supported = _binary.supported_python_range(binary)
+      _checked[binary] = supported
+  warning = _binary.check_beam_version(apache_beam.__version__, supported,
+                                       binary)
+  with _checked_lock:
+    if warning and warning not in _warned:
+      _warned.add(warning)
+      _LOGGER.warning('%s', warning)
 
 
 def _given(options, name):
