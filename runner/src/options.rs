@@ -55,6 +55,18 @@ pub(crate) fn has_experiment(options: &prost_types::Struct, experiment: &str) ->
         .any(|v| matches!(&v.kind, Some(Kind::StringValue(s)) if s == experiment))
 }
 
+/// Every `--experiments` entry, in order.
+pub(crate) fn experiments(options: &prost_types::Struct) -> impl Iterator<Item = &str> {
+    let list = match value(options, "experiments") {
+        Some(Kind::ListValue(list)) => list.values.as_slice(),
+        _ => &[],
+    };
+    list.iter().filter_map(|v| match &v.kind {
+        Some(Kind::StringValue(s)) => Some(s.as_str()),
+        _ => None,
+    })
+}
+
 /// The value of an `--experiments` entry `name=value`.
 pub(crate) fn experiment_value(options: &prost_types::Struct, name: &str) -> Option<String> {
     let Some(Kind::ListValue(list)) = value(options, "experiments") else {

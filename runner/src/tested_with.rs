@@ -62,7 +62,11 @@ mod tests {
             pinned("integration/beam_versions.sh", "REFRACT_BEAM_VERSIONS:-"),
             pinned("integration/requirements.txt", "apache-beam==")
         );
-        assert_eq!(listed("Python"), python_range, "`refract --version` says: {line}");
+        assert_eq!(
+            listed("Python"),
+            python_range,
+            "`refract --version` says: {line}"
+        );
         for (sdk, file, marker) in [
             ("Java", "integration/java/pom.xml", "<beam.version>"),
             ("Java", "integration/xlang/pom.xml", "<beam.version>"),

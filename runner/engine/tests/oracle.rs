@@ -206,6 +206,7 @@ fn shape() -> impl Strategy<Value = Shape> {
         any::<bool>(),
         any::<u64>(),
         proptest::option::of(1usize..12),
+        proptest::option::of(any::<u64>()),
     )
         .prop_map(
             |(
@@ -216,6 +217,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                 streaming,
                 jitter,
                 crash_at,
+                strict,
             )| {
                 Shape {
                     max_bundle_elements,
@@ -225,6 +227,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                     streaming,
                     jitter,
                     crash_at,
+                    strict,
                 }
             },
         )
@@ -427,6 +430,7 @@ proptest! {
                     streaming,
                     jitter,
                     crash_at,
+                    strict: None,
                 };
                 let mut got = engine_run(&inputs, &strategy, &shape)?;
                 mask_is_last_unless_zero_lateness(&mut got, strategy.allowed_lateness);
@@ -446,12 +450,9 @@ proptest! {
     }
 }
 
-/// A crash at a checkpoint taken while bundles were in flight, and a
-/// restore into a new engine, give exactly the uninterrupted run's panes:
-/// committed work is kept, in-flight work is redone once.
-#[test]
-fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
-    let inputs: Vec<Input> = (0..60)
+/// 60 elements over three keys and 50 ms, in 10 ms fixed windows.
+fn sixty_inputs_in_fixed_windows() -> (Vec<Input>, WindowingStrategy) {
+    let inputs = (0..60)
         .map(|i| Input {
             key: b'a' + (i % 3) as u8,
             id: i as i64,
@@ -465,6 +466,15 @@ fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
         },
         ..WindowingStrategy::global_default()
     };
+    (inputs, strategy)
+}
+
+/// A crash at a checkpoint taken while bundles were in flight, and a
+/// restore into a new engine, give exactly the uninterrupted run's panes:
+/// committed work is kept, in-flight work is redone once.
+#[test]
+fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
+    let (inputs, strategy) = sixty_inputs_in_fixed_windows();
     let straight = Shape {
         max_bundle_elements: 4,
         create_chunks: 6,
@@ -487,6 +497,36 @@ fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
         restored_runs >= 4,
         "only {restored_runs} runs crashed before they ended"
     );
+}
+
+/// Strict mode runs bundles twice, cuts them small and reorders them, and
+/// the panes are still the uninterrupted run's (the sink counts what the
+/// engine commits); with a crash and restore in the middle too.
+#[test]
+fn strict_mode_replays_and_cuts_bundles_and_changes_no_pane() {
+    let (inputs, strategy) = sixty_inputs_in_fixed_windows();
+    let straight = Shape {
+        create_chunks: 6,
+        jitter: 5,
+        ..Shape::default()
+    };
+    let want = run_batch(&inputs, &strategy, &straight).expect("straight run");
+    for (seed, crash_at) in [(1, None), (2, None), (3, Some(3)), (4, Some(6))] {
+        let shape = Shape {
+            strict: Some(seed),
+            crash_at,
+            ..straight.clone()
+        };
+        let got = run_batch(&inputs, &strategy, &shape).expect("strict run");
+        assert_eq!(got.panes, want.panes, "{shape:?}");
+        if crash_at.is_none() {
+            let report = got.strict.expect("a strict report");
+            assert_eq!(report.seed, seed);
+            // Every SDK stage's first bundle, at least.
+            assert!(report.replayed_bundles >= 3, "{report:?}");
+            assert!(report.smaller_bundles >= 1, "{report:?}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 mod logs;
 mod retry;
 mod run;
+mod strict;
 mod workers;
 
 use std::sync::Arc;
@@ -40,6 +41,8 @@ use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
 use workers::{job_worker_parallelism, WorkerCounts};
+
+pub use strict::{STRICT_EXPERIMENT, STRICT_SEED_EXPERIMENT};
 
 /// The experiment that starts a job draining (documented in
 /// docs/compatibility.md): used by test suites that check drain semantics.
@@ -255,6 +258,7 @@ impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
         validate(pipeline).map_err(|e| e.to_string())?;
         bundle_attempts(options)?;
+        strict::strictness(options)?;
         job_worker_parallelism(options)?;
         job_durability(options, self.durability.as_ref()).map(|_| ())
     }

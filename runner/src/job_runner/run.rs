@@ -171,10 +171,23 @@ pub(super) async fn run_job(
     let max_pending_bytes = grant.as_ref().map_or(config.max_pending_bytes, |grant| {
         crate::memory::per_stage_bytes(grant.bytes(), stage_count)
     });
+    let strict = super::strict::strictness(job.options()).map_err(EngineError::InvalidPlan)?;
+    if let Some(strict) = strict {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "strict mode is on (seed {}): bundles run twice, cut small and reordered, as any \
+                 runner may; --experiments={}=off turns it off",
+                strict.seed,
+                super::STRICT_EXPERIMENT
+            ),
+        );
+    }
     let config = EngineConfig {
         streaming,
         max_attempts,
         max_pending_bytes,
+        strict,
         ..config
     };
     job.metrics()
@@ -436,6 +449,19 @@ fn report_summary(job: &Job, summary: &RunSummary) {
                 "user state larger than its stage's share of the memory budget spilled \
                  {:.1} MiB to disk",
                 summary.state_spilled_bytes as f64 / f64::from(1 << 20)
+            ),
+        );
+    }
+    if let Some(strict) = &summary.strict {
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "strict mode (seed {}) ran {} bundle(s) twice, cut {} smaller and reordered \
+                 the input of {}",
+                strict.seed,
+                strict.replayed_bundles,
+                strict.smaller_bundles,
+                strict.reordered_bundles
             ),
         );
     }

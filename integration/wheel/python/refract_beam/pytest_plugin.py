@@ -10,12 +10,19 @@ the test process starts in milliseconds where a worker process takes a
 second or more to import Beam. Pipelines built with `beam.Pipeline(...)`
 directly keep the runner they ask for.
 
+Strict mode is on (`--experiments=refract_strict`): Refract runs some
+bundles twice, cuts input into small bundles and reorders it, as any runner
+may, so that a DoFn relying on one runner's habits fails its test here
+rather than in production. `--refract-no-strict` turns it off; so does
+`--experiments=refract_strict=off` in a pipeline's own options.
+
 Without `--refract` the plugin does nothing.
 """
 
 import pytest
 
 _RUNNER = '--runner=refract_beam.RefractRunner'
+_STRICT = '--experiments=refract_strict'
 _ORIGINAL = pytest.StashKey()
 
 
@@ -26,11 +33,18 @@ def pytest_addoption(parser):
       default=False,
       help='Run every TestPipeline on Refract (refract_beam.RefractRunner), '
       'with LOOPBACK workers unless --test-pipeline-options names an '
-      'environment.')
+      'environment, in strict mode.')
+  parser.getgroup('refract').addoption(
+      '--refract-no-strict',
+      action='store_true',
+      default=False,
+      help='With --refract: no strict mode (bundles are neither run twice, '
+      'cut small nor reordered).')
 
 
-def on_refract(args):
-  """TestPipeline arguments `args`, made to run on Refract."""
+def on_refract(args, strict=True):
+  """TestPipeline arguments `args`, made to run on Refract (in strict
+  mode, unless `strict` is false)."""
   def named(flag):
     return lambda a: a == flag or a.startswith(flag + '=')
 
@@ -47,6 +61,8 @@ def on_refract(args):
   out.append(_RUNNER)
   if not any(named('--environment_type')(a) for a in out):
     out.append('--environment_type=LOOPBACK')
+  if strict:
+    out.append(_STRICT)
   return out
 
 
@@ -59,9 +75,10 @@ def pytest_configure(config):
   from apache_beam.testing.test_pipeline import TestPipeline
   original = TestPipeline._parse_test_option_args
   config.stash[_ORIGINAL] = original
+  strict = not config.getoption('refract_no_strict', default=False)
 
   def parse_on_refract(self, argv):
-    return on_refract(original(self, argv))
+    return on_refract(original(self, argv), strict)
 
   TestPipeline._parse_test_option_args = parse_on_refract
 

@@ -30,19 +30,13 @@ impl Engine {
             Err(error) => {
                 let s = &mut self.stages[idx];
                 let Some(sdk) = s.sdk_mut() else {
-                    return Err(EngineError::BundleFailed {
-                        stage: self.plan.stages[idx].name.clone(),
-                        error,
-                    });
+                    return Err(self.bundle_failed(idx, error));
                 };
                 sdk.timers.restore(flight.fired_timers);
                 let failures = sdk.retries.failed();
                 let retryable = !matches!(error, ExecError::Runner(_));
                 if !retryable || failures >= self.config.max_attempts {
-                    return Err(EngineError::BundleFailed {
-                        stage: self.plan.stages[idx].name.clone(),
-                        error,
-                    });
+                    return Err(self.bundle_failed(idx, error));
                 }
                 // The bundle left nothing behind: put its input back, to be
                 // processed again after a backoff.
@@ -61,6 +55,21 @@ impl Engine {
                 return Ok(());
             }
         };
+        // Strict mode: as if this attempt had been lost, its effects are
+        // dropped and its input runs again (at once: nothing failed).
+        if let Some(strict) = self.strict.as_mut() {
+            let s = &mut self.stages[idx];
+            if let Some(sdk) = s.sdk_mut() {
+                if strict.replays(idx, &self.plan.stages[idx].name, &flight.elements) {
+                    sdk.timers.restore(flight.fired_timers);
+                    for q in flight.elements.into_iter().rev() {
+                        s.queue.pending.push_front(q);
+                    }
+                    tracing::debug!(stage = %self.plan.stages[idx].name, "strict mode: running a bundle's input again");
+                    return Ok(());
+                }
+            }
+        }
         {
             let s = &mut self.stages[idx];
             if let Some(sdk) = s.sdk_mut() {
@@ -317,6 +326,24 @@ impl From<SpilledOutputError> for ReadSpilled {
 /// How long a stage waits before retrying after its `failures`-th failure
 /// in a row (from 1) with `error`: the base for that kind of error,
 /// doubling, at most ten seconds.
+impl Engine {
+    /// The error that fails the job when a bundle of stage `idx` fails for
+    /// good; under strict mode an SDK's error text ends with what strict
+    /// mode did, so a test that fails because of it says so.
+    fn bundle_failed(&self, idx: StageIdx, error: ExecError) -> EngineError {
+        let error = match (error, &self.strict) {
+            (ExecError::Sdk(text), Some(strict)) => {
+                ExecError::Sdk(format!("{text}\n\n{}", strict.report().failure_note()))
+            }
+            (error, _) => error,
+        };
+        EngineError::BundleFailed {
+            stage: self.plan.stages[idx].name.clone(),
+            error,
+        }
+    }
+}
+
 fn retry_delay(config: &EngineConfig, error: &ExecError, failures: u32) -> Duration {
     let base = match error {
         ExecError::Sdk(_) => config.sdk_error_backoff,

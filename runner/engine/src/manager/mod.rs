@@ -54,6 +54,7 @@ mod snapshot;
 mod stage_state;
 mod state_gc;
 mod stats;
+mod strict;
 mod test_stream;
 mod topology;
 mod watermarks;
@@ -70,6 +71,7 @@ pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
 use stage_state::{KindState, StageState};
 use stats::StageCounters;
 pub use stats::StageStats;
+pub use strict::{Replay, StrictReport, Strictness};
 use topology::topological_order;
 
 /// Why a job stopped without finishing.
@@ -152,6 +154,10 @@ pub struct EngineConfig {
     /// of elements waiting (and is working through them) gets no new
     /// bundles, so memory stays bounded however fast its input is.
     pub max_pending_bytes: usize,
+    /// Strict mode (see [`strict`](self::Strictness)): bundles run twice,
+    /// cut small and reordered, as any runner may, so that tests catch code
+    /// that relies on one runner's habits. Off by default.
+    pub strict: Option<Strictness>,
 }
 
 impl Default for EngineConfig {
@@ -165,6 +171,7 @@ impl Default for EngineConfig {
             retry_backoff: Duration::from_millis(100),
             sdk_error_backoff: Duration::from_millis(10),
             max_pending_bytes: 64 << 20,
+            strict: None,
         }
     }
 }
@@ -191,6 +198,8 @@ pub struct RunSummary {
     pub queue_spilled_bytes: u64,
     /// Bytes of bag user state written to the spill store.
     pub state_spilled_bytes: u64,
+    /// What strict mode did, when it was on.
+    pub strict: Option<StrictReport>,
     /// Keys GroupByKeys handed to their consumers as state-backed
     /// iterables (too large for memory).
     pub handed_out_keys: u64,
@@ -297,6 +306,8 @@ pub struct Engine {
     /// Where stateful stages' bags spill if not to the spill store: one
     /// that lasts as long as the checkpoints naming what is in it.
     durable_state: Option<Arc<dyn crate::spill::SpillStore>>,
+    /// Strict mode's choices and record, when it is on.
+    strict: Option<strict::Strict>,
 }
 
 /// A request for a checkpoint of the running engine, answered with its
@@ -408,6 +419,7 @@ impl Engine {
         let user_state = (0..n).map(|_| Arc::default()).collect();
         let frozen_clock = scripted.then(|| clock());
         let slot_groups = SlotGroups::new(&plan, executor.as_ref());
+        let strict = config.strict.map(|s| strict::Strict::new(s, n));
         Ok(Engine {
             plan,
             executor,
@@ -436,6 +448,7 @@ impl Engine {
             extra_parts: Vec::new(),
             spill_space: None,
             durable_state: None,
+            strict,
         })
     }
 
@@ -692,6 +705,7 @@ impl Engine {
                     spilled_bytes = self.summary.spilled_bytes,
                     "pipeline finished"
                 );
+                self.summary.strict = self.strict.as_ref().map(|s| s.report().clone());
                 self.publish_stats(true);
                 return Ok(self.summary);
             }

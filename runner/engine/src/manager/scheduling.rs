@@ -289,6 +289,12 @@ impl Engine {
                     self.config.max_bundle_elements,
                     splittable,
                 );
+                let bundle_elements = match self.strict.as_mut() {
+                    Some(strict) => {
+                        strict.bundle_elements(idx, bundle_elements, queue.pending.len())
+                    }
+                    None => bundle_elements,
+                };
                 // A bundle fires at most as many timers as it may take
                 // elements.
                 let max_timers = self.config.max_bundle_elements;
@@ -341,7 +347,7 @@ impl Engine {
                 // returns to the queue, where it holds back the timers it
                 // could precede as any waiting element does.
                 let mut split_points = Vec::new();
-                let elements: Vec<Queued> = match taken {
+                let mut elements: Vec<Queued> = match taken {
                     Taken::Entries(entries) => entries,
                     Taken::Elements(mut elements) => {
                         if time_sorted {
@@ -354,6 +360,11 @@ impl Engine {
                         elements.into_iter().map(Queued::One).collect()
                     }
                 };
+                // Only a stateless stage's order is free: a keyed one keeps
+                // each key's order, a time-sorted one its timestamps'.
+                if let (Some(strict), false, false) = (self.strict.as_mut(), keyed, time_sorted) {
+                    strict.reorder(&mut elements);
+                }
                 let take = element_count(&elements);
                 let key_groups: KeyGroupSet = if keyed { allowed } else { 0 };
                 let mut holds = Vec::new();

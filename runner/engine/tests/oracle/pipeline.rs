@@ -28,8 +28,10 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
-use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
-use refract_engine::manager::{describe_checkpoint, Engine, EngineConfig, EngineError, RunSummary};
+use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
+use refract_engine::manager::{
+    describe_checkpoint, Engine, EngineConfig, EngineError, RunSummary, Strictness,
+};
 use refract_engine::plan::{
     PCollection, PCollectionIdx, PCollectionVec, Plan, SdkStage, Stage, StageIdx, StageKind,
     StageVec, TestStreamEvent, WindowFn, WindowingStrategy,
@@ -63,6 +65,8 @@ pub struct Shape {
     /// `n`th checkpoint as if the process died, and finish it with a new
     /// engine restored from that checkpoint.
     pub crash_at: Option<usize>,
+    /// `EngineConfig::strict`, with this seed.
+    pub strict: Option<u64>,
 }
 
 impl Default for Shape {
@@ -75,6 +79,7 @@ impl Default for Shape {
             streaming: false,
             jitter: 0,
             crash_at: None,
+            strict: None,
         }
     }
 }
@@ -107,8 +112,10 @@ struct FakeSdk {
     window_coder: Coder,
     create_chunks: usize,
     jitter: u64,
-    /// Panes received, with the number of the bundle that received them.
-    sink: Mutex<Vec<(u64, Pane)>>,
+    /// Panes received, with the number of the bundle that received them:
+    /// written when the engine commits the bundle, as a transactional sink
+    /// does (a bundle strict mode runs twice counts once).
+    sink: Arc<Mutex<Vec<(u64, Pane)>>>,
 }
 
 impl FakeSdk {
@@ -151,15 +158,19 @@ impl FakeSdk {
 
     fn sink(&self, input: &BundleInput) -> BundleOutput {
         let bundle = bundle_number(&input.bundle_id);
-        let mut sink = self.sink.lock();
+        let mut panes = Vec::new();
         for chunk in &input.elements {
-            sink.extend(
+            panes.extend(
                 decode_panes(chunk, &self.window_coder)
                     .into_iter()
                     .map(|p| (bundle, p)),
             );
         }
-        BundleOutput::default()
+        let sink = self.sink.clone();
+        BundleOutput {
+            on_commit: Some(CommitAction::new(move || sink.lock().extend(panes))),
+            ..BundleOutput::default()
+        }
     }
 }
 
@@ -268,6 +279,8 @@ pub struct Run {
     pub dropped_late: u64,
     /// The run crashed and was finished by a restored engine.
     pub restored: bool,
+    /// What strict mode did, if it was on.
+    pub strict: Option<refract_engine::manager::StrictReport>,
 }
 
 /// Builds source → window → gbk → sink after the given source stages
@@ -312,13 +325,14 @@ fn run(
         window_coder,
         create_chunks: shape.create_chunks,
         jitter: shape.jitter,
-        sink: Mutex::new(Vec::new()),
+        sink: Arc::default(),
     });
     let config = EngineConfig {
         max_bundle_elements: shape.max_bundle_elements,
         chunk_bytes: shape.chunk_bytes,
         max_bundles_per_stage: shape.max_bundles_per_stage,
         streaming: shape.streaming,
+        strict: shape.strict.map(|seed| Strictness { seed }),
         ..EngineConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -337,6 +351,7 @@ fn run(
         panes,
         dropped_late: summary.dropped_late,
         restored,
+        strict: summary.strict,
     })
 }
 

@@ -1,9 +1,13 @@
 package org.refract.beam;
 
+import org.apache.beam.sdk.options.Default;
 import org.apache.beam.sdk.options.Description;
 import org.apache.beam.sdk.options.PortablePipelineOptions;
 
-/** Options of {@link RefractRunner}: which {@code refract} binary to start. */
+/**
+ * Options of {@link RefractRunner}: which {@code refract} binary to start; and, under {@link
+ * TestRefractRunner}, whether tests run in strict mode.
+ */
 public interface RefractPipelineOptions extends PortablePipelineOptions {
   @Description(
       "The refract binary to start. Default: refract on PATH, else the one the refract-beam "
@@ -11,4 +15,13 @@ public interface RefractPipelineOptions extends PortablePipelineOptions {
   String getRefractLocation();
 
   void setRefractLocation(String location);
+
+  @Description(
+      "Under TestRefractRunner: strict mode, where Refract runs some bundles twice, cuts input into "
+          + "small bundles and reorders it, as any runner may, so that a DoFn relying on one "
+          + "runner's habits fails its test (--experiments=refract_strict). Default: true.")
+  @Default.Boolean(true)
+  Boolean getRefractStrict();
+
+  void setRefractStrict(Boolean strict);
 }

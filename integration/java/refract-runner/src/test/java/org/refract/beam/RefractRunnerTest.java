@@ -4,11 +4,15 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.util.HashSet;
+import java.util.Set;
 import org.apache.beam.sdk.Pipeline;
 import org.apache.beam.sdk.options.PipelineOptions;
 import org.apache.beam.sdk.testing.PAssert;
 import org.apache.beam.sdk.testing.TestPipeline;
 import org.apache.beam.sdk.transforms.Create;
+import org.apache.beam.sdk.transforms.DoFn;
+import org.apache.beam.sdk.transforms.ParDo;
 import org.apache.beam.sdk.transforms.MapElements;
 import org.apache.beam.sdk.transforms.Sum;
 import org.apache.beam.sdk.values.KV;
@@ -69,5 +73,53 @@ public class RefractRunnerTest {
     }
     // The job's failure carries the SDK's error text.
     assertTrue(messages.toString(), messages.toString().contains("two is not allowed here"));
+  }
+
+  /**
+   * Drops elements it has seen before, in its own memory: not idempotent, so an element whose
+   * bundle runs again is lost. A runner that runs each bundle once never shows it.
+   */
+  static class DedupeInMemory extends DoFn<String, String> {
+    private transient Set<String> seen;
+
+    @Setup
+    public void setup() {
+      seen = new HashSet<>();
+    }
+
+    @ProcessElement
+    public void process(@Element String word, OutputReceiver<String> out) {
+      if (seen.add(word)) {
+        out.output(word);
+      }
+    }
+  }
+
+  private static void dedupeInMemory(Pipeline p) {
+    PAssert.that(p.apply(Create.of("a", "b", "c")).apply(ParDo.of(new DedupeInMemory())))
+        .containsInAnyOrder("a", "b", "c");
+  }
+
+  @Test
+  public void strictModeFailsADoFnThatIsNotIdempotentSayingWhy() {
+    Pipeline p = Pipeline.create(TestPipeline.testingPipelineOptions());
+    dedupeInMemory(p);
+    Throwable failure = assertThrows(Throwable.class, p::run);
+    StringBuilder messages = new StringBuilder();
+    for (Throwable t = failure; t != null; t = t.getCause()) {
+      messages.append(t).append('\n');
+    }
+    String text = messages.toString();
+    assertTrue(text, text.contains("Refract's strict mode (seed "));
+    assertTrue(text, text.contains("DedupeInMemory"));
+  }
+
+  @Test
+  public void withoutStrictModeTheSamePipelinePasses() {
+    PipelineOptions options = TestPipeline.testingPipelineOptions();
+    options.as(RefractPipelineOptions.class).setRefractStrict(false);
+    Pipeline p = Pipeline.create(options);
+    dedupeInMemory(p);
+    p.run();
   }
 }
