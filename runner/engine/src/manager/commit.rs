@@ -32,19 +32,16 @@ impl Engine {
                 let Some(sdk) = s.sdk_mut() else {
                     return Err(self.bundle_failed(idx, error));
                 };
-                sdk.timers.restore(flight.fired_timers);
                 let failures = sdk.retries.failed();
                 let retryable = !matches!(error, ExecError::Runner(_));
                 if !retryable || failures >= self.config.max_attempts {
                     return Err(self.bundle_failed(idx, error));
                 }
-                // The bundle left nothing behind: put its input back, to be
-                // processed again after a backoff.
+                // The bundle left nothing behind: its work runs again after
+                // a backoff.
                 let backoff = retry_delay(&self.config, &error, failures);
                 sdk.retries.back_off_until(Instant::now() + backoff);
-                for q in flight.elements.into_iter().rev() {
-                    s.queue.pending.push_front(q);
-                }
+                s.run_again(flight.fired_timers, flight.elements);
                 tracing::warn!(
                     stage = %self.plan.stages[idx].name,
                     attempt = failures,
@@ -58,16 +55,12 @@ impl Engine {
         // Strict mode: as if this attempt had been lost, its effects are
         // dropped and its input runs again (at once: nothing failed).
         if let Some(strict) = self.strict.as_mut() {
+            let name = &self.plan.stages[idx].name;
             let s = &mut self.stages[idx];
-            if let Some(sdk) = s.sdk_mut() {
-                if strict.replays(idx, &self.plan.stages[idx].name, &flight.elements) {
-                    sdk.timers.restore(flight.fired_timers);
-                    for q in flight.elements.into_iter().rev() {
-                        s.queue.pending.push_front(q);
-                    }
-                    tracing::debug!(stage = %self.plan.stages[idx].name, "strict mode: running a bundle's input again");
-                    return Ok(());
-                }
+            if s.sdk().is_some() && strict.replays(idx, name, &flight.elements) {
+                s.run_again(flight.fired_timers, flight.elements);
+                tracing::debug!(stage = %name, "strict mode: running a bundle's input again");
+                return Ok(());
             }
         }
         {
@@ -323,9 +316,6 @@ impl From<SpilledOutputError> for ReadSpilled {
     }
 }
 
-/// How long a stage waits before retrying after its `failures`-th failure
-/// in a row (from 1) with `error`: the base for that kind of error,
-/// doubling, at most ten seconds.
 impl Engine {
     /// The error that fails the job when a bundle of stage `idx` fails for
     /// good; under strict mode an SDK's error text ends with what strict
@@ -344,6 +334,9 @@ impl Engine {
     }
 }
 
+/// How long a stage waits before retrying after its `failures`-th failure
+/// in a row (from 1) with `error`: the base for that kind of error,
+/// doubling, at most ten seconds.
 fn retry_delay(config: &EngineConfig, error: &ExecError, failures: u32) -> Duration {
     let base = match error {
         ExecError::Sdk(_) => config.sdk_error_backoff,

@@ -279,6 +279,23 @@ impl StageState {
         )
     }
 
+    /// Puts a bundle's input back at the front of the queue and its fired
+    /// timers back in the timer store, as they were before it took them:
+    /// the bundle left nothing behind (it failed, or strict mode drops its
+    /// effects) and its work runs again.
+    pub(super) fn run_again(
+        &mut self,
+        fired_timers: Vec<(TimeDomain, FiredTimer)>,
+        elements: Vec<Queued>,
+    ) {
+        if let Some(sdk) = self.sdk_mut() {
+            sdk.timers.restore(fired_timers);
+        }
+        for q in elements.into_iter().rev() {
+            self.queue.pending.push_front(q);
+        }
+    }
+
     /// An Impulse that has not emitted yet now has: whether it had not
     /// (and so must emit now).
     pub(super) fn take_impulse(&mut self) -> bool {
