@@ -10,7 +10,8 @@ import org.apache.beam.sdk.options.PipelineOptions;
  * Runs a pipeline on Refract, a portable Beam runner, started for this JVM: {@code
  * --runner=RefractRunner}. The first pipeline starts {@code refract serve} on free ports (see
  * {@link RefractServer} for which binary) and prints its web UI's address; later pipelines of the
- * JVM reuse it. Submission goes through Beam's {@link PortableRunner}; the SDK workers are LOOPBACK
+ * JVM reuse it. Submission goes through Beam's {@link PortableRunner} (its result waits on the
+ * job's state stream, see {@link PromptPipelineResult}); the SDK workers are LOOPBACK
  * (threads of this JVM, which run bundles in parallel) unless {@code --defaultEnvironmentType}
  * says otherwise. To submit to a server already running, use {@code --runner=PortableRunner
  * --jobEndpoint=HOST:PORT}.
@@ -40,7 +41,8 @@ public class RefractRunner extends PipelineRunner<PipelineResult> {
 
   @Override
   public PipelineResult run(Pipeline pipeline) {
-    options.setJobEndpoint(RefractServer.endpoint(options));
-    return PortableRunner.fromOptions(options).run(pipeline);
+    String endpoint = RefractServer.endpoint(options);
+    options.setJobEndpoint(endpoint);
+    return new PromptPipelineResult(PortableRunner.fromOptions(options).run(pipeline), endpoint);
   }
 }

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A user's JUnit suite of small TestPipelines on each runner a Beam Java
+# user could pick for it, in one run.
+#
+#   integration/bench/junit_suite.sh [BIN]
+#
+# Runs integration/java's SmallPipelinesTest (profile suite-bench: Map,
+# GroupByKey, Combine.perKey, a side input, Flatten, tagged outputs,
+# windowed sums, each REFRACT_BENCH_JUNIT_REPEAT times, default 5) with
+# Surefire once per runner, twice each, keeping the faster run:
+#
+#   DirectRunner                  Java's DirectRunner
+#   Prism                         Beam's TestUniversalRunner, LOOPBACK,
+#                                 against Prism (built once from the Go
+#                                 module proxy, see refract_prism_bin)
+#   TestRefractRunner             refract-runner's, strict mode (its default)
+#   TestRefractRunner, not strict --refractStrict=false
+#
+# and prints each run's wall time (`mvn surefire:test`, the JVM's start
+# included) and the median of the tests' own times (Surefire's report).
+# BIN (default: the release build) is the refract the runner starts.
+# Installs refract-runner first (integration/install-java-runner.sh).
+# shellcheck source-path=SCRIPTDIR
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../common.sh
+. "$here/common.sh"
+
+bin=$(refract_suite_binary "$0" "${1:-}")
+repeat=${REFRACT_BENCH_JUNIT_REPEAT:-5}
+m2=$REFRACT_CACHE/m2
+project=$here/java
+work=$(mktemp -d -t refract-junit-bench.XXXXXX)
+pids=()
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$here/install-java-runner.sh" -Dmaven.repo.local="$m2" -DskipTests >/dev/null
+mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P suite-bench test-compile >&2
+
+prism=$(refract_prism_bin)
+prism_port=$(refract_free_port)
+"$prism" --job_port "$prism_port" --serve_http=false </dev/null >"$work/prism.log" 2>&1 &
+pids+=("$!")
+refract_wait_for_port "$prism_port" "$!" 60
+
+universal=org.apache.beam.runners.portability.testing.TestUniversalRunner
+runners=(
+  "DirectRunner|[\"--runner=DirectRunner\"]"
+  "Prism|[\"--runner=$universal\",\"--jobEndpoint=localhost:$prism_port\",\"--defaultEnvironmentType=LOOPBACK\"]"
+  "TestRefractRunner|[\"--runner=TestRefractRunner\",\"--refractLocation=$bin\"]"
+  "TestRefractRunner, not strict|[\"--runner=TestRefractRunner\",\"--refractLocation=$bin\",\"--refractStrict=false\"]"
+)
+
+report=$project/target/surefire-reports/TEST-org.refract.bench.SmallPipelinesTest.xml
+echo "| runner | tests | suite wall s | median ms per test | per test / DirectRunner |"
+echo "|---|---:|---:|---:|---:|"
+reference=
+for entry in "${runners[@]}"; do
+  name=${entry%%|*}
+  options=${entry#*|}
+  best=
+  best_wall=
+  for attempt in 1 2; do
+    started=$(date +%s.%N)
+    if ! mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P suite-bench \
+      surefire:test -DbenchPipelineOptions="$options" -DbenchRepeat="$repeat" \
+      >"$work/$attempt.log" 2>&1; then
+      tail -n 40 "$work/$attempt.log" >&2
+      echo "junit_suite.sh: the suite failed on $name" >&2
+      exit 1
+    fi
+    wall=$(echo "$(date +%s.%N) - $started" | bc)
+    line=$("$REFRACT_PY" - "$report" "$wall" <<'PY'
+import statistics
+import sys
+import xml.etree.ElementTree as ET
+times = [float(c.get('time')) for c in ET.parse(sys.argv[1]).getroot().iter('testcase')]
+print('%d %.1f %.0f' % (len(times), float(sys.argv[2]), statistics.median(times) * 1000))
+PY
+)
+    if [ -z "$best" ] || awk -v a="$wall" -v b="$best_wall" 'BEGIN { exit !(a < b) }'; then
+      best=$line
+      best_wall=$wall
+    fi
+  done
+  read -r tests wall median <<<"$best"
+  reference=${reference:-$median}
+  echo "junit: $name: $tests tests, wall $wall s, median $median ms per test" >&2
+  printf '| %s | %s | %s | %s | %.2fx |\n' "$name" "$tests" "$wall" "$median" \
+    "$(echo "$median / $reference" | bc -l)"
+done
