@@ -1,5 +1,6 @@
 package org.refract.beam;
 
+import java.util.Collections;
 import org.apache.beam.runners.portability.PortableRunner;
 import org.apache.beam.sdk.Pipeline;
 import org.apache.beam.sdk.PipelineResult;
@@ -35,6 +36,12 @@ public class RefractRunner extends PipelineRunner<PipelineResult> {
     String environment = refract.getDefaultEnvironmentType();
     if (environment == null || environment.isEmpty()) {
       refract.setDefaultEnvironmentType("LOOPBACK");
+    }
+    // LOOPBACK workers run in this JVM, on its classpath: staging the classpath (which Beam's
+    // PortableRunner does by default, hashing every jar on every run) would serve nobody.
+    if ("LOOPBACK".equals(refract.getDefaultEnvironmentType())
+        && refract.getFilesToStage() == null) {
+      refract.setFilesToStage(Collections.emptyList());
     }
     return new RefractRunner(refract);
   }
