@@ -3,6 +3,7 @@
 Beam Python user could pick for it, in one run.
 
     integration/bench/test_suite.py --refract BIN [--prism BIN] [--tests N]
+                                    [--only RUNNER ...]
 
 Writes a pytest module of N small TestPipeline tests (Create, Map,
 GroupByKey, CombinePerKey, side inputs, Flatten, tagged outputs, windowed
@@ -242,6 +243,11 @@ def main():
                   default=35,
                   help='tests in the suite (a multiple of %d)' %
                   TESTS_PER_REPEAT)
+  ap.add_argument('--only',
+                  action='append',
+                  metavar='RUNNER',
+                  help='measure only this runner (its name as printed; '
+                  'repeatable); ratios are to the first one measured')
   args = ap.parse_args()
   refract = os.path.abspath(args.refract)
   repeat = max(1, args.tests // TESTS_PER_REPEAT)
@@ -252,6 +258,8 @@ def main():
     with open(os.path.join(directory, 'conftest.py'), 'w') as f:
       f.write(CONFTEST)
     for name, flags, server_cmd, port in configurations(refract, args.prism):
+      if args.only and name not in args.only:
+        continue
       server = Server(server_cmd, port, name) if server_cmd else None
       try:
         runs = [run_suite(directory, flags, refract) for _ in range(2)]
@@ -264,6 +272,8 @@ def main():
       print('suite: %-38s %d tests  wall %6.1f s  median %5.0f ms/test' %
             (name, len(times), wall, median * 1000),
             file=sys.stderr)
+  if not results:
+    raise SystemExit('no runner measured: see --only')
   reference = results[0][3]
   print('| runner | tests | suite wall s | median ms per test | '
         'per test / DirectRunner |')

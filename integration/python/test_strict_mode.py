@@ -44,19 +44,21 @@ def session(refract_bin, *flags, check=None):
 
 def test_the_wrong_pipelines_pass_without_strict_mode(refract_bin):
   direct = session(refract_bin, '--test-pipeline-options=--runner=DirectRunner')
-  assert '4 passed' in direct.stdout, direct.stdout[-3000:]
+  assert '5 passed' in direct.stdout, direct.stdout[-3000:]
   lenient = session(refract_bin, '--refract', '--refract-no-strict')
-  assert '4 passed' in lenient.stdout, lenient.stdout[-3000:]
+  assert '5 passed' in lenient.stdout, lenient.stdout[-3000:]
 
 
-@pytest.mark.parametrize('check, rule', [
-    ('dedupe_in_memory', "'Create/Map(decode)+DedupeInMemory"),
-    ('count_per_bundle', 'bundle(s) smaller'),
-    ('pairs_in_arrival_order', 'reordered the input of'),
+@pytest.mark.parametrize('check, rule, flags', [
+    ('dedupe_in_memory', 'Create/Map(decode)+DedupeInMemory+', ()),
+    ('count_per_bundle', 'bundle(s) smaller', ()),
+    ('pairs_in_arrival_order', 'reordered the input of', ()),
+    ('loses_data', 'every element crossed its coder between transforms',
+     ('--test-pipeline-options=--experiments=refract_strict=coders',)),
 ])
 def test_strict_mode_fails_a_wrong_pipeline_saying_why(refract_bin, check,
-                                                      rule):
-  done = session(refract_bin, '--refract', check=check)
+                                                      rule, flags):
+  done = session(refract_bin, '--refract', *flags, check=check)
   out = done.stdout
   assert '1 failed' in out, out[-4000:]
   # The SDK's own assertion and stack come first ...
@@ -70,6 +72,18 @@ def test_strict_mode_fails_a_wrong_pipeline_saying_why(refract_bin, check,
 
 def test_a_correct_pipeline_passes_under_strict_mode(refract_bin):
   done = session(refract_bin, '--refract', check='correct_pipeline')
+  assert '1 passed' in done.stdout, done.stdout[-3000:]
+  done = session(refract_bin,
+                 '--refract',
+                 '--test-pipeline-options=--experiments=refract_strict=coders',
+                 check='correct_pipeline')
+  assert '1 passed' in done.stdout, done.stdout[-3000:]
+
+
+def test_a_coder_that_loses_data_passes_strict_mode_without_coders(refract_bin):
+  """The coder check is `refract_strict=coders`' alone: by default the
+  pipeline's transforms stay fused, as production runners fuse them."""
+  done = session(refract_bin, '--refract', check='loses_data')
   assert '1 passed' in done.stdout, done.stdout[-3000:]
 
 

@@ -14,7 +14,7 @@ use refract_jobservice::Job;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
-use refract_translate::{translate, EnvironmentPreference, TranslateOptions};
+use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
 use tracing::{info, warn};
 
 use super::workers::WorkerStart;
@@ -128,12 +128,35 @@ pub(super) async fn run_job(
         latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
     }
     let streaming = option_bool(job.options(), "streaming");
+    let strict = super::strict::strictness(job.options()).map_err(EngineError::InvalidPlan)?;
+    if let Some(strict) = strict {
+        let coders = if strict.coders {
+            "the pipeline's transforms run as stages of their own, so every element between \
+             them crosses its coder, and "
+        } else {
+            ""
+        };
+        job.message(
+            MessageImportance::JobMessageBasic,
+            format!(
+                "strict mode is on (seed {}): {coders}bundles run twice, cut small and reordered, \
+                 as any runner may; --experiments={}=off turns it off",
+                strict.seed,
+                super::STRICT_EXPERIMENT
+            ),
+        );
+    }
     let options = TranslateOptions {
         fn_api_url: fn_server.url(),
         descriptor_id_prefix: job.id().to_string(),
         streaming,
         drain: has_experiment(job.options(), DRAIN_ON_START),
         environment_preference,
+        fusion: if strict.is_some_and(|s| s.coders) {
+            Fusion::WithinRootTransforms
+        } else {
+            Fusion::Greedy
+        },
     };
     // Planning takes time in proportion to the pipeline: off the reactor.
     let submitted = job.clone();
@@ -171,18 +194,6 @@ pub(super) async fn run_job(
     let max_pending_bytes = grant.as_ref().map_or(config.max_pending_bytes, |grant| {
         crate::memory::per_stage_bytes(grant.bytes(), stage_count)
     });
-    let strict = super::strict::strictness(job.options()).map_err(EngineError::InvalidPlan)?;
-    if let Some(strict) = strict {
-        job.message(
-            MessageImportance::JobMessageBasic,
-            format!(
-                "strict mode is on (seed {}): bundles run twice, cut small and reordered, as any \
-                 runner may; --experiments={}=off turns it off",
-                strict.seed,
-                super::STRICT_EXPERIMENT
-            ),
-        );
-    }
     let config = EngineConfig {
         streaming,
         max_attempts,

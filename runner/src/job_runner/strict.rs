@@ -1,9 +1,13 @@
 //! A job's strict mode, from its options: `--experiments=refract_strict`
 //! turns it on (the engine's `Strictness`: bundles run twice, cut small and
-//! reordered, as any runner may), `refract_strict=off` turns it off
-//! whatever else the list says (a test harness that adds the first lets a
-//! user's own flag win), and `refract_strict_seed=N` repeats a run's
-//! choices. `pytest --refract` and `TestRefractRunner` turn it on.
+//! reordered, as any runner may); `refract_strict=coders` also keeps the
+//! pipeline's root transforms out of each other's stages, so every element
+//! passing between them crosses its coder (each extra stage costs the SDK
+//! a bundle processor per job: a small test runs about 45% longer);
+//! `refract_strict=off` turns it off whatever else the list says (a test
+//! harness that adds the first lets a user's own flag win), and
+//! `refract_strict_seed=N` repeats a run's choices. `pytest --refract` and
+//! `TestRefractRunner` turn it on.
 
 use refract_engine::manager::Strictness;
 
@@ -20,6 +24,7 @@ pub const STRICT_SEED_EXPERIMENT: &str = "refract_strict_seed";
 /// Without a seed, a fresh random one.
 pub(crate) fn strictness(options: &prost_types::Struct) -> Result<Option<Strictness>, String> {
     let mut on = false;
+    let mut coders = false;
     for entry in experiments(options) {
         let value = match entry.strip_prefix(STRICT_EXPERIMENT) {
             Some("") => "on",
@@ -31,10 +36,14 @@ pub(crate) fn strictness(options: &prost_types::Struct) -> Result<Option<Strictn
         };
         match value {
             "on" => on = true,
+            "coders" => {
+                on = true;
+                coders = true;
+            }
             "off" => return Ok(None),
             other => {
                 return Err(format!(
-                    "--experiments={STRICT_EXPERIMENT}={other}: expected 'on' or 'off'"
+                    "--experiments={STRICT_EXPERIMENT}={other}: expected 'on', 'coders' or 'off'"
                 ))
             }
         }
@@ -45,7 +54,7 @@ pub(crate) fn strictness(options: &prost_types::Struct) -> Result<Option<Strictn
         })?,
         None => fresh_seed(),
     };
-    Ok(on.then_some(Strictness { seed }))
+    Ok(on.then_some(Strictness { seed, coders }))
 }
 
 /// A seed no other job is likely to have: std's per-process random hash
@@ -92,14 +101,39 @@ mod tests {
                 "refract_strict",
                 "refract_strict_seed=42"
             ])),
-            Ok(Some(Strictness { seed: 42 }))
+            Ok(Some(Strictness {
+                seed: 42,
+                coders: false
+            }))
         );
         assert_eq!(
             strictness(&with_experiments(&[
                 "refract_strict=on",
                 "refract_strict_seed=7"
             ])),
-            Ok(Some(Strictness { seed: 7 }))
+            Ok(Some(Strictness {
+                seed: 7,
+                coders: false
+            }))
+        );
+        // Coders, beside on or alone, turn on both.
+        assert_eq!(
+            strictness(&with_experiments(&[
+                "refract_strict",
+                "refract_strict=coders",
+                "refract_strict_seed=7"
+            ])),
+            Ok(Some(Strictness {
+                seed: 7,
+                coders: true
+            }))
+        );
+        assert_eq!(
+            strictness(&with_experiments(&[
+                "refract_strict=coders",
+                "refract_strict=off"
+            ])),
+            Ok(None)
         );
         // Off wins, wherever it is.
         assert_eq!(

@@ -21,7 +21,7 @@ pub(crate) fn assemble(
     mut graph: Graph,
     opts: &TranslateOptions,
 ) -> Result<Translated, TranslateError> {
-    let groups = fuse::fuse(&graph.nodes);
+    let groups = fuse::fuse(&graph.nodes, opts.fusion);
     let bounds = rewrite::boundaries(&graph, &groups);
     rewrite::rewrite(&mut graph, &groups, &bounds)?;
 

@@ -15,6 +15,17 @@
 //! Runner nodes (impulse, flatten, reshuffle, group-by-key) are stages of
 //! their own. Every SDK stage has at most one main input: the engine feeds
 //! one data source per stage.
+//!
+//! With [`Fusion::WithinRootTransforms`] a node joins only a stage of its
+//! own root transform (one the pipeline applies itself, `p | Create |
+//! MyTransform | assert_that`). Inside a fused stage an SDK hands elements
+//! from one transform to the next as objects, never encoded; a runner that
+//! fuses differently encodes them where its stages meet, so a coder that
+//! loses data only fails there. Strict mode so makes every element that
+//! passes from one of the pipeline's transforms to the next cross its
+//! coder, while the steps inside a transform (Beam's own composites among
+//! them) stay fused: each extra stage costs the SDK a bundle processor per
+//! job.
 
 use std::collections::{HashMap, HashSet};
 
@@ -40,6 +51,18 @@ pub(crate) struct SdkGroup {
     pub env: String,
 }
 
+/// How SDK transforms are put into stages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fusion {
+    /// Fused greedily by the rules above: fewer, larger stages.
+    #[default]
+    Greedy,
+    /// Fused greedily, but never across two of the pipeline's root
+    /// transforms: every element passing from one to the next is encoded by
+    /// its producer and decoded by its consumer.
+    WithinRootTransforms,
+}
+
 /// Candidate stages looked at for one node: fusing is an optimisation,
 /// and a node that joins none of the first few starts a stage of its own.
 const MAX_CANDIDATES: usize = 8;
@@ -51,7 +74,7 @@ const ANCESTOR_VISITS_PER_NODE: usize = 64;
 
 /// Fuses `nodes` (topologically sorted) into stages, in time and memory
 /// linear in the number of nodes and their inputs.
-pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
+pub(crate) fn fuse(nodes: &[Node], fusion: Fusion) -> Vec<Group> {
     let n = nodes.len();
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -93,6 +116,7 @@ pub(crate) fn fuse(nodes: &[Node]) -> Vec<Group> {
                     return false;
                 };
                 group.env == node.env
+                    && (fusion == Fusion::Greedy || nodes[group.nodes[0]].root == node.root)
                     && node.side_inputs.iter().all(|side| {
                         let Some(&p) = producer.get(side.pcoll.as_str()) else {
                             return true;
@@ -179,12 +203,13 @@ mod tests {
     use refract_proto::pipeline as pb;
 
     use super::*;
-    use crate::graph::SideIn;
+    use crate::graph::{RootTransform, SideIn};
 
     fn node(id: &str, kind: NodeKind, env: &str, inputs: &[&str], outputs: &[&str]) -> Node {
         Node {
             id: id.to_string(),
             name: id.to_string(),
+            root: RootTransform::default(),
             kind,
             transform: pb::PTransform::default(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
@@ -218,13 +243,44 @@ mod tests {
             node("b", NodeKind::Sdk, "py", &["p1"], &["p2"]),
             node("c", NodeKind::Sdk, "java", &["p2"], &["p3"]),
         ];
-        let groups = fuse(&nodes);
+        let groups = fuse(&nodes, Fusion::Greedy);
         assert_eq!(
             sdk_groups(&groups),
             vec![
                 (vec![1, 2], Some("p0".into())),
                 (vec![3], Some("p2".into()))
             ]
+        );
+    }
+
+    #[test]
+    fn within_root_transforms_a_node_joins_only_its_own_root_transforms_stage() {
+        let under = |root: usize, mut node: Node| {
+            node.root = RootTransform(root);
+            node
+        };
+        let nodes = vec![
+            node("impulse", NodeKind::Impulse, "", &[], &["p0"]),
+            under(0, node("create", NodeKind::Sdk, "py", &["p0"], &["p1"])),
+            under(0, node("decode", NodeKind::Sdk, "py", &["p1"], &["p2"])),
+            under(1, node("label", NodeKind::Sdk, "py", &["p2"], &["p3"])),
+            under(2, node("read", NodeKind::Sdk, "py", &["p3"], &["p4"])),
+            under(2, node("check", NodeKind::Sdk, "py", &["p4"], &["p5"])),
+            under(3, node("other", NodeKind::Sdk, "py", &["p0"], &["p6"])),
+        ];
+        assert_eq!(
+            sdk_groups(&fuse(&nodes, Fusion::WithinRootTransforms)),
+            vec![
+                (vec![1, 2], Some("p0".into())),
+                (vec![3], Some("p2".into())),
+                (vec![4, 5], Some("p3".into())),
+                (vec![6], Some("p0".into())),
+            ]
+        );
+        // Greedy fusion makes one stage of the chain.
+        assert_eq!(
+            sdk_groups(&fuse(&nodes, Fusion::Greedy)),
+            vec![(vec![1, 2, 3, 4, 5, 6], Some("p0".into()))]
         );
     }
 
@@ -236,7 +292,7 @@ mod tests {
             node("b", NodeKind::Sdk, "py", &["p0"], &["p2"]),
         ];
         assert_eq!(
-            sdk_groups(&fuse(&nodes)),
+            sdk_groups(&fuse(&nodes, Fusion::Greedy)),
             vec![(vec![1, 2], Some("p0".into()))]
         );
     }
@@ -252,7 +308,7 @@ mod tests {
             node("after", NodeKind::Sdk, "py", &["p2"], &["p3"]),
         ];
         assert_eq!(
-            sdk_groups(&fuse(&nodes)),
+            sdk_groups(&fuse(&nodes, Fusion::Greedy)),
             vec![
                 (vec![1], Some("p0".into())),
                 (vec![2, 3], Some("p1".into()))
@@ -272,7 +328,7 @@ mod tests {
             node("other", NodeKind::Sdk, "py", &["p1"], &["p4"]),
         ];
         assert_eq!(
-            sdk_groups(&fuse(&nodes)),
+            sdk_groups(&fuse(&nodes, Fusion::Greedy)),
             vec![
                 (vec![1, 4], Some("p0".into())),
                 (vec![2, 3], Some("p1".into()))
@@ -296,7 +352,7 @@ mod tests {
             b,
         ];
         assert_eq!(
-            sdk_groups(&fuse(&nodes)),
+            sdk_groups(&fuse(&nodes, Fusion::Greedy)),
             vec![
                 (vec![1, 2], Some("p0".into())),
                 (vec![3], Some("p1".into()))

@@ -39,6 +39,15 @@ pub(crate) struct SideIn {
     pub access: SideInputAccess,
 }
 
+/// Which of the pipeline's root transforms a node descends from, numbered
+/// in the order they are walked: the transforms applied to the pipeline
+/// itself (`p | Create | MyTransform | assert_that`), which strict mode
+/// does not fuse with each other. They are the pipeline's
+/// `root_transform_ids`, or the children of the only one when it is a
+/// composite (as the Python SDK sends).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RootTransform(pub usize);
+
 /// One executed leaf transform.
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
@@ -46,6 +55,8 @@ pub(crate) struct Node {
     pub id: String,
     /// Unique name, for stage names and errors.
     pub name: String,
+    /// The root transform it descends from (set as the walk adds it).
+    pub root: RootTransform,
     /// Who executes it.
     pub kind: NodeKind,
     /// The transform as it goes into a bundle descriptor (SDK nodes).
@@ -80,6 +91,7 @@ impl Node {
         Node {
             id: id.to_string(),
             name: name.to_string(),
+            root: RootTransform::default(),
             kind,
             inputs: values_by_tag(&transform.inputs),
             side_inputs: Vec::new(),

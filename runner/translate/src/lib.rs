@@ -42,6 +42,7 @@ use refract_proto::{fn_api, pipeline};
 
 pub use environments::{EnvironmentKind, EnvironmentPreference, PreferenceError};
 pub use error::TranslateError;
+pub use fuse::Fusion;
 
 /// What translation needs to know about the job and the runner.
 #[derive(Debug, Clone)]
@@ -63,6 +64,12 @@ pub struct TranslateOptions {
     /// Which alternative of an AnyOf environment (as expansion services
     /// return) the job's workers are started from.
     pub environment_preference: EnvironmentPreference,
+    /// How SDK transforms are fused into stages: greedily
+    /// ([`Fusion::Greedy`], the default) or, in strict mode, never across
+    /// two of the pipeline's root transforms
+    /// ([`Fusion::WithinRootTransforms`]: every element passing from one to
+    /// the next crosses its PCollection's coder).
+    pub fusion: Fusion,
 }
 
 /// A bundle descriptor that merges a custom window function's windows in
@@ -140,6 +147,7 @@ pub fn validate(pipeline: &pipeline::Pipeline) -> Result<(), TranslateError> {
         streaming: false,
         drain: false,
         environment_preference: EnvironmentPreference::default(),
+        fusion: Fusion::Greedy,
     };
     translate(pipeline, &opts).map(|_| ())
 }

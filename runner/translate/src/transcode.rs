@@ -17,7 +17,7 @@ use refract_proto::pipeline as pb;
 use refract_proto::urns::transform as t;
 
 use crate::coders::unique_id;
-use crate::graph::{sorted_by_tag, Graph, Node, NodeKind};
+use crate::graph::{sorted_by_tag, Graph, Node, NodeKind, RootTransform};
 
 /// TestStream elements are encoded with the TestStream payload's coder,
 /// which may differ from its output PCollection's coder (Python's untyped
@@ -78,7 +78,7 @@ fn transcode_test_stream(graph: &mut Graph, ts: &mut Node) -> Vec<Node> {
         );
         inserted.push(transcoder(
             graph,
-            (&node.id, &node.name, &tag),
+            (&node.id, &node.name, node.root, &tag),
             &raw,
             &output,
             &env,
@@ -163,7 +163,7 @@ fn transcode_flatten(
         );
         inserted.push(transcoder(
             graph,
-            (&flatten.id, &flatten.name, &n.to_string()),
+            (&flatten.id, &flatten.name, flatten.root, &n.to_string()),
             input,
             &pcoll_id,
             &env,
@@ -185,10 +185,11 @@ fn transcode_flatten(
 
 /// An SDK step that decodes `input` with its coder and writes `output`
 /// in its own: a one-input `beam:transform:flatten:v1` in `env`, named
-/// `<name>/Transcode/<tag>` after the transform (`id`, `name`) it serves.
+/// `<name>/Transcode/<tag>` after the transform (`id`, `name`, under
+/// `root`) it serves.
 fn transcoder(
     graph: &mut Graph,
-    (id, name, tag): (&str, &str, &str),
+    (id, name, root, tag): (&str, &str, RootTransform, &str),
     input: &str,
     output: &str,
     env: &str,
@@ -215,6 +216,7 @@ fn transcoder(
     };
     Node {
         env: env.to_string(),
+        root,
         ..Node::runner(&transform_id, &name, NodeKind::Sdk, transform)
     }
 }

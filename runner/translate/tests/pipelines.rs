@@ -15,7 +15,7 @@ use refract_engine::plan::{
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
 use refract_proto::urns;
-use refract_translate::{validate, Translated};
+use refract_translate::{translate, validate, Fusion, Translated};
 
 const ALL: &[&str] = &[
     "create_map_gbk",
@@ -65,6 +65,68 @@ fn every_pipeline_validates_and_translates() {
     for name in ALL {
         validate(&common::load(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         translated(name);
+    }
+}
+
+/// The pipeline root transform a transform of a Python pipeline belongs
+/// to: the first part of its unique name.
+fn root_of(name: &str) -> &str {
+    name.split('/').next().unwrap_or(name)
+}
+
+#[test]
+fn strict_fusion_keeps_each_stage_within_one_root_transform() {
+    for name in ALL {
+        let fused = translated(name);
+        let opts = refract_translate::TranslateOptions {
+            fusion: Fusion::WithinRootTransforms,
+            ..common::opts()
+        };
+        let strict =
+            translate(&common::load(name), &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        common::check_invariants(&strict);
+        let mut strict_names = Vec::new();
+        for d in strict.sdk_stages.values() {
+            let names = sdk_transform_names(d);
+            let roots: std::collections::BTreeSet<&str> =
+                names.iter().map(|n| root_of(n)).collect();
+            assert_eq!(
+                roots.len(),
+                1,
+                "{name}: a stage of {names:?}\n{}",
+                describe(&strict)
+            );
+            strict_names.extend(names);
+        }
+        // The same SDK transforms run, each once; every PCollection the
+        // fused plan hands between stages is still handed between stages,
+        // and a chain from one root transform to the next is cut.
+        let mut fused_names: Vec<String> = fused
+            .sdk_stages
+            .values()
+            .flat_map(sdk_transform_names)
+            .collect();
+        strict_names.sort();
+        fused_names.sort();
+        assert_eq!(strict_names, fused_names, "{name}");
+        for pcoll in &fused.plan.pcollections {
+            assert!(
+                strict.plan.pcollections.iter().any(|p| p.id == pcoll.id),
+                "{name}: {} crosses no stage boundary in strict mode",
+                pcoll.id
+            );
+        }
+        let spans_roots = fused.sdk_stages.values().any(|d| {
+            let names = sdk_transform_names(d);
+            names.iter().any(|n| root_of(n) != root_of(&names[0]))
+        });
+        assert_eq!(
+            spans_roots,
+            strict.plan.stages.len() > fused.plan.stages.len(),
+            "{name}: {} fused stages, {} strict",
+            fused.plan.stages.len(),
+            strict.plan.stages.len()
+        );
     }
 }
 

@@ -13,7 +13,9 @@ directly keep the runner they ask for.
 Strict mode is on (`--experiments=refract_strict`): Refract runs some
 bundles twice, cuts input into small bundles and reorders it, as any runner
 may, so that a DoFn relying on one runner's habits fails its test here
-rather than in production. `--refract-no-strict` turns it off; so does
+rather than in production; `--experiments=refract_strict=coders` in
+`--test-pipeline-options` also makes every element passing between the
+pipeline's transforms cross its coder. `--refract-no-strict` turns it off; so does
 `--experiments=refract_strict=off` in a pipeline's own options.
 
 Without `--refract` the plugin does nothing.

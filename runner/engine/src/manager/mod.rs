@@ -154,7 +154,7 @@ pub struct EngineConfig {
     /// of elements waiting (and is working through them) gets no new
     /// bundles, so memory stays bounded however fast its input is.
     pub max_pending_bytes: usize,
-    /// Strict mode (see [`strict`](self::Strictness)): bundles run twice,
+    /// Strict mode (see [`Strictness`]): bundles run twice,
     /// cut small and reordered, as any runner may, so that tests catch code
     /// that relies on one runner's habits. Off by default.
     pub strict: Option<Strictness>,

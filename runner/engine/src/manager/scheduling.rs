@@ -232,10 +232,14 @@ impl Engine {
                     }
                     break;
                 }
+                let at_once = match self.strict.as_ref() {
+                    Some(strict) => strict.bundles_at_once(idx, self.config.max_bundles_per_stage),
+                    None => self.config.max_bundles_per_stage,
+                };
                 let Some((queue, progress, state)) = self.stages[idx].sdk_parts() else {
                     break;
                 };
-                if queue.in_flight() >= self.config.max_bundles_per_stage {
+                if queue.in_flight() >= at_once {
                     break;
                 }
                 // Bundles take from the queue's memory part: bring spilled
@@ -282,10 +286,7 @@ impl Engine {
                 };
                 let bundle_elements = balanced_bundle_elements(
                     queue.pending.len(),
-                    self.config
-                        .max_bundles_per_stage
-                        .saturating_sub(queue.in_flight())
-                        .min(free_slots),
+                    at_once.saturating_sub(queue.in_flight()).min(free_slots),
                     self.config.max_bundle_elements,
                     splittable,
                 );

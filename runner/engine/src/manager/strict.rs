@@ -14,7 +14,8 @@
 //! - **replays**: the first bundle every SDK stage completes, and one in
 //!   [`REPLAY_ONE_IN`] after it, is run again: its effects (outputs, state,
 //!   timers, metrics) are dropped, as for a failed attempt, and its input
-//!   goes back to the front of the queue. The SDK sees the same input
+//!   goes back to the front of the queue, to be the stage's next bundle,
+//!   whole and alone, as a retry would. The SDK sees the same input
 //!   twice, in a DoFn instance that already processed it once;
 //! - **bundle sizes**: a stage's first bundle takes at most half of what
 //!   waits, later ones a random share, so that no DoFn sees all of a
@@ -22,6 +23,17 @@
 //! - **order**: a stateless, unsorted stage's bundle takes its entries in
 //!   random order. Keyed stages keep each key's order, time-sorted input
 //!   its timestamps' order.
+//!
+//! A stage runs one bundle at a time until its first bundle and that
+//! bundle's replay have both run: an SDK keeps one DoFn instance per
+//! bundle running at once, so the replay then meets, on a one-worker job,
+//! the very instance that processed its input the first time.
+//!
+//! With [`Strictness::coders`] the job runner takes one more before the
+//! engine sees the plan: the pipeline's root transforms are not fused with
+//! each other, so every element passing between them is encoded by the SDK
+//! that made it and decoded by the one that reads it, as a runner that
+//! fuses differently would.
 //!
 //! Every choice comes from one seed ([`Strictness::seed`]), reported with
 //! what strict mode did ([`StrictReport`]) when a bundle fails, so a failing
@@ -47,6 +59,10 @@ const SHOWN_BYTES: usize = 48;
 pub struct Strictness {
     /// Seed of every choice strict mode makes.
     pub seed: u64,
+    /// Whether the plan keeps the pipeline's root transforms in stages of
+    /// their own, so that elements cross their coders between them (the
+    /// job runner's doing, reported with the rest).
+    pub coders: bool,
 }
 
 /// What strict mode did during a run.
@@ -54,6 +70,9 @@ pub struct Strictness {
 pub struct StrictReport {
     /// The seed the choices came from.
     pub seed: u64,
+    /// Whether elements crossed their coders between the pipeline's root
+    /// transforms ([`Strictness::coders`]).
+    pub coders: bool,
     /// Bundles run a second time.
     pub replayed_bundles: u64,
     /// Bundles cut smaller than the runner would have made them.
@@ -87,6 +106,12 @@ impl StrictReport {
              its fields across bundles), on bundle sizes, or on element order.",
             self.seed, self.replayed_bundles, self.smaller_bundles, self.reordered_bundles
         );
+        if self.coders {
+            note.push_str(
+                " It ran each of the pipeline's transforms as stages of its own: every element \
+                 crossed its coder between transforms (a coder that loses data fails here).",
+            );
+        }
         if !self.replays.is_empty() {
             note.push_str(" Run twice:");
             for replay in &self.replays {
@@ -116,6 +141,11 @@ pub(super) struct Strict {
     /// one was already cut.
     replayed: StageVec<bool>,
     cut: StageVec<bool>,
+    /// Per stage: bundles that succeeded, counted up to two.
+    succeeded: StageVec<u8>,
+    /// Per stage: the size of a bundle to run again, which its next bundle
+    /// takes.
+    replay_size: StageVec<Option<usize>>,
     report: StrictReport,
 }
 
@@ -126,8 +156,11 @@ impl Strict {
             rng: SplitMix64(strictness.seed),
             replayed: StageVec::from(vec![false; stages]),
             cut: StageVec::from(vec![false; stages]),
+            succeeded: StageVec::from(vec![0; stages]),
+            replay_size: StageVec::from(vec![None; stages]),
             report: StrictReport {
                 seed: strictness.seed,
+                coders: strictness.coders,
                 ..StrictReport::default()
             },
         }
@@ -139,14 +172,18 @@ impl Strict {
     }
 
     /// How many of `waiting` elements the next bundle of `stage` takes,
-    /// where the runner would take `planned`: at most half of what waits
-    /// for the stage's first bundle, a random share after it.
+    /// where the runner would take `planned`: all of a bundle to run again,
+    /// at most half of what waits for the stage's first bundle, a random
+    /// share after it.
     pub(super) fn bundle_elements(
         &mut self,
         stage: StageIdx,
         planned: usize,
         waiting: usize,
     ) -> usize {
+        if let Some(size) = self.replay_size[stage].take() {
+            return size.min(waiting).max(1);
+        }
         let limit = planned.min(waiting);
         if limit < 2 {
             return planned;
@@ -161,6 +198,17 @@ impl Strict {
             self.report.smaller_bundles += 1;
         }
         chosen
+    }
+
+    /// How many bundles of `stage` may run at once where the runner would
+    /// run `usual`: one until the stage's first bundle and its replay have
+    /// both succeeded.
+    pub(super) fn bundles_at_once(&self, stage: StageIdx, usual: usize) -> usize {
+        if self.succeeded[stage] < 2 {
+            usual.min(1)
+        } else {
+            usual
+        }
     }
 
     /// Puts a bundle's entries in random order.
@@ -179,11 +227,14 @@ impl Strict {
     /// `elements` is to run again instead of committing: the stage's first,
     /// then one in [`REPLAY_ONE_IN`].
     pub(super) fn replays(&mut self, stage: StageIdx, name: &str, elements: &[Queued]) -> bool {
+        self.succeeded[stage] = self.succeeded[stage].saturating_add(1).min(2);
         let first = !std::mem::replace(&mut self.replayed[stage], true);
         if !first && self.rng.below(REPLAY_ONE_IN) != 0 {
             return false;
         }
         self.report.replayed_bundles += 1;
+        let size: usize = elements.iter().map(Queued::len).sum();
+        self.replay_size[stage] = (size > 0).then_some(size);
         if self.report.replays.len() < REPORTED_REPLAYS {
             let mut sample = Vec::new();
             for entry in elements {
@@ -259,7 +310,13 @@ mod tests {
 
     #[test]
     fn a_stage_first_bundle_takes_half_then_random_shares() {
-        let mut strict = Strict::new(Strictness { seed: 7 }, 2);
+        let mut strict = Strict::new(
+            Strictness {
+                seed: 7,
+                coders: false,
+            },
+            2,
+        );
         assert_eq!(strict.bundle_elements(stage(0), 100, 3), 1);
         for _ in 0..100 {
             let n = strict.bundle_elements(stage(0), 100, 10);
@@ -272,8 +329,32 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_to_run_again_is_the_next_bundle_whole() {
+        let mut strict = Strict::new(
+            Strictness {
+                seed: 9,
+                coders: false,
+            },
+            1,
+        );
+        strict.replay_size[stage(0)] = Some(3);
+        // The first bundle would take half (5), a later one a random share.
+        assert_eq!(strict.bundle_elements(stage(0), 100, 10), 3);
+        assert_eq!(strict.bundle_elements(stage(0), 100, 10), 5);
+        // A bundle of nothing but timers leaves sizes to the usual rules.
+        assert!(strict.replays(stage(0), "A", &[]));
+        assert_eq!(strict.replay_size[stage(0)], None);
+    }
+
+    #[test]
     fn the_first_bundle_of_each_stage_replays_then_about_one_in_eight() {
-        let mut strict = Strict::new(Strictness { seed: 3 }, 2);
+        let mut strict = Strict::new(
+            Strictness {
+                seed: 3,
+                coders: false,
+            },
+            2,
+        );
         assert!(strict.replays(stage(0), "A", &[]));
         assert!(strict.replays(stage(1), "B", &[]));
         let later = (0..8000)
@@ -285,9 +366,33 @@ mod tests {
     }
 
     #[test]
+    fn a_stage_runs_one_bundle_at_a_time_until_its_first_replay_ran() {
+        let mut strict = Strict::new(
+            Strictness {
+                seed: 1,
+                coders: false,
+            },
+            2,
+        );
+        assert_eq!(strict.bundles_at_once(stage(0), 4), 1);
+        assert!(strict.replays(stage(0), "A", &[]));
+        assert_eq!(strict.bundles_at_once(stage(0), 4), 1);
+        strict.replays(stage(0), "A", &[]);
+        assert_eq!(strict.bundles_at_once(stage(0), 4), 4);
+        assert_eq!(strict.bundles_at_once(stage(1), 4), 1);
+        assert_eq!(strict.bundles_at_once(stage(1), 0), 0);
+    }
+
+    #[test]
     fn the_same_seed_makes_the_same_choices() {
         let choices = |seed| {
-            let mut strict = Strict::new(Strictness { seed }, 1);
+            let mut strict = Strict::new(
+                Strictness {
+                    seed,
+                    coders: false,
+                },
+                1,
+            );
             (0..50)
                 .map(|_| strict.bundle_elements(stage(0), 1000, 1000))
                 .collect::<Vec<_>>()
@@ -306,7 +411,13 @@ mod tests {
 
     #[test]
     fn the_failure_note_names_replayed_stages_and_the_way_out() {
-        let mut strict = Strict::new(Strictness { seed: 5 }, 1);
+        let mut strict = Strict::new(
+            Strictness {
+                seed: 5,
+                coders: false,
+            },
+            1,
+        );
         strict.replays(stage(0), "Number", &[]);
         let note = strict.report().failure_note();
         assert!(

@@ -332,7 +332,10 @@ fn run(
         chunk_bytes: shape.chunk_bytes,
         max_bundles_per_stage: shape.max_bundles_per_stage,
         streaming: shape.streaming,
-        strict: shape.strict.map(|seed| Strictness { seed }),
+        strict: shape.strict.map(|seed| Strictness {
+            seed,
+            coders: false,
+        }),
         ..EngineConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

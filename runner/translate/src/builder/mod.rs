@@ -19,7 +19,7 @@ use refract_proto::urns::transform as t;
 
 use crate::coders::{unique_id, Coders};
 use crate::error::TranslateError;
-use crate::graph::{sorted_by_tag, values_by_tag, Graph, Node, NodeKind};
+use crate::graph::{sorted_by_tag, values_by_tag, Graph, Node, NodeKind, RootTransform};
 use crate::limits::Limits;
 use crate::payloads::{self, decode_combine, decode_pardo, COMBINE_STEPS, PARDO_LIKE};
 
@@ -86,6 +86,7 @@ pub(crate) fn build(
         unique_names,
         visited: HashSet::new(),
         drain,
+        root: RootTransform::default(),
     };
     builder.walk(&pipeline.root_transform_ids, limits.composite_depth)?;
     let nodes = topo_sort(builder.nodes)?;
@@ -113,6 +114,8 @@ struct Builder {
     visited: HashSet<String>,
     /// The job starts draining: splittable DoFns truncate their restrictions.
     drain: bool,
+    /// The root transform the walk is under: every node pushed gets it.
+    root: RootTransform,
 }
 
 impl Builder {
@@ -121,12 +124,23 @@ impl Builder {
     /// composites nest, the walk uses no call stack for it, and nesting
     /// past `max_depth` levels is refused.
     fn walk(&mut self, roots: &[String], max_depth: usize) -> Result<(), TranslateError> {
-        let mut todo: Vec<(String, String, usize)> = roots
+        // Each item's root transform, once known: the pipeline's root
+        // transforms, or the children of its only one when that is a
+        // composite (the Python SDK wraps the applied transforms in one).
+        let mut todo: Vec<(String, String, usize, Option<RootTransform>)> = roots
             .iter()
             .rev()
-            .map(|id| (id.clone(), "the pipeline's root transforms".to_string(), 1))
+            .map(|id| {
+                (
+                    id.clone(),
+                    "the pipeline's root transforms".to_string(),
+                    1,
+                    None,
+                )
+            })
             .collect();
-        while let Some((id, referrer, depth)) = todo.pop() {
+        let mut roots_seen = 0;
+        while let Some((id, referrer, depth, root)) = todo.pop() {
             if depth > max_depth {
                 return Err(TranslateError::TooLarge {
                     what: format!("levels of composite transforms above transform '{id}'"),
@@ -134,17 +148,34 @@ impl Builder {
                     limit: max_depth,
                 });
             }
+            let root = match root {
+                Some(root) => Some(root),
+                None if roots.len() == 1 && self.is_composite(&id) => None,
+                None => {
+                    roots_seen += 1;
+                    Some(RootTransform(roots_seen - 1))
+                }
+            };
+            self.root = root.unwrap_or_default();
             if let Some((name, children)) = self.visit(&id, &referrer)? {
                 let referrer = format!("transform '{name}'");
                 todo.extend(
                     children
                         .into_iter()
                         .rev()
-                        .map(|child| (child, referrer.clone(), depth + 1)),
+                        .map(|child| (child, referrer.clone(), depth + 1, root)),
                 );
             }
         }
         Ok(())
+    }
+
+    /// Whether transform `id` is a composite.
+    fn is_composite(&self, id: &str) -> bool {
+        self.components
+            .transforms
+            .get(id)
+            .is_some_and(|t| !t.subtransforms.is_empty())
     }
 
     /// Takes in transform `id`: a leaf or an executed composite becomes
@@ -358,6 +389,7 @@ impl Builder {
         Ok(Node {
             id: id.to_string(),
             name,
+            root: RootTransform::default(),
             kind: NodeKind::Sdk,
             inputs,
             side_inputs,
@@ -397,7 +429,8 @@ impl Builder {
             .ok_or_else(|| TranslateError::missing("PCollection", id, referrer))
     }
 
-    fn push(&mut self, node: Node) -> Result<(), TranslateError> {
+    fn push(&mut self, mut node: Node) -> Result<(), TranslateError> {
+        node.root = self.root;
         let referrer = format!("transform '{}'", node.name);
         for pcoll in node
             .inputs

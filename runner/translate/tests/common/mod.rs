@@ -33,6 +33,7 @@ pub fn opts() -> TranslateOptions {
         streaming: false,
         drain: false,
         environment_preference: Default::default(),
+        fusion: Default::default(),
     }
 }
 

@@ -17,9 +17,11 @@ public interface RefractPipelineOptions extends PortablePipelineOptions {
   void setRefractLocation(String location);
 
   @Description(
-      "Under TestRefractRunner: strict mode, where Refract runs some bundles twice, cuts input into "
-          + "small bundles and reorders it, as any runner may, so that a DoFn relying on one "
-          + "runner's habits fails its test (--experiments=refract_strict). Default: true.")
+      "Under TestRefractRunner: strict mode, where Refract runs some bundles twice, cuts input "
+          + "into small bundles and reorders it, as any runner may, so that a DoFn relying on one "
+          + "runner's habits fails its test (--experiments=refract_strict; "
+          + "--experiments=refract_strict=coders also makes every element passing between the "
+          + "pipeline's transforms cross its coder). Default: true.")
   @Default.Boolean(true)
   Boolean getRefractStrict();
 

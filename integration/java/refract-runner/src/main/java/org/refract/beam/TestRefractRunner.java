@@ -15,7 +15,8 @@ import org.apache.beam.sdk.options.PipelineOptions;
  * --refractStrict=false}, or the pipeline's own {@code --experiments=refract_strict=off}: bundles
  * run twice, are cut small and reordered, as any runner may, so that a DoFn that is not
  * idempotent or relies on bundle boundaries or order fails here, with a note saying what strict
- * mode did.
+ * mode did. {@code --experiments=refract_strict=coders} also makes every element passing between
+ * the pipeline's transforms cross its coder, so that a coder that loses data fails too.
  */
 public class TestRefractRunner extends PipelineRunner<PipelineResult> {
   private final RefractRunner runner;

@@ -4,10 +4,18 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.io.Serializable;
 import java.util.HashSet;
 import java.util.Set;
 import org.apache.beam.sdk.Pipeline;
+import org.apache.beam.sdk.coders.AtomicCoder;
+import org.apache.beam.sdk.coders.StringUtf8Coder;
+import org.apache.beam.sdk.options.ExperimentalOptions;
 import org.apache.beam.sdk.options.PipelineOptions;
+import org.apache.beam.sdk.options.PortablePipelineOptions;
 import org.apache.beam.sdk.testing.PAssert;
 import org.apache.beam.sdk.testing.TestPipeline;
 import org.apache.beam.sdk.transforms.Create;
@@ -17,6 +25,7 @@ import org.apache.beam.sdk.transforms.MapElements;
 import org.apache.beam.sdk.transforms.Sum;
 import org.apache.beam.sdk.values.KV;
 import org.apache.beam.sdk.values.PCollection;
+import org.apache.beam.sdk.values.TypeDescriptor;
 import org.apache.beam.sdk.values.TypeDescriptors;
 import org.junit.Rule;
 import org.junit.Test;
@@ -102,7 +111,11 @@ public class RefractRunnerTest {
 
   @Test
   public void strictModeFailsADoFnThatIsNotIdempotentSayingWhy() {
-    Pipeline p = Pipeline.create(TestPipeline.testingPipelineOptions());
+    PipelineOptions options = TestPipeline.testingPipelineOptions();
+    // One worker: the replayed bundle meets the DoFn instance that ran it first (with several,
+    // it may run on another worker's instance, whose memory is empty, and pass).
+    options.as(PortablePipelineOptions.class).setSdkWorkerParallelism(1);
+    Pipeline p = Pipeline.create(options);
     dedupeInMemory(p);
     Throwable failure = assertThrows(Throwable.class, p::run);
     StringBuilder messages = new StringBuilder();
@@ -120,6 +133,75 @@ public class RefractRunnerTest {
     options.as(RefractPipelineOptions.class).setRefractStrict(false);
     Pipeline p = Pipeline.create(options);
     dedupeInMemory(p);
+    p.run();
+  }
+
+  /** A word with a label. */
+  static class Labelled implements Serializable {
+    final String word;
+    final String label;
+
+    Labelled(String word, String label) {
+      this.word = word;
+      this.label = label;
+    }
+  }
+
+  /** Writes a Labelled's word and forgets its label: a coder that loses data. */
+  static class ForgetfulCoder extends AtomicCoder<Labelled> {
+    @Override
+    public void encode(Labelled value, OutputStream out) throws IOException {
+      StringUtf8Coder.of().encode(value.word, out);
+    }
+
+    @Override
+    public Labelled decode(InputStream in) throws IOException {
+      return new Labelled(StringUtf8Coder.of().decode(in), null);
+    }
+  }
+
+  /**
+   * Labels words and reads the labels back, through a coder that forgets them: right only where
+   * the two steps are fused and the SDK hands the objects over without encoding them.
+   */
+  private static void labelsThroughAForgetfulCoder(Pipeline p) {
+    PCollection<Labelled> labelled =
+        p.apply(Create.of("a", "b"))
+            .apply(
+                "Label",
+                MapElements.into(TypeDescriptor.of(Labelled.class))
+                    .via((String word) -> new Labelled(word, "label-" + word)))
+            .setCoder(new ForgetfulCoder());
+    PCollection<String> labels =
+        labelled.apply(
+            "ReadLabel",
+            MapElements.into(TypeDescriptors.strings())
+                .via((Labelled l) -> String.valueOf(l.label)));
+    PAssert.that(labels).containsInAnyOrder("label-a", "label-b");
+  }
+
+  @Test
+  public void strictModeWithCodersEncodesEveryElementSoACoderThatLosesDataFails() {
+    PipelineOptions options = TestPipeline.testingPipelineOptions();
+    ExperimentalOptions.addExperiment(
+        options.as(ExperimentalOptions.class), "refract_strict=coders");
+    Pipeline p = Pipeline.create(options);
+    labelsThroughAForgetfulCoder(p);
+    Throwable failure = assertThrows(Throwable.class, p::run);
+    StringBuilder messages = new StringBuilder();
+    for (Throwable t = failure; t != null; t = t.getCause()) {
+      messages.append(t).append('\n');
+    }
+    String text = messages.toString();
+    assertTrue(text, text.contains("label-a"));
+    assertTrue(text, text.contains("every element crossed its coder between transforms"));
+  }
+
+  @Test
+  public void withoutCodersACoderThatLosesDataGoesUnnoticed() {
+    // Strict mode without coders, as TestRefractRunner runs tests.
+    Pipeline p = Pipeline.create(TestPipeline.testingPipelineOptions());
+    labelsThroughAForgetfulCoder(p);
     p.run();
   }
 }
