@@ -493,3 +493,31 @@ async fn a_length_claiming_a_terabyte_is_refused_not_allocated() {
         )
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_name_of_megabytes_is_refused_naming_the_limit() {
+    let server = TestServer::start().await;
+    let name = "n".repeat(5 << 20);
+    let status = server
+        .prepare_named(&name, Pipe::chain(1).build(), Default::default())
+        .await
+        .expect_err("a 5 MiB job name is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("the job name is 5242880 bytes long; at most 1024"),
+        "{}",
+        status.message()
+    );
+    // A name at the limit is taken.
+    server
+        .prepare_named(
+            &"n".repeat(1024),
+            Pipe::chain(1).build(),
+            Default::default(),
+        )
+        .await
+        .expect("a 1 KiB job name is accepted");
+    server.assert_serving("a 5 MiB job name").await;
+}

@@ -11,8 +11,8 @@ mod common;
 mod fake_sdk;
 
 use common::{
-    external_environment, free_port, messages_to_end, pardo_in, pipeline_options, serve_args,
-    wait_for_message, TestServer,
+    external_environment, free_port, messages_to_end, pardo_in, peak_rss_bytes, pipeline_options,
+    serve_args, wait_for_message, TestServer,
 };
 use fake_sdk::{within, FakeData, FakePool, FakeSdk, PoolMode};
 use refract_jobservice::{decode_int_metric, IntMetric, SUM_INT64};
@@ -206,6 +206,90 @@ async fn a_dofn_on_an_external_worker_runs_to_done_with_its_logs_and_counters() 
     // Its worker is let go.
     let stopped = within("StopWorker", pool.stops.recv()).await.unwrap();
     assert_eq!(stopped, *worker_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dofn_logging_huge_lines_leaves_the_job_a_bounded_history() {
+    let (server, mut pool, id) =
+        submitted("chatty", PoolMode::Connect, pipeline_options(false, &[])).await;
+    let worker = first_bundle(&mut pool).await;
+    let before = peak_rss_bytes().unwrap_or(0);
+    // 256 lines of 1 MiB each: kept whole, 256 MiB of history. They are
+    // sent 16 at a time, each batch once the server took the one before,
+    // so that what this fake SDK buffers stays small.
+    const LINES: usize = 256;
+    let logs = worker.sdk.open_logging().await;
+    for i in 0..LINES {
+        if i > 0 && i % 16 == 0 {
+            wait_for_message(server.client.clone(), &id, &format!("line {:03}", i - 1)).await;
+        }
+        let mut message = format!("line {i:03} ");
+        message.push_str(&"x".repeat((1 << 20) - message.len()));
+        logs.send(log_entry::List {
+            log_entries: vec![LogEntry {
+                severity: Severity::Info as i32,
+                message,
+                transform_id: "map".into(),
+                ..Default::default()
+            }],
+        })
+        .unwrap();
+    }
+    wait_for_message(
+        server.client.clone(),
+        &id,
+        &format!("line {:03}", LINES - 1),
+    )
+    .await;
+    worker
+        .sdk
+        .bundle_done(&worker.bundle.instruction, ProcessBundleResponse::default());
+    let (messages, state) = messages_to_end(server.client.clone(), &id).await;
+    assert_eq!(state, JobState::Done);
+    let peak = peak_rss_bytes().unwrap_or(0);
+    // Each line keeps its first 256 KiB and says what was cut; the oldest
+    // go once the job's history holds 16 MiB of text.
+    let lines: Vec<&JobMessage> = messages
+        .iter()
+        .filter(|m| m.message_text.contains("] line "))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(
+            line.message_text.len() < (256 << 10) + 100,
+            "{}",
+            line.message_text.len()
+        );
+        assert!(
+            line.message_text.ends_with(" bytes cut]"),
+            "{}",
+            &line.message_text[..60]
+        );
+    }
+    let kept: usize = messages.iter().map(|m| m.message_text.len()).sum();
+    assert!(kept <= 16 << 20, "{kept} bytes of messages kept");
+    assert!(
+        lines
+            .last()
+            .is_some_and(|m| m.message_text.contains(&format!("line {:03}", LINES - 1))),
+        "the newest line is kept"
+    );
+    eprintln!(
+        "{LINES} MiB logged; {} lines, {} MiB kept; peak RSS {} MiB (before {} MiB)",
+        lines.len(),
+        kept >> 20,
+        peak >> 20,
+        before >> 20
+    );
+    // Kept whole, the history alone would be 256 MiB. What the process
+    // holds now: the 16 MiB kept, 16 lines in flight, and, while a reader
+    // follows the job, its copies of the history (the server's, encoded,
+    // and this test's, decoded).
+    assert!(
+        peak.saturating_sub(before) < 192 << 20,
+        "peak RSS grew by {} MiB while {LINES} MiB were logged",
+        peak.saturating_sub(before) >> 20
+    );
 }
 
 /// What the fake SDK answers a failing bundle with: Python's traceback.

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use refract_proto::job_api::PipelineOptionDescriptor;
 
+use crate::event_log::MessageRetention;
+
 /// How [`crate::serve`] runs. Construct with [`JobServiceConfig::new`] or
 /// [`Default`] and override fields; all of them have working defaults.
 #[derive(Debug, Clone)]
@@ -24,10 +26,11 @@ pub struct JobServiceConfig {
     /// (useful for debugging); by default they are deleted then, so CI runs of
     /// hundreds of jobs do not fill the disk.
     pub retain_artifacts: bool,
-    /// How many messages and state events each job keeps for late
-    /// subscribers of `GetMessageStream`; older ones are dropped. Bounds
-    /// memory for long jobs whose harness logs join the message stream.
-    pub max_retained_events: usize,
+    /// How many messages and state events, and how many bytes of message
+    /// text, each job keeps for late subscribers of `GetMessageStream`;
+    /// older ones are dropped. Bounds memory for long jobs whose harness
+    /// logs join the message stream.
+    pub message_retention: MessageRetention,
     /// Runner-specific pipeline options announced by
     /// `DescribePipelineOptions`; the Python SDK adds them as command-line
     /// flags. Empty by default, which clients accept.
@@ -99,7 +102,7 @@ impl Default for JobServiceConfig {
             max_message_bytes: 512 * 1024 * 1024,
             advertised_host: None,
             retain_artifacts: false,
-            max_retained_events: 100_000,
+            message_retention: MessageRetention::default(),
             pipeline_options: Vec::new(),
             recovered: Vec::new(),
             keep_unfinished_artifacts: false,

@@ -15,6 +15,65 @@ use tokio::sync::watch;
 
 use crate::job_state::{is_terminal, transition_allowed, JobState};
 
+/// What a job's history keeps for followers that come late (the UI,
+/// `refract logs`, a second `GetMessageStream`): the newest events within
+/// both bounds, the newest one always. A DoFn may log without end, and
+/// each line of its harness's log becomes a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageRetention {
+    /// Messages and state changes kept at most.
+    pub max_events: usize,
+    /// Bytes of message text kept at most.
+    pub max_bytes: usize,
+    /// Bytes of one message's text kept: a longer text keeps its start
+    /// and ends saying how much was cut.
+    pub max_message_bytes: usize,
+}
+
+impl Default for MessageRetention {
+    fn default() -> Self {
+        MessageRetention {
+            max_events: 100_000,
+            max_bytes: 16 << 20,
+            max_message_bytes: 256 << 10,
+        }
+    }
+}
+
+impl MessageRetention {
+    /// The default byte bounds with at most `max_events` events.
+    pub fn events(max_events: usize) -> Self {
+        MessageRetention {
+            max_events,
+            ..MessageRetention::default()
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes of its own (at a character boundary),
+/// followed by a note of how many were cut.
+fn cut_text(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!("... [{cut} bytes cut]"));
+    text
+}
+
+/// Bytes an event counts against [`MessageRetention::max_bytes`].
+fn text_bytes(event: &Event) -> usize {
+    match event {
+        Event::Message(message) => message.message_text.len(),
+        Event::State(_) => 0,
+    }
+}
+
 /// One entry of a job's history.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -49,7 +108,9 @@ struct Inner {
     /// Sequence number of `events[0]`.
     first_seq: u64,
     next_message_id: u64,
-    max_retained: usize,
+    retention: MessageRetention,
+    /// Bytes of message text in `events`.
+    text_bytes: usize,
 }
 
 impl Inner {
@@ -58,11 +119,17 @@ impl Inner {
     }
 
     fn push(&mut self, event: Event) {
+        self.text_bytes += text_bytes(&event);
         self.events.push_back(event);
         // Always keep the newest event: it may be the terminal state that
         // ends every stream.
-        while self.events.len() > self.max_retained.max(1) {
-            self.events.pop_front();
+        while self.events.len() > 1
+            && (self.events.len() > self.retention.max_events
+                || self.text_bytes > self.retention.max_bytes)
+        {
+            if let Some(dropped) = self.events.pop_front() {
+                self.text_bytes -= text_bytes(&dropped);
+            }
             self.first_seq += 1;
         }
     }
@@ -78,8 +145,15 @@ impl Inner {
         self.push_redacted(importance, text);
     }
 
-    /// Appends a message whose text is redacted already.
+    /// Appends a message whose text is redacted already, cut to
+    /// [`MessageRetention::max_message_bytes`].
     fn push_redacted(&mut self, importance: MessageImportance, text: String) {
+        let text = cut_text(text, self.retention.max_message_bytes);
+        self.push_cut(importance, text);
+    }
+
+    /// Appends a message whose text is redacted and cut already.
+    fn push_cut(&mut self, importance: MessageImportance, text: String) {
         let message_id = self.next_message_id.to_string();
         self.next_message_id += 1;
         self.push(Event::Message(JobMessage {
@@ -132,9 +206,9 @@ pub(crate) struct ReadOutcome {
 }
 
 impl EventLog {
-    /// A log whose job starts in `STOPPED`, keeping at most `max_retained`
-    /// events for late subscribers.
-    pub(crate) fn new(max_retained: usize) -> Self {
+    /// A log whose job starts in `STOPPED`, keeping what `retention`
+    /// allows for late subscribers.
+    pub(crate) fn new(retention: MessageRetention) -> Self {
         let initial = state_event(JobState::Stopped);
         let mut events = VecDeque::new();
         events.push_back(Event::State(initial));
@@ -146,7 +220,8 @@ impl EventLog {
                 events,
                 first_seq: 0,
                 next_message_id: 1,
-                max_retained,
+                retention,
+                text_bytes: 0,
             }),
             appended,
         }
@@ -231,8 +306,11 @@ impl EventLog {
                     to: JobState::Failed,
                 });
             }
-            let text = crate::redact::redact_text(&text).into_owned();
-            inner.push_redacted(MessageImportance::JobMessageError, text.clone());
+            let text = cut_text(
+                crate::redact::redact_text(&text).into_owned(),
+                inner.retention.max_message_bytes,
+            );
+            inner.push_cut(MessageImportance::JobMessageError, text.clone());
             let event = inner.push_state(JobState::Failed)?;
             inner.failure = Some(text);
             (event, inner.end_seq())
@@ -331,7 +409,7 @@ mod tests {
 
     #[test]
     fn fail_records_error_before_failed() {
-        let log = EventLog::new(100);
+        let log = EventLog::new(MessageRetention::events(100));
         log.set_state(JobState::Running).unwrap();
         log.fail("boom".into()).unwrap();
         let read = log.read_from(0);
@@ -349,7 +427,7 @@ mod tests {
 
     #[test]
     fn retention_drops_oldest_and_reports_missed() {
-        let log = EventLog::new(2);
+        let log = EventLog::new(MessageRetention::events(2));
         for i in 0..5 {
             assert!(log.message(MessageImportance::JobMessageBasic, i.to_string()));
         }
@@ -361,8 +439,67 @@ mod tests {
     }
 
     #[test]
+    fn retention_keeps_message_text_within_its_bytes() {
+        let log = EventLog::new(MessageRetention {
+            max_events: 1000,
+            max_bytes: 1000,
+            max_message_bytes: 300,
+        });
+        for i in 0..100 {
+            let text = format!("{i:03}{}", "x".repeat(297));
+            assert!(log.message(MessageImportance::JobMessageBasic, text));
+        }
+        let read = log.read_from(0);
+        let bytes: usize = read.events.iter().map(text_bytes).sum();
+        assert!(bytes <= 1000, "{bytes}");
+        assert_eq!(read.events.len(), 3);
+        assert_eq!(read.missed + 3, read.next);
+        let Event::Message(last) = &read.events[2] else {
+            panic!("a state")
+        };
+        assert!(last.message_text.starts_with("099"));
+        // A message larger than all of it is still kept, the newest.
+        let log = EventLog::new(MessageRetention {
+            max_events: 1000,
+            max_bytes: 1000,
+            max_message_bytes: 4000,
+        });
+        log.message(MessageImportance::JobMessageBasic, "y".repeat(3000));
+        let read = log.read_from(0);
+        assert_eq!(read.events.len(), 1);
+        assert_eq!(text_bytes(&read.events[0]), 3000);
+    }
+
+    #[test]
+    fn a_long_message_keeps_its_start_and_says_what_was_cut() {
+        let log = EventLog::new(MessageRetention {
+            max_message_bytes: 10,
+            ..MessageRetention::default()
+        });
+        // 'é' is two bytes: the cut falls on a character boundary.
+        log.message(
+            MessageImportance::JobMessageBasic,
+            format!("abcdefghé{}", "z".repeat(90)),
+        );
+        let read = log.read_from(0);
+        let Event::Message(m) = &read.events[1] else {
+            panic!("not a message")
+        };
+        assert_eq!(m.message_text, "abcdefghé... [90 bytes cut]");
+        // A failure's text is cut once, the same in its message and record.
+        log.fail("e".repeat(25)).unwrap();
+        let failure = log.failure().unwrap();
+        assert_eq!(failure, "eeeeeeeeee... [15 bytes cut]");
+        let read = log.read_from(0);
+        assert!(read
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Message(m) if m.message_text == failure)));
+    }
+
+    #[test]
     fn illegal_transition_is_rejected() {
-        let log = EventLog::new(10);
+        let log = EventLog::new(MessageRetention::events(10));
         log.set_state(JobState::Running).unwrap();
         assert_eq!(
             log.set_state(JobState::Starting),
@@ -376,7 +513,7 @@ mod tests {
 
     #[test]
     fn pages_read_the_newest_or_what_follows_a_cursor() {
-        let log = EventLog::new(5);
+        let log = EventLog::new(MessageRetention::events(5));
         for i in 0..8 {
             log.message(MessageImportance::JobMessageBasic, format!("m{i}"));
         }
@@ -408,7 +545,7 @@ mod tests {
 
     #[test]
     fn secrets_in_messages_are_redacted_as_they_are_recorded() {
-        let log = EventLog::new(10);
+        let log = EventLog::new(MessageRetention::events(10));
         log.message(
             MessageImportance::JobMessageBasic,
             "Pipeline_options: {'db_password': 'hunter2'}".into(),

@@ -10,7 +10,7 @@ use refract_proto::prost_types;
 use tokio::sync::watch;
 
 use crate::artifacts::ArtifactStore;
-use crate::event_log::{EventLog, ReadOutcome};
+use crate::event_log::{EventLog, MessageRetention, ReadOutcome};
 use crate::job_state::{is_terminal, JobState};
 use crate::metrics::JobMetrics;
 
@@ -31,8 +31,8 @@ pub(crate) enum StagingStatus {
 pub(crate) struct JobSettings {
     /// This job's own artifact directory.
     pub artifact_dir: PathBuf,
-    /// Events kept for late message-stream subscribers.
-    pub max_retained_events: usize,
+    /// What is kept for late message-stream subscribers.
+    pub message_retention: MessageRetention,
     /// Keep staged files after the job ends.
     pub retain_artifacts: bool,
 }
@@ -91,7 +91,7 @@ impl Job {
             options,
             artifacts,
             metrics: JobMetrics::default(),
-            log: EventLog::new(settings.max_retained_events),
+            log: EventLog::new(settings.message_retention),
             cancel: watch::channel(false).0,
             drain: watch::channel(false).0,
             staging: watch::channel(StagingStatus::NotStarted).0,

@@ -30,7 +30,7 @@ pub use admin::SERVER_NAME;
 pub use artifacts::{ArtifactStore, StagedArtifact};
 pub use config::{JobServiceConfig, RecoveredJob};
 pub use error::JobServiceError;
-pub use event_log::{Event as JobEvent, HistoryPage};
+pub use event_log::{Event as JobEvent, HistoryPage, MessageRetention};
 pub use job::Job;
 pub use job_state::{is_terminal, JobState};
 pub use metrics::{

@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 
+use crate::event_log::MessageRetention;
 use crate::job::{Job, JobSettings};
 
 /// Longest prefix of the job name kept in a job id.
@@ -17,7 +18,7 @@ const MAX_NAME_PREFIX: usize = 40;
 /// The job table.
 pub(crate) struct JobRegistry {
     staging_root: PathBuf,
-    max_retained_events: usize,
+    message_retention: MessageRetention,
     retain_artifacts: bool,
     jobs: RwLock<Table>,
 }
@@ -56,12 +57,12 @@ impl JobRegistry {
     /// An empty table whose jobs stage under `staging_root` (absolute).
     pub(crate) fn new(
         staging_root: PathBuf,
-        max_retained_events: usize,
+        message_retention: MessageRetention,
         retain_artifacts: bool,
     ) -> Self {
         Self {
             staging_root,
-            max_retained_events,
+            message_retention,
             retain_artifacts,
             jobs: RwLock::new(Table::default()),
         }
@@ -70,7 +71,7 @@ impl JobRegistry {
     fn settings(&self, id: &str) -> JobSettings {
         JobSettings {
             artifact_dir: self.staging_root.join(staging_dir_name(id)),
-            max_retained_events: self.max_retained_events,
+            message_retention: self.message_retention,
             retain_artifacts: self.retain_artifacts,
         }
     }
@@ -271,7 +272,7 @@ mod tests {
     #[test]
     fn an_id_that_is_no_safe_directory_name_stages_under_a_digest() {
         let root = std::path::Path::new("/state/staging");
-        let registry = JobRegistry::new(root.to_path_buf(), 16, false);
+        let registry = JobRegistry::new(root.to_path_buf(), MessageRetention::events(16), false);
         for (id, kept) in [
             ("wordcount-0123abcd", true),
             ("a_b-c", true),
@@ -313,7 +314,11 @@ mod tests {
     #[test]
     fn pages_go_from_the_newest_back() {
         let dir = tempfile::tempdir().unwrap();
-        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let reg = JobRegistry::new(
+            dir.path().to_path_buf(),
+            MessageRetention::events(10),
+            false,
+        );
         let ids: Vec<String> = (0..5)
             .map(|i| {
                 reg.create(format!("j{i}"), Pipeline::default(), Default::default())
@@ -346,7 +351,11 @@ mod tests {
     fn ended_jobs_past_the_retention_go_and_failed_durable_ones_stay() {
         use crate::JobState;
         let dir = tempfile::tempdir().unwrap();
-        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let reg = JobRegistry::new(
+            dir.path().to_path_buf(),
+            MessageRetention::events(10),
+            false,
+        );
         let jobs: Vec<Arc<Job>> = (0..6)
             .map(|i| reg.create(format!("j{i}"), Pipeline::default(), Default::default()))
             .collect();
@@ -389,7 +398,11 @@ mod tests {
     #[test]
     fn a_job_is_renewed_once() {
         let dir = tempfile::tempdir().unwrap();
-        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let reg = JobRegistry::new(
+            dir.path().to_path_buf(),
+            MessageRetention::events(10),
+            false,
+        );
         let failed = reg.create("j".into(), Pipeline::default(), Default::default());
         failed.fail("boom");
         let renewed = reg.renew(&failed).expect("renewed");
@@ -410,7 +423,11 @@ mod tests {
     #[test]
     fn jobs_are_listed_in_order_and_found_by_id() {
         let dir = tempfile::tempdir().unwrap();
-        let reg = JobRegistry::new(dir.path().to_path_buf(), 10, false);
+        let reg = JobRegistry::new(
+            dir.path().to_path_buf(),
+            MessageRetention::events(10),
+            false,
+        );
         let a = reg.create("a".into(), Pipeline::default(), Default::default());
         let b = reg.create("b".into(), Pipeline::default(), Default::default());
         let ids: Vec<String> = reg.all().iter().map(|j| j.id().to_string()).collect();

@@ -38,7 +38,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let registry = Arc::new(JobRegistry::new(
         staging_root.clone(),
-        config.max_retained_events,
+        config.message_retention,
         config.retain_artifacts,
     ));
     let jobs = JobServiceImpl::new(

@@ -27,6 +27,11 @@ use crate::JobState;
 /// Job name used when a client sends none.
 const DEFAULT_JOB_NAME: &str = "job";
 
+/// Longest job name accepted, in bytes: names are shown in every list of
+/// jobs (`GetJobs`, `refract jobs`, the UI), so one huge name would make
+/// each of them fail or crawl.
+const MAX_JOB_NAME_BYTES: usize = 1024;
+
 /// The Job API implementation.
 pub(crate) struct JobServiceImpl {
     registry: Arc<JobRegistry>,
@@ -185,6 +190,15 @@ impl JobService for JobServiceImpl {
                 Status::invalid_argument("PrepareJobRequest has no pipeline"),
             ));
         };
+        if request.job_name.len() > MAX_JOB_NAME_BYTES {
+            return Err(reject(
+                "Prepare",
+                Status::invalid_argument(format!(
+                    "the job name is {} bytes long; at most {MAX_JOB_NAME_BYTES} are accepted",
+                    request.job_name.len()
+                )),
+            ));
+        }
         let options = request.pipeline_options.unwrap_or_default();
         let name = if request.job_name.is_empty() {
             DEFAULT_JOB_NAME.to_string()
