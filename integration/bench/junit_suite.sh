@@ -26,6 +26,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../common.sh
 . "$here/common.sh"
+# shellcheck source=suite_runs.sh
+. "$here/bench/suite_runs.sh"
 
 bin=$(refract_suite_binary "$0" "${1:-}")
 repeat=${REFRACT_BENCH_JUNIT_REPEAT:-5}
@@ -59,40 +61,28 @@ runners=(
 )
 
 report=$project/target/surefire-reports/TEST-org.refract.bench.SmallPipelinesTest.xml
-echo "| runner | tests | suite wall s | median ms per test | per test / DirectRunner |"
-echo "|---|---:|---:|---:|---:|"
-reference=
-for entry in "${runners[@]}"; do
-  name=${entry%%|*}
-  options=${entry#*|}
-  best=
-  best_wall=
-  for attempt in 1 2; do
-    started=$(date +%s.%N)
-    if ! mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P suite-bench \
-      surefire:test -DbenchPipelineOptions="$options" -DbenchRepeat="$repeat" \
-      >"$work/$attempt.log" 2>&1; then
-      tail -n 40 "$work/$attempt.log" >&2
-      echo "junit_suite.sh: the suite failed on $name" >&2
-      exit 1
-    fi
-    wall=$(echo "$(date +%s.%N) - $started" | bc)
-    line=$("$REFRACT_PY" - "$report" "$wall" <<'PY'
+# junit_times LOG WALL: the tests, the wall time and the median test's
+# milliseconds of the run just made (Surefire's report).
+junit_times() {
+  "$REFRACT_PY" - "$report" "$2" <<'PY'
 import statistics
 import sys
 import xml.etree.ElementTree as ET
 times = [float(c.get('time')) for c in ET.parse(sys.argv[1]).getroot().iter('testcase')]
 print('%d %.1f %.0f' % (len(times), float(sys.argv[2]), statistics.median(times) * 1000))
 PY
-)
-    if [ -z "$best" ] || awk -v a="$wall" -v b="$best_wall" 'BEGIN { exit !(a < b) }'; then
-      best=$line
-      best_wall=$wall
-    fi
-  done
-  read -r tests wall median <<<"$best"
+}
+
+echo "| runner | tests | suite wall s | median ms per test | per test / DirectRunner |"
+echo "|---|---:|---:|---:|---:|"
+reference=
+for entry in "${runners[@]}"; do
+  name=${entry%%|*}
+  options=${entry#*|}
+  best=$(suite_best_of_two "$name" junit_times "$work/run.log" \
+    mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P suite-bench \
+    surefire:test -DbenchPipelineOptions="$options" -DbenchRepeat="$repeat")
+  read -r _ _ median <<<"$best"
   reference=${reference:-$median}
-  echo "junit: $name: $tests tests, wall $wall s, median $median ms per test" >&2
-  printf '| %s | %s | %s | %s | %.2fx |\n' "$name" "$tests" "$wall" "$median" \
-    "$(echo "$median / $reference" | bc -l)"
+  suite_row "$name" "$best" "$reference"
 done
