@@ -20,6 +20,7 @@ pytest once per runner:
   pytest --refract       the refract_beam plugin (integration/wheel), in its
                          default strict mode
   pytest --refract --refract-no-strict  the same without strict mode
+  pytest --refract, refract_strict=coders  strict mode with its coder check
 
 It prints, per runner, the whole pytest run's wall time, the median of the
 tests' own times (setup, call and teardown, from pytest's junit report) and
@@ -205,6 +206,9 @@ def configurations(refract, prism):
   configs.append(('pytest --refract', ['--refract'], None, None))
   configs.append(('pytest --refract --refract-no-strict',
                   ['--refract', '--refract-no-strict'], None, None))
+  configs.append(('pytest --refract, refract_strict=coders', [
+      '--refract', '--test-pipeline-options=--experiments=refract_strict=coders'
+  ], None, None))
   return configs
 
 

@@ -116,6 +116,18 @@ fn strict_fusion_keeps_each_stage_within_one_root_transform() {
                 pcoll.id
             );
         }
+        // Transforms of one root transform that were fused stay together.
+        for d in fused.sdk_stages.values() {
+            let names = sdk_transform_names(d);
+            for root in names.iter().map(|n| root_of(n)) {
+                let together: Vec<&String> = names.iter().filter(|n| root_of(n) == root).collect();
+                let apart = strict.sdk_stages.values().filter(|s| {
+                    let strict_names = sdk_transform_names(s);
+                    together.iter().any(|n| strict_names.contains(n))
+                });
+                assert_eq!(apart.count(), 1, "{name}: {together:?} split apart");
+            }
+        }
         let spans_roots = fused.sdk_stages.values().any(|d| {
             let names = sdk_transform_names(d);
             names.iter().any(|n| root_of(n) != root_of(&names[0]))

@@ -150,7 +150,7 @@ impl Builder {
             }
             let root = match root {
                 Some(root) => Some(root),
-                None if roots.len() == 1 && self.is_composite(&id) => None,
+                None if depth == 1 && roots.len() == 1 && self.is_composite(&id) => None,
                 None => {
                     roots_seen += 1;
                     Some(RootTransform(roots_seen - 1))
