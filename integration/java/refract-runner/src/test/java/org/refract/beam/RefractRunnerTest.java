@@ -62,6 +62,16 @@ public class RefractRunnerTest {
     assertEquals(first, RefractServer.endpoint(options.as(RefractPipelineOptions.class)));
   }
 
+  /** Runs {@code p}, which must fail, and returns its failure with every cause, one a line. */
+  private static String failureOf(Pipeline p) {
+    Throwable failure = assertThrows(Throwable.class, p::run);
+    StringBuilder messages = new StringBuilder();
+    for (Throwable t = failure; t != null; t = t.getCause()) {
+      messages.append(t).append('\n');
+    }
+    return messages.toString();
+  }
+
   @Test
   public void aFailingDoFnFailsTheTest() {
     Pipeline p = Pipeline.create(TestPipeline.testingPipelineOptions());
@@ -75,13 +85,9 @@ public class RefractRunnerTest {
                       }
                       return x;
                     }));
-    Throwable failure = assertThrows(Throwable.class, p::run);
-    StringBuilder messages = new StringBuilder();
-    for (Throwable t = failure; t != null; t = t.getCause()) {
-      messages.append(t).append('\n');
-    }
+    String text = failureOf(p);
     // The job's failure carries the SDK's error text.
-    assertTrue(messages.toString(), messages.toString().contains("two is not allowed here"));
+    assertTrue(text, text.contains("two is not allowed here"));
   }
 
   /**
@@ -117,12 +123,7 @@ public class RefractRunnerTest {
     options.as(PortablePipelineOptions.class).setSdkWorkerParallelism(1);
     Pipeline p = Pipeline.create(options);
     dedupeInMemory(p);
-    Throwable failure = assertThrows(Throwable.class, p::run);
-    StringBuilder messages = new StringBuilder();
-    for (Throwable t = failure; t != null; t = t.getCause()) {
-      messages.append(t).append('\n');
-    }
-    String text = messages.toString();
+    String text = failureOf(p);
     assertTrue(text, text.contains("Refract's strict mode (seed "));
     assertTrue(text, text.contains("DedupeInMemory"));
   }
@@ -187,12 +188,7 @@ public class RefractRunnerTest {
         options.as(ExperimentalOptions.class), "refract_strict=coders");
     Pipeline p = Pipeline.create(options);
     labelsThroughAForgetfulCoder(p);
-    Throwable failure = assertThrows(Throwable.class, p::run);
-    StringBuilder messages = new StringBuilder();
-    for (Throwable t = failure; t != null; t = t.getCause()) {
-      messages.append(t).append('\n');
-    }
-    String text = messages.toString();
+    String text = failureOf(p);
     assertTrue(text, text.contains("label-a"));
     assertTrue(text, text.contains("every element crossed its coder between transforms"));
   }
