@@ -137,11 +137,10 @@ impl StrictReport {
 #[derive(Debug)]
 pub(super) struct Strict {
     rng: SplitMix64,
-    /// Per stage: whether a bundle of it was already run twice, and whether
-    /// one was already cut.
-    replayed: StageVec<bool>,
+    /// Per stage: whether a bundle of it was already cut.
     cut: StageVec<bool>,
-    /// Per stage: bundles that succeeded, counted up to two.
+    /// Per stage: bundles that succeeded, counted up to two (the first is
+    /// the one always run again).
     succeeded: StageVec<u8>,
     /// Per stage: the size of a bundle to run again, which its next bundle
     /// takes.
@@ -154,7 +153,6 @@ impl Strict {
     pub(super) fn new(strictness: Strictness, stages: usize) -> Self {
         Strict {
             rng: SplitMix64(strictness.seed),
-            replayed: StageVec::from(vec![false; stages]),
             cut: StageVec::from(vec![false; stages]),
             succeeded: StageVec::from(vec![0; stages]),
             replay_size: StageVec::from(vec![None; stages]),
@@ -227,8 +225,8 @@ impl Strict {
     /// `elements` is to run again instead of committing: the stage's first,
     /// then one in [`REPLAY_ONE_IN`].
     pub(super) fn replays(&mut self, stage: StageIdx, name: &str, elements: &[Queued]) -> bool {
+        let first = self.succeeded[stage] == 0;
         self.succeeded[stage] = self.succeeded[stage].saturating_add(1).min(2);
-        let first = !std::mem::replace(&mut self.replayed[stage], true);
         if !first && self.rng.below(REPLAY_ONE_IN) != 0 {
             return false;
         }
