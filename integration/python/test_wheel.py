@@ -172,7 +172,7 @@ def test_refract_runner_runs_pipelines_in_worker_processes(venv, tmp_path):
   assert out['BINARY'] == os.path.join(os.path.dirname(venv), 'refract'), out
   assert out['FREEZES'] == '0', out
   # One server for both pipelines: its address printed once.
-  assert done.stderr.count('its web UI is at http://localhost:') == 1, \
+  assert done.stderr.count('its web UI is at http://127.0.0.1:') == 1, \
       done.stderr[-4000:]
   # The server's JSON log lines come back as records under `refract`.
   assert 'INFO:refract:refract is serving (' in done.stderr, \

@@ -54,7 +54,7 @@ pub enum Command {
     /// same pipeline from it with `--experiments=refract_savepoint=FILE`.
     Savepoint(SavepointArgs),
     /// Run a Python pipeline on Refract: on the server at --job_endpoint,
-    /// else on one listening at localhost:8073, else on one started for the
+    /// else on one listening at 127.0.0.1:8073, else on one started for the
     /// run. Shows each stage's progress, then the job's metrics.
     Run(RunArgs),
     /// List, add or remove the server's remote SDK worker pools.
@@ -66,6 +66,25 @@ pub enum Command {
     /// pool of their own.
     #[command(name = "worker-pool")]
     WorkerPool(WorkerPoolArgs),
+}
+
+/// Who of this host's users may connect to a server's ports, as flags
+/// write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LocalPeersArg {
+    /// This user and root.
+    SameUser,
+    /// Every user of the host.
+    Anyone,
+}
+
+impl From<LocalPeersArg> for refract_peercred::LocalPeers {
+    fn from(arg: LocalPeersArg) -> Self {
+        match arg {
+            LocalPeersArg::SameUser => refract_peercred::LocalPeers::SameUser,
+            LocalPeersArg::Anyone => refract_peercred::LocalPeers::Anyone,
+        }
+    }
 }
 
 /// Flags of `refract worker-pool`.
@@ -84,6 +103,11 @@ pub struct WorkerPoolArgs {
     /// Port to listen on (what `serve --worker_pool HOST:PORT` names).
     #[arg(long = "port", default_value_t = 50000)]
     pub port: u16,
+    /// Which users of this host may connect to the pool's port: `same-user`
+    /// (this user and root; other users' connections are closed unread,
+    /// told apart by the kernel's socket tables) or `anyone`.
+    #[arg(long = "local_peers", value_enum, default_value_t = LocalPeersArg::SameUser)]
+    pub local_peers: LocalPeersArg,
     /// Workers running at once; more are refused (default: four per core).
     #[arg(long = "max_workers", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: Option<usize>,
@@ -115,7 +139,7 @@ pub struct PoolArgs {
 /// Flags of `refract run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// A running job service to use (default: localhost:8073 if one
+    /// A running job service to use (default: 127.0.0.1:8073 if one
     /// listens there, else a server embedded in this process).
     #[arg(long = "job_endpoint")]
     pub job_endpoint: Option<String>,
@@ -154,7 +178,7 @@ pub struct SavepointArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
     /// The job service to talk to.
-    #[arg(long = "job_endpoint", default_value = "localhost:8073")]
+    #[arg(long = "job_endpoint", default_value = "127.0.0.1:8073")]
     pub job_endpoint: String,
 }
 
@@ -189,7 +213,7 @@ pub struct JobArgs {
     /// The job's id (as printed by the server and the SDK).
     pub job_id: String,
     /// The job service to talk to.
-    #[arg(long = "job_endpoint", default_value = "localhost:8073")]
+    #[arg(long = "job_endpoint", default_value = "127.0.0.1:8073")]
     pub job_endpoint: String,
 }
 
@@ -217,6 +241,11 @@ pub struct ServeArgs {
     /// costs the UI, not the server. `--web_port` is Prism's name for it.
     #[arg(long = "ui_port", alias = "web_port", default_value_t = 8074)]
     pub ui_port: u16,
+    /// Which users of this host may connect to the job, Fn API and UI ports: `same-user`
+    /// (this user and root; other users' connections are closed unread,
+    /// told apart by the kernel's socket tables) or `anyone`.
+    #[arg(long = "local_peers", value_enum, default_value_t = LocalPeersArg::SameUser)]
+    pub local_peers: LocalPeersArg,
     /// A host name the web UI answers to besides localhost, 127.0.0.1 and
     /// ::1 (repeatable): needed to reach it by another name, e.g. with
     /// `--host 0.0.0.0`. Requests naming other hosts are refused, which
@@ -224,11 +253,16 @@ pub struct ServeArgs {
     #[arg(long = "ui_allowed_host")]
     pub ui_allowed_host: Vec<String>,
     /// The only directory savepoints are written to (as new files named
-    /// by the request; never over an existing file). Default:
-    /// `STATE_DIR/savepoints` with `--state_dir`, else
+    /// by the request; never over an existing file) and started from
+    /// (`--experiments=refract_savepoint=FILE` names a regular file in
+    /// it). Default: `STATE_DIR/savepoints` with `--state_dir`, else
     /// `~/.local/share/refract/savepoints`.
     #[arg(long = "savepoint_dir")]
     pub savepoint_dir: Option<PathBuf>,
+    /// The largest savepoint a job may start from (it is read into
+    /// memory whole); a larger file fails the job at its start.
+    #[arg(long = "max_savepoint_bytes", default_value = "2g", value_parser = crate::memory::parse_byte_size)]
+    pub max_savepoint_bytes: usize,
     /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
     #[arg(long = "idle_shutdown_timeout", default_value = "0")]
     pub idle_shutdown_timeout: String,
@@ -241,8 +275,9 @@ pub struct ServeArgs {
     /// Where the Fn API listens, and the address SDK workers are told to
     /// connect to (default: `--host`). Workers on other hosts (see
     /// `--worker_pool`) need an address of this host they can reach; a
-    /// DNS name is handed to them as written. Anyone who can reach it can
-    /// pose as a worker of a job whose id they know: a trusted network only.
+    /// DNS name is handed to them as written. Every call must name a
+    /// worker by its id, which carries 128 secret random bits; the
+    /// traffic is not encrypted, so use a trusted network only.
     #[arg(long = "fn_api_host")]
     pub fn_api_host: Option<String>,
     /// Port of the Fn API (0: any free port).

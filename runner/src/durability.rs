@@ -111,7 +111,11 @@ impl Durability {
     /// job list with the reason and can be deleted; the other jobs resume.
     pub fn recovered_jobs(&self) -> Result<Vec<RecoveredJob>, DurabilityError> {
         let mut jobs = Vec::new();
+        let ended = self.sweep_ended()?;
         for (id, bytes) in self.store.jobs()? {
+            if ended.contains(&id) {
+                continue;
+            }
             match decode_record(&id, &bytes) {
                 Ok((record, pipeline, options)) => jobs.push(RecoveredJob {
                     id,
@@ -235,8 +239,41 @@ impl Durability {
 
     /// Forgets a job that ended for good (DONE, CANCELLED, or deleted):
     /// its record, checkpoints and state; nothing of it is resumed again.
+    ///
+    /// The job is marked ended first, in a write of a few bytes: when
+    /// removing what it kept fails (a full disk), the mark alone keeps it
+    /// from running again, and the next start removes the rest. An error
+    /// means neither write went through: the job would be resumed by the
+    /// next start, so the caller should try again.
     pub fn forget(&self, job_id: &str) -> Result<(), DurabilityError> {
-        Ok(self.store.remove_job(job_id)?)
+        let marked = self.store.mark_ended(job_id);
+        match (self.store.remove_job(job_id), marked) {
+            (Ok(()), _) => Ok(()),
+            (Err(removal), Ok(())) => {
+                tracing::warn!(job_id, error = %removal,
+                    "cannot remove an ended job from the state store; it is marked ended, \
+                     and the next start removes it");
+                Ok(())
+            }
+            (Err(removal), Err(_)) => Err(removal.into()),
+        }
+    }
+
+    /// Removes what jobs marked ended still keep (their removal failed
+    /// before); they are never resumed. Returns their ids.
+    fn sweep_ended(&self) -> Result<std::collections::HashSet<String>, DurabilityError> {
+        let ended: std::collections::HashSet<String> =
+            self.store.ended_jobs()?.into_iter().collect();
+        for id in &ended {
+            match self.store.remove_job(id) {
+                Ok(()) => {
+                    tracing::info!(job_id = %id, "removed an ended job an earlier server could not")
+                }
+                Err(error) => tracing::warn!(job_id = %id, %error,
+                    "cannot remove an ended job from the state store yet; it stays ended"),
+            }
+        }
+        Ok(ended)
     }
 
     /// Where `job_id`'s engine keeps user state beside its checkpoints

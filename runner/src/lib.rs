@@ -26,7 +26,6 @@ pub mod private_dir;
 pub mod run_command;
 pub mod savepoints;
 pub mod serve;
-pub mod socket_owner;
 pub mod spill_store;
 mod split_policy;
 pub mod stage_history;

@@ -3,7 +3,7 @@
 //!
 //! The pipeline goes to the Refract server at `--job_endpoint` (asked
 //! whether it is one: anything else is refused), else to one of this user's
-//! listening at `localhost:8073`, else to a server embedded in this process
+//! listening at `127.0.0.1:8073`, else to a server embedded in this process
 //! for the run, with its web UI on a free port; the first line printed says
 //! which. While the pipeline's process runs, each stage's progress
 //! (elements processed, output watermark) is shown — rewritten in place on a
@@ -50,7 +50,7 @@ use crate::fork_server::ForkServer;
 use crate::serve;
 
 /// Where `refract run` looks for a running server first.
-const DEFAULT_ENDPOINT: &str = "localhost:8073";
+const DEFAULT_ENDPOINT: &str = "127.0.0.1:8073";
 /// Its port.
 const DEFAULT_PORT: u16 = 8073;
 
@@ -401,8 +401,8 @@ fn absolute_program(program: &str) -> PathBuf {
 /// could listen there, and submitting a pipeline hands it the pipeline's
 /// code and data.
 async fn own_server_at_default_port() -> Option<String> {
-    let listeners = crate::socket_owner::listening_uids(DEFAULT_PORT);
-    let me = crate::socket_owner::current_uid();
+    let listeners = refract_peercred::listening_uids(DEFAULT_PORT);
+    let me = refract_peercred::current_uid();
     match (me, listeners.as_slice()) {
         (Some(me), [_, ..]) if listeners.iter().all(|&uid| uid == me) => {}
         (_, []) => return None,

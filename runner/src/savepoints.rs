@@ -1,8 +1,10 @@
-//! Where savepoints may be written: inside one directory
+//! Where savepoints may be written and read: inside one directory
 //! (`--savepoint_dir`), under a plain file name, never over an existing
 //! file and never through a symlink. A savepoint is asked for through the
-//! web UI port; without these rules, whoever can reach that port could
-//! have the server write over any file it can write.
+//! web UI port, and a job starts from one named in its options; without
+//! these rules, whoever can reach those ports could have the server write
+//! over any file it can write, or read any file it can read (a FIFO or a
+//! device, which never ends) into a job.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -12,12 +14,34 @@ use std::path::{Component, Path, PathBuf};
 #[derive(Debug)]
 pub struct SavepointDir {
     dir: PathBuf,
+    max_read_bytes: u64,
 }
 
+/// The largest savepoint read unless [`SavepointDir::with_max_read_bytes`]
+/// says otherwise (`--max_savepoint_bytes`).
+pub const DEFAULT_MAX_SAVEPOINT_BYTES: u64 = 2 << 30;
+
 impl SavepointDir {
-    /// Savepoints in `dir`.
+    /// Savepoints in `dir`, read up to [`DEFAULT_MAX_SAVEPOINT_BYTES`].
     pub fn new(dir: PathBuf) -> SavepointDir {
-        SavepointDir { dir }
+        SavepointDir {
+            dir,
+            max_read_bytes: DEFAULT_MAX_SAVEPOINT_BYTES,
+        }
+    }
+
+    /// The same directory, reading savepoints of at most `bytes`.
+    pub fn with_max_read_bytes(mut self, bytes: u64) -> SavepointDir {
+        self.max_read_bytes = bytes;
+        self
+    }
+
+    /// Reads the savepoint `requested` names (as [`Self::target`] takes
+    /// names): a regular file in the directory of at most the read limit.
+    /// Blocks on the file system: call it off the async runtime.
+    pub fn read(&self, requested: &str) -> Result<Vec<(String, bytes::Bytes)>, String> {
+        let path = self.resolve(requested, "started from")?;
+        refract_store::read_savepoint(&path, self.max_read_bytes).map_err(|e| e.to_string())
     }
 
     /// Where savepoints go unless `--savepoint_dir` says: beside the
@@ -48,6 +72,12 @@ impl SavepointDir {
     /// the path yet is checked when the file is created
     /// (`refract_store::write_savepoint`).
     pub fn target(&self, requested: &str) -> Result<PathBuf, String> {
+        self.resolve(requested, "written")
+    }
+
+    /// `requested` as a path in the directory (made if missing), or why
+    /// not; `use_` says what savepoints are there ("written").
+    fn resolve(&self, requested: &str, use_: &str) -> Result<PathBuf, String> {
         if !self.dir.exists() {
             crate::private_dir::create_private_dir_all(&self.dir).map_err(|e| {
                 format!(
@@ -65,8 +95,8 @@ impl SavepointDir {
         let path = Path::new(requested);
         let refuse = |why: &str| {
             Err(format!(
-                "savepoint '{requested}' refused: {why}; savepoints are written only as files \
-                 directly in {}",
+                "savepoint '{requested}' refused: {why}; savepoints are {use_} only as files \
+                 directly in {} (--savepoint_dir)",
                 root.display()
             ))
         };
@@ -128,6 +158,35 @@ mod tests {
         assert!(dir
             .target(&root.join("out").join("x.sp").to_string_lossy())
             .is_err());
+    }
+
+    #[test]
+    fn savepoints_are_read_only_from_regular_files_in_the_directory() {
+        let base = tempfile::tempdir().expect("a temp dir");
+        let dir = SavepointDir::new(base.path().join("savepoints"));
+        let target = dir.target("job.sp").expect("a target");
+        let parts = vec![("engine".to_string(), bytes::Bytes::from_static(b"e"))];
+        let size = refract_store::write_savepoint(&target, &parts).expect("written");
+        assert_eq!(dir.read("job.sp"), Ok(parts.clone()));
+        assert_eq!(dir.read(&target.to_string_lossy()), Ok(parts));
+        // Outside the directory, however the path is written.
+        let outside = base.path().join("elsewhere.sp");
+        std::fs::copy(&target, &outside).expect("copied");
+        for bad in [
+            outside.to_string_lossy().into_owned(),
+            "../elsewhere.sp".into(),
+        ] {
+            let error = dir.read(&bad).expect_err(&bad);
+            assert!(error.contains("started from only as files"), "{error}");
+        }
+        // A symlink in the directory to a file elsewhere is not followed.
+        let root = target.parent().expect("a parent");
+        std::os::unix::fs::symlink(&outside, root.join("link.sp")).expect("symlink");
+        assert!(dir.read("link.sp").is_err());
+        // Over the size limit.
+        let small = SavepointDir::new(base.path().join("savepoints")).with_max_read_bytes(size - 1);
+        let error = small.read("job.sp").expect_err("too big");
+        assert!(error.contains("over the limit"), "{error}");
     }
 
     #[test]

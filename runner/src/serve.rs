@@ -33,6 +33,8 @@ pub struct Server {
     pub job_endpoint: SocketAddr,
     /// Where the web UI listens, if it does.
     pub ui_address: Option<SocketAddr>,
+    /// Where the Fn API listens (`host:port`, as workers are told).
+    pub fn_api: String,
     /// Stage snapshots of its jobs.
     pub insights: Insights,
     /// Job activity, for idle shutdown.
@@ -72,7 +74,8 @@ pub async fn start(
         .await
         .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
     let fn_host = args.fn_api_host.as_deref().unwrap_or(&args.host);
-    let fn_server = FnApiServer::start_with(fn_host, args.fn_api_port, liveness)
+    let local_peers = args.local_peers.into();
+    let fn_server = FnApiServer::start_with(fn_host, args.fn_api_port, liveness, local_peers)
         .await
         .with_context(|| {
             format!(
@@ -86,6 +89,7 @@ pub async fn start(
         java: args.sdk_java.clone(),
     });
     let job_endpoint = listener.local_addr()?;
+    warn_about_reach(job_endpoint, args.local_peers);
     let durability = match &args.state_dir {
         Some(dir) => {
             let every = parse_go_duration(&args.checkpoint_interval)
@@ -118,7 +122,8 @@ pub async fn start(
     .context("creating the staging directory")?;
     crate::private_dir::create_private_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
-    info!(job_endpoint = %job_endpoint, fn_api = %fn_server.url(), "refract is serving");
+    let fn_api = fn_server.url();
+    info!(job_endpoint = %job_endpoint, %fn_api, "refract is serving");
     let default_workers = match args.sdk_worker_parallelism {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
@@ -140,7 +145,9 @@ pub async fn start(
     let spill = RocksSpillStore::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let pools = worker_pools(args, &fn_server.url(), default_workers)?;
+    let savepoints = savepoint_dir(args);
     let runner = RefractRunner::new(fn_server)
+        .with_savepoints(savepoints.clone())
         .with_default_workers(default_workers)
         .with_pools(pools)
         .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
@@ -179,6 +186,7 @@ pub async fn start(
         retain_finished_jobs: args.retain_finished_jobs,
         retain_finished_for: args.retain_finished_for,
         prepared_job_timeout: args.prepared_job_timeout,
+        local_peers,
         ..JobServiceConfig::default()
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();
@@ -186,7 +194,8 @@ pub async fn start(
     if args.serve_http {
         let settings = UiSettings {
             allowed_hosts: AllowedHosts::new(&args.ui_allowed_host),
-            savepoints: savepoint_dir(args),
+            savepoints,
+            local_peers,
         };
         ui_address = start_ui(
             args,
@@ -219,6 +228,7 @@ pub async fn start(
     Ok(Server {
         job_endpoint,
         ui_address,
+        fn_api,
         insights,
         activity,
         stop: Some(stop),
@@ -256,6 +266,27 @@ fn worker_pools(
     Ok(Some(pools))
 }
 
+/// Says at start who besides this user can submit jobs, which run code as
+/// this user: other hosts when the job port is not on loopback (Beam's
+/// clients send no credential), other local users with `--local_peers
+/// anyone`.
+fn warn_about_reach(job_endpoint: SocketAddr, local_peers: crate::cli::LocalPeersArg) {
+    if !job_endpoint.ip().is_loopback() {
+        tracing::warn!(
+            address = %job_endpoint,
+            "the job port is reachable from other hosts, and Beam's clients send no \
+             credential: anyone who reaches it can run code as this user; keep it on a \
+             trusted network"
+        );
+    }
+    if local_peers == crate::cli::LocalPeersArg::Anyone {
+        tracing::warn!(
+            "--local_peers anyone: every user of this machine can submit jobs here, which \
+             run as this user"
+        );
+    }
+}
+
 /// Starts the web UI in the background and returns its address; a port
 /// that cannot be bound is logged and the server runs without a UI.
 async fn start_ui(
@@ -290,8 +321,9 @@ async fn start_ui(
     address
 }
 
-/// The directory savepoints may be written to (`--savepoint_dir` or its
-/// default); `None`, with a warning, when there is none.
+/// The directory savepoints may be written to and started from
+/// (`--savepoint_dir` or its default); `None`, with a warning, when there
+/// is none.
 fn savepoint_dir(args: &ServeArgs) -> Option<Arc<SavepointDir>> {
     let chosen = args
         .savepoint_dir
@@ -302,7 +334,9 @@ fn savepoint_dir(args: &ServeArgs) -> Option<Arc<SavepointDir>> {
         return None;
     };
     info!(savepoint_dir = %dir.display(), "savepoints are written here");
-    Some(Arc::new(SavepointDir::new(dir)))
+    Some(Arc::new(
+        SavepointDir::new(dir).with_max_read_bytes(args.max_savepoint_bytes as u64),
+    ))
 }
 
 /// Where the server keeps `what` (staged artifacts, spilled data): the

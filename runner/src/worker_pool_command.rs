@@ -19,6 +19,7 @@ pub async fn run(
     let pool = BootPool::new(BootPoolConfig {
         boot: args.boot.clone(),
         max_workers,
+        local_peers: args.local_peers.into(),
     })?;
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await

@@ -521,3 +521,60 @@ async fn a_job_name_of_megabytes_is_refused_naming_the_limit() {
         .expect("a 1 KiB job name is accepted");
     server.assert_serving("a 5 MiB job name").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savepoints_are_started_from_regular_files_in_the_savepoint_directory_only() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("savepoints");
+    std::fs::create_dir(&dir).unwrap();
+    let dir_flag = dir.to_string_lossy().into_owned();
+    let server = TestServer::start_with(common::serve_args(&[
+        "--savepoint_dir",
+        &dir_flag,
+        "--max_savepoint_bytes",
+        "1k",
+    ]))
+    .await;
+    // A FIFO no one writes to: opening it for reading would wait forever,
+    // and the job with it.
+    let fifo = dir.join("fifo.sp");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    std::fs::write(dir.join("big.sp"), vec![0u8; 2048]).unwrap();
+    let outside = base.path().join("outside.sp");
+    std::fs::write(&outside, b"RFSP1").unwrap();
+    for (asked, reason) in [
+        ("fifo.sp".to_string(), "is not a regular file"),
+        (
+            outside.to_string_lossy().into_owned(),
+            "its directory is not the savepoint directory",
+        ),
+        (
+            "/etc/passwd".to_string(),
+            "its directory is not the savepoint directory",
+        ),
+        (
+            "../outside.sp".to_string(),
+            "a relative path must be a plain file name",
+        ),
+        ("big.sp".to_string(), "2048 bytes, over the limit of 1024"),
+    ] {
+        let experiment = format!("refract_savepoint={asked}");
+        let id = server
+            .submit(
+                "from-savepoint",
+                Pipe::chain(1).build(),
+                common::pipeline_options(false, &[&experiment]),
+            )
+            .await;
+        let (messages, state) = common::messages_to_end(server.client.clone(), &id).await;
+        assert_eq!(state, JobState::Failed, "{asked}: {messages:?}");
+        assert!(
+            messages.iter().any(|m| m.message_text.contains(reason)),
+            "{asked}: no message says {reason:?}: {messages:?}"
+        );
+    }
+    server
+        .assert_serving("savepoints that cannot be read")
+        .await;
+}

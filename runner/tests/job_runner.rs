@@ -131,13 +131,22 @@ fn texts(messages: &[JobMessage], importance: MessageImportance) -> Vec<&str> {
         .collect()
 }
 
+/// A worker id without its secret suffix (128 random bits in hex), which
+/// every id the runner gives out ends in.
+fn worker_name(id: &str) -> &str {
+    let (name, secret) = id.rsplit_once('-').expect("a suffix");
+    assert_eq!(secret.len(), 32, "{id}");
+    assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    name
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dofn_on_an_external_worker_runs_to_done_with_its_logs_and_counters() {
     let (server, mut pool, id) =
         submitted("lines", PoolMode::Connect, pipeline_options(false, &[])).await;
     let worker = first_bundle(&mut pool).await;
     let (worker_id, sdk, bundle) = (&worker.id, &worker.sdk, &worker.bundle);
-    assert_eq!(*worker_id, format!("{id}-e0-w0"));
+    assert_eq!(worker_name(worker_id), format!("{id}-e0-w0"));
     // A line the DoFn logs reaches the job's messages, saying where it
     // came from.
     let logs = sdk.open_logging().await;
@@ -373,15 +382,16 @@ async fn a_batch_job_whose_worker_pool_refuses_fails_at_once_saying_why() {
     assert_eq!(state, JobState::Failed, "{messages:?}");
     let error = messages.last().expect("messages").message_text.clone();
     assert!(
-        error.contains(&format!(
-            "cannot start worker {id}-e0-w0: the worker pool at {} reported: {refusal}",
-            pool.url
-        )),
+        error.contains(&format!("cannot start worker {id}-e0-w0-"))
+            && error.contains(&format!(
+                ": the worker pool at {} reported: {refusal}",
+                pool.url
+            )),
         "{error}"
     );
     // A batch job does not try again: one worker was asked for, once.
     let asked: Vec<String> = std::iter::from_fn(|| pool.starts.try_recv().ok())
-        .map(|start| start.worker_id)
+        .map(|start| worker_name(&start.worker_id).to_string())
         .collect();
     assert_eq!(asked, [format!("{id}-e0-w0")]);
     assert!(
@@ -415,7 +425,7 @@ async fn a_streaming_job_waits_for_a_late_worker_pool_and_runs_with_fresh_worker
     let worker = first_bundle(&mut pool).await;
     // A worker id is never used twice (the Go SDK's pool refuses one it
     // has seen).
-    assert_eq!(worker.id, format!("{id}-a1-e0-w0"));
+    assert_eq!(worker_name(&worker.id), format!("{id}-a1-e0-w0"));
     worker
         .sdk
         .bundle_done(&worker.bundle.instruction, ProcessBundleResponse::default());
@@ -424,9 +434,10 @@ async fn a_streaming_job_waits_for_a_late_worker_pool_and_runs_with_fresh_worker
     assert_eq!(state, JobState::Done, "{messages:?}");
     let warnings = texts(&messages, MessageImportance::JobMessageWarning);
     assert!(
-        warnings.iter().any(|w| w.contains(&format!(
-            "cannot start worker {id}-e0-w0: cannot reach the worker pool at {url}"
-        ))),
+        warnings
+            .iter()
+            .any(|w| w.contains(&format!("cannot start worker {id}-e0-w0-"))
+                && w.contains(&format!(": cannot reach the worker pool at {url}"))),
         "{warnings:?}"
     );
 }

@@ -48,6 +48,9 @@ pub struct BootPoolConfig {
     pub boot: PathBuf,
     /// Workers running at once; `StartWorker` beyond it is refused.
     pub max_workers: usize,
+    /// Which users of this host may call the pool: a caller chooses what
+    /// the boot program runs.
+    pub local_peers: refract_peercred::LocalPeers,
 }
 
 /// One running worker, with a number telling it from a later worker that
@@ -90,12 +93,11 @@ impl BootPool {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), HarnessError> {
         let workers = Arc::clone(&self.workers);
+        let incoming = refract_peercred::PeerGate::new(self.config.local_peers, "worker pool")
+            .admitted(listener);
         let served = tonic::transport::Server::builder()
             .add_service(BeamFnExternalWorkerPoolServer::new(self))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         let left: Vec<ChildWorker> = workers
             .lock()

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use refract_proto::fn_api::{LogEntry, ProvisionInfo};
 use refract_proto::pipeline::{ArtifactInformation, Environment};
 
+use crate::error::HarnessError;
+
 /// Everything needed to start one SDK harness worker.
 pub struct WorkerConfig {
     /// Unique id of the worker; the SDK echoes it in the `worker_id` header of
-    /// every call, which is how the shared server routes it.
+    /// every call, which is how the shared server routes it, and the only
+    /// credential Beam's SDKs send: make it with [`unguessable_worker_id`].
     pub worker_id: String,
     /// The environment to start (EXTERNAL, PROCESS or DOCKER).
     pub environment: Environment,
@@ -23,6 +26,23 @@ pub struct WorkerConfig {
     pub artifacts: Arc<dyn ArtifactSource>,
     /// Where the worker's log entries go (usually the job's message stream).
     pub logs: Arc<dyn LogSink>,
+}
+
+/// A worker id that starts with the readable `name` and ends in 128 bits
+/// from the operating system's random source, in hex.
+///
+/// Whoever knows a worker's id can act as that worker on the Fn API: read
+/// its pipeline options, its artifacts and its bundles' state, and return
+/// output for its bundles. A readable id alone (`job-e0-w1`) is guessed by
+/// anyone who knows the job's id.
+pub fn unguessable_worker_id(name: &str) -> Result<String, HarnessError> {
+    let mut secret = [0u8; 16];
+    getrandom::fill(&mut secret).map_err(|e| HarnessError::WorkerStart {
+        worker_id: name.to_string(),
+        reason: format!("the operating system gave no random bytes for its id: {e}"),
+    })?;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{name}-{hex}"))
 }
 
 /// Locates staged artifacts on local disk, so the artifact retrieval service
@@ -64,5 +84,20 @@ impl LogSink for TracingLogSink {
             "{}",
             entry.message
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unguessable_worker_id;
+
+    #[test]
+    fn worker_ids_keep_their_name_and_differ_in_128_random_bits() {
+        let a = unguessable_worker_id("job-e0-w1").unwrap();
+        let b = unguessable_worker_id("job-e0-w1").unwrap();
+        assert_ne!(a, b);
+        let secret = a.strip_prefix("job-e0-w1-").unwrap();
+        assert_eq!(secret.len(), 32);
+        assert!(secret.bytes().all(|c| c.is_ascii_hexdigit()));
     }
 }

@@ -32,7 +32,9 @@ mod worker;
 
 pub use boot_pool::{BootPool, BootPoolConfig};
 pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputOverflow, StateHandler};
-pub use config::{ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig};
+pub use config::{
+    unguessable_worker_id, ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig,
+};
 pub use environment::{BeamSdk, HostHarnesses};
 pub use error::{BundleError, HarnessError};
 pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WORKER_LIVENESS_TIMEOUT};

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use refract_peercred::{LocalPeers, PeerGate};
 use refract_proto::fn_api::beam_fn_control_server::BeamFnControlServer;
 use refract_proto::fn_api::beam_fn_data_server::BeamFnDataServer;
 use refract_proto::fn_api::beam_fn_logging_server::BeamFnLoggingServer;
@@ -15,8 +16,7 @@ use refract_proto::fn_api::ProcessBundleDescriptor;
 use refract_proto::job_api::artifact_retrieval_service_server::ArtifactRetrievalServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::config::WorkerConfig;
 use crate::endpoint::Endpoint;
@@ -25,14 +25,20 @@ use crate::error::HarnessError;
 use crate::hub::Hub;
 use crate::link::{LinkStatus, WorkerLink};
 use crate::services::{
-    artifact::ArtifactService, control::ControlService, data::DataService, logging::LoggingService,
-    provision::ProvisionServiceImpl, state::StateService,
+    artifact::ArtifactService, caller::CallerCheck, control::ControlService, data::DataService,
+    logging::LoggingService, provision::ProvisionServiceImpl, state::StateService,
 };
 use crate::worker::Worker;
 
 /// Default wait for a new worker's control stream. Boot programs may install
 /// packages or pull images first, so this is generous.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Largest GetProvisionInfo request read (the message has no fields).
+const PROVISION_REQUEST_BYTES: usize = 64 << 10;
+/// Largest ResolveArtifacts or GetArtifact request read: a list of an
+/// environment's dependencies, which may embed small files.
+const ARTIFACT_REQUEST_BYTES: usize = 16 << 20;
 
 /// HTTP/2 flow-control windows: bundles move megabytes per message.
 const STREAM_WINDOW_BYTES: u32 = 16 << 20;
@@ -58,14 +64,25 @@ pub const DEFAULT_WORKER_LIVENESS_TIMEOUT: Duration = Duration::from_secs(12);
 
 impl FnApiServer {
     /// [`Self::start_with`] on any free port of `bind_host`, with
-    /// [`DEFAULT_WORKER_LIVENESS_TIMEOUT`].
+    /// [`DEFAULT_WORKER_LIVENESS_TIMEOUT`], for this user's processes only.
     pub async fn start(bind_host: &str) -> Result<Arc<FnApiServer>, HarnessError> {
-        Self::start_with(bind_host, 0, DEFAULT_WORKER_LIVENESS_TIMEOUT).await
+        Self::start_with(
+            bind_host,
+            0,
+            DEFAULT_WORKER_LIVENESS_TIMEOUT,
+            LocalPeers::SameUser,
+        )
+        .await
     }
 
     /// Binds `bind_host:port` (port 0: any free one) and serves all Fn API
-    /// services there, with unlimited message sizes (SDKs send unlimited
-    /// ones).
+    /// services there, with unlimited message sizes on the streams (SDKs
+    /// send unlimited ones) and small ones on the unary calls.
+    ///
+    /// Connections of other users of this host are closed as they are
+    /// accepted unless `local_peers` admits them ([`PeerGate`]); every call
+    /// must then name a worker this server started in its `worker_id`
+    /// header before its body is read.
     ///
     /// Workers are told to connect to the address bound, or, when
     /// `bind_host` is a DNS name other than `localhost`, to that name and
@@ -82,6 +99,7 @@ impl FnApiServer {
         bind_host: &str,
         port: u16,
         liveness: Duration,
+        local_peers: LocalPeers,
     ) -> Result<Arc<FnApiServer>, HarnessError> {
         let ping_every = (liveness / 2).max(Duration::from_millis(100));
         let bind_error = |source| HarnessError::Bind {
@@ -95,56 +113,52 @@ impl FnApiServer {
         let url = advertised_url(bind_host, bound);
         let hub = Arc::new(Hub::default());
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let strict = || CallerCheck::strict(Arc::clone(&hub));
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(ping_every))
             .http2_keepalive_timeout(Some(ping_every))
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .add_service(
+            .add_service(InterceptedService::new(
                 BeamFnControlServer::new(ControlService::new(Arc::clone(&hub)))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
+                CallerCheck::headerless_on_loopback(Arc::clone(&hub)),
+            ))
+            .add_service(InterceptedService::new(
                 BeamFnDataServer::new(DataService::new(Arc::clone(&hub)))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
+                strict(),
+            ))
+            .add_service(InterceptedService::new(
                 BeamFnStateServer::new(StateService::new(Arc::clone(&hub)))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
+                strict(),
+            ))
+            .add_service(InterceptedService::new(
                 BeamFnLoggingServer::new(LoggingService::new(Arc::clone(&hub)))
                     .max_decoding_message_size(usize::MAX)
                     .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
+                strict(),
+            ))
+            .add_service(InterceptedService::new(
                 ProvisionServiceServer::new(ProvisionServiceImpl::new(Arc::clone(&hub)))
-                    .max_decoding_message_size(usize::MAX)
+                    .max_decoding_message_size(PROVISION_REQUEST_BYTES)
                     .max_encoding_message_size(usize::MAX),
-            )
-            .add_service(
+                strict(),
+            ))
+            .add_service(InterceptedService::new(
                 ArtifactRetrievalServiceServer::new(ArtifactService::new(Arc::clone(&hub)))
-                    .max_decoding_message_size(usize::MAX)
+                    .max_decoding_message_size(ARTIFACT_REQUEST_BYTES)
                     .max_encoding_message_size(usize::MAX),
-            );
+                strict(),
+            ));
         let serve_url = url.clone();
+        let incoming = PeerGate::new(local_peers, "Fn API").admitted(listener);
         tokio::spawn(async move {
-            // `tcp_nodelay` above only applies to listeners tonic opens
-            // itself. Without it, Nagle's algorithm holds each small
-            // control message until the SDK's delayed ACK (40 ms on
-            // Linux): that was most of a tiny job's run time.
-            let incoming = TcpListenerStream::new(listener).map(|conn| {
-                if let Ok(stream) = &conn {
-                    if let Err(error) = stream.set_nodelay(true) {
-                        tracing::debug!(%error, "could not set TCP_NODELAY");
-                    }
-                }
-                conn
-            });
             let stopped = async {
                 let _ = shutdown_rx.await;
             };

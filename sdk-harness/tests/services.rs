@@ -235,3 +235,90 @@ async fn descriptors_are_served_by_id_with_or_without_a_worker_header() {
         .expect_err("an unknown descriptor");
     assert_eq!(missing.code(), tonic::Code::NotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_are_checked_before_their_requests_are_read() {
+    use refract_proto::fn_api::beam_fn_data_client::BeamFnDataClient;
+    let server = FnApiServer::start("127.0.0.1").await.expect("server");
+    let mut pool = FakePool::start(PoolMode::Connect).await;
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let worker = within(
+        "start_worker",
+        server.start_worker(WorkerConfig {
+            worker_id: "w-own".to_string(),
+            environment: pool.environment(),
+            provision: ProvisionInfo::default(),
+            artifacts: Arc::new(OneFile {
+                payload: b"dep-own".to_vec(),
+                path: file.path().to_path_buf(),
+            }),
+            logs: Arc::new(CollectedLogs::default()),
+        }),
+    )
+    .await
+    .expect("worker");
+    let _sdk = within("the fake SDK", pool.sdks.recv()).await.expect("sdk");
+    let ch = channel(&server.url()).await;
+    let mut artifacts = ArtifactRetrievalServiceClient::new(ch.clone());
+    let artifact = |payload: Vec<u8>| ArtifactInformation {
+        type_urn: "beam:artifact:type:file:v1".to_string(),
+        type_payload: payload,
+        ..Default::default()
+    };
+    let resolve = |payload: Vec<u8>| ResolveArtifactsRequest {
+        artifacts: vec![artifact(payload)],
+        preferred_urns: vec![],
+    };
+
+    // 24 MiB from a caller naming no worker of this server, or none at
+    // all: refused for who is calling, which is known before the body is
+    // read (a read body would be refused for its size).
+    let big = || resolve(vec![7; 24 << 20]);
+    let stranger = artifacts
+        .resolve_artifacts(with_worker_id("w-own-guessed", big()))
+        .await
+        .expect_err("an unknown worker");
+    assert_eq!(stranger.code(), tonic::Code::NotFound, "{stranger:?}");
+    let anonymous = artifacts
+        .resolve_artifacts(Request::new(big()))
+        .await
+        .expect_err("no worker header");
+    assert_eq!(anonymous.code(), tonic::Code::InvalidArgument);
+    // The worker itself may not send that much in a unary call either.
+    let too_big = artifacts
+        .resolve_artifacts(with_worker_id("w-own", big()))
+        .await
+        .expect_err("over the unary limit");
+    assert_eq!(too_big.code(), tonic::Code::OutOfRange, "{too_big:?}");
+
+    // A worker resolves its own artifacts only.
+    let own = artifacts
+        .resolve_artifacts(with_worker_id("w-own", resolve(b"dep-own".to_vec())))
+        .await
+        .expect("its own artifact")
+        .into_inner();
+    assert_eq!(own.replacements, vec![artifact(b"dep-own".to_vec())]);
+    let other = artifacts
+        .resolve_artifacts(with_worker_id(
+            "w-own",
+            resolve(b"dep-of-another-job".to_vec()),
+        ))
+        .await
+        .expect_err("another job's artifact");
+    assert_eq!(other.code(), tonic::Code::NotFound);
+    assert!(other.message().contains("has no artifact"), "{other:?}");
+
+    // Streams are refused the same way before their first message.
+    let data = BeamFnDataClient::new(ch.clone())
+        .data(with_worker_id("w-own-guessed", futures::stream::pending()))
+        .await
+        .expect_err("an unknown worker's data stream");
+    assert_eq!(data.code(), tonic::Code::NotFound);
+
+    // The server still serves its worker.
+    let info = ProvisionServiceClient::new(ch)
+        .get_provision_info(with_worker_id("w-own", GetProvisionInfoRequest {}))
+        .await;
+    assert!(info.is_ok(), "{info:?}");
+    worker.stop().await;
+}

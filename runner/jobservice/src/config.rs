@@ -19,8 +19,10 @@ pub struct JobServiceConfig {
     /// transforms and artifact chunks can exceed tonic's 4 MiB default.
     pub max_message_bytes: usize,
     /// Host put into `PrepareJobResponse.artifact_staging_endpoint`. `None`
-    /// uses the listener's address, or `localhost` when the listener is bound
-    /// to a wildcard address such as `0.0.0.0`.
+    /// uses the listener's address, or the loopback address of its family
+    /// when the listener is bound to a wildcard address such as `0.0.0.0`
+    /// (never `localhost`, which may name the other family's loopback,
+    /// where another user could listen on the same port).
     pub advertised_host: Option<String>,
     /// Keep a job's staged artifacts after it reaches a terminal state
     /// (useful for debugging); by default they are deleted then, so CI runs of
@@ -63,6 +65,9 @@ pub struct JobServiceConfig {
     pub prepared_job_timeout: Duration,
     /// How often the two rules above are applied.
     pub housekeeping_interval: Duration,
+    /// Which users of this host may connect: whoever submits a job runs
+    /// code as this server's user.
+    pub local_peers: refract_peercred::LocalPeers,
 }
 
 /// A job taken over from an earlier server (see
@@ -113,6 +118,7 @@ impl Default for JobServiceConfig {
             retain_finished_for: Duration::from_secs(24 * 3600),
             prepared_job_timeout: Duration::from_secs(3600),
             housekeeping_interval: Duration::from_secs(10),
+            local_peers: refract_peercred::LocalPeers::SameUser,
         }
     }
 }

@@ -4,14 +4,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use refract_proto::admin::refract_admin_server::RefractAdminServer;
 use refract_proto::job_api::artifact_staging_service_server::ArtifactStagingServiceServer;
 use refract_proto::job_api::job_service_server::JobServiceServer;
 use refract_proto::tonic::transport::Server;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::AdminService;
 use crate::registry::{JobRegistry, Retention};
@@ -85,15 +83,8 @@ pub async fn serve(
         tracing::info!("job service shutting down");
         stop_tx.send_replace(true);
     };
-    // Small request/response round trips dominate job start latency.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(stream) = &conn {
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::debug!(%error, "could not set TCP_NODELAY");
-            }
-        }
-        conn
-    });
+    let incoming =
+        refract_peercred::PeerGate::new(config.local_peers, "job service").admitted(listener);
 
     tracing::info!(
         address = %local,
@@ -181,7 +172,13 @@ async fn prepare_staging_root(
 fn advertised_endpoint(local: SocketAddr, host: Option<&str>) -> String {
     match host {
         Some(host) => format!("{host}:{}", local.port()),
-        None if local.ip().is_unspecified() => format!("localhost:{}", local.port()),
+        None if local.ip().is_unspecified() => {
+            let loopback = match local {
+                SocketAddr::V4(_) => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                SocketAddr::V6(_) => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            };
+            SocketAddr::new(loopback, local.port()).to_string()
+        }
         // SocketAddr's Display brackets IPv6 addresses.
         None => local.to_string(),
     }
@@ -196,7 +193,9 @@ mod tests {
         let v4: SocketAddr = "127.0.0.1:8099".parse().unwrap();
         assert_eq!(advertised_endpoint(v4, None), "127.0.0.1:8099");
         let any: SocketAddr = "0.0.0.0:8099".parse().unwrap();
-        assert_eq!(advertised_endpoint(any, None), "localhost:8099");
+        assert_eq!(advertised_endpoint(any, None), "127.0.0.1:8099");
+        let any6: SocketAddr = "[::]:8099".parse().unwrap();
+        assert_eq!(advertised_endpoint(any6, None), "[::1]:8099");
         let v6: SocketAddr = "[::1]:8099".parse().unwrap();
         assert_eq!(advertised_endpoint(v6, None), "[::1]:8099");
         assert_eq!(

@@ -296,6 +296,101 @@ async fn a_failed_job_keeps_its_record_and_checkpoint_and_a_forgotten_one_leaves
     assert_eq!(find(&jobs, failing.id()).failed, None);
 }
 
+/// Memory whose writes fail while `full` is set: those that delete
+/// anything always, those that only put when `full` is `Everything`. A
+/// full RocksDB disk fails both; the mark of an ended job is a put of a
+/// few bytes, which may still fit where a removal's batch does not.
+#[derive(Default)]
+struct FullDisk {
+    inner: refract_store::MemoryKv,
+    full: Arc<parking_lot::Mutex<Fullness>>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Fullness {
+    #[default]
+    Room,
+    RemovalsFail,
+    Everything,
+}
+
+impl refract_store::Kv for FullDisk {
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        self.inner.get(key)
+    }
+    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        self.inner.scan(prefix)
+    }
+    fn scan_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StoreError> {
+        self.inner.scan_range(from, to, max_bytes)
+    }
+    fn write(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<refract_store::Deletion>,
+    ) -> Result<(), StoreError> {
+        match *self.full.lock() {
+            Fullness::Everything => return Err(StoreError::Backend("no space left".into())),
+            Fullness::RemovalsFail if !deletes.is_empty() => {
+                return Err(StoreError::Backend("no space left".into()))
+            }
+            _ => {}
+        }
+        self.inner.write(puts, deletes)
+    }
+    fn write_ahead(
+        &self,
+        puts: Vec<(Vec<u8>, Bytes)>,
+        deletes: Vec<refract_store::Deletion>,
+    ) -> Result<(), StoreError> {
+        self.write(puts, deletes)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_job_whose_removal_fails_is_never_resumed_and_removed_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut service = JobService::start(Vec::new()).await;
+    let done = service.submit("done", options(&[])).await;
+    let unmarked = service.submit("unmarked", options(&[])).await;
+    let kv = FullDisk::default();
+    let full = kv.full.clone();
+    let durability = Durability {
+        store: Arc::new(refract_store::Store::new(kv)),
+        interval: Duration::from_secs(5),
+        history_dir: dir.path().join("history"),
+    };
+    for job in [&done, &unmarked] {
+        durability.remember(job).unwrap();
+    }
+
+    // The removal fails; the mark goes through: forgotten all the same.
+    *full.lock() = Fullness::RemovalsFail;
+    durability.forget(done.id()).unwrap();
+    // Nothing goes through: the caller must try again.
+    *full.lock() = Fullness::Everything;
+    assert!(durability.forget(unmarked.id()).is_err());
+
+    // A restart (the disk still full) resumes the unmarked job only.
+    *full.lock() = Fullness::RemovalsFail;
+    let jobs = durability.recovered_jobs().unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_is(find(&jobs, unmarked.id()), &unmarked);
+    assert!(durability.store.job(done.id()).unwrap().is_some(), "kept");
+
+    // With room again, the next start removes what the ended job kept.
+    *full.lock() = Fullness::Room;
+    let jobs = durability.recovered_jobs().unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(durability.store.job(done.id()).unwrap(), None);
+    assert!(durability.store.ended_jobs().unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_record_is_listed_failed_with_the_reason_and_the_others_come_back() {
     let dir = tempfile::tempdir().unwrap();

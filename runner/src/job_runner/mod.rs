@@ -37,6 +37,7 @@ use crate::insights::Insights;
 use crate::memory::MemoryLedger;
 use crate::options::{experiment_value, option_bool};
 use crate::pools::WorkerPools;
+use crate::savepoints::SavepointDir;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
@@ -116,6 +117,10 @@ pub(super) enum JobError {
     Durability(#[from] DurabilityError),
     #[error("cannot resume from the job's checkpoint: {0}")]
     Restore(#[from] SnapshotError),
+    /// The savepoint a new job asked to start from cannot be read (where,
+    /// what and why are in the text).
+    #[error("{0}")]
+    Savepoint(String),
 }
 
 impl JobError {
@@ -131,7 +136,10 @@ impl JobError {
                 EngineError::Spill { .. } | EngineError::OutputSpill { .. }
             ),
             JobError::Durability(DurabilityError::Store(StoreError::Backend(_))) => true,
-            JobError::Translate(_) | JobError::Durability(_) | JobError::Restore(_) => false,
+            JobError::Translate(_)
+            | JobError::Durability(_)
+            | JobError::Restore(_)
+            | JobError::Savepoint(_) => false,
         }
     }
 }
@@ -156,6 +164,8 @@ pub struct RefractRunner {
     /// Workers per environment the server was told to start, if it was
     /// (else pooled environments get their pools' capacity).
     asked_default_workers: Option<usize>,
+    /// Where jobs may start from savepoints; without it they may not.
+    savepoints: Option<Arc<SavepointDir>>,
 }
 
 impl RefractRunner {
@@ -174,7 +184,15 @@ impl RefractRunner {
             environment_preference: EnvironmentPreference::default(),
             pools: None,
             asked_default_workers: None,
+            savepoints: None,
         }
+    }
+
+    /// Let jobs start from savepoints in `dir` (`--experiments=
+    /// refract_savepoint=FILE`); without it, asking to fails the job.
+    pub fn with_savepoints(mut self, dir: Option<Arc<SavepointDir>>) -> Self {
+        self.savepoints = dir;
+        self
     }
 
     /// Start the workers of environments that `pools` serve on those
@@ -358,6 +376,7 @@ impl JobRunner for RefractRunner {
             memory: self.memory.clone(),
             spill: self.spill.clone(),
             environment_preference: self.environment_preference.clone(),
+            savepoints: self.savepoints.clone(),
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
@@ -419,6 +438,7 @@ impl JobRunner for RefractRunner {
                     span.end(job.state().as_str_name(), error.as_deref());
                 }
                 if let Some(durability) = durability {
+                    let durability_again = durability.clone();
                     let ended = job.clone();
                     let failed = error.is_some();
                     // The record goes first: a crash between the two then
@@ -437,12 +457,36 @@ impl JobRunner for RefractRunner {
                     })
                     .await;
                     if let Ok(Err(error)) = done {
-                        error!(%error, "cannot remove the ended job from the state store");
+                        error!(%error, "cannot mark the ended job ended in the state store; \
+                               trying again until it is (else the next start would resume it)");
+                        tokio::spawn(forget_until_done(durability_again, job.clone()));
                     }
                 }
             }
             .instrument(span),
         );
+    }
+}
+
+/// How often marking an ended job ended is tried again after it failed.
+const FORGET_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Tries to mark `job` ended in the state store until that works: while it
+/// is not, a restart would run the ended job again.
+async fn forget_until_done(durability: Arc<Durability>, job: Arc<Job>) {
+    loop {
+        tokio::time::sleep(FORGET_RETRY).await;
+        let (store, id) = (durability.clone(), job.id().to_string());
+        match tokio::task::spawn_blocking(move || store.forget(&id)).await {
+            Ok(Ok(())) => {
+                info!(job_id = %job.id(), "the ended job is marked ended in the state store");
+                return;
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(job_id = %job.id(), %error, "still cannot mark the ended job")
+            }
+            Err(_) => return,
+        }
     }
 }
 

@@ -19,13 +19,14 @@ use tracing::{info, warn};
 
 use super::workers::WorkerStart;
 use super::{bundle_attempts, JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
-use crate::durability::{Durability, DurabilityError};
+use crate::durability::Durability;
 use crate::harness_executor::HarnessExecutor;
 use crate::insights::JobView;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::options::{experiment_value, has_experiment, option_bool};
 use crate::output_spill::OutputSpill;
 use crate::pools::WorkerPools;
+use crate::savepoints::SavepointDir;
 use crate::telemetry::BundleRecorder;
 use crate::worker_set::WorkerSet;
 
@@ -70,6 +71,8 @@ pub(super) struct JobResources {
     pub(super) spill: Option<Arc<dyn SpillStore>>,
     /// Which alternative of an AnyOf environment to start.
     pub(super) environment_preference: EnvironmentPreference,
+    /// Where savepoints to start from are, if the server has a place.
+    pub(super) savepoints: Option<Arc<SavepointDir>>,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -89,6 +92,7 @@ pub(super) async fn run_job(
         memory,
         spill,
         environment_preference,
+        savepoints,
     } = resources;
     let JobWatchers {
         stats,
@@ -116,11 +120,7 @@ pub(super) async fn run_job(
         &latest_checkpoint,
         experiment_value(job.options(), SAVEPOINT_EXPERIMENT),
     ) {
-        let file = std::path::PathBuf::from(&path);
-        let parts = tokio::task::spawn_blocking(move || refract_store::read_savepoint(&file))
-            .await
-            .map_err(|e| EngineError::InvalidPlan(format!("reading the savepoint: {e}")))?
-            .map_err(DurabilityError::from)?;
+        let parts = read_savepoint(&job, savepoints, &path).await?;
         job.message(
             MessageImportance::JobMessageBasic,
             format!("starting from savepoint {path}"),
@@ -374,6 +374,31 @@ pub(super) async fn run_job(
         fn_server.forget_descriptor(&id);
     }
     result
+}
+
+/// The parts of the savepoint a new job asked to start from, read from
+/// the server's savepoint directory only; a cancel while it is read ends
+/// the job at once.
+async fn read_savepoint(
+    job: &Job,
+    savepoints: Option<Arc<SavepointDir>>,
+    requested: &str,
+) -> Result<Vec<(String, bytes::Bytes)>, JobError> {
+    let Some(dir) = savepoints else {
+        return Err(JobError::Savepoint(format!(
+            "savepoint '{requested}' refused: this server has no savepoint directory \
+             (--savepoint_dir)"
+        )));
+    };
+    let name = requested.to_string();
+    let reading = tokio::task::spawn_blocking(move || dir.read(&name));
+    let mut cancel = job.cancel_requested();
+    tokio::select! {
+        read = reading => read
+            .map_err(|e| EngineError::InvalidPlan(format!("reading the savepoint: {e}")))?
+            .map_err(JobError::Savepoint),
+        _ = cancel.wait_for(|c| *c) => Err(EngineError::Cancelled.into()),
+    }
 }
 
 /// The job's share of the server's memory (`None` inside: no ledger),

@@ -298,7 +298,7 @@ struct Starter {
     provision: ProvisionInfo,
     job: Arc<Job>,
     origins: Arc<HashMap<String, (String, String)>>,
-    /// Worker ids are `{prefix}-w{n}`.
+    /// Worker ids are `{prefix}-w{n}` and a secret suffix.
     prefix: String,
 }
 
@@ -313,10 +313,11 @@ impl Starter {
     ) -> Result<Arc<refract_sdk_harness::Worker>, HarnessError> {
         // A pool that failed may still start the worker late: a new try
         // takes a new id, so that worker finds nobody waiting for it.
-        let worker_id = match attempt {
+        let name = match attempt {
             0 => format!("{}-w{w}", self.prefix),
             a => format!("{}-w{w}-t{a}", self.prefix),
         };
+        let worker_id = refract_sdk_harness::unguessable_worker_id(&name)?;
         let config = WorkerConfig {
             worker_id,
             environment,

@@ -15,6 +15,11 @@
 //!   another origin only after a CORS preflight, which this server never
 //!   approves; a form or `text/plain` POST from another page cannot carry
 //!   it. The page itself and `refract savepoint` send it.
+//!
+//! Other users of the machine are kept off as on the server's other ports
+//! ([`refract_peercred::PeerGate`], `--local_peers`): the UI shows job logs
+//! and cancels jobs. Its connections are checked per request, since axum
+//! accepts them itself.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -63,6 +68,37 @@ fn host_name(host: &str) -> &str {
     match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host,
+    }
+}
+
+/// Who may connect, and the port they connect to.
+#[derive(Debug, Clone)]
+pub struct PeerCheck {
+    /// The gate of `--local_peers`.
+    pub gate: refract_peercred::PeerGate,
+    /// The UI's port.
+    pub port: u16,
+}
+
+/// The middleware for the local-user rule: a request over a connection of
+/// another user of this host is refused before any handler runs.
+pub async fn check_peer(
+    State(peers): State<PeerCheck>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match peers.gate.check(peer, peers.port) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            tracing::warn!(%peer, path = %request.uri().path(), "web UI request refused: {refusal}");
+            (
+                StatusCode::FORBIDDEN,
+                "only the user who started this Refract server may use its web UI \
+                 (refract serve --local_peers)",
+            )
+                .into_response()
+        }
     }
 }
 

@@ -69,6 +69,8 @@ pub struct UiSettings {
     pub allowed_hosts: AllowedHosts,
     /// Where savepoints may be written; without it they are refused.
     pub savepoints: Option<Arc<SavepointDir>>,
+    /// Which users of this host may use it (see [`guard`]).
+    pub local_peers: refract_peercred::LocalPeers,
 }
 
 /// What the handlers share: a channel to the job service, the jobs'
@@ -93,6 +95,10 @@ pub async fn serve(
     let channel = Endpoint::from_shared(format!("http://{job_endpoint}"))
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?
         .connect_lazy();
+    let peers = guard::PeerCheck {
+        gate: refract_peercred::PeerGate::new(settings.local_peers, "web UI"),
+        port: listener.local_addr()?.port(),
+    };
     let ui = Ui {
         channel,
         insights,
@@ -110,7 +116,12 @@ pub async fn serve(
         .layer(axum::middleware::from_fn_with_state(
             settings.allowed_hosts,
             guard::check,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            peers,
+            guard::check_peer,
         ));
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

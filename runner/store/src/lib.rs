@@ -138,6 +138,11 @@ fn state_key(job: &str, key: &[u8]) -> Vec<u8> {
     full
 }
 
+/// The mark of a job that ended for good, until what it kept is removed.
+fn ended_key(job: &str) -> Vec<u8> {
+    format!("e/{job}").into_bytes()
+}
+
 fn manifest_key(job: &str) -> Vec<u8> {
     format!("m/{job}").into_bytes()
 }
@@ -228,10 +233,29 @@ impl Store {
             .collect())
     }
 
-    /// Forgets `job`: its record, manifest and parts.
+    /// Marks `job` as ended for good, in one small durable write, before
+    /// what it kept is removed: if the removal fails (a full disk), the
+    /// mark still says the job must not run again ([`Self::ended_jobs`]).
+    pub fn mark_ended(&self, job: &str) -> Result<(), StoreError> {
+        self.kv
+            .write(vec![(ended_key(job), Bytes::new())], Vec::new())
+    }
+
+    /// The jobs marked ended whose removal has not happened yet.
+    pub fn ended_jobs(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .kv
+            .scan(b"e/")?
+            .into_iter()
+            .map(|(k, _)| String::from_utf8_lossy(&k[2..]).into_owned())
+            .collect())
+    }
+
+    /// Forgets `job`: its record, manifest, parts, state and ended mark.
     pub fn remove_job(&self, job: &str) -> Result<(), StoreError> {
         let deletes = vec![
             Deletion::Key(job_key(job)),
+            Deletion::Key(ended_key(job)),
             Deletion::Key(manifest_key(job)),
             Deletion::Prefix(format!("p/{job}/").into_bytes()),
             Deletion::Prefix(state_prefix(job)),

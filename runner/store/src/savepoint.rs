@@ -69,6 +69,47 @@ pub fn write_savepoint(path: &Path, parts: &[(String, Bytes)]) -> Result<u64, St
     written.map(|()| out.len() as u64)
 }
 
+/// The bytes of the regular file at `path`, refusing anything else before
+/// reading: opened without following a symlink and without waiting (a
+/// FIFO opens at once instead of waiting for a writer), then its type and
+/// size are taken from the open file itself, so nothing can be swapped in
+/// between the check and the read.
+fn read_regular_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| io(path, "opening", e))?;
+    let meta = file.metadata().map_err(|e| io(path, "reading", e))?;
+    if !meta.is_file() {
+        return Err(StoreError::Backend(format!(
+            "savepoint {} is not a regular file",
+            path.display()
+        )));
+    }
+    if meta.len() > max_bytes {
+        return Err(StoreError::Backend(format!(
+            "savepoint {} is {} bytes, over the limit of {max_bytes} (--max_savepoint_bytes)",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // The file may grow after the check: read no more than the limit.
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io(path, "reading", e))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(StoreError::Backend(format!(
+            "savepoint {} grew past the limit of {max_bytes} bytes while it was read",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
 /// A fresh name beside `path` for the file being written.
 fn partial_path(path: &Path) -> std::path::PathBuf {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -79,9 +120,11 @@ fn partial_path(path: &Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.{}-{n}.partial", std::process::id()))
 }
 
-/// Reads the savepoint at `path`.
-pub fn read_savepoint(path: &Path) -> Result<Vec<(String, Bytes)>, StoreError> {
-    let bytes = std::fs::read(path).map_err(|e| io(path, "reading", e))?;
+/// Reads the savepoint at `path`, which must be a regular file of at most
+/// `max_bytes` (not a symlink, a FIFO or a device, which could make the
+/// read block or never end).
+pub fn read_savepoint(path: &Path, max_bytes: u64) -> Result<Vec<(String, Bytes)>, StoreError> {
+    let bytes = read_regular_file(path, max_bytes)?;
     if bytes.len() < MAGIC.len() + 4 + 32 || &bytes[..MAGIC.len()] != MAGIC {
         return Err(corrupt(path, "not a Refract savepoint"));
     }
@@ -148,15 +191,43 @@ mod tests {
         ];
         let size = write_savepoint(&path, &parts).unwrap();
         assert_eq!(size, std::fs::metadata(&path).unwrap().len());
-        assert_eq!(read_savepoint(&path).unwrap(), parts);
+        assert_eq!(read_savepoint(&path, u64::MAX).unwrap(), parts);
+        let error = read_savepoint(&path, size - 1).unwrap_err().to_string();
+        assert!(error.contains("over the limit"), "{error}");
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[20] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let error = read_savepoint(&path).unwrap_err().to_string();
+        let error = read_savepoint(&path, u64::MAX).unwrap_err().to_string();
         assert!(error.contains("checksum"), "{error}");
         std::fs::write(&path, b"hello").unwrap();
-        let error = read_savepoint(&path).unwrap_err().to_string();
+        let error = read_savepoint(&path, u64::MAX).unwrap_err().to_string();
         assert!(error.contains("not a Refract savepoint"), "{error}");
+    }
+
+    #[test]
+    fn only_regular_files_are_read_as_savepoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let parts = vec![("engine".to_string(), Bytes::from_static(b"e"))];
+        let real = dir.path().join("real");
+        write_savepoint(&real, &parts).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(read_savepoint(&link, u64::MAX).is_err(), "a symlink");
+        // A FIFO with no writer: opening it for reading would block.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let error = read_savepoint(&fifo, u64::MAX).unwrap_err().to_string();
+            assert!(error.contains("not a regular file"), "{error}");
+        }
+        let error = read_savepoint(dir.path(), u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not a regular file"), "{error}");
+        let error = read_savepoint(Path::new("/dev/zero"), u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not a regular file"), "{error}");
     }
 
     #[test]

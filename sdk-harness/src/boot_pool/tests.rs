@@ -49,7 +49,12 @@ impl Served {
 }
 
 async fn serve(boot: PathBuf, max_workers: usize) -> Served {
-    let pool = BootPool::new(BootPoolConfig { boot, max_workers }).unwrap();
+    let pool = BootPool::new(BootPoolConfig {
+        boot,
+        max_workers,
+        local_peers: refract_peercred::LocalPeers::SameUser,
+    })
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -261,6 +266,7 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
     let missing = BootPool::new(BootPoolConfig {
         boot: dir.path().join("nope"),
         max_workers: 1,
+        local_peers: refract_peercred::LocalPeers::SameUser,
     });
     assert!(missing.err().unwrap().to_string().contains("nope"));
     let plain = dir.path().join("plain.sh");
@@ -268,6 +274,7 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
     let refused = BootPool::new(BootPoolConfig {
         boot: plain,
         max_workers: 1,
+        local_peers: refract_peercred::LocalPeers::SameUser,
     });
     assert!(refused
         .err()

@@ -39,9 +39,24 @@ impl ArtifactRetrievalService for ArtifactService {
         &self,
         request: Request<ResolveArtifactsRequest>,
     ) -> Result<Response<ResolveArtifactsResponse>, Status> {
-        // Artifacts were resolved when they were staged; echo them.
+        // Artifacts were resolved when they were staged: a worker's own
+        // are echoed, and naming any other is refused, so that a worker
+        // learns nothing about what other jobs staged.
+        let link = self.hub.link_for(&request)?;
+        let artifacts = request.into_inner().artifacts;
+        if let Some(unknown) = artifacts
+            .iter()
+            .find(|a| link.artifacts().open(a).is_none())
+        {
+            return Err(Status::not_found(format!(
+                "worker {} has no artifact {} ({} payload bytes)",
+                link.id(),
+                unknown.type_urn,
+                unknown.type_payload.len()
+            )));
+        }
         Ok(Response::new(ResolveArtifactsResponse {
-            replacements: request.into_inner().artifacts,
+            replacements: artifacts,
         }))
     }
 

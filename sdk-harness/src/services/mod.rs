@@ -1,7 +1,9 @@
 //! The gRPC services of the shared Fn API server. Each one routes every call
-//! to a worker through the `worker_id` header (see [`crate::hub::Hub`]).
+//! to a worker through the `worker_id` header (see [`crate::hub::Hub`]),
+//! checked before the call's body is read ([`caller::CallerCheck`]).
 
 pub(crate) mod artifact;
+pub(crate) mod caller;
 pub(crate) mod control;
 pub(crate) mod data;
 pub(crate) mod logging;

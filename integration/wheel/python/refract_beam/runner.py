@@ -148,7 +148,7 @@ class RefractJobServer(job_server.SubprocessJobServer):
     # Printed once: the server serves every later pipeline of the process.
     print(
         f'Refract is running pipelines of this process; its web UI is at '
-        f'http://localhost:{ui_port}/',
+        f'http://127.0.0.1:{ui_port}/',
         file=sys.stderr,
         flush=True)
     cmd = [
@@ -161,7 +161,7 @@ class RefractJobServer(job_server.SubprocessJobServer):
         '--log_kind',
         'json',
     ]
-    return cmd, f'localhost:{job_port}'
+    return cmd, f'127.0.0.1:{job_port}'
 
 
 _checked = {}

@@ -78,10 +78,10 @@ final class RefractServer {
     Runtime.getRuntime().addShutdownHook(new Thread(process::destroy, "refract-server-stop"));
     awaitListening(process, jobPort, command, log);
     System.err.printf(
-        "Refract is running pipelines of this JVM; its web UI is at http://localhost:%d/ "
+        "Refract is running pipelines of this JVM; its web UI is at http://127.0.0.1:%d/ "
             + "(log: %s)%n",
         uiPort, log);
-    return new RefractServer(process, "localhost:" + jobPort, binary);
+    return new RefractServer(process, "127.0.0.1:" + jobPort, binary);
   }
 
   private static void awaitListening(
