@@ -1063,6 +1063,23 @@ def test_pool_added_mid_job(cluster):
 
 # --- refract worker-pool --------------------------------------------------------
 
+# A StartWorker call with no token (argv[1]: the pool); prints the status.
+START_WORKER_WITHOUT_TOKEN = """
+import sys, grpc
+from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
+from apache_beam.portability.api import endpoints_pb2
+stub = beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(
+    grpc.insecure_channel(sys.argv[1]))
+url = endpoints_pb2.ApiServiceDescriptor(url='127.0.0.1:1')
+try:
+  stub.StartWorker(beam_fn_api_pb2.StartWorkerRequest(
+      worker_id='intruder', control_endpoint=url, provision_endpoint=url),
+      timeout=30)
+  print('SERVED')
+except grpc.RpcError as e:
+  print(e.code().name)
+"""
+
 REFRACT_POOL_PORT = 50300
 
 
@@ -1087,6 +1104,10 @@ def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
   go_boot = common_sh('refract_go_boot_bin')
   go_wordcount = common_sh('refract_go_wordcount_bin')
   make_wordcount_input(tmp_path / 'words.txt')
+  # The server and its pools share a token; calls without it are refused.
+  token_file = tmp_path / 'pool-token'
+  token_file.write_text('%s\n' % os.urandom(16).hex())
+  token_file.chmod(0o600)
   with netns_hosts.VirtualHosts(['runner', 'h1', 'h2']) as hosts:
     cluster = Cluster(hosts, pools_bin, tmp_path)
     request.node.refract_processes = cluster.processes
@@ -1098,13 +1119,14 @@ def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
       cwd.mkdir()
       pools[sdk] = cluster.start(
           host, [pools_bin, 'worker-pool', '--host', '0.0.0.0', '--port',
-                 REFRACT_POOL_PORT, '--boot', boot],
+                 REFRACT_POOL_PORT, '--boot', boot, '--token_file', str(token_file)],
           'refract worker-pool (%s)' % sdk, 'pool-refract-%s.log' % sdk,
           cwd=str(cwd))
       host.wait_listening(REFRACT_POOL_PORT, pools[sdk].proc, timeout_s=30)
     server = cluster.serve(
         JOB_PORT, '--worker_pool', 'go=%s:%d' % (h1.address, REFRACT_POOL_PORT),
-        '--worker_pool', 'python=%s:%d' % (h2.address, REFRACT_POOL_PORT))
+        '--worker_pool', 'python=%s:%d' % (h2.address, REFRACT_POOL_PORT),
+        '--worker_pool_token_file', str(token_file))
 
     counts = tmp_path / 'go-counts.txt'
     go_run = cluster.runner.run(
@@ -1123,6 +1145,15 @@ def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
     assert read_lines(output) == expected_wordcount(tmp_path / 'words.txt')
     assert set(worker_hosts(cluster, output)) == {'h2'}, worker_hosts(
         cluster, output)
+
+    # Another host's caller without the token is refused before anything
+    # runs.
+    anonymous = cluster.runner.run(
+        [sys.executable, '-c', START_WORKER_WITHOUT_TOKEN,
+         '%s:%d' % (h2.address, REFRACT_POOL_PORT)],
+        env=host_env(), timeout=60)
+    assert anonymous.returncode == 0, anonymous.stderr[-4000:]
+    assert anonymous.stdout.strip() == 'UNAUTHENTICATED', anonymous.stdout
 
     started = {sdk: pool.log_text().count('starting worker')
                for sdk, pool in pools.items()}

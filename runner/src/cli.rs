@@ -108,6 +108,11 @@ pub struct WorkerPoolArgs {
     /// told apart by the kernel's socket tables) or `anyone`.
     #[arg(long = "local_peers", value_enum, default_value_t = LocalPeersArg::SameUser)]
     pub local_peers: LocalPeersArg,
+    /// A file (mode 600) holding a token of at least 16 characters that
+    /// every caller must show (`serve --worker_pool_token_file` with the
+    /// same token); without it, any caller the port admits is served.
+    #[arg(long = "token_file")]
+    pub token_file: Option<PathBuf>,
     /// Workers running at once; more are refused (default: four per core).
     #[arg(long = "max_workers", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: Option<usize>,
@@ -292,6 +297,10 @@ pub struct ServeArgs {
     /// serve start their workers there; others start as before.
     #[arg(long = "worker_pool")]
     pub worker_pool: Vec<crate::pools::PoolSpec>,
+    /// A file (mode 600) holding the token `refract worker-pool
+    /// --token_file` was given: every call to a worker pool carries it.
+    #[arg(long = "worker_pool_token_file")]
+    pub worker_pool_token_file: Option<PathBuf>,
     /// SDK workers started per environment of a job when the job's own
     /// `--sdk_worker_parallelism` option is 0, or 1 (Python's default)
     /// when this flag is set (0 here: one per core, or as many as the
@@ -336,6 +345,12 @@ pub struct ServeArgs {
     /// keeps up (bundles committed meanwhile share the next write).
     #[arg(long = "checkpoint_interval", default_value = "5s")]
     pub checkpoint_interval: String,
+    /// Checkpoint writes that may fail in a row (a full disk) before the
+    /// job stops, keeping its latest written checkpoint: a streaming job
+    /// then starts again from it with backoff, a batch job fails and can be
+    /// resumed. 0 (Flink's default): the first failure stops it.
+    #[arg(long = "tolerable_checkpoint_failures", default_value_t = 0)]
+    pub tolerable_checkpoint_failures: u32,
     /// Where staged artifacts are kept (default: `STATE_DIR/staging` with
     /// `--state_dir`, else a temporary directory).
     #[arg(long = "staging_dir")]

@@ -83,6 +83,8 @@ struct StagedRecord {
 pub struct Durability {
     store: Arc<Store>,
     interval: Duration,
+    /// Failed checkpoint writes in a row a job tolerates.
+    tolerable_failures: u32,
     /// Where ended jobs' histories are written (`STATE_DIR/history`).
     history_dir: PathBuf,
 }
@@ -96,8 +98,21 @@ impl Durability {
         Ok(Durability {
             store: Arc::new(Store::open(&state_dir.join("db"))?),
             interval,
+            tolerable_failures: 0,
             history_dir: state_dir.join("history"),
         })
+    }
+
+    /// The same store, whose jobs stop after more than `n` failed
+    /// checkpoint writes in a row (by default, after the first).
+    pub fn with_tolerable_failures(mut self, n: u32) -> Self {
+        self.tolerable_failures = n;
+        self
+    }
+
+    /// Failed checkpoint writes in a row a job tolerates.
+    pub fn tolerable_failures(&self) -> u32 {
+        self.tolerable_failures
     }
 
     /// How often running jobs checkpoint.
@@ -300,8 +315,9 @@ impl Durability {
     ///
     /// A failed write is loud: the job's message stream says why, and
     /// `view` counts it (the UI, `/metrics`, OTLP and `refract status`
-    /// show failures and the age of the latest written checkpoint). The
-    /// job goes on; its latest checkpoint stays the one to resume from.
+    /// show failures and the age of the latest written checkpoint). Its
+    /// latest checkpoint stays the one to resume from; the engine stops
+    /// the job once more writes failed in a row than tolerated.
     pub fn checkpoint_writer(&self, job: Arc<Job>, view: Arc<JobView>) -> CheckpointWriter {
         let (tx, mut rx) = mpsc::channel::<Vec<(String, Bytes)>>(1);
         let (report, progress) = watch::channel(CheckpointProgress::default());
@@ -318,9 +334,9 @@ impl Durability {
             job.message(
                 MessageImportance::JobMessageWarning,
                 format!(
-                    "a checkpoint could not be written: {error}. The job goes on; a restart \
-                     would resume it from {resume_from}, and checkpoints are retried with \
-                     backoff"
+                    "a checkpoint could not be written: {error}. A restart would resume the \
+                     job from {resume_from}; past --tolerable_checkpoint_failures in a row \
+                     the job stops"
                 ),
             );
             view.observe_checkpoint_failure(error);

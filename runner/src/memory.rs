@@ -76,18 +76,49 @@ pub fn default_budget() -> usize {
     }
 }
 
-/// The memory limit of this process's cgroup (v2): the lowest
-/// `memory.max` from its cgroup up to the root of the hierarchy at
-/// `root`; `None` without one (no cgroup v2, or no limit).
+/// The memory limit of this process's cgroup: the lowest limit from its
+/// cgroup up to the root of its hierarchy, in cgroup v2 (`memory.max`
+/// under `root`) and in v1's memory controller (`memory.limit_in_bytes`
+/// under `root/memory`, where systems with v1 or both mount it); `None`
+/// without one.
 fn cgroup_limit(self_cgroup: &Path, root: &Path) -> Option<usize> {
     let text = std::fs::read_to_string(self_cgroup).ok()?;
-    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?.trim();
-    let mut dir: PathBuf = root.join(path.trim_start_matches('/'));
+    let v2 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|path| lowest_limit(root, path, "memory.max"));
+    let v1 = text
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let _id = fields.next()?;
+            let controllers = fields.next()?;
+            let path = fields.next()?;
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then_some(path)
+        })
+        .and_then(|path| lowest_limit(&root.join("memory"), path, "memory.limit_in_bytes"));
+    match (v2, v1) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// v1 writes "no limit" as a number near `i64::MAX` (rounded to pages).
+const V1_UNLIMITED: usize = 1 << 62;
+
+/// The lowest of the `file` limits from `path` (a cgroup, as
+/// `/proc/self/cgroup` names it) up to `root`, the hierarchy's mount.
+fn lowest_limit(root: &Path, path: &str, file: &str) -> Option<usize> {
+    let mut dir: PathBuf = root.join(path.trim().trim_start_matches('/'));
     let mut lowest: Option<usize> = None;
     loop {
-        let limit = std::fs::read_to_string(dir.join("memory.max"))
+        let limit = std::fs::read_to_string(dir.join(file))
             .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&limit| limit < V1_UNLIMITED);
         if let Some(limit) = limit {
             lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
         }
@@ -266,6 +297,32 @@ mod tests {
         assert_eq!(cgroup_limit(&own, &root), Some(1 << 30));
         std::fs::write(&own, "12:memory:/v1-only\n").expect("w");
         assert_eq!(cgroup_limit(&own, &root), None);
+    }
+
+    #[test]
+    fn a_cgroup_v1_memory_limit_counts_too() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let root = dir.path().join("cgroup");
+        let v1 = root.join("memory");
+        let leaf = v1.join("docker/abc");
+        std::fs::create_dir_all(&leaf).expect("dirs");
+        // The root's "no limit", then the container's 512 MiB.
+        std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").expect("w");
+        std::fs::write(leaf.join("memory.limit_in_bytes"), "536870912\n").expect("w");
+        let own = dir.path().join("self-cgroup");
+        std::fs::write(
+            &own,
+            "4:cpu,cpuacct:/docker/abc\n9:memory:/docker/abc\n0::/\n",
+        )
+        .expect("w");
+        assert_eq!(cgroup_limit(&own, &root), Some(512 << 20));
+        // Unlimited everywhere: no limit.
+        std::fs::write(leaf.join("memory.limit_in_bytes"), "9223372036854771712\n").expect("w");
+        assert_eq!(cgroup_limit(&own, &root), None);
+        // Both hierarchies (a hybrid system): the lower limit.
+        std::fs::write(leaf.join("memory.limit_in_bytes"), "536870912\n").expect("w");
+        std::fs::write(root.join("memory.max"), "268435456\n").expect("w");
+        assert_eq!(cgroup_limit(&own, &root), Some(256 << 20));
     }
 
     #[test]

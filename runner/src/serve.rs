@@ -83,6 +83,9 @@ pub async fn start(
                 args.fn_api_port
             )
         })?;
+    if let Some(file) = &args.worker_pool_token_file {
+        fn_server.set_pool_token(Some(refract_sdk_harness::PoolToken::read_file(file)?));
+    }
     fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
         enabled: args.sdk_images_as_processes,
         python: args.sdk_python.clone(),
@@ -96,7 +99,8 @@ pub async fn start(
                 .map_err(anyhow::Error::msg)
                 .context("--checkpoint_interval")?;
             let durability = Durability::open(dir, every)
-                .with_context(|| format!("opening the state directory {}", dir.display()))?;
+                .with_context(|| format!("opening the state directory {}", dir.display()))?
+                .with_tolerable_failures(args.tolerable_checkpoint_failures);
             info!(state_dir = %dir.display(), checkpoint_interval = ?every, "keeping jobs durably");
             Some(Arc::new(durability))
         }

@@ -16,10 +16,22 @@ pub async fn run(
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let max_workers = args.max_workers.unwrap_or(cores * DEFAULT_WORKERS_PER_CORE);
+    let token = args
+        .token_file
+        .as_deref()
+        .map(refract_sdk_harness::PoolToken::read_file)
+        .transpose()?;
+    if token.is_none() {
+        tracing::warn!(
+            "no --token_file: any caller that reaches this pool's port can have it run the boot \
+             program"
+        );
+    }
     let pool = BootPool::new(BootPoolConfig {
         boot: args.boot.clone(),
         max_workers,
         local_peers: args.local_peers.into(),
+        token,
     })?;
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await

@@ -578,3 +578,69 @@ async fn savepoints_are_started_from_regular_files_in_the_savepoint_directory_on
         .assert_serving("savepoints that cannot be read")
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_large_prepares_is_read_a_few_at_a_time() {
+    // A server of its own, so that its memory is measured alone.
+    let server = common::ServerProcess::start(common::free_port(), &[]).await;
+    let pid = server.child.id();
+    let before = common::peak_rss_bytes_of(pid).expect("the server's status");
+    // Twelve Prepares of 48 MiB each, all at once, each refused when
+    // validated (an unknown URN), so none is kept: what the server holds
+    // at its peak is what it reads and decodes at once. Two at a time
+    // (the planning turns) grew it 285 MiB when measured; all of them at
+    // once (the gate taken out), 503 MiB.
+    const PAYLOAD: usize = 48 << 20;
+    const CALLS: usize = 12;
+    let mut p = Pipe::chain(1);
+    p.transform("hostile", "beam:transform:hostile:v1", &[], &[])
+        .spec
+        .as_mut()
+        .expect("a spec")
+        .payload = vec![7; PAYLOAD];
+    p.roots.push("hostile".into());
+    let pipeline = p.build();
+    let jobs = server
+        .jobs()
+        .await
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX);
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let (mut jobs, pipeline) = (jobs.clone(), pipeline.clone());
+            tokio::spawn(async move {
+                jobs.prepare(refract_proto::job_api::PrepareJobRequest {
+                    pipeline: Some(pipeline),
+                    pipeline_options: Some(Default::default()),
+                    job_name: "large".into(),
+                })
+                .await
+            })
+        })
+        .collect();
+    drop(pipeline);
+    for call in calls {
+        let status = call.await.expect("joined").expect_err("refused");
+        assert!(
+            status.message().contains("beam:transform:hostile:v1")
+                || status.code() == tonic::Code::ResourceExhausted,
+            "{status:?}"
+        );
+    }
+    let grown = common::peak_rss_bytes_of(pid).expect("status") - before;
+    eprintln!(
+        "{CALLS} Prepares of {} MiB at once: the server's peak grew {} MiB",
+        PAYLOAD >> 20,
+        grown >> 20
+    );
+    assert!(
+        grown < 7 * PAYLOAD as u64,
+        "the server's peak grew {} MiB",
+        grown >> 20
+    );
+    // The server serves on.
+    let mut jobs = server.jobs().await;
+    jobs.get_jobs(refract_proto::job_api::GetJobsRequest {})
+        .await
+        .expect("GetJobs");
+}

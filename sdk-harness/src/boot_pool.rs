@@ -16,8 +16,10 @@
 //!
 //! Whoever reaches the pool's port can have it run the boot program against
 //! a provision service of their choosing, and so run code: bind it to an
-//! address only the runner's network reaches. `max_workers` bounds how many
-//! processes one pool holds.
+//! address only the runner's network reaches, and give the pool and its
+//! server a shared token ([`crate::PoolToken`]), which every call must
+//! carry. `StopWorker` needs the worker's id, which Refract's servers make
+//! unguessable. `max_workers` bounds how many processes one pool holds.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -51,6 +53,9 @@ pub struct BootPoolConfig {
     /// Which users of this host may call the pool: a caller chooses what
     /// the boot program runs.
     pub local_peers: refract_peercred::LocalPeers,
+    /// The token every call must carry (`--token_file`); without it, any
+    /// caller the port admits is served.
+    pub token: Option<crate::PoolToken>,
 }
 
 /// One running worker, with a number telling it from a later worker that
@@ -213,6 +218,9 @@ impl BeamFnExternalWorkerPool for BootPool {
         &self,
         request: Request<StartWorkerRequest>,
     ) -> Result<Response<StartWorkerResponse>, Status> {
+        if let Some(token) = &self.config.token {
+            token.check(request.metadata())?;
+        }
         let request = request.into_inner();
         let id = request.worker_id.clone();
         let error = match self.start(request).await {
@@ -229,6 +237,9 @@ impl BeamFnExternalWorkerPool for BootPool {
         &self,
         request: Request<StopWorkerRequest>,
     ) -> Result<Response<StopWorkerResponse>, Status> {
+        if let Some(token) = &self.config.token {
+            token.check(request.metadata())?;
+        }
         let id = request.into_inner().worker_id;
         let running = self.workers.lock().running.remove(&id);
         if let Some(running) = running {

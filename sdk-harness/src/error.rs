@@ -29,6 +29,14 @@ pub enum HarnessError {
     /// A worker pool's gRPC server stopped with an error.
     #[error("the worker pool's server failed: {0}")]
     PoolServer(String),
+    /// A worker pool token file cannot be used.
+    #[error("the worker pool token file {path}: {reason}")]
+    PoolToken {
+        /// The file, as given.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A worker id was used twice; ids route every gRPC call, so they must be unique.
     #[error("a worker with id {0:?} already exists")]
     DuplicateWorker(String),

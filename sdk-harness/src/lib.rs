@@ -26,6 +26,7 @@ mod framing;
 mod hub;
 mod inflight;
 mod link;
+mod pool_token;
 mod server;
 mod services;
 mod worker;
@@ -37,6 +38,7 @@ pub use config::{
 };
 pub use environment::{BeamSdk, HostHarnesses};
 pub use error::{BundleError, HarnessError};
+pub use pool_token::{PoolToken, POOL_TOKEN_HEADER};
 pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WORKER_LIVENESS_TIMEOUT};
 pub use worker::Worker;
 

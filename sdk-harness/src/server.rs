@@ -24,6 +24,7 @@ use crate::environment::{self, ExitReport, HostHarnesses, Launched};
 use crate::error::HarnessError;
 use crate::hub::Hub;
 use crate::link::{LinkStatus, WorkerLink};
+use crate::pool_token::PoolToken;
 use crate::services::{
     artifact::ArtifactService, caller::CallerCheck, control::ControlService, data::DataService,
     logging::LoggingService, provision::ProvisionServiceImpl, state::StateService,
@@ -53,6 +54,8 @@ pub struct FnApiServer {
     connect_timeout_ms: AtomicU64,
     /// How DOCKER environments run when no Docker engine is reachable.
     host_harnesses: parking_lot::RwLock<Arc<HostHarnesses>>,
+    /// What StartWorker and StopWorker calls to worker pools carry.
+    pool_token: parking_lot::RwLock<Option<PoolToken>>,
 }
 
 /// Default for [`FnApiServer::start_with`]'s liveness bound.
@@ -172,6 +175,7 @@ impl FnApiServer {
             url,
             connect_timeout_ms: AtomicU64::new(millis(DEFAULT_CONNECT_TIMEOUT)),
             host_harnesses: parking_lot::RwLock::new(Arc::default()),
+            pool_token: parking_lot::RwLock::new(None),
         }))
     }
 
@@ -203,6 +207,12 @@ impl FnApiServer {
         *self.host_harnesses.write() = Arc::new(hosts);
     }
 
+    /// Sends `token` with every call to a worker pool (Refract's pools
+    /// given the same token refuse calls without it; Beam's ignore it).
+    pub fn set_pool_token(&self, token: Option<PoolToken>) {
+        *self.pool_token.write() = token;
+    }
+
     fn host_harnesses(&self) -> Arc<HostHarnesses> {
         self.host_harnesses.read().clone()
     }
@@ -217,14 +227,22 @@ impl FnApiServer {
         let timeout = self.connect_timeout();
         let link = WorkerLink::new(&cfg, &self.url);
         self.endpoint.hub().add(Arc::clone(&link))?;
-        let launched =
-            match environment::launch(&cfg, &self.url, timeout, &self.host_harnesses()).await {
-                Ok(launched) => launched,
-                Err(e) => {
-                    self.abandon(&link, &e);
-                    return Err(e);
-                }
-            };
+        let token = self.pool_token.read().clone();
+        let launched = match environment::launch(
+            &cfg,
+            &self.url,
+            timeout,
+            &self.host_harnesses(),
+            token,
+        )
+        .await
+        {
+            Ok(launched) => launched,
+            Err(e) => {
+                self.abandon(&link, &e);
+                return Err(e);
+            }
+        };
         if let Err(e) = wait_connected(&link, &launched, &self.url, timeout).await {
             self.abandon(&link, &e);
             launched.stop().await;

@@ -168,3 +168,47 @@ async fn failed_writes_make_the_next_attempt_wait_longer() {
         );
     }
 }
+
+/// Runs the stepped source, checkpointing after every commit to a writer
+/// that fails every write, tolerating `tolerable` failures in a row.
+async fn run_with_failing_writes(tolerable: u32) -> (Result<(), String>, usize) {
+    let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
+    let (tx, rx) = mpsc::channel(1);
+    let (report, progress) = watch::channel(CheckpointProgress::default());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let writer = tokio::spawn(fail_every_write(rx, report, log.clone()));
+    let (_cancel, cancelled) = watch::channel(false);
+    let result = Engine::builder(
+        plan,
+        Arc::new(Sdk),
+        EngineConfig::default(),
+        "c",
+        Arc::new(|| 0),
+    )
+    .tolerable_checkpoint_failures(tolerable)
+    .checkpoints(Duration::ZERO, tx, Some(progress))
+    .build()
+    .expect("a valid plan")
+    .run(cancelled)
+    .await;
+    writer.await.expect("the writer ends");
+    let attempts = log.lock().len();
+    (result.map(|_| ()).map_err(|e| e.to_string()), attempts)
+}
+
+#[tokio::test(start_paused = true)]
+async fn checkpoint_failures_past_the_tolerated_count_stop_the_job() {
+    for tolerable in [0, 2] {
+        let (result, attempts) = run_with_failing_writes(tolerable).await;
+        let error = result.expect_err("checkpoints keep failing");
+        assert!(
+            error.contains(&format!(
+                "{} checkpoints in a row could not be written, more than the {tolerable} \
+                 tolerated",
+                tolerable + 1
+            )),
+            "{error}"
+        );
+        assert_eq!(attempts, tolerable as usize + 1);
+    }
+}

@@ -44,13 +44,15 @@ pub struct JobServiceConfig {
     /// Staged files of jobs that have not ended survive a shutdown (the
     /// runner keeps the jobs durably and resumes them on the next start).
     pub keep_unfinished_artifacts: bool,
-    /// Pipelines validated at once by `Prepare`: validation plans the whole
-    /// pipeline, so its memory grows with the pipeline's size, and many at
-    /// once could take the server's memory.
+    /// Pipelines planned at once: `Prepare`s decoded and validated, and
+    /// jobs translated when they run, share these turns. Planning holds
+    /// the whole pipeline several times over, so many at once could take
+    /// the server's memory. A `Prepare` takes its turn before its request
+    /// is read.
     pub max_concurrent_prepares: usize,
-    /// `Prepare` requests that may wait for one of those slots; more are
-    /// refused with `RESOURCE_EXHAUSTED` (each waiting one holds its
-    /// pipeline in memory).
+    /// `Prepare` requests that may wait for a turn; more are refused with
+    /// `RESOURCE_EXHAUSTED` (a waiting one holds only its connection and
+    /// its stream's flow-control window, 64 KiB).
     pub max_waiting_prepares: usize,
     /// Bytes one job may stage in all (its artifacts); staging past it
     /// fails the job with a message saying so.

@@ -35,6 +35,8 @@ pub(crate) struct JobSettings {
     pub message_retention: MessageRetention,
     /// Keep staged files after the job ends.
     pub retain_artifacts: bool,
+    /// Where it takes its turn to be translated.
+    pub planning: std::sync::Arc<crate::planning::PlanningSlots>,
 }
 
 /// One submitted job, shared between the job service and the runner. The
@@ -59,6 +61,8 @@ pub struct Job {
     created_ms: u64,
     /// When it reached a terminal state, in ms since the epoch; 0 before.
     ended_ms: std::sync::atomic::AtomicU64,
+    /// The server's planning turns, shared with `Prepare`.
+    planning: std::sync::Arc<crate::planning::PlanningSlots>,
 }
 
 impl std::fmt::Debug for Job {
@@ -99,7 +103,16 @@ impl Job {
             durable: std::sync::atomic::AtomicBool::new(false),
             created_ms: now_ms(),
             ended_ms: std::sync::atomic::AtomicU64::new(0),
+            planning: settings.planning,
         }
+    }
+
+    /// A turn to translate this job's pipeline, from the turns `Prepare`
+    /// validates pipelines with: planning holds the pipeline several
+    /// times over, so only a few are planned at once, however many jobs
+    /// are run. `None` if the server is shutting down.
+    pub async fn planning_turn(&self) -> Option<crate::PlanningTurn> {
+        self.planning.turn_after_others().await
     }
 
     /// Notes that the job is kept in a state directory, so that a failure

@@ -13,11 +13,13 @@
 mod admin;
 mod artifacts;
 mod config;
+mod decode_gate;
 mod error;
 mod event_log;
 mod job;
 mod job_state;
 mod metrics;
+mod planning;
 pub mod redact;
 mod registry;
 mod runner;
@@ -36,6 +38,7 @@ pub use job_state::{is_terminal, JobState};
 pub use metrics::{
     decode_int_metric, IntMetric, JobMetrics, DISTRIBUTION_INT64, LATEST_INT64, SUM_INT64,
 };
+pub use planning::PlanningTurn;
 pub use registry::is_safe_job_id;
 pub use runner::JobRunner;
 pub use server::serve;

@@ -11,6 +11,7 @@ use refract_proto::prost_types;
 
 use crate::event_log::MessageRetention;
 use crate::job::{Job, JobSettings};
+use crate::planning::PlanningSlots;
 
 /// Longest prefix of the job name kept in a job id.
 const MAX_NAME_PREFIX: usize = 40;
@@ -21,7 +22,12 @@ pub(crate) struct JobRegistry {
     message_retention: MessageRetention,
     retain_artifacts: bool,
     jobs: RwLock<Table>,
+    /// Where its jobs take turns to be translated.
+    planning: Arc<PlanningSlots>,
 }
+
+/// Translations at once of a table given no [`PlanningSlots`] of its own.
+const DEFAULT_PLANNING_TURNS: usize = 2;
 
 #[derive(Default)]
 struct Table {
@@ -65,7 +71,15 @@ impl JobRegistry {
             message_retention,
             retain_artifacts,
             jobs: RwLock::new(Table::default()),
+            planning: Arc::new(PlanningSlots::new(DEFAULT_PLANNING_TURNS, 0)),
         }
+    }
+
+    /// The same table, whose jobs take their translation turns from
+    /// `planning` (shared with `Prepare`).
+    pub(crate) fn with_planning(mut self, planning: Arc<PlanningSlots>) -> Self {
+        self.planning = planning;
+        self
     }
 
     fn settings(&self, id: &str) -> JobSettings {
@@ -73,6 +87,7 @@ impl JobRegistry {
             artifact_dir: self.staging_root.join(staging_dir_name(id)),
             message_retention: self.message_retention,
             retain_artifacts: self.retain_artifacts,
+            planning: Arc::clone(&self.planning),
         }
     }
 

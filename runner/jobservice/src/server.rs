@@ -12,6 +12,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::AdminService;
+use crate::decode_gate::DecodeGate;
+use crate::planning::PlanningSlots;
 use crate::registry::{JobRegistry, Retention};
 use crate::service::JobServiceImpl;
 use crate::staging::StagingService;
@@ -34,21 +36,24 @@ pub async fn serve(
     let endpoint = advertised_endpoint(local, config.advertised_host.as_deref());
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let registry = Arc::new(JobRegistry::new(
-        staging_root.clone(),
-        config.message_retention,
-        config.retain_artifacts,
+    let planning = Arc::new(PlanningSlots::new(
+        config.max_concurrent_prepares,
+        config.max_waiting_prepares,
     ));
+    let registry = Arc::new(
+        JobRegistry::new(
+            staging_root.clone(),
+            config.message_retention,
+            config.retain_artifacts,
+        )
+        .with_planning(Arc::clone(&planning)),
+    );
     let jobs = JobServiceImpl::new(
         Arc::clone(&registry),
         Arc::clone(&runner),
         endpoint.clone(),
         config.pipeline_options.clone(),
         stop_rx.clone(),
-        crate::service::PrepareSlots::new(
-            config.max_concurrent_prepares,
-            config.max_waiting_prepares,
-        ),
     );
     let staging = StagingService::new(
         Arc::clone(&registry),
@@ -94,11 +99,19 @@ pub async fn serve(
     );
     let limit = config.max_message_bytes;
     let result = Server::builder()
-        .add_service(
+        // A Prepare waiting for its turn leaves up to a stream window of
+        // its bytes unread, and unread bytes hold the connection's window
+        // too: that window must have room for every waiting and running
+        // Prepare, or one waiting call would stall the others sharing its
+        // connection (the ones it waits for among them).
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(connection_window(&config))
+        .add_service(DecodeGate::new(
             JobServiceServer::new(jobs)
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
-        )
+            planning,
+        ))
         .add_service(
             ArtifactStagingServiceServer::new(staging)
                 .max_decoding_message_size(limit)
@@ -120,6 +133,22 @@ pub async fn serve(
         }
     }
     result.map_err(JobServiceError::from)
+}
+
+/// Bytes a client may send on one stream before the server reads them.
+const STREAM_WINDOW_BYTES: u32 = 1 << 20;
+
+/// Bytes a client may send on one connection before the server reads
+/// them: a stream window for each Prepare that may run or wait, and room
+/// for the other calls.
+fn connection_window(config: &JobServiceConfig) -> u32 {
+    let streams = config
+        .max_concurrent_prepares
+        .saturating_add(config.max_waiting_prepares)
+        .saturating_add(4);
+    u32::try_from(streams)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(STREAM_WINDOW_BYTES)
 }
 
 /// Applies the job table's rules every `housekeeping_interval` until the

@@ -15,8 +15,7 @@ use refract_proto::job_api::{
 use refract_proto::pipeline::ApiServiceDescriptor;
 use refract_proto::prost::Message;
 use refract_proto::tonic::{self, Request, Response, Status};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio::sync::{watch, Semaphore, SemaphorePermit};
+use tokio::sync::watch;
 
 use crate::job::{Job, StagingStatus};
 use crate::registry::JobRegistry;
@@ -40,46 +39,6 @@ pub(crate) struct JobServiceImpl {
     staging_endpoint: String,
     pipeline_options: Vec<PipelineOptionDescriptor>,
     shutdown: watch::Receiver<bool>,
-    prepares: PrepareSlots,
-}
-
-/// Bounds the pipelines `Prepare` validates at once, and how many
-/// requests may wait for a turn (see
-/// [`crate::JobServiceConfig::max_concurrent_prepares`]).
-pub(crate) struct PrepareSlots {
-    running: Semaphore,
-    waiting: AtomicUsize,
-    max_waiting: usize,
-}
-
-impl PrepareSlots {
-    /// `concurrent` validations at once (at least one), `max_waiting` more
-    /// waiting.
-    pub(crate) fn new(concurrent: usize, max_waiting: usize) -> Self {
-        PrepareSlots {
-            running: Semaphore::new(concurrent.max(1)),
-            waiting: AtomicUsize::new(0),
-            max_waiting,
-        }
-    }
-
-    /// A turn to validate, or `RESOURCE_EXHAUSTED` when too many wait.
-    #[allow(clippy::result_large_err)]
-    async fn turn(&self) -> Result<SemaphorePermit<'_>, Status> {
-        if let Ok(permit) = self.running.try_acquire() {
-            return Ok(permit);
-        }
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(Status::resource_exhausted(format!(
-                "more than {} pipelines are waiting to be prepared; try again later",
-                self.max_waiting
-            )));
-        }
-        let permit = self.running.acquire().await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        permit.map_err(|_| Status::unavailable("job service is shutting down"))
-    }
 }
 
 impl JobServiceImpl {
@@ -89,7 +48,6 @@ impl JobServiceImpl {
         staging_endpoint: String,
         pipeline_options: Vec<PipelineOptionDescriptor>,
         shutdown: watch::Receiver<bool>,
-        prepares: PrepareSlots,
     ) -> Self {
         Self {
             registry,
@@ -97,7 +55,6 @@ impl JobServiceImpl {
             staging_endpoint,
             pipeline_options,
             shutdown,
-            prepares,
         }
     }
 
@@ -206,13 +163,9 @@ impl JobService for JobServiceImpl {
             request.job_name
         };
 
-        // Validation may plan the whole pipeline: keep it off the reactor,
-        // and only a few at once.
-        let _turn = self
-            .prepares
-            .turn()
-            .await
-            .map_err(|status| reject("Prepare", status))?;
+        // Validation may plan the whole pipeline: keep it off the reactor.
+        // This call holds a planning turn, taken before its request was
+        // read (`crate::decode_gate`), so only a few run at once.
         let runner = Arc::clone(&self.runner);
         let (pipeline, options, verdict) = tokio::task::spawn_blocking(move || {
             let verdict = runner.validate(&pipeline, &options);

@@ -363,6 +363,7 @@ async fn a_done_job_whose_removal_fails_is_never_resumed_and_removed_later() {
     let durability = Durability {
         store: Arc::new(refract_store::Store::new(kv)),
         interval: Duration::from_secs(5),
+        tolerable_failures: 0,
         history_dir: dir.path().join("history"),
     };
     for job in [&done, &unmarked] {

@@ -126,14 +126,16 @@ pub(super) enum JobError {
 impl JobError {
     /// Whether trying again later may succeed: a worker that did not start
     /// (its pool or image may come), a store or spill directory that
-    /// failed (a disk may free up). Not: a pipeline that cannot run, a
+    /// failed, checkpoints that kept failing (a disk may free up). Not: a pipeline that cannot run, a
     /// checkpoint that cannot be read, a DoFn that keeps failing.
     fn may_pass(&self) -> bool {
         match self {
             JobError::Harness(_) => true,
             JobError::Engine(e) => matches!(
                 e,
-                EngineError::Spill { .. } | EngineError::OutputSpill { .. }
+                EngineError::Spill { .. }
+                    | EngineError::OutputSpill { .. }
+                    | EngineError::CheckpointsFailing { .. }
             ),
             JobError::Durability(DurabilityError::Store(StoreError::Backend(_))) => true,
             JobError::Translate(_)

@@ -158,12 +158,21 @@ pub(super) async fn run_job(
             Fusion::Greedy
         },
     };
-    // Planning takes time in proportion to the pipeline: off the reactor.
+    // Planning takes time and memory in proportion to the pipeline: off
+    // the reactor, and only with one of the server's planning turns.
+    let turn = {
+        let mut cancel = job.cancel_requested();
+        tokio::select! {
+            turn = job.planning_turn() => turn,
+            _ = cancel.wait_for(|c| *c) => return Err(EngineError::Cancelled.into()),
+        }
+    };
     let submitted = job.clone();
     let mut translated =
         tokio::task::spawn_blocking(move || translate(submitted.pipeline(), &options))
             .await
             .map_err(|e| EngineError::InvalidPlan(format!("translation crashed: {e}")))??;
+    drop(turn);
     // A pipeline with an unbounded PCollection runs with streaming semantics
     // whatever its options say (Java's test runner, for one, does not set
     // --streaming for unbounded pipelines).
@@ -319,7 +328,9 @@ pub(super) async fn run_job(
         if let Some(durability) = &durability {
             view.enable_checkpoints();
             let writer = durability.checkpoint_writer(job.clone(), view.clone());
-            builder = builder.checkpoints(durability.interval(), writer.tx, Some(writer.progress));
+            builder = builder
+                .checkpoints(durability.interval(), writer.tx, Some(writer.progress))
+                .tolerable_checkpoint_failures(durability.tolerable_failures());
             checkpoint_writer = Some(writer.task);
         }
         let mut engine = builder.build()?;

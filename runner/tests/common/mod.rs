@@ -441,6 +441,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Peak resident memory of process `pid` so far (`VmHWM`), in bytes.
+pub fn peak_rss_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// A `refract serve` process (the binary of this crate), for tests that
 /// stop and start servers on one state directory.
 pub struct ServerProcess {

@@ -49,10 +49,19 @@ impl Served {
 }
 
 async fn serve(boot: PathBuf, max_workers: usize) -> Served {
+    serve_with_token(boot, max_workers, None).await
+}
+
+async fn serve_with_token(
+    boot: PathBuf,
+    max_workers: usize,
+    token: Option<crate::PoolToken>,
+) -> Served {
     let pool = BootPool::new(BootPoolConfig {
         boot,
         max_workers,
         local_peers: refract_peercred::LocalPeers::SameUser,
+        token,
     })
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -267,6 +276,7 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
         boot: dir.path().join("nope"),
         max_workers: 1,
         local_peers: refract_peercred::LocalPeers::SameUser,
+        token: None,
     });
     assert!(missing.err().unwrap().to_string().contains("nope"));
     let plain = dir.path().join("plain.sh");
@@ -275,10 +285,51 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
         boot: plain,
         max_workers: 1,
         local_peers: refract_peercred::LocalPeers::SameUser,
+        token: None,
     });
     assert!(refused
         .err()
         .unwrap()
         .to_string()
         .contains("not executable"));
+}
+
+#[tokio::test]
+async fn a_pool_with_a_token_serves_only_callers_that_carry_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "a-token-of-24-characters\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let token = crate::PoolToken::read_file(&file).unwrap();
+    let mut served = serve_with_token(boot_script(dir.path(), false), 2, Some(token.clone())).await;
+
+    let refused = served
+        .client
+        .start_worker(request("w-anon"))
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert!(refused.message().contains("--token_file"), "{refused:?}");
+    assert!(!dir.path().join("w-anon.pid").exists(), "nothing ran");
+
+    let mut carrying = tonic::Request::new(request("w-token"));
+    token.attach(&mut carrying);
+    let started = served.client.start_worker(carrying).await.unwrap();
+    assert_eq!(started.into_inner().error, "");
+    read_when_written(&dir.path().join("w-token.pid")).await;
+
+    let stop = StopWorkerRequest {
+        worker_id: "w-token".to_string(),
+    };
+    let refused = served
+        .client
+        .stop_worker(stop.clone())
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let mut carrying = tonic::Request::new(stop);
+    token.attach(&mut carrying);
+    served.client.stop_worker(carrying).await.unwrap();
+    served.shut_down().await;
 }

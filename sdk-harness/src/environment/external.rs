@@ -11,6 +11,7 @@ use refract_proto::urns;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::HarnessError;
+use crate::pool_token::PoolToken;
 
 /// How long StopWorker may take before we give up on it.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,6 +35,7 @@ const POOL_KEEPALIVE: Duration = Duration::from_secs(5);
 pub(crate) struct ExternalWorker {
     worker_id: String,
     pool_url: String,
+    token: Option<PoolToken>,
 }
 
 /// Calls StartWorker on the pool named in the payload.
@@ -42,6 +44,7 @@ pub(crate) async fn start(
     worker_id: &str,
     url: &str,
     timeout: Duration,
+    token: Option<PoolToken>,
 ) -> Result<ExternalWorker, HarnessError> {
     let payload = ExternalPayload::decode(payload).map_err(|e| HarnessError::InvalidPayload {
         urn: urns::env::EXTERNAL.to_string(),
@@ -77,6 +80,10 @@ pub(crate) async fn start(
         provision_endpoint: endpoint(),
         params: payload.params,
     };
+    let mut request = tonic::Request::new(request);
+    if let Some(token) = &token {
+        token.attach(&mut request);
+    }
     tracing::info!(worker_id, pool = %pool_url, "starting worker through the worker pool");
     let response = tokio::time::timeout(timeout, client.start_worker(request))
         .await
@@ -101,6 +108,7 @@ pub(crate) async fn start(
     Ok(ExternalWorker {
         worker_id: worker_id.to_string(),
         pool_url,
+        token,
     })
 }
 
@@ -110,10 +118,14 @@ impl ExternalWorker {
     pub(crate) async fn stop(self) {
         let call = async {
             let mut client = connect(&self.pool_url, POOL_CONNECT_LIMIT).await?;
+            let mut request = tonic::Request::new(StopWorkerRequest {
+                worker_id: self.worker_id.clone(),
+            });
+            if let Some(token) = &self.token {
+                token.attach(&mut request);
+            }
             let response = client
-                .stop_worker(StopWorkerRequest {
-                    worker_id: self.worker_id.clone(),
-                })
+                .stop_worker(request)
                 .await
                 .map_err(|s| s.message().to_string())?
                 .into_inner();

@@ -19,6 +19,7 @@ use refract_proto::pipeline::{DockerPayload, Environment};
 
 use crate::config::WorkerConfig;
 use crate::error::HarnessError;
+use crate::pool_token::PoolToken;
 
 /// A started worker, as far as its environment is concerned.
 pub(crate) enum Launched {
@@ -48,20 +49,24 @@ impl Launched {
 
 /// Starts the worker `cfg` describes, connecting to `url`. `timeout`
 /// bounds the calls made here (not the wait for the connection); `hosts`
-/// says how DOCKER environments run without a Docker engine.
+/// says how DOCKER environments run without a Docker engine; calls to a
+/// worker pool carry `pool_token`.
 pub(crate) async fn launch(
     cfg: &WorkerConfig,
     url: &str,
     timeout: Duration,
     hosts: &HostHarnesses,
+    pool_token: Option<PoolToken>,
 ) -> Result<Launched, HarnessError> {
     let environment = &cfg.environment;
     let worker_id = cfg.worker_id.as_str();
     let urn = environment.urn.as_str();
     match urn {
-        urns::env::EXTERNAL => external::start(&environment.payload, worker_id, url, timeout)
-            .await
-            .map(Launched::External),
+        urns::env::EXTERNAL => {
+            external::start(&environment.payload, worker_id, url, timeout, pool_token)
+                .await
+                .map(Launched::External)
+        }
         urns::env::PROCESS => process::start(&environment.payload, worker_id, url)
             .map(|c| Launched::Child(Box::new(c))),
         urns::env::DOCKER => docker::start(cfg, url, hosts)

@@ -49,6 +49,7 @@ pub struct EngineBuilder {
     state_backed_outputs: Vec<PCollectionIdx>,
     extra_parts: Vec<(String, ExtraPart)>,
     checkpoints: Option<CheckpointSetting>,
+    tolerable_checkpoint_failures: Option<u32>,
     savepoints: Option<mpsc::Receiver<SavepointRequest>>,
 }
 
@@ -73,6 +74,7 @@ impl EngineBuilder {
             state_backed_outputs: Vec::new(),
             extra_parts: Vec::new(),
             checkpoints: None,
+            tolerable_checkpoint_failures: None,
             savepoints: None,
         }
     }
@@ -153,6 +155,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Stop the run with [`EngineError::CheckpointsFailing`] once more than
+    /// `n` checkpoint writes in a row failed (Flink's tolerable failed
+    /// checkpoints): a job whose checkpoints keep failing has an ever older
+    /// point to resume from, and should say so by failing, not run on
+    /// quietly. Without it, failed writes are retried for as long as the
+    /// job runs. Needs [`Self::checkpoints`] with progress reports.
+    pub fn tolerable_checkpoint_failures(mut self, n: u32) -> Self {
+        self.tolerable_checkpoint_failures = Some(n);
+        self
+    }
+
     /// Answer each request on `requests` with a checkpoint of the engine as
     /// it is when the request is seen (between two commits), for
     /// savepoints.
@@ -195,6 +208,9 @@ impl EngineBuilder {
         engine.extra_parts = self.extra_parts;
         if let Some(c) = self.checkpoints {
             engine.enable_checkpoints(c.every, c.tx, c.progress);
+            if let Some(sink) = &mut engine.checkpoints {
+                sink.tolerable_failures = self.tolerable_checkpoint_failures;
+            }
         }
         engine.savepoints = self.savepoints;
         Ok(engine)

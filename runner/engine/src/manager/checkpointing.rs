@@ -67,6 +67,10 @@ pub(super) struct CheckpointSink {
     failures: u32,
     /// No checkpoint is taken before this, after a failed write.
     retry_at: Option<Instant>,
+    /// Failed writes in a row past which the run stops (see
+    /// [`super::EngineBuilder::tolerable_checkpoint_failures`]); `None`:
+    /// never.
+    pub(super) tolerable_failures: Option<u32>,
 }
 
 /// The shortest first wait after failed checkpoint writes (with
@@ -138,6 +142,7 @@ impl Engine {
             waiting_for_spill: false,
             failures: 0,
             retry_at: None,
+            tolerable_failures: None,
         });
         for (idx, stage) in self.plan.stages.iter_enumerated() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
@@ -269,8 +274,12 @@ impl Engine {
     }
 
     /// The writer reported `progress` (or, with `None`, went away: nothing
-    /// more becomes durable).
-    pub(super) fn checkpoint_progress(&mut self, progress: Option<CheckpointProgress>) {
+    /// more becomes durable). Fails once more writes failed in a row than
+    /// the sink tolerates.
+    pub(super) fn checkpoint_progress(
+        &mut self,
+        progress: Option<CheckpointProgress>,
+    ) -> Result<(), EngineError> {
         let Some(progress) = progress else {
             if let Some(sink) = &mut self.checkpoints {
                 sink.awaiting.clear();
@@ -279,7 +288,7 @@ impl Engine {
                 // again).
                 sink.after_durable.clear();
             }
-            return;
+            return Ok(());
         };
         self.checkpoints_written(progress.durable);
         if let Some(sink) = &mut self.checkpoints {
@@ -306,7 +315,16 @@ impl Engine {
             // next checkpoint that is written, which holds their commits.
             let finished = sink.finished;
             sink.awaiting.retain(|(n, _)| *n > finished);
+            if let Some(tolerable) = sink.tolerable_failures {
+                if sink.failures > tolerable {
+                    return Err(EngineError::CheckpointsFailing {
+                        failures: sink.failures,
+                        tolerable,
+                    });
+                }
+            }
         }
+        Ok(())
     }
 
     /// The writer made `written` checkpoints durable: what they cut from

@@ -121,6 +121,19 @@ pub enum EngineError {
     /// The plan is not executable (e.g. a cycle).
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
+    /// More checkpoint writes failed in a row than tolerated (see
+    /// [`EngineBuilder::tolerable_checkpoint_failures`]); the latest
+    /// written checkpoint is the one to resume from.
+    #[error(
+        "{failures} checkpoints in a row could not be written, more than the {tolerable} \
+         tolerated (--tolerable_checkpoint_failures); the job's messages say why"
+    )]
+    CheckpointsFailing {
+        /// Failed writes in a row.
+        failures: u32,
+        /// How many were tolerated.
+        tolerable: u32,
+    },
     /// The job was cancelled.
     #[error("cancelled")]
     Cancelled,
@@ -750,7 +763,7 @@ impl Engine {
                     if reported.is_none() {
                         progress = None;
                     }
-                    self.checkpoint_progress(reported);
+                    self.checkpoint_progress(reported)?;
                 }
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
