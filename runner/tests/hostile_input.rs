@@ -9,6 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use common::{coder, peak_rss_bytes, Pipe, TestServer, BYTES, KV_BYTES};
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::pipeline as pb;
@@ -643,4 +644,37 @@ async fn a_burst_of_large_prepares_is_read_a_few_at_a_time() {
     jobs.get_jobs(refract_proto::job_api::GetJobsRequest {})
         .await
         .expect("GetJobs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_draws_the_graph_of_a_pipeline_larger_than_4_mib() {
+    let argv = ["refract", "serve", "--job_port", "0", "--ui_port", "0"];
+    let args = match refract::cli::Cli::try_parse_from(argv).unwrap().command {
+        Some(refract::cli::Command::Serve(args)) => args,
+        other => panic!("not serve flags: {other:?}"),
+    };
+    let server = TestServer::start_with(args).await;
+    let ui_port = server.server.ui_address.expect("the UI is served").port();
+    let mut pipe = common::Pipe::chain(1);
+    pipe.components
+        .transforms
+        .get_mut("flatten1")
+        .expect("a flatten")
+        .annotations
+        .insert("large".into(), vec![b'x'; 6 << 20]);
+    let id = server.prepare(pipe.build()).await.expect("prepared");
+    let request = format!("GET /api/jobs/{id}/graph HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n");
+    let answer = String::from_utf8_lossy(&common::probe(None, ui_port, &request, 1 << 20).await)
+        .into_owned();
+    assert!(
+        answer.starts_with("HTTP/1.0 200"),
+        "{}",
+        &answer[..answer.len().min(500)]
+    );
+    assert!(
+        answer.contains("flatten1"),
+        "{}",
+        &answer[..answer.len().min(500)]
+    );
+    server.server.stop().await.expect("stops");
 }

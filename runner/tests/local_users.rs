@@ -13,11 +13,9 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::Stdio;
-use std::time::Duration;
 
 use clap::Parser;
-use common::TestServer;
+use common::{probe, TestServer};
 use refract::cli::{Cli, Command};
 use refract_peercred::{current_uid, LocalPeers};
 use refract_sdk_harness::{BootPool, BootPoolConfig};
@@ -26,37 +24,6 @@ use refract_sdk_harness::{BootPool, BootPoolConfig};
 const OTHER_UID: u32 = 40_123;
 /// What an HTTP/2 client says first; a server answers with a SETTINGS frame.
 const HTTP2_PREFACE: &str = "PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n";
-
-/// Connects to `port` on loopback as `uid` (or as this user), writes
-/// `request` (a printf format) and returns the first `bytes` bytes of the
-/// answer: fewer, or none, when the server closed the connection.
-async fn probe(uid: Option<u32>, port: u16, request: &str, bytes: usize) -> Vec<u8> {
-    let script = format!(
-        "exec 3<>/dev/tcp/127.0.0.1/{port} || exit 3\nprintf '{request}' >&3 2>/dev/null\nhead -c {bytes} <&3"
-    );
-    let mut command = tokio::process::Command::new("/bin/bash");
-    command
-        .args(["-c", &script])
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    if let Some(uid) = uid {
-        command.uid(uid).gid(uid);
-    }
-    let output = tokio::time::timeout(Duration::from_secs(10), command.output())
-        .await
-        .expect("the probe ends: the server answers or closes")
-        .expect("bash runs");
-    assert_ne!(
-        output.status.code(),
-        Some(3),
-        "could not connect to port {port}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output.stdout
-}
 
 fn port_of(host_port: &str) -> u16 {
     host_port.rsplit_once(':').unwrap().1.parse().unwrap()

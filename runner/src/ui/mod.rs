@@ -338,7 +338,10 @@ async fn job_graph(
     }): State<Ui>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    // A pipeline may be as large as the job service's message limit, far
+    // past tonic's 4 MiB default for what a client reads.
     let pipeline = JobServiceClient::new(channel.clone())
+        .max_decoding_message_size(usize::MAX)
         .get_pipeline(GetJobPipelineRequest { job_id: id.clone() })
         .await
         .map_err(api_error("GetPipeline"))?

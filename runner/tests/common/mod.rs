@@ -515,6 +515,37 @@ impl Drop for ServerProcess {
     }
 }
 
+/// Connects to `port` on loopback as `uid` (or as this user), writes
+/// `request` (a printf format) and returns the first `bytes` bytes of the
+/// answer: fewer, or none, when the server closed the connection.
+pub async fn probe(uid: Option<u32>, port: u16, request: &str, bytes: usize) -> Vec<u8> {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} || exit 3\nprintf '{request}' >&3 2>/dev/null\nhead -c {bytes} <&3"
+    );
+    let mut command = tokio::process::Command::new("/bin/bash");
+    command
+        .args(["-c", &script])
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(10), command.output())
+        .await
+        .expect("the probe ends: the server answers or closes")
+        .expect("bash runs");
+    assert_ne!(
+        output.status.code(),
+        Some(3),
+        "could not connect to port {port}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
 /// A free port on 127.0.0.1 (nothing listens on it right now).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
