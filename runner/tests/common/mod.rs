@@ -435,15 +435,17 @@ pub async fn wait_for_message(mut jobs: JobServiceClient<Channel>, id: &str, tex
 
 /// Peak resident memory of this process so far (`VmHWM`), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    peak_rss_in("/proc/self/status")
 }
 
 /// Peak resident memory of process `pid` so far (`VmHWM`), in bytes.
 pub fn peak_rss_bytes_of(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    peak_rss_in(&format!("/proc/{pid}/status"))
+}
+
+/// `VmHWM` of a `/proc/*/status` file, in bytes.
+fn peak_rss_in(status: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(status).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
