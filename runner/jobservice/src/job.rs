@@ -53,6 +53,9 @@ pub struct Job {
     cancel: watch::Sender<bool>,
     drain: watch::Sender<bool>,
     staging: watch::Sender<StagingStatus>,
+    /// How many `GetStateStream`s of this job have not ended yet; the
+    /// message streams end after them (see `crate::streams`).
+    open_state_streams: watch::Sender<usize>,
     retain_artifacts: bool,
     /// Its record is in the state directory: a failure keeps its staged
     /// files, since [`crate::JobRunner::resumable`] may start it again.
@@ -99,6 +102,7 @@ impl Job {
             cancel: watch::channel(false).0,
             drain: watch::channel(false).0,
             staging: watch::channel(StagingStatus::NotStarted).0,
+            open_state_streams: watch::channel(0).0,
             retain_artifacts: settings.retain_artifacts,
             durable: std::sync::atomic::AtomicBool::new(false),
             created_ms: now_ms(),
@@ -285,6 +289,11 @@ impl Job {
     /// Wakes whenever history is appended.
     pub(crate) fn watch_events(&self) -> watch::Receiver<u64> {
         self.log.subscribe()
+    }
+
+    /// The count of this job's state streams that have not ended.
+    pub(crate) fn open_state_streams(&self) -> &watch::Sender<usize> {
+        &self.open_state_streams
     }
 
     /// Moves `STOPPED → STARTING` for Run; `Err(current state)` if the job

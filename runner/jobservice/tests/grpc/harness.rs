@@ -495,20 +495,45 @@ pub async fn prepare_impulse_job(jobs: &mut JobServiceClient<Channel>, outcome: 
 /// Runs a prepared job and returns the states it went through, up to the
 /// terminal one.
 pub async fn run_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<State> {
-    let mut states = jobs
-        .get_state_stream(refract_proto::job_api::GetJobStateRequest {
-            job_id: id.to_string(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut states = open_state_stream(jobs, id).await;
+    run_prepared(jobs, id).await;
+    read_states(&mut states).await
+}
+
+/// Subscribes to a job's state stream (with no deadline).
+pub async fn open_state_stream(
+    jobs: &mut JobServiceClient<Channel>,
+    id: &str,
+) -> Streaming<refract_proto::job_api::JobStateEvent> {
+    jobs.get_state_stream(refract_proto::job_api::GetJobStateRequest {
+        job_id: id.to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// Subscribes to a job's message stream (with no deadline).
+pub async fn open_message_stream(
+    jobs: &mut JobServiceClient<Channel>,
+    id: &str,
+) -> Streaming<JobMessagesResponse> {
+    jobs.get_message_stream(refract_proto::job_api::JobMessagesRequest {
+        job_id: id.to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// Runs a prepared job.
+pub async fn run_prepared(jobs: &mut JobServiceClient<Channel>, id: &str) {
     jobs.run(refract_proto::job_api::RunJobRequest {
         preparation_id: id.to_string(),
         ..Default::default()
     })
     .await
     .unwrap();
-    read_states(&mut states).await
 }
 
 /// The states a state stream sends to its end, which must come right after
@@ -553,13 +578,7 @@ pub async fn states_to_end(
 /// Subscribes to a job's message stream and reads it to its end, rendered by
 /// [`describe_messages`].
 pub async fn messages_to_end(jobs: &mut JobServiceClient<Channel>, id: &str) -> Vec<String> {
-    let mut messages = jobs
-        .get_message_stream(refract_proto::job_api::JobMessagesRequest {
-            job_id: id.to_string(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut messages = open_message_stream(jobs, id).await;
     describe_messages(&drain(&mut messages).await.unwrap())
 }
 

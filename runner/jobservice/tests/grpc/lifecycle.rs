@@ -441,6 +441,40 @@ async fn streams_end_at_the_terminal_state_and_late_ones_answer_at_once() {
     server.shutdown().await.unwrap();
 }
 
+/// Python's client stops reading its state stream at the terminal state,
+/// waits for the message stream to end, and exits; gRPC Python hangs that
+/// exit when a stream's end reaches it meanwhile. So the job's state
+/// streams end first: once a client has read the message stream to its
+/// end, the rest of a state stream it never read is already in, end
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_message_stream_ends_after_the_state_streams() {
+    use futures::FutureExt;
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    for round in 0..20 {
+        let id = prepare_impulse_job(&mut jobs, "done").await;
+        // Opened in the order that would end the message stream first if
+        // the streams were left to race.
+        let mut messages = open_message_stream(&mut jobs, &id).await;
+        let mut states = open_state_stream(&mut jobs, &id).await;
+        run_prepared(&mut jobs, &id).await;
+        drain(&mut messages).await.unwrap();
+        let mut seen = Vec::new();
+        loop {
+            match states.message().now_or_never() {
+                Some(Ok(Some(event))) => seen.push(event.state()),
+                Some(Ok(None)) => break,
+                other => panic!(
+                    "round {round}: the state stream had not ended: {other:?} after {seen:?}"
+                ),
+            }
+        }
+        assert_eq!(seen.last(), Some(&State::Done), "round {round}");
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn cancel_running_and_prepared_jobs() {
     let server = Server::start().await;
