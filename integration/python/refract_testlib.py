@@ -265,6 +265,22 @@ def job_state(endpoint, job_id):
   return beam_job_api_pb2.JobState.Enum.Name(state)
 
 
+def job_messages(endpoint, job_id, seconds=1.0):
+  """The texts of a job's messages so far: its message stream, read for
+  `seconds` at most (it ends at once for a job that has ended)."""
+  found = []
+  with grpc.insecure_channel(endpoint) as channel:
+    stream = beam_job_api_pb2_grpc.JobServiceStub(channel).GetMessageStream(
+        beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=seconds)
+    try:
+      for item in stream:
+        if item.HasField('message_response'):
+          found.append(item.message_response.message_text)
+    except grpc.RpcError:
+      pass
+  return found
+
+
 def wait_for_end(server, job_id, timeout_s=180):
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:

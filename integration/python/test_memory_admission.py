@@ -13,6 +13,7 @@ from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from refract_testlib import RefractServer
+from refract_testlib import job_messages
 from refract_testlib import job_state
 
 
@@ -20,20 +21,6 @@ def jobs(endpoint):
   with grpc.insecure_channel(endpoint) as channel:
     return beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(
         beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info
-
-
-def messages(endpoint, job_id, seconds=1.0):
-  found = []
-  with grpc.insecure_channel(endpoint) as channel:
-    stream = beam_job_api_pb2_grpc.JobServiceStub(channel).GetMessageStream(
-        beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=seconds)
-    try:
-      for item in stream:
-        if item.HasField('message_response'):
-          found.append(item.message_response.message_text)
-    except grpc.RpcError:
-      pass
-  return found
 
 
 def start_streaming_job(server):
@@ -76,7 +63,7 @@ def test_a_job_past_the_server_budget_waits_for_one_to_end(
     second = start_streaming_job(server)
     time.sleep(2)
     assert job_state(server.endpoint, second) == 'STARTING'
-    said = messages(server.endpoint, second)
+    said = job_messages(server.endpoint, second)
     assert any('waiting for memory' in m for m in said), said
     with grpc.insecure_channel(server.endpoint) as channel:
       beam_job_api_pb2_grpc.JobServiceStub(channel).Cancel(

@@ -277,6 +277,16 @@ pub struct ServeArgs {
     /// for the other half; its bundles are then retried on another worker.
     #[arg(long = "worker_liveness_timeout", default_value = "12s", value_parser = parse_go_duration)]
     pub worker_liveness_timeout: std::time::Duration,
+    /// How long a running bundle may go without progress (no element,
+    /// metric or output change in the SDK's progress reports) before it is
+    /// listed in the web UI and told in the job's messages, naming the
+    /// transform it is busy in (Go duration; 0: never looked at).
+    #[arg(long = "bundle_stall_timeout", default_value = "5m", value_parser = parse_go_duration)]
+    pub bundle_stall_timeout: std::time::Duration,
+    /// Also fail such a bundle: the engine runs its input again (the SDK
+    /// cannot be told to abandon it; its thread ends when it returns).
+    #[arg(long = "fail_stalled_bundles", default_value_t = false)]
+    pub fail_stalled_bundles: bool,
     /// Where the Fn API listens, and the address SDK workers are told to
     /// connect to (default: `--host`). Workers on other hosts (see
     /// `--worker_pool`) need an address of this host they can reach; a

@@ -34,6 +34,7 @@ use tracing::{debug, warn};
 
 use crate::output_spill::OutputSpill;
 use crate::split_policy::SplitPolicy;
+use crate::stalled_bundles::{BundleWatch, StallPolicy, StalledBundles};
 use crate::telemetry::{BundleRecord, BundleRecorder};
 use crate::worker_set::WorkerSet;
 
@@ -60,6 +61,8 @@ pub struct HarnessExecutor {
     /// The job runs with streaming semantics: long bundles are split for
     /// time whatever else could run, so their outputs reach consumers.
     streaming: bool,
+    /// How bundles without progress are found, and where they are listed.
+    stall: Option<(StallPolicy, Arc<StalledBundles>)>,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -244,7 +247,16 @@ impl HarnessExecutor {
             output_spill: None,
             finalizations: Arc::default(),
             streaming: false,
+            stall: None,
         }
+    }
+
+    /// Follow each bundle's progress reports, list those that make none
+    /// for `policy`'s timeout in `stalled`, and tell the job (failing them
+    /// if the policy says so; see [`crate::stalled_bundles`]).
+    pub fn with_stall_watch(mut self, policy: StallPolicy, stalled: Arc<StalledBundles>) -> Self {
+        self.stall = Some((policy, stalled));
+        self
     }
 
     /// Runs a streaming job's bundles (see [`SplitPolicy`]).
@@ -309,10 +321,7 @@ impl StageExecutor for HarnessExecutor {
                 state: Arc::new(NoState),
                 overflow: None,
             };
-            let mut result = worker.process_bundle(request).await.map_err(|e| match e {
-                BundleError::Sdk(text) => ExecError::Sdk(text),
-                other => ExecError::Harness(other.to_string()),
-            })?;
+            let mut result = worker.process_bundle(request).await.map_err(exec_error)?;
             Ok(result
                 .outputs
                 .remove(&merger.sink)
@@ -337,6 +346,7 @@ impl StageExecutor for HarnessExecutor {
         let streaming = self.streaming;
         let output_spill = self.output_spill.clone();
         let finalizations = self.finalizations.clone();
+        let stall = self.stall.clone();
         let stage_name = self
             .stage_names
             .get(&input.stage)
@@ -353,6 +363,9 @@ impl StageExecutor for HarnessExecutor {
                 split_bytes: split_output_bytes,
                 spill: output_spill.as_deref(),
                 streaming,
+                stall: stall
+                    .as_ref()
+                    .map(|(policy, stalled)| (*policy, &**stalled, &*stage_name)),
             };
             let result = run_bundle(worker, &set, &stage, input, &job, rules, &finalizations).await;
             let error = result.as_ref().err().map(ToString::to_string);
@@ -376,6 +389,15 @@ impl StageExecutor for HarnessExecutor {
             result
         }
         .boxed()
+    }
+}
+
+/// A worker's failure in the engine's terms: the SDK's own text stays the
+/// SDK's.
+fn exec_error(error: BundleError) -> ExecError {
+    match error {
+        BundleError::Sdk(text) => ExecError::Sdk(text),
+        other => ExecError::Harness(other.to_string()),
     }
 }
 
@@ -438,6 +460,9 @@ struct BundleRules<'a> {
     spill: Option<&'a OutputSpill>,
     /// The job is streaming (see [`HarnessExecutor::with_streaming`]).
     streaming: bool,
+    /// The stall policy, the job's list of stalled bundles and the stage's
+    /// name, when bundles are watched.
+    stall: Option<(StallPolicy, &'a StalledBundles, &'a str)>,
 }
 
 /// Runs one bundle of `stage` on `worker` (splitting one that takes long or
@@ -503,7 +528,27 @@ async fn run_bundle(
             .map(|o| o as Arc<dyn refract_sdk_harness::OutputOverflow>),
     };
     let received = Arc::new(AtomicU64::new(0));
-    let bundle = worker.process_bundle_counted(request, received.clone());
+    let bundle = async {
+        let bundle = worker
+            .process_bundle_counted(request, received.clone())
+            .map(|result| result.map_err(exec_error));
+        let Some((policy, stalled, stage_name)) = rules.stall else {
+            return bundle.await;
+        };
+        let watch = BundleWatch {
+            worker,
+            bundle_id: &input.bundle_id,
+            stage: stage_name,
+            received: &received,
+            policy,
+            job,
+            stalled,
+        };
+        tokio::select! {
+            result = bundle => result,
+            why = watch.until_failed() => Err(ExecError::Harness(why)),
+        }
+    };
     tokio::pin!(bundle);
     let mut split_residuals = Vec::new();
     let result = match policy {
@@ -557,10 +602,7 @@ async fn run_bundle(
         }
         None => bundle.await,
     };
-    let mut result = result.map_err(|e| match e {
-        BundleError::Sdk(text) => ExecError::Sdk(text),
-        other => ExecError::Harness(other.to_string()),
-    })?;
+    let mut result = result?;
     let metrics = std::mem::take(&mut result.response.monitoring_infos);
     let on_commit = {
         let job = job.clone();

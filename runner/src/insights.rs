@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use crate::bundle_failures::{BundleFailures, FailureGroup};
 use crate::latency_histogram::LatencyHistogram;
 use crate::stage_history::{SeriesPoint, StageHistory, SAMPLE_EVERY};
+use crate::stalled_bundles::StalledBundles;
 use crate::worker_set::WorkerSet;
 
 /// What the runner shows of one job.
@@ -37,6 +38,8 @@ pub struct JobView {
     savepoints: Mutex<Option<mpsc::Sender<SavepointRequest>>>,
     /// Its failed bundle attempts, by transform.
     failures: Mutex<BundleFailures>,
+    /// Its bundles that make no progress now.
+    stalled: Arc<StalledBundles>,
     /// Its stages' recent past.
     history: Mutex<StageHistory>,
 }
@@ -153,6 +156,12 @@ impl JobView {
     /// The job's failed bundle attempts, grouped by transform.
     pub fn bundle_failures(&self) -> Vec<FailureGroup> {
         self.failures.lock().groups()
+    }
+
+    /// Its running bundles that have made no progress for the stall
+    /// timeout; the executor keeps the list.
+    pub fn stalled_bundles(&self) -> Arc<StalledBundles> {
+        self.stalled.clone()
     }
 
     /// Samples the latest stage snapshot into the stages' history.
@@ -278,6 +287,7 @@ impl Insights {
             checkpoints: Mutex::default(),
             savepoints: Mutex::default(),
             failures: Mutex::default(),
+            stalled: Arc::default(),
             history: Mutex::default(),
         });
         self.jobs.lock().insert(job.id().to_string(), view.clone());

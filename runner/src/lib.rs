@@ -29,6 +29,7 @@ pub mod serve;
 pub mod spill_store;
 mod split_policy;
 pub mod stage_history;
+pub mod stalled_bundles;
 mod state_bridge;
 pub mod telemetry;
 pub mod tested_with;

@@ -22,6 +22,7 @@ use crate::pools::WorkerPools;
 use crate::private_dir::{private_temp_dir, TempDirGuard};
 use crate::savepoints::SavepointDir;
 use crate::spill_store::RocksSpillStore;
+use crate::stalled_bundles::StallPolicy;
 use crate::telemetry::{self, OtlpExport};
 use crate::ui::guard::AllowedHosts;
 use crate::ui::UiSettings;
@@ -156,7 +157,13 @@ pub async fn start(
         .with_pools(pools)
         .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
         .with_spill(Arc::new(spill))
-        .with_environment_preference(args.environment_preference.clone());
+        .with_environment_preference(args.environment_preference.clone())
+        .with_stall_policy(
+            (!args.bundle_stall_timeout.is_zero()).then_some(StallPolicy {
+                timeout: args.bundle_stall_timeout,
+                fail: args.fail_stalled_bundles,
+            }),
+        );
     let runner = match args.sdk_worker_parallelism {
         0 => runner,
         n => runner.with_asked_workers(n),

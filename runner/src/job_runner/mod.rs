@@ -38,6 +38,7 @@ use crate::memory::MemoryLedger;
 use crate::options::{experiment_value, option_bool};
 use crate::pools::WorkerPools;
 use crate::savepoints::SavepointDir;
+use crate::stalled_bundles::StallPolicy;
 use crate::telemetry::{BundleRecorder, OtlpExport};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
@@ -168,6 +169,8 @@ pub struct RefractRunner {
     asked_default_workers: Option<usize>,
     /// Where jobs may start from savepoints; without it they may not.
     savepoints: Option<Arc<SavepointDir>>,
+    /// How bundles without progress are found and handled, if they are.
+    stall: Option<StallPolicy>,
 }
 
 impl RefractRunner {
@@ -187,6 +190,7 @@ impl RefractRunner {
             pools: None,
             asked_default_workers: None,
             savepoints: None,
+            stall: Some(StallPolicy::default()),
         }
     }
 
@@ -250,6 +254,13 @@ impl RefractRunner {
     /// Where running jobs publish their stage snapshots (for the web UI).
     pub fn insights(&self) -> Insights {
         self.insights.clone()
+    }
+
+    /// Watch running bundles' progress under `policy` (`None`: do not;
+    /// default: report after [`StallPolicy::DEFAULT_TIMEOUT`]).
+    pub fn with_stall_policy(mut self, policy: Option<StallPolicy>) -> Self {
+        self.stall = policy;
+        self
     }
 
     /// Workers per environment for jobs whose `sdk_worker_parallelism`
@@ -379,6 +390,7 @@ impl JobRunner for RefractRunner {
             spill: self.spill.clone(),
             environment_preference: self.environment_preference.clone(),
             savepoints: self.savepoints.clone(),
+            stall: self.stall,
         };
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();

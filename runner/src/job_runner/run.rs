@@ -27,6 +27,7 @@ use crate::options::{experiment_value, has_experiment, option_bool};
 use crate::output_spill::OutputSpill;
 use crate::pools::WorkerPools;
 use crate::savepoints::SavepointDir;
+use crate::stalled_bundles::StallPolicy;
 use crate::telemetry::BundleRecorder;
 use crate::worker_set::WorkerSet;
 
@@ -73,6 +74,8 @@ pub(super) struct JobResources {
     pub(super) environment_preference: EnvironmentPreference,
     /// Where savepoints to start from are, if the server has a place.
     pub(super) savepoints: Option<Arc<SavepointDir>>,
+    /// How bundles without progress are found and handled, if they are.
+    pub(super) stall: Option<StallPolicy>,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -93,6 +96,7 @@ pub(super) async fn run_job(
         spill,
         environment_preference,
         savepoints,
+        stall,
     } = resources;
     let JobWatchers {
         stats,
@@ -287,6 +291,9 @@ pub(super) async fn run_job(
             HarnessExecutor::new(stages, mergers, workers, job.clone(), stage_names, recorder)
                 .with_split_output_bytes(bundle_output_bytes)
                 .with_streaming(streaming);
+        if let Some(policy) = stall {
+            executor = executor.with_stall_watch(policy, view.stalled_bundles());
+        }
         if let Some(store) = &spill {
             executor = executor.with_output_spill(OutputSpill::new(
                 store.clone(),

@@ -311,6 +311,21 @@ async fn job_details(
             })
         })
         .collect();
+    let stalled_bundles: Vec<Value> = view
+        .as_ref()
+        .map(|v| v.stalled_bundles().list())
+        .unwrap_or_default()
+        .iter()
+        .map(|b| {
+            json!({
+                "stage": b.stage,
+                "bundle_id": b.bundle_id,
+                "worker": b.worker,
+                "since_ms": b.since_ms,
+                "transform": b.transform,
+            })
+        })
+        .collect();
     // Why it failed: the SDK's text, as the job service keeps it (also for
     // a job that failed before it ran).
     let failure = RefractAdminClient::new(channel.clone())
@@ -323,6 +338,7 @@ async fn job_details(
         "state": state_name(state),
         "failure": Some(failure).filter(|f| !f.is_empty()),
         "failed_bundles": failed_bundles,
+        "stalled_bundles": stalled_bundles,
         "metrics": metrics,
         "stages": stages,
         "workers": view.as_ref().map_or(0, |v| v.live_workers()),
