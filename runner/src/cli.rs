@@ -379,6 +379,12 @@ pub struct ServeArgs {
     /// 4 MiB a stage, or waits (STARTING) until a job ends.
     #[arg(long = "job_memory_budget", value_parser = crate::memory::parse_byte_size)]
     pub job_memory_budget: Option<usize>,
+    /// The largest Job API request the server reads (a pipeline in
+    /// `Prepare`, a chunk of a staged artifact): a larger one is refused
+    /// (OUT_OF_RANGE, naming the limit) before it is decoded. Two are read at once
+    /// at most, so this bounds what submissions make the server hold.
+    #[arg(long = "max_message_bytes", default_value = "128m", value_parser = crate::memory::parse_byte_size)]
+    pub max_message_bytes: usize,
     /// Bytes one job may stage (its artifacts: jars, packages, the pickled
     /// main session); staging past it fails the job, saying so.
     #[arg(long = "max_staged_bytes", default_value = "4g", value_parser = crate::memory::parse_byte_size)]

@@ -194,6 +194,7 @@ pub async fn start(
         keep_unfinished_artifacts: durability.is_some(),
         recovered,
         max_staged_bytes_per_job: args.max_staged_bytes as u64,
+        max_message_bytes: args.max_message_bytes,
         retain_finished_jobs: args.retain_finished_jobs,
         retain_finished_for: args.retain_finished_for,
         prepared_job_timeout: args.prepared_job_timeout,

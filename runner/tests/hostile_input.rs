@@ -678,3 +678,31 @@ async fn the_ui_draws_the_graph_of_a_pipeline_larger_than_4_mib() {
     );
     server.server.stop().await.expect("stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_over_max_message_bytes_is_refused_before_it_is_decoded() {
+    let server = TestServer::start_with(common::serve_args(&["--max_message_bytes", "8m"])).await;
+    let mut large = common::Pipe::chain(1);
+    large
+        .components
+        .transforms
+        .get_mut("flatten1")
+        .expect("a flatten")
+        .annotations
+        .insert("large".into(), vec![b'x'; 12 << 20]);
+    let status = server
+        .prepare(large.build())
+        .await
+        .expect_err("over the limit");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains(&(8usize << 20).to_string()),
+        "the refusal names the limit: {status:?}"
+    );
+    // Under it, the next one is prepared.
+    server
+        .prepare(common::Pipe::chain(1).build())
+        .await
+        .expect("a small pipeline is prepared");
+    server.server.stop().await.expect("stops");
+}

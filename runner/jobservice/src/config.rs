@@ -106,7 +106,7 @@ impl Default for JobServiceConfig {
     fn default() -> Self {
         Self {
             staging_dir: std::env::temp_dir().join("refract-staging"),
-            max_message_bytes: 512 * 1024 * 1024,
+            max_message_bytes: 128 << 20,
             advertised_host: None,
             retain_artifacts: false,
             message_retention: MessageRetention::default(),
