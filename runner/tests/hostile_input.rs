@@ -706,3 +706,83 @@ async fn a_prepare_over_max_message_bytes_is_refused_before_it_is_decoded() {
         .expect("a small pipeline is prepared");
     server.server.stop().await.expect("stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_copying_a_large_environment_are_refused_at_a_byte_limit() {
+    use refract_proto::urns;
+    // A server of its own, so that its memory is measured alone.
+    let server = common::ServerProcess::start(common::free_port(), &[]).await;
+    let pid = server.child.id();
+    let before = common::peak_rss_bytes_of(pid).expect("the server's status");
+    // One environment of 2 MiB (display data), and 1 000 SDK stages (a
+    // ParDo then a GroupByKey, over and over) in it: a pipeline of about
+    // 2 MiB whose descriptors, each with its copy of the environment,
+    // would take 2 GiB.
+    const ENVIRONMENT: usize = 2 << 20;
+    const STAGES: usize = 1_000;
+    let mut p = common::Pipe::new();
+    p.components.environments.insert(
+        "env".into(),
+        pb::Environment {
+            urn: "beam:env:external:v1".into(),
+            display_data: vec![pb::DisplayData {
+                urn: "large".into(),
+                payload: vec![7; ENVIRONMENT],
+            }],
+            ..Default::default()
+        },
+    );
+    p.components.coders.insert(
+        "iter".into(),
+        common::coder(urns::coder::ITERABLE, &[common::BYTES]),
+    );
+    p.components.coders.insert(
+        "kv_iter".into(),
+        common::coder(urns::coder::KV, &[common::BYTES, "iter"]),
+    );
+    p.root_transform("impulse", urns::transform::IMPULSE, &[], &[("out", "g0")]);
+    p.pcollection("g0", common::BYTES);
+    for i in 1..=STAGES {
+        let (grouped, keyed, next) = (format!("g{}", i - 1), format!("k{i}"), format!("g{i}"));
+        p.pcollection(&keyed, common::KV_BYTES);
+        p.pcollection(&next, "kv_iter");
+        p.root_transform(
+            &format!("pardo{i}"),
+            urns::transform::PAR_DO,
+            &[("in", &grouped)],
+            &[("out", &keyed)],
+        )
+        .environment_id = "env".into();
+        p.root_transform(
+            &format!("gbk{i}"),
+            urns::transform::GROUP_BY_KEY,
+            &[("in", &keyed)],
+            &[("out", &next)],
+        );
+    }
+    let mut jobs = server.jobs().await;
+    let status = jobs
+        .prepare(refract_proto::job_api::PrepareJobRequest {
+            pipeline: Some(p.build()),
+            pipeline_options: Some(Default::default()),
+            job_name: "copies".into(),
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        status.message().contains("bytes of bundle descriptors"),
+        "{status:?}"
+    );
+    let grown = common::peak_rss_bytes_of(pid).expect("status") - before;
+    eprintln!("the server's peak grew {} MiB", grown >> 20);
+    // The limit (512 MiB) and one descriptor past it, with room for the
+    // rest of translation; all of them would be 2 GiB.
+    assert!(
+        grown < 800 << 20,
+        "the server's peak grew {} MiB",
+        grown >> 20
+    );
+    jobs.get_jobs(refract_proto::job_api::GetJobsRequest {})
+        .await
+        .expect("the server serves on");
+}

@@ -24,9 +24,14 @@ impl ArtifactSource for JobArtifacts {
 /// event log), so the SDK's log of its options shows none.
 pub(super) struct JobLogs {
     pub(super) job: Arc<Job>,
-    /// Transform id → (its stage's name, its unique name in the pipeline).
-    pub(super) origins: Arc<HashMap<String, (String, String)>>,
+    pub(super) origins: Arc<TransformOrigins>,
 }
+
+/// Transform id → (its stage's name, its unique name in the pipeline). A
+/// stage's name joins the names of all its transforms, so its transforms
+/// share one copy of it: a copy each would grow with the square of the
+/// stage's size.
+pub(super) type TransformOrigins = HashMap<String, (Arc<str>, String)>;
 
 /// Whether a worker's log line is the job's own message, as the Go SDK's
 /// job client logs each one it reads: `(time=T)(id=N)text`. A Go LOOPBACK
@@ -55,7 +60,7 @@ impl LogSink for JobLogs {
             format!("{}\n{}", entry.message, entry.trace)
         };
         let (stage, transform) = match self.origins.get(&entry.transform_id) {
-            Some((stage, name)) => (stage.as_str(), name.as_str()),
+            Some((stage, name)) => (&**stage, name.as_str()),
             None => ("", entry.transform_id.as_str()),
         };
         use crate::logging::SDK_WORKER_TARGET as WORKER;

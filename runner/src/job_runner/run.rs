@@ -17,6 +17,7 @@ use refract_sdk_harness::FnApiServer;
 use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
 use tracing::{info, warn};
 
+use super::logs::TransformOrigins;
 use super::workers::WorkerStart;
 use super::{bundle_attempts, JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
 use crate::durability::Durability;
@@ -217,13 +218,13 @@ pub(super) async fn run_job(
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
     // Each descriptor transform's stage and name, for worker log lines.
-    let mut origins: HashMap<String, (String, String)> = HashMap::new();
+    let mut origins = TransformOrigins::new();
     for (idx, stage) in &translated.sdk_stages {
-        let stage_name = translated
+        let stage_name: Arc<str> = translated
             .plan
             .stages
             .get(*idx)
-            .map_or_else(String::new, |s| s.name.clone());
+            .map_or_else(|| Arc::from(""), |s| Arc::from(s.name.as_str()));
         for id in stage.descriptor.transforms.keys() {
             let name = translated
                 .unique_names

@@ -10,7 +10,7 @@ use refract_proto::pipeline::Environment;
 use refract_proto::prost_types;
 use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
-use super::logs::{JobArtifacts, JobLogs};
+use super::logs::{JobArtifacts, JobLogs, TransformOrigins};
 use crate::insights::JobView;
 use crate::options::option_count;
 use crate::pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
@@ -89,7 +89,7 @@ pub(super) struct WorkerStart<'a> {
     /// The pipeline's environments by id.
     pub(super) environments: &'a HashMap<String, Environment>,
     /// Transform id → (stage name, unique name), for workers' log lines.
-    pub(super) origins: &'a Arc<HashMap<String, (String, String)>>,
+    pub(super) origins: &'a Arc<TransformOrigins>,
     pub(super) workers_per_env: usize,
     /// Workers per environment the job or the server asked for, if any;
     /// else pooled environments get as many as their pools' capacity.
@@ -297,7 +297,7 @@ struct Starter {
     environment: Environment,
     provision: ProvisionInfo,
     job: Arc<Job>,
-    origins: Arc<HashMap<String, (String, String)>>,
+    origins: Arc<TransformOrigins>,
     /// Worker ids are `{prefix}-w{n}` and a secret suffix.
     prefix: String,
 }

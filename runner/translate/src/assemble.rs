@@ -8,11 +8,13 @@ use refract_engine::plan::{
     Stage, StageIdx, StageKind,
 };
 use refract_proto::pipeline as pb;
+use refract_proto::prost::Message;
 use refract_proto::urns;
 
 use crate::error::TranslateError;
 use crate::fuse::{self, Group};
 use crate::graph::{Graph, NodeKind};
+use crate::limits::{count_descriptor_bytes, Limits};
 use crate::rewrite::{self, grouped_values, window_coder_of};
 use crate::{descriptor, merge, test_stream, windowing, TranslateOptions, Translated};
 
@@ -20,12 +22,14 @@ use crate::{descriptor, merge, test_stream, windowing, TranslateOptions, Transla
 pub(crate) fn assemble(
     mut graph: Graph,
     opts: &TranslateOptions,
+    limits: &Limits,
 ) -> Result<Translated, TranslateError> {
     let groups = fuse::fuse(&graph.nodes, opts.fusion);
     let bounds = rewrite::boundaries(&graph, &groups);
     rewrite::rewrite(&mut graph, &groups, &bounds)?;
 
     let mut plan = Plan::default();
+    let mut descriptor_bytes = 0;
     let mut index: HashMap<String, PCollectionIdx> = HashMap::new();
     for pcoll in &bounds.pcolls {
         let referrer = format!("PCollection '{pcoll}'");
@@ -148,6 +152,11 @@ pub(crate) fn assemble(
                     &index,
                     &state_backed,
                     opts,
+                )?;
+                count_descriptor_bytes(
+                    &mut descriptor_bytes,
+                    built.descriptor.descriptor.encoded_len(),
+                    limits,
                 )?;
                 let name = s
                     .nodes

@@ -158,9 +158,11 @@ pub fn translate(
     pipeline: &pipeline::Pipeline,
     opts: &TranslateOptions,
 ) -> Result<Translated, TranslateError> {
+    let limits = limits::Limits::default();
     assemble::assemble(
-        prepare(pipeline, opts.drain, &opts.environment_preference)?,
+        prepare(pipeline, opts.drain, &opts.environment_preference, &limits)?,
         opts,
+        &limits,
     )
 }
 
@@ -171,12 +173,12 @@ fn prepare(
     pipeline: &pipeline::Pipeline,
     drain: bool,
     preference: &EnvironmentPreference,
+    limits: &limits::Limits,
 ) -> Result<graph::Graph, TranslateError> {
-    let limits = limits::Limits::default();
-    limits::check_counts(pipeline, &limits)?;
+    limits::check_counts(pipeline, limits)?;
     validate::requirements(pipeline)?;
     let pipeline = environments::resolve(pipeline, preference)?;
-    let mut graph = builder::build(&pipeline, drain, &limits)?;
+    let mut graph = builder::build(&pipeline, drain, limits)?;
     validate::windowing_strategies(&graph)?;
     transcode::flatten_inputs(&mut graph);
     transcode::test_stream_outputs(&mut graph);

@@ -35,6 +35,12 @@ pub(crate) struct Limits {
     pub(crate) composite_depth: usize,
     /// Coder nesting: a coder to its deepest component.
     pub(crate) coder_depth: usize,
+    /// Encoded bytes of all the bundle descriptors together. Each SDK
+    /// stage's descriptor carries its own copy of its environment and of
+    /// its coders' closure (the Fn API sends each whole), so a pipeline of
+    /// a few megabytes could ask for that many times its stages;
+    /// translation stops once the descriptors built so far pass this.
+    pub(crate) descriptor_bytes: usize,
 }
 
 impl Default for Limits {
@@ -48,8 +54,29 @@ impl Default for Limits {
             ports_per_transform: 10_000,
             composite_depth: 1_000,
             coder_depth: 100,
+            descriptor_bytes: 512 << 20,
         }
     }
+}
+
+/// Adds a descriptor of `bytes` to the `total` built so far, refusing the
+/// pipeline once they pass the limit.
+pub(crate) fn count_descriptor_bytes(
+    total: &mut usize,
+    bytes: usize,
+    limits: &Limits,
+) -> Result<(), TranslateError> {
+    *total = total.saturating_add(bytes);
+    if *total > limits.descriptor_bytes {
+        return Err(TranslateError::TooLarge {
+            what: "bytes of bundle descriptors (each stage's transforms, coders and \
+                   environment)"
+                .to_string(),
+            count: *total,
+            limit: limits.descriptor_bytes,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a pipeline with more components than `limits` allow, naming the

@@ -13,6 +13,7 @@ mod sdf;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::rc::Rc;
 
 use refract_proto::pipeline as pb;
 use refract_proto::urns::transform as t;
@@ -127,17 +128,14 @@ impl Builder {
         // Each item's root transform, once known: the pipeline's root
         // transforms, or the children of its only one when that is a
         // composite (the Python SDK wraps the applied transforms in one).
-        let mut todo: Vec<(String, String, usize, Option<RootTransform>)> = roots
+        // A composite's children share one copy of its name (for errors
+        // about them): a copy each would multiply a long name by the
+        // number of children before anything checks them.
+        let pipeline_roots: Rc<str> = Rc::from("the pipeline's root transforms");
+        let mut todo: Vec<(String, Rc<str>, usize, Option<RootTransform>)> = roots
             .iter()
             .rev()
-            .map(|id| {
-                (
-                    id.clone(),
-                    "the pipeline's root transforms".to_string(),
-                    1,
-                    None,
-                )
-            })
+            .map(|id| (id.clone(), pipeline_roots.clone(), 1, None))
             .collect();
         let mut roots_seen = 0;
         while let Some((id, referrer, depth, root)) = todo.pop() {
@@ -158,7 +156,7 @@ impl Builder {
             };
             self.root = root.unwrap_or_default();
             if let Some((name, children)) = self.visit(&id, &referrer)? {
-                let referrer = format!("transform '{name}'");
+                let referrer: Rc<str> = Rc::from(format!("transform '{name}'"));
                 todo.extend(
                     children
                         .into_iter()
