@@ -2,11 +2,14 @@
 
 import subprocess
 
+import grpc
 import pytest
 
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_job_api_pb2
+from apache_beam.portability.api import beam_job_api_pb2_grpc
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 
@@ -94,6 +97,24 @@ def test_a_worker_count_past_the_limit_is_refused_at_submission(refract_server):
   with pytest.raises(Exception,
                      match='sdk_worker_parallelism=100000: at most 128'):
     p.run().wait_until_finish()
+
+
+def test_an_update_is_refused_at_submission_starting_nothing(refract_server):
+  """`--update` would have Dataflow replace the running job of that name;
+  Refract cannot carry its state yet, and a second job beside it would
+  write every result twice: refused, saying what to do instead, and no
+  job is created."""
+  with grpc.insecure_channel(refract_server.endpoint) as channel:
+    stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+    before = len(stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info)
+    options = PipelineOptions(refract_server.portable_args() +
+                              ['--update', '--job_name=counts'])
+    p = beam.Pipeline(options=options)
+    _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
+    with pytest.raises(Exception, match='--update .* is not supported'):
+      p.run().wait_until_finish()
+    after = len(stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info)
+  assert after == before
 
 
 def run_cli(refract_bin, *args):

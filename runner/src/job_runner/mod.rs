@@ -76,6 +76,26 @@ pub(crate) fn bundle_attempts(options: &prost_types::Struct) -> Result<Option<u3
         .transpose()
 }
 
+/// Refuses a submission asking to update a running job (`--update`, as
+/// for Dataflow): Refract cannot yet carry a job's state to a changed
+/// pipeline, and starting the new pipeline beside the old one would write
+/// every result twice. Nothing is started and the running job keeps
+/// running; the message says what can be done instead.
+pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String> {
+    if !option_bool(options, "update") {
+        return Ok(());
+    }
+    Err(
+        "--update (replacing a running job, keeping its state) is not supported by Refract: \
+         no job was started, and a running job of the same name keeps running. To carry a \
+         streaming job's state to a new version of its pipeline, take a savepoint \
+         (`refract savepoint JOB --path FILE --stop`) and submit the new pipeline with \
+         --experiments=refract_savepoint=FILE, without --update; its fused stages must be the \
+         old job's"
+            .to_string(),
+    )
+}
+
 /// The experiment choosing where one job keeps its state:
 /// `--experiments=refract_state_store=memory` keeps it in memory on a
 /// server with `--state_dir` (nothing checkpointed, nothing resumed);
@@ -287,6 +307,7 @@ impl RefractRunner {
 
 impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
+        refuse_update(options)?;
         validate(pipeline).map_err(|e| e.to_string())?;
         bundle_attempts(options)?;
         strict::strictness(options)?;
@@ -583,7 +604,7 @@ async fn run_with_retries(
 
 #[cfg(test)]
 mod tests {
-    use super::bundle_attempts;
+    use super::{bundle_attempts, refuse_update};
     use prost_types::value::Kind;
     use prost_types::{ListValue, Struct, Value};
 
@@ -603,6 +624,23 @@ mod tests {
             .into_iter()
             .collect(),
         }
+    }
+
+    #[test]
+    fn an_update_is_refused_and_a_false_one_is_not() {
+        let update = |value: Kind| Struct {
+            fields: [(
+                "beam:option:update:v1".to_string(),
+                Value { kind: Some(value) },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let refused = refuse_update(&update(Kind::BoolValue(true))).unwrap_err();
+        assert!(refused.contains("--update") && refused.contains("refract_savepoint"));
+        assert!(refuse_update(&update(Kind::StringValue("true".into()))).is_err());
+        assert_eq!(refuse_update(&update(Kind::BoolValue(false))), Ok(()));
+        assert_eq!(refuse_update(&Struct::default()), Ok(()));
     }
 
     #[test]
