@@ -108,7 +108,10 @@ use model::{
     assign_windows, batch_reference, is_droppably_late, Input, Key, Pane, RefTrigger,
     StreamingReference, Timing,
 };
-use pipeline::{run_batch, run_stream, Run, Shape, StreamEvent};
+use pipeline::{
+    run_batch, run_stream, sixty_inputs_in_fixed_windows, small_bundles_out_of_order, Run, Shape,
+    StreamEvent,
+};
 use wire::{decoded_input, kv_coder, window_coder_for};
 
 // ---------------------------------------------------------------------------
@@ -450,38 +453,13 @@ proptest! {
     }
 }
 
-/// 60 elements over three keys and 50 ms, in 10 ms fixed windows.
-fn sixty_inputs_in_fixed_windows() -> (Vec<Input>, WindowingStrategy) {
-    let inputs = (0..60)
-        .map(|i| Input {
-            key: b'a' + (i % 3) as u8,
-            id: i as i64,
-            ts: (i * 7 % 50) as i64,
-        })
-        .collect();
-    let strategy = WindowingStrategy {
-        window_fn: WindowFn::Fixed {
-            size: 10,
-            offset: 0,
-        },
-        ..WindowingStrategy::global_default()
-    };
-    (inputs, strategy)
-}
-
 /// A crash at a checkpoint taken while bundles were in flight, and a
 /// restore into a new engine, give exactly the uninterrupted run's panes:
 /// committed work is kept, in-flight work is redone once.
 #[test]
 fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
     let (inputs, strategy) = sixty_inputs_in_fixed_windows();
-    let straight = Shape {
-        max_bundle_elements: 4,
-        create_chunks: 6,
-        max_bundles_per_stage: 3,
-        jitter: 11,
-        ..Shape::default()
-    };
+    let straight = small_bundles_out_of_order();
     let want = run_batch(&inputs, &strategy, &straight).expect("straight run");
     let mut restored_runs = 0;
     for crash_at in [1, 2, 3, 5, 8, 13] {

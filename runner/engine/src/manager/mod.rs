@@ -67,7 +67,9 @@ pub use checkpointing::CheckpointProgress;
 use checkpointing::CheckpointSink;
 use pending::{chunk_entries, element_count, truncate_elements, Overflow, Pending, Queued};
 use slot_groups::SlotGroups;
-pub use snapshot::{describe_checkpoint, CheckpointInfo, SnapshotError};
+pub use snapshot::{
+    describe_checkpoint, CheckpointInfo, SnapshotError, OLDEST_SNAPSHOT_VERSION, SNAPSHOT_VERSION,
+};
 use stage_state::{KindState, StageState};
 use stats::StageCounters;
 pub use stats::StageStats;

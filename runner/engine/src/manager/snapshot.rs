@@ -80,11 +80,13 @@ pub enum SnapshotError {
 /// `queue_spill/{i}` and `grouping_spill/{i}` parts (queue segments and a
 /// GroupByKey's spilled windows likewise), which an older
 /// reader would silently go without; an older checkpoint has none and
-/// reads as it did.
-const SNAPSHOT_VERSION: u32 = 4;
+/// reads as it did. Bump it with any change to what a checkpoint holds
+/// or how it is encoded: `tests/checkpoint_fixtures.rs` keeps a checkpoint
+/// of every version since [`OLDEST_SNAPSHOT_VERSION`] and restores each.
+pub const SNAPSHOT_VERSION: u32 = 4;
 
 /// The oldest version still read.
-const OLDEST_SNAPSHOT_VERSION: u32 = 2;
+pub const OLDEST_SNAPSHOT_VERSION: u32 = 2;
 
 /// An element as a checkpoint keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,6 +128,9 @@ struct EngineRecord {
 /// What a checkpoint says about the run it was taken of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointInfo {
+    /// The version of its encoding ([`SNAPSHOT_VERSION`] when this build
+    /// wrote it).
+    pub version: u32,
     /// Bundle numbers below this had been started before the cut.
     pub next_bundle: u64,
     /// Of those, the ones still in flight at the cut: their effects are
@@ -143,6 +148,7 @@ pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, 
         .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
     let engine: EngineRecord = decode("engine", bytes)?;
     Ok(CheckpointInfo {
+        version: engine.version,
         next_bundle: engine.next_bundle,
         rerun_bundles: engine.rerun_bundles,
     })

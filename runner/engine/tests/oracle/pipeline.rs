@@ -284,14 +284,15 @@ pub struct Run {
 }
 
 /// Builds source → window → gbk → sink after the given source stages
-/// (which produce PCollection 0, in the global window) and runs it.
-fn run(
+/// (which produce PCollection 0, in the global window): the plan, the fake
+/// SDK that runs its SDK stages, and the engine's configuration.
+fn harness(
     source_stages: Vec<Stage>,
     mut roles: HashMap<StageIdx, Role>,
     inputs: &[Input],
     strategy: &WindowingStrategy,
     shape: &Shape,
-) -> Result<Run, EngineError> {
+) -> (Plan, Arc<FakeSdk>, EngineConfig) {
     let window_coder = window_coder_for(strategy.window_fn == WindowFn::Global);
     let mut stages = StageVec::from(source_stages);
     // PCollections: 0 source output, 1 windowed, 2 grouped.
@@ -338,10 +339,29 @@ fn run(
         }),
         ..EngineConfig::default()
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    (plan, sdk, config)
+}
+
+/// A runtime as the runs here use: one thread, so that a run is the same
+/// every time.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
-        .expect("a tokio runtime");
+        .expect("a tokio runtime")
+}
+
+/// Builds source → window → gbk → sink after the given source stages
+/// (which produce PCollection 0, in the global window) and runs it.
+fn run(
+    source_stages: Vec<Stage>,
+    roles: HashMap<StageIdx, Role>,
+    inputs: &[Input],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+) -> Result<Run, EngineError> {
+    let (plan, sdk, config) = harness(source_stages, roles, inputs, strategy, shape);
+    let runtime = runtime();
     let run = run_engine(plan, sdk.clone(), config, shape.crash_at);
     let (summary, restored) = runtime.block_on(async move {
         tokio::time::timeout(Duration::from_secs(60), run)
@@ -358,6 +378,17 @@ fn run(
     })
 }
 
+/// The bounded source: stage 0 impulse writes PCollection 3; stage 1
+/// `create` reads it and writes the elements.
+fn batch_sources() -> (Vec<Stage>, HashMap<StageIdx, Role>) {
+    let sources = vec![
+        stage("impulse", StageKind::Impulse, vec![], vec![3]),
+        stage("create", sdk(), vec![3], vec![0]),
+    ];
+    let roles = HashMap::from([(StageIdx::new(1), Role::Create(PCollectionIdx::new(0)))]);
+    (sources, roles)
+}
+
 /// Runs `inputs` (bounded: impulse → create) through a GroupByKey with
 /// `strategy`, cut into bundles as `shape` says.
 pub fn run_batch(
@@ -365,13 +396,114 @@ pub fn run_batch(
     strategy: &WindowingStrategy,
     shape: &Shape,
 ) -> Result<Run, EngineError> {
-    // Stage 0 impulse writes PCollection 3; stage 1 `create` reads it.
-    let sources = vec![
-        stage("impulse", StageKind::Impulse, vec![], vec![3]),
-        stage("create", sdk(), vec![3], vec![0]),
-    ];
-    let roles = HashMap::from([(StageIdx::new(1), Role::Create(PCollectionIdx::new(0)))]);
+    let (sources, roles) = batch_sources();
     run(sources, roles, inputs, strategy, shape)
+}
+
+/// 60 elements over three keys and 50 ms, in 10 ms fixed windows.
+pub fn sixty_inputs_in_fixed_windows() -> (Vec<Input>, WindowingStrategy) {
+    let inputs = (0..60)
+        .map(|i| Input {
+            key: b'a' + (i % 3) as u8,
+            id: i as i64,
+            ts: (i * 7 % 50) as i64,
+        })
+        .collect();
+    let strategy = WindowingStrategy {
+        window_fn: WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        },
+        ..WindowingStrategy::global_default()
+    };
+    (inputs, strategy)
+}
+
+/// Bundles of at most four elements, three of a stage at once, finishing
+/// out of order: a checkpoint catches some in flight.
+pub fn small_bundles_out_of_order() -> Shape {
+    Shape {
+        max_bundle_elements: 4,
+        create_chunks: 6,
+        max_bundles_per_stage: 3,
+        jitter: 11,
+        ..Shape::default()
+    }
+}
+
+/// A checkpoint's named parts.
+#[allow(dead_code)] // for checkpoint_fixtures.rs, not oracle.rs
+pub type Parts = Vec<(String, Bytes)>;
+
+/// A batch run (as [`run_batch`]) stopped at its `crash_at`th checkpoint,
+/// as a process that died there: the checkpoint's parts, and the panes its
+/// sink had committed by then. `None` if it ended before that checkpoint.
+#[allow(dead_code)] // for checkpoint_fixtures.rs, not oracle.rs
+pub fn batch_checkpoint(
+    inputs: &[Input],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+    crash_at: usize,
+) -> Option<(Parts, Vec<Pane>)> {
+    let (sources, roles) = batch_sources();
+    let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
+    let parts = runtime().block_on(async {
+        let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
+        let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
+        let (cancel, cancelled) = watch::channel(false);
+        let executor: Arc<dyn StageExecutor> = sdk.clone();
+        let engine = Engine::builder(plan, executor, config, "oracle", clock)
+            .checkpoints(Duration::ZERO, checkpoints, None)
+            .build()
+            .expect("an engine");
+        let run = tokio::spawn(engine.run(cancelled));
+        let mut chosen = None;
+        for _ in 0..crash_at {
+            chosen = received.recv().await;
+        }
+        let _ = cancel.send(true);
+        let _ = run.await;
+        chosen
+    })?;
+    let info = describe_checkpoint(&parts).expect("a readable checkpoint");
+    let mut committed: Vec<Pane> = sdk
+        .sink
+        .lock()
+        .iter()
+        .filter(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b))
+        .map(|(_, p)| p.clone())
+        .collect();
+    committed.sort();
+    Some((parts, committed))
+}
+
+/// A batch run (as [`run_batch`]) finished in a new engine from the
+/// checkpoint `parts` (perhaps another build's): the panes its sink
+/// receives from there, sorted, or why the checkpoint does not restore.
+#[allow(dead_code)] // for checkpoint_fixtures.rs, not oracle.rs
+pub fn finish_batch(
+    parts: &[(String, Bytes)],
+    inputs: &[Input],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+) -> Result<Vec<Pane>, String> {
+    let (sources, roles) = batch_sources();
+    let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
+    let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
+    let executor: Arc<dyn StageExecutor> = sdk.clone();
+    let mut engine =
+        Engine::new(plan, executor, config, "oracle", clock).map_err(|e| e.to_string())?;
+    engine.restore(parts).map_err(|e| e.to_string())?;
+    let (_cancel, cancelled) = watch::channel(false);
+    runtime()
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), engine.run(cancelled)).await
+        })
+        .map_err(|_| "the restored run did not finish within 60 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut panes: Vec<Pane> = sdk.sink.lock().iter().map(|(_, p)| p.clone()).collect();
+    panes.sort();
+    Ok(panes)
 }
 
 /// Replays `events` from a TestStream through a GroupByKey with `strategy`.
