@@ -194,13 +194,14 @@ def exit_now(code):
 
 class RefractProcess:
   """A refract process started by a test, with its log in a file."""
-  def __init__(self, args, log_path, cwd=None):
+  def __init__(self, args, log_path, cwd=None, env=None):
     self.args = [str(a) for a in args]
     self.log_path = str(log_path)
     self._log = open(self.log_path, 'wb')
     self.proc = subprocess.Popen(
         self.args,
         cwd=cwd,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=self._log,
         stderr=subprocess.STDOUT,
@@ -228,12 +229,12 @@ def serving(request, server):
 
 class RefractServer(RefractProcess):
   def __init__(self, binary, log_path, port=None, extra_args=None, args=None,
-               cwd=None):
+               cwd=None, env=None):
     self.port = port or free_port()
     self.endpoint = 'localhost:%d' % self.port
     if args is None:
       args = [binary, 'serve', '--job_port', self.port] + list(extra_args or [])
-    super().__init__(args, log_path, cwd=cwd)
+    super().__init__(args, log_path, cwd=cwd, env=env)
 
   def wait_ready(self):
     wait_until_serving(self.proc, self.endpoint)

@@ -3,14 +3,21 @@ here, so what can be checked on one machine is: they are valid YAML with
 the kinds the docs describe, and the refract container's arguments are
 flags `refract serve` takes — a server started with them serves and lists
 the pools the manifests name —, it names each pool Service by its name and
-port, and the Java pool's arguments start `refract worker-pool`."""
+port, the Java pool's arguments start `refract worker-pool`, which with the
+manifests' token variable refuses calls without the token and does not hand
+it to the boot program, and only the server's pods may call the pools."""
 
 import os
 import socket
 import subprocess
 import time
 
+import grpc
+import pytest
 import yaml
+from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.portability.api import endpoints_pb2
 
 from refract_testlib import RefractServer
 from refract_testlib import free_port
@@ -44,7 +51,7 @@ def test_each_manifest_is_kubernetes_yaml_of_the_kinds_documented():
   ]
   for name, found in kinds.items():
     if name.endswith('-pool.yaml'):
-      assert found == ['Deployment', 'Service'], name
+      assert found == ['Deployment', 'NetworkPolicy', 'Service'], name
       (service,) = [d for d in documents(name) if d['kind'] == 'Service']
       # Headless: the pool Service's name resolves to every pool pod.
       assert service['spec']['clusterIP'] == 'None', name
@@ -65,7 +72,7 @@ def test_the_refract_containers_arguments_start_a_server_with_those_pools(
   server = RefractServer(
       refract_bin, tmp_path / 'serve.log', extra_args=args + [
           '--serve_http=false'
-      ])
+      ], env=container_env(container))
   with serving(request, server):
     listed = subprocess.run(
         [refract_bin, 'pools', 'list', '--job_endpoint', server.endpoint],
@@ -74,6 +81,56 @@ def test_the_refract_containers_arguments_start_a_server_with_those_pools(
   assert specs, args
   for spec in specs:
     assert spec in listed, listed
+
+
+TOKEN = 'a-token-for-the-test-of-the-manifests'
+
+
+def secret_env(container):
+  """The container's variables that come from Secrets: name -> (Secret,
+  key)."""
+  return {
+      e['name']: (e['valueFrom']['secretKeyRef']['name'],
+                  e['valueFrom']['secretKeyRef']['key'])
+      for e in container.get('env', [])
+      if 'secretKeyRef' in e.get('valueFrom', {})
+  }
+
+
+def container_env(container):
+  """This process's environment with the container's Secret variables,
+  each set to the test's token."""
+  env = dict(os.environ)
+  env.update({name: TOKEN for name in secret_env(container)})
+  return env
+
+
+def test_the_server_and_the_java_pools_share_one_token_secret():
+  (server_token,) = secret_env(refract_container()).items()
+  java, _ = pool_manifests()['java-pool.yaml']
+  (pool_token,) = secret_env(java).items()
+  assert server_token == pool_token == (
+      'REFRACT_POOL_TOKEN', ('refract-pool-token', 'token')), (server_token,
+                                                             pool_token)
+
+
+def test_only_the_server_may_call_the_pools():
+  (deployment,) = [
+      d for d in documents('refract.yaml') if d['kind'] == 'Deployment'
+  ]
+  server_labels = deployment['spec']['template']['metadata']['labels']
+  for name in ['java-pool.yaml', 'python-pool.yaml']:
+    docs = documents(name)
+    (pool,) = [d for d in docs if d['kind'] == 'Deployment']
+    (policy,) = [d for d in docs if d['kind'] == 'NetworkPolicy']
+    spec = policy['spec']
+    assert spec['podSelector']['matchLabels'] == pool['spec']['template'][
+        'metadata']['labels'], name
+    assert spec['policyTypes'] == ['Ingress'], name
+    (rule,) = spec['ingress']
+    (source,) = rule['from']
+    assert source['podSelector']['matchLabels'] == server_labels, name
+    assert rule['ports'] == [{'port': 'pool'}], name
 
 
 def pool_manifests():
@@ -110,30 +167,56 @@ def test_the_server_names_each_pool_service_by_its_name_and_port():
 
 def test_the_java_pools_arguments_start_a_refract_worker_pool(
     refract_bin, tmp_path):
+  """With the manifest's arguments and its token variable: a call without
+  the token is refused, one with it runs the boot program, which does not
+  inherit the token."""
   container, _ = pool_manifests()['java-pool.yaml']
   assert container['command'] == ['/pool/refract']
   args = container['args']
   assert args[0] == 'worker-pool'
   port = free_port()
-  # This machine's own address, port and an executable for the image's
-  # boot program.
+  # This machine's own address and port, and for the image's boot program
+  # one that writes down its environment.
+  boot = tmp_path / 'boot'
+  boot.write_text('#!/bin/sh\nenv > "%s"\n' % (tmp_path / 'boot-env'))
+  boot.chmod(0o755)
   args = [
       {'--host=0.0.0.0': '--host=127.0.0.1',
-       '--boot=/opt/apache/beam/boot': '--boot=/bin/true'}.get(a, a)
+       '--boot=/opt/apache/beam/boot': '--boot=%s' % boot}.get(a, a)
       for a in args
   ]
   args = ['--port=%d' % port if a.startswith('--port=') else a for a in args]
   log = tmp_path / 'pool.log'
   with open(log, 'w') as out:
     proc = subprocess.Popen([refract_bin] + args, stdout=out,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT,
+                            env=container_env(container))
   try:
     deadline = time.monotonic() + 30
     while 'worker pool listening' not in log.read_text():
       assert proc.poll() is None, log.read_text()
       assert time.monotonic() < deadline, log.read_text()
       time.sleep(0.1)
-    socket.create_connection(('127.0.0.1', port), timeout=5).close()
+    assert 'no --token_file' not in log.read_text(), log.read_text()
+    endpoint = endpoints_pb2.ApiServiceDescriptor(url='127.0.0.1:1')
+    request = beam_fn_api_pb2.StartWorkerRequest(
+        worker_id='w1', control_endpoint=endpoint,
+        provision_endpoint=endpoint)
+    with grpc.insecure_channel('127.0.0.1:%d' % port) as channel:
+      pool = beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(channel)
+      with pytest.raises(grpc.RpcError) as refused:
+        pool.StartWorker(request, timeout=10)
+      assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+      started = pool.StartWorker(
+          request, timeout=10,
+          metadata=[('x-refract-pool-token', TOKEN)])
+      assert started.error == '', started.error
+    deadline = time.monotonic() + 30
+    while not (tmp_path / 'boot-env').exists():
+      assert time.monotonic() < deadline, log.read_text()
+      time.sleep(0.1)
+    time.sleep(0.2)  # written by then
+    assert TOKEN not in (tmp_path / 'boot-env').read_text()
   finally:
     proc.terminate()
     proc.wait(timeout=20)

@@ -110,9 +110,14 @@ pub struct WorkerPoolArgs {
     pub local_peers: LocalPeersArg,
     /// A file (mode 600) holding a token of at least 16 characters that
     /// every caller must show (`serve --worker_pool_token_file` with the
-    /// same token); without it, any caller the port admits is served.
+    /// same token). Without it, the token in `$REFRACT_POOL_TOKEN` if that
+    /// is set; without either, any caller the port admits is served.
     #[arg(long = "token_file")]
     pub token_file: Option<PathBuf>,
+    /// The token `$REFRACT_POOL_TOKEN` held when the process started (the
+    /// binary takes it out of its environment first thing).
+    #[arg(skip)]
+    pub token_from_env: Option<refract_sdk_harness::PoolToken>,
     /// Workers running at once; more are refused (default: four per core).
     #[arg(long = "max_workers", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: Option<usize>,
@@ -309,8 +314,13 @@ pub struct ServeArgs {
     pub worker_pool: Vec<crate::pools::PoolSpec>,
     /// A file (mode 600) holding the token `refract worker-pool
     /// --token_file` was given: every call to a worker pool carries it.
+    /// Without it, the token in `$REFRACT_POOL_TOKEN` if that is set.
     #[arg(long = "worker_pool_token_file")]
     pub worker_pool_token_file: Option<PathBuf>,
+    /// The token `$REFRACT_POOL_TOKEN` held when the process started (the
+    /// binary takes it out of its environment first thing).
+    #[arg(skip)]
+    pub worker_pool_token_from_env: Option<refract_sdk_harness::PoolToken>,
     /// SDK workers started per environment of a job when the job's own
     /// `--sdk_worker_parallelism` option is 0, or 1 (Python's default)
     /// when this flag is set (0 here: one per core, or as many as the

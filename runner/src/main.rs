@@ -112,9 +112,15 @@ fn block_on(command: impl std::future::Future<Output = Result<()>>) -> Result<()
 fn main() -> Result<()> {
     // Before any thread allocates: see the module's docs for why.
     let allocator_tuned = refract_engine::allocator::tune_system_allocator();
+    // Before any thread starts, too: it leaves the environment, which the
+    // processes started later (SDK workers) inherit.
+    let pool_token = refract_sdk_harness::PoolToken::take_from_env();
     let cli = Cli::parse_from(normalize_args(std::env::args()));
     let args = match cli.command {
-        Some(Command::Serve(args)) => args,
+        Some(Command::Serve(mut args)) => {
+            args.worker_pool_token_from_env = pool_token?;
+            args
+        }
         Some(Command::Drain(job)) => return block_on(client::drain(job)),
         Some(Command::Cancel(job)) => return block_on(client::cancel(job)),
         Some(Command::Jobs(args)) => return block_on(client::jobs(args)),
@@ -124,7 +130,8 @@ fn main() -> Result<()> {
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
         Some(Command::Pools(command)) => return block_on(refract::pools_command::run(command)),
-        Some(Command::WorkerPool(pool)) => {
+        Some(Command::WorkerPool(mut pool)) => {
+            pool.token_from_env = pool_token?;
             init_command_logging("info");
             return multi_thread_runtime()?.block_on(refract::worker_pool_command::run(
                 pool,
@@ -144,7 +151,11 @@ fn main() -> Result<()> {
             let code = multi_thread_runtime()?.block_on(refract::run_command::run(run))?;
             std::process::exit(code);
         }
-        None => cli.serve,
+        None => {
+            let mut args = cli.serve;
+            args.worker_pool_token_from_env = pool_token?;
+            args
+        }
     };
     init_logging(&args);
     tracing::debug!(allocator_tuned, "fixed glibc's mmap and trim thresholds");

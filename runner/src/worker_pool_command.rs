@@ -16,15 +16,15 @@ pub async fn run(
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let max_workers = args.max_workers.unwrap_or(cores * DEFAULT_WORKERS_PER_CORE);
-    let token = args
-        .token_file
-        .as_deref()
-        .map(refract_sdk_harness::PoolToken::read_file)
-        .transpose()?;
+    let token = refract_sdk_harness::PoolToken::from_file_or(
+        args.token_file.as_deref(),
+        args.token_from_env.as_ref(),
+    )?;
     if token.is_none() {
         tracing::warn!(
-            "no --token_file: any caller that reaches this pool's port can have it run the boot \
-             program"
+            "no --token_file or ${}: any caller that reaches this pool's port can have it run \
+             the boot program",
+            refract_sdk_harness::POOL_TOKEN_ENV
         );
     }
     let pool = BootPool::new(BootPoolConfig {

@@ -29,11 +29,11 @@ pub enum HarnessError {
     /// A worker pool's gRPC server stopped with an error.
     #[error("the worker pool's server failed: {0}")]
     PoolServer(String),
-    /// A worker pool token file cannot be used.
-    #[error("the worker pool token file {path}: {reason}")]
+    /// A worker pool token cannot be used.
+    #[error("the worker pool token in {from}: {reason}")]
     PoolToken {
-        /// The file, as given.
-        path: String,
+        /// Where it was read: a file as given, or the environment variable.
+        from: String,
         /// What is wrong with it.
         reason: String,
     },

@@ -18,8 +18,15 @@ pub const POOL_TOKEN_HEADER: &str = "x-refract-pool-token";
 /// The shortest token accepted: guessing one must be hopeless.
 const MIN_TOKEN_BYTES: usize = 16;
 
+/// The environment variable a token may come in instead of a file, as
+/// Kubernetes hands a Secret to a container that does not run as root (a
+/// Secret's files are root's): a process's environment is readable by its
+/// user only.
+pub const POOL_TOKEN_ENV: &str = "REFRACT_POOL_TOKEN";
+
 /// A shared secret between a server and its worker pools (read from a
-/// file, never from a flag: a command line is readable by every user).
+/// file or the environment, never from a flag: a command line is readable
+/// by every user).
 #[derive(Clone)]
 pub struct PoolToken(String);
 
@@ -35,7 +42,7 @@ impl PoolToken {
     /// bytes long.
     pub fn read_file(path: &Path) -> Result<PoolToken, HarnessError> {
         let refuse = |reason: String| HarnessError::PoolToken {
-            path: path.display().to_string(),
+            from: format!("the file {}", path.display()),
             reason,
         };
         let meta = std::fs::metadata(path).map_err(|e| refuse(e.to_string()))?;
@@ -54,19 +61,57 @@ impl PoolToken {
             return Err(refuse("not a regular file".to_string()));
         }
         let text = std::fs::read_to_string(path).map_err(|e| refuse(e.to_string()))?;
-        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        Self::parse(text.lines().next().unwrap_or_default()).map_err(refuse)
+    }
+
+    /// The token in [`POOL_TOKEN_ENV`], if it is set (the same rules as a
+    /// file's first line), taken out of this process's environment so that
+    /// no process it starts inherits it: SDK workers run the job's code.
+    /// Call it before any other thread runs (changing the environment is
+    /// not safe while another thread may read it).
+    pub fn take_from_env() -> Result<Option<PoolToken>, HarnessError> {
+        let Some(text) = std::env::var_os(POOL_TOKEN_ENV) else {
+            return Ok(None);
+        };
+        std::env::remove_var(POOL_TOKEN_ENV);
+        let refuse = |reason: String| HarnessError::PoolToken {
+            from: format!("${POOL_TOKEN_ENV}"),
+            reason,
+        };
+        let text = text
+            .into_string()
+            .map_err(|_| refuse("not UTF-8".to_string()))?;
+        Self::parse(&text).map(Some).map_err(refuse)
+    }
+
+    /// A token from its text, trimmed: at least 16 bytes of printable
+    /// ASCII (it travels in a header).
+    fn parse(text: &str) -> Result<PoolToken, String> {
+        let token = text.trim().to_string();
         if token.len() < MIN_TOKEN_BYTES {
-            return Err(refuse(format!(
+            return Err(format!(
                 "the token is {} bytes; at least {MIN_TOKEN_BYTES}",
                 token.len()
-            )));
+            ));
         }
         if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(token.as_str())
             .is_err()
         {
-            return Err(refuse("the token is not printable ASCII".to_string()));
+            return Err("the token is not printable ASCII".to_string());
         }
         Ok(PoolToken(token))
+    }
+
+    /// The token of `file` if one is given, else `from_env` (what
+    /// [`Self::take_from_env`] found).
+    pub fn from_file_or(
+        file: Option<&Path>,
+        from_env: Option<&PoolToken>,
+    ) -> Result<Option<PoolToken>, HarnessError> {
+        match file {
+            Some(path) => Self::read_file(path).map(Some),
+            None => Ok(from_env.cloned()),
+        }
     }
 
     /// Adds the token to a call's headers.
@@ -94,8 +139,9 @@ impl PoolToken {
                 != 0;
         if differs {
             return Err(Status::unauthenticated(format!(
-                "this worker pool needs the token of its --token_file in the {POOL_TOKEN_HEADER} \
-                 header (refract serve --worker_pool_token_file)"
+                "this worker pool needs its token (--token_file or ${POOL_TOKEN_ENV}) in the \
+                 {POOL_TOKEN_HEADER} header (refract serve --worker_pool_token_file or \
+                 ${POOL_TOKEN_ENV})"
             )));
         }
         Ok(())
@@ -124,6 +170,20 @@ mod tests {
         let short = PoolToken::read_file(&token_file(dir.path(), "abc", 0o600)).unwrap_err();
         assert!(short.to_string().contains("at least 16"), "{short}");
         assert!(PoolToken::read_file(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn a_token_from_text_is_trimmed_long_and_printable() {
+        assert_eq!(
+            PoolToken::parse(" 0123456789abcdef \n").map(|t| t.0),
+            Ok("0123456789abcdef".to_string())
+        );
+        assert!(PoolToken::parse("short")
+            .unwrap_err()
+            .contains("at least 16"));
+        assert!(PoolToken::parse("0123456789abcdef\u{7}")
+            .unwrap_err()
+            .contains("printable"));
     }
 
     #[test]
