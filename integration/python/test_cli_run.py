@@ -2,8 +2,9 @@
 started beforehand, shows per-stage progress and the job's metrics, and
 writes the same counts as Beam's DirectRunner; its workers are forked
 processes that load the main session, import beside the script and log to
-the pipeline's console without Beam's start-up warnings; Ctrl-C and SIGTERM stop the run and cancel its
-job."""
+the pipeline's console without Beam's start-up warnings; Ctrl-C and SIGTERM
+stop the run and cancel its job, and a SIGKILL takes the pipeline's process
+with it."""
 
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 
 import wordcount  # integration/wordcount, put on sys.path by conftest.py
 from refract_testlib import alive
+from refract_testlib import children_by_parent
 
 
 def test_refract_run_wordcount(refract_bin, tmp_path):
@@ -337,3 +339,23 @@ def test_sigterm_stops_the_pipeline_and_cancels_its_job_on_a_server(
   assert status.stdout.splitlines()[0] in (
       '%s: CANCELLED' % job.group(1), '%s: CANCELLING' % job.group(1)), (
           status.stdout + status.stderr)
+
+
+def test_a_killed_run_takes_its_pipeline_process_with_it(
+    refract_bin, refract_server, tmp_path):
+  """`refract run` killed outright (SIGKILL: nothing of it runs) cannot
+  stop the pipeline's process itself; the kernel does, so no client is
+  left behind waiting on a server that is gone."""
+  run, _, _ = start_slow_run(
+      refract_bin, tmp_path, ['--job_endpoint', refract_server.endpoint])
+  pipelines = [
+      pid for pid in children_by_parent().get(run.pid, [])
+      if 'slow.py' in open('/proc/%d/cmdline' % pid).read()
+  ]
+  assert len(pipelines) == 1, pipelines
+  run.kill()
+  run.communicate(timeout=60)
+  deadline = time.monotonic() + 10
+  while alive(pipelines[0]):
+    assert time.monotonic() < deadline, 'the pipeline outlived refract run'
+    time.sleep(0.1)

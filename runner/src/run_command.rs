@@ -120,13 +120,27 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         .as_ref()
         .map(|_| ForkServer::start(&python, &boot_dir.path()))
         .transpose()?;
-    let mut child = tokio::process::Command::new(&python)
+    let mut command = tokio::process::Command::new(&python);
+    command
         .arg(&args.pipeline)
         .arg("--runner=PortableRunner")
         .arg(format!("--job_endpoint={endpoint}"))
         .args(&defaults.options)
         .args(&args.pipeline_args)
         .stdin(Stdio::null())
+        .kill_on_drop(true);
+    // Killed outright (SIGKILL, the OOM killer), this process cannot stop
+    // the pipeline's: the kernel does, when the thread that started it
+    // (this one, which runs until the process exits) ends.
+    // SAFETY: the closure runs in the child between fork and exec, and
+    // makes one system call, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = command
         .spawn()
         .with_context(|| format!("starting {python} {}", args.pipeline.display()))?;
 
