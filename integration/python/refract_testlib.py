@@ -2,6 +2,7 @@
 refract processes, and waiting until a job service answers."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 from apache_beam.coders import VarIntCoder
@@ -264,6 +266,12 @@ def job_state(endpoint, job_id):
     state = stub.GetState(
         beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
   return beam_job_api_pb2.JobState.Enum.Name(state)
+
+
+def get_json(url):
+  """The JSON a GET of `url` answers (the web UI's API)."""
+  with urllib.request.urlopen(url, timeout=10) as response:
+    return json.loads(response.read().decode())
 
 
 def job_messages(endpoint, job_id, seconds=1.0):

@@ -3,10 +3,8 @@ reports: the web UI lists it with the transform it is busy in, the job's
 messages say so, and with --fail_stalled_bundles its attempt fails and the
 engine runs its input again, keeping exactly one copy of the output."""
 
-import json
 import os
 import time
-import urllib.request
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -14,6 +12,7 @@ from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 
 from refract_browser import page_dom
+from refract_testlib import get_json
 from refract_testlib import job_messages
 from refract_testlib import serving
 from refract_testlib import ui_server
@@ -34,10 +33,6 @@ class StallOnce(beam.DoFn):
     yield element * 10
 
 
-def get(url):
-  with urllib.request.urlopen(url, timeout=10) as response:
-    return json.loads(response.read().decode())
-
 
 def pipeline(options, marker, seconds):
   p = beam.Pipeline(options=options)
@@ -54,8 +49,8 @@ def wait_for_stalled(ui, timeout_s=30):
   bundles, once it has one."""
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
-    for job in get(ui + '/api/jobs'):
-      stalled = get('%s/api/jobs/%s' % (ui, job['id']))['stalled_bundles']
+    for job in get_json(ui + '/api/jobs'):
+      stalled = get_json('%s/api/jobs/%s' % (ui, job['id']))['stalled_bundles']
       if stalled:
         return job['id'], stalled
     time.sleep(0.2)
@@ -85,7 +80,7 @@ def test_a_stalled_bundle_is_listed_and_told_until_it_ends(
     # Only told: the bundle ends by itself and the job succeeds.
     result.wait_until_finish()
     assert result.state == 'DONE', result.state
-    assert get('%s/api/jobs/%s' % (ui, job))['stalled_bundles'] == []
+    assert get_json('%s/api/jobs/%s' % (ui, job))['stalled_bundles'] == []
     said = [
         m for m in job_messages(server.endpoint, job)
         if 'has made no progress' in m
@@ -111,9 +106,9 @@ def test_with_fail_stalled_bundles_the_bundle_is_run_again(
     # with every output once (assert_that).
     assert result.state == 'DONE', result.state
     assert time.monotonic() - started < 18, time.monotonic() - started
-    job = get(ui + '/api/jobs')[0]['id']
+    job = get_json(ui + '/api/jobs')[0]['id']
     said = job_messages(server.endpoint, job)
     stalls = [m for m in said if 'has made no progress' in m]
     assert stalls and 'failed, to be retried' in stalls[0], said
-    failed = get('%s/api/jobs/%s' % (ui, job))['failed_bundles']
+    failed = get_json('%s/api/jobs/%s' % (ui, job))['failed_bundles']
     assert failed and failed[0]['count'] == 1, failed

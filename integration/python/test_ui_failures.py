@@ -4,15 +4,14 @@ bundles grouped by the transform that threw, and a graph of the user's
 transforms by the names the pipeline gave them, with composites that open
 from the page's address. Screenshots are kept as test artifacts."""
 
-import json
 import subprocess
-import urllib.request
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from refract_browser import page_dom
 from refract_browser import screenshot
+from refract_testlib import get_json
 from refract_testlib import ui_server
 
 BAD_RECORD = 'refract-ui: cannot decode record'
@@ -33,10 +32,6 @@ class Parse(beam.PTransform):
         | 'KeepEven' >> beam.Filter(lambda n: n % 2 == 0))
 
 
-def get(url):
-  with urllib.request.urlopen(url, timeout=10) as response:
-    return json.loads(response.read().decode())
-
 
 def test_failed_job_shows_error_failing_transform_and_user_graph(
     request, refract_bin, tmp_path):
@@ -55,8 +50,8 @@ def test_failed_job_shows_error_failing_transform_and_user_graph(
       result.wait_until_finish()
     except Exception as e:  # pylint: disable=broad-except
       assert BAD_RECORD in str(e), e
-    job = get(ui + '/api/jobs')[0]['id']
-    details = get('%s/api/jobs/%s' % (ui, job))
+    job = get_json(ui + '/api/jobs')[0]['id']
+    details = get_json('%s/api/jobs/%s' % (ui, job))
     assert details['state'] == 'FAILED', details['state']
     assert BAD_RECORD in details['failure'], details['failure']
 
@@ -67,7 +62,7 @@ def test_failed_job_shows_error_failing_transform_and_user_graph(
     assert 'Traceback' in groups[0]['last_error'], groups[0]['last_error']
 
     # The graph names the user's transforms; the composite opens.
-    graph = get('%s/api/jobs/%s/graph' % (ui, job))
+    graph = get_json('%s/api/jobs/%s/graph' % (ui, job))
     names = {t['name'] for t in graph['transforms']}
     assert {'Lines', 'Parse', 'Parse/Decode', 'Parse/KeepEven',
             'CountAll'} <= names, names

@@ -84,13 +84,10 @@ pub async fn start(
                 args.fn_api_port
             )
         })?;
-    let pool_token = refract_sdk_harness::PoolToken::from_file_or(
+    fn_server.set_pool_token(refract_sdk_harness::PoolToken::from_file_or(
         args.worker_pool_token_file.as_deref(),
         args.worker_pool_token_from_env.as_ref(),
-    )?;
-    if pool_token.is_some() {
-        fn_server.set_pool_token(pool_token);
-    }
+    )?);
     fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
         enabled: args.sdk_images_as_processes,
         python: args.sdk_python.clone(),

@@ -646,6 +646,19 @@ async fn a_burst_of_large_prepares_is_read_a_few_at_a_time() {
         .expect("GetJobs");
 }
 
+/// Impulse → one Flatten, the Flatten carrying an annotation of `bytes`:
+/// a valid pipeline of any size.
+fn chain_carrying(bytes: usize) -> common::Pipe {
+    let mut pipe = common::Pipe::chain(1);
+    pipe.components
+        .transforms
+        .get_mut("flatten1")
+        .expect("a flatten")
+        .annotations
+        .insert("large".into(), vec![b'x'; bytes]);
+    pipe
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ui_draws_the_graph_of_a_pipeline_larger_than_4_mib() {
     let argv = ["refract", "serve", "--job_port", "0", "--ui_port", "0"];
@@ -655,14 +668,10 @@ async fn the_ui_draws_the_graph_of_a_pipeline_larger_than_4_mib() {
     };
     let server = TestServer::start_with(args).await;
     let ui_port = server.server.ui_address.expect("the UI is served").port();
-    let mut pipe = common::Pipe::chain(1);
-    pipe.components
-        .transforms
-        .get_mut("flatten1")
-        .expect("a flatten")
-        .annotations
-        .insert("large".into(), vec![b'x'; 6 << 20]);
-    let id = server.prepare(pipe.build()).await.expect("prepared");
+    let id = server
+        .prepare(chain_carrying(6 << 20).build())
+        .await
+        .expect("prepared");
     let request = format!("GET /api/jobs/{id}/graph HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n");
     let answer = String::from_utf8_lossy(&common::probe(None, ui_port, &request, 1 << 20).await)
         .into_owned();
@@ -682,16 +691,8 @@ async fn the_ui_draws_the_graph_of_a_pipeline_larger_than_4_mib() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepare_over_max_message_bytes_is_refused_before_it_is_decoded() {
     let server = TestServer::start_with(common::serve_args(&["--max_message_bytes", "8m"])).await;
-    let mut large = common::Pipe::chain(1);
-    large
-        .components
-        .transforms
-        .get_mut("flatten1")
-        .expect("a flatten")
-        .annotations
-        .insert("large".into(), vec![b'x'; 12 << 20]);
     let status = server
-        .prepare(large.build())
+        .prepare(chain_carrying(12 << 20).build())
         .await
         .expect_err("over the limit");
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");

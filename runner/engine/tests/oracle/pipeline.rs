@@ -203,6 +203,84 @@ fn bundle_number(bundle_id: &str) -> u64 {
         .expect("bundle ids end in -b<number>")
 }
 
+/// The clock of every engine here: processing time stands still, so a run
+/// is the same every time.
+fn fixed_clock() -> Arc<dyn Fn() -> Timestamp + Send + Sync> {
+    Arc::new(|| 0)
+}
+
+/// Where a run stopped at a checkpoint got to.
+enum Cut {
+    /// Its `n`th checkpoint, after which it was stopped as a crashed
+    /// process would be.
+    At(Vec<(String, Bytes)>),
+    /// It ended before that many checkpoints.
+    Finished(Result<RunSummary, EngineError>),
+}
+
+/// Runs a new engine of `plan`, checkpointing continuously, until its
+/// `n`th checkpoint.
+async fn run_to_checkpoint(
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    n: usize,
+) -> Result<Cut, EngineError> {
+    let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
+    // The sender must outlive the run: dropping it cancels the job.
+    let (cancel, cancelled) = watch::channel(false);
+    let engine = Engine::builder(plan, executor, config, "oracle", fixed_clock())
+        .checkpoints(Duration::ZERO, checkpoints, None)
+        .build()?;
+    let run = tokio::spawn(engine.run(cancelled));
+    let mut chosen = None;
+    let mut seen = 0;
+    while let Some(parts) = received.recv().await {
+        seen += 1;
+        if seen == n {
+            chosen = Some(parts);
+            let _ = cancel.send(true);
+            break;
+        }
+    }
+    let outcome = run.await.expect("the run does not panic");
+    Ok(match chosen {
+        Some(parts) => Cut::At(parts),
+        None => Cut::Finished(outcome),
+    })
+}
+
+/// Keeps the panes of the sink bundles that checkpoint `parts` counts as
+/// done, dropping the others, as a crashed process would have lost their
+/// effects.
+fn keep_committed(sdk: &FakeSdk, parts: &[(String, Bytes)]) {
+    let info = describe_checkpoint(parts).expect("a readable checkpoint");
+    sdk.sink
+        .lock()
+        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
+}
+
+/// A new engine of `plan` restored from `parts`, or why it does not
+/// restore.
+fn restored_engine(
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    parts: &[(String, Bytes)],
+) -> Result<Engine, String> {
+    let mut engine =
+        Engine::new(plan, executor, config, "oracle", fixed_clock()).map_err(|e| e.to_string())?;
+    engine.restore(parts).map_err(|e| e.to_string())?;
+    Ok(engine)
+}
+
+/// The sink's panes, sorted.
+fn sink_panes(sdk: &FakeSdk) -> Vec<Pane> {
+    let mut panes: Vec<Pane> = sdk.sink.lock().iter().map(|(_, p)| p.clone()).collect();
+    panes.sort();
+    panes
+}
+
 /// Runs `plan` to the end, or — with `crash_at` — to its `n`th checkpoint,
 /// then from that checkpoint to the end in a new engine, dropping the
 /// panes of sink bundles that the checkpoint does not count as done (as a
@@ -213,46 +291,20 @@ async fn run_engine(
     config: EngineConfig,
     crash_at: Option<usize>,
 ) -> Result<(RunSummary, bool), EngineError> {
-    let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
     let executor: Arc<dyn StageExecutor> = sdk.clone();
-    // The sender must outlive the run: dropping it cancels the job.
-    let (cancel, cancelled) = watch::channel(false);
     let Some(crash_at) = crash_at else {
-        let engine = Engine::new(plan, executor, config, "oracle", clock)?;
+        let (_cancel, cancelled) = watch::channel(false);
+        let engine = Engine::new(plan, executor, config, "oracle", fixed_clock())?;
         return Ok((engine.run(cancelled).await?, false));
     };
-    let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
-    let engine = Engine::builder(
-        plan.clone(),
-        executor.clone(),
-        config.clone(),
-        "oracle",
-        clock.clone(),
-    )
-    .checkpoints(Duration::ZERO, checkpoints, None)
-    .build()?;
-    let first = tokio::spawn(engine.run(cancelled));
-    let mut chosen = None;
-    let mut seen = 0;
-    while let Some(parts) = received.recv().await {
-        seen += 1;
-        if seen == crash_at {
-            chosen = Some(parts);
-            let _ = cancel.send(true);
-            break;
-        }
-    }
-    let outcome = first.await.expect("the first run does not panic");
-    let Some(parts) = chosen else {
-        // It finished before that many checkpoints: nothing to recover.
-        return Ok((outcome?, false));
-    };
-    let info = describe_checkpoint(&parts).expect("a readable checkpoint");
-    sdk.sink
-        .lock()
-        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
-    let mut engine = Engine::new(plan, executor, config, "oracle", clock)?;
-    engine.restore(&parts).expect("the checkpoint restores");
+    let parts =
+        match run_to_checkpoint(plan.clone(), executor.clone(), config.clone(), crash_at).await? {
+            Cut::At(parts) => parts,
+            // Nothing to recover.
+            Cut::Finished(outcome) => return Ok((outcome?, false)),
+        };
+    keep_committed(&sdk, &parts);
+    let engine = restored_engine(plan, executor, config, &parts).expect("the checkpoint restores");
     let (_cancel, cancelled) = watch::channel(false);
     Ok((engine.run(cancelled).await?, true))
 }
@@ -368,10 +420,8 @@ fn run(
             .await
             .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))?
     })?;
-    let mut panes: Vec<Pane> = sdk.sink.lock().iter().map(|(_, p)| p.clone()).collect();
-    panes.sort();
     Ok(Run {
-        panes,
+        panes: sink_panes(&sdk),
         dropped_late: summary.dropped_late,
         restored,
         strict: summary.strict,
@@ -447,34 +497,14 @@ pub fn batch_checkpoint(
 ) -> Option<(Parts, Vec<Pane>)> {
     let (sources, roles) = batch_sources();
     let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
-    let parts = runtime().block_on(async {
-        let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
-        let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
-        let (cancel, cancelled) = watch::channel(false);
-        let executor: Arc<dyn StageExecutor> = sdk.clone();
-        let engine = Engine::builder(plan, executor, config, "oracle", clock)
-            .checkpoints(Duration::ZERO, checkpoints, None)
-            .build()
-            .expect("an engine");
-        let run = tokio::spawn(engine.run(cancelled));
-        let mut chosen = None;
-        for _ in 0..crash_at {
-            chosen = received.recv().await;
-        }
-        let _ = cancel.send(true);
-        let _ = run.await;
-        chosen
-    })?;
-    let info = describe_checkpoint(&parts).expect("a readable checkpoint");
-    let mut committed: Vec<Pane> = sdk
-        .sink
-        .lock()
-        .iter()
-        .filter(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b))
-        .map(|(_, p)| p.clone())
-        .collect();
-    committed.sort();
-    Some((parts, committed))
+    let cut = runtime()
+        .block_on(run_to_checkpoint(plan, sdk.clone(), config, crash_at))
+        .expect("an engine");
+    let Cut::At(parts) = cut else {
+        return None;
+    };
+    keep_committed(&sdk, &parts);
+    Some((parts, sink_panes(&sdk)))
 }
 
 /// A batch run (as [`run_batch`]) finished in a new engine from the
@@ -489,11 +519,7 @@ pub fn finish_batch(
 ) -> Result<Vec<Pane>, String> {
     let (sources, roles) = batch_sources();
     let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
-    let clock: Arc<dyn Fn() -> Timestamp + Send + Sync> = Arc::new(|| 0);
-    let executor: Arc<dyn StageExecutor> = sdk.clone();
-    let mut engine =
-        Engine::new(plan, executor, config, "oracle", clock).map_err(|e| e.to_string())?;
-    engine.restore(parts).map_err(|e| e.to_string())?;
+    let engine = restored_engine(plan, sdk.clone(), config, parts)?;
     let (_cancel, cancelled) = watch::channel(false);
     runtime()
         .block_on(async {
@@ -501,9 +527,7 @@ pub fn finish_batch(
         })
         .map_err(|_| "the restored run did not finish within 60 s".to_string())?
         .map_err(|e| e.to_string())?;
-    let mut panes: Vec<Pane> = sdk.sink.lock().iter().map(|(_, p)| p.clone()).collect();
-    panes.sort();
-    Ok(panes)
+    Ok(sink_panes(&sdk))
 }
 
 /// Replays `events` from a TestStream through a GroupByKey with `strategy`.
