@@ -8,8 +8,13 @@
    two must be merged or the shared part moved out. An edge is any path
    written in a file (`crate::..`, `super::..`, `self::..`, or a child's
    name in a `mod.rs`), resolved to the deepest module file it names.
-2. Size: no non-test source file is over 1 000 lines.
+2. Size: no non-test source file is over 1 000 lines, and no non-test
+   function over 120 lines (the functions in LONG_FUNCTIONS, written before
+   the rule, may not grow, and leave the list once split).
 3. Self-contained: no file in the repository points at notes outside it.
+4. Explicit imports: no non-test file imports its parent wholesale
+   (`use super::*`); a file names what it takes, so its imports say what
+   it touches.
 
 Test code is not held to these rules: files named `tests.rs` or
 `*_tests.rs`, files under a `tests/` or `benches/` directory, and items
@@ -24,243 +29,301 @@ import subprocess
 import sys
 
 MAX_LINES = 1000
+MAX_FUNCTION_LINES = 120
+# Functions longer than MAX_FUNCTION_LINES from before the rule, with the
+# most lines each may have: `crate/src/file.rs:name`. Shrink, never grow.
+LONG_FUNCTIONS = {
+  'runner/translate/src/descriptor.rs:build': 240,
+  'runner/translate/src/assemble.rs:assemble': 202,
+  'runner/src/harness_executor.rs:run_bundle': 191,
+  'sdk-harness/src/collector.rs:response_kind': 190,
+  'runner/src/serve.rs:start': 187,
+  'runner/translate/src/merge.rs:window_merger': 156,
+  'runner/src/main.rs:init_logging': 148,
+  'runner/translate/src/builder/combine.rs:lift': 143,
+  'runner/src/run_command.rs:run': 135,
+  'runner/translate/src/environments.rs:name': 134,
+  'runner/translate/src/builder/sdf.rs:expand': 133,
+  'runner/engine/src/store/overlay.rs:read_all': 127,
+}
 IDENT = r'[A-Za-z_][A-Za-z0-9_]*'
 # Words that point at the design notes kept outside the repository.
 OUTSIDE_POINTERS = ('../shared/', 'fn-api-notes', 'shared/design.md')
 
 
 def crate_roots(repo):
-    """(name, src dir) of every crate: each Cargo.toml with a src/lib.rs or
-    src/main.rs."""
-    out = subprocess.run(['git', 'ls-files', '*Cargo.toml'], cwd=repo,
-                         capture_output=True, text=True, check=True).stdout
-    roots = []
-    for manifest in out.split():
-        src = os.path.join(repo, os.path.dirname(manifest), 'src')
-        if os.path.isdir(src):
-            roots.append((os.path.dirname(manifest) or '.', src))
-    return roots
+  """(name, src dir) of every crate: each Cargo.toml with a src/lib.rs or
+  src/main.rs."""
+  out = subprocess.run(
+    ['git', 'ls-files', '*Cargo.toml'], cwd=repo, capture_output=True, text=True, check=True
+  ).stdout
+  roots = []
+  for manifest in out.split():
+    src = os.path.join(repo, os.path.dirname(manifest), 'src')
+    if os.path.isdir(src):
+      roots.append((os.path.dirname(manifest) or '.', src))
+  return roots
 
 
 def is_test_file(rel):
-    parts = rel.split('/')
-    name = parts[-1]
-    return (name == 'tests.rs' or name.endswith('_tests.rs')
-            or 'tests' in parts[:-1] or 'benches' in parts[:-1])
+  parts = rel.split('/')
+  name = parts[-1]
+  return (
+    name == 'tests.rs'
+    or name.endswith('_tests.rs')
+    or 'tests' in parts[:-1]
+    or 'benches' in parts[:-1]
+  )
 
 
 def module_path(rel):
-    """The module path of a file relative to src/: lib.rs -> (),
-    a/mod.rs -> ('a',), a/b.rs -> ('a', 'b')."""
-    parts = rel[:-3].split('/')
-    if parts[-1] in ('mod', 'lib', 'main'):
-        parts = parts[:-1]
-    return tuple(parts)
+  """The module path of a file relative to src/: lib.rs -> (),
+  a/mod.rs -> ('a',), a/b.rs -> ('a', 'b')."""
+  parts = rel[:-3].split('/')
+  if parts[-1] in ('mod', 'lib', 'main'):
+    parts = parts[:-1]
+  return tuple(parts)
 
 
 def strip_comments_and_strings(text):
-    text = re.sub(r'//[^\n]*', '', text)
-    text = re.sub(r'/\*.*?\*/', '', text, flags=re.S)
-    text = re.sub(r'r#*"(?:.|\n)*?"#*', '""', text)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    return text
+  text = re.sub(r'//[^\n]*', '', text)
+  text = re.sub(r'/\*.*?\*/', '', text, flags=re.S)
+  text = re.sub(r'r#*"(?:.|\n)*?"#*', '""', text)
+  text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+  return text
 
 
 def non_test_part(code):
-    """`code` without its `#[cfg(test)]` items: a braced item (a `mod`, an
-    `impl`, a function) is cut to its closing brace, anything else to its
-    semicolon. Comments and strings must be stripped first."""
-    out, pos = [], 0
-    marker = re.compile(r'#\[cfg\(test\)\]')
-    while True:
-        m = marker.search(code, pos)
-        if not m:
-            out.append(code[pos:])
-            return ''.join(out)
-        out.append(code[pos:m.start()])
-        i = m.end()
-        while i < len(code) and code[i] not in '{;':
-            i += 1
-        if i < len(code) and code[i] == '{':
-            depth = 0
-            while i < len(code):
-                depth += {'{': 1, '}': -1}.get(code[i], 0)
-                i += 1
-                if depth == 0:
-                    break
-        else:
-            i += 1
-        pos = i
+  """`code` without its `#[cfg(test)]` items: a braced item (a `mod`, an
+  `impl`, a function) is cut to its closing brace, anything else to its
+  semicolon. Comments and strings must be stripped first."""
+  out, pos = [], 0
+  marker = re.compile(r'#\[cfg\(test\)\]')
+  while True:
+    m = marker.search(code, pos)
+    if not m:
+      out.append(code[pos:])
+      return ''.join(out)
+    out.append(code[pos : m.start()])
+    i = m.end()
+    while i < len(code) and code[i] not in '{;':
+      i += 1
+    if i < len(code) and code[i] == '{':
+      depth = 0
+      while i < len(code):
+        depth += {'{': 1, '}': -1}.get(code[i], 0)
+        i += 1
+        if depth == 0:
+          break
+    else:
+      i += 1
+    pos = i
 
 
 def expand_use(tree):
-    """Every full path of a `use` tree such as `a::{b, c::{d, e}}`."""
-    # Renames (`x as y`) first: the path is what is left of `as`.
-    tree = re.sub(r'\s+as\s+\w+', '', tree)
-    tree = re.sub(r'\s+', '', tree)
-    brace = tree.find('{')
-    if brace < 0:
-        return [tree]
-    prefix, inner = tree[:brace], tree[brace + 1:tree.rfind('}')]
-    depth, start, parts = 0, 0, []
-    for i, ch in enumerate(inner):
-        if ch == '{':
-            depth += 1
-        elif ch == '}':
-            depth -= 1
-        elif ch == ',' and depth == 0:
-            parts.append(inner[start:i])
-            start = i + 1
-    parts.append(inner[start:])
-    paths = []
-    for part in parts:
-        if part:
-            paths.extend(prefix + p for p in expand_use(part))
-    return paths
+  """Every full path of a `use` tree such as `a::{b, c::{d, e}}`."""
+  # Renames (`x as y`) first: the path is what is left of `as`.
+  tree = re.sub(r'\s+as\s+\w+', '', tree)
+  tree = re.sub(r'\s+', '', tree)
+  brace = tree.find('{')
+  if brace < 0:
+    return [tree]
+  prefix, inner = tree[:brace], tree[brace + 1 : tree.rfind('}')]
+  depth, start, parts = 0, 0, []
+  for i, ch in enumerate(inner):
+    if ch == '{':
+      depth += 1
+    elif ch == '}':
+      depth -= 1
+    elif ch == ',' and depth == 0:
+      parts.append(inner[start:i])
+      start = i + 1
+  parts.append(inner[start:])
+  paths = []
+  for part in parts:
+    if part:
+      paths.extend(prefix + p for p in expand_use(part))
+  return paths
 
 
 def referenced_paths(code, children):
-    """Paths (lists of segments, first one crate/super/self or a child
-    module's name) that `code` names."""
-    paths = []
-    for m in re.finditer(r'\buse\s+([^;]+);', code):
-        paths.extend(p.split('::') for p in expand_use(m.group(1)))
-    code = re.sub(r'\buse\s+[^;]+;', '', code)
-    pattern = r'\b((?:crate|super|self)(?:::' + IDENT + r')+)'
-    paths.extend(m.group(1).split('::') for m in re.finditer(pattern, code))
-    for child in children:
-        for m in re.finditer(r'(?<![:\w])(' + child + r'(?:::' + IDENT + r')+)', code):
-            paths.append(m.group(1).split('::'))
-    return paths
+  """Paths (lists of segments, first one crate/super/self or a child
+  module's name) that `code` names."""
+  paths = []
+  for m in re.finditer(r'\buse\s+([^;]+);', code):
+    paths.extend(p.split('::') for p in expand_use(m.group(1)))
+  code = re.sub(r'\buse\s+[^;]+;', '', code)
+  pattern = r'\b((?:crate|super|self)(?:::' + IDENT + r')+)'
+  paths.extend(m.group(1).split('::') for m in re.finditer(pattern, code))
+  for child in children:
+    for m in re.finditer(r'(?<![:\w])(' + child + r'(?:::' + IDENT + r')+)', code):
+      paths.append(m.group(1).split('::'))
+  return paths
 
 
 def resolve(segments, here, modules):
-    """The deepest module in `modules` that the path names, or None."""
-    if not segments:
-        return None
-    head, rest = segments[0], segments[1:]
-    if head == 'crate':
-        base = ()
-    elif head == 'self':
-        base = here
-    elif head == 'super':
-        base = here[:-1]
-        while rest and rest[0] == 'super':
-            base, rest = base[:-1], rest[1:]
+  """The deepest module in `modules` that the path names, or None."""
+  if not segments:
+    return None
+  head, rest = segments[0], segments[1:]
+  if head == 'crate':
+    base = ()
+  elif head == 'self':
+    base = here
+  elif head == 'super':
+    base = here[:-1]
+    while rest and rest[0] == 'super':
+      base, rest = base[:-1], rest[1:]
+  else:
+    base, rest = here, segments
+  path = base
+  best = base if base in modules else None
+  for seg in rest:
+    path = path + (seg,)
+    if path in modules:
+      best = path
     else:
-        base, rest = here, segments
-    path = base
-    best = base if base in modules else None
-    for seg in rest:
-        path = path + (seg,)
-        if path in modules:
-            best = path
-        else:
-            break
-    return best
+      break
+  return best
 
 
 def tangles(nodes, edges):
-    """The strongly connected components of more than one node: sets of
-    modules each of which uses every other, directly or not (Tarjan)."""
-    index, low, on_stack, stack, found = {}, {}, set(), [], []
+  """The strongly connected components of more than one node: sets of
+  modules each of which uses every other, directly or not (Tarjan)."""
+  index, low, on_stack, stack, found = {}, {}, set(), [], []
 
-    def visit(n):
-        index[n] = low[n] = len(index)
-        stack.append(n)
-        on_stack.add(n)
-        for m in sorted(edges.get(n, ())):
-            if m not in index:
-                visit(m)
-                low[n] = min(low[n], low[m])
-            elif m in on_stack:
-                low[n] = min(low[n], index[m])
-        if low[n] == index[n]:
-            component = []
-            while True:
-                m = stack.pop()
-                on_stack.discard(m)
-                component.append(m)
-                if m == n:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
+  def visit(n):
+    index[n] = low[n] = len(index)
+    stack.append(n)
+    on_stack.add(n)
+    for m in sorted(edges.get(n, ())):
+      if m not in index:
+        visit(m)
+        low[n] = min(low[n], low[m])
+      elif m in on_stack:
+        low[n] = min(low[n], index[m])
+    if low[n] == index[n]:
+      component = []
+      while True:
+        m = stack.pop()
+        on_stack.discard(m)
+        component.append(m)
+        if m == n:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
 
-    for n in sorted(nodes):
-        if n not in index:
-            visit(n)
-    return found
+  for n in sorted(nodes):
+    if n not in index:
+      visit(n)
+  return found
+
+
+def function_lengths(code):
+  """(name, lines) of every function with a body in `code` (comments and
+  strings stripped): from `fn` to its closing brace."""
+  for m in re.finditer(r'\bfn\s+(' + IDENT + r')[^;{]*\{', code):
+    i, depth = m.end() - 1, 0
+    while i < len(code):
+      depth += {'{': 1, '}': -1}.get(code[i], 0)
+      if depth == 0:
+        break
+      i += 1
+    yield m.group(1), code.count('\n', m.start(), i) + 1
+
+
+def check_code(crate, rel, code):
+  """The rules one file's non-test code is held to on its own."""
+  problems = []
+  where = f'{crate}/src/{rel}'
+  for name, lines in function_lengths(code):
+    limit = LONG_FUNCTIONS.get(f'{where}:{name}', MAX_FUNCTION_LINES)
+    if lines > limit:
+      problems.append(f'{where}: fn {name} has {lines} lines (at most {limit})')
+  if re.search(r'\buse\s+super::\*\s*;', code):
+    problems.append(f'{where}: `use super::*` (name what the file imports)')
+  return problems
 
 
 def check_crate(crate, src):
-    problems = []
-    files = {}
-    for dirpath, _, names in os.walk(src):
-        for name in names:
-            if name.endswith('.rs'):
-                full = os.path.join(dirpath, name)
-                files[os.path.relpath(full, src)] = full
-    modules = {}
-    for rel in files:
-        if not is_test_file(rel):
-            modules[module_path(rel)] = rel
-    # (parent module) -> {child name -> set of sibling names it uses}
-    sibling_edges = {}
-    for mod, rel in modules.items():
-        with open(files[rel], encoding='utf-8') as f:
-            text = f.read()
-        lines = text.count('\n')
-        if lines > MAX_LINES:
-            problems.append(f'{crate}/src/{rel}: {lines} lines (at most {MAX_LINES})')
-        code = non_test_part(strip_comments_and_strings(text))
-        children = sorted({m[len(mod)] for m in modules if len(m) > len(mod) and m[:len(mod)] == mod})
-        for segments in referenced_paths(code, children):
-            target = resolve(segments, mod, modules)
-            if target is None or target == mod:
-                continue
-            common = 0
-            while (common < len(mod) and common < len(target)
-                   and mod[common] == target[common]):
-                common += 1
-            if common == len(mod) or common == len(target):
-                continue  # an ancestor or a descendant: not a sibling
-            parent = mod[:common]
-            sibling_edges.setdefault(parent, {}).setdefault(
-                mod[common], set()).add(target[common])
-    for parent, edges in sorted(sibling_edges.items()):
-        nodes = set(edges) | {t for ts in edges.values() for t in ts}
-        for tangle in tangles(nodes, edges):
-            where = '/'.join(parent) or 'the crate root'
-            uses = '; '.join(f'{a} uses {", ".join(sorted(set(edges.get(a, ())) & set(tangle)))}'
-                             for a in tangle)
-            problems.append(f'{crate}: modules in {where} use each other in a cycle ({uses})')
-    return problems
+  problems = []
+  files = {}
+  for dirpath, _, names in os.walk(src):
+    for name in names:
+      if name.endswith('.rs'):
+        full = os.path.join(dirpath, name)
+        files[os.path.relpath(full, src)] = full
+  modules = {}
+  for rel in files:
+    if not is_test_file(rel):
+      modules[module_path(rel)] = rel
+  # (parent module) -> {child name -> set of sibling names it uses}
+  sibling_edges = {}
+  for mod, rel in modules.items():
+    with open(files[rel], encoding='utf-8') as f:
+      text = f.read()
+    lines = text.count('\n')
+    if lines > MAX_LINES:
+      problems.append(f'{crate}/src/{rel}: {lines} lines (at most {MAX_LINES})')
+    code = non_test_part(strip_comments_and_strings(text))
+    problems.extend(check_code(crate, rel, code))
+    children = sorted({m[len(mod)] for m in modules if len(m) > len(mod) and m[: len(mod)] == mod})
+    for segments in referenced_paths(code, children):
+      target = resolve(segments, mod, modules)
+      if target is None or target == mod:
+        continue
+      common = 0
+      while common < len(mod) and common < len(target) and mod[common] == target[common]:
+        common += 1
+      if common == len(mod) or common == len(target):
+        continue  # an ancestor or a descendant: not a sibling
+      parent = mod[:common]
+      sibling_edges.setdefault(parent, {}).setdefault(mod[common], set()).add(target[common])
+  for parent, edges in sorted(sibling_edges.items()):
+    nodes = set(edges) | {t for ts in edges.values() for t in ts}
+    for tangle in tangles(nodes, edges):
+      where = '/'.join(parent) or 'the crate root'
+      uses = '; '.join(
+        f'{a} uses {", ".join(sorted(set(edges.get(a, ())) & set(tangle)))}' for a in tangle
+      )
+      problems.append(f'{crate}: modules in {where} use each other in a cycle ({uses})')
+  return problems
 
 
 def check_outside_pointers(repo):
-    out = subprocess.run(['git', 'grep', '-n', '-I', '-F'] +
-                         sum((['-e', p] for p in OUTSIDE_POINTERS), []) +
-                         ['--', '.', ':!integration/check_architecture.py'],
-                         cwd=repo, capture_output=True, text=True).stdout
-    return [f'points outside the repository: {line}' for line in out.splitlines()]
+  out = subprocess.run(
+    ['git', 'grep', '-n', '-I', '-F']
+    + sum((['-e', p] for p in OUTSIDE_POINTERS), [])
+    + ['--', '.', ':!integration/check_architecture.py'],
+    cwd=repo,
+    capture_output=True,
+    text=True,
+  ).stdout
+  return [f'points outside the repository: {line}' for line in out.splitlines()]
 
 
 def main():
-    repo = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__)))
-    problems = []
-    for crate, src in crate_roots(repo):
-        problems.extend(check_crate(crate, src))
-    problems.extend(check_outside_pointers(repo))
-    for p in problems:
-        print(p)
-    if problems:
-        print(f'check_architecture: {len(problems)} problem(s)')
-        return 1
-    print('check_architecture: layers acyclic, files within '
-          f'{MAX_LINES} lines, nothing points outside the repository')
-    return 0
+  repo = (
+    sys.argv[1]
+    if len(sys.argv) > 1
+    else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  )
+  problems = []
+  for crate, src in crate_roots(repo):
+    problems.extend(check_crate(crate, src))
+  problems.extend(check_outside_pointers(repo))
+  for p in problems:
+    print(p)
+  if problems:
+    print(f'check_architecture: {len(problems)} problem(s)')
+    return 1
+  print(
+    'check_architecture: layers acyclic, files within '
+    f'{MAX_LINES} lines, functions within {MAX_FUNCTION_LINES}, imports '
+    'named, nothing points outside the repository'
+  )
+  return 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+  sys.exit(main())

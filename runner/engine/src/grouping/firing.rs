@@ -385,7 +385,10 @@ impl ClosingPane {
 
     /// Emits `key` with its `count` nested-encoded `values` as this pane
     /// into `out` (nothing if `count` does not fit an iterable); the
-    /// values' bytes.
+    /// values' bytes. Inlined: it runs once per key of a closing window,
+    /// from another module's loop (`MemoryPanes::fire_arrivals`), and as a
+    /// call it cost a sixth more instructions per pane.
+    #[inline]
     pub(super) fn emit<'v>(
         &self,
         key: &[u8],

@@ -12,13 +12,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
+use super::ClockFn;
 use super::{
     CheckpointProgress, Engine, EngineConfig, EngineError, ExtraPart, SavepointRequest, StageStats,
 };
 use crate::executor::StageExecutor;
 use crate::plan::{PCollectionIdx, Plan};
 use crate::spill::SpillStore;
-use crate::time::Timestamp;
 
 /// Where and how far the engine may spill (see [`EngineBuilder::spill`]).
 struct SpillSetting {
@@ -41,7 +41,7 @@ pub struct EngineBuilder {
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
     bundle_prefix: String,
-    clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    clock: ClockFn,
     drain: Option<watch::Receiver<bool>>,
     stats: Option<watch::Sender<Vec<StageStats>>>,
     durable_state: Option<Arc<dyn SpillStore>>,
@@ -59,7 +59,7 @@ impl EngineBuilder {
         executor: Arc<dyn StageExecutor>,
         config: EngineConfig,
         bundle_prefix: String,
-        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+        clock: ClockFn,
     ) -> Self {
         EngineBuilder {
             plan,
@@ -200,19 +200,19 @@ impl EngineBuilder {
         )?;
         engine.drain = self.drain;
         engine.stats = self.stats;
-        engine.durable_state = self.durable_state;
+        engine.durability.durable_state = self.durable_state;
         if let Some(spill) = self.spill {
             engine.enable_spill(spill.store, &spill.prefix, spill.limit_bytes);
             engine.enable_state_backed_outputs(&self.state_backed_outputs);
         }
-        engine.extra_parts = self.extra_parts;
+        engine.durability.extra_parts = self.extra_parts;
         if let Some(c) = self.checkpoints {
             engine.enable_checkpoints(c.every, c.tx, c.progress);
-            if let Some(sink) = &mut engine.checkpoints {
+            if let Some(sink) = &mut engine.durability.checkpoints {
                 sink.tolerable_failures = self.tolerable_checkpoint_failures;
             }
         }
-        engine.savepoints = self.savepoints;
+        engine.durability.savepoints = self.savepoints;
         Ok(engine)
     }
 }
@@ -275,7 +275,9 @@ mod tests {
             .spill(MemorySpillStore::shared(), b"b", 1 << 20)
             .build()
             .expect("spill after the durable store is fine");
-        assert!(engine.durable_state.is_some() && engine.spill_space.is_some());
-        assert!(engine.checkpoints.is_some());
+        assert!(
+            engine.durability.durable_state.is_some() && engine.durability.spill_space.is_some()
+        );
+        assert!(engine.durability.checkpoints.is_some());
     }
 }

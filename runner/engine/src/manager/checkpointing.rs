@@ -10,7 +10,17 @@
 //! and then takes a fresh one, which also holds everything committed
 //! meanwhile.
 
-use super::*;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{Engine, EngineError};
+use crate::executor::CommitAction;
+use crate::plan::{StageIdx, StageKind};
 
 /// How far a checkpoint writer has got, counting checkpoints in the order
 /// the engine sent them. The two counts differ once a write fails: that
@@ -128,7 +138,7 @@ impl Engine {
         tx: mpsc::Sender<Vec<(String, Bytes)>>,
         progress: Option<watch::Receiver<CheckpointProgress>>,
     ) {
-        self.checkpoints = Some(CheckpointSink {
+        self.durability.checkpoints = Some(CheckpointSink {
             every,
             tx,
             last: Instant::now(),
@@ -144,18 +154,18 @@ impl Engine {
             retry_at: None,
             tolerable_failures: None,
         });
-        for (idx, stage) in self.plan.stages.iter_enumerated() {
+        for (idx, stage) in self.topology.plan.stages.iter_enumerated() {
             if matches!(&stage.kind, StageKind::Sdk(sdk) if sdk.stable_input) {
                 self.stages[idx].queue.pending.gate();
             }
         }
-        if !self.bags_may_spill() {
+        if !self.durability.bags_may_spill(self.config.streaming) {
             for (idx, user_state) in self.user_state.iter_enumerated() {
                 if let Err(error) = user_state.lock().disable_bag_spill() {
                     // Bags it could not read stay on disk (periodic
                     // checkpoints wait while they are there); parts it
                     // could not delete are garbage.
-                    warn!(stage = %self.plan.stages[idx].name, %error,
+                    warn!(stage = %self.topology.plan.stages[idx].name, %error,
                           "turning off the spill of user state");
                 }
             }
@@ -165,7 +175,7 @@ impl Engine {
     /// Takes a checkpoint if one is due, or if a stable-input stage waits
     /// for one and none is being written.
     pub(super) fn maybe_checkpoint(&mut self) {
-        let Some(sink) = &self.checkpoints else {
+        let Some(sink) = &self.durability.checkpoints else {
             return;
         };
         let awaited = sink.awaiting.is_empty()
@@ -191,7 +201,7 @@ impl Engine {
             // see `checkpoint_deadline`); without, the channel's room is
             // all there is to watch, and a periodic one comes a whole
             // interval later, as if taken now.
-            if let Some(sink) = &mut self.checkpoints {
+            if let Some(sink) = &mut self.durability.checkpoints {
                 if !sink.every.is_zero() && !sink.acked {
                     sink.last = Instant::now();
                 }
@@ -202,6 +212,7 @@ impl Engine {
         if !awaited {
             let spilled = self.spilled();
             let waits = self
+                .durability
                 .checkpoints
                 .as_ref()
                 .is_some_and(|s| s.waiting_for_spill);
@@ -210,11 +221,11 @@ impl Engine {
                 // checkpoint stays the latest until they are worked off.
                 Some((idx, what)) => {
                     if !waits {
-                        info!(stage = %self.plan.stages[idx].name, what,
+                        info!(stage = %self.topology.plan.stages[idx].name, what,
                               "periodic checkpoints wait while this stage has data on the \
                                spill store");
                     }
-                    if let Some(sink) = &mut self.checkpoints {
+                    if let Some(sink) = &mut self.durability.checkpoints {
                         sink.waiting_for_spill = true;
                         sink.last = Instant::now();
                     }
@@ -222,14 +233,18 @@ impl Engine {
                 }
                 None if waits => {
                     info!("periodic checkpoints resume: no data left on the spill store");
-                    if let Some(sink) = &mut self.checkpoints {
+                    if let Some(sink) = &mut self.durability.checkpoints {
                         sink.waiting_for_spill = false;
                     }
                 }
                 None => {}
             }
         }
-        let number = self.checkpoints.as_ref().map_or(0, |sink| sink.sent + 1);
+        let number = self
+            .durability
+            .checkpoints
+            .as_ref()
+            .map_or(0, |sink| sink.sent + 1);
         let parts = self.cut(Some(number));
         if parts.is_ok() {
             for s in &mut self.stages {
@@ -244,7 +259,7 @@ impl Engine {
             .iter_enumerated()
             .map(|(idx, s)| (idx, s.queue.pending.checkpoint_mark()))
             .collect();
-        let Some(sink) = &mut self.checkpoints else {
+        let Some(sink) = &mut self.durability.checkpoints else {
             return;
         };
         sink.last = Instant::now();
@@ -281,7 +296,7 @@ impl Engine {
         progress: Option<CheckpointProgress>,
     ) -> Result<(), EngineError> {
         let Some(progress) = progress else {
-            if let Some(sink) = &mut self.checkpoints {
+            if let Some(sink) = &mut self.durability.checkpoints {
                 sink.awaiting.clear();
                 sink.acked = false;
                 // Never durable: not finalized (a source delivers it
@@ -291,7 +306,7 @@ impl Engine {
             return Ok(());
         };
         self.checkpoints_written(progress.durable);
-        if let Some(sink) = &mut self.checkpoints {
+        if let Some(sink) = &mut self.durability.checkpoints {
             if progress.finished > sink.finished {
                 if progress.finished > progress.durable {
                     sink.failures = sink.failures.saturating_add(1);
@@ -331,7 +346,7 @@ impl Engine {
     /// stable-input queues may now be processed. (A checkpoint whose write
     /// failed is covered by the later one that succeeded.)
     fn checkpoints_written(&mut self, written: u64) {
-        let Some(sink) = &mut self.checkpoints else {
+        let Some(sink) = &mut self.durability.checkpoints else {
             return;
         };
         let mut durable = Vec::new();
@@ -360,18 +375,18 @@ impl Engine {
     fn spill_durable(&mut self, number: u64) {
         for (idx, user_state) in self.user_state.iter_enumerated() {
             if let Err(error) = user_state.lock().checkpoint_durable(number) {
-                warn!(stage = %self.plan.stages[idx].name, %error,
+                warn!(stage = %self.topology.plan.stages[idx].name, %error,
                       "cannot delete user state no checkpoint needs");
             }
         }
         for (idx, s) in self.stages.iter_enumerated_mut() {
             if let Err(error) = s.queue.pending.checkpoint_durable(number) {
-                warn!(stage = %self.plan.stages[idx].name, %error,
+                warn!(stage = %self.topology.plan.stages[idx].name, %error,
                       "cannot delete queued elements no checkpoint needs");
             }
             let grouping = s.grouping_mut().map(|g| g.checkpoint_durable(number));
             if let Some(Err(error)) = grouping {
-                warn!(stage = %self.plan.stages[idx].name, %error,
+                warn!(stage = %self.topology.plan.stages[idx].name, %error,
                       "cannot delete spilled GroupByKey windows no checkpoint needs");
             }
         }
@@ -381,7 +396,7 @@ impl Engine {
     /// checkpoints are not acknowledged, else after the next checkpoint
     /// (which will hold this commit) is written.
     pub(super) fn when_durable(&mut self, action: CommitAction) {
-        match &mut self.checkpoints {
+        match &mut self.durability.checkpoints {
             Some(sink) if sink.acked => sink.after_durable.push_back((sink.sent + 1, action)),
             _ => action.run(),
         }
@@ -390,7 +405,7 @@ impl Engine {
     /// The job is done: nothing will be redone, so its outputs are final
     /// whatever was written.
     pub(super) fn run_every_after_durable(&mut self) {
-        if let Some(sink) = &mut self.checkpoints {
+        if let Some(sink) = &mut self.durability.checkpoints {
             for (_, action) in sink.after_durable.drain(..) {
                 action.run();
             }
@@ -407,7 +422,7 @@ impl Engine {
     /// while the writer is busy and will report (its report wakes it), or
     /// with an interval of zero (commits do).
     pub(super) fn checkpoint_deadline(&self) -> Option<Instant> {
-        let sink = self.checkpoints.as_ref()?;
+        let sink = self.durability.checkpoints.as_ref()?;
         if sink.acked && sink.writer_busy() {
             return None;
         }
@@ -425,7 +440,8 @@ impl Engine {
     /// again: soon, unless failed writes made checkpoints wait.
     pub(super) fn checkpoint_retry_at(&self) -> Instant {
         let soon = Instant::now() + Duration::from_millis(5);
-        self.checkpoints
+        self.durability
+            .checkpoints
             .as_ref()
             .and_then(|sink| sink.retry_at)
             .map_or(soon, |at| at.max(soon))
@@ -433,7 +449,8 @@ impl Engine {
 
     /// Whether the run waits for the writer to make a checkpoint durable.
     pub(super) fn awaiting_checkpoint(&self) -> bool {
-        self.checkpoints
+        self.durability
+            .checkpoints
             .as_ref()
             .is_some_and(|sink| !sink.awaiting.is_empty())
     }

@@ -1,22 +1,23 @@
 //! Committing a finished bundle's effects, or retrying its input.
 
-use super::*;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use super::{spill_failed, Engine, EngineConfig, EngineError, InFlight};
+use crate::coder::{decode_timers, decode_windowed_values, DecodedElement};
+use crate::executor::{BundleOutput, ExecError, Residual, TimerInput};
+use crate::plan::{PCollectionIdx, StageIdx, StageKind};
 use crate::spilled_output::{SpilledOutput, SpilledOutputError};
-use bytes::BytesMut;
 
 impl Engine {
     /// Apply a finished bundle's effects, or drop them if it failed.
-    pub(super) fn commit(&mut self, report: Report) -> Result<(), EngineError> {
-        self.refill_fire_budgets();
-        let (bundle, result) = match report {
-            Report::Bundle { bundle, result } => (bundle, result),
-            Report::Split { bundle, split } => return self.apply_split(bundle, split),
-            Report::Merge {
-                stage,
-                keys,
-                result,
-            } => return self.commit_merge(stage, keys, result),
-        };
+    pub(super) fn commit(
+        &mut self,
+        bundle: u64,
+        result: Result<BundleOutput, ExecError>,
+    ) -> Result<(), EngineError> {
         let Some(flight) = self.in_flight.remove(&bundle) else {
             return Ok(());
         };
@@ -27,35 +28,12 @@ impl Engine {
             .bundle_ended(flight.key_groups, &flight.holds, flight.input_bytes);
         let output = match result {
             Ok(output) => output,
-            Err(error) => {
-                let s = &mut self.stages[idx];
-                let Some(sdk) = s.sdk_mut() else {
-                    return Err(self.bundle_failed(idx, error));
-                };
-                let failures = sdk.retries.failed();
-                let retryable = !matches!(error, ExecError::Runner(_));
-                if !retryable || failures >= self.config.max_attempts {
-                    return Err(self.bundle_failed(idx, error));
-                }
-                // The bundle left nothing behind: its work runs again after
-                // a backoff.
-                let backoff = retry_delay(&self.config, &error, failures);
-                sdk.retries.back_off_until(Instant::now() + backoff);
-                s.run_again(flight.fired_timers, flight.elements);
-                tracing::warn!(
-                    stage = %self.plan.stages[idx].name,
-                    attempt = failures,
-                    ?backoff,
-                    %error,
-                    "bundle failed; retrying its input"
-                );
-                return Ok(());
-            }
+            Err(error) => return self.retry_failed(flight, error),
         };
         // Strict mode: as if this attempt had been lost, its effects are
         // dropped and its input runs again (at once: nothing failed).
         if let Some(strict) = self.strict.as_mut() {
-            let name = &self.plan.stages[idx].name;
+            let name = &self.topology.plan.stages[idx].name;
             let s = &mut self.stages[idx];
             if s.sdk().is_some() && strict.replays(idx, name, &flight.elements) {
                 s.run_again(flight.fired_timers, flight.elements);
@@ -63,26 +41,7 @@ impl Engine {
                 return Ok(());
             }
         }
-        {
-            let s = &mut self.stages[idx];
-            if let Some(sdk) = s.sdk_mut() {
-                sdk.retries.succeeded();
-            }
-            let counters = &mut s.progress.counters;
-            counters.bundles_committed += 1;
-            // One pass over what the bundle processed (what it kept and
-            // what its splits gave back as primaries).
-            let (elements, bytes) = flight
-                .elements
-                .iter()
-                .fold((0, 0), |(n, b), q| (n + q.len(), b + q.encoded_len()));
-            counters.elements_processed += elements as u64;
-            counters.bytes_processed += bytes as u64;
-        }
-        self.summary.bundles += 1;
-        if let Some(sink) = &mut self.checkpoints {
-            sink.commits += 1;
-        }
+        self.count_committed(&flight);
         if let Some(action) = output.on_commit {
             action.run();
         }
@@ -92,49 +51,117 @@ impl Engine {
         self.user_state[idx]
             .lock()
             .apply(flight.overlay.take_writes())
-            .map_err(spill_failed(&self.plan, idx))?;
-        if let StageKind::Sdk(sdk) = &self.plan.stages[idx].kind {
-            for t in &output.timers {
-                let Some(fam) = sdk
-                    .timer_families
-                    .iter()
-                    .find(|f| f.transform_id == t.transform_id && f.family_id == t.family_id)
-                else {
-                    continue;
-                };
-                let timers = decode_timers(&t.data, &fam.key_coder, &fam.window_coder).map_err(
-                    |source| EngineError::Decode {
+            .map_err(spill_failed(&self.topology.plan, idx))?;
+        self.store_timers(idx, &output.timers)?;
+        self.defer_residuals(idx, &output.residuals)?;
+        self.route_outputs(output.spilled, output.outputs)
+    }
+
+    /// A failed bundle left nothing behind: its input and fired timers go
+    /// back to its stage to run again after a backoff, or, past the
+    /// attempts allowed (or for a runner-side error), the job fails with
+    /// the error.
+    fn retry_failed(&mut self, flight: InFlight, error: ExecError) -> Result<(), EngineError> {
+        let idx = flight.stage;
+        let s = &mut self.stages[idx];
+        let Some(sdk) = s.sdk_mut() else {
+            return Err(self.bundle_failed(idx, error));
+        };
+        let failures = sdk.retries.failed();
+        let retryable = !matches!(error, ExecError::Runner(_));
+        if !retryable || failures >= self.config.max_attempts {
+            return Err(self.bundle_failed(idx, error));
+        }
+        let backoff = retry_delay(&self.config, &error, failures);
+        sdk.retries.back_off_until(Instant::now() + backoff);
+        s.run_again(flight.fired_timers, flight.elements);
+        tracing::warn!(
+            stage = %self.topology.plan.stages[idx].name,
+            attempt = failures,
+            ?backoff,
+            %error,
+            "bundle failed; retrying its input"
+        );
+        Ok(())
+    }
+
+    /// Counts a committed bundle, in its stage's counters (one pass over
+    /// what it processed: what it kept and what its splits gave back as
+    /// primaries) and the run's.
+    fn count_committed(&mut self, flight: &InFlight) {
+        let s = &mut self.stages[flight.stage];
+        if let Some(sdk) = s.sdk_mut() {
+            sdk.retries.succeeded();
+        }
+        let counters = &mut s.progress.counters;
+        counters.bundles_committed += 1;
+        let (elements, bytes) = flight
+            .elements
+            .iter()
+            .fold((0, 0), |(n, b), q| (n + q.len(), b + q.encoded_len()));
+        counters.elements_processed += elements as u64;
+        counters.bytes_processed += bytes as u64;
+        self.summary.bundles += 1;
+        if let Some(sink) = &mut self.durability.checkpoints {
+            sink.commits += 1;
+        }
+    }
+
+    /// Stores the timers a bundle of stage `idx` set or cleared, per
+    /// timer family of the stage (timers of a family it does not have are
+    /// ignored).
+    fn store_timers(&mut self, idx: StageIdx, timers: &[TimerInput]) -> Result<(), EngineError> {
+        let StageKind::Sdk(sdk) = &self.topology.plan.stages[idx].kind else {
+            return Ok(());
+        };
+        for t in timers {
+            let Some(fam) = sdk
+                .timer_families
+                .iter()
+                .find(|f| f.transform_id == t.transform_id && f.family_id == t.family_id)
+            else {
+                continue;
+            };
+            let decoded =
+                decode_timers(&t.data, &fam.key_coder, &fam.window_coder).map_err(|source| {
+                    EngineError::Decode {
                         pcollection: format!("timers {}/{}", t.transform_id, t.family_id),
                         source,
-                    },
-                )?;
-                if let Some(state) = self.stages[idx].sdk_mut() {
-                    state
-                        .timers
-                        .apply(&fam.transform_id, &t.family_id, fam.domain, timers);
-                }
+                    }
+                })?;
+            if let Some(state) = self.stages[idx].sdk_mut() {
+                state
+                    .timers
+                    .apply(&fam.transform_id, &t.family_id, fam.domain, decoded);
             }
         }
-        self.defer_residuals(idx, &output.residuals)?;
-        // A PCollection's spilled output comes first, then its chunks in
-        // memory; the start of an element one of them ends inside waits in
-        // `rests` for the next.
+        Ok(())
+    }
+
+    /// Delivers a committed bundle's output. A PCollection's spilled
+    /// output comes first, then its chunks in memory; the start of an
+    /// element one of them ends inside waits in `rests` for the next, so
+    /// only an element that spans two chunks costs a copy.
+    fn route_outputs(
+        &mut self,
+        spilled: Vec<(PCollectionIdx, SpilledOutput)>,
+        outputs: Vec<(PCollectionIdx, Bytes)>,
+    ) -> Result<(), EngineError> {
         let mut rests: Vec<(PCollectionIdx, BytesMut)> = Vec::new();
-        for (pcoll, spilled) in &output.spilled {
+        for (pcoll, spilled) in &spilled {
             self.summary.output_spilled_bytes += spilled.bytes();
             rests.push((*pcoll, self.route_spilled(*pcoll, spilled)?));
         }
-        drop(output.spilled);
+        drop(spilled);
         let mut chunks_left: Vec<(PCollectionIdx, usize)> = Vec::new();
-        for (pcoll, _) in &output.outputs {
+        for (pcoll, _) in &outputs {
             match chunks_left.iter_mut().find(|(p, _)| p == pcoll) {
                 Some((_, n)) => *n += 1,
                 None => chunks_left.push((*pcoll, 1)),
             }
         }
-        for (pcoll, chunk) in output.outputs {
+        for (pcoll, chunk) in outputs {
             let chunk = match rests.iter().position(|(p, _)| *p == pcoll) {
-                // Only an element that spans two chunks costs a copy.
                 Some(at) => {
                     let (_, mut rest) = rests.swap_remove(at);
                     rest.extend_from_slice(&chunk);
@@ -172,7 +199,7 @@ impl Engine {
         pcoll: PCollectionIdx,
         spilled: &SpilledOutput,
     ) -> Result<BytesMut, EngineError> {
-        let pc = &self.plan.pcollections[pcoll];
+        let pc = &self.topology.plan.pcollections[pcoll];
         let (value_coder, window_coder) = (pc.value_coder.clone(), pc.window_coder.clone());
         spilled
             .read(&value_coder, &window_coder, |page| {
@@ -181,7 +208,7 @@ impl Engine {
                     .map_err(ReadSpilled::Route)
             })
             .map_err(|e| {
-                let pcollection = self.plan.pcollections[pcoll].id.clone();
+                let pcollection = self.topology.plan.pcollections[pcoll].id.clone();
                 match e {
                     ReadSpilled::Route(e) => e,
                     ReadSpilled::Read(SpilledOutputError::Decode(source)) => EngineError::Decode {
@@ -201,15 +228,15 @@ impl Engine {
     /// Elements of stage `idx`'s main input, encoded in its port coder (a
     /// residual or primary the SDK handed back). Nothing for a stage
     /// without input.
-    fn decode_input(
+    pub(super) fn decode_input(
         &self,
         idx: StageIdx,
         bytes: &Bytes,
     ) -> Result<Vec<DecodedElement>, EngineError> {
-        let Some(&input) = self.plan.stages[idx].inputs.first() else {
+        let Some(&input) = self.topology.plan.stages[idx].inputs.first() else {
             return Ok(Vec::new());
         };
-        let pc = &self.plan.pcollections[input];
+        let pc = &self.topology.plan.pcollections[input];
         decode_windowed_values(bytes, &pc.value_coder, &pc.window_coder).map_err(|source| {
             EngineError::Decode {
                 pcollection: pc.id.clone(),
@@ -219,7 +246,7 @@ impl Engine {
     }
 
     /// Queues residual work of stage `idx` (after its requested delay).
-    fn defer_residuals(
+    pub(super) fn defer_residuals(
         &mut self,
         idx: StageIdx,
         residuals: &[Residual],
@@ -237,69 +264,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// A running bundle was split: what it gave up runs as work of its own
-    /// now, and a retry of the bundle (if it fails) does only what it kept.
-    /// The bundle's holds stay until it ends: what it kept is no earlier
-    /// than what it took.
-    fn apply_split(&mut self, bundle: u64, split: BundleSplit) -> Result<(), EngineError> {
-        let Some(flight) = self.in_flight.get(&bundle) else {
-            return Ok(());
-        };
-        let idx = flight.stage;
-        let mut primaries = Vec::new();
-        for p in &split.primaries {
-            primaries.extend(self.decode_input(idx, p)?);
-        }
-        if let Some(flight) = self.in_flight.get_mut(&bundle) {
-            truncate_elements(&mut flight.elements, split.kept_elements);
-            flight
-                .elements
-                .extend(primaries.into_iter().map(Queued::One));
-        }
-        self.release_given_back_groups(bundle);
-        self.defer_residuals(idx, &split.residuals)?;
-        // Runnable at once (a split's residuals ask for no delay).
-        self.release_delayed()?;
-        Ok(())
-    }
-
-    /// A keyed stage's bundle that was split holds on to the key groups of
-    /// what it kept (elements and timers) and lets the others go, so that
-    /// what it gave back (split between key groups: see
-    /// [`super::scheduling::group_by_key_group`]) can run beside it.
-    fn release_given_back_groups(&mut self, bundle: u64) {
-        let Some(flight) = self.in_flight.get_mut(&bundle) else {
-            return;
-        };
-        if flight.key_groups == 0 {
-            return;
-        }
-        let idx = flight.stage;
-        let Some(&input) = self.plan.stages[idx].inputs.first() else {
-            return;
-        };
-        let coder = &self.plan.pcollections[input].value_coder;
-        let mut kept: KeyGroupSet = 0;
-        for q in &flight.elements {
-            q.for_each_element(|e| kept |= super::scheduling::element_key_group(coder, e));
-        }
-        for (_, t) in &flight.fired_timers {
-            kept |= group_of(&t.timer.user_key);
-        }
-        let released = flight.key_groups & !kept;
-        if released == 0 {
-            return;
-        }
-        flight.key_groups &= kept;
-        self.stages[idx].queue.unlock_key_groups(released);
-        debug!(
-            stage = %self.plan.stages[idx].name,
-            bundle,
-            groups = released.count_ones(),
-            "split bundle let key groups go"
-        );
     }
 }
 
@@ -328,7 +292,7 @@ impl Engine {
             (error, _) => error,
         };
         EngineError::BundleFailed {
-            stage: self.plan.stages[idx].name.clone(),
+            stage: self.topology.plan.stages[idx].name.clone(),
             error,
         }
     }

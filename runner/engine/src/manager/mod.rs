@@ -12,7 +12,7 @@
 //! has not finished, the job cannot make progress: it fails with the names
 //! of the stages holding it, rather than hanging.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,58 +23,55 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::coder::{
-    decode_timers, decode_windowed_values, encode_windowed_value, CoderError, DecodedElement,
-    PaneInfo, WindowedValueHeader,
-};
-use crate::executor::{
-    BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, SplitSink,
-    StageExecutor, TimerInput,
-};
+use crate::coder::CoderError;
+use crate::executor::{BundleOutput, BundleSplit, ExecError, StageExecutor};
 use crate::grouping::{GroupingBuffer, GroupingError};
-use crate::plan::{
-    PCollectionIdx, PCollectionVec, Plan, SideInputAccess, StageIdx, StageKind, StageVec,
-    TestStreamEvent, TimeDomain,
-};
+use crate::plan::{PCollectionIdx, Plan, StageIdx, StageKind, StageVec, TimeDomain};
 use crate::spill::SpillArea;
-use crate::store::{BundleOverlay, SideInputId, SideInputStore, UserStateStore};
-use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
-use crate::window::Window;
 
 mod builder;
 mod checkpointing;
+mod clock;
 mod commit;
+mod delivery;
+mod durability;
+mod grouping_stage;
+mod part_name;
 mod pending;
-mod routing;
 mod scheduling;
 mod side_inputs;
 mod slot_groups;
 mod snapshot;
+mod splits;
 mod stage_state;
 mod state_gc;
 mod stats;
+mod step;
 mod strict;
 mod test_stream;
 mod topology;
 mod watermarks;
 mod window_merging;
 
-use crate::holds::Holds;
-use crate::key_groups::{group_of, KeyGroupSet};
+use crate::key_groups::KeyGroupSet;
 pub use builder::EngineBuilder;
 pub use checkpointing::CheckpointProgress;
-use checkpointing::CheckpointSink;
-use pending::{chunk_entries, element_count, truncate_elements, Overflow, Pending, Queued};
+pub use clock::ClockFn;
+use clock::ProcessingClock;
+use durability::Durability;
+use grouping_stage::GroupingState;
+use pending::{Overflow, Queued};
 use slot_groups::SlotGroups;
 pub use snapshot::{
     describe_checkpoint, CheckpointInfo, SnapshotError, OLDEST_SNAPSHOT_VERSION, SNAPSHOT_VERSION,
 };
 use stage_state::{KindState, StageState};
-use stats::StageCounters;
 pub use stats::StageStats;
 pub use strict::{Replay, StrictReport, Strictness};
-use topology::topological_order;
+use topology::Topology;
 
 /// Why a job stopped without finishing.
 #[derive(Debug, Error)]
@@ -232,15 +229,6 @@ fn spill_failed(
     }
 }
 
-/// Where elements of a PCollection go.
-#[derive(Default, Clone)]
-struct Consumers {
-    /// Stages reading it as a main input (with multiplicity).
-    stages: Vec<StageIdx>,
-    /// Side inputs reading it, and how.
-    side_inputs: Vec<(SideInputId, SideInputAccess)>,
-}
-
 /// A bundle in flight, remembered until it reports back.
 struct InFlight {
     stage: StageIdx,
@@ -275,13 +263,12 @@ enum Report {
 
 /// Runs one plan.
 pub struct Engine {
-    plan: Plan,
+    /// The plan and its graph.
+    topology: Topology,
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
+    /// Each stage's run-time state.
     stages: StageVec<StageState>,
-    consumers: PCollectionVec<Consumers>,
-    producers: PCollectionVec<Option<StageIdx>>,
-    topo: Vec<StageIdx>,
     side_inputs: Arc<Mutex<SideInputStore>>,
     user_state: StageVec<Arc<Mutex<UserStateStore>>>,
     in_flight: HashMap<u64, InFlight>,
@@ -291,15 +278,8 @@ pub struct Engine {
     next_bundle: u64,
     bundle_prefix: String,
     summary: RunSummary,
-    clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
-    /// Processing time advanced by TestStream events, added to `clock`.
-    clock_offset: i64,
-    /// Pipelines with a TestStream keep processing time where it was when
-    /// the run started, moved only by the stream's processing-time events
-    /// (as Prism does): an SDK that sets a timer `d` ahead of its own clock
-    /// then sees it fire exactly when the stream has advanced by `d`, not
-    /// also by however long the run took.
-    frozen_clock: Option<Timestamp>,
+    /// Processing time.
+    clock: ProcessingClock,
     /// Turns true when the job should drain.
     drain: Option<watch::Receiver<bool>>,
     /// The job is draining: delayed work runs at once, and splittable
@@ -309,18 +289,8 @@ pub struct Engine {
     stats: Option<watch::Sender<Vec<StageStats>>>,
     /// When the last snapshot went out.
     last_published: Option<Instant>,
-    /// Where checkpoints go, and how often.
-    checkpoints: Option<CheckpointSink>,
-    /// Requests for a checkpoint now (savepoints).
-    savepoints: Option<mpsc::Receiver<SavepointRequest>>,
-    /// Parts checkpoints carry for the engine's owner, by name.
-    extra_parts: Vec<(String, ExtraPart)>,
-    /// The spill store and the job's space in it, once spilling is on:
-    /// bundles read the iterables GroupByKeys hand out from there.
-    spill_space: Option<(Arc<dyn crate::spill::SpillStore>, Bytes)>,
-    /// Where stateful stages' bags spill if not to the spill store: one
-    /// that lasts as long as the checkpoints naming what is in it.
-    durable_state: Option<Arc<dyn crate::spill::SpillStore>>,
+    /// Checkpoints, savepoints and the stores state may move to.
+    durability: Durability,
     /// Strict mode's choices and record, when it is on.
     strict: Option<strict::Strict>,
 }
@@ -348,7 +318,7 @@ impl Engine {
         executor: Arc<dyn StageExecutor>,
         config: EngineConfig,
         bundle_prefix: impl Into<String>,
-        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+        clock: ClockFn,
     ) -> EngineBuilder {
         EngineBuilder::new(plan, executor, config, bundle_prefix.into(), clock)
     }
@@ -362,8 +332,10 @@ impl Engine {
         executor: Arc<dyn StageExecutor>,
         config: EngineConfig,
         bundle_prefix: impl Into<String>,
-        clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+        clock: ClockFn,
     ) -> Result<Self, EngineError> {
+        let topology = Topology::new(plan)?;
+        let plan = &topology.plan;
         let n = plan.stages.len();
         let scripted = plan
             .stages
@@ -372,48 +344,9 @@ impl Engine {
         // A batch pipeline has no late data; one whose watermark a
         // TestStream scripts means the lateness it makes.
         let keeps_late_data = !config.streaming && !scripted;
-        let mut consumers =
-            PCollectionVec::from(vec![Consumers::default(); plan.pcollections.len()]);
-        let mut producers = PCollectionVec::from(vec![None; plan.pcollections.len()]);
-        for (idx, stage) in plan.stages.iter_enumerated() {
-            for &p in &stage.inputs {
-                let c = consumers.get_mut(p).ok_or_else(|| {
-                    EngineError::InvalidPlan(format!(
-                        "stage '{}' reads unknown PCollection {p}",
-                        stage.name
-                    ))
-                })?;
-                c.stages.push(idx);
-            }
-            for si in &stage.side_inputs {
-                let c = consumers.get_mut(si.pcollection).ok_or_else(|| {
-                    EngineError::InvalidPlan(format!(
-                        "stage '{}' reads unknown side input PCollection {}",
-                        stage.name, si.pcollection
-                    ))
-                })?;
-                c.side_inputs.push((si.id.clone(), si.access));
-            }
-            for &p in &stage.outputs {
-                let slot = producers.get_mut(p).ok_or_else(|| {
-                    EngineError::InvalidPlan(format!(
-                        "stage '{}' writes unknown PCollection {p}",
-                        stage.name
-                    ))
-                })?;
-                if slot.is_some() {
-                    return Err(EngineError::InvalidPlan(format!(
-                        "PCollection '{}' has two producers",
-                        plan.pcollections[p].id
-                    )));
-                }
-                *slot = Some(idx);
-            }
-        }
-        let topo = topological_order(&plan, &producers)?;
         let mut stages = StageVec::from(Vec::with_capacity(n));
         for stage in &plan.stages {
-            let kind = KindState::of(&stage.kind, |strategy| {
+            let kind = KindState::of(&stage.kind, config.streaming, |strategy| {
                 let input = stage.inputs.first().ok_or_else(|| {
                     EngineError::InvalidPlan(format!("GroupByKey '{}' has no input", stage.name))
                 })?;
@@ -432,17 +365,13 @@ impl Engine {
             stages.push(StageState::new(kind));
         }
         let user_state = (0..n).map(|_| Arc::default()).collect();
-        let frozen_clock = scripted.then(|| clock());
-        let slot_groups = SlotGroups::new(&plan, executor.as_ref());
+        let slot_groups = SlotGroups::new(plan, executor.as_ref());
         let strict = config.strict.map(|s| strict::Strict::new(s, n));
         Ok(Engine {
-            plan,
+            topology,
             executor,
             config,
             stages,
-            consumers,
-            producers,
-            topo,
             side_inputs: Arc::default(),
             user_state,
             in_flight: HashMap::new(),
@@ -451,30 +380,14 @@ impl Engine {
             next_bundle: 0,
             bundle_prefix: bundle_prefix.into(),
             summary: RunSummary::default(),
-            clock,
-            clock_offset: 0,
-            frozen_clock,
+            clock: ProcessingClock::new(clock, scripted),
             drain: None,
             draining: false,
             stats: None,
             last_published: None,
-            checkpoints: None,
-            savepoints: None,
-            extra_parts: Vec::new(),
-            spill_space: None,
-            durable_state: None,
+            durability: Durability::default(),
             strict,
         })
-    }
-
-    /// Whether stateful stages' bags may move to disk: always to a durable
-    /// store ([`EngineBuilder::durable_state`]), which checkpoints name; to the
-    /// spill store in batch, and in streaming jobs that take no periodic
-    /// checkpoints. A checkpointed streaming job without a durable store
-    /// keeps its bags in memory, since their state may never leave the
-    /// disk again and no checkpoint would be taken while it is there.
-    fn bags_may_spill(&self) -> bool {
-        self.durable_state.is_some() || !self.config.streaming || self.checkpoints.is_none()
     }
 
     /// Lets every GroupByKey buffer that can ([`GroupingBuffer::enable_spill`])
@@ -498,15 +411,16 @@ impl Engine {
         prefix: &[u8],
         limit_bytes: usize,
     ) {
-        self.spill_space = Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
-        let bags_may_spill = self.bags_may_spill();
+        self.durability.spill_space =
+            Some((store.clone(), Bytes::from(crate::spill::job_space(prefix))));
+        let bags_may_spill = self.durability.bags_may_spill(self.config.streaming);
         for (idx, s) in self.stages.iter_enumerated_mut() {
             let key = SpillArea::Stage(idx).prefix(prefix);
             if let Some(g) = s.grouping_mut() {
                 // Beside the checkpoints in streaming, where a window may
                 // stay spilled for hours; in batch, windows are emitted once
                 // the input ends, and scratch writes cost less.
-                let durable = match &self.durable_state {
+                let durable = match &self.durability.durable_state {
                     Some(durable) if self.config.streaming => {
                         let durable_key = SpillArea::DurableGrouping(idx).prefix(prefix);
                         g.enable_durable_spill(durable.clone(), durable_key, limit_bytes)
@@ -514,7 +428,7 @@ impl Engine {
                     _ => false,
                 };
                 if durable || g.enable_spill(store.clone(), key, limit_bytes) {
-                    debug!(stage = %self.plan.stages[idx].name, limit_bytes, durable,
+                    debug!(stage = %self.topology.plan.stages[idx].name, limit_bytes, durable,
                            "GroupByKey may spill");
                 }
                 continue;
@@ -522,7 +436,7 @@ impl Engine {
             // An SDK stage's queue, past twice its bound (one bundle's
             // output can be any size). Not one whose input is taken in
             // time order: it must see every waiting element to pick.
-            let stage = &self.plan.stages[idx];
+            let stage = &self.topology.plan.stages[idx];
             let StageKind::Sdk(sdk) = &stage.kind else {
                 continue;
             };
@@ -535,7 +449,7 @@ impl Engine {
             if sdk.stateful && bags_may_spill {
                 let state_key = SpillArea::UserState(idx).prefix(prefix);
                 let mut user_state = self.user_state[idx].lock();
-                match &self.durable_state {
+                match &self.durability.durable_state {
                     Some(durable) => {
                         user_state.enable_durable_bag_spill(durable.clone(), state_key, limit_bytes)
                     }
@@ -546,8 +460,8 @@ impl Engine {
                 continue;
             };
             if !sdk.time_sorted_input {
-                let window_coder = self.plan.pcollections[input].window_coder.clone();
-                let overflow = match &self.durable_state {
+                let window_coder = self.topology.plan.pcollections[input].window_coder.clone();
+                let overflow = match &self.durability.durable_state {
                     // Beside the checkpoints, which name its segments.
                     Some(durable) => {
                         let key = SpillArea::DurableQueue(idx).prefix(prefix);
@@ -569,6 +483,7 @@ impl Engine {
     /// which a handed-out key rules out. Needs [`Self::enable_spill`] first.
     pub(super) fn enable_state_backed_outputs(&mut self, outputs: &[PCollectionIdx]) {
         let stable_input = self
+            .topology
             .plan
             .stages
             .iter()
@@ -577,7 +492,7 @@ impl Engine {
             return;
         }
         for (idx, s) in self.stages.iter_enumerated_mut() {
-            let stage = &self.plan.stages[idx];
+            let stage = &self.topology.plan.stages[idx];
             let Some(g) = s.grouping_mut() else {
                 continue;
             };
@@ -599,15 +514,15 @@ impl Engine {
             {
                 continue;
             }
-            let consumed = self.plan.stages[idx].outputs.iter().all(|&out| {
-                self.consumers[out]
+            let consumed = self.topology.plan.stages[idx].outputs.iter().all(|&out| {
+                self.topology.consumers[out]
                     .stages
                     .iter()
                     .all(|&c| self.stages[c].queue.is_quiet())
             });
             if let Some(g) = self.stages[idx].grouping_mut().filter(|_| consumed) {
                 g.release_hand_outs()?;
-                debug!(stage = %self.plan.stages[idx].name, "handed-out keys consumed");
+                debug!(stage = %self.topology.plan.stages[idx].name, "handed-out keys consumed");
             }
         }
         Ok(())
@@ -651,8 +566,9 @@ impl Engine {
     ) -> Result<RunSummary, EngineError> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
         let mut drain = self.drain.take();
-        let mut savepoints = self.savepoints.take();
+        let mut savepoints = self.durability.savepoints.take();
         let mut progress = self
+            .durability
             .checkpoints
             .as_mut()
             .and_then(|sink| sink.progress.take());
@@ -683,7 +599,7 @@ impl Engine {
                     .iter_enumerated()
                     .filter_map(|(i, s)| {
                         let dropped = s.grouping()?.dropped_late();
-                        (dropped > 0).then(|| (self.plan.stages[i].name.clone(), dropped))
+                        (dropped > 0).then(|| (self.topology.plan.stages[i].name.clone(), dropped))
                     })
                     .collect();
                 self.summary.dropped_late = self
@@ -727,7 +643,7 @@ impl Engine {
             let next_wakeup = self.next_wakeup();
             // A stable-input stage waits for a checkpoint the writer had no
             // room for: try again shortly.
-            let checkpoint_retry = self.checkpoints.is_some()
+            let checkpoint_retry = self.durability.checkpoints.is_some()
                 && !self.awaiting_checkpoint()
                 && self
                     .stages
@@ -750,7 +666,7 @@ impl Engine {
             tokio::select! {
                 report = rx.recv() => {
                     if let Some(report) = report {
-                        self.commit(report)?;
+                        self.take_report(report)?;
                     }
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
@@ -806,6 +722,22 @@ impl Engine {
         }
     }
 
+    /// What the executor reported: a bundle's end is committed, a split
+    /// applied, a window merge's answer taken. Every report starts a new
+    /// step of GroupByKey output ([`Self::refill_fire_budgets`]).
+    fn take_report(&mut self, report: Report) -> Result<(), EngineError> {
+        self.refill_fire_budgets();
+        match report {
+            Report::Bundle { bundle, result } => self.commit(bundle, result),
+            Report::Split { bundle, split } => self.apply_split(bundle, split),
+            Report::Merge {
+                stage,
+                keys,
+                result,
+            } => self.commit_merge(stage, keys, result),
+        }
+    }
+
     /// When something time-driven is due next: a delayed residual, a retry
     /// after backoff, a processing-time trigger or a processing-time timer.
     fn next_wakeup(&self) -> Option<Instant> {
@@ -830,12 +762,9 @@ impl Engine {
     /// to it after scheduling what it emitted.
     fn more_to_fire(&self) -> bool {
         self.stages.iter_enumerated().any(|(idx, s)| {
-            s.grouping_state().is_some_and(|g| {
-                !g.merging
-                    && !g.buffer.needs_merge()
-                    && (g.buffer.has_unevaluated() || g.buffer.is_draining())
-                    && !self.backpressured(idx)
-            })
+            s.grouping_state()
+                .is_some_and(GroupingState::has_more_to_fire)
+                && !self.backpressured(idx)
         })
     }
 
@@ -847,9 +776,7 @@ impl Engine {
     /// Processing time, in ms: the clock (frozen at the start for a
     /// pipeline with a TestStream) plus what TestStreams advanced it by.
     fn now(&self) -> Timestamp {
-        self.frozen_clock
-            .unwrap_or_else(|| (self.clock)())
-            .saturating_add(self.clock_offset)
+        self.clock.now()
     }
 
     fn all_done(&self) -> bool {
@@ -860,14 +787,14 @@ impl Engine {
 
     fn describe_unfinished(&self) -> String {
         let names: Vec<String> = self
-            .topo
+            .topology.order
             .iter()
             .filter(|&&i| self.stages[i].progress.output_wm < MAX_TIMESTAMP)
             .map(|&i| {
                 let s = &self.stages[i];
                 format!(
                     "stage '{}' (input watermark {}, output watermark {}, {} pending elements, {} timers)",
-                    self.plan.stages[i].name,
+                    self.topology.plan.stages[i].name,
                     s.progress.input_wm,
                     s.progress.output_wm,
                     s.queue.pending.len(),
@@ -887,7 +814,7 @@ impl Engine {
         for (idx, s) in self.stages.iter_enumerated_mut() {
             s.queue
                 .release_delayed(now)
-                .map_err(spill_failed(&self.plan, idx))?;
+                .map_err(spill_failed(&self.topology.plan, idx))?;
         }
         Ok(())
     }

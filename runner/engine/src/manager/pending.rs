@@ -23,9 +23,12 @@
 //! durable store beside the checkpoints, a periodic checkpoint names that
 //! back instead of copying it.
 
-use super::*;
-use crate::coder::ElementRun;
+use std::collections::VecDeque;
+
+use crate::coder::{DecodedElement, ElementRun};
+use crate::holds::Holds;
 use crate::spill::SpillError;
+use crate::time::Timestamp;
 
 #[cfg(test)]
 mod durable_tests;
@@ -468,6 +471,9 @@ mod tests {
     use super::*;
     use crate::coder::{Coder, PaneInfo, WindowedValueHeader};
     use crate::spill::MemorySpillStore;
+    use crate::window::Window;
+    use bytes::Bytes;
+    use std::sync::Arc;
 
     /// An element whose one byte of value is `n`, at timestamp `n`.
     fn element(n: u8) -> DecodedElement {

@@ -1,6 +1,10 @@
 //! When a main-input element may read its stage's side inputs.
 
-use super::*;
+use super::Engine;
+use crate::coder::DecodedElement;
+use crate::plan::StageIdx;
+use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::window::Window;
 
 /// How complete one side input of a stage is.
 pub(super) struct SideGate {
@@ -48,14 +52,14 @@ impl Engine {
     /// main-input elements may read them.
     pub(super) fn side_input_gate(&self, idx: StageIdx) -> Vec<SideGate> {
         let store = self.side_inputs.lock();
-        self.plan.stages[idx]
+        self.topology.plan.stages[idx]
             .side_inputs
             .iter()
             .map(|si| SideGate {
-                watermark: self.producers[si.pcollection]
+                watermark: self.topology.producers[si.pcollection]
                     .map(|p| self.stages[p].progress.output_wm)
                     .unwrap_or(MAX_TIMESTAMP),
-                global: self.plan.pcollections[si.pcollection].window_coder
+                global: self.topology.plan.pcollections[si.pcollection].window_coder
                     == crate::coder::Coder::GlobalWindow,
                 has_values: store.has_values(&si.id),
                 fires_early: si.fires_early,
@@ -67,6 +71,8 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coder::{PaneInfo, WindowedValueHeader};
+    use bytes::Bytes;
 
     fn main_element() -> DecodedElement {
         let header = WindowedValueHeader {

@@ -26,15 +26,25 @@
 //! skips it.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::time::Instant;
 
+use super::grouping_stage::GroupingState;
+use super::part_name::PartName;
 use super::pending::SpilledQueue;
 use super::stage_state::{Delayed, KindRecord};
-use super::stats::CounterRecord;
-use super::*;
+use super::stats::{CounterRecord, StageCounters};
+use super::{Engine, InFlight};
+use crate::coder::{DecodedElement, WindowedValueHeader};
 use crate::grouping::{GroupingSnapshot, SpilledWindows};
+use crate::plan::{StageIdx, StageKind};
 use crate::store::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
+use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::timers::TimerStore;
 
 /// Why a checkpoint could not be taken or restored.
 #[derive(Debug, Error)]
@@ -141,12 +151,9 @@ pub struct CheckpointInfo {
 /// Reads what a checkpoint says about its run, for logs and for tests
 /// that must tell committed work from work that will be redone.
 pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, SnapshotError> {
-    let bytes = parts
-        .iter()
-        .find(|(n, _)| n == "engine")
-        .map(|(_, b)| b)
+    let bytes = find_part(parts, PartName::Engine)
         .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
-    let engine: EngineRecord = decode("engine", bytes)?;
+    let engine: EngineRecord = decode(PartName::Engine, bytes)?;
     Ok(CheckpointInfo {
         version: engine.version,
         next_bundle: engine.next_bundle,
@@ -184,7 +191,8 @@ struct QueueSpillRecord {
 /// Encodes `value` into a buffer of exactly its size: a part can be as
 /// large as a stage's user state, and a growing buffer would hold up to
 /// half as much again while it doubles.
-fn encode<T: Serialize>(part: String, value: &T) -> Result<(String, Bytes), SnapshotError> {
+fn encode<T: Serialize>(part: PartName, value: &T) -> Result<(String, Bytes), SnapshotError> {
+    let part = part.to_string();
     let codec = |e: postcard::Error, part: String| SnapshotError::Codec {
         part,
         reason: e.to_string(),
@@ -200,7 +208,13 @@ fn encode<T: Serialize>(part: String, value: &T) -> Result<(String, Bytes), Snap
     }
 }
 
-fn decode<'a, T: Deserialize<'a>>(part: &str, bytes: &'a [u8]) -> Result<T, SnapshotError> {
+/// The bytes of part `name`, if the checkpoint has it.
+fn find_part(parts: &[(String, Bytes)], name: PartName) -> Option<&Bytes> {
+    let name = name.to_string();
+    parts.iter().find(|(n, _)| *n == name).map(|(_, b)| b)
+}
+
+fn decode<'a, T: Deserialize<'a>>(part: PartName, bytes: &'a [u8]) -> Result<T, SnapshotError> {
     postcard::from_bytes(bytes).map_err(|e| SnapshotError::Codec {
         part: part.to_string(),
         reason: e.to_string(),
@@ -220,127 +234,173 @@ impl Engine {
     /// the checkpoints sent to the writer), periodic checkpoint `number`,
     /// which names bags on the durable store instead of copying them.
     pub(super) fn cut(&self, number: Option<u64>) -> Result<Vec<(String, Bytes)>, SnapshotError> {
+        // Panes a streaming GroupByKey fired as an element arrived are in
+        // neither its buffer nor a queue until delivery takes them, right
+        // after that element.
+        let undelivered = self.stages.iter_enumerated().find(|(_, s)| {
+            s.grouping_state()
+                .is_some_and(GroupingState::holds_fired_panes)
+        });
+        if let Some((idx, _)) = undelivered {
+            return Err(SnapshotError::Codec {
+                part: PartName::Stage(idx).to_string(),
+                reason: "a cut while fired panes wait to be delivered".into(),
+            });
+        }
         let now = Instant::now();
         // What bundles in flight took, per stage, oldest bundle first.
         let mut flights: Vec<(&u64, &InFlight)> = self.in_flight.iter().collect();
         flights.sort_by_key(|(id, _)| **id);
+        let (clock_offset, frozen_clock) = self.clock.record();
         let mut parts = Vec::with_capacity(2 + 2 * self.stages.len());
         parts.push(encode(
-            "engine".into(),
+            PartName::Engine,
             &EngineRecord {
                 version: SNAPSHOT_VERSION,
-                stage_names: self.plan.stages.iter().map(|s| s.name.clone()).collect(),
+                stage_names: self
+                    .topology
+                    .plan
+                    .stages
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect(),
                 next_bundle: self.next_bundle,
-                clock_offset: self.clock_offset,
-                frozen_clock: self.frozen_clock,
+                clock_offset,
+                frozen_clock,
                 bundles: self.summary.bundles,
                 peak_pending_bytes: self.summary.peak_pending_bytes as u64,
                 rerun_bundles: flights.iter().map(|(id, _)| **id).collect(),
             },
         )?);
-        for (idx, s) in self.stages.iter_enumerated() {
-            let mut pending = Vec::new();
-            let kind = s.kind.record();
-            let mut timers = kind.timers;
-            for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
-                for q in &flight.elements {
-                    q.for_each_element(|e| pending.push(ElementRecord::of(e)));
-                }
-                if !flight.fired_timers.is_empty() {
-                    timers.to_mut().restore(flight.fired_timers.clone());
-                }
-            }
-            let mut tail = Vec::new();
-            let spilled_queue = s
-                .queue
-                .pending
-                .checkpoint(
-                    number.is_some(),
-                    |e| pending.push(ElementRecord::of(e)),
-                    |e| tail.push(ElementRecord::of(e)),
-                )
-                .map_err(|source| SnapshotError::Queue {
-                    stage: self.plan.stages[idx].name.clone(),
-                    source,
-                })?;
-            if let Some(spilled) = spilled_queue {
-                parts.push(encode(
-                    format!("queue_spill/{idx}"),
-                    &QueueSpillRecord { spilled, tail },
-                )?);
-            }
-            let delayed = s
-                .queue
-                .delayed()
-                .iter()
-                .map(|d| {
-                    let wait = d.at.saturating_duration_since(now).as_millis() as u64;
-                    (wait, ElementRecord::of(&d.element), d.hold)
-                })
-                .collect();
-            let (grouping, spilled_windows) = match s.grouping() {
-                Some(g) => {
-                    let (snapshot, named) = g
-                        .checkpoint(number.is_some())
-                        .map_err(|e| SnapshotError::Grouping(e.to_string()))?;
-                    (Some(snapshot), named)
-                }
-                None => (None, None),
-            };
-            if let Some(named) = spilled_windows {
-                parts.push(encode(format!("grouping_spill/{idx}"), &named)?);
-            }
-            parts.push(encode(
-                format!("stage/{idx}"),
-                &StageRecord {
-                    pending,
-                    delayed,
-                    grouping,
-                    timers,
-                    input_wm: s.progress.input_wm,
-                    output_wm: s.progress.output_wm,
-                    impulse_done: kind.impulse_done,
-                    stream_cursor: kind.stream_cursor,
-                    stream_wm: kind.stream_wm,
-                    state_gc_wm: kind.state_gc_wm,
-                    counters: s.progress.counters.record(now),
-                },
-            )?);
-            let user_state_error = |source| SnapshotError::UserState {
-                stage: self.plan.stages[idx].name.clone(),
-                source,
-            };
-            let mut user_state = self.user_state[idx].lock();
-            let (state, spilled) = match number {
-                Some(number) => user_state.checkpoint(number),
-                None => user_state.snapshot().map(|state| (state, None)),
-            }
-            .map_err(user_state_error)?;
-            drop(user_state);
-            parts.push(encode(format!("user_state/{idx}"), &state)?);
-            if let Some(spilled) = spilled {
-                parts.push(encode(format!("user_state_spill/{idx}"), &spilled)?);
-            }
+        for idx in self.stages.indices() {
+            self.cut_stage(idx, &flights, number, now, &mut parts)?;
+            self.cut_user_state(idx, number, &mut parts)?;
         }
         let side_inputs: SideInputSnapshot = self.side_inputs.lock().snapshot();
-        parts.push(encode("side_inputs".into(), &side_inputs)?);
-        for (name, read) in &self.extra_parts {
+        parts.push(encode(PartName::SideInputs, &side_inputs)?);
+        for (name, read) in &self.durability.extra_parts {
             parts.push((name.clone(), read()));
         }
         Ok(parts)
     }
 
+    /// The parts of stage `idx` in a cut (see [`Self::cut`]): its record
+    /// (with what the bundles in flight, `flights`, took from it put back),
+    /// and what its queue and grouping buffer name on a store.
+    fn cut_stage(
+        &self,
+        idx: StageIdx,
+        flights: &[(&u64, &InFlight)],
+        number: Option<u64>,
+        now: Instant,
+        parts: &mut Vec<(String, Bytes)>,
+    ) -> Result<(), SnapshotError> {
+        let s = &self.stages[idx];
+        let mut pending = Vec::new();
+        let kind = s.kind.record();
+        let mut timers = kind.timers;
+        for (_, flight) in flights.iter().filter(|(_, f)| f.stage == idx) {
+            for q in &flight.elements {
+                q.for_each_element(|e| pending.push(ElementRecord::of(e)));
+            }
+            if !flight.fired_timers.is_empty() {
+                timers.to_mut().restore(flight.fired_timers.clone());
+            }
+        }
+        let mut tail = Vec::new();
+        let spilled_queue = s
+            .queue
+            .pending
+            .checkpoint(
+                number.is_some(),
+                |e| pending.push(ElementRecord::of(e)),
+                |e| tail.push(ElementRecord::of(e)),
+            )
+            .map_err(|source| SnapshotError::Queue {
+                stage: self.topology.plan.stages[idx].name.clone(),
+                source,
+            })?;
+        if let Some(spilled) = spilled_queue {
+            parts.push(encode(
+                PartName::QueueSpill(idx),
+                &QueueSpillRecord { spilled, tail },
+            )?);
+        }
+        let delayed = s
+            .queue
+            .delayed()
+            .iter()
+            .map(|d| {
+                let wait = d.at.saturating_duration_since(now).as_millis() as u64;
+                (wait, ElementRecord::of(&d.element), d.hold)
+            })
+            .collect();
+        let (grouping, spilled_windows) = match s.grouping() {
+            Some(g) => {
+                let (snapshot, named) = g
+                    .checkpoint(number.is_some())
+                    .map_err(|e| SnapshotError::Grouping(e.to_string()))?;
+                (Some(snapshot), named)
+            }
+            None => (None, None),
+        };
+        if let Some(named) = spilled_windows {
+            parts.push(encode(PartName::GroupingSpill(idx), &named)?);
+        }
+        parts.push(encode(
+            PartName::Stage(idx),
+            &StageRecord {
+                pending,
+                delayed,
+                grouping,
+                timers,
+                input_wm: s.progress.input_wm,
+                output_wm: s.progress.output_wm,
+                impulse_done: kind.impulse_done,
+                stream_cursor: kind.stream_cursor,
+                stream_wm: kind.stream_wm,
+                state_gc_wm: kind.state_gc_wm,
+                counters: s.progress.counters.record(now),
+            },
+        )?);
+        Ok(())
+    }
+
+    /// The parts of stage `idx`'s user state in a cut: its cells, and
+    /// (periodic checkpoint `number`) the bags it names on the durable
+    /// store.
+    fn cut_user_state(
+        &self,
+        idx: StageIdx,
+        number: Option<u64>,
+        parts: &mut Vec<(String, Bytes)>,
+    ) -> Result<(), SnapshotError> {
+        let user_state_error = |source| SnapshotError::UserState {
+            stage: self.topology.plan.stages[idx].name.clone(),
+            source,
+        };
+        let mut user_state = self.user_state[idx].lock();
+        let (state, spilled) = match number {
+            Some(number) => user_state.checkpoint(number),
+            None => user_state.snapshot().map(|state| (state, None)),
+        }
+        .map_err(user_state_error)?;
+        drop(user_state);
+        parts.push(encode(PartName::UserState(idx), &state)?);
+        if let Some(spilled) = spilled {
+            parts.push(encode(PartName::UserStateSpill(idx), &spilled)?);
+        }
+        Ok(())
+    }
+
     /// Continues from a checkpoint taken by [`Self::checkpoint_parts`] of
     /// an engine running the same plan. Call before [`Self::run`].
     pub fn restore(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
-        let part = |name: &str| {
-            parts
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b)
+        let part = |name: PartName| {
+            find_part(parts, name)
                 .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
         };
-        let engine: EngineRecord = decode("engine", part("engine")?)?;
+        let engine: EngineRecord = decode(PartName::Engine, part(PartName::Engine)?)?;
         if !(OLDEST_SNAPSHOT_VERSION..=SNAPSHOT_VERSION).contains(&engine.version) {
             return Err(SnapshotError::Mismatch(format!(
                 "it was written in format {}, this runner reads {OLDEST_SNAPSHOT_VERSION} to \
@@ -348,7 +408,13 @@ impl Engine {
                 engine.version
             )));
         }
-        let names: Vec<&str> = self.plan.stages.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = self
+            .topology
+            .plan
+            .stages
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         if engine.stage_names != names {
             return Err(SnapshotError::Mismatch(format!(
                 "its stages are [{}], the pipeline's are [{}]",
@@ -358,19 +424,19 @@ impl Engine {
         }
         let now = Instant::now();
         for idx in self.stages.indices() {
-            let name = format!("stage/{idx}");
-            let record: StageRecord = decode(&name, part(&name)?)?;
-            let gated = self.checkpoints.is_some()
-                && matches!(&self.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
-            let name = format!("queue_spill/{idx}");
-            let spilled_queue: Option<QueueSpillRecord> = match part(&name) {
-                Ok(bytes) => Some(decode(&name, bytes)?),
-                Err(_) => None,
+            let name = PartName::Stage(idx);
+            let record: StageRecord = decode(name, part(name)?)?;
+            let gated = self.durability.checkpoints.is_some()
+                && matches!(&self.topology.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
+            let name = PartName::QueueSpill(idx);
+            let spilled_queue: Option<QueueSpillRecord> = match find_part(parts, name) {
+                Some(bytes) => Some(decode(name, bytes)?),
+                None => None,
             };
-            let name = format!("grouping_spill/{idx}");
-            let spilled_windows: Option<SpilledWindows> = match part(&name) {
-                Ok(bytes) => Some(decode(&name, bytes)?),
-                Err(_) => None,
+            let name = PartName::GroupingSpill(idx);
+            let spilled_windows: Option<SpilledWindows> = match find_part(parts, name) {
+                Some(bytes) => Some(decode(name, bytes)?),
+                None => None,
             };
             let s = &mut self.stages[idx];
             let front = record.pending.into_iter().map(ElementRecord::into_element);
@@ -382,7 +448,7 @@ impl Engine {
                 .pending
                 .restore(front.collect(), spilled_queue)
                 .map_err(|source| SnapshotError::Queue {
-                    stage: self.plan.stages[idx].name.clone(),
+                    stage: self.topology.plan.stages[idx].name.clone(),
                     source,
                 })?;
             // It came from a checkpoint: it is stable input.
@@ -424,26 +490,27 @@ impl Engine {
             s.progress.input_wm = record.input_wm;
             s.progress.output_wm = record.output_wm;
             s.progress.counters = StageCounters::from_record(record.counters);
-            let name = format!("user_state/{idx}");
-            let state: UserStateSnapshot = decode(&name, part(&name)?)?;
-            let name = format!("user_state_spill/{idx}");
-            let spilled: Option<SpilledBags> = match part(&name) {
-                Ok(bytes) => Some(decode(&name, bytes)?),
-                Err(_) => None,
+            let name = PartName::UserState(idx);
+            let state: UserStateSnapshot = decode(name, part(name)?)?;
+            let name = PartName::UserStateSpill(idx);
+            let spilled: Option<SpilledBags> = match find_part(parts, name) {
+                Some(bytes) => Some(decode(name, bytes)?),
+                None => None,
             };
             self.user_state[idx]
                 .lock()
                 .restore(state, spilled)
                 .map_err(|source| SnapshotError::UserState {
-                    stage: self.plan.stages[idx].name.clone(),
+                    stage: self.topology.plan.stages[idx].name.clone(),
                     source,
                 })?;
         }
-        let side_inputs: SideInputSnapshot = decode("side_inputs", part("side_inputs")?)?;
+        let side_inputs: SideInputSnapshot =
+            decode(PartName::SideInputs, part(PartName::SideInputs)?)?;
         *self.side_inputs.lock() = crate::store::SideInputStore::restore(side_inputs);
         self.next_bundle = engine.next_bundle;
-        self.clock_offset = engine.clock_offset;
-        self.frozen_clock = engine.frozen_clock;
+        self.clock
+            .restore((engine.clock_offset, engine.frozen_clock));
         self.summary.bundles = engine.bundles;
         self.summary.peak_pending_bytes = engine.peak_pending_bytes as usize;
         // Stages that had finished tell their side-input readers again.

@@ -10,10 +10,22 @@
 //! stage's own state alone (how far its output watermark may go, when it
 //! next needs the clock, whether a retry may start) is answered here.
 
-use super::*;
-use crate::plan::WindowingStrategy;
-use crate::spill::SpillError;
 use std::borrow::Cow;
+
+use tokio::time::Instant;
+
+use super::grouping_stage::GroupingState;
+use super::pending::{Pending, Queued};
+use super::stats::StageCounters;
+use super::EngineError;
+use crate::coder::DecodedElement;
+use crate::grouping::GroupingBuffer;
+use crate::holds::Holds;
+use crate::key_groups::KeyGroupSet;
+use crate::plan::{StageKind, TestStreamEvent, TimeDomain, WindowingStrategy};
+use crate::spill::SpillError;
+use crate::time::{earliest, Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use crate::timers::{FiredTimer, TimerStore};
 
 /// Run-time state of one stage: its queue, its progress, and what only
 /// its kind of stage carries.
@@ -86,18 +98,6 @@ pub(super) enum KindState {
     Sdk(SdkState),
     /// A TestStream.
     TestStream(StreamCursor),
-}
-
-/// A GroupByKey's buffer, and what the engine's passes over it track.
-pub(super) struct GroupingState {
-    /// What it groups, and fires.
-    pub(super) buffer: GroupingBuffer,
-    /// A window-merge request is with the SDK: nothing fires meanwhile.
-    pub(super) merging: bool,
-    /// Bytes of panes it may still emit before the engine schedules
-    /// bundles again (refilled by every `advance` and commit), so that its
-    /// consumers start on a big firing while the rest follows.
-    pub(super) fire_budget: usize,
 }
 
 /// An SDK stage's timers, state collection and retries.
@@ -295,18 +295,6 @@ impl StageState {
             self.queue.pending.push_front(q);
         }
     }
-
-    /// An Impulse that has not emitted yet now has: whether it had not
-    /// (and so must emit now).
-    pub(super) fn take_impulse(&mut self) -> bool {
-        match &mut self.kind {
-            KindState::Impulse { emitted } if !*emitted => {
-                *emitted = true;
-                true
-            }
-            _ => false,
-        }
-    }
 }
 
 impl StageQueue {
@@ -492,19 +480,19 @@ pub(super) struct KindRecord<'a> {
 
 impl KindState {
     /// The start state of a stage of `kind`; a GroupByKey's buffer is
-    /// made by `grouping` from its windowing strategy.
+    /// made by `grouping` from its windowing strategy, and fires as
+    /// elements arrive if `streaming`.
     pub(super) fn of(
         kind: &StageKind,
+        streaming: bool,
         grouping: impl FnOnce(&WindowingStrategy) -> Result<GroupingBuffer, EngineError>,
     ) -> Result<Self, EngineError> {
         Ok(match kind {
             StageKind::Impulse => KindState::Impulse { emitted: false },
             StageKind::Flatten => KindState::Flatten,
-            StageKind::GroupByKey(strategy) => KindState::Grouping(GroupingState {
-                buffer: grouping(strategy)?,
-                merging: false,
-                fire_budget: 0,
-            }),
+            StageKind::GroupByKey(strategy) => {
+                KindState::Grouping(GroupingState::new(grouping(strategy)?, streaming))
+            }
             StageKind::Sdk(_) => KindState::Sdk(SdkState {
                 timers: TimerStore::default(),
                 state_gc_wm: MIN_TIMESTAMP,
@@ -570,7 +558,11 @@ impl KindState {
 mod tests {
     use super::*;
     use crate::coder::TimerValue;
+    use crate::coder::{PaneInfo, WindowedValueHeader};
     use crate::plan::SdkStage;
+    use crate::window::Window;
+    use bytes::Bytes;
+    use std::time::Duration;
 
     /// An element at `timestamp` (only its header matters here).
     fn element(timestamp: Timestamp) -> DecodedElement {
@@ -596,7 +588,7 @@ mod tests {
 
     fn state_of(kind: &StageKind) -> StageState {
         StageState::new(
-            KindState::of(kind, |_| {
+            KindState::of(kind, false, |_| {
                 Err(EngineError::Misconfigured("no buffer".into()))
             })
             .expect("not a GroupByKey"),
@@ -650,15 +642,6 @@ mod tests {
         s.queue.bundle_started(0, &[], 0);
         assert_eq!(s.output_watermark(MAX_TIMESTAMP), MAX_TIMESTAMP - 1);
         s.queue.bundle_ended(0, &[], 0);
-        assert_eq!(s.output_watermark(MAX_TIMESTAMP), MAX_TIMESTAMP);
-    }
-
-    #[test]
-    fn an_impulse_finishes_once_it_emitted() {
-        let mut s = state_of(&StageKind::Impulse);
-        assert_eq!(s.output_watermark(MAX_TIMESTAMP), MIN_TIMESTAMP);
-        assert!(s.take_impulse());
-        assert!(!s.take_impulse(), "it emits once");
         assert_eq!(s.output_watermark(MAX_TIMESTAMP), MAX_TIMESTAMP);
     }
 
@@ -728,7 +711,7 @@ mod tests {
             cursor.advance_watermark(9);
         }
         let mut impulse = state_of(&StageKind::Impulse);
-        impulse.take_impulse();
+        impulse.kind = KindState::Impulse { emitted: true };
         let mut sdk = sdk_stage();
         if let Some(state) = sdk.sdk_mut() {
             state.timers.set_if_absent("t", "f", timer(40, 40));

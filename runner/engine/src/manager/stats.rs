@@ -2,9 +2,15 @@
 //! UI's stage graph and `/metrics` read these snapshots, never the engine's
 //! own state, so watching a job costs it one small copy every so often.
 
-use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::Engine;
+use crate::grouping::GroupingBuffer;
+use crate::plan::{StageIdx, StageKind};
+use crate::time::Timestamp;
 
 /// How often the engine publishes a snapshot while it runs.
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
@@ -144,6 +150,7 @@ impl Engine {
         }
         self.last_published = Some(now);
         let snapshot = self
+            .topology
             .plan
             .stages
             .iter()
@@ -154,7 +161,7 @@ impl Engine {
                     .inputs
                     .iter()
                     .chain(stage.side_inputs.iter().map(|si| &si.pcollection))
-                    .filter_map(|&p| self.producers[p])
+                    .filter_map(|&p| self.topology.producers[p])
                     .collect();
                 inputs.dedup();
                 StageStats {

@@ -1,15 +1,22 @@
 //! Replaying TestStream events, one at a time, when the pipeline is quiet.
 
-use super::*;
+use bytes::Bytes;
+use tracing::debug;
+
+use super::stage_state::KindState;
+use super::{Engine, EngineError};
+use crate::coder::{encode_windowed_value, PaneInfo, WindowedValueHeader};
+use crate::plan::{StageKind, TestStreamEvent};
+use crate::window::Window;
 
 impl Engine {
     /// Apply the next event of the first TestStream that has one left.
     /// Called only when nothing else can run, so every event sees the
     /// pipeline quiescent. Returns whether an event was applied.
     pub(super) fn step_test_streams(&mut self) -> Result<bool, EngineError> {
-        for i in 0..self.topo.len() {
-            let idx = self.topo[i];
-            let StageKind::TestStream(events) = &self.plan.stages[idx].kind else {
+        for i in 0..self.topology.order.len() {
+            let idx = self.topology.order[i];
+            let StageKind::TestStream(events) = &self.topology.plan.stages[idx].kind else {
                 continue;
             };
             let KindState::TestStream(cursor) = &mut self.stages[idx].kind else {
@@ -20,7 +27,7 @@ impl Engine {
             };
             match event {
                 TestStreamEvent::Elements { output, elements } => {
-                    let pc = &self.plan.pcollections[output];
+                    let pc = &self.topology.plan.pcollections[output];
                     let mut bytes = Vec::new();
                     for (value, timestamp) in &elements {
                         let header = WindowedValueHeader {
@@ -42,10 +49,10 @@ impl Engine {
                     }
                 }
                 TestStreamEvent::ProcessingTime(ms) => {
-                    self.clock_offset = self.clock_offset.saturating_add(ms.max(0));
+                    self.clock.advance(ms);
                 }
             }
-            debug!(stage = %self.plan.stages[idx].name, "applied a TestStream event");
+            debug!(stage = %self.topology.plan.stages[idx].name, "applied a TestStream event");
             return Ok(true);
         }
         Ok(false)

@@ -1,6 +1,12 @@
 //! Asking the SDK to merge the windows of custom merging window functions.
 
-use super::*;
+use bytes::Bytes;
+
+use tokio::sync::mpsc;
+
+use super::{Engine, EngineError, Report};
+use crate::executor::ExecError;
+use crate::plan::StageIdx;
 
 impl Engine {
     /// Ask the SDK to merge the windows of grouping stages with a custom
@@ -17,14 +23,15 @@ impl Engine {
                 continue;
             }
             let request = g.buffer.merge_request();
-            let window_coder =
-                &self.plan.pcollections[self.plan.stages[idx].inputs[0]].window_coder;
+            let window_coder = &self.topology.plan.pcollections
+                [self.topology.plan.stages[idx].inputs[0]]
+                .window_coder;
             let bytes =
                 crate::window_merge::encode_request(&request, window_coder).map_err(|source| {
                     EngineError::Decode {
                         pcollection: format!(
                             "window merge request of '{}'",
-                            self.plan.stages[idx].name
+                            self.topology.plan.stages[idx].name
                         ),
                         source,
                     }
@@ -63,14 +70,18 @@ impl Engine {
             g.merging = false;
         }
         let answer = result.map_err(|error| EngineError::BundleFailed {
-            stage: self.plan.stages[idx].name.clone(),
+            stage: self.topology.plan.stages[idx].name.clone(),
             error,
         })?;
-        let window_coder = &self.plan.pcollections[self.plan.stages[idx].inputs[0]].window_coder;
+        let window_coder =
+            &self.topology.plan.pcollections[self.topology.plan.stages[idx].inputs[0]].window_coder;
         let merges =
             crate::window_merge::decode_response(&answer, window_coder).map_err(|source| {
                 EngineError::Decode {
-                    pcollection: format!("window merge answer of '{}'", self.plan.stages[idx].name),
+                    pcollection: format!(
+                        "window merge answer of '{}'",
+                        self.topology.plan.stages[idx].name
+                    ),
                     source,
                 }
             })?;

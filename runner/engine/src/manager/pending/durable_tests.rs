@@ -7,12 +7,15 @@
 //! restored queue's segments and nothing else.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
+use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
-use crate::coder::{Coder, PaneInfo, WindowedValueHeader};
+use crate::coder::{Coder, DecodedElement, PaneInfo, WindowedValueHeader};
 use crate::spill::MemorySpillStore;
+use crate::window::Window;
 
 /// Bytes of each element's value: four go to a segment (64 KiB at least).
 const VALUE_BYTES: usize = 16 << 10;

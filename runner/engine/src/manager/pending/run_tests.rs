@@ -7,11 +7,13 @@
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
-use crate::coder::{Coder, PaneInfo, RunRecord, WindowedValueHeader};
+use crate::coder::{Coder, DecodedElement, PaneInfo, RunRecord, WindowedValueHeader};
 use crate::spill::MemorySpillStore;
+use crate::window::Window;
 
 /// The header of element `id` at `timestamp`.
 fn header(timestamp: i64) -> WindowedValueHeader {

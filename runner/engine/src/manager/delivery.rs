@@ -1,14 +1,24 @@
 //! Delivering produced elements to their consumers: pending queues,
-//! grouping buffers and side-input stores.
+//! grouping stages and side-input stores. What a stage emits — in a step
+//! of the watermark pass, or, a streaming GroupByKey, as an element
+//! arrives ([`Stepped`]) — is delivered here too, like a bundle's output;
+//! delivery never fires a stage itself.
 
-use super::*;
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+use super::grouping_stage::GroupingState;
+use super::pending::Queued;
+use super::stage_state::{KindState, StageState};
+use super::step::Stepped;
+use super::{spill_failed, Engine, EngineError};
 use crate::coder::{
-    decode_whole_windowed_values, BorrowedWindowedValues, CoderError, DecodedElement, ElementRun,
-    TimerValue,
+    decode_whole_windowed_values, decode_windowed_values, BorrowedWindowedValues, CoderError,
+    DecodedElement, ElementRun, PaneInfo, TimerValue,
 };
 use crate::grouping::{Fired, GroupingError};
-use crate::plan::SdkStage;
-use smallvec::SmallVec;
+use crate::plan::{PCollectionIdx, SdkStage, SideInputAccess, StageIdx, StageKind};
+use crate::window::Window;
 
 /// Most bytes of a GroupByKey's output emitted in one step of the engine
 /// (less if the consumer's queue bound is smaller): a window closing over
@@ -57,7 +67,7 @@ impl Engine {
         if self.only_groupings_consume(pcoll) {
             return self.route_to_grouping(pcoll, &bytes, cut);
         }
-        let pc = &self.plan.pcollections[pcoll];
+        let pc = &self.topology.plan.pcollections[pcoll];
         let decoded = if cut {
             decode_whole_windowed_values(&bytes, &pc.value_coder, &pc.window_coder)
         } else {
@@ -89,15 +99,15 @@ impl Engine {
                 .elements()
                 .try_for_each(|e| self.route_element(pcoll, e));
         }
-        if let Some(producer) = self.producers[pcoll] {
+        if let Some(producer) = self.topology.producers[pcoll] {
             let counters = &mut self.stages[producer].progress.counters;
             counters.elements_out += run.len() as u64;
             counters.bytes_out += run.encoded_len() as u64;
         }
-        let n = self.consumers[pcoll].stages.len();
+        let n = self.topology.consumers[pcoll].stages.len();
         let mut run = Some(run);
         for i in 0..n {
-            let stage = self.consumers[pcoll].stages[i];
+            let stage = self.topology.consumers[pcoll].stages[i];
             let queued = if i + 1 == n { run.take() } else { run.clone() };
             let Some(queued) = queued else {
                 break;
@@ -105,7 +115,7 @@ impl Engine {
             let pending = &mut self.stages[stage].queue.pending;
             pending
                 .push_run(queued)
-                .map_err(spill_failed(&self.plan, stage))?;
+                .map_err(spill_failed(&self.topology.plan, stage))?;
             self.summary.peak_pending_bytes = self.summary.peak_pending_bytes.max(pending.bytes());
         }
         Ok(())
@@ -128,11 +138,11 @@ impl Engine {
     /// Flatten) and none reads it as a side input: a run of its elements
     /// then goes to each queue as it is.
     fn only_queues_consume(&self, pcoll: PCollectionIdx) -> bool {
-        let consumers = &self.consumers[pcoll];
+        let consumers = &self.topology.consumers[pcoll];
         consumers.side_inputs.is_empty()
             && consumers.stages.iter().all(|&c| {
                 matches!(
-                    (&self.plan.stages[c].kind, &self.stages[c].kind),
+                    (&self.topology.plan.stages[c].kind, &self.stages[c].kind),
                     (
                         StageKind::Sdk(SdkStage {
                             window_expiration: None,
@@ -147,7 +157,7 @@ impl Engine {
     /// Whether every consumer of `pcoll` is a GroupByKey (and none reads it
     /// as a side input): its elements then go straight into their buffers.
     fn only_groupings_consume(&self, pcoll: PCollectionIdx) -> bool {
-        let consumers = &self.consumers[pcoll];
+        let consumers = &self.topology.consumers[pcoll];
         consumers.side_inputs.is_empty()
             && !consumers.stages.is_empty()
             && consumers
@@ -166,10 +176,10 @@ impl Engine {
         bytes: &[u8],
         cut: bool,
     ) -> Result<usize, EngineError> {
-        let pc = &self.plan.pcollections[pcoll];
+        let pc = &self.topology.plan.pcollections[pcoll];
         let (value_coder, window_coder) = (pc.value_coder.clone(), pc.window_coder.clone());
         let decode_error = |engine: &Engine, source| EngineError::Decode {
-            pcollection: engine.plan.pcollections[pcoll].id.clone(),
+            pcollection: engine.topology.plan.pcollections[pcoll].id.clone(),
             source,
         };
         // Every eighth of a big chunk, the GroupByKeys hear how many
@@ -181,6 +191,9 @@ impl Engine {
         // was ~3% of a GroupByKey's routing, and a chunk is routed within
         // milliseconds, finer than any processing-time trigger.
         let now = self.now();
+        // Only a streaming GroupByKey fires as elements arrive: batch skips
+        // the per-element checks that firing needs.
+        let streaming = self.config.streaming;
         for item in BorrowedWindowedValues::new(bytes, &value_coder, &window_coder) {
             let (header, kv, len) = match item {
                 Ok(element) => element,
@@ -195,27 +208,28 @@ impl Engine {
                 let left = bytes.len().saturating_sub(routed_bytes) / per_element;
                 self.expect_grouped(pcoll, left);
             }
-            if let Some(producer) = self.producers[pcoll] {
+            if let Some(producer) = self.topology.producers[pcoll] {
                 let counters = &mut self.stages[producer].progress.counters;
                 counters.elements_out += 1;
                 counters.bytes_out += len as u64;
             }
-            for i in 0..self.consumers[pcoll].stages.len() {
-                let stage = self.consumers[pcoll].stages[i];
+            for i in 0..self.topology.consumers[pcoll].stages.len() {
+                let stage = self.topology.consumers[pcoll].stages[i];
+                let blocked = streaming && self.blocks_firing_on_arrival(stage);
                 let s = &mut self.stages[stage];
                 let input_wm = s.progress.input_wm;
                 s.progress.counters.elements_processed += 1;
                 s.progress.counters.bytes_processed += len as u64;
-                let Some(g) = s.grouping_mut() else {
+                let Some(g) = s.grouping_state_mut() else {
                     continue;
                 };
-                let added = g.add_value(&header, kv, input_wm, now);
+                let added = g.add_value(&header, kv, input_wm, now, blocked);
                 added.map_err(|e| {
-                    let pcollection = self.plan.pcollections[pcoll].id.clone();
+                    let pcollection = self.topology.plan.pcollections[pcoll].id.clone();
                     self.grouping_error(stage, pcollection, e)
                 })?;
-                if self.config.streaming {
-                    self.fire_grouping(stage, input_wm, now)?;
+                if streaming {
+                    self.deliver_fired_on_arrival(stage)?;
                 }
             }
         }
@@ -225,87 +239,97 @@ impl Engine {
     /// Tells the GroupByKeys reading `pcoll` that about `elements` more of
     /// its elements are coming.
     fn expect_grouped(&mut self, pcoll: PCollectionIdx, elements: usize) {
-        for &stage in &self.consumers[pcoll].stages {
+        for &stage in &self.topology.consumers[pcoll].stages {
             if let Some(g) = self.stages[stage].grouping_mut() {
                 g.expect_elements(elements);
             }
         }
     }
 
-    /// Evaluates a grouping stage's triggers (unless some key's windows
-    /// wait for the SDK to merge them) and routes what fires; whether
-    /// anything did. Streaming calls it after every element, and the
-    /// watermark loop whenever it passes the stage.
-    pub(super) fn fire_grouping(
-        &mut self,
-        stage: StageIdx,
-        input_wm: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool, EngineError> {
-        // A GroupByKey emits only while its consumers are under their
-        // queue bound, and a step's worth at a time: what it did not get
-        // to waits for the next step (holding the output watermark).
-        let Some(budget) = self.stages[stage].grouping_state().map(|g| g.fire_budget) else {
-            return Ok(false);
-        };
-        let blocked = budget == 0 || self.backpressured(stage);
-        let Some(g) = self.stages[stage].grouping_mut() else {
-            return Ok(false);
-        };
-        if blocked || g.needs_merge() {
-            g.postpone(input_wm);
-            return Ok(false);
-        }
-        let mut out = Fired::default();
-        let evaluated = g.evaluate(input_wm, now, &mut out, budget);
-        let output = || format!("output of '{}'", self.plan.stages[stage].name);
-        let mut fired = evaluated.map_err(|e| self.grouping_error(stage, output(), e))?;
-        let draining = self.stages[stage]
-            .grouping()
-            .is_some_and(GroupingBuffer::is_draining);
-        if draining && out.bytes.len() < budget {
-            if let Some(g) = self.stages[stage].grouping_mut() {
-                let drained = g.drain_spilled(input_wm, now, &mut out, budget);
-                fired += drained.map_err(|e| self.grouping_error(stage, output(), e))?;
-            }
-        }
-        if let Some(g) = self.stages[stage].grouping_state_mut() {
-            g.fire_budget = budget.saturating_sub(out.bytes.len());
-        }
-        if fired > 0 {
-            // GroupByKeys read the bytes in place. Queues take the elements
-            // as the firing recorded them while encoding them (not decoded
-            // again): as a run if there are enough of them to be worth one.
-            let mut queued: SmallVec<[PCollectionIdx; 2]> = SmallVec::new();
-            for i in 0..self.plan.stages[stage].outputs.len() {
-                let pcoll = self.plan.stages[stage].outputs[i];
-                if self.only_groupings_consume(pcoll) {
-                    self.route_to_grouping(pcoll, &out.bytes, false)?;
-                } else {
-                    queued.push(pcoll);
-                }
-            }
-            let Some((&last, others)) = queued.split_last() else {
-                return Ok(true);
-            };
-            if out.element_count() < RUN_AT_LEAST {
-                let elements = out.into_elements();
-                for &pcoll in others {
-                    for e in &elements {
-                        self.route_element(pcoll, e.clone())?;
+    /// Delivers what stage `idx` emitted in a step of the watermark pass.
+    pub(super) fn deliver(&mut self, idx: StageIdx, stepped: Stepped) -> Result<(), EngineError> {
+        match stepped {
+            Stepped::Idle => Ok(()),
+            Stepped::Emitted(elements) => elements
+                .into_iter()
+                .try_for_each(|(pcoll, bytes)| self.route(pcoll, bytes)),
+            Stepped::Forwarded(entries) => {
+                let outputs = self.topology.plan.stages[idx].outputs.clone();
+                let Some((&last, others)) = outputs.split_last() else {
+                    return Ok(());
+                };
+                for &out in others {
+                    for q in &entries {
+                        self.route_entry(out, q.clone())?;
                     }
                 }
-                for e in elements {
-                    self.route_element(last, e)?;
-                }
-            } else if let Some(run) = out.into_run() {
-                for &pcoll in others {
-                    self.route_run(pcoll, run.clone())?;
-                }
-                self.route_run(last, run)?;
+                entries
+                    .into_iter()
+                    .try_for_each(|q| self.route_entry(last, q))
+            }
+            Stepped::Fired(firings) => firings
+                .into_iter()
+                .try_for_each(|fired| self.deliver_fired(idx, fired)),
+        }
+    }
+
+    /// Delivers one firing of GroupByKey `stage` to every output: the
+    /// GroupByKeys among the consumers read its bytes in place; queues take
+    /// the elements as the firing recorded them while encoding them (not
+    /// decoded again), as a run if there are enough of them to be worth one.
+    fn deliver_fired(&mut self, stage: StageIdx, out: Fired) -> Result<(), EngineError> {
+        let mut queued: SmallVec<[PCollectionIdx; 2]> = SmallVec::new();
+        for i in 0..self.topology.plan.stages[stage].outputs.len() {
+            let pcoll = self.topology.plan.stages[stage].outputs[i];
+            if self.only_groupings_consume(pcoll) {
+                self.route_to_grouping(pcoll, &out.bytes, false)?;
+            } else {
+                queued.push(pcoll);
             }
         }
-        Ok(fired > 0)
+        let Some((&last, others)) = queued.split_last() else {
+            return Ok(());
+        };
+        if out.element_count() < RUN_AT_LEAST {
+            let elements = out.into_elements();
+            for &pcoll in others {
+                for e in &elements {
+                    self.route_element(pcoll, e.clone())?;
+                }
+            }
+            for e in elements {
+                self.route_element(last, e)?;
+            }
+        } else if let Some(run) = out.into_run() {
+            for &pcoll in others {
+                self.route_run(pcoll, run.clone())?;
+            }
+            self.route_run(last, run)?;
+        }
+        Ok(())
+    }
+
+    /// Delivers what GroupByKey `stage` fired as the element just given to
+    /// it arrived (streaming), if anything. Out of line, so that batch
+    /// routing, which never calls it, keeps a tight loop.
+    #[inline(never)]
+    fn deliver_fired_on_arrival(&mut self, stage: StageIdx) -> Result<(), EngineError> {
+        let fired = self.stages[stage]
+            .grouping_state_mut()
+            .and_then(GroupingState::take_fired_on_arrival);
+        match fired {
+            Some(fired) => self.deliver_fired(stage, fired),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether GroupByKey `stage`, firing as elements arrive (streaming),
+    /// must hold its panes back: its consumers are over their bound.
+    fn blocks_firing_on_arrival(&self, stage: StageIdx) -> bool {
+        self.stages[stage]
+            .grouping_state()
+            .is_some_and(GroupingState::may_fire_on_arrival)
+            && self.backpressured(stage)
     }
 
     /// Gives every GroupByKey a step's worth of output ([`FIRE_STEP_BYTES`]).
@@ -315,14 +339,14 @@ impl Engine {
             .into_iter()
             .filter_map(StageState::grouping_state_mut)
         {
-            g.fire_budget = step;
+            g.refill_budget(step);
         }
     }
 
     /// The engine's error for a grouping stage's failure: bytes of
     /// `pcollection` (its input, or what it emits) that do not decode, or
     /// its spill store failing.
-    fn grouping_error(
+    pub(super) fn grouping_error(
         &self,
         stage: StageIdx,
         pcollection: String,
@@ -333,7 +357,7 @@ impl Engine {
                 pcollection,
                 source,
             },
-            GroupingError::Spill(source) => spill_failed(&self.plan, stage)(source),
+            GroupingError::Spill(source) => spill_failed(&self.topology.plan, stage)(source),
         }
     }
 
@@ -342,14 +366,14 @@ impl Engine {
         pcoll: PCollectionIdx,
         e: DecodedElement,
     ) -> Result<(), EngineError> {
-        if let Some(producer) = self.producers[pcoll] {
+        if let Some(producer) = self.topology.producers[pcoll] {
             let counters = &mut self.stages[producer].progress.counters;
             counters.elements_out += 1;
             counters.bytes_out += e.encoded.len() as u64;
         }
-        let consumers = &self.consumers[pcoll];
+        let consumers = &self.topology.consumers[pcoll];
         if !consumers.side_inputs.is_empty() {
-            let pc = &self.plan.pcollections[pcoll];
+            let pc = &self.topology.plan.pcollections[pcoll];
             let mut store = self.side_inputs.lock();
             for window in &e.header.windows {
                 let mut wbytes = Vec::new();
@@ -386,15 +410,15 @@ impl Engine {
         }
         // By index: the consumer list is read per element and must not be
         // cloned for each one. The last consumer queueing it takes `e`.
-        let n = self.consumers[pcoll].stages.len();
+        let n = self.topology.consumers[pcoll].stages.len();
         let mut e = Some(e);
         for i in 0..n {
-            let stage = self.consumers[pcoll].stages[i];
+            let stage = self.topology.consumers[pcoll].stages[i];
             let Some(element) = e.as_ref() else {
                 break;
             };
             let now = self.now();
-            let streaming = self.config.streaming;
+            let blocked = self.config.streaming && self.blocks_firing_on_arrival(stage);
             let StageState {
                 queue,
                 progress,
@@ -407,12 +431,12 @@ impl Engine {
                     // the elements it took in.
                     progress.counters.elements_processed += 1;
                     progress.counters.bytes_processed += element.encoded.len() as u64;
-                    if let Err(e) = g.buffer.add(element, input_wm, now) {
-                        let pcollection = self.plan.pcollections[pcoll].id.clone();
+                    if let Err(e) = g.add(element, input_wm, now, blocked) {
+                        let pcollection = self.topology.plan.pcollections[pcoll].id.clone();
                         return Err(self.grouping_error(stage, pcollection, e));
                     }
-                    if streaming {
-                        self.fire_grouping(stage, input_wm, now)?;
+                    if self.config.streaming {
+                        self.deliver_fired_on_arrival(stage)?;
                     }
                 }
                 kind => {
@@ -423,9 +447,9 @@ impl Engine {
                             ..
                         }),
                         KindState::Sdk(state),
-                    ) = (&self.plan.stages[stage].kind, kind)
+                    ) = (&self.topology.plan.stages[stage].kind, kind)
                     {
-                        let pc = &self.plan.pcollections[pcoll];
+                        let pc = &self.topology.plan.pcollections[pcoll];
                         let key_len =
                             pc.value_coder
                                 .kv_key_len(element.value())
@@ -447,7 +471,7 @@ impl Engine {
                         queue
                             .pending
                             .push_back(queued)
-                            .map_err(spill_failed(&self.plan, stage))?;
+                            .map_err(spill_failed(&self.topology.plan, stage))?;
                     }
                     self.summary.peak_pending_bytes =
                         self.summary.peak_pending_bytes.max(queue.pending.bytes());
