@@ -46,14 +46,14 @@ PACKAGE = os.path.join(HERE, 'wheel', 'python')
 #: CoGroupByKey, Combine and its combiners, windowing, user state and
 #: timers, side inputs, the transforms of transforms/util.py).
 MODULES = [
-    'apache_beam/transforms/ptransform_test.py',
-    'apache_beam/transforms/combiners_test.py',
-    'apache_beam/transforms/util_test.py',
-    'apache_beam/transforms/window_test.py',
-    'apache_beam/transforms/userstate_test.py',
-    'apache_beam/transforms/sideinputs_test.py',
-    'apache_beam/transforms/core_test.py',
-    'apache_beam/transforms/deduplicate_test.py',
+  'apache_beam/transforms/ptransform_test.py',
+  'apache_beam/transforms/combiners_test.py',
+  'apache_beam/transforms/util_test.py',
+  'apache_beam/transforms/window_test.py',
+  'apache_beam/transforms/userstate_test.py',
+  'apache_beam/transforms/sideinputs_test.py',
+  'apache_beam/transforms/core_test.py',
+  'apache_beam/transforms/deduplicate_test.py',
 ]
 
 
@@ -72,7 +72,7 @@ def start_server(cmd, port, log):
       return proc
     except OSError:
       if proc.poll() is not None or time.time() > deadline:
-        raise SystemExit('%s did not start; see %s' % (cmd[0], log.name))
+        raise SystemExit('%s did not start; see %s' % (cmd[0], log.name)) from None
       time.sleep(0.1)
 
 
@@ -82,26 +82,41 @@ def runners(refract):
 
   def portable(port):
     return [
-        '--test-pipeline-options=--runner=PortableRunner '
-        '--job_endpoint=localhost:%d %s' % (port, loopback)
+      '--test-pipeline-options=--runner=PortableRunner '
+      '--job_endpoint=localhost:%d %s' % (port, loopback)
     ]
 
   return [
-      ('DirectRunner', False, None,
-       lambda _: ['--test-pipeline-options=--runner=DirectRunner']),
-      ('Python job server', False, lambda port: [
-          sys.executable, '-m',
-          'apache_beam.runners.portability.local_job_service_main', '--port',
-          str(port)
-      ], portable),
-      ('refract serve', True, lambda port: [
-          refract, 'serve', '--job_port',
-          str(port), '--serve_http=false'
-      ], portable),
-      ('pytest --refract', True, None, lambda _: [
-          '--refract', '-p', 'refract_beam.pytest_plugin',
-          '--test-pipeline-options=--runner=DirectRunner'
-      ]),
+    ('DirectRunner', False, None, lambda _: ['--test-pipeline-options=--runner=DirectRunner']),
+    (
+      'Python job server',
+      False,
+      lambda port: [
+        sys.executable,
+        '-m',
+        'apache_beam.runners.portability.local_job_service_main',
+        '--port',
+        str(port),
+      ],
+      portable,
+    ),
+    (
+      'refract serve',
+      True,
+      lambda port: [refract, 'serve', '--job_port', str(port), '--serve_http=false'],
+      portable,
+    ),
+    (
+      'pytest --refract',
+      True,
+      None,
+      lambda _: [
+        '--refract',
+        '-p',
+        'refract_beam.pytest_plugin',
+        '--test-pipeline-options=--runner=DirectRunner',
+      ],
+    ),
   ]
 
 
@@ -122,8 +137,7 @@ def outcomes(report):
   return found
 
 
-def run_module(module, site, refract, name, server, flags, work, timeout,
-               extra):
+def run_module(module, site, refract, name, server, flags, work, timeout, extra):
   report = os.path.join(work, 'junit.xml')
   if os.path.exists(report):
     os.remove(report)
@@ -134,23 +148,43 @@ def run_module(module, site, refract, name, server, flags, work, timeout,
     proc = start_server(server(port), port, log)
   env = dict(os.environ, REFRACT_BIN=refract)
   env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (SUITE_PLUGIN_DIR, PACKAGE, env.get('PYTHONPATH')) if p)
+    p for p in (SUITE_PLUGIN_DIR, PACKAGE, env.get('PYTHONPATH')) if p
+  )
   start = time.time()
   try:
-    subprocess.run([
-        sys.executable, '-m', 'pytest', '-p', 'refract_beam_plugin', '-p',
-        'no:cacheprovider', '-c',
-        os.path.join(SUITE_PLUGIN_DIR, 'pytest.ini'), '--rootdir', site,
-        os.path.join(site, module), '--timeout',
-        str(timeout), '--timeout-method=signal', '-q', '--disable-warnings',
-        '-p', 'no:randomly', '--junitxml', report, *flags(port), *extra
-    ],
-                   cwd=site,
-                   env=env,
-                   stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL,
-                   timeout=7200,
-                   check=False)
+    subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'pytest',
+        '-p',
+        'refract_beam_plugin',
+        '-p',
+        'no:cacheprovider',
+        '-c',
+        os.path.join(SUITE_PLUGIN_DIR, 'pytest.ini'),
+        '--rootdir',
+        site,
+        os.path.join(site, module),
+        '--timeout',
+        str(timeout),
+        '--timeout-method=signal',
+        '-q',
+        '--disable-warnings',
+        '-p',
+        'no:randomly',
+        '--junitxml',
+        report,
+        *flags(port),
+        *extra,
+      ],
+      cwd=site,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      timeout=7200,
+      check=False,
+    )
   finally:
     if proc:
       proc.terminate()
@@ -168,18 +202,18 @@ def run_module(module, site, refract, name, server, flags, work, timeout,
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--refract', required=True, help='refract binary')
-  ap.add_argument('--module',
-                  action='append',
-                  help='a test module, relative to site-packages (repeatable; '
-                  'default: the core-transform modules)')
-  ap.add_argument('--timeout',
-                  type=int,
-                  default=300,
-                  help='seconds per test')
+  ap.add_argument(
+    '--module',
+    action='append',
+    help='a test module, relative to site-packages (repeatable; '
+    'default: the core-transform modules)',
+  )
+  ap.add_argument('--timeout', type=int, default=300, help='seconds per test')
   ap.add_argument('-k', dest='keyword', help="pytest's -k expression")
   args = ap.parse_args()
   refract = os.path.abspath(args.refract)
   import apache_beam
+
   site = os.path.dirname(os.path.dirname(apache_beam.__file__))
   extra = ['-k', args.keyword] if args.keyword else []
   modules = args.module or MODULES
@@ -190,25 +224,27 @@ def main():
     for module in modules:
       results = {}
       for name, _, server, flags in runners(refract):
-        wall, found = run_module(module, site, refract, name, server, flags,
-                                 work, args.timeout, extra)
+        wall, found = run_module(
+          module, site, refract, name, server, flags, work, args.timeout, extra
+        )
         counts = collections.Counter(o for o, _ in found.values())
         counts['seconds'] = wall
         totals[name].update(counts)
         results[name] = found
         table.append((module, name, counts))
-        print('%s  %-18s passed %4d  failed %3d  skipped %3d  %5.0f s' %
-              (module, name, counts['passed'], counts['failed'],
-               counts['skipped'], wall),
-              file=sys.stderr,
-              flush=True)
+        print(
+          '%s  %-18s passed %4d  failed %3d  skipped %3d  %5.0f s'
+          % (module, name, counts['passed'], counts['failed'], counts['skipped'], wall),
+          file=sys.stderr,
+          flush=True,
+        )
       for name, is_refract, _, _ in runners(refract):
         if not is_refract:
           continue
         for test_id, (outcome, detail) in sorted(results[name].items()):
           others = {
-              ref: results[ref].get(test_id, ('missing', ''))[0]
-              for ref in ('DirectRunner', 'Python job server')
+            ref: results[ref].get(test_id, ('missing', ''))[0]
+            for ref in ('DirectRunner', 'Python job server')
           }
           if any(o != outcome for o in others.values()):
             differences.append((name, test_id, outcome, others, detail))
@@ -221,20 +257,19 @@ def main():
     by_module.setdefault(module, {})[name] = counts
   for module, row in list(by_module.items()) + [('**all**', totals)]:
     cells = [
-        '%d / %d / %d, %.0f s' % (c['passed'], c['failed'], c['skipped'],
-                                  c['seconds'])
-        for c in (row[name] for name in names)
+      '%d / %d / %d, %.0f s' % (c['passed'], c['failed'], c['skipped'], c['seconds'])
+      for c in (row[name] for name in names)
     ]
     print('| %s | %s |' % (os.path.basename(module), ' | '.join(cells)))
   print('\n(passed / failed / skipped, wall time)')
   if differences:
     print('\nOutcomes on a Refract row that differ from a Beam row:')
     for name, test_id, outcome, others, detail in differences:
-      print('- %s: %s %s (DirectRunner %s, Python job server %s) %s' %
-            (name, test_id, outcome, others['DirectRunner'],
-             others['Python job server'], detail))
-  best_beam = max(totals['DirectRunner']['passed'],
-                   totals['Python job server']['passed'])
+      print(
+        '- %s: %s %s (DirectRunner %s, Python job server %s) %s'
+        % (name, test_id, outcome, others['DirectRunner'], others['Python job server'], detail)
+      )
+  best_beam = max(totals['DirectRunner']['passed'], totals['Python job server']['passed'])
   refract_rows = [name for name, is_refract, _, _ in runners(refract) if is_refract]
   short = [n for n in refract_rows if totals[n]['passed'] < best_beam]
   if short:

@@ -175,6 +175,7 @@ if ! venv_ok; then
     -r "$requirements" -r "$ray_requirements"
   # Import what the suites import, so a broken install fails here, not later.
   quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity, kafka, ray'
+  quiet "$REFRACT_VENV/bin/ruff" --version
   echo "$stamp" >"$stamp_file"
 fi
 

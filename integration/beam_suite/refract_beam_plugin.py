@@ -22,9 +22,11 @@ Without it PrismRunnerTest skips every test. Load this module with
 import pytest
 
 import refract_session_record
-# Registered as this plugin's own hooks: loading this module is enough.
-from refract_session_record import pytest_collection_finish  # pylint: disable=unused-import
-from refract_session_record import pytest_sessionfinish  # pylint: disable=unused-import
+
+# Registered as this plugin's own hooks: loading this module is enough
+# (pytest finds hooks by name in the plugin module, so these are used).
+from refract_session_record import pytest_collection_finish  # noqa: F401  # pylint: disable=unused-import
+from refract_session_record import pytest_sessionfinish  # noqa: F401  # pylint: disable=unused-import
 
 _TIMEOUT_MARK = 'from pytest-timeout'
 _BEFORE = pytest.StashKey()
@@ -50,11 +52,12 @@ _health = _Health()
 def pytest_addoption(parser):
   try:
     parser.addoption(
-        '--test-pipeline-options',
-        dest='test_pipeline_options',
-        default=None,
-        help='Pipeline options for Beam test pipelines, e.g. '
-        '"--prism_bin=/path/to/refract --environment_type=LOOPBACK".')
+      '--test-pipeline-options',
+      dest='test_pipeline_options',
+      default=None,
+      help='Pipeline options for Beam test pipelines, e.g. '
+      '"--prism_bin=/path/to/refract --environment_type=LOOPBACK".',
+    )
   except ValueError:
     # Already declared (e.g. by Beam's own conftest.py in a source checkout).
     pass
@@ -65,8 +68,8 @@ def pytest_configure(config):
   # own CI.
   from apache_beam.options import pipeline_options
   from apache_beam.testing.test_pipeline import TestPipeline
-  TestPipeline.pytest_test_pipeline_options = config.getoption(
-      'test_pipeline_options', default='')
+
+  TestPipeline.pytest_test_pipeline_options = config.getoption('test_pipeline_options', default='')
   pipeline_options.enable_all_additional_type_checks()
 
 
@@ -108,16 +111,13 @@ def pytest_runtest_makereport(item, call):
   cls, proc = _runner_process(item)
   before, was_alive = item.stash.get(_BEFORE, (None, False))
   timed_out = report.failed and _TIMEOUT_MARK in (report.longreprtext or '')
-  crashed = (
-      proc is not None and proc.poll() is not None and
-      (proc is not before or was_alive))
+  crashed = proc is not None and proc.poll() is not None and (proc is not before or was_alive)
   if crashed:
     _health.add(
-        item,
-        'crash',
-        'runner process %s exited with code %s' % (proc.pid, proc.returncode))
+      item, 'crash', 'runner process %s exited with code %s' % (proc.pid, proc.returncode)
+    )
   if timed_out:
-    lines = [l for l in report.longreprtext.splitlines() if _TIMEOUT_MARK in l]
+    lines = [line for line in report.longreprtext.splitlines() if _TIMEOUT_MARK in line]
     _health.add(item, 'timeout', lines[-1].lstrip('E ').strip())
   if (crashed or timed_out) and cls is not None:
     _restart_runner_next_time(cls, proc)
@@ -128,5 +128,4 @@ def pytest_terminal_summary(terminalreporter):
     return
   terminalreporter.section('refract runner health')
   for e in _health.events:
-    terminalreporter.write_line(
-        '%s %s: %s' % (e['kind'].upper(), e['nodeid'], e['detail']))
+    terminalreporter.write_line('%s %s: %s' % (e['kind'].upper(), e['nodeid'], e['detail']))

@@ -56,8 +56,7 @@ class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
     options = super().create_options()
     options.view_as(PortableOptions).environment_type = 'LOOPBACK'
     debug = options.view_as(DebugOptions)
-    debug.experiments = ['pre_optimize=default', 'beam_fn_api'] + list(
-        debug.experiments or [])
+    debug.experiments = ['pre_optimize=default', 'beam_fn_api'] + list(debug.experiments or [])
     if getattr(self, 'bundle_attempts', None):
       debug.add_experiment('refract_bundle_attempts=%d' % self.bundle_attempts)
     return options
@@ -80,14 +79,14 @@ class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
 
   def test_draining_sdf_with_sdf_initiated_checkpointing(self):
     fn_runner_test.FnApiRunnerTest.test_draining_sdf_with_sdf_initiated_checkpointing(  # pylint: disable=line-too-long
-        self)
+      self
+    )
 
   # Cross-language cases, with the Java expansion services refract_suite.sh
   # starts (Beam Java 2.73.0 with KafkaIO; Beam SQL 2.65.0); Beam runs them
   # only in its Flink suite, whose test bodies these call.
   def get_expansion_service(self):
-    variable = getattr(self, 'expansion_service_variable',
-                       JAVA_EXPANSION_SERVICE)
+    variable = getattr(self, 'expansion_service_variable', JAVA_EXPANSION_SERVICE)
     address = os.environ.get(variable)
     if not address:
       raise unittest.SkipTest('no expansion service (%s)' % variable)
@@ -118,6 +117,7 @@ class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
     self._as_flink_test()
     self.expansion_service_variable = SQL_EXPANSION_SERVICE
     flink_runner_test.FlinkRunnerTest.test_sql(self)
+
 
 if __name__ == '__main__':
   unittest.main()

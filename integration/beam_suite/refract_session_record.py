@@ -32,10 +32,10 @@ def pytest_sessionfinish(session, exitstatus):
   if not path:
     return
   summary = {
-      'collected': _collected['count'],
-      'stop_reason': str(stop_reason) if stop_reason else None,
-      'exitstatus': int(exitstatus),
-      'events': EVENTS,
+    'collected': _collected['count'],
+    'stop_reason': str(stop_reason) if stop_reason else None,
+    'exitstatus': int(exitstatus),
+    'events': EVENTS,
   }
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(summary, f, indent=1)

@@ -35,7 +35,7 @@ _EXC_LINE = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*')
 
 
 def _clip(line, limit=200):
-  return line if len(line) <= limit else line[:limit - 3] + '...'
+  return line if len(line) <= limit else line[: limit - 3] + '...'
 
 
 def _first_line(text, limit=200):
@@ -54,8 +54,8 @@ def _reason(message):
   if not first.endswith('Traceback (most recent call last):'):
     return first
   lines = (message or '').splitlines()
-  inner = [l.strip() for l in lines[1:] if _EXC_LINE.match(l)]
-  head = first[:-len('Traceback (most recent call last):')].rstrip()
+  inner = [line.strip() for line in lines[1:] if _EXC_LINE.match(line)]
+  head = first[: -len('Traceback (most recent call last):')].rstrip()
   return _clip('%s ... %s' % (head, inner[-1])) if inner else first
 
 
@@ -149,19 +149,21 @@ def main(argv=None):
   collected = events.get('collected')
   if collected is not None and collected != len(cases):
     problems.append(
-        'only %d of %d collected tests ran%s' %
-        (len(cases), collected, ' (%s)' % events['stop_reason']
-         if events.get('stop_reason') else ''))
+      'only %d of %d collected tests ran%s'
+      % (
+        len(cases),
+        collected,
+        ' (%s)' % events['stop_reason'] if events.get('stop_reason') else '',
+      )
+    )
   if not cases:
     problems.append('no tests ran')
   if args.pytest_exit not in (None, 0, 1):
     problems.append('pytest exited with status %d' % args.pytest_exit)
   if counts['passed'] < args.bar:
-    problems.append(
-        '%d passed, below the bar of %d' % (counts['passed'], args.bar))
+    problems.append('%d passed, below the bar of %d' % (counts['passed'], args.bar))
   if args.all_must_pass and counts['failed'] + counts['error']:
-    problems.append(
-        '%d failed, %d errors' % (counts['failed'], counts['error']))
+    problems.append('%d failed, %d errors' % (counts['failed'], counts['error']))
   if crashes:
     problems.append('the runner crashed in %d test(s)' % len(crashes))
   if timeouts:
@@ -171,17 +173,13 @@ def main(argv=None):
     print('%s gate FAILED: %s' % (args.label, '; '.join(problems)))
   else:
     print(
-        '%s gate OK: %d passed (%s), no crashes, no timeouts' % (
-            args.label,
-            counts['passed'],
-            'none failed' if args.all_must_pass else 'bar %d' % args.bar))
+      '%s gate OK: %d passed (%s), no crashes, no timeouts'
+      % (args.label, counts['passed'], 'none failed' if args.all_must_pass else 'bar %d' % args.bar)
+    )
   print(
-      '%s: %d passed, %d failed, %d skipped, %d errors' % (
-          args.label,
-          counts['passed'],
-          counts['failed'],
-          counts['skipped'],
-          counts['error']))
+    '%s: %d passed, %d failed, %d skipped, %d errors'
+    % (args.label, counts['passed'], counts['failed'], counts['skipped'], counts['error'])
+  )
   if args.record:
     with open(args.record, 'a', encoding='utf-8') as f:
       f.write(json.dumps(dict(counts, label=args.label)) + '\n')
@@ -200,8 +198,9 @@ def print_total(path):
   except OSError:
     pass
   print(
-      'total: %d passed, %d failed, %d skipped' %
-      (total['passed'], total['failed'] + total['error'], total['skipped']))
+    'total: %d passed, %d failed, %d skipped'
+    % (total['passed'], total['failed'] + total['error'], total['skipped'])
+  )
   return 0
 
 

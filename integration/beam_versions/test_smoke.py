@@ -38,8 +38,7 @@ from apache_beam.transforms.external import ImplicitSchemaPayloadBuilder
 
 ROOT = os.environ['REFRACT_ROOT']
 WORDS = os.path.join(ROOT, 'integration', 'wordcount', 'input.txt')
-EXPANSION_SERVICE = os.path.join(ROOT, 'integration', 'python',
-                                 'python_expansion_service.py')
+EXPANSION_SERVICE = os.path.join(ROOT, 'integration', 'python', 'python_expansion_service.py')
 
 
 def test_runs_on_refract():
@@ -59,14 +58,22 @@ def test_wordcount_matches_the_direct_runner(tmp_path):
   outputs = {}
   for runner in ('refract_beam.RefractRunner', 'DirectRunner'):
     prefix = str(tmp_path / runner / 'counts')
-    done = subprocess.run([
-        sys.executable, '-m', 'apache_beam.examples.wordcount',
-        '--runner=' + runner, '--input', WORDS, '--output', prefix
-    ],
-                          capture_output=True,
-                          text=True,
-                          timeout=300,
-                          check=False)
+    done = subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'apache_beam.examples.wordcount',
+        '--runner=' + runner,
+        '--input',
+        WORDS,
+        '--output',
+        prefix,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     if runner.startswith('refract'):
       # In the supported range: no version warning, no refusal.
@@ -79,56 +86,62 @@ def test_wordcount_matches_the_direct_runner(tmp_path):
 def test_map_and_group_by_key():
   with TestPipeline() as p:
     grouped = (
-        p
-        | beam.Create(['a', 'bb', 'cc', 'ddd'])
-        | beam.Map(lambda w: (len(w), w))
-        | beam.GroupByKey()
-        | beam.MapTuple(lambda n, ws: (n, sorted(ws))))
-    assert_that(grouped, equal_to([(1, ['a']), (2, ['bb', 'cc']),
-                                   (3, ['ddd'])]))
+      p
+      | beam.Create(['a', 'bb', 'cc', 'ddd'])
+      | beam.Map(lambda w: (len(w), w))
+      | beam.GroupByKey()
+      | beam.MapTuple(lambda n, ws: (n, sorted(ws)))
+    )
+    assert_that(grouped, equal_to([(1, ['a']), (2, ['bb', 'cc']), (3, ['ddd'])]))
 
 
 class SumPerWindow(beam.DoFn):
   """Adds up each key's values in state; emits the sum when the
   watermark passes the end of the window."""
+
   TOTAL = userstate.ReadModifyWriteStateSpec('total', coders.VarIntCoder())
   FLUSH = userstate.TimerSpec('flush', userstate.TimeDomain.WATERMARK)
 
-  def process(self,
-              element,
-              w=beam.DoFn.WindowParam,
-              total=beam.DoFn.StateParam(TOTAL),
-              flush=beam.DoFn.TimerParam(FLUSH)):
+  def process(
+    self,
+    element,
+    w=beam.DoFn.WindowParam,
+    total=beam.DoFn.StateParam(TOTAL),
+    flush=beam.DoFn.TimerParam(FLUSH),
+  ):
     total.write((total.read() or 0) + element[1])
     flush.set(w.max_timestamp())
 
   @userstate.on_timer(FLUSH)
-  def on_flush(self,
-               key=beam.DoFn.KeyParam,
-               total=beam.DoFn.StateParam(TOTAL)):
+  def on_flush(self, key=beam.DoFn.KeyParam, total=beam.DoFn.StateParam(TOTAL)):
     yield key, total.read()
     total.clear()
 
 
 def test_streaming_state_and_timers():
   events = (
-      TestStream().add_elements([
-          window.TimestampedValue(('a', 1), 1),
-          window.TimestampedValue(('b', 10), 2),
-          window.TimestampedValue(('a', 2), 3),
-      ]).advance_watermark_to(10).add_elements([
-          window.TimestampedValue(('a', 5), 12),
-      ]).advance_watermark_to_infinity())
+    TestStream()
+    .add_elements(
+      [
+        window.TimestampedValue(('a', 1), 1),
+        window.TimestampedValue(('b', 10), 2),
+        window.TimestampedValue(('a', 2), 3),
+      ]
+    )
+    .advance_watermark_to(10)
+    .add_elements(
+      [
+        window.TimestampedValue(('a', 5), 12),
+      ]
+    )
+    .advance_watermark_to_infinity()
+  )
   # Options added to the test pipeline's own: a TestPipeline given
   # `options=` would not take the runner of --test-pipeline-options or of
   # `pytest --refract`.
   with TestPipeline(additional_pipeline_args=['--streaming']) as p:
     assert type(p.runner).__name__ == 'RefractRunner'
-    sums = (
-        p
-        | events
-        | beam.WindowInto(window.FixedWindows(10))
-        | beam.ParDo(SumPerWindow()))
+    sums = p | events | beam.WindowInto(window.FixedWindows(10)) | beam.ParDo(SumPerWindow())
     assert_that(sums, equal_to([('a', 3), ('b', 10), ('a', 5)]))
 
 
@@ -139,10 +152,9 @@ def expansion_service(tmp_path_factory):
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
   log = open(tmp_path_factory.mktemp('xlang') / 'service.log', 'w')
-  proc = subprocess.Popen([sys.executable, EXPANSION_SERVICE,
-                           str(port)],
-                          stdout=log,
-                          stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    [sys.executable, EXPANSION_SERVICE, str(port)], stdout=log, stderr=subprocess.STDOUT
+  )
   deadline = time.time() + 60
   while True:
     try:
@@ -161,9 +173,12 @@ def expansion_service(tmp_path_factory):
 def test_cross_language_transform(expansion_service):
   with TestPipeline() as p:
     prefixed = (
-        p
-        | beam.Create(['a', 'b']).with_output_types(str)
-        | beam.ExternalTransform('beam:transforms:xlang:test:prefix',
-                                 ImplicitSchemaPayloadBuilder({'data': '0'}),
-                                 expansion_service))
+      p
+      | beam.Create(['a', 'b']).with_output_types(str)
+      | beam.ExternalTransform(
+        'beam:transforms:xlang:test:prefix',
+        ImplicitSchemaPayloadBuilder({'data': '0'}),
+        expansion_service,
+      )
+    )
     assert_that(prefixed, equal_to(['0a', '0b']))

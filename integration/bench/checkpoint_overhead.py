@@ -24,30 +24,41 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(os.path.dirname(HERE), 'python')
 sys.path.insert(0, PYTHON_DIR)
 
-from refract_testlib import RefractServer, free_port  # pylint: disable=wrong-import-position
-from test_recovery import BOOT, PIPELINE, wait_for_end  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, free_port  # noqa: E402  # pylint: disable=wrong-import-position
+from test_recovery import BOOT, PIPELINE, wait_for_end  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def one_run(binary, events, extra_args):
   with tempfile.TemporaryDirectory(prefix='refract-ckpt-bench-') as work:
     output = os.path.join(work, 'out')
     os.mkdir(output)
-    args = ['--serve_http=false'] + [
-        a.replace('{work}', work) for a in extra_args
-    ]
+    args = ['--serve_http=false'] + [a.replace('{work}', work) for a in extra_args]
     server = RefractServer(
-        binary, os.path.join(work, 'refract.log'), port=free_port(),
-        extra_args=args).wait_ready()
+      binary, os.path.join(work, 'refract.log'), port=free_port(), extra_args=args
+    ).wait_ready()
     try:
       started = time.monotonic()
-      done = subprocess.run([
-          sys.executable, PIPELINE, '--job_endpoint', server.endpoint,
-          '--output', output, '--events', str(events), '--boot', BOOT,
-          '--per_step', '500', '--pause', '0'
-      ],
-                            capture_output=True,
-                            text=True,
-                            check=True)
+      done = subprocess.run(
+        [
+          sys.executable,
+          PIPELINE,
+          '--job_endpoint',
+          server.endpoint,
+          '--output',
+          output,
+          '--events',
+          str(events),
+          '--boot',
+          BOOT,
+          '--per_step',
+          '500',
+          '--pause',
+          '0',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+      )
       job = done.stdout.strip().splitlines()[-1]
       state = wait_for_end(server, job, timeout_s=1800)
       elapsed = time.monotonic() - started
@@ -66,10 +77,11 @@ def main():
   parser.add_argument('--interval', default='1s')
   args = parser.parse_args()
   modes = [
-      ('in memory', []),
-      ('checkpoint every %s' % args.interval, [
-          '--state_dir', '{work}/state', '--checkpoint_interval', args.interval
-      ]),
+    ('in memory', []),
+    (
+      'checkpoint every %s' % args.interval,
+      ['--state_dir', '{work}/state', '--checkpoint_interval', args.interval],
+    ),
   ]
   results = {}
   for _ in range(args.repeats):
@@ -80,8 +92,7 @@ def main():
   medians = {}
   for name, _ in modes:
     medians[name] = statistics.median(results[name])
-    print('%-24s %10.2f %12.0f' %
-          (name, medians[name], args.events / medians[name]))
+    print('%-24s %10.2f %12.0f' % (name, medians[name], args.events / medians[name]))
   memory, durable = (medians[name] for name, _ in modes)
   print('throughput with checkpoints / in memory: %.2f' % (memory / durable))
 

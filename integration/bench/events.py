@@ -26,8 +26,20 @@ from apache_beam.transforms import combiners
 from apache_beam.transforms import window
 
 USERS = 5000
-CATEGORIES = ['books', 'garden', 'toys', 'music', 'tools', 'games', 'food',
-              'sports', 'beauty', 'office', 'baby', 'pets']
+CATEGORIES = [
+  'books',
+  'garden',
+  'toys',
+  'music',
+  'tools',
+  'games',
+  'food',
+  'sports',
+  'beauty',
+  'office',
+  'baby',
+  'pets',
+]
 COUNTRIES = ['de', 'fr', 'nl', 'us', 'br', 'in', 'jp', 'ke', 'au', 'ca']
 FILES = 4
 
@@ -39,16 +51,15 @@ def generate(directory, count, seed=11):
   with open(os.path.join(directory, 'users.csv'), 'w') as f:
     for u in range(USERS):
       f.write('u%05d,%s\n' % (u, rng.choice(COUNTRIES)))
-  outs = [open(os.path.join(directory, 'events-%d.jsonl' % i), 'w')
-          for i in range(FILES)]
+  outs = [open(os.path.join(directory, 'events-%d.jsonl' % i), 'w') for i in range(FILES)]
   try:
     for n in range(count):
       event = {
-          'user': 'u%05d' % min(int(rng.paretovariate(1.2)) - 1, USERS - 1),
-          'category': rng.choice(CATEGORIES),
-          'ts': 1_700_000_000 + n * 86_400 // max(count, 1),
-          'amount': round(rng.uniform(-5, 100), 2),
-          'session': '%08x' % rng.getrandbits(32),
+        'user': 'u%05d' % min(int(rng.paretovariate(1.2)) - 1, USERS - 1),
+        'category': rng.choice(CATEGORIES),
+        'ts': 1_700_000_000 + n * 86_400 // max(count, 1),
+        'amount': round(rng.uniform(-5, 100), 2),
+        'session': '%08x' % rng.getrandbits(32),
       }
       outs[n % FILES].write(json.dumps(event) + '\n')
   finally:
@@ -74,38 +85,37 @@ def window_start(kv, win=beam.DoFn.WindowParam):
 
 def build(p, events, users, output):
   parsed = (
-      p
-      | 'ReadEvents' >> ReadFromText(events)
-      | 'Parse' >> beam.Map(json.loads)
-      | 'Refunds' >> beam.Filter(lambda e: e['amount'] > 0)
-      | 'EventTime' >> beam.Map(
-          lambda e: window.TimestampedValue(e, e['ts'])))
+    p
+    | 'ReadEvents' >> ReadFromText(events)
+    | 'Parse' >> beam.Map(json.loads)
+    | 'Refunds' >> beam.Filter(lambda e: e['amount'] > 0)
+    | 'EventTime' >> beam.Map(lambda e: window.TimestampedValue(e, e['ts']))
+  )
   windowed = parsed | 'TenMinutes' >> beam.WindowInto(window.FixedWindows(600))
   _ = (
-      windowed
-      | 'ByCategory' >> beam.Map(lambda e: (e['category'], e['amount']))
-      | 'SumCategory' >> beam.CombinePerKey(sum)
-      | 'TopCategories' >> beam.CombineGlobally(
-          combiners.TopCombineFn(3, key=lambda kv: kv[1])).without_defaults()
-      | 'FormatCategories' >> beam.Map(window_start)
-      | 'WriteCategories' >> WriteToText(output + '-categories'))
+    windowed
+    | 'ByCategory' >> beam.Map(lambda e: (e['category'], e['amount']))
+    | 'SumCategory' >> beam.CombinePerKey(sum)
+    | 'TopCategories'
+    >> beam.CombineGlobally(combiners.TopCombineFn(3, key=lambda kv: kv[1])).without_defaults()
+    | 'FormatCategories' >> beam.Map(window_start)
+    | 'WriteCategories' >> WriteToText(output + '-categories')
+  )
   spend = (
-      parsed
-      | 'ByUser' >> beam.Map(lambda e: (e['user'], e['amount']))
-      | 'SumUser' >> beam.CombinePerKey(sum))
-  countries = (
-      p
-      | 'ReadUsers' >> ReadFromText(users)
-      | 'ParseUsers' >> beam.Map(parse_user))
+    parsed
+    | 'ByUser' >> beam.Map(lambda e: (e['user'], e['amount']))
+    | 'SumUser' >> beam.CombinePerKey(sum)
+  )
+  countries = p | 'ReadUsers' >> ReadFromText(users) | 'ParseUsers' >> beam.Map(parse_user)
   _ = (
-      {'spend': spend, 'country': countries}
-      | 'Join' >> beam.CoGroupByKey()
-      | 'SpendByCountry' >> beam.FlatMap(spend_by_country)
-      | 'SumCountry' >> beam.CombinePerKey(sum)
-      | 'TopCountries' >> beam.combiners.Top.Of(5, key=lambda kv: kv[1])
-      | 'FormatCountries' >> beam.FlatMap(
-          lambda top: ['%s,%.2f' % kv for kv in top])
-      | 'WriteCountries' >> WriteToText(output + '-countries'))
+    {'spend': spend, 'country': countries}
+    | 'Join' >> beam.CoGroupByKey()
+    | 'SpendByCountry' >> beam.FlatMap(spend_by_country)
+    | 'SumCountry' >> beam.CombinePerKey(sum)
+    | 'TopCountries' >> beam.combiners.Top.Of(5, key=lambda kv: kv[1])
+    | 'FormatCountries' >> beam.FlatMap(lambda top: ['%s,%.2f' % kv for kv in top])
+    | 'WriteCountries' >> WriteToText(output + '-countries')
+  )
 
 
 def main(argv):

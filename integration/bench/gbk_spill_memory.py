@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -54,35 +54,59 @@ def main():
   ap.add_argument('--fan_out_inputs', type=int, default=0)
   ap.add_argument('--session_len', type=int, default=0)
   ap.add_argument('--reshuffle', action='store_true')
-  ap.add_argument('--allowed_lateness_s', type=int, default=0,
-                  help='with --session_len: fixed windows allowing this '
-                  'lateness instead of sessions')
-  ap.add_argument('--lateness_windows', choices=['fixed', 'sessions'],
-                  default='fixed',
-                  help='with --allowed_lateness_s: which windows allow it')
+  ap.add_argument(
+    '--allowed_lateness_s',
+    type=int,
+    default=0,
+    help='with --session_len: fixed windows allowing this lateness instead of sessions',
+  )
+  ap.add_argument(
+    '--lateness_windows',
+    choices=['fixed', 'sessions'],
+    default='fixed',
+    help='with --allowed_lateness_s: which windows allow it',
+  )
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
   server = RefractServer(
-      os.path.abspath(args.bin), log, port=free_port(),
-      # The one job gets the whole budget, as the figures in
-      # docs/benchmarks.md were measured.
-      extra_args=['--memory_budget', args.memory_budget,
-                  '--job_memory_budget', args.memory_budget, '--serve_http=false',
-                  '--spill_dir', os.path.join(work, 'spill')]).wait_ready()
+    os.path.abspath(args.bin),
+    log,
+    port=free_port(),
+    # The one job gets the whole budget, as the figures in
+    # docs/benchmarks.md were measured.
+    extra_args=[
+      '--memory_budget',
+      args.memory_budget,
+      '--job_memory_budget',
+      args.memory_budget,
+      '--serve_http=false',
+      '--spill_dir',
+      os.path.join(work, 'spill'),
+    ],
+  ).wait_ready()
   try:
     run, elapsed, samples = run_sampling_rss(
-        server.proc.pid,
-        [sys.executable, os.path.join(PY, 'gbk_spill_pipeline.py'),
-         server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys), str(args.fan_out_inputs), str(args.session_len),
-         '1' if args.reshuffle else '0', str(args.allowed_lateness_s),
-         args.lateness_windows])
+      server.proc.pid,
+      [
+        sys.executable,
+        os.path.join(PY, 'gbk_spill_pipeline.py'),
+        server.endpoint,
+        str(args.total_mb),
+        str(args.value_kb),
+        str(args.keys),
+        str(args.fan_out_inputs),
+        str(args.session_len),
+        '1' if args.reshuffle else '0',
+        str(args.allowed_lateness_s),
+        args.lateness_windows,
+      ],
+    )
   finally:
     server.stop()
   state = final_state(run)
   with open(log, encoding='utf-8', errors='replace') as f:
-    finished = [l for l in f if 'engine finished' in l]
+    finished = [line for line in f if 'engine finished' in line]
 
   def logged(what):
     found = re.search(r'\b%s=(\d+)' % what, finished[-1]) if finished else None
@@ -91,29 +115,48 @@ def main():
   spilled = logged('spilled_bytes')
   # Bundle output and queues that waited on disk (not logged before
   # they could).
-  output_spilled = logged('output_spilled_bytes') + logged(
-      'queue_spilled_bytes')
-  mib = lambda b: b / (1 << 20)
+  output_spilled = logged('output_spilled_bytes') + logged('queue_spilled_bytes')
+
+  def mib(b):
+    return b / (1 << 20)
+
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
     print('RSS MiB every 0.5 s:', ' '.join('%.0f' % mib(s) for s in samples))
-  source = ('%d elements fanned out' % args.fan_out_inputs
-            if args.fan_out_inputs else 'a splittable source')
+  source = (
+    '%d elements fanned out' % args.fan_out_inputs if args.fan_out_inputs else 'a splittable source'
+  )
   if args.reshuffle:
     source += ', reshuffled'
   if args.session_len and args.allowed_lateness_s:
     kind = 'fixed windows' if args.lateness_windows == 'fixed' else 'sessions'
-    windows = ('%s of %d values, %d s allowed lateness'
-               % (kind, args.session_len, args.allowed_lateness_s))
+    windows = '%s of %d values, %d s allowed lateness' % (
+      kind,
+      args.session_len,
+      args.allowed_lateness_s,
+    )
   elif args.session_len:
     windows = 'sessions of %d values' % args.session_len
   else:
     windows = 'the global window'
-  print('GroupByKey of %d MiB (%d KiB values, %d keys, from %s, in %s), '
-        '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
-        'GroupByKey spilled %.0f MiB, outputs and queues %.0f MiB (log in %s)'
-        % (args.total_mb, args.value_kb, args.keys, source, windows,
-           args.memory_budget, state, elapsed, mib(max(samples or [0])),
-           mib(spilled), mib(output_spilled), work))
+  print(
+    'GroupByKey of %d MiB (%d KiB values, %d keys, from %s, in %s), '
+    '--memory_budget %s: %s in %.1f s; runner peak RSS %.0f MiB; '
+    'GroupByKey spilled %.0f MiB, outputs and queues %.0f MiB (log in %s)'
+    % (
+      args.total_mb,
+      args.value_kb,
+      args.keys,
+      source,
+      windows,
+      args.memory_budget,
+      state,
+      elapsed,
+      mib(max(samples or [0])),
+      mib(spilled),
+      mib(output_spilled),
+      work,
+    )
+  )
   return 0 if state == 'DONE' else 1
 
 

@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 INTEGRATION = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(INTEGRATION, 'python'))
 
-import netns_hosts  # pylint: disable=wrong-import-position
+import netns_hosts  # noqa: E402  # pylint: disable=wrong-import-position
 
 BOOT = os.path.join(INTEGRATION, 'python_boot.sh')
 PYTHON = sys.executable
@@ -129,29 +129,46 @@ class Setup:
     for name in ('h1', 'h2'):
       host = hosts[name]
       proc = host.popen(
-          [PYTHON, '-m', 'apache_beam.runners.worker.worker_pool_main',
-           '--service_port=%d' % POOL_PORT, '--container_executable=' + boot],
-          log=os.path.join(work, 'pool-%s.log' % name), env=self.env)
+        [
+          PYTHON,
+          '-m',
+          'apache_beam.runners.worker.worker_pool_main',
+          '--service_port=%d' % POOL_PORT,
+          '--container_executable=' + boot,
+        ],
+        log=os.path.join(work, 'pool-%s.log' % name),
+        env=self.env,
+      )
       host.wait_listening(POOL_PORT, proc, timeout_s=90)
       self.pools[name] = proc
 
   def serve(self, remote, log_name):
     runner = self.hosts['runner']
-    cmd = [self.bin, 'serve', '--job_port', str(JOB_PORT), '--serve_http=false',
-           '--sdk_python', PYTHON, '--sdk_worker_parallelism', '2',
-           '--host', '0.0.0.0', '--fn_api_host', runner.address]
+    cmd = [
+      self.bin,
+      'serve',
+      '--job_port',
+      str(JOB_PORT),
+      '--serve_http=false',
+      '--sdk_python',
+      PYTHON,
+      '--sdk_worker_parallelism',
+      '2',
+      '--host',
+      '0.0.0.0',
+      '--fn_api_host',
+      runner.address,
+    ]
     if remote:
       for name in ('h1', 'h2'):
-        cmd += ['--worker_pool',
-                'python=%s:%d' % (self.hosts[name].address, POOL_PORT)]
+        cmd += ['--worker_pool', 'python=%s:%d' % (self.hosts[name].address, POOL_PORT)]
     log = os.path.join(self.work, log_name)
     proc = runner.popen(cmd, log=log, env=self.env)
     runner.wait_listening(JOB_PORT, proc, timeout_s=60, addr='127.0.0.1')
     return proc, log
 
   def client(self, code, args, timeout_s=900):
-    return self.hosts['runner'].run(
-        [PYTHON, '-c', code] + args, env=self.env, timeout=timeout_s)
+    return self.hosts['runner'].run([PYTHON, '-c', code] + args, env=self.env, timeout=timeout_s)
 
   def sdk_cpu(self, server, remote):
     if remote:
@@ -173,10 +190,12 @@ def stop(proc):
 
 def run_workloads(setup, workloads, repeats):
   rows = []
-  portable = ['--runner=PortableRunner',
-              '--job_endpoint=localhost:%d' % JOB_PORT,
-              '--sdk_worker_parallelism=2',
-              '--experiments=disable_logging_submission_environment']
+  portable = [
+    '--runner=PortableRunner',
+    '--job_endpoint=localhost:%d' % JOB_PORT,
+    '--sdk_worker_parallelism=2',
+    '--experiments=disable_logging_submission_environment',
+  ]
   for remote in (False, True):
     config = 'remote' if remote else 'local'
     server, _ = setup.serve(remote, 'refract-%s.log' % config)
@@ -191,15 +210,21 @@ def run_workloads(setup, workloads, repeats):
           sdk1 = setup.sdk_cpu(server, remote)
           m = re.search(r'BENCH_JOB_SECONDS ([0-9.]+) (\S+)', done.stdout)
           if not m or 'DONE' not in m.group(2):
-            raise RuntimeError('%s %s failed:\n%s' % (workload, config,
-                                                      done.stderr[-3000:]))
+            raise RuntimeError('%s %s failed:\n%s' % (workload, config, done.stderr[-3000:]))
           with open(out) as f:
             total = int(f.read().strip())
-          rows.append({
-              'workload': workload, 'elements': n, 'config': config,
-              'run': r, 'job_s': float(m.group(1)), 'result': total,
-              'runner_cpu_s': runner1 - runner0, 'sdk_cpu_s': sdk1 - sdk0,
-          })
+          rows.append(
+            {
+              'workload': workload,
+              'elements': n,
+              'config': config,
+              'run': r,
+              'job_s': float(m.group(1)),
+              'result': total,
+              'runner_cpu_s': runner1 - runner0,
+              'sdk_cpu_s': sdk1 - sdk0,
+            }
+          )
           print(json.dumps(rows[-1]), flush=True)
     finally:
       stop(server)
@@ -214,11 +239,17 @@ def host_loss(setup, fault):
   host = setup.hosts['h1']
   try:
     client = setup.hosts['runner'].popen(
-        [PYTHON, '-c', SLOW, '--runner=PortableRunner',
-         '--job_endpoint=localhost:%d' % JOB_PORT,
-         '--experiments=disable_logging_submission_environment'],
-        log=os.path.join(setup.work, 'loss-%s-client.log' % fault),
-        env=setup.env)
+      [
+        PYTHON,
+        '-c',
+        SLOW,
+        '--runner=PortableRunner',
+        '--job_endpoint=localhost:%d' % JOB_PORT,
+        '--experiments=disable_logging_submission_environment',
+      ],
+      log=os.path.join(setup.work, 'loss-%s-client.log' % fault),
+      env=setup.env,
+    )
     # Mid-job: both workers connected, and some seconds of sleeping done.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -240,34 +271,48 @@ def host_loss(setup, fault):
       host.link_up()
     stop(server)
   retries = [
-      datetime.strptime(t[:26], '%Y-%m-%dT%H:%M:%S.%f')
-      for t in re.findall(r'^(\S+)Z .*bundle failed; retrying', text, re.M)
+    datetime.strptime(t[:26], '%Y-%m-%dT%H:%M:%S.%f')
+    for t in re.findall(r'^(\S+)Z .*bundle failed; retrying', text, re.M)
   ]
   after = [r for r in retries if r > fault_at]
   return {
-      'fault': fault,
-      'retry_after_fault_s':
-          round((after[0] - fault_at).total_seconds(), 2) if after else None,
-      'job_done': client.returncode == 0,
+    'fault': fault,
+    'retry_after_fault_s': round((after[0] - fault_at).total_seconds(), 2) if after else None,
+    'job_done': client.returncode == 0,
   }
 
 
 def summarize(rows):
   print()
-  print('| workload | config | job s | runner CPU s | SDK CPU s | '
-        'runner CPU s per 1M elements | SDK cores per runner core |')
+  print(
+    '| workload | config | job s | runner CPU s | SDK CPU s | '
+    'runner CPU s per 1M elements | SDK cores per runner core |'
+  )
   print('|---|---|---|---|---|---|---|')
   by = {}
   for r in rows:
     by.setdefault((r['workload'], r['config'], r['elements']), []).append(r)
   medians = {}
   for (workload, config, n), runs in by.items():
-    med = lambda k: statistics.median(x[k] for x in runs)
+
+    def med(k, runs=runs):
+      return statistics.median(x[k] for x in runs)
+
     job, runner, sdk = med('job_s'), med('runner_cpu_s'), med('sdk_cpu_s')
     medians[(workload, config)] = job
-    print('| %s, %dk | %s | %.2f | %.2f | %.2f | %.2f | %s |' % (
-        workload, n // 1000, config, job, runner, sdk, runner / n * 1e6,
-        '%.0f' % (sdk / runner) if runner > 0 else '-'))
+    print(
+      '| %s, %dk | %s | %.2f | %.2f | %.2f | %.2f | %s |'
+      % (
+        workload,
+        n // 1000,
+        config,
+        job,
+        runner,
+        sdk,
+        runner / n * 1e6,
+        '%.0f' % (sdk / runner) if runner > 0 else '-',
+      )
+    )
   print()
   for (workload, config), job in medians.items():
     if config == 'remote':
@@ -281,14 +326,16 @@ def main():
   parser.add_argument('--bin', required=True)
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--json')
-  parser.add_argument('--scale', type=float, default=1.0,
-                      help='multiplies every workload\'s element count')
+  parser.add_argument(
+    '--scale', type=float, default=1.0, help='multiplies every workload\'s element count'
+  )
   args = parser.parse_args()
   ok, why = netns_hosts.available()
   if not ok:
     sys.exit('remote_pools.py needs network namespaces: %s' % why)
-  workloads = [(w, int(n * args.scale)) for w, n in
-               (('gbk', 300000), ('combine', 1000000), ('pardo', 1000000))]
+  workloads = [
+    (w, int(n * args.scale)) for w, n in (('gbk', 300000), ('combine', 1000000), ('pardo', 1000000))
+  ]
   work = tempfile.mkdtemp(prefix='refract-remote-bench.')
   os.chmod(work, 0o755)
   print('logs in', work, flush=True)
@@ -298,15 +345,21 @@ def main():
     loss = [host_loss(setup, 'kill')]
     # The killed pool comes back for the second fault.
     setup.pools['h1'] = setup.hosts['h1'].popen(
-        [PYTHON, '-m', 'apache_beam.runners.worker.worker_pool_main',
-         '--service_port=%d' % POOL_PORT,
-         '--container_executable=' + os.path.join(work, 'pool_boot.sh')],
-        log=os.path.join(work, 'pool-h1-again.log'), env=setup.env)
+      [
+        PYTHON,
+        '-m',
+        'apache_beam.runners.worker.worker_pool_main',
+        '--service_port=%d' % POOL_PORT,
+        '--container_executable=' + os.path.join(work, 'pool_boot.sh'),
+      ],
+      log=os.path.join(work, 'pool-h1-again.log'),
+      env=setup.env,
+    )
     setup.hosts['h1'].wait_listening(POOL_PORT, setup.pools['h1'], 90)
     loss.append(host_loss(setup, 'cut'))
   summarize(rows)
-  for l in loss:
-    print('host loss:', json.dumps(l))
+  for result in loss:
+    print('host loss:', json.dumps(result))
   if args.json:
     with open(args.json, 'w') as f:
       json.dump({'runs': rows, 'host_loss': loss}, f, indent=1)

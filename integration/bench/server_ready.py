@@ -19,18 +19,16 @@ import time
 
 import grpc
 
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
-                    'python'))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'python'))
 from refract_testlib import free_port  # pylint: disable=wrong-import-position
 
 
 def ready_seconds(binary):
   port = free_port()
   t0 = time.perf_counter()
-  proc = subprocess.Popen([binary, '--job_port', str(port)],
-                          stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [binary, '--job_port', str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   channel = grpc.insecure_channel('localhost:%d' % port)
   try:
     ready = grpc.channel_ready_future(channel)
@@ -57,9 +55,10 @@ def main():
   for binary in args.binaries:
     times = [ready_seconds(binary) for _ in range(args.starts)]
     slow = sum(1 for t in times if t > 0.5)
-    print('%s: %d of %d starts over 0.5 s; ms: %s' %
-          (binary, slow, len(times), ' '.join('%.0f' % (t * 1000)
-                                              for t in times)))
+    print(
+      '%s: %d of %d starts over 0.5 s; ms: %s'
+      % (binary, slow, len(times), ' '.join('%.0f' % (t * 1000) for t in times))
+    )
 
 
 if __name__ == '__main__':

@@ -15,7 +15,6 @@ end, its peak, and how many records the sink took.
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -27,14 +26,16 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'integration', 'python'))
 BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
 
-from refract_testlib import RefractServer, committed_counter, free_port, rss_bytes  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, committed_counter, free_port, rss_bytes  # noqa: E402  # pylint: disable=wrong-import-position
 
 # The source's classes are pasted into the script, so that PROCESS workers
 # unpickle them by value (they do not have integration/python on their path).
 with open(os.path.join(REPO, 'integration', 'python', 'endless_source.py')) as _f:
   ENDLESS_SOURCE = _f.read()
 
-PIPELINE = ENDLESS_SOURCE + r'''
+PIPELINE = (
+  ENDLESS_SOURCE
+  + r'''
 import json, sys, time
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -56,6 +57,7 @@ _ = (p | beam.Impulse() | beam.ParDo(Records(500)) | beam.Reshuffle()
      | beam.ParDo(SlowSink()))
 print(p.run()._job_id, flush=True)
 '''
+)
 
 
 def main():
@@ -66,20 +68,33 @@ def main():
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-slow-sink.')
   server = RefractServer(
-      os.path.abspath(args.bin),
-      os.path.join(work, 'refract.log'),
-      port=free_port(),
-      # The one job gets the whole budget.
-      extra_args=['--memory_budget', args.memory_budget,
-                  '--job_memory_budget', args.memory_budget,
-                  '--serve_http=false']).wait_ready()
+    os.path.abspath(args.bin),
+    os.path.join(work, 'refract.log'),
+    port=free_port(),
+    # The one job gets the whole budget.
+    extra_args=[
+      '--memory_budget',
+      args.memory_budget,
+      '--job_memory_budget',
+      args.memory_budget,
+      '--serve_http=false',
+    ],
+  ).wait_ready()
   try:
     script = os.path.join(work, 'pipeline.py')
     with open(script, 'w') as f:
       f.write(PIPELINE)
-    job = subprocess.run([sys.executable, script, server.endpoint, BOOT],
-                         capture_output=True, text=True, timeout=120,
-                         check=True).stdout.strip().splitlines()[-1]
+    job = (
+      subprocess.run(
+        [sys.executable, script, server.endpoint, BOOT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+      )
+      .stdout.strip()
+      .splitlines()[-1]
+    )
     samples = []
     start = time.monotonic()
     while time.monotonic() - start < args.seconds:
@@ -88,14 +103,30 @@ def main():
     taken = committed_counter(server.endpoint, job, 'sink_records')
   finally:
     server.stop()
-  mib = lambda b: b / (1 << 20)
+
+  def mib(b):
+    return b / (1 << 20)
+
   third = max(1, len(samples) // 3)
   first, middle, last = samples[third - 1], samples[len(samples) // 2], samples[-1]
-  print('slow sink, %ds, --memory_budget %s: runner RSS %.0f MiB at %ds, '
-        '%.0f MiB at %ds, %.0f MiB at %ds; peak %.0f MiB; sink took %d records '
-        '(log in %s)' % (args.seconds, args.memory_budget, mib(first[1]),
-                         first[0], mib(middle[1]), middle[0], mib(last[1]),
-                         last[0], mib(max(s[1] for s in samples)), taken, work))
+  print(
+    'slow sink, %ds, --memory_budget %s: runner RSS %.0f MiB at %ds, '
+    '%.0f MiB at %ds, %.0f MiB at %ds; peak %.0f MiB; sink took %d records '
+    '(log in %s)'
+    % (
+      args.seconds,
+      args.memory_budget,
+      mib(first[1]),
+      first[0],
+      mib(middle[1]),
+      middle[0],
+      mib(last[1]),
+      last[0],
+      mib(max(s[1] for s in samples)),
+      taken,
+      work,
+    )
+  )
 
 
 if __name__ == '__main__':

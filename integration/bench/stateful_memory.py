@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # pylint: disable=wrong-import-position
+from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -41,45 +41,69 @@ def main():
   ap.add_argument('--keys', type=int, default=100000)
   ap.add_argument('--memory_budget', default='128m')
   ap.add_argument('--mode', choices=('batch', 'streaming'), default='batch')
-  ap.add_argument('--checkpointed', action='store_true',
-                  help='serve with --state_dir (periodic checkpoints)')
+  ap.add_argument(
+    '--checkpointed', action='store_true', help='serve with --state_dir (periodic checkpoints)'
+  )
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-stateful-memory.')
   # The one job gets the whole budget.
-  extra = ['--memory_budget', args.memory_budget,
-           '--job_memory_budget', args.memory_budget, '--serve_http=false']
+  extra = [
+    '--memory_budget',
+    args.memory_budget,
+    '--job_memory_budget',
+    args.memory_budget,
+    '--serve_http=false',
+  ]
   if args.checkpointed:
     extra += ['--state_dir', os.path.join(work, 'state')]
     os.environ.setdefault('REFRACT_LOG', 'info,refract::durability=debug')
   server = RefractServer(
-      os.path.abspath(args.bin), os.path.join(work, 'refract.log'),
-      port=free_port(),
-      extra_args=extra).wait_ready()
+    os.path.abspath(args.bin), os.path.join(work, 'refract.log'), port=free_port(), extra_args=extra
+  ).wait_ready()
   try:
     run, elapsed, samples = run_sampling_rss(
-        server.proc.pid,
-        [sys.executable, os.path.join(PY, 'stateful_bag_pipeline.py'),
-         server.endpoint, str(args.total_mb), str(args.value_kb),
-         str(args.keys), args.mode])
+      server.proc.pid,
+      [
+        sys.executable,
+        os.path.join(PY, 'stateful_bag_pipeline.py'),
+        server.endpoint,
+        str(args.total_mb),
+        str(args.value_kb),
+        str(args.keys),
+        args.mode,
+      ],
+    )
   finally:
     server.stop()
   if os.environ.get('REFRACT_BENCH_RSS_SERIES'):
-    print('RSS MiB every 0.5 s:',
-          ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
+    print('RSS MiB every 0.5 s:', ' '.join('%.0f' % (s / (1 << 20)) for s in samples))
   state = final_state(run)
   if args.checkpointed:
     with open(os.path.join(work, 'refract.log'), errors='replace') as f:
-      written = [l for l in f if 'checkpoint written' in l]
-    sizes = [int(m.group(1)) for m in
-             (re.search(r'\bbytes_written=(\d+)', l) for l in written) if m]
-    print('checkpoints written: %d, %.1f MiB in all, largest %.1f MiB'
-          % (len(written), sum(sizes) / (1 << 20),
-             max(sizes or [0]) / (1 << 20)))
-  print('Bag state of %d MiB (%d KiB values, %d keys, %s%s), --memory_budget '
-        '%s: %s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
-        % (args.total_mb, args.value_kb, args.keys, args.mode,
-           ', checkpointed' if args.checkpointed else '', args.memory_budget,
-           state, elapsed, max(samples or [0]) / (1 << 20), work))
+      written = [line for line in f if 'checkpoint written' in line]
+    sizes = [
+      int(m.group(1)) for m in (re.search(r'\bbytes_written=(\d+)', line) for line in written) if m
+    ]
+    print(
+      'checkpoints written: %d, %.1f MiB in all, largest %.1f MiB'
+      % (len(written), sum(sizes) / (1 << 20), max(sizes or [0]) / (1 << 20))
+    )
+  print(
+    'Bag state of %d MiB (%d KiB values, %d keys, %s%s), --memory_budget '
+    '%s: %s in %.1f s; runner peak RSS %.0f MiB (log in %s)'
+    % (
+      args.total_mb,
+      args.value_kb,
+      args.keys,
+      args.mode,
+      ', checkpointed' if args.checkpointed else '',
+      args.memory_budget,
+      state,
+      elapsed,
+      max(samples or [0]) / (1 << 20),
+      work,
+    )
+  )
   return 0 if state == 'DONE' else 1
 
 

@@ -152,18 +152,17 @@ def wait_for_port(port, proc, what):
       return
     except OSError:
       if proc.poll() is not None:
-        raise SystemExit('%s exited before listening' % what)
+        raise SystemExit('%s exited before listening' % what) from None
       if time.time() > deadline:
-        raise SystemExit('%s did not listen' % what)
+        raise SystemExit('%s did not listen' % what) from None
       time.sleep(0.1)
 
 
 class Server:
   """A job server started before a suite, stopped after it."""
+
   def __init__(self, cmd, port, what):
-    self.proc = subprocess.Popen(cmd,
-                                 stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+    self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, self.proc, what)
 
   def stop(self):
@@ -177,38 +176,66 @@ class Server:
 def configurations(refract, prism):
   """(name, pytest flags, server command or None, its port)."""
   loopback = '--environment_type=LOOPBACK'
-  configs = [('DirectRunner', ['--test-pipeline-options=--runner=DirectRunner'],
-              None, None)]
+  configs = [('DirectRunner', ['--test-pipeline-options=--runner=DirectRunner'], None, None)]
   if prism:
-    configs.append(('Prism', [
-        '--test-pipeline-options=--runner=PrismRunner --prism_location=%s' %
-        prism
-    ], None, None))
+    configs.append(
+      (
+        'Prism',
+        ['--test-pipeline-options=--runner=PrismRunner --prism_location=%s' % prism],
+        None,
+        None,
+      )
+    )
   port = free_port()
-  configs.append(('Python job server', [
-      '--test-pipeline-options=--runner=PortableRunner '
-      '--job_endpoint=localhost:%d %s' % (port, loopback)
-  ], [
-      sys.executable, '-m',
-      'apache_beam.runners.portability.local_job_service_main', '--port',
-      str(port)
-  ], port))
+  configs.append(
+    (
+      'Python job server',
+      [
+        '--test-pipeline-options=--runner=PortableRunner '
+        '--job_endpoint=localhost:%d %s' % (port, loopback)
+      ],
+      [
+        sys.executable,
+        '-m',
+        'apache_beam.runners.portability.local_job_service_main',
+        '--port',
+        str(port),
+      ],
+      port,
+    )
+  )
   port = free_port()
-  configs.append(('refract serve', [
-      '--test-pipeline-options=--runner=PortableRunner '
-      '--job_endpoint=localhost:%d %s' % (port, loopback)
-  ], [refract, 'serve', '--job_port',
-      str(port), '--serve_http=false'], port))
-  configs.append(('PrismRunner path', [
-      '--test-pipeline-options=--runner=PrismRunner --prism_location=%s' %
-      refract
-  ], None, None))
+  configs.append(
+    (
+      'refract serve',
+      [
+        '--test-pipeline-options=--runner=PortableRunner '
+        '--job_endpoint=localhost:%d %s' % (port, loopback)
+      ],
+      [refract, 'serve', '--job_port', str(port), '--serve_http=false'],
+      port,
+    )
+  )
+  configs.append(
+    (
+      'PrismRunner path',
+      ['--test-pipeline-options=--runner=PrismRunner --prism_location=%s' % refract],
+      None,
+      None,
+    )
+  )
   configs.append(('pytest --refract', ['--refract'], None, None))
-  configs.append(('pytest --refract --refract-no-strict',
-                  ['--refract', '--refract-no-strict'], None, None))
-  configs.append(('pytest --refract, refract_strict=coders', [
-      '--refract', '--test-pipeline-options=--experiments=refract_strict=coders'
-  ], None, None))
+  configs.append(
+    ('pytest --refract --refract-no-strict', ['--refract', '--refract-no-strict'], None, None)
+  )
+  configs.append(
+    (
+      'pytest --refract, refract_strict=coders',
+      ['--refract', '--test-pipeline-options=--experiments=refract_strict=coders'],
+      None,
+      None,
+    )
+  )
   return configs
 
 
@@ -216,24 +243,33 @@ def run_suite(directory, flags, refract):
   """Runs the suite once: (wall seconds, per-test seconds)."""
   report = os.path.join(directory, 'junit.xml')
   env = dict(os.environ, REFRACT_BIN=refract)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
   start = time.perf_counter()
-  done = subprocess.run([
-      sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-      '-p', 'refract_beam.pytest_plugin', '--junitxml', report,
-      os.path.join(directory, 'test_small_pipelines.py'), *flags
-  ],
-                        capture_output=True,
-                        text=True,
-                        env=env,
-                        cwd=directory,
-                        timeout=3600,
-                        check=False)
+  done = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'pytest',
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '-p',
+      'refract_beam.pytest_plugin',
+      '--junitxml',
+      report,
+      os.path.join(directory, 'test_small_pipelines.py'),
+      *flags,
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=directory,
+    timeout=3600,
+    check=False,
+  )
   wall = time.perf_counter() - start
   if done.returncode != 0:
-    raise SystemExit('suite failed with %s:\n%s' %
-                     (' '.join(flags), done.stdout[-4000:]))
+    raise SystemExit('suite failed with %s:\n%s' % (' '.join(flags), done.stdout[-4000:]))
   cases = ET.parse(report).getroot().iter('testcase')
   return wall, [float(c.get('time')) for c in cases]
 
@@ -242,16 +278,16 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--refract', required=True, help='refract binary')
   ap.add_argument('--prism', help="Beam's Prism binary (else not measured)")
-  ap.add_argument('--tests',
-                  type=int,
-                  default=35,
-                  help='tests in the suite (a multiple of %d)' %
-                  TESTS_PER_REPEAT)
-  ap.add_argument('--only',
-                  action='append',
-                  metavar='RUNNER',
-                  help='measure only this runner (its name as printed; '
-                  'repeatable); ratios are to the first one measured')
+  ap.add_argument(
+    '--tests', type=int, default=35, help='tests in the suite (a multiple of %d)' % TESTS_PER_REPEAT
+  )
+  ap.add_argument(
+    '--only',
+    action='append',
+    metavar='RUNNER',
+    help='measure only this runner (its name as printed; '
+    'repeatable); ratios are to the first one measured',
+  )
   args = ap.parse_args()
   refract = os.path.abspath(args.refract)
   repeat = max(1, args.tests // TESTS_PER_REPEAT)
@@ -273,18 +309,20 @@ def main():
       wall, times = min(runs, key=lambda r: r[0])
       median = statistics.median(times)
       results.append((name, len(times), wall, median))
-      print('suite: %-38s %d tests  wall %6.1f s  median %5.0f ms/test' %
-            (name, len(times), wall, median * 1000),
-            file=sys.stderr)
+      print(
+        'suite: %-38s %d tests  wall %6.1f s  median %5.0f ms/test'
+        % (name, len(times), wall, median * 1000),
+        file=sys.stderr,
+      )
   if not results:
     raise SystemExit('no runner measured: see --only')
   reference = results[0][3]
-  print('| runner | tests | suite wall s | median ms per test | '
-        'per test / DirectRunner |')
+  print('| runner | tests | suite wall s | median ms per test | per test / DirectRunner |')
   print('|---|---:|---:|---:|---:|')
   for name, count, wall, median in results:
-    print('| %s | %d | %.1f | %.0f | %.2fx |' %
-          (name, count, wall, median * 1000, median / reference))
+    print(
+      '| %s | %d | %.1f | %.0f | %.2fx |' % (name, count, wall, median * 1000, median / reference)
+    )
 
 
 if __name__ == '__main__':

@@ -73,8 +73,7 @@ LOAD_TEST_FLAG = '--load_test='
 
 def main():
   args = sys.argv[1:]
-  load_tests = [a[len(LOAD_TEST_FLAG):] for a in args
-                if a.startswith(LOAD_TEST_FLAG)]
+  load_tests = [a[len(LOAD_TEST_FLAG) :] for a in args if a.startswith(LOAD_TEST_FLAG)]
   if load_tests:
     module = 'apache_beam.testing.load_tests.' + load_tests[-1]
     options = [a for a in args if not a.startswith(LOAD_TEST_FLAG)]
@@ -87,11 +86,10 @@ def main():
   else:
     # `refract run timed_client.py SCRIPT ...` puts its own options before
     # the script: they go after it.
-    script = next((i for i, a in enumerate(args) if not a.startswith('--')),
-                  None)
+    script = next((i for i, a in enumerate(args) if not a.startswith('--')), None)
     if script is None:
       sys.exit('timed_client.py: no script to run in %s' % args)
-    sys.argv = [args[script]] + args[:script] + args[script + 1:]
+    sys.argv = [args[script]] + args[:script] + args[script + 1 :]
     runpy.run_path(args[script], run_name='__main__')
 
 

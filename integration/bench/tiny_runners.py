@@ -52,23 +52,24 @@ print('TINY ' + json.dumps(seconds))
 def runners(binary):
   refract = ['--runner=refract_beam.RefractRunner', '--refract_location=' + binary]
   return [
-      ('FnApiRunner', ['--runner=DirectRunner']),
-      ('PrismRunner path', ['--runner=PrismRunner', '--prism_location=' + binary]),
-      ('RefractRunner LOOPBACK', refract + ['--environment_type=LOOPBACK']),
-      ('RefractRunner', refract),
+    ('FnApiRunner', ['--runner=DirectRunner']),
+    ('PrismRunner path', ['--runner=PrismRunner', '--prism_location=' + binary]),
+    ('RefractRunner LOOPBACK', refract + ['--environment_type=LOOPBACK']),
+    ('RefractRunner', refract),
   ]
 
 
 def measure(flags, jobs):
   env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
-  done = subprocess.run([sys.executable, '-c', CLIENT, str(jobs + 2), *flags],
-                        capture_output=True,
-                        text=True,
-                        env=env,
-                        timeout=1800)
-  lines = [l for l in done.stdout.splitlines() if l.startswith('TINY ')]
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
+  done = subprocess.run(
+    [sys.executable, '-c', CLIENT, str(jobs + 2), *flags],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=1800,
+  )
+  lines = [line for line in done.stdout.splitlines() if line.startswith('TINY ')]
   if done.returncode != 0 or not lines:
     raise SystemExit('%s failed:\n%s' % (' '.join(flags), done.stderr[-3000:]))
   seconds = sorted(json.loads(lines[-1][5:])[2:])
@@ -86,8 +87,7 @@ def main():
   for name, flags in runners(binary):
     p50, p95 = measure(flags, args.jobs)
     results.append((name, p50, p95))
-    print('tiny: %-22s p50 %6.0f ms  p95 %6.0f ms' % (name, p50, p95),
-          file=sys.stderr)
+    print('tiny: %-22s p50 %6.0f ms  p95 %6.0f ms' % (name, p50, p95), file=sys.stderr)
   reference = results[0][1]
   print('| runner | p50 ms | p95 ms | p50 / FnApiRunner |')
   print('|---|---|---|---|')

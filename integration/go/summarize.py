@@ -59,7 +59,7 @@ def read_runner(directory):
   packages = {}
   for name in sorted(os.listdir(directory)):
     if name.endswith('.log'):
-      packages[name[:-len('.log')]] = read_log(os.path.join(directory, name))
+      packages[name[: -len('.log')]] = read_log(os.path.join(directory, name))
   return packages
 
 
@@ -71,10 +71,10 @@ def counts(results):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--bar-runner', help='directory name whose passes '
-                      'the first directory must match')
-  parser.add_argument('--expected-failures',
-                      help='file of `package.Test reason` lines')
+  parser.add_argument(
+    '--bar-runner', help='directory name whose passes the first directory must match'
+  )
+  parser.add_argument('--expected-failures', help='file of `package.Test reason` lines')
   parser.add_argument('dirs', nargs='+')
   args = parser.parse_args()
   expected = {}
@@ -88,17 +88,14 @@ def main():
 
   runners = {os.path.basename(d.rstrip('/')): read_runner(d) for d in args.dirs}
   first = os.path.basename(args.dirs[0].rstrip('/'))
-  print(f"{'runner':<18} {'package':<12} {'passed':>6} {'failed':>6} "
-        f"{'skipped':>7} {'hung':>4}")
+  print(f"{'runner':<18} {'package':<12} {'passed':>6} {'failed':>6} {'skipped':>7} {'hung':>4}")
   for runner, packages in runners.items():
     totals = [0, 0, 0, 0]
     for package, results in packages.items():
       row = counts(results)
-      totals = [a + b for a, b in zip(totals, row)]
-      print(f'{runner:<18} {package:<12} {row[0]:>6} {row[1]:>6} '
-            f'{row[2]:>7} {row[3]:>4}')
-    print(f'{runner:<18} {"total":<12} {totals[0]:>6} {totals[1]:>6} '
-          f'{totals[2]:>7} {totals[3]:>4}')
+      totals = [a + b for a, b in zip(totals, row, strict=True)]
+      print(f'{runner:<18} {package:<12} {row[0]:>6} {row[1]:>6} {row[2]:>7} {row[3]:>4}')
+    print(f'{runner:<18} {"total":<12} {totals[0]:>6} {totals[1]:>6} {totals[2]:>7} {totals[3]:>4}')
 
   bad = []
   has_bar = bool(args.bar_runner and args.bar_runner in runners)
@@ -113,10 +110,11 @@ def main():
     for package, results in runners[args.bar_runner].items():
       ours = runners[first].get(package, {})
       for test, verdict in sorted(results.items()):
-        if (verdict == 'PASS' and ours.get(test) != 'PASS' and
-            f'{package}.{test}' not in expected):
-          bad.append(f'{package}.{test}: passes on {args.bar_runner}, '
-                     f'{ours.get(test, "not run").lower()} on {first}')
+        if verdict == 'PASS' and ours.get(test) != 'PASS' and f'{package}.{test}' not in expected:
+          bad.append(
+            f'{package}.{test}: passes on {args.bar_runner}, '
+            f'{ours.get(test, "not run").lower()} on {first}'
+          )
   for line in bad:
     print(line)
   print(f'{first}: ' + ('below the bar' if bad else 'meets the bar'))

@@ -24,9 +24,9 @@ def refract_bin():
   path = os.environ.get('REFRACT_BIN')
   if not path:
     pytest.fail(
-        'set REFRACT_BIN to the refract binary under test '
-        '(integration/test.sh does this)',
-        pytrace=False)
+      'set REFRACT_BIN to the refract binary under test (integration/test.sh does this)',
+      pytrace=False,
+    )
   path = os.path.abspath(path)
   if not (os.path.isfile(path) and os.access(path, os.X_OK)):
     pytest.fail('REFRACT_BIN=%s is not an executable file' % path, pytrace=False)
@@ -46,9 +46,10 @@ def refract_server(request, refract_bin, tmp_path):
     server.stop()
   if exit_code is not None:
     pytest.fail(
-        'refract serve exited with code %s during the test; log:\n%s' %
-        (exit_code, server.log_tail()),
-        pytrace=False)
+      'refract serve exited with code %s during the test; log:\n%s'
+      % (exit_code, server.log_tail()),
+      pytrace=False,
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -57,5 +58,4 @@ def pytest_runtest_makereport(item, call):
   report = outcome.get_result()
   if report.failed:
     for p in getattr(item, 'refract_processes', []):
-      report.sections.append(
-          ('refract log (%s)' % ' '.join(p.args), p.log_tail() or '(empty)'))
+      report.sections.append(('refract log (%s)' % ' '.join(p.args), p.log_tail() or '(empty)'))

@@ -15,6 +15,7 @@ from apache_beam.utils.timestamp import Duration
 
 class Endless(beam.RestrictionProvider):
   """One restriction as long as the job runs."""
+
   def initial_restriction(self, _):
     return OffsetRange(0, 1 << 62)
 
@@ -28,6 +29,7 @@ class Endless(beam.RestrictionProvider):
 class Records(beam.DoFn):
   """Emits `per_step` records (its position, then 1000 bytes), then defers
   the rest of its restriction at once: a self-checkpoint per step."""
+
   def __init__(self, per_step):
     self._per_step = per_step
 

@@ -78,12 +78,11 @@ SESSION_PAUSE_S = 100
 def record(i, value_bytes, keys, session_len=0):
   """Record i: (key, value), at its event time when grouped in sessions."""
   at = (i * 7919) % (len(BLOCK) - value_bytes)
-  kv = b'key-%08d' % (i % keys), BLOCK[at:at + value_bytes]
+  kv = b'key-%08d' % (i % keys), BLOCK[at : at + value_bytes]
   if session_len <= 0:
     return kv
   j = i // keys  # the record's place among its key's records
-  return window.TimestampedValue(
-      kv, j + (j // session_len) * SESSION_PAUSE_S)
+  return window.TimestampedValue(kv, j + (j // session_len) * SESSION_PAUSE_S)
 
 
 class Generate(beam.DoFn):
@@ -151,49 +150,57 @@ def expected(records, value_bytes, keys, session_len=0):
   return (len(sizes), min(sizes), max(sizes), records, records * value_bytes)
 
 
-def build(p, records, value_bytes, keys, fan_out_inputs=0, session_len=0,
-          reshuffle=False, lateness_s=0, lateness_windows='fixed'):
+def build(
+  p,
+  records,
+  value_bytes,
+  keys,
+  fan_out_inputs=0,
+  session_len=0,
+  reshuffle=False,
+  lateness_s=0,
+  lateness_windows='fixed',
+):
   if fan_out_inputs > 0:
     values = (
-        p
-        | beam.Create(list(range(fan_out_inputs)))
-        | beam.Reshuffle()
-        | beam.ParDo(
-            FanOut(records, fan_out_inputs, value_bytes, keys,
-                   session_len)).with_output_types(KV))
+      p
+      | beam.Create(list(range(fan_out_inputs)))
+      | beam.Reshuffle()
+      | beam.ParDo(
+        FanOut(records, fan_out_inputs, value_bytes, keys, session_len)
+      ).with_output_types(KV)
+    )
   else:
     values = (
-        p
-        | beam.Create([records])
-        | beam.ParDo(Generate(value_bytes, keys,
-                              session_len)).with_output_types(KV))
+      p
+      | beam.Create([records])
+      | beam.ParDo(Generate(value_bytes, keys, session_len)).with_output_types(KV)
+    )
   if reshuffle:
     values = (
-        values
-        | 'Again' >> beam.Reshuffle()
-        | 'Pass' >> beam.Map(lambda kv: kv).with_output_types(KV))
+      values | 'Again' >> beam.Reshuffle() | 'Pass' >> beam.Map(lambda kv: kv).with_output_types(KV)
+    )
   if session_len > 0 and lateness_s > 0 and lateness_windows == 'sessions':
     values = values | 'Sessions' >> beam.WindowInto(
-        window.Sessions(SESSION_GAP_S),
-        trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-        accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        allowed_lateness=lateness_s)
+      window.Sessions(SESSION_GAP_S),
+      trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+      accumulation_mode=trigger.AccumulationMode.DISCARDING,
+      allowed_lateness=lateness_s,
+    )
   elif session_len > 0 and lateness_s > 0:
     values = values | 'Fixed' >> beam.WindowInto(
-        window.FixedWindows(session_len + SESSION_PAUSE_S),
-        trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-        accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        allowed_lateness=lateness_s)
+      window.FixedWindows(session_len + SESSION_PAUSE_S),
+      trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+      accumulation_mode=trigger.AccumulationMode.DISCARDING,
+      allowed_lateness=lateness_s,
+    )
   elif session_len > 0:
-    values = values | 'Sessions' >> beam.WindowInto(
-        window.Sessions(SESSION_GAP_S))
+    values = values | 'Sessions' >> beam.WindowInto(window.Sessions(SESSION_GAP_S))
   groups = values | beam.GroupByKey() | beam.Map(summarize)
   if session_len > 0:
     groups = groups | 'Global' >> beam.WindowInto(window.GlobalWindows())
   totals = groups | beam.CombineGlobally(add)
-  assert_that(
-      totals,
-      equal_to([expected(records, value_bytes, keys, session_len)]))
+  assert_that(totals, equal_to([expected(records, value_bytes, keys, session_len)]))
 
 
 def main(argv):
@@ -206,18 +213,25 @@ def main(argv):
   lateness_s = int(argv[8]) if len(argv) > 8 else 0
   lateness_windows = argv[9] if len(argv) > 9 else 'fixed'
   if lateness_windows not in ('fixed', 'sessions'):
-    raise SystemExit('LATENESS_WINDOWS is fixed or sessions, not %r' %
-                     lateness_windows)
+    raise SystemExit('LATENESS_WINDOWS is fixed or sessions, not %r' % lateness_windows)
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
-  options = PipelineOptions([
-      '--runner=PortableRunner', '--job_endpoint=' + endpoint,
-      '--environment_type=LOOPBACK'
-  ])
+  options = PipelineOptions(
+    ['--runner=PortableRunner', '--job_endpoint=' + endpoint, '--environment_type=LOOPBACK']
+  )
   p = beam.Pipeline(options=options)
-  build(p, records, value_bytes, keys, fan_out_inputs, session_len, reshuffle,
-        lateness_s, lateness_windows)
+  build(
+    p,
+    records,
+    value_bytes,
+    keys,
+    fan_out_inputs,
+    session_len,
+    reshuffle,
+    lateness_s,
+    lateness_windows,
+  )
   return run_pipeline_to_end(p)
 
 

@@ -52,15 +52,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _ip(*args, check=True, timeout=30):
   """Runs `ip ARGS`; raises with ip's own message when it fails."""
-  run = subprocess.run([IP] + [str(a) for a in args],
-                       capture_output=True,
-                       text=True,
-                       timeout=timeout,
-                       check=False)
+  run = subprocess.run(
+    [IP] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False
+  )
   if check and run.returncode != 0:
-    raise RuntimeError('ip %s failed (exit %d): %s' %
-                       (' '.join(map(str, args)), run.returncode,
-                        run.stderr.strip()))
+    raise RuntimeError(
+      'ip %s failed (exit %d): %s' % (' '.join(map(str, args)), run.returncode, run.stderr.strip())
+    )
   return run
 
 
@@ -310,8 +308,10 @@ class Host:
   def connect(self, addr, port, timeout=3):
     """A TCP socket connected from this host to (addr, port); raises
     socket.timeout, ConnectionRefusedError, ... as connect does."""
+
     def go():
       return socket.create_connection((addr, port), timeout=timeout)
+
     return self.in_namespace(go)
 
   def tcp_reachable(self, addr, port, timeout=3):
@@ -330,12 +330,15 @@ class Host:
     addr = addr or self.address
     while not self.tcp_reachable(addr, port, timeout=1):
       if proc is not None and proc.poll() is not None:
-        raise RuntimeError('%s: %s exited with %s before listening on %s:%d%s'
-                           % (self.name, proc.args[4:], proc.returncode, addr,
-                              port, _tail(proc)))
+        raise RuntimeError(
+          '%s: %s exited with %s before listening on %s:%d%s'
+          % (self.name, proc.args[4:], proc.returncode, addr, port, _tail(proc))
+        )
       if time.monotonic() - start > timeout_s:
-        raise RuntimeError('%s: nothing listened on %s:%d within %ss%s' %
-                           (self.name, addr, port, timeout_s, _tail(proc)))
+        raise RuntimeError(
+          '%s: nothing listened on %s:%d within %ss%s'
+          % (self.name, addr, port, timeout_s, _tail(proc))
+        )
       time.sleep(0.2)
     return time.monotonic() - start
 
@@ -426,13 +429,25 @@ class VirtualHosts:
       if len(port) > 15:
         port = ('p%d-%s' % (i, self.prefix))[:15]
       # Both ends made where they belong: nothing in the root namespace.
-      _ip('link', 'add', 'name', HOST_IFACE, 'netns', ns, 'type', 'veth',
-          'peer', 'name', port, 'netns', self.switch)
+      _ip(
+        'link',
+        'add',
+        'name',
+        HOST_IFACE,
+        'netns',
+        ns,
+        'type',
+        'veth',
+        'peer',
+        'name',
+        port,
+        'netns',
+        self.switch,
+      )
       _ip('-n', self.switch, 'link', 'set', port, 'master', BRIDGE)
       _ip('-n', self.switch, 'link', 'set', port, 'up')
       address = str(addresses[i])
-      _ip('-n', ns, 'addr', 'add',
-          '%s/%d' % (address, self.network.prefixlen), 'dev', HOST_IFACE)
+      _ip('-n', ns, 'addr', 'add', '%s/%d' % (address, self.network.prefixlen), 'dev', HOST_IFACE)
       _ip('-n', ns, 'link', 'set', HOST_IFACE, 'up')
       self.hosts[name] = Host(self, name, ns, address, port)
 
@@ -475,10 +490,6 @@ class VirtualHosts:
     links = _ip('-o', 'link', 'show', check=False).stdout
     found = [ns for ns in namespaces() if ns.startswith(self.prefix)]
     found += [
-        line.split(':')[1].strip().split('@')[0]
-        for line in links.splitlines()
-        if self.prefix in line
+      line.split(':')[1].strip().split('@')[0] for line in links.splitlines() if self.prefix in line
     ]
     return found
-
-

@@ -32,8 +32,9 @@ import signal
 import sys
 
 import grpc
+
 # Imported for its side effect: it registers the xlang test transforms.
-import apache_beam.runners.portability.expansion_service_test  # pylint: disable=unused-import
+import apache_beam.runners.portability.expansion_service_test  # noqa: F401  # pylint: disable=unused-import
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_artifact_api_pb2_grpc
 from apache_beam.portability.api import external_transforms_pb2
@@ -50,6 +51,7 @@ TEST_TRANSFORMS = 'beam:transforms:xlang:test:'
 
 class GoFriendlyExpansionService(expansion_service.ExpansionServiceServicer):
   """Python's expansion service, reading Go's capitalized field names."""
+
   def Expand(self, request, context=None):
     spec = request.transform.spec
     if spec.urn.startswith(TEST_TRANSFORMS) and spec.payload:
@@ -74,11 +76,7 @@ class GoFriendlyExpansionService(expansion_service.ExpansionServiceServicer):
     """Gives each input PCollection without a producer a placeholder one;
     returns their transform ids."""
     components = request.components
-    produced = {
-        pcoll
-        for t in components.transforms.values()
-        for pcoll in t.outputs.values()
-    }
+    produced = {pcoll for t in components.transforms.values() for pcoll in t.outputs.values()}
     placeholders = []
     for pcoll in sorted(set(request.transform.inputs.values()) - produced):
       transform_id = 'refract_input_producer_%d' % len(placeholders)
@@ -92,16 +90,18 @@ def serve(port):
   address = 'localhost:%d' % port
   server = grpc.server(thread_pool_executor.shared_unbounded_instance())
   beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-      worker_pool_main.BeamFnExternalWorkerPoolServicer(), server)
-  options = PipelineOptions(
-      ['--experiments=beam_fn_api', '--sdk_location=container'])
+    worker_pool_main.BeamFnExternalWorkerPoolServicer(), server
+  )
+  options = PipelineOptions(['--experiments=beam_fn_api', '--sdk_location=container'])
   beam_expansion_api_pb2_grpc.add_ExpansionServiceServicer_to_server(
-      GoFriendlyExpansionService(options, loopback_address=address),
-      server)
+    GoFriendlyExpansionService(options, loopback_address=address), server
+  )
   beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
-      artifact_service.ArtifactRetrievalService(
-          artifact_service.BeamFilesystemHandler(None).file_reader),
-      server)
+    artifact_service.ArtifactRetrievalService(
+      artifact_service.BeamFilesystemHandler(None).file_reader
+    ),
+    server,
+  )
   if server.add_insecure_port(address) == 0:
     sys.exit('cannot listen on %s' % address)
   server.start()

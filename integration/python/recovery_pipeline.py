@@ -59,17 +59,18 @@ class EventRange(beam.RestrictionProvider):
 class NumberedEvents(beam.DoFn):
   """Emits 0..n-1, `per_step` numbers per step, then defers the rest for
   `pause` seconds."""
+
   def __init__(self, per_step=PER_STEP, pause=0.05):
     self.per_step = per_step
     self.pause = pause
 
   @beam.DoFn.unbounded_per_element()
   def process(
-      self,
-      n,
-      tracker=beam.DoFn.RestrictionParam(EventRange()),
-      estimator=beam.DoFn.WatermarkEstimatorParam(
-          ManualWatermarkEstimator.default_provider())):
+    self,
+    n,
+    tracker=beam.DoFn.RestrictionParam(EventRange()),
+    estimator=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider()),
+  ):
     position = tracker.current_restriction().start
     end = min(position + self.per_step, tracker.current_restriction().stop)
     while position < end:
@@ -87,6 +88,7 @@ class DedupCount(beam.DoFn):
   """Per key and window: distinct numbers, their count and sum in state,
   and a counter of distinct numbers (which recovery must not reset or
   count twice)."""
+
   DISTINCT = Metrics.counter('recovery', 'distinct_events')
   SEEN = userstate.BagStateSpec('seen', VarIntCoder())
   COUNT = userstate.ReadModifyWriteStateSpec('count', VarIntCoder())
@@ -94,13 +96,14 @@ class DedupCount(beam.DoFn):
   END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
 
   def process(
-      self,
-      kv,
-      w=beam.DoFn.WindowParam,
-      seen=beam.DoFn.StateParam(SEEN),
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL),
-      end=beam.DoFn.TimerParam(END)):
+    self,
+    kv,
+    w=beam.DoFn.WindowParam,
+    seen=beam.DoFn.StateParam(SEEN),
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+    end=beam.DoFn.TimerParam(END),
+  ):
     _, number = kv
     if number in set(seen.read()):
       return
@@ -112,11 +115,12 @@ class DedupCount(beam.DoFn):
 
   @userstate.on_timer(END)
   def emit(
-      self,
-      key=beam.DoFn.KeyParam,
-      w=beam.DoFn.WindowParam,
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL)):
+    self,
+    key=beam.DoFn.KeyParam,
+    w=beam.DoFn.WindowParam,
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+  ):
     yield (int(w.start), key, count.read() or 0, total.read() or 0)
 
 
@@ -129,6 +133,7 @@ class KeepAll(beam.DoFn):
   """Per key: every number with its ballast, in one bag until the end of
   the global window; then the count, sum and distinct count of what the
   bag holds (failing on a ballast that is not its number's)."""
+
   ALL = userstate.BagStateSpec('all', VarIntCoder())
   BALLAST = userstate.BagStateSpec('ballast', beam.coders.BytesCoder())
   END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
@@ -137,12 +142,13 @@ class KeepAll(beam.DoFn):
     self.kb = kb
 
   def process(
-      self,
-      kv,
-      w=beam.DoFn.WindowParam,
-      numbers=beam.DoFn.StateParam(ALL),
-      ballasts=beam.DoFn.StateParam(BALLAST),
-      end=beam.DoFn.TimerParam(END)):
+    self,
+    kv,
+    w=beam.DoFn.WindowParam,
+    numbers=beam.DoFn.StateParam(ALL),
+    ballasts=beam.DoFn.StateParam(BALLAST),
+    end=beam.DoFn.TimerParam(END),
+  ):
     _, number = kv
     numbers.add(number)
     ballasts.add(ballast(number, self.kb))
@@ -150,13 +156,14 @@ class KeepAll(beam.DoFn):
 
   @userstate.on_timer(END)
   def emit(
-      self,
-      key=beam.DoFn.KeyParam,
-      numbers=beam.DoFn.StateParam(ALL),
-      ballasts=beam.DoFn.StateParam(BALLAST)):
+    self,
+    key=beam.DoFn.KeyParam,
+    numbers=beam.DoFn.StateParam(ALL),
+    ballasts=beam.DoFn.StateParam(BALLAST),
+  ):
     kept = list(numbers.read())
     weighed = 0
-    for value, number in zip(ballasts.read(), kept):
+    for value, number in zip(ballasts.read(), kept, strict=False):
       if value != ballast(number, self.kb):
         raise ValueError('the ballast of %d came back wrong' % number)
       weighed += 1
@@ -201,29 +208,35 @@ def main():
   parser.add_argument('--pause', type=float, default=0.05)
   parser.add_argument('--keep_all_kb', type=int, default=0)
   args = parser.parse_args()
-  options = PipelineOptions([
+  options = PipelineOptions(
+    [
       '--runner=PortableRunner',
       '--job_endpoint=' + args.job_endpoint,
       '--streaming',
       '--environment_type=PROCESS',
       '--environment_config=' + json.dumps({'command': args.boot}),
-  ] + ['--experiments=' + e for e in args.experiments])
+    ]
+    + ['--experiments=' + e for e in args.experiments]
+  )
   p = beam.Pipeline(options=options)
   keyed = (
-      p
-      | beam.Create([args.events])
-      | 'Events' >> beam.ParDo(NumberedEvents(args.per_step, args.pause))
-      | 'Key' >> beam.Map(lambda i: (i % 3, i)))
+    p
+    | beam.Create([args.events])
+    | 'Events' >> beam.ParDo(NumberedEvents(args.per_step, args.pause))
+    | 'Key' >> beam.Map(lambda i: (i % 3, i))
+  )
   if args.keep_all_kb:
     _ = (
-        keyed
-        | 'KeepAll' >> beam.ParDo(KeepAll(args.keep_all_kb))
-        | 'WriteAll' >> beam.ParDo(WriteAll(args.output)))
-  _ = (
       keyed
-      | beam.WindowInto(window.FixedWindows(1))
-      | 'DedupCount' >> beam.ParDo(DedupCount())
-      | 'Write' >> beam.ParDo(WriteResult(args.output)))
+      | 'KeepAll' >> beam.ParDo(KeepAll(args.keep_all_kb))
+      | 'WriteAll' >> beam.ParDo(WriteAll(args.output))
+    )
+  _ = (
+    keyed
+    | beam.WindowInto(window.FixedWindows(1))
+    | 'DedupCount' >> beam.ParDo(DedupCount())
+    | 'Write' >> beam.ParDo(WriteResult(args.output))
+  )
   result = p.run()
   print(result._job_id, flush=True)
   # Leaves the job running: gRPC's threads, still following it, must not

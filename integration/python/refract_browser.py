@@ -18,20 +18,25 @@ VIRTUAL_TIME_MS = 3000
 def _chromium():
   path = shutil.which('chromium') or shutil.which('chromium-browser')
   if not path:
-    pytest.fail('chromium is not installed (integration/setup.sh installs it)',
-                pytrace=False)
+    pytest.fail('chromium is not installed (integration/setup.sh installs it)', pytrace=False)
   return path
 
 
 def _run(*args):
-  done = subprocess.run([
-      _chromium(), '--headless', '--no-sandbox', '--disable-gpu',
+  done = subprocess.run(
+    [
+      _chromium(),
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
       '--disable-dev-shm-usage',
-      '--virtual-time-budget=%d' % VIRTUAL_TIME_MS, *args
-  ],
-                        capture_output=True,
-                        text=True,
-                        timeout=60)
+      '--virtual-time-budget=%d' % VIRTUAL_TIME_MS,
+      *args,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   return done.stdout
 
@@ -43,7 +48,8 @@ def page_dom(url):
 
 def artifacts_dir():
   root = os.environ.get('REFRACT_ARTIFACTS') or os.path.join(
-      os.path.expanduser('~'), '.cache', 'refract', 'artifacts')
+    os.path.expanduser('~'), '.cache', 'refract', 'artifacts'
+  )
   path = os.path.join(root, 'ui')
   os.makedirs(path, exist_ok=True)
   return path

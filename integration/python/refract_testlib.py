@@ -33,12 +33,13 @@ def committed_counter(endpoint, job_id, name):
   with grpc.insecure_channel(endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
     metrics = stub.GetJobMetrics(
-        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id),
-        timeout=10).metrics
+      beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id), timeout=10
+    ).metrics
   return sum(
-      VarIntCoder().decode(info.payload)
-      for info in metrics.committed
-      if info.labels.get('NAME') == name)
+    VarIntCoder().decode(info.payload)
+    for info in metrics.committed
+    if info.labels.get('NAME') == name
+  )
 
 
 def rss_bytes(pid):
@@ -157,19 +158,16 @@ def wait_until_serving(proc, endpoint, timeout_s=READY_TIMEOUT_S):
     while True:
       if proc.poll() is not None:
         raise RuntimeError(
-            'refract exited with code %s before serving on %s' %
-            (proc.returncode, endpoint))
+          'refract exited with code %s before serving on %s' % (proc.returncode, endpoint)
+        )
       try:
-        stub.GetState(
-            beam_job_api_pb2.GetJobStateRequest(job_id='[fake]'), timeout=2)
+        stub.GetState(beam_job_api_pb2.GetJobStateRequest(job_id='[fake]'), timeout=2)
         return
       except grpc.RpcError as e:
-        if e.code() not in (grpc.StatusCode.UNAVAILABLE,
-                            grpc.StatusCode.DEADLINE_EXCEEDED):
+        if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
           return
       if time.monotonic() > deadline:
-        raise RuntimeError(
-            'refract did not serve on %s within %ss' % (endpoint, timeout_s))
+        raise RuntimeError('refract did not serve on %s within %ss' % (endpoint, timeout_s))
       time.sleep(0.1)
 
 
@@ -196,18 +194,20 @@ def exit_now(code):
 
 class RefractProcess:
   """A refract process started by a test, with its log in a file."""
+
   def __init__(self, args, log_path, cwd=None, env=None):
     self.args = [str(a) for a in args]
     self.log_path = str(log_path)
     self._log = open(self.log_path, 'wb')
     self.proc = subprocess.Popen(
-        self.args,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=self._log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True)
+      self.args,
+      cwd=cwd,
+      env=env,
+      stdin=subprocess.DEVNULL,
+      stdout=self._log,
+      stderr=subprocess.STDOUT,
+      start_new_session=True,
+    )
 
   def log_tail(self, max_chars=6000):
     return read_log_tail(self.log_path, max_chars)
@@ -230,8 +230,7 @@ def serving(request, server):
 
 
 class RefractServer(RefractProcess):
-  def __init__(self, binary, log_path, port=None, extra_args=None, args=None,
-               cwd=None, env=None):
+  def __init__(self, binary, log_path, port=None, extra_args=None, args=None, cwd=None, env=None):
     self.port = port or free_port()
     self.endpoint = 'localhost:%d' % self.port
     if args is None:
@@ -244,9 +243,9 @@ class RefractServer(RefractProcess):
 
   def portable_args(self, *extra):
     return [
-        '--runner=PortableRunner',
-        '--job_endpoint=%s' % self.endpoint,
-        '--environment_type=LOOPBACK',
+      '--runner=PortableRunner',
+      '--job_endpoint=%s' % self.endpoint,
+      '--environment_type=LOOPBACK',
     ] + list(extra)
 
 
@@ -255,16 +254,15 @@ def ui_server(refract_bin, log_path, extra_args=()):
   (server, UI base URL). The caller waits for it to be ready and stops it."""
   ui_port = free_port()
   server = RefractServer(
-      refract_bin, log_path,
-      extra_args=['--ui_port', str(ui_port)] + list(extra_args))
+    refract_bin, log_path, extra_args=['--ui_port', str(ui_port)] + list(extra_args)
+  )
   return server, 'http://127.0.0.1:%d' % ui_port
 
 
 def job_state(endpoint, job_id):
   with grpc.insecure_channel(endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
-    state = stub.GetState(
-        beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
+    state = stub.GetState(beam_job_api_pb2.GetJobStateRequest(job_id=job_id), timeout=10).state
   return beam_job_api_pb2.JobState.Enum.Name(state)
 
 
@@ -280,7 +278,8 @@ def job_messages(endpoint, job_id, seconds=1.0):
   found = []
   with grpc.insecure_channel(endpoint) as channel:
     stream = beam_job_api_pb2_grpc.JobServiceStub(channel).GetMessageStream(
-        beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=seconds)
+      beam_job_api_pb2.JobMessagesRequest(job_id=job_id), timeout=seconds
+    )
     try:
       for item in stream:
         if item.HasField('message_response'):
@@ -297,17 +296,16 @@ def wait_for_end(server, job_id, timeout_s=180):
     if state in ('DONE', 'FAILED', 'CANCELLED'):
       return state
     time.sleep(0.3)
-  raise AssertionError('job %s did not end within %ss; log:\n%s' %
-                       (job_id, timeout_s, server.log_tail()))
+  raise AssertionError(
+    'job %s did not end within %ss; log:\n%s' % (job_id, timeout_s, server.log_tail())
+  )
 
 
-def durable_server(refract_bin, state_dir, port, log, interval='200ms',
-                   extra=()):
+def durable_server(refract_bin, state_dir, port, log, interval='200ms', extra=()):
   return RefractServer(
-      refract_bin,
-      log,
-      port=port,
-      extra_args=[
-          '--state_dir', state_dir, '--checkpoint_interval', interval,
-          '--serve_http=false'
-      ] + list(extra)).wait_ready()
+    refract_bin,
+    log,
+    port=port,
+    extra_args=['--state_dir', state_dir, '--checkpoint_interval', interval, '--serve_http=false']
+    + list(extra),
+  ).wait_ready()

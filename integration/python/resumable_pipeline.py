@@ -37,12 +37,13 @@ class Count(beam.DoFn):
     self.poison_at = poison_at
 
   def process(
-      self,
-      kv,
-      w=beam.DoFn.WindowParam,
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL),
-      end=beam.DoFn.TimerParam(END)):
+    self,
+    kv,
+    w=beam.DoFn.WindowParam,
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+    end=beam.DoFn.TimerParam(END),
+  ):
     _, number = kv
     if number == self.poison_at and os.path.exists(self.poison):
       raise RuntimeError('poisoned at %d while %s exists' % (number, self.poison))
@@ -53,10 +54,11 @@ class Count(beam.DoFn):
 
   @userstate.on_timer(END)
   def emit(
-      self,
-      key=beam.DoFn.KeyParam,
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL)):
+    self,
+    key=beam.DoFn.KeyParam,
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+  ):
     yield key, count.read() or 0, total.read() or 0
 
 
@@ -81,20 +83,23 @@ def main():
   parser.add_argument('--poison_at', type=int, required=True)
   parser.add_argument('--boot', required=True)
   args = parser.parse_args()
-  options = PipelineOptions([
+  options = PipelineOptions(
+    [
       '--runner=PortableRunner',
       '--job_endpoint=' + args.job_endpoint,
       '--environment_type=PROCESS',
       '--environment_config=' + json.dumps({'command': args.boot}),
-  ])
+    ]
+  )
   p = beam.Pipeline(options=options)
   _ = (
-      p
-      | beam.Create(list(range(args.numbers)))
-      | beam.Reshuffle()
-      | 'Key' >> beam.Map(lambda i: (i % 3, i))
-      | 'Count' >> beam.ParDo(Count(args.poison, args.poison_at))
-      | 'Write' >> beam.ParDo(Write(args.output)))
+    p
+    | beam.Create(list(range(args.numbers)))
+    | beam.Reshuffle()
+    | 'Key' >> beam.Map(lambda i: (i % 3, i))
+    | 'Count' >> beam.ParDo(Count(args.poison, args.poison_at))
+    | 'Write' >> beam.ParDo(Write(args.output))
+  )
   result = p.run()
   print(result._job_id, flush=True)
 

@@ -48,20 +48,22 @@ class Generate(beam.DoFn):
   def process(self, part):
     for i in range(part, self._records, PARTS):
       at = (i * 7919) % (len(BLOCK) - self._value_bytes)
-      yield b'key-%08d' % (i % self._keys), BLOCK[at:at + self._value_bytes]
+      yield b'key-%08d' % (i % self._keys), BLOCK[at : at + self._value_bytes]
 
 
 class BufferPerKey(beam.DoFn):
   """Keeps a key's values in a bag until the window ends."""
+
   BAG = BagStateSpec('bag', BytesCoder())
   FLUSH = TimerSpec('flush', TimeDomain.WATERMARK)
 
   def process(
-      self,
-      kv,
-      bag=beam.DoFn.StateParam(BAG),
-      flush=beam.DoFn.TimerParam(FLUSH),
-      window=beam.DoFn.WindowParam):
+    self,
+    kv,
+    bag=beam.DoFn.StateParam(BAG),
+    flush=beam.DoFn.TimerParam(FLUSH),
+    window=beam.DoFn.WindowParam,
+  ):
     bag.add(kv[1])
     flush.set(window.max_timestamp())
 
@@ -92,21 +94,19 @@ def main(argv):
     raise SystemExit('MODE must be batch or streaming, not %r' % mode)
   value_bytes = value_kb * 1024
   records = total_mb * (1 << 20) // value_bytes
-  flags = [
-      '--runner=PortableRunner', '--job_endpoint=' + endpoint,
-      '--environment_type=LOOPBACK'
-  ]
+  flags = ['--runner=PortableRunner', '--job_endpoint=' + endpoint, '--environment_type=LOOPBACK']
   if mode == 'streaming':
     flags.append('--streaming')
   options = PipelineOptions(flags)
   p = beam.Pipeline(options=options)
   totals = (
-      p
-      | beam.Create(list(range(PARTS)))
-      | beam.Reshuffle()
-      | beam.ParDo(Generate(records, value_bytes, keys)).with_output_types(KV)
-      | beam.ParDo(BufferPerKey())
-      | beam.CombineGlobally(add))
+    p
+    | beam.Create(list(range(PARTS)))
+    | beam.Reshuffle()
+    | beam.ParDo(Generate(records, value_bytes, keys)).with_output_types(KV)
+    | beam.ParDo(BufferPerKey())
+    | beam.CombineGlobally(add)
+  )
   assert_that(totals, equal_to([(records, records * value_bytes)]))
   return run_pipeline_to_end(p)
 

@@ -31,6 +31,7 @@ RUN_SECONDS = 25
 class SlowSink(beam.DoFn):
   """2 ms per record; counts its records in state (one key: one bundle at a
   time)."""
+
   SEEN = CombiningValueStateSpec('seen', sum)
 
   def process(self, kv, seen=beam.DoFn.StateParam(SEEN)):
@@ -55,16 +56,20 @@ def run_source_into_slow_sink(request, refract_bin, tmp_path, *args):
   seconds the source was throttled, bytes the sink's queue spilled, the
   server)."""
   server, ui = ui_server(
-      refract_bin, str(tmp_path / 'refract.log'),
-      extra_args=['--memory_budget', '16m'])
+    refract_bin, str(tmp_path / 'refract.log'), extra_args=['--memory_budget', '16m']
+  )
   server.wait_ready()
   request.addfinalizer(server.stop)
   options = PipelineOptions(server.portable_args('--streaming', *args))
   p = beam.Pipeline(options=options)
   _ = (
-      p | beam.Impulse() | 'Source' >> beam.ParDo(Records(200))
-      | 'OneKey' >> beam.Map(lambda record: (0, record))
-      | beam.Reshuffle() | 'Sink' >> beam.ParDo(SlowSink()))
+    p
+    | beam.Impulse()
+    | 'Source' >> beam.ParDo(Records(200))
+    | 'OneKey' >> beam.Map(lambda record: (0, record))
+    | beam.Reshuffle()
+    | 'Sink' >> beam.ParDo(SlowSink())
+  )
   result = p.run()
   try:
     time.sleep(RUN_SECONDS)
@@ -73,20 +78,18 @@ def run_source_into_slow_sink(request, refract_bin, tmp_path, *args):
   finally:
     result.cancel()
   return (
-      stage_metric(text, 'refract_stage_output_elements_total',
-                   'Source/Process'),
-      stage_metric(text, 'refract_stage_elements_total', 'Sink'),
-      stage_metric(text, 'refract_stage_throttled_seconds_total',
-                   'Source/Process'),
-      stage_metric(text, 'refract_stage_spilled_bytes_total', 'Sink'),
-      server,
+    stage_metric(text, 'refract_stage_output_elements_total', 'Source/Process'),
+    stage_metric(text, 'refract_stage_elements_total', 'Sink'),
+    stage_metric(text, 'refract_stage_throttled_seconds_total', 'Source/Process'),
+    stage_metric(text, 'refract_stage_spilled_bytes_total', 'Sink'),
+    server,
   )
 
 
-def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
-    request, refract_bin, tmp_path):
+def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(request, refract_bin, tmp_path):
   produced, taken, throttled, spilled, server = run_source_into_slow_sink(
-      request, refract_bin, tmp_path, '--sdk_worker_parallelism=2')
+    request, refract_bin, tmp_path, '--sdk_worker_parallelism=2'
+  )
   assert taken > 1000, (produced, taken, server.log_tail())
   # The sink's share of 16 MiB over the job's stages is a few thousand
   # 1 KiB records; a source bundle adds 200. Unchecked, the source runs
@@ -96,10 +99,8 @@ def test_a_slow_sink_holds_a_fast_source_back_through_a_reshuffle(
   assert throttled > 1.0, (throttled, produced, taken)
 
 
-def test_on_one_worker_a_fast_source_and_a_slow_sink_take_turns(
-    request, refract_bin, tmp_path):
-  produced, taken, _, spilled, server = run_source_into_slow_sink(
-      request, refract_bin, tmp_path)
+def test_on_one_worker_a_fast_source_and_a_slow_sink_take_turns(request, refract_bin, tmp_path):
+  produced, taken, _, spilled, server = run_source_into_slow_sink(request, refract_bin, tmp_path)
   assert taken > 1000, (produced, taken, server.log_tail())
   # The sink takes what waits each time the source's bundle ends: the
   # source is at most a bundle or two ahead.

@@ -12,34 +12,34 @@ from refract_testlib import free_port
 
 
 @pytest.mark.parametrize(
-    'flags',
+  'flags',
+  [
+    # Beam's PrismRunnerTest: `BIN --job_port N`.
+    ['--job_port', '{port}'],
+    # Python's PrismRunner (--prism_location).
     [
-        # Beam's PrismRunnerTest: `BIN --job_port N`.
-        ['--job_port', '{port}'],
-        # Python's PrismRunner (--prism_location).
-        [
-            '--job_port',
-            '{port}',
-            '--log_level',
-            'info',
-            '--log_kind',
-            'json',
-            '--serve_http=false',
-        ],
-        # Go-style single-dash flags, as other Beam SDKs pass them to Prism.
-        [
-            '-job_port={port}',
-            '-serve_http=false',
-            '-idle_shutdown_timeout=1h',
-        ],
-        ['serve', '--job_port', '{port}'],
+      '--job_port',
+      '{port}',
+      '--log_level',
+      'info',
+      '--log_kind',
+      'json',
+      '--serve_http=false',
     ],
-    ids=['beam-suite', 'prism-runner', 'go-style', 'serve'])
+    # Go-style single-dash flags, as other Beam SDKs pass them to Prism.
+    [
+      '-job_port={port}',
+      '-serve_http=false',
+      '-idle_shutdown_timeout=1h',
+    ],
+    ['serve', '--job_port', '{port}'],
+  ],
+  ids=['beam-suite', 'prism-runner', 'go-style', 'serve'],
+)
 def test_job_service_starts(request, refract_bin, tmp_path, flags):
   port = free_port()
   args = [refract_bin] + [f.format(port=port) for f in flags]
-  server = RefractServer(
-      refract_bin, tmp_path / 'refract.log', port=port, args=args)
+  server = RefractServer(refract_bin, tmp_path / 'refract.log', port=port, args=args)
   request.node.refract_processes = [server]  # log shown if the test fails
   try:
     server.wait_ready()
@@ -48,8 +48,7 @@ def test_job_service_starts(request, refract_bin, tmp_path, flags):
     server.stop()
 
 
-def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
-                                          monkeypatch):
+def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path, monkeypatch):
   """SIGTERM (`docker stop`, systemd, test harnesses) shuts the server down
   as Ctrl-C does: it exits 0 and removes the spill and staging directories
   it made for itself (before, SIGTERM killed it where it stood and they
@@ -78,7 +77,8 @@ def test_sigterm_stops_the_server_cleanly(request, refract_bin, tmp_path,
 
 
 def test_a_killed_servers_directories_are_removed_by_the_next(
-    request, refract_bin, tmp_path, monkeypatch):
+  request, refract_bin, tmp_path, monkeypatch
+):
   """A server killed where it stands (SIGKILL, the OOM killer) cannot
   remove its spill and staging directories; the next server to start in
   the same temp directory does, once their owner is gone. A live server's
@@ -125,7 +125,7 @@ def _listening_sockets(pid):
     except OSError:
       continue
     if target.startswith('socket:['):
-      inodes.add(target[len('socket:['):-1])
+      inodes.add(target[len('socket:[') : -1])
   found = []
   for path in ('/proc/net/tcp', '/proc/net/tcp6'):
     try:
@@ -143,9 +143,9 @@ def _listening_sockets(pid):
 
 
 _LOOPBACK = {
-    '0100007F',  # 127.0.0.1
-    '00000000000000000000000001000000',  # ::1
-    '0000000000000000FFFF00000100007F',  # ::ffff:127.0.0.1
+  '0100007F',  # 127.0.0.1
+  '00000000000000000000000001000000',  # ::1
+  '0000000000000000FFFF00000100007F',  # ::ffff:127.0.0.1
 }
 
 
@@ -154,9 +154,10 @@ def test_ports_listen_on_loopback_only(refract_server):
   (README, Security)."""
   sockets = _listening_sockets(refract_server.proc.pid)
   assert refract_server.port in [port for _, port in sockets], (
-      'refract (pid %d) does not itself listen on the job port %d: %s' %
-      (refract_server.proc.pid, refract_server.port, sockets))
+    'refract (pid %d) does not itself listen on the job port %d: %s'
+    % (refract_server.proc.pid, refract_server.port, sockets)
+  )
   exposed = [(a, p) for a, p in sockets if a not in _LOOPBACK]
   assert not exposed, (
-      'refract listens beyond loopback on %s (/proc/net/tcp hex addresses)' %
-      exposed)
+    'refract listens beyond loopback on %s (/proc/net/tcp hex addresses)' % exposed
+  )

@@ -8,7 +8,6 @@ manifests' token variable refuses calls without the token and does not hand
 it to the boot program, and only the server's pods may call the pools."""
 
 import os
-import socket
 import subprocess
 import time
 
@@ -34,8 +33,9 @@ def documents(name):
 
 def refract_container():
   (deployment,) = [
-      d for d in documents('refract.yaml')
-      if d['kind'] == 'Deployment' and d['metadata']['name'] == 'refract'
+    d
+    for d in documents('refract.yaml')
+    if d['kind'] == 'Deployment' and d['metadata']['name'] == 'refract'
   ]
   (container,) = deployment['spec']['template']['spec']['containers']
   return container
@@ -43,12 +43,11 @@ def refract_container():
 
 def test_each_manifest_is_kubernetes_yaml_of_the_kinds_documented():
   kinds = {
-      name: sorted(d['kind'] for d in documents(name))
-      for name in os.listdir(DEPLOY) if name.endswith('.yaml')
+    name: sorted(d['kind'] for d in documents(name))
+    for name in os.listdir(DEPLOY)
+    if name.endswith('.yaml')
   }
-  assert kinds['refract.yaml'] == [
-      'Deployment', 'Namespace', 'PersistentVolumeClaim', 'Service'
-  ]
+  assert kinds['refract.yaml'] == ['Deployment', 'Namespace', 'PersistentVolumeClaim', 'Service']
   for name, found in kinds.items():
     if name.endswith('-pool.yaml'):
       assert found == ['Deployment', 'NetworkPolicy', 'Service'], name
@@ -58,25 +57,32 @@ def test_each_manifest_is_kubernetes_yaml_of_the_kinds_documented():
 
 
 def test_the_refract_containers_arguments_start_a_server_with_those_pools(
-    request, refract_bin, tmp_path):
+  request, refract_bin, tmp_path
+):
   container = refract_container()
   args = container['args']
   assert args[0] == 'serve'
   # What Kubernetes substitutes, and this machine's own ports and paths.
   args = [
-      a.replace('$(POD_IP)', '127.0.0.1')
-      .replace('/var/lib/refract/state', str(tmp_path / 'state'))
-      .replace('=8075', '=%d' % free_port())
-      for a in args[1:]
+    a.replace('$(POD_IP)', '127.0.0.1')
+    .replace('/var/lib/refract/state', str(tmp_path / 'state'))
+    .replace('=8075', '=%d' % free_port())
+    for a in args[1:]
   ]
   server = RefractServer(
-      refract_bin, tmp_path / 'serve.log', extra_args=args + [
-          '--serve_http=false'
-      ], env=container_env(container))
+    refract_bin,
+    tmp_path / 'serve.log',
+    extra_args=args + ['--serve_http=false'],
+    env=container_env(container),
+  )
   with serving(request, server):
     listed = subprocess.run(
-        [refract_bin, 'pools', 'list', '--job_endpoint', server.endpoint],
-        capture_output=True, text=True, timeout=60, check=True).stdout
+      [refract_bin, 'pools', 'list', '--job_endpoint', server.endpoint],
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=True,
+    ).stdout
   specs = [a.split('=', 1)[1] for a in args if a.startswith('--worker_pool=')]
   assert specs, args
   for spec in specs:
@@ -90,10 +96,9 @@ def secret_env(container):
   """The container's variables that come from Secrets: name -> (Secret,
   key)."""
   return {
-      e['name']: (e['valueFrom']['secretKeyRef']['name'],
-                  e['valueFrom']['secretKeyRef']['key'])
-      for e in container.get('env', [])
-      if 'secretKeyRef' in e.get('valueFrom', {})
+    e['name']: (e['valueFrom']['secretKeyRef']['name'], e['valueFrom']['secretKeyRef']['key'])
+    for e in container.get('env', [])
+    if 'secretKeyRef' in e.get('valueFrom', {})
   }
 
 
@@ -109,23 +114,23 @@ def test_the_server_and_the_java_pools_share_one_token_secret():
   (server_token,) = secret_env(refract_container()).items()
   java, _ = pool_manifests()['java-pool.yaml']
   (pool_token,) = secret_env(java).items()
-  assert server_token == pool_token == (
-      'REFRACT_POOL_TOKEN', ('refract-pool-token', 'token')), (server_token,
-                                                             pool_token)
+  assert server_token == pool_token == ('REFRACT_POOL_TOKEN', ('refract-pool-token', 'token')), (
+    server_token,
+    pool_token,
+  )
 
 
 def test_only_the_server_may_call_the_pools():
-  (deployment,) = [
-      d for d in documents('refract.yaml') if d['kind'] == 'Deployment'
-  ]
+  (deployment,) = [d for d in documents('refract.yaml') if d['kind'] == 'Deployment']
   server_labels = deployment['spec']['template']['metadata']['labels']
   for name in ['java-pool.yaml', 'python-pool.yaml']:
     docs = documents(name)
     (pool,) = [d for d in docs if d['kind'] == 'Deployment']
     (policy,) = [d for d in docs if d['kind'] == 'NetworkPolicy']
     spec = policy['spec']
-    assert spec['podSelector']['matchLabels'] == pool['spec']['template'][
-        'metadata']['labels'], name
+    assert spec['podSelector']['matchLabels'] == pool['spec']['template']['metadata']['labels'], (
+      name
+    )
     assert spec['policyTypes'] == ['Ingress'], name
     (rule,) = spec['ingress']
     (source,) = rule['from']
@@ -147,8 +152,9 @@ def pool_manifests():
 
 
 def test_the_server_names_each_pool_service_by_its_name_and_port():
-  flags = [a.split('=', 1)[1] for a in refract_container()['args']
-           if a.startswith('--worker_pool=')]
+  flags = [
+    a.split('=', 1)[1] for a in refract_container()['args'] if a.startswith('--worker_pool=')
+  ]
   named = {}
   for flag in flags:
     sdk, address = flag.split('=', 1)
@@ -165,8 +171,7 @@ def test_the_server_names_each_pool_service_by_its_name_and_port():
     assert container_port['name'] == port['targetPort'], name
 
 
-def test_the_java_pools_arguments_start_a_refract_worker_pool(
-    refract_bin, tmp_path):
+def test_the_java_pools_arguments_start_a_refract_worker_pool(refract_bin, tmp_path):
   """With the manifest's arguments and its token variable: a call without
   the token is refused, one with it runs the boot program, which does not
   inherit the token."""
@@ -181,16 +186,17 @@ def test_the_java_pools_arguments_start_a_refract_worker_pool(
   boot.write_text('#!/bin/sh\nenv > "%s"\n' % (tmp_path / 'boot-env'))
   boot.chmod(0o755)
   args = [
-      {'--host=0.0.0.0': '--host=127.0.0.1',
-       '--boot=/opt/apache/beam/boot': '--boot=%s' % boot}.get(a, a)
-      for a in args
+    {'--host=0.0.0.0': '--host=127.0.0.1', '--boot=/opt/apache/beam/boot': '--boot=%s' % boot}.get(
+      a, a
+    )
+    for a in args
   ]
   args = ['--port=%d' % port if a.startswith('--port=') else a for a in args]
   log = tmp_path / 'pool.log'
   with open(log, 'w') as out:
-    proc = subprocess.Popen([refract_bin] + args, stdout=out,
-                            stderr=subprocess.STDOUT,
-                            env=container_env(container))
+    proc = subprocess.Popen(
+      [refract_bin] + args, stdout=out, stderr=subprocess.STDOUT, env=container_env(container)
+    )
   try:
     deadline = time.monotonic() + 30
     while 'worker pool listening' not in log.read_text():
@@ -200,16 +206,14 @@ def test_the_java_pools_arguments_start_a_refract_worker_pool(
     assert 'no --token_file' not in log.read_text(), log.read_text()
     endpoint = endpoints_pb2.ApiServiceDescriptor(url='127.0.0.1:1')
     request = beam_fn_api_pb2.StartWorkerRequest(
-        worker_id='w1', control_endpoint=endpoint,
-        provision_endpoint=endpoint)
+      worker_id='w1', control_endpoint=endpoint, provision_endpoint=endpoint
+    )
     with grpc.insecure_channel('127.0.0.1:%d' % port) as channel:
       pool = beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(channel)
       with pytest.raises(grpc.RpcError) as refused:
         pool.StartWorker(request, timeout=10)
       assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-      started = pool.StartWorker(
-          request, timeout=10,
-          metadata=[('x-refract-pool-token', TOKEN)])
+      started = pool.StartWorker(request, timeout=10, metadata=[('x-refract-pool-token', TOKEN)])
       assert started.error == '', started.error
     deadline = time.monotonic() + 30
     while not (tmp_path / 'boot-env').exists():

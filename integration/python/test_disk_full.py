@@ -29,16 +29,16 @@ from refract_testlib import wait_for_end
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason='mounting a small tmpfs needs root')
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason='mounting a small tmpfs needs root')
 
 
 @contextlib.contextmanager
 def small_disk(path, size):
   """A tmpfs of `size` (e.g. '4m') mounted at `path` while in use."""
   path.mkdir(parents=True, exist_ok=True)
-  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=%s,mode=0700' % size,
-                  'tmpfs', str(path)], check=True)
+  subprocess.run(
+    ['mount', '-t', 'tmpfs', '-o', 'size=%s,mode=0700' % size, 'tmpfs', str(path)], check=True
+  )
   try:
     yield path
   finally:
@@ -48,16 +48,16 @@ def small_disk(path, size):
 def fill(path):
   """Fills the filesystem of `path` with a ballast file; returns it."""
   ballast = path / 'ballast'
-  subprocess.run(['dd', 'if=/dev/zero', 'of=%s' % ballast, 'bs=64k'],
-                 capture_output=True, check=False)
+  subprocess.run(
+    ['dd', 'if=/dev/zero', 'of=%s' % ballast, 'bs=64k'], capture_output=True, check=False
+  )
   return ballast
 
 
 def run_with_extra_package(server, package):
   """Runs a tiny pipeline that stages `package`; its final state and the
   client's error text."""
-  options = PipelineOptions(
-      server.portable_args('--extra_package=%s' % package))
+  options = PipelineOptions(server.portable_args('--extra_package=%s' % package))
   p = beam.Pipeline(options=options)
   _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x)
   try:
@@ -76,14 +76,15 @@ def tiny_job_is_done(server):
   return result.state == 'DONE'
 
 
-def test_staging_past_the_disk_or_the_limit_fails_that_job_only(
-    request, refract_bin, tmp_path):
+def test_staging_past_the_disk_or_the_limit_fails_that_job_only(request, refract_bin, tmp_path):
   package = tmp_path / 'ballast-0.1.tar.gz'
   package.write_bytes(os.urandom(6 << 20))
   with small_disk(tmp_path / 'staging', '4m') as staging:
     server = RefractServer(
-        refract_bin, tmp_path / 'refract.log',
-        extra_args=['--staging_dir', str(staging), '--serve_http=false'])
+      refract_bin,
+      tmp_path / 'refract.log',
+      extra_args=['--staging_dir', str(staging), '--serve_http=false'],
+    )
     request.node.refract_processes = [server]
     try:
       server.wait_ready()
@@ -94,8 +95,10 @@ def test_staging_past_the_disk_or_the_limit_fails_that_job_only(
     finally:
       server.stop()
   server = RefractServer(
-      refract_bin, tmp_path / 'refract-limit.log',
-      extra_args=['--max_staged_bytes', '1m', '--serve_http=false'])
+    refract_bin,
+    tmp_path / 'refract-limit.log',
+    extra_args=['--max_staged_bytes', '1m', '--serve_http=false'],
+  )
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
@@ -108,20 +111,29 @@ def test_staging_past_the_disk_or_the_limit_fails_that_job_only(
     server.stop()
 
 
-def test_a_full_spill_directory_fails_a_batch_job_clearly(
-    request, refract_bin, tmp_path):
+def test_a_full_spill_directory_fails_a_batch_job_clearly(request, refract_bin, tmp_path):
   with small_disk(tmp_path / 'spill', '8m') as spill:
     server = RefractServer(
-        refract_bin, tmp_path / 'refract.log',
-        extra_args=['--memory_budget', '16m', '--spill_dir', str(spill),
-                    '--serve_http=false'])
+      refract_bin,
+      tmp_path / 'refract.log',
+      extra_args=['--memory_budget', '16m', '--spill_dir', str(spill), '--serve_http=false'],
+    )
     request.node.refract_processes = [server]
     try:
       server.wait_ready()
       run = subprocess.run(
-          [sys.executable, os.path.join(HERE, 'gbk_spill_pipeline.py'),
-           server.endpoint, '96', '64', '100'],
-          capture_output=True, text=True, timeout=600)
+        [
+          sys.executable,
+          os.path.join(HERE, 'gbk_spill_pipeline.py'),
+          server.endpoint,
+          '96',
+          '64',
+          '100',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+      )
       assert run.returncode != 0, run.stdout
       said = run.stdout + run.stderr + server.log_tail(1 << 20)
       assert 'No space left on device' in said, said[-3000:]
@@ -131,17 +143,17 @@ def test_a_full_spill_directory_fails_a_batch_job_clearly(
 
 
 def test_a_full_state_directory_fails_checkpoints_loudly_and_loses_nothing(
-    request, refract_bin, tmp_path):
+  request, refract_bin, tmp_path
+):
   sys.path.insert(0, HERE)
   import test_recovery as recovery  # the pipeline's model and helpers
+
   output = tmp_path / 'out'
   output.mkdir()
   port = free_port()
   events = 3 * recovery.EVENTS
   with small_disk(tmp_path / 'state', '64m') as state_dir:
-    servers = [
-        durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')
-    ]
+    servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
     request.node.refract_processes = servers
     ballast = None
     try:
@@ -152,16 +164,22 @@ def test_a_full_state_directory_fails_checkpoints_loudly_and_loses_nothing(
       status = ''
       while time.monotonic() < deadline:
         status = subprocess.run(
-            [refract_bin, 'status', job, '--job_endpoint', servers[-1].endpoint],
-            capture_output=True, text=True, timeout=30).stdout
+          [refract_bin, 'status', job, '--job_endpoint', servers[-1].endpoint],
+          capture_output=True,
+          text=True,
+          timeout=30,
+        ).stdout
         if 'last failure' in status:
           break
         time.sleep(0.5)
       assert 'last failure' in status, status + servers[-1].log_tail()
       assert job_state(servers[-1].endpoint, job) == 'RUNNING'
       logs = subprocess.run(
-          [refract_bin, 'logs', job, '--job_endpoint', servers[-1].endpoint],
-          capture_output=True, text=True, timeout=30).stdout
+        [refract_bin, 'logs', job, '--job_endpoint', servers[-1].endpoint],
+        capture_output=True,
+        text=True,
+        timeout=30,
+      ).stdout
       assert 'a checkpoint could not be written' in logs, logs[-3000:]
       # A crash while the disk is full; the disk gets room; a restart.
       servers[-1].proc.send_signal(signal.SIGKILL)
@@ -169,9 +187,7 @@ def test_a_full_state_directory_fails_checkpoints_loudly_and_loses_nothing(
       recovery.kill_group(servers[-1])
       ballast.unlink()
       ballast = None
-      servers.append(
-          durable_server(refract_bin, state_dir, port,
-                         tmp_path / 'refract-1.log'))
+      servers.append(durable_server(refract_bin, state_dir, port, tmp_path / 'refract-1.log'))
       assert wait_for_end(servers[-1], job) == 'DONE', servers[-1].log_tail()
       assert recovery.distinct_events(servers[-1].endpoint, job) == events
     finally:

@@ -23,10 +23,9 @@ POISON_AT = 1000  # key 1
 
 
 def refract(binary, server, *args, check=True):
-  done = subprocess.run([binary, *args, '--job_endpoint', server.endpoint],
-                        capture_output=True,
-                        text=True,
-                        timeout=60)
+  done = subprocess.run(
+    [binary, *args, '--job_endpoint', server.endpoint], capture_output=True, text=True, timeout=60
+  )
   if check:
     assert done.returncode == 0, done.stderr + done.stdout
   return done
@@ -46,12 +45,11 @@ def read_results(output):
   for name in os.listdir(output):
     if name.endswith('.json'):
       with open(os.path.join(output, name)) as f:
-        results[int(name[:-len('.json')])] = json.load(f)
+        results[int(name[: -len('.json')])] = json.load(f)
   return results
 
 
-def test_a_failed_job_is_kept_resumed_exactly_and_deleted(
-    request, refract_bin, tmp_path):
+def test_a_failed_job_is_kept_resumed_exactly_and_deleted(request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
   poison = tmp_path / 'poison'
@@ -59,16 +57,31 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(
   state_dir = tmp_path / 'state'
   port = free_port()
   servers = [
-      durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log',
-                     interval='0s')
+    durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log', interval='0s')
   ]
   request.node.refract_processes = servers
   try:
-    done = subprocess.run([
-        sys.executable, PIPELINE, '--job_endpoint', servers[-1].endpoint,
-        '--output', str(output), '--numbers', str(NUMBERS), '--poison',
-        str(poison), '--poison_at', str(POISON_AT), '--boot', BOOT
-    ], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+      [
+        sys.executable,
+        PIPELINE,
+        '--job_endpoint',
+        servers[-1].endpoint,
+        '--output',
+        str(output),
+        '--numbers',
+        str(NUMBERS),
+        '--poison',
+        str(poison),
+        '--poison_at',
+        str(POISON_AT),
+        '--boot',
+        BOOT,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     job = done.stdout.strip().splitlines()[-1]
     assert wait_for_end(servers[-1], job) == 'FAILED', servers[-1].log_tail()
@@ -85,18 +98,18 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(
     # not run it.
     servers[-1].stop()
     servers.append(
-        durable_server(refract_bin, state_dir, port, tmp_path / 'refract-1.log',
-                       interval='0s'))
+      durable_server(refract_bin, state_dir, port, tmp_path / 'refract-1.log', interval='0s')
+    )
     assert job_state(servers[-1].endpoint, job) == 'FAILED'
     listed = refract(refract_bin, servers[-1], 'jobs').stdout
-    assert any(l.split('\t')[:2] == [job, 'FAILED'] for l in listed.splitlines()), listed
+    assert any(line.split('\t')[:2] == [job, 'FAILED'] for line in listed.splitlines()), listed
 
     poison.unlink()
     resumed = refract(refract_bin, servers[-1], 'resume', job).stdout
     assert resumed.startswith(job + ': '), resumed
     assert wait_for_end(servers[-1], job) == 'DONE', servers[-1].log_tail()
     logs = refract(refract_bin, servers[-1], 'logs', job).stdout
-    resumed_from = [l for l in logs.splitlines() if 'resumed from checkpoint' in l]
+    resumed_from = [line for line in logs.splitlines() if 'resumed from checkpoint' in line]
     assert resumed_from, logs
     assert read_results(output) == expected()
     # Counted with the state: none lost, none twice.
@@ -107,8 +120,7 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(
     gone = refract(refract_bin, servers[-1], 'status', job, check=False)
     assert gone.returncode != 0 and 'no job' in gone.stderr, gone.stderr
     servers[-1].stop()
-    servers.append(
-        durable_server(refract_bin, state_dir, port, tmp_path / 'refract-2.log'))
+    servers.append(durable_server(refract_bin, state_dir, port, tmp_path / 'refract-2.log'))
     listed = refract(refract_bin, servers[-1], 'jobs').stdout
     assert job not in listed, listed
   finally:
@@ -116,18 +128,17 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(
       s.stop()
 
 
-def test_only_ended_jobs_can_be_deleted_and_only_failed_ones_resumed(
-    refract_server, refract_bin):
+def test_only_ended_jobs_can_be_deleted_and_only_failed_ones_resumed(refract_server, refract_bin):
   import apache_beam as beam
   from apache_beam.options.pipeline_options import PipelineOptions
+
   p = beam.Pipeline(options=PipelineOptions(refract_server.portable_args()))
   _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
   result = p.run()
   result.wait_until_finish()
   job = result._job_id
   refused = refract(refract_bin, refract_server, 'resume', job, check=False)
-  assert refused.returncode != 0 and 'only a failed job' in refused.stderr, (
-      refused.stderr)
+  assert refused.returncode != 0 and 'only a failed job' in refused.stderr, refused.stderr
   refract(refract_bin, refract_server, 'delete', job)
   listed = refract(refract_bin, refract_server, 'jobs').stdout
   assert job not in listed, listed

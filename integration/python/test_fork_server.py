@@ -50,10 +50,12 @@ def fork_server(tmp_path):
   """A fork server on a socket in `tmp_path`; its stdin is the pipe that
   keeps it alive."""
   sock = str(tmp_path / 'fork.sock')
-  server = subprocess.Popen([sys.executable, WORKER, 'serve', sock],
-                            stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / 'server.log', 'wb'))
+  server = subprocess.Popen(
+    [sys.executable, WORKER, 'serve', sock],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.DEVNULL,
+    stderr=open(tmp_path / 'server.log', 'wb'),
+  )
   wait_until('the server listens', lambda: os.path.exists(sock))
   yield server, sock
   server.kill()
@@ -64,24 +66,28 @@ def boot(sock, tmp_path, control, extra_env=None, own_group=False):
   """A boot process as python_boot.sh starts it, asking `sock`'s server;
   with `own_group`, in a process group of its own, as the runner starts
   it."""
-  env = dict(os.environ,
-             **(extra_env or {}),
-             REFRACT_FORKSERVER=sock,
-             BOOT_ID='w1',
-             BOOT_CONTROL=control,
-             BOOT_LOGGING='',
-             BOOT_PROVISION='',
-             BOOT_ARTIFACT='',
-             BOOT_SEMI=str(tmp_path))
+  env = dict(
+    os.environ,
+    **(extra_env or {}),
+    REFRACT_FORKSERVER=sock,
+    BOOT_ID='w1',
+    BOOT_CONTROL=control,
+    BOOT_LOGGING='',
+    BOOT_PROVISION='',
+    BOOT_ARTIFACT='',
+    BOOT_SEMI=str(tmp_path),
+  )
   if control is None:
     del env['BOOT_CONTROL']
   with open(WORKER) as script:
-    return subprocess.Popen([sys.executable, '-', 'sdk_worker_main', '--id=w1'],
-                            stdin=script,
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            env=env,
-                            process_group=0 if own_group else None)
+    return subprocess.Popen(
+      [sys.executable, '-', 'sdk_worker_main', '--id=w1'],
+      stdin=script,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=env,
+      process_group=0 if own_group else None,
+    )
 
 
 def forked_worker(server):
@@ -89,8 +95,7 @@ def forked_worker(server):
   return children_of(server.pid)[0]
 
 
-def test_a_worker_that_fails_fails_its_boot_process_with_its_error(
-    fork_server, tmp_path):
+def test_a_worker_that_fails_fails_its_boot_process_with_its_error(fork_server, tmp_path):
   server, sock = fork_server
   proc = boot(sock, tmp_path, control=None)
   _, err = proc.communicate(timeout=60)
@@ -116,8 +121,7 @@ def test_a_killed_boot_process_takes_its_worker_with_it(fork_server, tmp_path):
   assert again.returncode == 1
 
 
-def test_the_server_and_its_workers_end_when_its_parent_lets_go(
-    fork_server, tmp_path):
+def test_the_server_and_its_workers_end_when_its_parent_lets_go(fork_server, tmp_path):
   server, sock = fork_server
   proc = boot(sock, tmp_path, control='localhost:%d' % free_port())
   worker = forked_worker(server)
@@ -149,8 +153,7 @@ def test_a_request_that_is_not_a_worker_is_refused(fork_server):
   assert not children_of(server.pid)
 
 
-def test_an_environment_too_big_to_send_boots_its_worker_itself(
-    fork_server, tmp_path):
+def test_an_environment_too_big_to_send_boots_its_worker_itself(fork_server, tmp_path):
   """A request is one message on the server's socket, which takes ~208 KiB
   unless the system's limit is raised: a bigger environment (each variable
   may hold 128 KiB) gets its worker booted by the boot process itself,
@@ -160,25 +163,21 @@ def test_an_environment_too_big_to_send_boots_its_worker_itself(
   proc = boot(sock, tmp_path, control=None, extra_env=big)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 1
-  assert b'is more than its socket takes; starting the worker here' in err, (
-      err[-2000:])
+  assert b'is more than its socket takes; starting the worker here' in err, err[-2000:]
   assert b"KeyError: 'BOOT_CONTROL'" in err, err[-2000:]
   assert server.poll() is None
   assert not children_of(server.pid)
 
 
-def test_a_worker_joins_its_boot_process_group_and_ctrl_c_spares_it(
-    fork_server, tmp_path):
+def test_a_worker_joins_its_boot_process_group_and_ctrl_c_spares_it(fork_server, tmp_path):
   """The runner starts each boot process in a process group of its own and
   signals that group to stop it: the forked worker joins it. A terminal's
   Ctrl-C, sent to the group the server runs in, stops neither the server
   nor the worker (the runner stops those)."""
   server, sock = fork_server
-  proc = boot(sock, tmp_path, control='localhost:%d' % free_port(),
-              own_group=True)
+  proc = boot(sock, tmp_path, control='localhost:%d' % free_port(), own_group=True)
   worker = forked_worker(server)
-  wait_until('the worker joins the group',
-             lambda: int(stat_fields(worker)[2]) == proc.pid)
+  wait_until('the worker joins the group', lambda: int(stat_fields(worker)[2]) == proc.pid)
   server.send_signal(signal.SIGINT)
   time.sleep(1)
   assert server.poll() is None
@@ -193,16 +192,22 @@ def test_a_process_group_out_of_range_is_ignored(fork_server, tmp_path):
   the worker still starts (and fails only for want of a control
   endpoint, as asked)."""
   server, sock = fork_server
-  env = dict(os.environ, BOOT_ID='w1', BOOT_LOGGING='', BOOT_PROVISION='',
-             BOOT_ARTIFACT='', BOOT_SEMI=str(tmp_path))
-  request = json.dumps({'env': env, 'cwd': str(tmp_path),
-                        'argv': ['-', 'sdk_worker_main'], 'pgid': 2**70})
+  env = dict(
+    os.environ,
+    BOOT_ID='w1',
+    BOOT_LOGGING='',
+    BOOT_PROVISION='',
+    BOOT_ARTIFACT='',
+    BOOT_SEMI=str(tmp_path),
+  )
+  request = json.dumps(
+    {'env': env, 'cwd': str(tmp_path), 'argv': ['-', 'sdk_worker_main'], 'pgid': 2**70}
+  )
   err_r, err_w = os.pipe()
   conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   conn.connect(sock)
   with open(os.devnull, 'rb') as stdin, open(os.devnull, 'wb') as stdout:
-    socket.send_fds(conn, [request.encode()],
-                    [stdin.fileno(), stdout.fileno(), err_w])
+    socket.send_fds(conn, [request.encode()], [stdin.fileno(), stdout.fileno(), err_w])
   os.close(err_w)
   assert conn.recv(64).startswith(b'pid ')
   assert conn.recv(64) == b'exit 1'
@@ -232,7 +237,8 @@ def control_with_no_work():
 
 
 def test_a_directory_the_boot_script_made_goes_when_the_harness_ends(
-    control_with_no_work, tmp_path):
+  control_with_no_work, tmp_path
+):
   """Started as Beam's worker_pool_main starts a container executable, with
   no directory of its own, python_boot.sh makes one (in TMPDIR); it is gone
   once the harness has ended (it was left behind, one per worker). One left
@@ -250,21 +256,23 @@ def test_a_directory_the_boot_script_made_goes_when_the_harness_ends(
   env = dict(os.environ, TMPDIR=str(tmp), BEAM_PYTHON=sys.executable)
   env.pop('SEMI_PERSISTENT_DIRECTORY', None)
   done = subprocess.run(
-      [BOOT, '--id=w1', '--control_endpoint=' + control_with_no_work],
-      capture_output=True, env=env, timeout=120)
+    [BOOT, '--id=w1', '--control_endpoint=' + control_with_no_work],
+    capture_output=True,
+    env=env,
+    timeout=120,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
-  assert b'No more requests from control plane' in done.stderr, (
-      done.stderr[-3000:])
+  assert b'No more requests from control plane' in done.stderr, done.stderr[-3000:]
   assert os.listdir(tmp) == [living.name], os.listdir(tmp)
 
 
 def test_a_forked_worker_removes_the_directory_its_boot_script_made(
-    fork_server, control_with_no_work, tmp_path):
+  fork_server, control_with_no_work, tmp_path
+):
   _, sock = fork_server
   semi = tmp_path / 'made-by-boot'
   (semi / 'staged').mkdir(parents=True)
-  proc = boot(sock, semi, control_with_no_work,
-              extra_env={'BOOT_SEMI_OWNED': '1'})
+  proc = boot(sock, semi, control_with_no_work, extra_env={'BOOT_SEMI_OWNED': '1'})
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-3000:]
   assert not semi.exists()

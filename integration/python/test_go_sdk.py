@@ -29,18 +29,20 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 INPUT = os.path.join(REPO, 'integration', 'wordcount', 'input.txt')
 WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
 
-pytestmark = pytest.mark.skipif(
-    shutil.which('go') is None, reason='needs Go on PATH')
+pytestmark = pytest.mark.skipif(shutil.which('go') is None, reason='needs Go on PATH')
 
 
 def build(helper):
   """Runs an integration/common.sh helper that prints a binary's path."""
   out = subprocess.run(
-      ['bash', '-c', '. "$1/integration/common.sh" && ' + helper, '_', REPO],
-      capture_output=True, text=True, timeout=900, check=False)
+    ['bash', '-c', '. "$1/integration/common.sh" && ' + helper, '_', REPO],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    check=False,
+  )
   if out.returncode != 0:
-    pytest.fail('%s failed:\n%s' % (helper, out.stderr[-4000:]),
-                pytrace=False)
+    pytest.fail('%s failed:\n%s' % (helper, out.stderr[-4000:]), pytrace=False)
   return out.stdout.strip().splitlines()[-1]
 
 
@@ -65,10 +67,22 @@ def run_wordcount(binary, server, tmp_path, *flags):
   # cross-compiling the pipeline's sources, which it would look for in the
   # current directory.
   run = subprocess.run(
-      [binary, '--input', INPUT, '--output', str(output),
-       '--runner=universal', '--endpoint=' + server.endpoint,
-       '--worker_binary=' + binary] + list(flags),
-      capture_output=True, text=True, timeout=600, check=False)
+    [
+      binary,
+      '--input',
+      INPUT,
+      '--output',
+      str(output),
+      '--runner=universal',
+      '--endpoint=' + server.endpoint,
+      '--worker_binary=' + binary,
+    ]
+    + list(flags),
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   return run, output
 
 
@@ -88,15 +102,13 @@ def go_server(request, refract_bin, tmp_path):
   it runs."""
   workdir = tmp_path / 'server'
   workdir.mkdir()
-  server = RefractServer(refract_bin, tmp_path / 'refract-serve.log',
-                         cwd=str(workdir))
+  server = RefractServer(refract_bin, tmp_path / 'refract-serve.log', cwd=str(workdir))
   with serving(request, server):
     yield server
 
 
 @pytest.mark.parametrize('environment', ['LOOPBACK', 'DOCKER', 'PROCESS'])
-def test_go_wordcount_counts_every_word(
-    environment, wordcount_bin, boot_bin, go_server, tmp_path):
+def test_go_wordcount_counts_every_word(environment, wordcount_bin, boot_bin, go_server, tmp_path):
   flags = ['--environment_type=' + environment]
   if environment == 'DOCKER' and docker_engine_reachable():
     pytest.skip('a Docker engine is reachable: DOCKER environments use it')
@@ -106,19 +118,18 @@ def test_go_wordcount_counts_every_word(
   assert run.returncode == 0, run.stderr[-6000:]
   assert read_counts(output) == expected_counts()
   if environment == 'DOCKER':
-    assert "starting the SDK image's harness as a process" in \
-        go_server.log_tail(1 << 20)
+    assert "starting the SDK image's harness as a process" in go_server.log_tail(1 << 20)
 
 
-def test_a_failing_go_dofn_fails_the_job_with_its_error(
-    wordcount_bin, go_server, tmp_path):
+def test_a_failing_go_dofn_fails_the_job_with_its_error(wordcount_bin, go_server, tmp_path):
   # Workers in their own processes: a LOOPBACK worker takes over the
   # submitting process's Beam logger (its lines go to the runner), so the
   # client's closing error is not on its stderr, on Prism as here.
   if docker_engine_reachable():
     pytest.skip('a Docker engine is reachable: DOCKER environments use it')
-  run, _ = run_wordcount(wordcount_bin, go_server, tmp_path,
-                         '--environment_type=DOCKER', '--fail_on=the')
+  run, _ = run_wordcount(
+    wordcount_bin, go_server, tmp_path, '--environment_type=DOCKER', '--fail_on=the'
+  )
   assert run.returncode != 0
   # The Go logger quotes the message, escaping its inner quotes.
   assert 'as -fail_on asked' in run.stderr, run.stderr[-6000:]

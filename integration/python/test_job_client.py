@@ -34,8 +34,7 @@ def slow_then_fail(x):
 
 
 def options(server):
-  return PipelineOptions(
-      server.portable_args('--job_server_timeout=%d' % CLIENT_TIMEOUT_S))
+  return PipelineOptions(server.portable_args('--job_server_timeout=%d' % CLIENT_TIMEOUT_S))
 
 
 def test_a_job_longer_than_the_client_timeout_reports_done(refract_server):
@@ -46,8 +45,8 @@ def test_a_job_longer_than_the_client_timeout_reports_done(refract_server):
   elapsed = time.monotonic() - started
   assert state == PipelineState.DONE
   assert elapsed > CLIENT_TIMEOUT_S, (
-      'the job took %.1f s, no longer than the client timeout: the test '
-      'proves nothing' % elapsed)
+    'the job took %.1f s, no longer than the client timeout: the test proves nothing' % elapsed
+  )
 
 
 def test_a_long_failing_job_still_shows_its_error(refract_server):

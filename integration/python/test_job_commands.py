@@ -13,10 +13,9 @@ def count(x):
 
 
 def refract(binary, server, *args):
-  done = subprocess.run([binary, *args, '--job_endpoint', server.endpoint],
-                        capture_output=True,
-                        text=True,
-                        timeout=30)
+  done = subprocess.run(
+    [binary, *args, '--job_endpoint', server.endpoint], capture_output=True, text=True, timeout=30
+  )
   assert done.returncode == 0, done.stderr
   return done.stdout
 
@@ -29,8 +28,7 @@ def test_jobs_status_and_logs(refract_server, refract_bin):
   job = result._job_id
 
   listed = refract(refract_bin, refract_server, 'jobs')
-  assert any(
-      line.split('\t')[:2] == [job, 'DONE'] for line in listed.splitlines()), listed
+  assert any(line.split('\t')[:2] == [job, 'DONE'] for line in listed.splitlines()), listed
 
   status = refract(refract_bin, refract_server, 'status', job)
   assert status.splitlines()[0] == '%s: DONE' % job, status
@@ -41,12 +39,11 @@ def test_jobs_status_and_logs(refract_server, refract_bin):
 
 
 def test_an_unknown_job_is_an_error(refract_server, refract_bin):
-  done = subprocess.run([
-      refract_bin, 'status', 'no-such-job', '--job_endpoint',
-      refract_server.endpoint
-  ],
-                        capture_output=True,
-                        text=True,
-                        timeout=30)
+  done = subprocess.run(
+    [refract_bin, 'status', 'no-such-job', '--job_endpoint', refract_server.endpoint],
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
   assert done.returncode != 0
   assert 'no-such-job' in done.stderr

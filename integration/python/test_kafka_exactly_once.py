@@ -81,14 +81,16 @@ def expected_output(records):
     count_sum = windows.setdefault((key, start), [0, 0])
     count_sum[0] += 1
     count_sum[1] += value
-  return Counter((key, '%s@%d count=%d sum=%d' % (key, start, c, s))
-                 for (key, start), (c, s) in windows.items())
+  return Counter(
+    (key, '%s@%d count=%d sum=%d' % (key, start, c, s)) for (key, start), (c, s) in windows.items()
+  )
 
 
 class InputProducer(threading.Thread):
   """Writes the input at a steady pace, then one record per partition far
   ahead in event time (key 'end', never in a closed window), which moves the
   watermark past every window of the input."""
+
   def __init__(self, bootstrap):
     super().__init__(daemon=True)
     self.bootstrap = bootstrap
@@ -100,18 +102,22 @@ class InputProducer(threading.Thread):
 
   def run(self):
     from kafka import KafkaProducer
+
     try:
-      producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks='all',
-                               linger_ms=5)
+      producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks='all', linger_ms=5)
       try:
         for start in range(0, RECORDS, CHUNK):
           if self.stopping.is_set():
             return
           for i in range(start, min(start + CHUNK, RECORDS)):
             partition, key, value, ts = record(i)
-            producer.send(INPUT_TOPIC, key=key.encode(),
-                          value=str(value).encode(), partition=partition,
-                          timestamp_ms=ts)
+            producer.send(
+              INPUT_TOPIC,
+              key=key.encode(),
+              value=str(value).encode(),
+              partition=partition,
+              timestamp_ms=ts,
+            )
           producer.flush()
           self.sent = min(start + CHUNK, RECORDS)
           if self.sent >= FIRST:
@@ -120,8 +126,9 @@ class InputProducer(threading.Thread):
             self.stopping.wait(CHUNK_PAUSE_S)
         end_ts = BASE_MS + RECORDS * STEP_MS + 10 * WINDOW_MS
         for partition in range(INPUT_PARTITIONS):
-          producer.send(INPUT_TOPIC, key=b'end', value=b'0',
-                        partition=partition, timestamp_ms=end_ts)
+          producer.send(
+            INPUT_TOPIC, key=b'end', value=b'0', partition=partition, timestamp_ms=end_ts
+          )
         producer.flush()
       finally:
         producer.close()
@@ -133,12 +140,17 @@ class InputProducer(threading.Thread):
 
 class OutputReader:
   """A read_committed consumer of the output topic, from its beginning."""
+
   def __init__(self, bootstrap):
     from kafka import KafkaConsumer, TopicPartition
+
     self.consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None,
-        isolation_level='read_committed', enable_auto_commit=False,
-        auto_offset_reset='earliest')
+      bootstrap_servers=bootstrap,
+      group_id=None,
+      isolation_level='read_committed',
+      enable_auto_commit=False,
+      auto_offset_reset='earliest',
+    )
     self.consumer.assign([TopicPartition(OUTPUT_TOPIC, 0)])
     self.consumer.seek_to_beginning()
     self.records = []
@@ -150,8 +162,7 @@ class OutputReader:
       if left <= 0:
         return len(self.records)
       for batch in self.consumer.poll(timeout_ms=int(min(left, 0.5) * 1000)).values():
-        self.records.extend(
-            (r.key.decode(), r.value.decode()) for r in batch)
+        self.records.extend((r.key.decode(), r.value.decode()) for r in batch)
 
   def close(self):
     self.consumer.close()
@@ -159,12 +170,15 @@ class OutputReader:
 
 def create_topics(bootstrap):
   from kafka.admin import KafkaAdminClient, NewTopic
+
   admin = KafkaAdminClient(bootstrap_servers=bootstrap)
   try:
-    admin.create_topics([
+    admin.create_topics(
+      [
         NewTopic(INPUT_TOPIC, INPUT_PARTITIONS, 1),
         NewTopic(OUTPUT_TOPIC, 1, 1),
-    ])
+      ]
+    )
   finally:
     admin.close()
 
@@ -172,23 +186,23 @@ def create_topics(bootstrap):
 class InputOffsets:
   """The input group's committed offsets and the input's end offsets, read
   by a consumer that never joins the group (nor commits)."""
+
   def __init__(self, bootstrap):
     from kafka import KafkaConsumer, TopicPartition
-    self.consumer = KafkaConsumer(bootstrap_servers=bootstrap,
-                                  group_id=INPUT_GROUP,
-                                  enable_auto_commit=False)
-    self.partitions = [
-        TopicPartition(INPUT_TOPIC, p) for p in range(INPUT_PARTITIONS)
-    ]
+
+    self.consumer = KafkaConsumer(
+      bootstrap_servers=bootstrap, group_id=INPUT_GROUP, enable_auto_commit=False
+    )
+    self.partitions = [TopicPartition(INPUT_TOPIC, p) for p in range(INPUT_PARTITIONS)]
 
   def committed(self):
     """{partition: committed offset}, 0 for none yet."""
-    return {tp.partition: self.consumer.committed(tp) or 0
-            for tp in self.partitions}
+    return {tp.partition: self.consumer.committed(tp) or 0 for tp in self.partitions}
 
   def end(self):
-    return {tp.partition: offset
-            for tp, offset in self.consumer.end_offsets(self.partitions).items()}
+    return {
+      tp.partition: offset for tp, offset in self.consumer.end_offsets(self.partitions).items()
+    }
 
   def close(self):
     self.consumer.close()
@@ -196,8 +210,11 @@ class InputOffsets:
 
 def only_job(endpoint):
   with grpc.insecure_channel(endpoint) as channel:
-    jobs = beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(
-        beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info
+    jobs = (
+      beam_job_api_pb2_grpc.JobServiceStub(channel)
+      .GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10)
+      .job_info
+    )
   assert len(jobs) == 1, jobs
   return jobs[0].job_id
 
@@ -205,7 +222,8 @@ def only_job(endpoint):
 def cancel(endpoint, job_id):
   with grpc.insecure_channel(endpoint) as channel:
     beam_job_api_pb2_grpc.JobServiceStub(channel).Cancel(
-        beam_job_api_pb2.CancelJobRequest(job_id=job_id), timeout=30)
+      beam_job_api_pb2.CancelJobRequest(job_id=job_id), timeout=30
+    )
 
 
 def note(started, text):
@@ -233,8 +251,7 @@ def kill_and_restart(servers, refract_bin, state_dir, port, log):
     os.killpg(last.proc.pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
-  servers.append(
-      durable_server(refract_bin, state_dir, port, log, CHECKPOINT_INTERVAL))
+  servers.append(durable_server(refract_bin, state_dir, port, log, CHECKPOINT_INTERVAL))
 
 
 @pytest.fixture
@@ -258,16 +275,19 @@ def worker_pool(tmp_path, java_classpath):
   first worker to end shuts down: it cannot serve a restarted runner.)"""
   port = free_port()
   pool = xlang_services.ServiceProcess(
-      'Java worker pool',
-      ['java', '-Xmx256m', '-cp', java_classpath, POOL_MAIN, port, '512m'],
-      tmp_path / 'worker-pool.log')
+    'Java worker pool',
+    ['java', '-Xmx256m', '-cp', java_classpath, POOL_MAIN, port, '512m'],
+    tmp_path / 'worker-pool.log',
+  )
   with xlang_services._running(  # pylint: disable=protected-access
-      pool, lambda: _accepts(port)):
+    pool, lambda: _accepts(port)
+  ):
     yield 'localhost:%d' % port, pool
 
 
 def _accepts(port):
   import socket
+
   try:
     socket.create_connection(('127.0.0.1', port), timeout=1).close()
     return True
@@ -279,16 +299,29 @@ def submit(java_classpath, endpoint, pool, bootstrap, log):
   """Submits the streaming job with the Java client, which leaves once the
   server has it; returns the job id."""
   with open(log, 'wb') as out:
-    done = subprocess.run([
-        'java', '-cp', java_classpath, PIPELINE_MAIN,
-        '--runner=PortableRunner', '--jobEndpoint=' + endpoint,
+    done = subprocess.run(
+      [
+        'java',
+        '-cp',
+        java_classpath,
+        PIPELINE_MAIN,
+        '--runner=PortableRunner',
+        '--jobEndpoint=' + endpoint,
         '--defaultEnvironmentType=EXTERNAL',
         '--defaultEnvironmentConfig=' + pool,
-        '--bootstrapServers=' + bootstrap, '--inputTopic=' + INPUT_TOPIC,
-        '--outputTopic=' + OUTPUT_TOPIC, '--inputGroup=' + INPUT_GROUP,
-        '--sinkGroup=' + SINK_GROUP, '--windowMillis=%d' % WINDOW_MS
-    ], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                          timeout=180, check=False)
+        '--bootstrapServers=' + bootstrap,
+        '--inputTopic=' + INPUT_TOPIC,
+        '--outputTopic=' + OUTPUT_TOPIC,
+        '--inputGroup=' + INPUT_GROUP,
+        '--sinkGroup=' + SINK_GROUP,
+        '--windowMillis=%d' % WINDOW_MS,
+      ],
+      stdin=subprocess.DEVNULL,
+      stdout=out,
+      stderr=subprocess.STDOUT,
+      timeout=180,
+      check=False,
+    )
   with open(log, encoding='utf-8', errors='replace') as f:
     text = f.read()
   assert done.returncode == 0 and 'submitted' in text, text[-4000:]
@@ -298,19 +331,19 @@ def submit(java_classpath, endpoint, pool, bootstrap, log):
 def describe(got, want):
   missing = want - got
   extra = got - want
-  lines = ['%d records read, %d expected' % (sum(got.values()),
-                                             sum(want.values()))]
+  lines = ['%d records read, %d expected' % (sum(got.values()), sum(want.values()))]
   if missing:
-    lines.append('missing (%d): %s' % (sum(missing.values()),
-                                        sorted(missing.elements())[:20]))
+    lines.append('missing (%d): %s' % (sum(missing.values()), sorted(missing.elements())[:20]))
   if extra:
-    lines.append('duplicated or wrong (%d): %s' %
-                 (sum(extra.values()), sorted(extra.elements())[:20]))
+    lines.append(
+      'duplicated or wrong (%d): %s' % (sum(extra.values()), sorted(extra.elements())[:20])
+    )
   return '\n'.join(lines)
 
 
 def test_runner_killed_repeatedly_writes_each_window_exactly_once(
-    request, refract_bin, tmp_path, kafka, worker_pool, java_classpath):
+  request, refract_bin, tmp_path, kafka, worker_pool, java_classpath
+):
   bootstrap, broker = kafka
   pool, pool_process = worker_pool
   rng = random.Random(os.environ.get('REFRACT_EOS_SEED', '11'))
@@ -319,8 +352,7 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
   state_dir = tmp_path / 'state'
   port = free_port()
   servers = [
-      durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log',
-                     CHECKPOINT_INTERVAL)
+    durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log', CHECKPOINT_INTERVAL)
   ]
   # conftest.py attaches these logs to a failing test's report.
   request.node.refract_processes = servers + [pool_process, broker]
@@ -330,16 +362,14 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
   job = None
   started = time.monotonic()
   try:
-    job = submit(java_classpath, servers[-1].endpoint, pool, bootstrap,
-                 tmp_path / 'client.log')
+    job = submit(java_classpath, servers[-1].endpoint, pool, bootstrap, tmp_path / 'client.log')
     producer.start()
     # The first results mean the workers are up and windows are closing;
     # the sink's writer has committed its first transaction and (its state
     # being checkpointed every 200 ms) a second on from there its state too.
     deadline = time.monotonic() + 90
     while reader.poll(0.5) == 0:
-      assert time.monotonic() < deadline, (
-          'no output within 90 s\n' + servers[-1].log_tail())
+      assert time.monotonic() < deadline, 'no output within 90 s\n' + servers[-1].log_tail()
     time.sleep(1)
     producer.go_on.set()
     note(started, 'first output; %d records produced' % producer.sent)
@@ -347,13 +377,16 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
     kills = []
     for attempt in range(KILLS):
       time.sleep(rng.uniform(1.0, 2.5))
-      assert job_state(servers[-1].endpoint, job) == 'RUNNING', (
-          servers[-1].log_tail())
+      assert job_state(servers[-1].endpoint, job) == 'RUNNING', servers[-1].log_tail()
       kills.append(producer.sent)
-      note(started, 'kill %d; %d records produced, %d results read' %
-           (attempt + 1, producer.sent, reader.poll(0.2)))
-      kill_and_restart(servers, refract_bin, state_dir, port,
-                       tmp_path / ('refract-%d.log' % (attempt + 1)))
+      note(
+        started,
+        'kill %d; %d records produced, %d results read'
+        % (attempt + 1, producer.sent, reader.poll(0.2)),
+      )
+      kill_and_restart(
+        servers, refract_bin, state_dir, port, tmp_path / ('refract-%d.log' % (attempt + 1))
+      )
       # The next kill lands while the job runs again, not while its
       # workers start.
       wait_for_resume(servers[-1])
@@ -379,11 +412,10 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
     end = offsets.end()
     deadline = time.monotonic() + 30
     while offsets.committed() != end:
-      assert time.monotonic() < deadline, (offsets.committed(),
-                                           end)
+      assert time.monotonic() < deadline, (offsets.committed(), end)
       time.sleep(0.5)
     offsets_seen.append(offsets.committed())
-    for before, after in zip(offsets_seen, offsets_seen[1:]):
+    for before, after in zip(offsets_seen, offsets_seen[1:], strict=False):
       for partition, offset in before.items():
         assert after.get(partition, -1) >= offset, offsets_seen
     assert job_state(servers[-1].endpoint, job) == 'RUNNING'

@@ -33,36 +33,36 @@ def slow(x):
 
 def worker_pids(server):
   found = subprocess.run(
-      ['pgrep', '-f', '-s', str(server.proc.pid), 'sdk_worker_main'],
-      capture_output=True, text=True)
+    ['pgrep', '-f', '-s', str(server.proc.pid), 'sdk_worker_main'], capture_output=True, text=True
+  )
   return [int(p) for p in found.stdout.split()]
 
 
 def test_a_stopped_worker_is_declared_lost_and_its_bundles_run_elsewhere(
-    request, refract_bin, tmp_path):
+  request, refract_bin, tmp_path
+):
   server = RefractServer(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--worker_liveness_timeout', '%ds' % LIVENESS_S,
-                  '--serve_http=false'])
+    refract_bin,
+    tmp_path / 'refract.log',
+    extra_args=['--worker_liveness_timeout', '%ds' % LIVENESS_S, '--serve_http=false'],
+  )
   request.node.refract_processes = [server]
   stopped = []
   try:
     server.wait_ready()
-    args = [a for a in server.portable_args()
-            if not a.startswith('--environment_type')]
-    options = PipelineOptions(args + [
+    args = [a for a in server.portable_args() if not a.startswith('--environment_type')]
+    options = PipelineOptions(
+      args
+      + [
         '--environment_type=PROCESS',
         '--environment_config=' + json.dumps({'command': BOOT}),
         '--sdk_worker_parallelism=2',
-    ])
+      ]
+    )
     p = beam.Pipeline(options=options)
-    _ = (p
-         | beam.Create(list(range(ELEMENTS)))
-         | beam.Reshuffle()
-         | 'Slow' >> beam.Map(slow))
+    _ = p | beam.Create(list(range(ELEMENTS))) | beam.Reshuffle() | 'Slow' >> beam.Map(slow)
     result = {}
-    runner = threading.Thread(target=lambda: result.update(r=p.run()),
-                              daemon=True)
+    runner = threading.Thread(target=lambda: result.update(r=p.run()), daemon=True)
     runner.start()
 
     # Both workers up and at work, then one stops for good.
@@ -85,17 +85,23 @@ def test_a_stopped_worker_is_declared_lost_and_its_bundles_run_elsewhere(
     # Declared lost within the bound (a ping after half of it without
     # traffic, the other half to answer), not when the job ended anyway.
     log = server.log_tail(1 << 22)
-    closed = [l for l in log.splitlines()
-              if 'worker link closed' in l and 'declared lost' in l]
+    closed = [
+      line for line in log.splitlines() if 'worker link closed' in line and 'declared lost' in line
+    ]
     assert closed, log[-4000:]
-    at = datetime.datetime.strptime(
-        closed[0].split()[0][:26], '%Y-%m-%dT%H:%M:%S.%f').replace(
-            tzinfo=datetime.timezone.utc).timestamp()
+    at = (
+      datetime.datetime.strptime(closed[0].split()[0][:26], '%Y-%m-%dT%H:%M:%S.%f')
+      .replace(tzinfo=datetime.timezone.utc)
+      .timestamp()
+    )
     assert 0 < at - stopped_at <= LIVENESS_S + 1.5, (at - stopped_at, closed[0])
     # The job was told: its bundle failed and was retried.
     messages = subprocess.run(
-        [refract_bin, 'logs', r._job_id, '--job_endpoint', server.endpoint],
-        capture_output=True, text=True, timeout=30).stdout
+      [refract_bin, 'logs', r._job_id, '--job_endpoint', server.endpoint],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    ).stdout
     assert 'declared lost' in messages, messages[-3000:]
   finally:
     for pid in stopped:

@@ -19,8 +19,11 @@ from refract_testlib import job_state
 
 def jobs(endpoint):
   with grpc.insecure_channel(endpoint) as channel:
-    return beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(
-        beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info
+    return (
+      beam_job_api_pb2_grpc.JobServiceStub(channel)
+      .GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10)
+      .job_info
+    )
 
 
 def start_streaming_job(server):
@@ -45,16 +48,15 @@ def wait_for(endpoint, job_id, state, timeout_s=60):
     if job_state(endpoint, job_id) == state:
       return
     time.sleep(0.2)
-  raise AssertionError('job %s is %s, not %s' %
-                       (job_id, job_state(endpoint, job_id), state))
+  raise AssertionError('job %s is %s, not %s' % (job_id, job_state(endpoint, job_id), state))
 
 
-def test_a_job_past_the_server_budget_waits_for_one_to_end(
-    request, refract_bin, tmp_path):
+def test_a_job_past_the_server_budget_waits_for_one_to_end(request, refract_bin, tmp_path):
   server = RefractServer(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--memory_budget', '64m', '--job_memory_budget', '64m',
-                  '--serve_http=false'])
+    refract_bin,
+    tmp_path / 'refract.log',
+    extra_args=['--memory_budget', '64m', '--job_memory_budget', '64m', '--serve_http=false'],
+  )
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
@@ -67,11 +69,13 @@ def test_a_job_past_the_server_budget_waits_for_one_to_end(
     assert any('waiting for memory' in m for m in said), said
     with grpc.insecure_channel(server.endpoint) as channel:
       beam_job_api_pb2_grpc.JobServiceStub(channel).Cancel(
-          beam_job_api_pb2.CancelJobRequest(job_id=first), timeout=10)
+        beam_job_api_pb2.CancelJobRequest(job_id=first), timeout=10
+      )
     wait_for(server.endpoint, second, 'RUNNING')
     with grpc.insecure_channel(server.endpoint) as channel:
       beam_job_api_pb2_grpc.JobServiceStub(channel).Cancel(
-          beam_job_api_pb2.CancelJobRequest(job_id=second), timeout=10)
+        beam_job_api_pb2.CancelJobRequest(job_id=second), timeout=10
+      )
     wait_for(server.endpoint, second, 'CANCELLED')
   finally:
     server.stop()

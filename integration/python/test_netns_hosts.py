@@ -47,16 +47,19 @@ while True:
 def echo(host, addr, payload=b'ping', timeout=3):
   """Sends `payload` from `host` to the echo server at `addr` and returns
   the answer."""
+
   def go():
     with socket.create_connection((addr, ECHO_PORT), timeout=timeout) as s:
       s.sendall(payload)
       return s.recv(4096)
+
   return host.in_namespace(go)
 
 
 def start_echo(host, tmp_path):
-  proc = host.popen([sys.executable, '-c', ECHO_SERVER, ECHO_PORT],
-                    log=tmp_path / ('echo-%s.log' % host.name))
+  proc = host.popen(
+    [sys.executable, '-c', ECHO_SERVER, ECHO_PORT], log=tmp_path / ('echo-%s.log' % host.name)
+  )
   host.wait_listening(ECHO_PORT, proc, timeout_s=30)
   return proc
 
@@ -75,11 +78,11 @@ def test_hosts_reach_each_other_and_a_cut_host_hangs(tmp_path):
     # The root namespace is not on the hosts' network: no address there,
     # no route but the default one. (Not a connect: a sandbox's proxy may
     # accept any outgoing connection.)
-    root = subprocess.run(['ip', '-4', '-o', 'addr'], capture_output=True,
-                          text=True).stdout
+    root = subprocess.run(['ip', '-4', '-o', 'addr'], capture_output=True, text=True).stdout
     assert str(hosts.network.network_address)[:-1] not in root, root
-    route = subprocess.run(['ip', 'route', 'get', h1.address],
-                           capture_output=True, text=True).stdout
+    route = subprocess.run(
+      ['ip', 'route', 'get', h1.address], capture_output=True, text=True
+    ).stdout
     assert ' via ' in route, route  # not a directly connected network
 
     # A connection made before the cut hangs after it: no reset, no answer.
@@ -101,7 +104,8 @@ def test_hosts_reach_each_other_and_a_cut_host_hangs(tmp_path):
       runner.connect(h1.address, ECHO_PORT, timeout=2).close()
     assert not isinstance(failure.value, ConnectionRefusedError), failure.value
     assert isinstance(failure.value, socket.timeout) or (
-        getattr(failure.value, 'errno', None) == 113), failure.value
+      getattr(failure.value, 'errno', None) == 113
+    ), failure.value
     assert time.monotonic() - started >= 1.9 or failure.value.errno == 113
     # The rest of the network is untouched.
     start_echo(h2, tmp_path)
@@ -127,8 +131,7 @@ def test_hosts_reach_each_other_and_a_cut_host_hangs(tmp_path):
   assert hosts.leftovers() == []
   left = [ns for ns in netns_hosts.namespaces() if ns.startswith(prefix)]
   assert left == [] and not set(namespaces) & set(netns_hosts.namespaces())
-  links = subprocess.run(['ip', '-o', 'link'], capture_output=True,
-                         text=True).stdout
+  links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True).stdout
   assert prefix not in links, links
 
 
@@ -137,11 +140,13 @@ def test_teardown_after_a_failure_leaves_nothing(tmp_path):
   with pytest.raises(ZeroDivisionError):
     with hosts:
       # A process that ignores SIGTERM and has a child: both must go.
-      hosts['h1'].popen(['sh', '-c', 'trap "" TERM; sleep 600 & sleep 600'],
-                        log=tmp_path / 'stubborn.log')
+      hosts['h1'].popen(
+        ['sh', '-c', 'trap "" TERM; sleep 600 & sleep 600'], log=tmp_path / 'stubborn.log'
+      )
       time.sleep(0.3)
       assert len(hosts['h1'].pids()) >= 2
-      1 / 0  # pylint: disable=pointless-statement
+      # Fails inside the block on purpose: teardown must still clean up.
+      _ = 1 / 0
   assert hosts.leftovers() == []
 
 
@@ -154,8 +159,7 @@ def dead_pid():
 
 
 def test_sweep_removes_what_a_crashed_run_left(tmp_path):
-  stale = netns_hosts.VirtualHosts(['h1'], prefix='rfx%d-' % dead_pid(),
-                                   sweep=False)
+  stale = netns_hosts.VirtualHosts(['h1'], prefix='rfx%d-' % dead_pid(), sweep=False)
   stale.__enter__()  # pylint: disable=unnecessary-dunder-call
   try:
     sleeper = stale['h1'].popen(['sleep', '600'], log=tmp_path / 'sleep.log')
@@ -167,7 +171,6 @@ def test_sweep_removes_what_a_crashed_run_left(tmp_path):
       # The sweep spares a live run's namespaces.
       assert ours['h1'].namespace in netns_hosts.namespaces()
       assert sleeper.wait(timeout=10) == -signal.SIGKILL
-    assert not [ns for ns in netns_hosts.namespaces()
-                if ns.startswith(stale.prefix)]
+    assert not [ns for ns in netns_hosts.namespaces() if ns.startswith(stale.prefix)]
   finally:
     stale.teardown()

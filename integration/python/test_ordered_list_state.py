@@ -19,8 +19,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 VALUES = {
-    'a': [7, -3, 12, 0, 25, 3, 12, -5, 18, -400],
-    'b': [2, 1],
+  'a': [7, -3, 12, 0, 25, 3, 12, -5, 18, -400],
+  'b': [2, 1],
 }
 
 
@@ -35,21 +35,15 @@ class OrderedListDoFn(beam.DoFn):
   CHECK = userstate.TimerSpec('check', TimeDomain.WATERMARK)
   FINAL = userstate.TimerSpec('final', TimeDomain.WATERMARK)
 
-  def process(
-      self,
-      element,
-      lst=beam.DoFn.StateParam(LIST),
-      flush=beam.DoFn.TimerParam(FLUSH)):
+  def process(self, element, lst=beam.DoFn.StateParam(LIST), flush=beam.DoFn.TimerParam(FLUSH)):
     _, v = element
     lst.add((sort_key(v), v))
     flush.set(50)
 
   @userstate.on_timer(FLUSH)
   def on_flush(
-      self,
-      key=beam.DoFn.KeyParam,
-      lst=beam.DoFn.StateParam(LIST),
-      check=beam.DoFn.TimerParam(CHECK)):
+    self, key=beam.DoFn.KeyParam, lst=beam.DoFn.StateParam(LIST), check=beam.DoFn.TimerParam(CHECK)
+  ):
     yield ('all', key, [v for _, v in lst.read()])
     in_range = lst.read_range(sort_key(0), sort_key(13))
     yield ('range', key, [v for _, v in in_range])
@@ -58,10 +52,8 @@ class OrderedListDoFn(beam.DoFn):
 
   @userstate.on_timer(CHECK)
   def on_check(
-      self,
-      key=beam.DoFn.KeyParam,
-      lst=beam.DoFn.StateParam(LIST),
-      final=beam.DoFn.TimerParam(FINAL)):
+    self, key=beam.DoFn.KeyParam, lst=beam.DoFn.StateParam(LIST), final=beam.DoFn.TimerParam(FINAL)
+  ):
     yield ('after_clear_range', key, [v for _, v in lst.read()])
     lst.add((sort_key(100), 100))
     yield ('with_new', key, [v for _, v in lst.read()])
@@ -90,12 +82,12 @@ def expected():
 
 def test_ordered_list_state_across_bundles(refract_server):
   elements = [(k, v) for k, vs in VALUES.items() for v in vs]
-  with beam.Pipeline(
-      options=PipelineOptions(refract_server.portable_args())) as p:
+  with beam.Pipeline(options=PipelineOptions(refract_server.portable_args())) as p:
     out = (
-        p
-        | beam.Create(elements)
-        | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
-        | beam.WindowInto(window.FixedWindows(100))
-        | beam.ParDo(OrderedListDoFn()))
+      p
+      | beam.Create(elements)
+      | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
+      | beam.WindowInto(window.FixedWindows(100))
+      | beam.ParDo(OrderedListDoFn())
+    )
     assert_that(out, equal_to(expected()))

@@ -79,8 +79,7 @@ def parse_debug_output(text):
     elif m := re.match(r'-> ([\w.]+): \w+\((.*)\)$', line):
       current[m.group(1)] = m.group(2)
     elif m := re.match(r'(Trace ID|Parent ID|ID|Name)\s+: ?(.*)$', line):
-      key = {'Trace ID': 'trace', 'Parent ID': 'parent', 'ID': 'id',
-             'Name': 'name'}[m.group(1)]
+      key = {'Trace ID': 'trace', 'Parent ID': 'parent', 'ID': 'id', 'Name': 'name'}[m.group(1)]
       current[key] = m.group(2).strip()
     elif m := re.match(r'(Value|Count): (\S+)$', line):
       current[m.group(1).lower()] = float(m.group(2))
@@ -92,18 +91,17 @@ def seen(x):
   return x
 
 
-def test_metrics_and_traces_reach_an_otlp_collector(request, refract_bin,
-                                                      tmp_path, monkeypatch):
+def test_metrics_and_traces_reach_an_otlp_collector(request, refract_bin, tmp_path, monkeypatch):
   otlp_port = free_port()
   config = tmp_path / 'otelcol.yaml'
   config.write_text(CONFIG % otlp_port)
-  collector = RefractProcess([collector_binary(), '--config', config],
-                             tmp_path / 'otelcol.log')
+  collector = RefractProcess([collector_binary(), '--config', config], tmp_path / 'otelcol.log')
   monkeypatch.setenv('OTEL_METRIC_EXPORT_INTERVAL', '500')
   server, ui = ui_server(
-      refract_bin,
-      tmp_path / 'refract-serve.log',
-      extra_args=['--otlp_endpoint', 'http://127.0.0.1:%d' % otlp_port])
+    refract_bin,
+    tmp_path / 'refract-serve.log',
+    extra_args=['--otlp_endpoint', 'http://127.0.0.1:%d' % otlp_port],
+  )
   request.node.refract_processes = [server, collector]
   try:
     deadline = time.monotonic() + 60
@@ -122,58 +120,57 @@ def test_metrics_and_traces_reach_an_otlp_collector(request, refract_bin,
     with urllib.request.urlopen(ui + '/metrics', timeout=10) as response:
       scrape = response.read().decode()
     scraped = {
-        m.group(1): float(m.group(2)) for m in re.finditer(
-            r'^refract_stage_elements_total\{job="%s",stage="([^"]*)"\} (\S+)$'
-            % job, scrape, re.M)
+      m.group(1): float(m.group(2))
+      for m in re.finditer(
+        r'^refract_stage_elements_total\{job="%s",stage="([^"]*)"\} (\S+)$' % job, scrape, re.M
+      )
     }
     count_stage = [s for s in scraped if 'Count' in s.split('+')]
     assert len(count_stage) == 1, scrape
     count_stage = count_stage[0]
 
     def received():
-      with open(tmp_path / 'otelcol.log', encoding='utf-8',
-                errors='replace') as f:
+      with open(tmp_path / 'otelcol.log', encoding='utf-8', errors='replace') as f:
         return parse_debug_output(f.read())
 
     def latest(points, metric, **attrs):
       values = [
-          p for p in points if p['metric'] == metric and all(
-              p.get(k) == v for k, v in attrs.items())
+        p for p in points if p['metric'] == metric and all(p.get(k) == v for k, v in attrs.items())
       ]
       return values[-1] if values else None
 
     deadline = time.monotonic() + 60
     while True:
       points, spans = received()
-      elements = latest(points, 'refract.stage.elements.in',
-                        **{'beam.job.id': job, 'refract.stage': count_stage})
-      job_spans = [
-          s for s in spans
-          if s.get('name') == 'job' and s.get('beam.job.id') == job
-      ]
-      if (elements and elements['value'] == scraped[count_stage] and
-          job_spans and latest(points, 'refract.jobs', **{'beam.job.state': 'DONE'})):
+      elements = latest(
+        points, 'refract.stage.elements.in', **{'beam.job.id': job, 'refract.stage': count_stage}
+      )
+      job_spans = [s for s in spans if s.get('name') == 'job' and s.get('beam.job.id') == job]
+      if (
+        elements
+        and elements['value'] == scraped[count_stage]
+        and job_spans
+        and latest(points, 'refract.jobs', **{'beam.job.state': 'DONE'})
+      ):
         break
       assert time.monotonic() < deadline, (
-          'the collector did not receive the job\'s metrics and span; log:\n' +
-          collector.log_tail())
+        'the collector did not receive the job\'s metrics and span; log:\n' + collector.log_tail()
+      )
       time.sleep(0.5)
 
     # The same per-stage count as /metrics (3 elements into the Count stage).
     assert scraped[count_stage] == 3, scrape
     # Bundle durations, job states and live workers are exported too.
-    histogram = latest(points, 'refract.stage.bundle.duration',
-                       **{'beam.job.id': job, 'refract.stage': count_stage})
+    histogram = latest(
+      points, 'refract.stage.bundle.duration', **{'beam.job.id': job, 'refract.stage': count_stage}
+    )
     assert histogram and histogram['count'] >= 1, histogram
     assert latest(points, 'refract.harnesses.live') is not None
     # One trace per job: the job's span, ended DONE, with its bundles'
     # spans (stage and worker attributes) under it.
     (job_span,) = job_spans
     assert job_span['beam.job.state'] == 'DONE', job_span
-    bundles = [
-        s for s in spans
-        if s.get('name') == 'bundle' and s.get('parent') == job_span['id']
-    ]
+    bundles = [s for s in spans if s.get('name') == 'bundle' and s.get('parent') == job_span['id']]
     assert bundles, spans
     assert all(b['trace'] == job_span['trace'] for b in bundles), bundles
     assert any(b.get('refract.stage') == count_stage for b in bundles), bundles

@@ -16,10 +16,11 @@ from refract_testlib import serving
 def count_words(options):
   with beam.Pipeline(options=options) as p:
     counts = (
-        p
-        | beam.Create(['a b', 'b c', 'c c'] * 50)
-        | beam.FlatMap(str.split)
-        | beam.combiners.Count.PerElement())
+      p
+      | beam.Create(['a b', 'b c', 'c c'] * 50)
+      | beam.FlatMap(str.split)
+      | beam.combiners.Count.PerElement()
+    )
     assert_that(counts, equal_to([('a', 50), ('b', 100), ('c', 150)]))
 
 
@@ -29,18 +30,17 @@ def workers_connected(log_path):
 
 
 def test_two_workers_give_the_same_results(refract_server):
-  count_words(PipelineOptions(
-      refract_server.portable_args() + ['--sdk_worker_parallelism=2']))
+  count_words(PipelineOptions(refract_server.portable_args() + ['--sdk_worker_parallelism=2']))
   started = workers_connected(refract_server.log_path)
   assert len(started) == 2, started
 
 
-def test_the_servers_count_holds_for_a_job_that_asks_for_nothing(
-    request, refract_bin, tmp_path):
+def test_the_servers_count_holds_for_a_job_that_asks_for_nothing(request, refract_bin, tmp_path):
   """Python sends sdk_worker_parallelism=1 unless told otherwise: on a
   server started with a count, that count holds."""
-  server = RefractServer(refract_bin, tmp_path / 'serve.log',
-                         extra_args=['--sdk_worker_parallelism', '2'])
+  server = RefractServer(
+    refract_bin, tmp_path / 'serve.log', extra_args=['--sdk_worker_parallelism', '2']
+  )
   with serving(request, server):
     count_words(PipelineOptions(server.portable_args()))
     started = workers_connected(server.log_path)

@@ -27,8 +27,9 @@ try:
   from ray.cluster_utils import Cluster
 except ImportError as e:
   pytest.skip(
-      'cannot import ray (%s): pip install -r integration/ray/requirements.txt '
-      '(setup.sh does)' % e, allow_module_level=True)
+    'cannot import ray (%s): pip install -r integration/ray/requirements.txt (setup.sh does)' % e,
+    allow_module_level=True,
+  )
 
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
@@ -56,13 +57,17 @@ class Sidecar:
   as JSON lines, stderr kept in a file (shown when a test fails)."""
 
   def __init__(self, address, log_path):
-    self.args = [sys.executable, SIDECAR, '--address', address,
-                 '--poll_interval', '0.5']
+    self.args = [sys.executable, SIDECAR, '--address', address, '--poll_interval', '0.5']
     self.log_path = str(log_path)
     self._log = open(self.log_path, 'wb')
     self.proc = subprocess.Popen(
-        self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=self._log, text=True, start_new_session=True)
+      self.args,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self._log,
+      text=True,
+      start_new_session=True,
+    )
     self._lines = queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
 
@@ -78,8 +83,7 @@ class Sidecar:
       line = self._lines.get(timeout=timeout_s)
     except queue.Empty:
       raise AssertionError('no event within %ss' % timeout_s) from None
-    assert line is not None, 'the sidecar closed stdout (exit %s)' % (
-        self.proc.poll())
+    assert line is not None, 'the sidecar closed stdout (exit %s)' % (self.proc.poll())
     event = json.loads(line)
     assert isinstance(event, dict), line
     return event
@@ -136,8 +140,7 @@ def print_ray_log_tails():
   for name in ('gcs_server.err', 'gcs_server.out', 'raylet.err', 'raylet.out'):
     path = os.path.join(logs, name)
     if os.path.exists(path):
-      print('--- %s ---\n%s' % (path, read_log_tail(path, 3000)),
-            file=sys.stderr)
+      print('--- %s ---\n%s' % (path, read_log_tail(path, 3000)), file=sys.stderr)
 
 
 def descendants():
@@ -197,14 +200,16 @@ def assert_serves_grpc(pool):
 
 def live_pool_actors(ray_cluster):
   return [
-      a for a in ray_cluster.global_state.actor_table(None).values()
-      if a['ActorClassName'] == ACTOR_CLASS and a['State'] != 'DEAD'
+    a
+    for a in ray_cluster.global_state.actor_table(None).values()
+    if a['ActorClassName'] == ACTOR_CLASS and a['State'] != 'DEAD'
   ]
 
 
 def pids_matching(pattern):
-  found = subprocess.run(['pgrep', '-f', '--', pattern],
-                         capture_output=True, text=True, check=False)
+  found = subprocess.run(
+    ['pgrep', '-f', '--', pattern], capture_output=True, text=True, check=False
+  )
   return [int(p) for p in found.stdout.split()]
 
 
@@ -227,11 +232,9 @@ def assert_all_gone(sidecar, ray_cluster, stop):
   stopped = time.monotonic()
   stop(sidecar)
   assert sidecar.proc.wait(timeout=10) == 0, sidecar.log_tail()
-  print('sidecar exited %.1fs after %s' %
-        (time.monotonic() - stopped, stop.__name__))
+  print('sidecar exited %.1fs after %s' % (time.monotonic() - stopped, stop.__name__))
   wait_until('pool actors dead', lambda: not live_pool_actors(ray_cluster), 10)
-  wait_until('pool processes gone',
-             lambda: not pids_matching('ray::' + ACTOR_CLASS), 10)
+  wait_until('pool processes gone', lambda: not pids_matching('ray::' + ACTOR_CLASS), 10)
   wait_until('workers gone', lambda: not pids_matching('--boot_worker'), 10)
 
 
@@ -239,13 +242,16 @@ def start_worker(pool, endpoint, worker_id):
   """Calls StartWorker on `pool` with every Fn API endpoint at `endpoint`."""
   url = endpoints_pb2.ApiServiceDescriptor(url=endpoint)
   with grpc.insecure_channel(pool) as channel:
-    return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(
-        channel).StartWorker(
-            beam_fn_api_pb2.StartWorkerRequest(
-                worker_id=worker_id, control_endpoint=url,
-                logging_endpoint=url, provision_endpoint=url,
-                artifact_endpoint=url),
-            timeout=30)
+    return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(channel).StartWorker(
+      beam_fn_api_pb2.StartWorkerRequest(
+        worker_id=worker_id,
+        control_endpoint=url,
+        logging_endpoint=url,
+        provision_endpoint=url,
+        artifact_endpoint=url,
+      ),
+      timeout=30,
+    )
 
 
 @pytest.fixture
@@ -258,14 +264,12 @@ def silent_endpoint():
     yield '127.0.0.1:%d' % s.getsockname()[1]
 
 
-def test_one_pool_per_node_following_nodes_that_join_and_leave(
-    cluster, client_port, sidecar_for):
+def test_one_pool_per_node_following_nodes_that_join_and_leave(cluster, client_port, sidecar_for):
   """Through a Ray Client address, as `--worker_pool ray://HEAD:PORT`."""
   cluster.add_node(**NODE)
   first = [n.node_id for n in cluster.list_all_nodes()]
   started = time.monotonic()
-  sidecar = sidecar_for(
-      'ray://%s:%d' % (cluster.head_node.node_ip_address, client_port))
+  sidecar = sidecar_for('ray://%s:%d' % (cluster.head_node.node_ip_address, client_port))
 
   adds = expect_adds(sidecar, first, FIRST_POOLS_S)
   print('first pools up in %.1fs' % (time.monotonic() - started))
@@ -279,24 +283,20 @@ def test_one_pool_per_node_following_nodes_that_join_and_leave(
   joined = time.monotonic()
   node = cluster.add_node(**dict(NODE, num_cpus=2))
   added = expect_adds(sidecar, [node.node_id], 60)[node.node_id]
-  print('pool on a new node up %.1fs after it joined' %
-        (time.monotonic() - joined))
+  print('pool on a new node up %.1fs after it joined' % (time.monotonic() - joined))
   assert added['cpus'] == 2, added
   assert_serves_grpc(added['pool'])
 
   removed_at = time.monotonic()
   cluster.remove_node(node)
   event = sidecar.next_event(15)
-  print('remove event %.1fs after the node was removed' %
-        (time.monotonic() - removed_at))
-  assert event == {
-      'event': 'remove', 'pool': added['pool'], 'node': node.node_id}
+  print('remove event %.1fs after the node was removed' % (time.monotonic() - removed_at))
+  assert event == {'event': 'remove', 'pool': added['pool'], 'node': node.node_id}
 
   assert_all_gone(sidecar, cluster, Sidecar.close_stdin)
 
 
-def test_a_dead_actor_is_replaced_and_its_workers_end(
-    cluster, sidecar_for, silent_endpoint):
+def test_a_dead_actor_is_replaced_and_its_workers_end(cluster, sidecar_for, silent_endpoint):
   """Through the GCS address this time. A worker the pool starts runs this
   file's boot mode; killing the actor (not the node) is announced as a
   remove, the node gets a new pool, and the worker ends with its actor."""
@@ -310,10 +310,8 @@ def test_a_dead_actor_is_replaced_and_its_workers_end(
   worker = pids_matching('--boot_worker')[0]
   os.kill(parent_pid(worker), signal.SIGKILL)
 
-  assert sidecar.next_event(15) == {
-      'event': 'remove', 'pool': pool, 'node': head}
-  wait_until('orphaned worker gone', lambda: not pids_matching('--boot_worker'),
-             10)
+  assert sidecar.next_event(15) == {'event': 'remove', 'pool': pool, 'node': head}
+  wait_until('orphaned worker gone', lambda: not pids_matching('--boot_worker'), 10)
   replacement = expect_adds(sidecar, [head], 60)[head]
   assert replacement['pool'] != pool
   assert_serves_grpc(replacement['pool'])

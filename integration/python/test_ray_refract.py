@@ -43,7 +43,10 @@ integration/ray/requirements.txt too; without Ray these tests skip.
 """
 
 import argparse
+import datetime
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -51,6 +54,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import refract_testlib
+from refract_testlib import RefractProcess
+from refract_testlib import RefractServer
+from refract_testlib import free_port
 
 # ---------------------------------------------------------------------------
 # The pipelines (run by the tests as `python THIS_FILE pipeline NAME ...`).
@@ -70,8 +76,7 @@ class Touch(beam.DoFn):
   def setup(self):
     os.makedirs(self.progress, exist_ok=True)
     name = os.environ.get('WORKER_ID') or 'pid-%d' % os.getpid()
-    self.log = open(os.path.join(self.progress, name + '.log'), 'a',
-                    buffering=1)
+    self.log = open(os.path.join(self.progress, name + '.log'), 'a', buffering=1)
 
   def process(self, i):
     if self.sleep:
@@ -87,8 +92,7 @@ class Touch(beam.DoFn):
 def describe_group(kv):
   k, values = kv
   values = list(values)
-  return 'group %d %d %d %d %d' % (k, len(values), sum(values), min(values),
-                                   max(values))
+  return 'group %d %d %d %d %d' % (k, len(values), sum(values), min(values), max(values))
 
 
 def count_and_sum(p, args):
@@ -96,20 +100,19 @@ def count_and_sum(p, args):
   with a GroupByKey (with their least and greatest), and the sum again,
   of the squares this time, with a CombinePerKey."""
   keyed = (
-      p
-      | beam.Create(list(range(args.elements)))
-      | beam.Reshuffle()
-      | 'Touch' >> beam.ParDo(Touch(args.output + '.progress', args.sleep))
-      | 'Key' >> beam.Map(lambda i, keys=args.keys: (i % keys, i)))
-  grouped = (
-      keyed
-      | beam.GroupByKey()
-      | 'Describe' >> beam.Map(describe_group))
+    p
+    | beam.Create(list(range(args.elements)))
+    | beam.Reshuffle()
+    | 'Touch' >> beam.ParDo(Touch(args.output + '.progress', args.sleep))
+    | 'Key' >> beam.Map(lambda i, keys=args.keys: (i % keys, i))
+  )
+  grouped = keyed | beam.GroupByKey() | 'Describe' >> beam.Map(describe_group)
   combined = (
-      keyed
-      | 'Square' >> beam.MapTuple(lambda k, i: (k, i * i))
-      | beam.CombinePerKey(sum)
-      | 'Format' >> beam.MapTuple(lambda k, s: 'squares %d %d' % (k, s)))
+    keyed
+    | 'Square' >> beam.MapTuple(lambda k, i: (k, i * i))
+    | beam.CombinePerKey(sum)
+    | 'Format' >> beam.MapTuple(lambda k, s: 'squares %d %d' % (k, s))
+  )
   return (grouped, combined) | beam.Flatten()
 
 
@@ -118,8 +121,7 @@ def expected_lines(elements, keys):
   lines = []
   for k in range(min(keys, elements)):
     values = range(k, elements, keys)
-    lines.append('group %d %d %d %d %d' % (k, len(values), sum(values),
-                                           values[0], values[-1]))
+    lines.append('group %d %d %d %d %d' % (k, len(values), sum(values), values[0], values[-1]))
     lines.append('squares %d %d' % (k, sum(i * i for i in values)))
   return sorted(lines)
 
@@ -140,8 +142,8 @@ def main(argv):
   # No --environment_type: Python's default, DOCKER, naming Beam's image
   # apache/beam_python3.X_sdk:<version>, which is what goes to Ray pools.
   options = PipelineOptions(
-      ['--runner=PortableRunner', '--job_endpoint=' + args.job_endpoint] +
-      beam_args)
+    ['--runner=PortableRunner', '--job_endpoint=' + args.job_endpoint] + beam_args
+  )
   p = beam.Pipeline(options=options)
   _ = count_and_sum(p, args) | beam.io.WriteToText(args.output)
   result = p.run()
@@ -158,23 +160,18 @@ if __name__ == '__main__':
 # The tests.
 # ---------------------------------------------------------------------------
 
+# Imported here, not at the top: run as the pipelines' script (above),
+# the file exits before needing pytest (or Ray).
 # pylint: disable=wrong-import-position
-import datetime
-import re
-import subprocess
-
-import pytest
+import pytest  # noqa: E402
 
 try:
   from ray.cluster_utils import Cluster
 except ImportError as e:
   pytest.skip(
-      'cannot import ray (%s): pip install -r integration/ray/requirements.txt '
-      '(setup.sh does)' % e, allow_module_level=True)
-
-from refract_testlib import RefractProcess
-from refract_testlib import RefractServer
-from refract_testlib import free_port
+    'cannot import ray (%s): pip install -r integration/ray/requirements.txt (setup.sh does)' % e,
+    allow_module_level=True,
+  )
 
 # Longer than the suite's default per test: a Ray cluster and its pools
 # start in each test.
@@ -210,14 +207,13 @@ def pools_bin():
   pools`."""
   path = os.environ.get('REFRACT_BIN')
   if not path:
-    pytest.fail('set REFRACT_BIN to the refract binary under test',
-                pytrace=False)
+    pytest.fail('set REFRACT_BIN to the refract binary under test', pytrace=False)
   path = os.path.abspath(path)
-  usage = subprocess.run([path, 'serve', '--help'], capture_output=True,
-                         text=True, check=False).stdout
+  usage = subprocess.run(
+    [path, 'serve', '--help'], capture_output=True, text=True, check=False
+  ).stdout
   if 'ray://' not in usage:
-    pytest.fail('%s has no --worker_pool ray://: not a build with Ray pools' %
-                path, pytrace=False)
+    pytest.fail('%s has no --worker_pool ray://: not a build with Ray pools' % path, pytrace=False)
   return path
 
 
@@ -228,16 +224,15 @@ class RayCluster:
   def __init__(self):
     self.client_port = free_port()
     self.cluster = Cluster(
-        initialize_head=True,
-        head_node_args=dict(NODE, include_dashboard=False,
-                            ray_client_server_port=self.client_port))
+      initialize_head=True,
+      head_node_args=dict(NODE, include_dashboard=False, ray_client_server_port=self.client_port),
+    )
     self.workers = [self.cluster.add_node(**NODE) for _ in range(2)]
 
   @property
   def address(self):
     """The `--worker_pool` value: the head's Ray Client server."""
-    return 'ray://%s:%d' % (self.cluster.head_node.node_ip_address,
-                            self.client_port)
+    return 'ray://%s:%d' % (self.cluster.head_node.node_ip_address, self.client_port)
 
   def node_ids(self):
     return {n.node_id for n in self.cluster.list_all_nodes()}
@@ -263,10 +258,11 @@ def start_ray_cluster():
     # What the first try started belongs to no Cluster object to shut
     # down; no other Ray cluster runs while a test sets one up.
     subprocess.run(
-        [sys.executable, '-m', 'ray.scripts.scripts', 'stop', '--force'],
-        capture_output=True,
-        timeout=120,
-        check=False)
+      [sys.executable, '-m', 'ray.scripts.scripts', 'stop', '--force'],
+      capture_output=True,
+      timeout=120,
+      check=False,
+    )
     return RayCluster()
 
 
@@ -290,10 +286,22 @@ class Job:
     self.output = str(work / 'out')
     self.progress_dir = self.output + '.progress'
     self.started = time.monotonic()
-    cmd = [sys.executable, os.path.abspath(__file__), 'pipeline',
-           'count_and_sum', '--job_endpoint', server.endpoint, '--output',
-           self.output, '--elements', str(elements), '--keys', str(KEYS),
-           '--sleep', str(sleep)]
+    cmd = [
+      sys.executable,
+      os.path.abspath(__file__),
+      'pipeline',
+      'count_and_sum',
+      '--job_endpoint',
+      server.endpoint,
+      '--output',
+      self.output,
+      '--elements',
+      str(elements),
+      '--keys',
+      str(KEYS),
+      '--sleep',
+      str(sleep),
+    ]
     self.client = RefractProcess(cmd, work / 'client.log')
 
   def finish(self, timeout_s=PIPELINE_TIMEOUT_S):
@@ -301,8 +309,9 @@ class Job:
     try:
       self.client.proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-      raise AssertionError('the job did not end within %ss:\n%s' %
-                           (timeout_s, self.client.log_tail())) from None
+      raise AssertionError(
+        'the job did not end within %ss:\n%s' % (timeout_s, self.client.log_tail())
+      ) from None
     self.seconds = time.monotonic() - self.started
     for line in self.client.log_tail(1 << 30).splitlines():
       if line.startswith('FINAL_STATE '):
@@ -319,8 +328,11 @@ class Job:
     want = expected_lines(self.elements, KEYS)
     got = sorted(lines)
     assert got == want, '%d lines, %d expected; missing %s; unexpected %s' % (
-        len(got), len(want), sorted(set(want) - set(got))[:5],
-        sorted(set(got) - set(want))[:5])
+      len(got),
+      len(want),
+      sorted(set(want) - set(got))[:5],
+      sorted(set(got) - set(want))[:5],
+    )
 
   def progress(self):
     """(time, element, worker id) of every element Touch handled so far,
@@ -329,7 +341,7 @@ class Job:
     if not os.path.isdir(self.progress_dir):
       return found
     for name in os.listdir(self.progress_dir):
-      worker = name[:-len('.log')]
+      worker = name[: -len('.log')]
       with open(os.path.join(self.progress_dir, name)) as f:
         for line in f:
           parts = line.split()
@@ -344,22 +356,32 @@ def ray_server(request, pools_bin, ray_cluster, tmp_path):
   yields it once every node has a pool. Its log, and the client's of a
   test's job, are in the report of a failing test."""
   server = RefractServer(
-      pools_bin, tmp_path / 'refract-serve.log',
-      extra_args=['--serve_http=false', '--fn_api_host', '127.0.0.1',
-                  '--sdk_python', sys.executable, '--worker_pool',
-                  ray_cluster.address])
+    pools_bin,
+    tmp_path / 'refract-serve.log',
+    extra_args=[
+      '--serve_http=false',
+      '--fn_api_host',
+      '127.0.0.1',
+      '--sdk_python',
+      sys.executable,
+      '--worker_pool',
+      ray_cluster.address,
+    ],
+  )
   processes = request.node.refract_processes = [server]
   try:
     server.wait_ready()
     started = time.monotonic()
-    wait_for('a pool per node', lambda: len(live_pools(server)) == 3,
-             POOLS_UP_S, server)
+    wait_for('a pool per node', lambda: len(live_pools(server)) == 3, POOLS_UP_S, server)
     print('3 pools up %.1fs after the server' % (time.monotonic() - started))
     # Ray Client sometimes fails to start the head's server for a new
     # client (`SpecificServer startup failed`, after 30-40 s); Refract then
     # starts its sidecar again. Shown, as it explains a slow start.
-    for line in re.findall(r'.*(?:Ray driver reports trouble|Ray worker pools '
-                           r'are gone).*', server_log(server)):
+    for line in re.findall(
+      r'.*(?:Ray driver reports trouble|Ray worker pools '
+      r'are gone).*',
+      server_log(server),
+    ):
       print('  before the pools were up: %s' % line[:300])
     yield server
   finally:
@@ -379,8 +401,7 @@ def wait_for(what, condition, timeout_s, server):
   deadline = time.monotonic() + timeout_s
   while not condition():
     assert server.proc.poll() is None, 'refract serve exited'
-    assert time.monotonic() < deadline, '%s: not within %ss' % (what,
-                                                                timeout_s)
+    assert time.monotonic() < deadline, '%s: not within %ss' % (what, timeout_s)
     time.sleep(0.3)
 
 
@@ -388,16 +409,18 @@ def pools_list(server):
   """`refract pools list`: one (source, address, state, capacity, workers)
   per pool."""
   run = subprocess.run(
-      [server.args[0], 'pools', 'list', '--job_endpoint', server.endpoint],
-      capture_output=True, text=True, timeout=30, check=False)
+    [server.args[0], 'pools', 'list', '--job_endpoint', server.endpoint],
+    capture_output=True,
+    text=True,
+    timeout=30,
+    check=False,
+  )
   assert run.returncode == 0, run.stdout + run.stderr
-  return [tuple(line.split('\t')) for line in run.stdout.splitlines()
-          if line.strip()]
+  return [tuple(line.split('\t')) for line in run.stdout.splitlines() if line.strip()]
 
 
 def live_pools(server):
-  return sorted(row[1] for row in pools_list(server)
-                if len(row) >= 3 and row[2] == 'live')
+  return sorted(row[1] for row in pools_list(server) if len(row) >= 3 and row[2] == 'live')
 
 
 def server_log(server):
@@ -406,9 +429,9 @@ def server_log(server):
 
 def pool_nodes(server):
   """Pool address -> Ray node id, from the server's log."""
-  return dict(re.findall(
-      r"Ray node's worker pool is up .*?pool=(\S+) node=(\w+)",
-      server_log(server)))
+  return dict(
+    re.findall(r"Ray node's worker pool is up .*?pool=(\S+) node=(\w+)", server_log(server))
+  )
 
 
 def worker_pools(server, since=None):
@@ -416,8 +439,11 @@ def worker_pools(server, since=None):
   `since`, a time.time(), if given), from the server's log."""
   found = {}
   for line in server_log(server).splitlines():
-    m = re.search(r'starting worker through the worker pool '
-                  r'worker_id="?([^" ]+)"? pool=(\S+)', line)
+    m = re.search(
+      r'starting worker through the worker pool '
+      r'worker_id="?([^" ]+)"? pool=(\S+)',
+      line,
+    )
     if m and (since is None or (log_time(line) or 0) >= since):
       found[m.group(1)] = m.group(2)
   return found
@@ -430,8 +456,11 @@ def log_time(line):
   if not m:
     return None
   head, _, frac = m.group(1).partition('.')
-  stamp = datetime.datetime.strptime(head, '%Y-%m-%dT%H:%M:%S').replace(
-      tzinfo=datetime.timezone.utc).timestamp()
+  stamp = (
+    datetime.datetime.strptime(head, '%Y-%m-%dT%H:%M:%S')
+    .replace(tzinfo=datetime.timezone.utc)
+    .timestamp()
+  )
   return stamp + float('0.' + (frac or '0'))
 
 
@@ -446,13 +475,11 @@ def log_lines_after(server, at, pattern):
   return found
 
 
-def test_batch_job_runs_on_every_node(request, ray_cluster, ray_server,
-                                      tmp_path):
+def test_batch_job_runs_on_every_node(request, ray_cluster, ray_server, tmp_path):
   pools = live_pools(ray_server)
   nodes = pool_nodes(ray_server)
   # One pool per node, told apart by port: the nodes share this host's IP.
-  assert sorted(nodes.get(p) for p in pools) == sorted(
-      ray_cluster.node_ids()), (pools, nodes)
+  assert sorted(nodes.get(p) for p in pools) == sorted(ray_cluster.node_ids()), (pools, nodes)
 
   job = submit(request, ray_server, tmp_path, BATCH_ELEMENTS, BATCH_SLEEP_S)
   state = job.finish()
@@ -462,13 +489,19 @@ def test_batch_job_runs_on_every_node(request, ray_cluster, ray_server,
   started_on = worker_pools(ray_server)
   worked = {w for _, _, w in job.progress()}
   nodes_that_worked = {nodes.get(started_on.get(w)) for w in worked}
-  print('job DONE in %.1fs; workers started %s; elements by node %s' % (
-      job.seconds, started_on,
-      {n: sum(1 for _, _, w in job.progress() if nodes.get(started_on.get(w))
-              == n) for n in nodes_that_worked}))
+  print(
+    'job DONE in %.1fs; workers started %s; elements by node %s'
+    % (
+      job.seconds,
+      started_on,
+      {
+        n: sum(1 for _, _, w in job.progress() if nodes.get(started_on.get(w)) == n)
+        for n in nodes_that_worked
+      },
+    )
+  )
   # Every worker was started through a Ray pool, one per node CPU: three.
-  assert len(started_on) == 3 and set(started_on.values()) <= set(pools), (
-      started_on, pools)
+  assert len(started_on) == 3 and set(started_on.values()) <= set(pools), (started_on, pools)
   assert worked <= set(started_on), (worked, started_on)
   assert len(nodes_that_worked - {None}) >= 2, (worked, started_on, nodes)
 
@@ -491,7 +524,8 @@ def test_node_killed_mid_job(request, ray_cluster, ray_server, tmp_path):
     second, once the job is well under way, else None."""
     entries = job.progress()
     assert job.client.proc.poll() is None, (
-        'the job ended before the fault:\n' + job.client.log_tail())
+      'the job ended before the fault:\n' + job.client.log_tail()
+    )
     if len({w for _, _, w in entries}) < 3 or len(entries) < 300:
       return None
     for t, _, worker in reversed(entries):
@@ -508,8 +542,7 @@ def test_node_killed_mid_job(request, ray_cluster, ray_server, tmp_path):
     time.sleep(0.2)
     victim = victim_busy()
   node = node_ids[node_of_worker(ray_server, victim)]
-  victim_pool = [p for p, n in pool_nodes(ray_server).items()
-                 if n == node.node_id][0]
+  victim_pool = [p for p, n in pool_nodes(ray_server).items() if n == node.node_id][0]
   done_before = len(job.progress())
   killed_at = time.time()
   ray_cluster.cluster.remove_node(node, allow_graceful=False)
@@ -522,37 +555,39 @@ def test_node_killed_mid_job(request, ray_cluster, ray_server, tmp_path):
   entries = job.progress()
   victim_did = {i for _, i, w in entries if w == victim}
   victim_last = max(t for t, _, w in entries if w == victim)
-  others_after = [(t, i) for t, i, w in entries
-                  if w != victim and t > killed_at]
+  others_after = [(t, i) for t, i, w in entries if w != victim and t > killed_at]
   redone = [t for t, i in others_after if i in victim_did]
-  gaps = [b - a for a, b in zip([killed_at] + [t for t, _ in others_after],
-                                [t for t, _ in others_after])]
+  gaps = [
+    b - a
+    for a, b in zip(
+      [killed_at] + [t for t, _ in others_after], [t for t, _ in others_after], strict=False
+    )
+  ]
   replacements = worker_pools(ray_server, since=killed_at)
   noticed = log_lines_after(
-      ray_server, killed_at,
-      r'(?i)lost|gone|quarantin|retry|retrying|%s|%s' % (
-          re.escape(victim), re.escape(victim_pool)))
+    ray_server,
+    killed_at,
+    r'(?i)lost|gone|quarantin|retry|retrying|%s|%s' % (re.escape(victim), re.escape(victim_pool)),
+  )
   detected = [s for s, line in noticed if victim in line]
-  pool_gone = [s for s, line in noticed
-               if "Ray node's worker pool is gone" in line]
+  pool_gone = [s for s, line in noticed if "Ray node's worker pool is gone" in line]
   measured = dict(
-      job_s=round(job.seconds, 1),
-      elements_before_kill=done_before,
-      remove_node_s=round(killed_in, 2),
-      worker_loss_logged_s=detected[0] if detected else None,
-      pool_removed_s=pool_gone[0] if pool_gone else None,
-      victim_last_element_after_kill_s=round(victim_last - killed_at, 2),
-      first_other_progress_s=round(others_after[0][0] - killed_at, 2)
-      if others_after else None,
-      longest_pause_s=round(max(gaps), 2) if gaps else None,
-      first_redo_s=round(min(redone) - killed_at, 2) if redone else None,
-      elements_redone=len(redone),
-      elements_logged=len(entries),
-      replacement_workers=replacements,
-      pools_after=live_pools(ray_server))
+    job_s=round(job.seconds, 1),
+    elements_before_kill=done_before,
+    remove_node_s=round(killed_in, 2),
+    worker_loss_logged_s=detected[0] if detected else None,
+    pool_removed_s=pool_gone[0] if pool_gone else None,
+    victim_last_element_after_kill_s=round(victim_last - killed_at, 2),
+    first_other_progress_s=round(others_after[0][0] - killed_at, 2) if others_after else None,
+    longest_pause_s=round(max(gaps), 2) if gaps else None,
+    first_redo_s=round(min(redone) - killed_at, 2) if redone else None,
+    elements_redone=len(redone),
+    elements_logged=len(entries),
+    replacement_workers=replacements,
+    pools_after=live_pools(ray_server),
+  )
   print('MEASURED node_killed %s' % measured)
-  print('server log after the kill:\n  %s' % '\n  '.join(
-      '+%.2fs %s' % x for x in noticed[:12]))
+  print('server log after the kill:\n  %s' % '\n  '.join('+%.2fs %s' % x for x in noticed[:12]))
   # The victim's worker died with its node (it notices its pool actor's
   # end within a second).
   assert victim_last - killed_at < 3, measured
@@ -574,35 +609,45 @@ def test_node_added_mid_job(request, ray_cluster, ray_server, tmp_path):
   results."""
   before = live_pools(ray_server)
   job = submit(request, ray_server, tmp_path, ADDED_ELEMENTS, SLOW_SLEEP_S)
-  wait_for('the job at work', lambda: job.progress() or job.client.proc.poll(
-  ) is not None, 120, ray_server)
+  wait_for(
+    'the job at work', lambda: job.progress() or job.client.proc.poll() is not None, 120, ray_server
+  )
   assert job.client.proc.poll() is None, job.client.log_tail()
   joined_at = time.time()
   node = ray_cluster.cluster.add_node(**NODE)
-  wait_for('a pool on the new node',
-           lambda: node.node_id in pool_nodes(ray_server).values(), 60,
-           ray_server)
+  wait_for(
+    'a pool on the new node',
+    lambda: node.node_id in pool_nodes(ray_server).values(),
+    60,
+    ray_server,
+  )
   up_s = time.time() - joined_at
   job_running_then = job.client.proc.poll() is None
   rows = pools_list(ray_server)
-  new_pool = [p for p, n in pool_nodes(ray_server).items()
-              if n == node.node_id][0]
+  new_pool = [p for p, n in pool_nodes(ray_server).items() if n == node.node_id][0]
 
   state = job.finish()
   assert state == 'DONE', job.client.log_tail()
   job.assert_exact()
-  on_new = {w: p for w, p in worker_pools(ray_server).items()
-            if p == new_pool}
-  print('MEASURED node_added %s' % dict(
-      pool_up_after_join_s=round(up_s, 1), job_s=round(job.seconds, 1),
+  on_new = {w: p for w, p in worker_pools(ray_server).items() if p == new_pool}
+  print(
+    'MEASURED node_added %s'
+    % dict(
+      pool_up_after_join_s=round(up_s, 1),
+      job_s=round(job.seconds, 1),
       job_still_running_when_pool_up=job_running_then,
       workers_started_on_new_pool=sorted(on_new),
       elements_done_there=sum(1 for _, _, w in job.progress() if w in on_new),
-      pools_list=rows))
+      pools_list=rows,
+    )
+  )
   listed = {row[1]: row for row in rows}
   assert new_pool in listed and new_pool not in before, (rows, before)
   assert listed[new_pool][2:4] == ('live', 'capacity 1'), rows
   assert sorted(live_pools(ray_server)) == sorted(before + [new_pool])
   if job_running_then:
-    assert on_new, ('the running job started no worker on the new pool',
-                    worker_pools(ray_server), new_pool)
+    assert on_new, (
+      'the running job started no worker on the new pool',
+      worker_pools(ray_server),
+      new_pool,
+    )

@@ -22,10 +22,15 @@ import time
 
 import grpc
 import pytest
-from apache_beam.portability.api import beam_job_api_pb2
-from apache_beam.portability.api import beam_job_api_pb2_grpc
 
-from refract_testlib import RefractServer, committed_counter, durable_server, free_port, job_state, ui_server, wait_for_end
+from refract_testlib import (
+  committed_counter,
+  durable_server,
+  free_port,
+  job_state,
+  ui_server,
+  wait_for_end,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE = os.path.join(HERE, 'recovery_pipeline.py')
@@ -50,7 +55,7 @@ def read_results(output):
   for name in os.listdir(output):
     if not name.endswith('.json') or name.startswith('all-'):
       continue
-    start, key = name[:-len('.json')].split('-')
+    start, key = name[: -len('.json')].split('-')
     with open(os.path.join(output, name)) as f:
       results[(int(start), int(key))] = json.load(f)
   return results
@@ -72,19 +77,31 @@ def read_kept(output):
   for name in os.listdir(output):
     if name.startswith('all-') and name.endswith('.json'):
       with open(os.path.join(output, name)) as f:
-        kept[int(name[len('all-'):-len('.json')])] = json.load(f)
+        kept[int(name[len('all-') : -len('.json')])] = json.load(f)
   return kept
 
 
 def submit(endpoint, output, *experiments, events=EVENTS, keep_all_kb=0):
-  done = subprocess.run([
-      sys.executable, PIPELINE, '--job_endpoint', endpoint, '--output',
-      str(output), '--events', str(events), '--boot', BOOT,
-      '--keep_all_kb', str(keep_all_kb)
-  ] + ['--experiments=' + e for e in experiments],
-                        capture_output=True,
-                        text=True,
-                        timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      PIPELINE,
+      '--job_endpoint',
+      endpoint,
+      '--output',
+      str(output),
+      '--events',
+      str(events),
+      '--boot',
+      BOOT,
+      '--keep_all_kb',
+      str(keep_all_kb),
+    ]
+    + ['--experiments=' + e for e in experiments],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   return done.stdout.strip().splitlines()[-1]
 
@@ -111,15 +128,13 @@ def kill_group(server):
     pass
 
 
-def kill_and_restart(servers, refract_bin, state_dir, port, log,
-                     interval='200ms', extra=()):
+def kill_and_restart(servers, refract_bin, state_dir, port, log, interval='200ms', extra=()):
   """SIGKILLs the latest server and its workers, and starts another on the
   same state directory and port."""
   servers[-1].proc.send_signal(signal.SIGKILL)
   servers[-1].proc.wait()
   kill_group(servers[-1])
-  servers.append(
-      durable_server(refract_bin, state_dir, port, log, interval, extra))
+  servers.append(durable_server(refract_bin, state_dir, port, log, interval, extra))
 
 
 def submitted_job(request, refract_bin, tmp_path):
@@ -127,8 +142,7 @@ def submitted_job(request, refract_bin, tmp_path):
   (server, job id, output directory)."""
   output = tmp_path / 'out'
   output.mkdir()
-  server = durable_server(refract_bin, tmp_path / 'state', free_port(),
-                          tmp_path / 'refract.log')
+  server = durable_server(refract_bin, tmp_path / 'state', free_port(), tmp_path / 'refract.log')
   request.node.refract_processes = [server]
   try:
     return server, submit(server.endpoint, output), output
@@ -152,12 +166,13 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
 # share a 4m budget gives its stage, so it goes to disk beside the
 # checkpoints, which name it there; it must come back whole after each kill.
 @pytest.mark.parametrize(
-    'interval,keep_all_kb,extra',
-    [('200ms', 0, []), ('0s', 0, []),
-     ('200ms', 16, ['--memory_budget', '4m'])],
-    ids=['200ms', '0s', 'state_on_disk'])
+  'interval,keep_all_kb,extra',
+  [('200ms', 0, []), ('0s', 0, []), ('200ms', 16, ['--memory_budget', '4m'])],
+  ids=['200ms', '0s', 'state_on_disk'],
+)
 def test_runner_killed_and_restarted_gives_the_same_results(
-    request, refract_bin, tmp_path, interval, keep_all_kb, extra):
+  request, refract_bin, tmp_path, interval, keep_all_kb, extra
+):
   output = tmp_path / 'out'
   output.mkdir()
   state_dir = tmp_path / 'state'
@@ -166,13 +181,11 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   # Long enough for several kills and restarts before the end.
   events = 3 * EVENTS
   servers = [
-      durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log',
-                     interval, extra)
+    durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log', interval, extra)
   ]
   request.node.refract_processes = servers
   try:
-    job = submit(servers[-1].endpoint, output, events=events,
-                 keep_all_kb=keep_all_kb)
+    job = submit(servers[-1].endpoint, output, events=events, keep_all_kb=keep_all_kb)
     wait_for_results(output, servers[-1])
     kills = 0
     for attempt in range(3):
@@ -181,9 +194,15 @@ def test_runner_killed_and_restarted_gives_the_same_results(
       if state != 'RUNNING':
         assert state == 'DONE', servers[-1].log_tail()
         break
-      kill_and_restart(servers, refract_bin, state_dir, port,
-                       tmp_path / ('refract-%d.log' % (attempt + 1)), interval,
-                       extra)
+      kill_and_restart(
+        servers,
+        refract_bin,
+        state_dir,
+        port,
+        tmp_path / ('refract-%d.log' % (attempt + 1)),
+        interval,
+        extra,
+      )
       kills += 1
     assert kills > 0, 'the job ended before the first kill'
     state = wait_for_end(servers[-1], job)
@@ -200,7 +219,7 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   if keep_all_kb:
     assert read_kept(output) == expected_kept(events)
     # The last server, too, moved bags to disk past the stage's share.
-    finished = [l for l in last_log.splitlines() if 'engine finished' in l]
+    finished = [line for line in last_log.splitlines() if 'engine finished' in line]
     spilled = re.search(r'\bstate_spilled_bytes=(\d+)', finished[-1] if finished else '')
     assert spilled and int(spilled.group(1)) > 0, finished
 
@@ -215,9 +234,11 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
       # Mid-job: the worker is connected and results are coming out.
       if not any(n.endswith('.json') for n in os.listdir(output)):
         continue
-      workers = subprocess.run(['pgrep', '-f', '-s', str(server.proc.pid),
-                                'sdk_worker_main'],
-                               capture_output=True, text=True).stdout.split()
+      workers = subprocess.run(
+        ['pgrep', '-f', '-s', str(server.proc.pid), 'sdk_worker_main'],
+        capture_output=True,
+        text=True,
+      ).stdout.split()
       for pid in workers[:1]:
         os.kill(int(pid), signal.SIGKILL)
         killed += 1
@@ -229,14 +250,13 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
   assert read_results(output) == expected_results(EVENTS)
 
 
-def test_stop_with_savepoint_and_start_again_gives_the_same_results(
-    request, refract_bin, tmp_path):
+def test_stop_with_savepoint_and_start_again_gives_the_same_results(request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
   savepoints = tmp_path / 'savepoints'
   server, ui = ui_server(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--savepoint_dir', str(savepoints)])
+    refract_bin, tmp_path / 'refract.log', extra_args=['--savepoint_dir', str(savepoints)]
+  )
   server.wait_ready()
   request.node.refract_processes = [server]
   savepoint = savepoints / 'job.savepoint'
@@ -246,27 +266,34 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     job = submit(server.endpoint, output, events=events)
     wait_for_results(output, server)
     # A file name: the server writes it in its savepoint directory.
-    done = subprocess.run([
-        refract_bin, 'savepoint', job, '--path', savepoint.name, '--stop',
-        '--ui_endpoint', ui[len('http://'):]
-    ],
-                          capture_output=True,
-                          text=True,
-                          timeout=60)
+    done = subprocess.run(
+      [
+        refract_bin,
+        'savepoint',
+        job,
+        '--path',
+        savepoint.name,
+        '--stop',
+        '--ui_endpoint',
+        ui[len('http://') :],
+      ],
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert 'written to %s' % savepoint in done.stdout, done.stdout
     assert wait_for_end(server, job) == 'CANCELLED'
     assert read_results(output) != expected_results(events), (
-        'the job ended before its savepoint; nothing left to resume')
-    again = submit(
-        server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
+      'the job ended before its savepoint; nothing left to resume'
+    )
+    again = submit(server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
     assert wait_for_end(server, again) == 'DONE', server.log_tail()
     # The savepoint carried the job's counters on.
     assert distinct_events(server.endpoint, again) == events
     # A bad savepoint fails the job at its start, with the reason.
     savepoint.write_bytes(b'not a savepoint')
-    bad = submit(
-        server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
+    bad = submit(server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
     assert wait_for_end(server, bad) == 'FAILED'
     assert 'not a Refract savepoint' in server.log_tail(100000)
   finally:
@@ -275,8 +302,7 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
   assert read_results(output) == expected_results(events)
 
 
-def test_a_job_that_asks_for_memory_state_is_not_resumed(
-    request, refract_bin, tmp_path):
+def test_a_job_that_asks_for_memory_state_is_not_resumed(request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
   state_dir = tmp_path / 'state'
@@ -284,12 +310,9 @@ def test_a_job_that_asks_for_memory_state_is_not_resumed(
   servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log')]
   request.node.refract_processes = servers
   try:
-    job = submit(
-        servers[-1].endpoint, output, 'refract_state_store=memory',
-        events=3 * EVENTS)
+    job = submit(servers[-1].endpoint, output, 'refract_state_store=memory', events=3 * EVENTS)
     wait_for_results(output, servers[-1])
-    kill_and_restart(servers, refract_bin, state_dir, port,
-                     tmp_path / 'refract-1.log')
+    kill_and_restart(servers, refract_bin, state_dir, port, tmp_path / 'refract-1.log')
     try:
       state = job_state(servers[-1].endpoint, job)
     except grpc.RpcError as e:

@@ -115,41 +115,47 @@ def write_lines(lines, output):
   window: what the default trigger does, which Beam refuses to group an
   unbounded PCollection by)."""
   return (
-      lines
-      | 'Global' >> beam.WindowInto(
-          window.GlobalWindows(),
-          trigger=trigger.AfterWatermark(),
-          accumulation_mode=trigger.AccumulationMode.DISCARDING)
-      | 'Bucket' >> beam.Map(lambda l: (zlib.crc32(l.encode()) % BUCKETS, l))
-      | 'ByBucket' >> beam.GroupByKey()
-      | 'Write' >> beam.ParDo(WriteBucket(output)))
+    lines
+    | 'Global'
+    >> beam.WindowInto(
+      window.GlobalWindows(),
+      trigger=trigger.AfterWatermark(),
+      accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    )
+    | 'Bucket' >> beam.Map(lambda line: (zlib.crc32(line.encode()) % BUCKETS, line))
+    | 'ByBucket' >> beam.GroupByKey()
+    | 'Write' >> beam.ParDo(WriteBucket(output))
+  )
 
 
 class CountAndSum(beam.DoFn):
   """Per key and window: a count and a sum in user state, emitted from an
   event-time timer at the window's end (a number applied twice or lost
   would show)."""
+
   COUNT = userstate.ReadModifyWriteStateSpec('count', VarIntCoder())
   TOTAL = userstate.ReadModifyWriteStateSpec('total', VarIntCoder())
   END = userstate.TimerSpec('end', userstate.TimeDomain.WATERMARK)
 
   def process(
-      self,
-      kv,
-      w=beam.DoFn.WindowParam,
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL),
-      end=beam.DoFn.TimerParam(END)):
+    self,
+    kv,
+    w=beam.DoFn.WindowParam,
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+    end=beam.DoFn.TimerParam(END),
+  ):
     count.write((count.read() or 0) + 1)
     total.write((total.read() or 0) + kv[1])
     end.set(w.max_timestamp())
 
   @userstate.on_timer(END)
   def emit(
-      self,
-      key=beam.DoFn.KeyParam,
-      count=beam.DoFn.StateParam(COUNT),
-      total=beam.DoFn.StateParam(TOTAL)):
+    self,
+    key=beam.DoFn.KeyParam,
+    count=beam.DoFn.StateParam(COUNT),
+    total=beam.DoFn.StateParam(TOTAL),
+  ):
     yield '%s %d %d' % (key, count.read() or 0, total.read() or 0)
 
 
@@ -165,8 +171,7 @@ class SlowTouch(beam.DoFn):
 
   def setup(self):
     os.makedirs(self.progress, exist_ok=True)
-    self.log = open(os.path.join(self.progress, where() + '.log'), 'a',
-                    buffering=1)
+    self.log = open(os.path.join(self.progress, where() + '.log'), 'a', buffering=1)
 
   def process(self, i):
     time.sleep(self.sleep)
@@ -176,27 +181,28 @@ class SlowTouch(beam.DoFn):
 
 def wordcount(p, args):
   return (
-      p
-      | beam.io.ReadFromText(args.input)
-      | 'Words' >> beam.FlatMap(lambda line: re.findall(r'[a-z]+', line))
-      | 'One' >> beam.Map(lambda w: (w, 1))
-      | 'Count' >> beam.CombinePerKey(sum)
-      | 'Format' >> beam.MapTuple(lambda w, n: '%s %d' % (w, n)))
+    p
+    | beam.io.ReadFromText(args.input)
+    | 'Words' >> beam.FlatMap(lambda line: re.findall(r'[a-z]+', line))
+    | 'One' >> beam.Map(lambda w: (w, 1))
+    | 'Count' >> beam.CombinePerKey(sum)
+    | 'Format' >> beam.MapTuple(lambda w, n: '%s %d' % (w, n))
+  )
 
 
 def gbk(p, args):
   def describe(k, values):
     values = list(values)
-    return '%d %d %d %d %d' % (k, len(values), sum(values), min(values),
-                               max(values))
+    return '%d %d %d %d %d' % (k, len(values), sum(values), min(values), max(values))
 
   return (
-      p
-      | beam.Create(list(range(args.elements)))
-      | beam.Reshuffle()
-      | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
-      | beam.GroupByKey()
-      | 'Describe' >> beam.MapTuple(describe))
+    p
+    | beam.Create(list(range(args.elements)))
+    | beam.Reshuffle()
+    | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
+    | beam.GroupByKey()
+    | 'Describe' >> beam.MapTuple(describe)
+  )
 
 
 def combine(p, args):
@@ -214,20 +220,22 @@ def combine(p, args):
       return acc
 
   return (
-      p
-      | beam.Create(list(range(args.elements)))
-      | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
-      | beam.CombinePerKey(Stats())
-      | 'Format' >> beam.MapTuple(lambda k, s: '%d %d %d %d' % ((k,) + s)))
+    p
+    | beam.Create(list(range(args.elements)))
+    | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
+    | beam.CombinePerKey(Stats())
+    | 'Format' >> beam.MapTuple(lambda k, s: '%d %d %d %d' % ((k,) + s))
+  )
 
 
 def stateful(p, args):
   return (
-      p
-      | beam.Create(list(range(args.elements)))
-      | beam.Reshuffle()
-      | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
-      | 'CountAndSum' >> beam.ParDo(CountAndSum()))
+    p
+    | beam.Create(list(range(args.elements)))
+    | beam.Reshuffle()
+    | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
+    | 'CountAndSum' >> beam.ParDo(CountAndSum())
+  )
 
 
 def stream_events(windows=6, per_window=100, keys=5):
@@ -236,10 +244,12 @@ def stream_events(windows=6, per_window=100, keys=5):
   tv = window.TimestampedValue
   stream = beam_test_stream.TestStream()
   for w in range(windows):
-    stream = stream.add_elements([
+    stream = stream.add_elements(
+      [
         tv(('k%d' % (i % keys), i), w * 10 + (i % 10))
         for i in range(w * per_window, (w + 1) * per_window)
-    ]).advance_watermark_to(w * 10 + 10)
+      ]
+    ).advance_watermark_to(w * 10 + 10)
   return stream.advance_watermark_to_infinity()
 
 
@@ -250,30 +260,32 @@ def windowed(p, args):
     return '%d %s %d' % (int(w.start), kv[0], kv[1])
 
   return (
-      p
-      | stream_events()
-      | beam.WindowInto(window.FixedWindows(10))
-      | 'Sum' >> beam.CombinePerKey(sum)
-      | 'Format' >> beam.Map(format_window))
+    p
+    | stream_events()
+    | beam.WindowInto(window.FixedWindows(10))
+    | 'Sum' >> beam.CombinePerKey(sum)
+    | 'Format' >> beam.Map(format_window)
+  )
 
 
 def slow(p, args):
   return (
-      p
-      | beam.Create(list(range(args.elements)))
-      | beam.Reshuffle()
-      | 'Slow' >> beam.ParDo(SlowTouch(args.output + '.progress', args.sleep))
-      | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
-      | 'CountAndSum' >> beam.ParDo(CountAndSum()))
+    p
+    | beam.Create(list(range(args.elements)))
+    | beam.Reshuffle()
+    | 'Slow' >> beam.ParDo(SlowTouch(args.output + '.progress', args.sleep))
+    | 'Key' >> beam.Map(lambda i: (i % args.keys, i))
+    | 'CountAndSum' >> beam.ParDo(CountAndSum())
+  )
 
 
 PIPELINES = {
-    'wordcount': wordcount,
-    'gbk': gbk,
-    'combine': combine,
-    'stateful': stateful,
-    'windowed': windowed,
-    'slow': slow,
+  'wordcount': wordcount,
+  'gbk': gbk,
+  'combine': combine,
+  'stateful': stateful,
+  'windowed': windowed,
+  'slow': slow,
 }
 STREAMING = {'windowed'}
 
@@ -321,18 +333,19 @@ if __name__ == '__main__':
 # The tests.
 # ---------------------------------------------------------------------------
 
+# Imported here, not at the top: run as the pipelines' script (above),
+# the file exits before needing them.
 # pylint: disable=wrong-import-position
-import pytest
+import pytest  # noqa: E402
 
-import netns_hosts
+import netns_hosts  # noqa: E402
 
 AVAILABLE, WHY_NOT = netns_hosts.available()
 # Longer than the suite's default per test: a module's first test also
 # builds integration/java and starts the pools.
 pytestmark = [
-    pytest.mark.skipif(not AVAILABLE,
-                       reason='virtual hosts unavailable: %s' % WHY_NOT),
-    pytest.mark.timeout(600),
+  pytest.mark.skipif(not AVAILABLE, reason='virtual hosts unavailable: %s' % WHY_NOT),
+  pytest.mark.timeout(600),
 ]
 
 JOB_PORT = 8099
@@ -394,6 +407,7 @@ def java_classpath():
   """integration/java's classpath (built by integration/common.sh with
   Maven when needed): the Java pipelines, the pool, Beam's harness."""
   import xlang_services  # pylint: disable=import-outside-toplevel
+
   return xlang_services.common_sh('refract_java_classpath')
 
 
@@ -402,15 +416,17 @@ def pools_bin():
   """REFRACT_BIN, which must know the flags under test."""
   path = os.environ.get('REFRACT_BIN')
   if not path:
-    pytest.fail('set REFRACT_BIN to the refract binary under test',
-                pytrace=False)
+    pytest.fail('set REFRACT_BIN to the refract binary under test', pytrace=False)
   path = os.path.abspath(path)
-  usage = subprocess.run([path, 'serve', '--help'], capture_output=True,
-                         text=True, check=False).stdout
+  usage = subprocess.run(
+    [path, 'serve', '--help'], capture_output=True, text=True, check=False
+  ).stdout
   missing = [f for f in ('--worker_pool', '--fn_api_host') if f not in usage]
   if missing:
-    pytest.fail('%s has no %s: not a build with remote worker pools' %
-                (path, ' or '.join(missing)), pytrace=False)
+    pytest.fail(
+      '%s has no %s: not a build with remote worker pools' % (path, ' or '.join(missing)),
+      pytrace=False,
+    )
   return path
 
 
@@ -428,8 +444,7 @@ class Cluster:
     # The pool's container executable: python_boot.sh with its stdout on
     # stderr (worker_pool_main gives workers a stdout pipe it never reads)
     # after a line naming the worker, in the pool's log.
-    self.boot.write_text('#!/bin/sh\necho "pool_boot: worker $*" >&2\n'
-                         'exec %s "$@" 1>&2\n' % BOOT)
+    self.boot.write_text('#!/bin/sh\necho "pool_boot: worker $*" >&2\nexec %s "$@" 1>&2\n' % BOOT)
     self.boot.chmod(0o755)
 
   def start(self, host, cmd, what, log_name, env=None, report=True, cwd=None):
@@ -445,58 +460,79 @@ class Cluster:
 
   def python_pool(self, host, port=PY_POOL_PORT):
     pool = self.start(
-        host, [PYTHON, '-m', PYTHON_POOL_MAIN, '--service_port=%d' % port,
-               '--container_executable=%s' % self.boot],
-        'python worker pool :%d' % port, 'pool-py-%s.log' % host.name)
+      host,
+      [
+        PYTHON,
+        '-m',
+        PYTHON_POOL_MAIN,
+        '--service_port=%d' % port,
+        '--container_executable=%s' % self.boot,
+      ],
+      'python worker pool :%d' % port,
+      'pool-py-%s.log' % host.name,
+    )
     host.wait_listening(port, pool.proc, timeout_s=60)
     return pool
 
   def java_pool(self, host, classpath, port=JAVA_POOL_PORT):
     pool = self.start(
-        host, ['java', '-Xmx256m', '-cp', classpath, JAVA_POOL_MAIN,
-               str(port), '512m'],
-        'java worker pool :%d' % port, 'pool-java-%s.log' % host.name)
+      host,
+      ['java', '-Xmx256m', '-cp', classpath, JAVA_POOL_MAIN, str(port), '512m'],
+      'java worker pool :%d' % port,
+      'pool-java-%s.log' % host.name,
+    )
     host.wait_listening(port, pool.proc, timeout_s=120)
     return pool
 
   def serve(self, port, *flags, name='refract', remote=True):
     """`refract serve` in the runner; with `remote`, its Fn API on the
     runner's address (where pool hosts reach it)."""
-    cmd = [self.bin, 'serve', '--job_port', str(port), '--serve_http=false',
-           '--sdk_python', PYTHON]
+    cmd = [self.bin, 'serve', '--job_port', str(port), '--serve_http=false', '--sdk_python', PYTHON]
     if remote:
       cmd += ['--host', '0.0.0.0', '--fn_api_host', self.runner.address]
     cmd += list(flags)
     n = sum(1 for s in self.servers if s.args[0].startswith('[runner] ' + name))
-    server = self.start(self.runner, cmd, name + ' ' + ' '.join(cmd[2:]),
-                        '%s-%d.log' % (name, n))
+    server = self.start(self.runner, cmd, name + ' ' + ' '.join(cmd[2:]), '%s-%d.log' % (name, n))
     server.endpoint = 'localhost:%d' % port
-    self.runner.wait_listening(port, server.proc, timeout_s=60,
-                               addr='127.0.0.1')
+    self.runner.wait_listening(port, server.proc, timeout_s=60, addr='127.0.0.1')
     self.servers.append(server)
     return server
 
   def submit(self, server, name, output, *extra, wait=True, log_name=None):
     """Starts the client of pipeline `name` in the runner (a Popen)."""
-    cmd = [PYTHON, os.path.abspath(__file__), 'pipeline', name,
-           '--job_endpoint', server.endpoint, '--output', str(output)]
+    cmd = [
+      PYTHON,
+      os.path.abspath(__file__),
+      'pipeline',
+      name,
+      '--job_endpoint',
+      server.endpoint,
+      '--output',
+      str(output),
+    ]
     cmd += [str(e) for e in extra]
     if wait:
       cmd.append('--wait')
-    return self.start(self.runner, cmd, 'client ' + name,
-                      log_name or 'client-%s-%d.log' % (name, time.time()),
-                      report=False)
+    return self.start(
+      self.runner,
+      cmd,
+      'client ' + name,
+      log_name or 'client-%s-%d.log' % (name, time.time()),
+      report=False,
+    )
 
   def status(self, server, job):
-    run = self.runner.run(
-        [self.bin, 'status', job, '--job_endpoint', server.endpoint],
-        timeout=30)
+    run = self.runner.run([self.bin, 'status', job, '--job_endpoint', server.endpoint], timeout=30)
     first = (run.stdout.strip().splitlines() or [''])[0]
-    return first.split(': ', 1)[1].strip() if ': ' in first else (
-        'unknown (%s%s)' % (run.stdout, run.stderr))
+    return (
+      first.split(': ', 1)[1].strip()
+      if ': ' in first
+      else ('unknown (%s%s)' % (run.stdout, run.stderr))
+    )
 
-  def wait_state(self, server, job, states=('DONE', 'FAILED', 'CANCELLED'),
-                 timeout_s=PIPELINE_TIMEOUT_S):
+  def wait_state(
+    self, server, job, states=('DONE', 'FAILED', 'CANCELLED'), timeout_s=PIPELINE_TIMEOUT_S
+  ):
     deadline = time.monotonic() + timeout_s
     state = None
     while time.monotonic() < deadline:
@@ -508,8 +544,7 @@ class Cluster:
 
   def host_of_inode(self):
     return {
-        os.stat(os.path.join(netns_hosts.NETNS_DIR, h.namespace)).st_ino:
-        h.name for h in self.hosts
+      os.stat(os.path.join(netns_hosts.NETNS_DIR, h.namespace)).st_ino: h.name for h in self.hosts
     }
 
 
@@ -517,9 +552,10 @@ def finish(client, timeout_s=PIPELINE_TIMEOUT_S):
   """Waits for a --wait client; its final state."""
   try:
     client.proc.wait(timeout=timeout_s)
-  except subprocess.TimeoutExpired:
-    raise AssertionError('the client did not finish within %ss:\n%s' %
-                         (timeout_s, client.log_tail()))
+  except subprocess.TimeoutExpired as e:
+    raise AssertionError(
+      'the client did not finish within %ss:\n%s' % (timeout_s, client.log_tail())
+    ) from e
   for line in client.log_text().splitlines():
     if line.startswith('FINAL_STATE '):
       return line.split()[1]
@@ -539,26 +575,25 @@ def read_lines(output):
 def worker_hosts(cluster, output):
   """The hosts whose processes wrote the sink's files."""
   by_inode = cluster.host_of_inode()
-  marks = os.listdir(str(output) + '.where') if os.path.isdir(
-      str(output) + '.where') else []
-  return collections.Counter(
-      by_inode.get(int(m.split('-')[0]), 'elsewhere') for m in marks)
+  marks = os.listdir(str(output) + '.where') if os.path.isdir(str(output) + '.where') else []
+  return collections.Counter(by_inode.get(int(m.split('-')[0]), 'elsewhere') for m in marks)
 
 
 def expected_count_and_sum(elements, keys):
-  return sorted('%d %d %d' % (k, len(range(k, elements, keys)),
-                              sum(range(k, elements, keys)))
-                for k in range(min(keys, elements)))
+  return sorted(
+    '%d %d %d' % (k, len(range(k, elements, keys)), sum(range(k, elements, keys)))
+    for k in range(min(keys, elements))
+  )
 
 
 # --- what each pipeline must produce, computed here --------------------------
 
-WORDS = ['w%s' % chr(ord('a') + i) + chr(ord('a') + j)
-         for i in range(20) for j in range(20)]
+WORDS = ['w%s' % chr(ord('a') + i) + chr(ord('a') + j) for i in range(20) for j in range(20)]
 
 
 def make_wordcount_input(path):
   import random  # pylint: disable=import-outside-toplevel
+
   rng = random.Random(7)
   with open(path, 'w') as f:
     for _ in range(4000):
@@ -572,24 +607,37 @@ def expected_wordcount(path):
 
 
 PYTHON_CASES = {
-    # name: (its arguments, its lines), each a function of the work dir
-    'wordcount': (lambda work: ['--input', work / 'words.txt'],
-                  lambda work: expected_wordcount(work / 'words.txt')),
-    'gbk': (lambda work: ['--elements', 30000, '--keys', 3001],
-            lambda work: sorted(
-                '%d %d %d %d %d' % (k, len(range(k, 30000, 3001)),
-                                    sum(range(k, 30000, 3001)), k,
-                                    range(k, 30000, 3001)[-1])
-                for k in range(3001))),
-    'combine': (lambda work: ['--elements', 30000, '--keys', 97],
-                lambda work: sorted(
-                    '%d %d %d %d' % (k, len(range(k, 30000, 97)),
-                                     sum(range(k, 30000, 97)),
-                                     sum(x * x for x in range(k, 30000, 97)))
-                    for k in range(97))),
-    'stateful': (lambda work: ['--elements', 20000, '--keys', 50],
-                 lambda work: expected_count_and_sum(20000, 50)),
-    'windowed': (lambda work: [], lambda work: expected_windowed()),
+  # name: (its arguments, its lines), each a function of the work dir
+  'wordcount': (
+    lambda work: ['--input', work / 'words.txt'],
+    lambda work: expected_wordcount(work / 'words.txt'),
+  ),
+  'gbk': (
+    lambda work: ['--elements', 30000, '--keys', 3001],
+    lambda work: sorted(
+      '%d %d %d %d %d'
+      % (k, len(range(k, 30000, 3001)), sum(range(k, 30000, 3001)), k, range(k, 30000, 3001)[-1])
+      for k in range(3001)
+    ),
+  ),
+  'combine': (
+    lambda work: ['--elements', 30000, '--keys', 97],
+    lambda work: sorted(
+      '%d %d %d %d'
+      % (
+        k,
+        len(range(k, 30000, 97)),
+        sum(range(k, 30000, 97)),
+        sum(x * x for x in range(k, 30000, 97)),
+      )
+      for k in range(97)
+    ),
+  ),
+  'stateful': (
+    lambda work: ['--elements', 20000, '--keys', 50],
+    lambda work: expected_count_and_sum(20000, 50),
+  ),
+  'windowed': (lambda work: [], lambda work: expected_windowed()),
 }
 JAVA_RECORDS = 100000
 JAVA_KEYS = 1000
@@ -600,8 +648,7 @@ def expected_windowed(windows=6, per_window=100, keys=5):
   for w in range(windows):
     for i in range(w * per_window, (w + 1) * per_window):
       sums[(w * 10, 'k%d' % (i % keys))] += i
-  return sorted('%d %s %d' % (start, key, total)
-                for (start, key), total in sums.items())
+  return sorted('%d %s %d' % (start, key, total) for (start, key), total in sums.items())
 
 
 @pytest.fixture(scope='module')
@@ -619,8 +666,10 @@ def same_results_cluster(request, pools_bin, tmp_path_factory):
       cluster.python_pool(h)
       cluster.java_pool(h, classpath)
       pool_flags += [
-          '--worker_pool', 'python=%s:%d' % (h.address, PY_POOL_PORT),
-          '--worker_pool', 'java=%s:%d' % (h.address, JAVA_POOL_PORT)
+        '--worker_pool',
+        'python=%s:%d' % (h.address, PY_POOL_PORT),
+        '--worker_pool',
+        'java=%s:%d' % (h.address, JAVA_POOL_PORT),
       ]
     cluster.local = cluster.serve(JOB_PORT, name='local', remote=False)
     cluster.remote = cluster.serve(JOB_PORT + 1, *pool_flags, name='remote')
@@ -629,9 +678,9 @@ def same_results_cluster(request, pools_bin, tmp_path_factory):
 
 def run_python_case(cluster, server, name, output):
   extra, _ = PYTHON_CASES[name]
-  client = cluster.submit(server, name, output, *extra(cluster.work),
-                          log_name='client-%s-%s.log' %
-                          (name, output.name))
+  client = cluster.submit(
+    server, name, output, *extra(cluster.work), log_name='client-%s-%s.log' % (name, output.name)
+  )
   started = time.monotonic()
   state = finish(client)
   return state, time.monotonic() - started, client
@@ -639,60 +688,70 @@ def run_python_case(cluster, server, name, output):
 
 def run_java_case(cluster, server, output):
   cmd = [
-      'java', '-cp', cluster.classpath, JAVA_BENCH_MAIN,
-      '--runner=PortableRunner', '--jobEndpoint=' + server.endpoint,
-      '--workload=gbk', '--records=%d' % JAVA_RECORDS,
-      '--keys=%d' % JAVA_KEYS, '--output=%s' % output
+    'java',
+    '-cp',
+    cluster.classpath,
+    JAVA_BENCH_MAIN,
+    '--runner=PortableRunner',
+    '--jobEndpoint=' + server.endpoint,
+    '--workload=gbk',
+    '--records=%d' % JAVA_RECORDS,
+    '--keys=%d' % JAVA_KEYS,
+    '--output=%s' % output,
   ]
-  client = cluster.start(cluster.runner, cmd, 'java client',
-                         'client-java-%s.log' % os.path.basename(output),
-                         report=False)
+  client = cluster.start(
+    cluster.runner,
+    cmd,
+    'java client',
+    'client-java-%s.log' % os.path.basename(output),
+    report=False,
+  )
   started = time.monotonic()
   try:
     client.proc.wait(timeout=PIPELINE_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    raise AssertionError('Java client still running:\n' + client.log_tail())
+  except subprocess.TimeoutExpired as e:
+    raise AssertionError('Java client still running:\n' + client.log_tail()) from e
   return client.proc.returncode, time.monotonic() - started, client
 
 
 @pytest.mark.parametrize('name', sorted(PYTHON_CASES) + ['java_gbk'])
-def test_same_results_locally_and_on_remote_pools(request, same_results_cluster,
-                                                  name):
+def test_same_results_locally_and_on_remote_pools(request, same_results_cluster, name):
   cluster = same_results_cluster
   request.node.refract_processes = cluster.processes
   outputs = {}
   seconds = {}
-  pool_kind, started_mark = (('java worker pool', 'started worker')
-                             if name == 'java_gbk' else
-                             ('python worker pool', 'pool_boot: worker'))
+  pool_kind, started_mark = (
+    ('java worker pool', 'started worker')
+    if name == 'java_gbk'
+    else ('python worker pool', 'pool_boot: worker')
+  )
 
   def started_per_pool():
     """Workers each pool host has started so far (its log names them)."""
-    return collections.Counter({
+    return collections.Counter(
+      {
         p.host.name: p.log_text().count(started_mark)
-        for p in cluster.processes if pool_kind in p.args[0]
-    })
+        for p in cluster.processes
+        if pool_kind in p.args[0]
+      }
+    )
 
   for kind, server in (('local', cluster.local), ('remote', cluster.remote)):
     output = cluster.work / ('%s-%s' % (name, kind))
     before = started_per_pool()
     if name == 'java_gbk':
-      rc, seconds[kind], client = run_java_case(cluster, server,
-                                                str(output) + '.txt')
+      rc, seconds[kind], client = run_java_case(cluster, server, str(output) + '.txt')
       assert rc == 0, '%s run failed:\n%s' % (kind, client.log_tail())
       with open(str(output) + '.txt') as f:
         outputs[kind] = f.read().split()
     else:
-      state, seconds[kind], client = run_python_case(cluster, server, name,
-                                                     output)
-      assert state == 'DONE', '%s run ended %s:\n%s' % (kind, state,
-                                                        client.log_tail())
+      state, seconds[kind], client = run_python_case(cluster, server, name, output)
+      assert state == 'DONE', '%s run ended %s:\n%s' % (kind, state, client.log_tail())
       outputs[kind] = read_lines(output)
     started = started_per_pool()
     started.subtract(before)
     if kind == 'local':
-      assert not +started, ('the local server started workers in pools',
-                            started)
+      assert not +started, ('the local server started workers in pools', started)
   if name == 'java_gbk':
     assert outputs['local'] == [str(JAVA_RECORDS * (JAVA_RECORDS - 1) // 2)]
   else:
@@ -703,10 +762,16 @@ def test_same_results_locally_and_on_remote_pools(request, same_results_cluster,
     assert set(local_hosts) == {'runner'}, local_hosts
     assert remote_hosts and set(remote_hosts) <= {'h1', 'h2'}, remote_hosts
   assert outputs['remote'] == outputs['local'], describe_difference(
-      outputs['remote'], outputs['local'])
-  report('same_results', pipeline=name, local_s=round(seconds['local'], 1),
-         remote_s=round(seconds['remote'], 1), workers_started=dict(started),
-         lines=len(outputs['local']))
+    outputs['remote'], outputs['local']
+  )
+  report(
+    'same_results',
+    pipeline=name,
+    local_s=round(seconds['local'], 1),
+    remote_s=round(seconds['remote'], 1),
+    workers_started=dict(started),
+    lines=len(outputs['local']),
+  )
   # The remote run's workers started in both pools.
   assert started['h1'] > 0 and started['h2'] > 0, started
 
@@ -715,7 +780,11 @@ def describe_difference(got, want):
   missing = sorted(set(want) - set(got))
   extra = sorted(set(got) - set(want))
   return '%d lines, %d expected; missing %s; unexpected %s' % (
-      len(got), len(want), missing[:10], extra[:10])
+    len(got),
+    len(want),
+    missing[:10],
+    extra[:10],
+  )
 
 
 # --- fault tests --------------------------------------------------------------
@@ -733,7 +802,7 @@ class Progress:
     if not os.path.isdir(self.dir):
       return found
     for name in os.listdir(self.dir):
-      inode, pid = name[:-len('.log')].split('-')
+      inode, pid = name[: -len('.log')].split('-')
       host = self.by_inode.get(int(inode), 'elsewhere')
       with open(os.path.join(self.dir, name)) as f:
         for line in f:
@@ -742,8 +811,9 @@ class Progress:
             found.append((float(parts[1]), int(parts[0]), host, int(pid)))
     return sorted(found)
 
-  def wait_for_both_hosts(self, cluster, client, victim='h1', timeout_s=120,
-                          min_done=100, waiting=True):
+  def wait_for_both_hosts(
+    self, cluster, client, victim='h1', timeout_s=120, min_done=100, waiting=True
+  ):
     """Waits until both pool hosts have done elements, at least
     `min_done` in all, and `victim` did one in the last second: the job is
     well under way and the victim has a bundle in flight."""
@@ -751,15 +821,17 @@ class Progress:
     while True:
       entries = self.entries()
       hosts = collections.Counter(e[2] for e in entries)
-      recent = [e for e in entries
-                if e[2] == victim and e[0] > time.time() - 1.0]
+      recent = [e for e in entries if e[2] == victim and e[0] > time.time() - 1.0]
       if len(hosts) >= 2 and len(entries) >= min_done and recent:
         return entries
       assert not waiting or client.proc.poll() is None, (
-          'the job ended before the fault:\n' + client.log_tail())
-      assert time.monotonic() < deadline, (
-          'progress by host after %ss: %s; server log:\n%s' %
-          (timeout_s, dict(hosts), cluster.servers[-1].log_tail()))
+        'the job ended before the fault:\n' + client.log_tail()
+      )
+      assert time.monotonic() < deadline, 'progress by host after %ss: %s; server log:\n%s' % (
+        timeout_s,
+        dict(hosts),
+        cluster.servers[-1].log_tail(),
+      )
       time.sleep(0.2)
 
 
@@ -768,17 +840,17 @@ def recovery_times(entries, victim, fault_at):
   the victim had done (and lost) was done again on another host, and the
   longest pause of the other hosts' progress after the fault."""
   victim_done = {e[1] for e in entries if e[2] == victim}
-  redone = [e[0] for e in entries
-            if e[2] != victim and e[0] > fault_at and e[1] in victim_done]
+  redone = [e[0] for e in entries if e[2] != victim and e[0] > fault_at and e[1] in victim_done]
   others = [e[0] for e in entries if e[2] != victim and e[0] > fault_at]
-  gaps = [b - a for a, b in zip([fault_at] + others, others)]
+  gaps = [b - a for a, b in zip([fault_at] + others, others, strict=False)]
   return dict(
-      first_redo_s=round(min(redone) - fault_at, 2) if redone else None,
-      redone_elements=len(redone),
-      first_other_progress_s=round(others[0] - fault_at, 2) if others else None,
-      longest_pause_s=round(max(gaps), 2) if gaps else None,
-      elements_logged=len(entries),
-      distinct_elements=len({e[1] for e in entries}))
+    first_redo_s=round(min(redone) - fault_at, 2) if redone else None,
+    redone_elements=len(redone),
+    first_other_progress_s=round(others[0] - fault_at, 2) if others else None,
+    longest_pause_s=round(max(gaps), 2) if gaps else None,
+    elements_logged=len(entries),
+    distinct_elements=len({e[1] for e in entries}),
+  )
 
 
 def log_time(line):
@@ -794,8 +866,7 @@ def log_time(line):
     fmt = '%Y-%m-%dT%H:%M:%S.%f'
   else:
     fmt = '%Y-%m-%dT%H:%M:%S'
-  return datetime.datetime.strptime(text, fmt).replace(
-      tzinfo=datetime.timezone.utc).timestamp()
+  return datetime.datetime.strptime(text, fmt).replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def server_lines_after(server, at, pattern):
@@ -818,14 +889,12 @@ def cluster(request, pools_bin, tmp_path):
     c.pool_flags = {}
     for h in (hosts['h1'], hosts['h2']):
       c.python_pool(h)
-      c.pool_flags[h.name] = ['--worker_pool',
-                              'python=%s:%d' % (h.address, PY_POOL_PORT)]
+      c.pool_flags[h.name] = ['--worker_pool', 'python=%s:%d' % (h.address, PY_POOL_PORT)]
     yield c
 
 
 def slow_args():
-  return ['--elements', SLOW_ELEMENTS, '--sleep', SLOW_SLEEP_S, '--keys',
-          SLOW_KEYS]
+  return ['--elements', SLOW_ELEMENTS, '--sleep', SLOW_SLEEP_S, '--keys', SLOW_KEYS]
 
 
 def assert_exact(output):
@@ -835,25 +904,28 @@ def assert_exact(output):
 
 
 def loss_lines(server, at, host):
-  return server_lines_after(
-      server, at, r'lost|quarantin|unreachable|%s' % re.escape(host.address))
+  return server_lines_after(server, at, r'lost|quarantin|unreachable|%s' % re.escape(host.address))
 
 
 def started_workers(cluster):
   """Host name -> workers its Python pool has started so far."""
   return {
-      p.host.name: p.log_text().count('pool_boot: worker')
-      for p in cluster.processes if 'python worker pool' in p.args[0]
+    p.host.name: p.log_text().count('pool_boot: worker')
+    for p in cluster.processes
+    if 'python worker pool' in p.args[0]
   }
 
 
 def list_pools(cluster, server):
   """`refract pools list` of `server` (its output, or why not)."""
   listed = cluster.runner.run(
-      [cluster.bin, 'pools', 'list', '--job_endpoint', server.endpoint],
-      timeout=30)
-  return listed.stdout if listed.returncode == 0 else (
-      'pools list failed: %s%s' % (listed.stdout, listed.stderr))
+    [cluster.bin, 'pools', 'list', '--job_endpoint', server.endpoint], timeout=30
+  )
+  return (
+    listed.stdout
+    if listed.returncode == 0
+    else ('pools list failed: %s%s' % (listed.stdout, listed.stderr))
+  )
 
 
 def fault_test(cluster, fault, name, workers=None):
@@ -861,8 +933,7 @@ def fault_test(cluster, fault, name, workers=None):
   default the pools' capacity), applies `fault(h1)` once both are at work,
   and checks the job ends DONE with exact results; reports how the
   recovery went."""
-  server = cluster.serve(JOB_PORT, *(cluster.pool_flags['h1'] +
-                                     cluster.pool_flags['h2']))
+  server = cluster.serve(JOB_PORT, *(cluster.pool_flags['h1'] + cluster.pool_flags['h2']))
   output = cluster.work / 'out'
   started = time.monotonic()
   extra = slow_args()
@@ -890,12 +961,18 @@ def fault_test(cluster, fault, name, workers=None):
   measured = recovery_times(entries, 'h1', fault_at)
   noticed = loss_lines(server, fault_at, h1)
   replaced_on_h2 = started_workers(cluster)['h2'] - workers_before['h2']
-  report(name, workers=workers or 'capacity', job_s=round(total_s, 1),
-         fault_after_elements=len(before), workers_before=workers_before,
-         replacements_on_h2=replaced_on_h2,
-         pools_mid_job=pools_mid,
-         pools_after=list_pools(cluster, server).strip().splitlines(),
-         first_loss_log=noticed[:3], **measured)
+  report(
+    name,
+    workers=workers or 'capacity',
+    job_s=round(total_s, 1),
+    fault_after_elements=len(before),
+    workers_before=workers_before,
+    replacements_on_h2=replaced_on_h2,
+    pools_mid_job=pools_mid,
+    pools_after=list_pools(cluster, server).strip().splitlines(),
+    first_loss_log=noticed[:3],
+    **measured,
+  )
   # h1's workers were replaced on the pool that is left.
   assert replaced_on_h2 > 0, (workers_before, started_workers(cluster))
   return measured, noticed
@@ -905,8 +982,7 @@ def fault_test(cluster, fault, name, workers=None):
 # than a batch job's 4 failed attempts in a row, were they counted so).
 @pytest.mark.parametrize('workers', [None, 8], ids=['capacity', '8_workers'])
 def test_host_killed_mid_job(cluster, workers):
-  measured, _ = fault_test(cluster, lambda h1: h1.kill_all(signal.SIGKILL),
-                           'host_killed', workers)
+  measured, _ = fault_test(cluster, lambda h1: h1.kill_all(signal.SIGKILL), 'host_killed', workers)
   # Elements h1 had in flight were done again elsewhere, promptly: its
   # connections were reset (its kernel lives on), no keepalive needed.
   assert measured['first_redo_s'] is not None, measured
@@ -914,8 +990,7 @@ def test_host_killed_mid_job(cluster, workers):
 
 
 def test_host_cut_off_mid_job(cluster):
-  measured, noticed = fault_test(cluster, lambda h1: h1.link_down(),
-                                 'host_cut_off')
+  measured, noticed = fault_test(cluster, lambda h1: h1.link_down(), 'host_cut_off')
   # Nothing told the runner: only keepalives could notice, within the
   # bound, and h1's lost elements were done again elsewhere.
   assert measured['first_redo_s'] is not None, measured
@@ -926,8 +1001,8 @@ def distinct_events(cluster, server, job):
   """recovery_pipeline.py's committed `distinct_events` counter, as
   `refract status` prints it."""
   out = cluster.runner.run(
-      [cluster.bin, 'status', job, '--job_endpoint', server.endpoint],
-      timeout=30).stdout
+    [cluster.bin, 'status', job, '--job_endpoint', server.endpoint], timeout=30
+  ).stdout
   found = re.findall(r'recovery:distinct_events\S*\s.*=\s*(\d+)', out)
   return sum(int(v) for v in found) if found else out
 
@@ -939,6 +1014,7 @@ def test_runner_killed_and_restarted(cluster):
   the server started again with the same flags resumes it from its latest
   checkpoint on new workers in the pools, and its results are exact."""
   from test_recovery import expected_results, read_results  # pylint: disable=import-outside-toplevel
+
   events = RECOVERY_EVENTS
   state_dir = cluster.work / 'state'
   flags = ['--state_dir', str(state_dir), '--checkpoint_interval', '200ms']
@@ -948,10 +1024,23 @@ def test_runner_killed_and_restarted(cluster):
   output = cluster.work / 'out'
   output.mkdir()
   submitted = cluster.runner.run(
-      [PYTHON, RECOVERY_PIPELINE, '--job_endpoint', server.endpoint,
-       '--output', str(output), '--events', str(events), '--boot', BOOT,
-       '--pause', str(RECOVERY_PAUSE_S)],
-      env=host_env(), timeout=180)
+    [
+      PYTHON,
+      RECOVERY_PIPELINE,
+      '--job_endpoint',
+      server.endpoint,
+      '--output',
+      str(output),
+      '--events',
+      str(events),
+      '--boot',
+      BOOT,
+      '--pause',
+      str(RECOVERY_PAUSE_S),
+    ],
+    env=host_env(),
+    timeout=180,
+  )
   assert submitted.returncode == 0, submitted.stderr[-3000:]
   job = submitted.stdout.strip().splitlines()[-1]
   deadline = time.monotonic() + 120
@@ -962,8 +1051,9 @@ def test_runner_killed_and_restarted(cluster):
   time.sleep(1)  # checkpoints (every 200 ms) with those windows in them
   assert cluster.status(server, job) == 'RUNNING', server.log_tail()
   started_before = started_workers(cluster)
-  written_before = {n: os.stat(output / n).st_mtime for n in os.listdir(output)
-                    if n.endswith('.json')}
+  written_before = {
+    n: os.stat(output / n).st_mtime for n in os.listdir(output) if n.endswith('.json')
+  }
   killed_at = time.time()
   os.killpg(server.proc.pid, signal.SIGKILL)
   server.proc.wait(timeout=10)
@@ -978,24 +1068,26 @@ def test_runner_killed_and_restarted(cluster):
   assert read_results(output) == expected_results(events)
   # Resumed, not started over: windows written before the kill (and in a
   # checkpoint) were not written again.
-  rewritten = [n for n, t in written_before.items()
-               if os.stat(output / n).st_mtime != t]
+  rewritten = [n for n, t in written_before.items() if os.stat(output / n).st_mtime != t]
   kept = len(written_before) - len(rewritten)
   # The new workers started in the pools.
   started_after = started_workers(cluster)
-  new_workers = {h: started_after[h] - started_before.get(h, 0)
-                 for h in started_after}
-  firsts = [os.stat(output / n).st_mtime for n in os.listdir(output)
-            if n.endswith('.json') and n not in written_before]
-  report('runner_restarted', windows_before_kill=len(written_before),
-         windows_not_rewritten=kept, restart_s=round(restarted_at - killed_at,
-                                                     1),
-         first_new_result_after_restart_s=round(min(firsts) - restarted_at, 2)
-         if firsts else None,
-         done_after_restart_s=round(done_at - restarted_at, 1),
-         workers_started_after_restart=new_workers)
-  assert kept > 0, ('every window was written again: the job started over',
-                    rewritten)
+  new_workers = {h: started_after[h] - started_before.get(h, 0) for h in started_after}
+  firsts = [
+    os.stat(output / n).st_mtime
+    for n in os.listdir(output)
+    if n.endswith('.json') and n not in written_before
+  ]
+  report(
+    'runner_restarted',
+    windows_before_kill=len(written_before),
+    windows_not_rewritten=kept,
+    restart_s=round(restarted_at - killed_at, 1),
+    first_new_result_after_restart_s=round(min(firsts) - restarted_at, 2) if firsts else None,
+    done_after_restart_s=round(done_at - restarted_at, 1),
+    workers_started_after_restart=new_workers,
+  )
+  assert kept > 0, ('every window was written again: the job started over', rewritten)
   assert sum(new_workers.values()) > 0, new_workers
 
 
@@ -1016,8 +1108,7 @@ def test_pool_added_mid_job(cluster):
     assert client.proc.poll() is None, client.log_tail()
     time.sleep(0.2)
   time.sleep(2)  # well into the job: h1's workers hold all its bundles
-  h2_pool = [p for p in cluster.processes
-             if p.host is h2 and 'worker pool' in p.args[0]][0]
+  h2_pool = [p for p in cluster.processes if p.host is h2 and 'worker pool' in p.args[0]][0]
 
   def h2_started():
     return h2_pool.log_text().count('pool_boot: worker')
@@ -1025,8 +1116,8 @@ def test_pool_added_mid_job(cluster):
   assert h2_started() == 0
   spec = 'python=%s:%d' % (h2.address, PY_POOL_PORT)
   added = cluster.runner.run(
-      [cluster.bin, 'pools', 'add', '--job_endpoint', server.endpoint, spec],
-      timeout=30)
+    [cluster.bin, 'pools', 'add', '--job_endpoint', server.endpoint, spec], timeout=30
+  )
   added_at = time.time()
   assert added.returncode == 0, added.stdout + added.stderr
   listed = list_pools(cluster, server)
@@ -1049,15 +1140,19 @@ def test_pool_added_mid_job(cluster):
   assert_exact(output)
   entries = progress.entries()
   on_h2 = [e for e in entries if e[2] == 'h2']
-  report('pool_added', running_job_grew_after_s=grew_after,
-         replacements_on_h2_after_killing_h1=replaced_on_h2,
-         workers_started_on_h2=h2_started(),
-         first_h2_progress_s=round(on_h2[0][0] - added_at, 2) if on_h2 else None,
-         pools_at_add=listed.strip().splitlines(),
-         pools_later=listed_later.strip().splitlines())
+  report(
+    'pool_added',
+    running_job_grew_after_s=grew_after,
+    replacements_on_h2_after_killing_h1=replaced_on_h2,
+    workers_started_on_h2=h2_started(),
+    first_h2_progress_s=round(on_h2[0][0] - added_at, 2) if on_h2 else None,
+    pools_at_add=listed.strip().splitlines(),
+    pools_later=listed_later.strip().splitlines(),
+  )
   assert grew_after is not None, (
-      'no worker started on the added pool within %ss (after h1 was killed: '
-      '%s); pools:\n%s' % (GROW_S, replaced_on_h2, listed_later))
+    'no worker started on the added pool within %ss (after h1 was killed: '
+    '%s); pools:\n%s' % (GROW_S, replaced_on_h2, listed_later)
+  )
   assert on_h2, 'workers started on h2 did no work'
 
 
@@ -1086,11 +1181,11 @@ REFRACT_POOL_PORT = 50300
 def common_sh(helper):
   """Runs an integration/common.sh helper printing a path; the path."""
   import xlang_services  # pylint: disable=import-outside-toplevel
+
   return xlang_services.common_sh(helper)
 
 
-def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
-                                                        tmp_path):
+def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin, tmp_path):
   """`refract worker-pool --boot BOOT` as the pool of hosts whose SDK image
   has no pool mode of its own (Beam's Go and Java images): h1 runs one with
   the boot program of Go's image, h2 one with python_boot.sh. The Go word
@@ -1101,6 +1196,7 @@ def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
   from test_go_sdk import INPUT as GO_INPUT  # pylint: disable=import-outside-toplevel
   from test_go_sdk import expected_counts as go_expected  # pylint: disable=import-outside-toplevel
   from test_go_sdk import read_counts as read_go_counts  # pylint: disable=import-outside-toplevel
+
   go_boot = common_sh('refract_go_boot_bin')
   go_wordcount = common_sh('refract_go_wordcount_bin')
   make_wordcount_input(tmp_path / 'words.txt')
@@ -1118,44 +1214,69 @@ def test_refract_worker_pool_runs_go_and_python_workers(request, pools_bin,
       cwd = tmp_path / ('pool-%s' % sdk)
       cwd.mkdir()
       pools[sdk] = cluster.start(
-          host, [pools_bin, 'worker-pool', '--host', '0.0.0.0', '--port',
-                 REFRACT_POOL_PORT, '--boot', boot, '--token_file', str(token_file)],
-          'refract worker-pool (%s)' % sdk, 'pool-refract-%s.log' % sdk,
-          cwd=str(cwd))
+        host,
+        [
+          pools_bin,
+          'worker-pool',
+          '--host',
+          '0.0.0.0',
+          '--port',
+          REFRACT_POOL_PORT,
+          '--boot',
+          boot,
+          '--token_file',
+          str(token_file),
+        ],
+        'refract worker-pool (%s)' % sdk,
+        'pool-refract-%s.log' % sdk,
+        cwd=str(cwd),
+      )
       host.wait_listening(REFRACT_POOL_PORT, pools[sdk].proc, timeout_s=30)
     server = cluster.serve(
-        JOB_PORT, '--worker_pool', 'go=%s:%d' % (h1.address, REFRACT_POOL_PORT),
-        '--worker_pool', 'python=%s:%d' % (h2.address, REFRACT_POOL_PORT),
-        '--worker_pool_token_file', str(token_file))
+      JOB_PORT,
+      '--worker_pool',
+      'go=%s:%d' % (h1.address, REFRACT_POOL_PORT),
+      '--worker_pool',
+      'python=%s:%d' % (h2.address, REFRACT_POOL_PORT),
+      '--worker_pool_token_file',
+      str(token_file),
+    )
 
     counts = tmp_path / 'go-counts.txt'
     go_run = cluster.runner.run(
-        [go_wordcount, '--input', GO_INPUT, '--output', counts,
-         '--runner=universal', '--endpoint=' + server.endpoint,
-         '--worker_binary=' + go_wordcount],
-        env=host_env(), timeout=300)
+      [
+        go_wordcount,
+        '--input',
+        GO_INPUT,
+        '--output',
+        counts,
+        '--runner=universal',
+        '--endpoint=' + server.endpoint,
+        '--worker_binary=' + go_wordcount,
+      ],
+      env=host_env(),
+      timeout=300,
+    )
     assert go_run.returncode == 0, go_run.stderr[-4000:]
     assert read_go_counts(counts) == go_expected()
 
     output = tmp_path / 'py-out'
-    client = cluster.submit(server, 'wordcount', output, '--input',
-                            tmp_path / 'words.txt')
+    client = cluster.submit(server, 'wordcount', output, '--input', tmp_path / 'words.txt')
     state = finish(client)
     assert state == 'DONE', client.log_tail()
     assert read_lines(output) == expected_wordcount(tmp_path / 'words.txt')
-    assert set(worker_hosts(cluster, output)) == {'h2'}, worker_hosts(
-        cluster, output)
+    assert set(worker_hosts(cluster, output)) == {'h2'}, worker_hosts(cluster, output)
 
     # Another host's caller without the token is refused before anything
     # runs.
     anonymous = cluster.runner.run(
-        [sys.executable, '-c', START_WORKER_WITHOUT_TOKEN,
-         '%s:%d' % (h2.address, REFRACT_POOL_PORT)],
-        env=host_env(), timeout=60)
+      [sys.executable, '-c', START_WORKER_WITHOUT_TOKEN, '%s:%d' % (h2.address, REFRACT_POOL_PORT)],
+      env=host_env(),
+      timeout=60,
+    )
     assert anonymous.returncode == 0, anonymous.stderr[-4000:]
     assert anonymous.stdout.strip() == 'UNAUTHENTICATED', anonymous.stdout
 
-    started = {sdk: pool.log_text().count('starting worker')
-               for sdk, pool in pools.items()}
+    started = {sdk: pool.log_text().count('starting worker') for sdk, pool in pools.items()}
     report('refract_worker_pool', workers_started=started)
     assert started['go'] > 0 and started['python'] > 0, started

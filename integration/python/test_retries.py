@@ -22,6 +22,7 @@ BOOT = os.path.join(os.path.dirname(HERE), 'python_boot.sh')
 
 class FailOnce(beam.DoFn):
   """Fails the first bundle it sees (per marker file), then works."""
+
   def __init__(self, marker, crash):
     self.marker = marker
     self.crash = crash
@@ -38,6 +39,7 @@ class FailOnce(beam.DoFn):
 
 class FailTimes(beam.DoFn):
   """Fails its first `times` bundles (counted in a file), then works."""
+
   def __init__(self, counter, times):
     self.counter = counter
     self.times = times
@@ -60,23 +62,22 @@ def run_failing_once(options, marker, crash):
     assert_that(out, equal_to([10, 20, 30]))
 
 
-def test_a_failing_bundle_is_retried_and_its_output_kept_once(
-    refract_server, tmp_path):
+def test_a_failing_bundle_is_retried_and_its_output_kept_once(refract_server, tmp_path):
   run_failing_once(
-      PipelineOptions(refract_server.portable_args()),
-      str(tmp_path / 'marker'),
-      crash=False)
+    PipelineOptions(refract_server.portable_args()), str(tmp_path / 'marker'), crash=False
+  )
 
 
-def test_a_crashed_worker_is_replaced_and_the_bundle_retried(
-    refract_server, tmp_path):
+def test_a_crashed_worker_is_replaced_and_the_bundle_retried(refract_server, tmp_path):
   args = refract_server.portable_args()
   args = [a for a in args if not a.startswith('--environment_type')]
   options = PipelineOptions(
-      args + [
-          '--environment_type=PROCESS',
-          '--environment_config=' + json.dumps({'command': BOOT}),
-      ])
+    args
+    + [
+      '--environment_type=PROCESS',
+      '--environment_config=' + json.dumps({'command': BOOT}),
+    ]
+  )
   run_failing_once(options, str(tmp_path / 'marker'), crash=True)
 
 

@@ -21,6 +21,7 @@ from refract_testlib import ui_server
 class StallOnce(beam.DoFn):
   """Sleeps `seconds` in the first bundle it sees (per marker file): no
   element leaves it meanwhile, as with a call that hangs."""
+
   def __init__(self, marker, seconds):
     self.marker = marker
     self.seconds = seconds
@@ -33,13 +34,9 @@ class StallOnce(beam.DoFn):
     yield element * 10
 
 
-
 def pipeline(options, marker, seconds):
   p = beam.Pipeline(options=options)
-  out = (
-      p
-      | 'Numbers' >> beam.Create([1, 2, 3])
-      | 'Stall' >> beam.ParDo(StallOnce(marker, seconds)))
+  out = p | 'Numbers' >> beam.Create([1, 2, 3]) | 'Stall' >> beam.ParDo(StallOnce(marker, seconds))
   assert_that(out, equal_to([10, 20, 30]))
   return p
 
@@ -54,19 +51,15 @@ def wait_for_stalled(ui, timeout_s=30):
       if stalled:
         return job['id'], stalled
     time.sleep(0.2)
-  raise AssertionError('no bundle was listed as stalled within %ss' %
-                       timeout_s)
+  raise AssertionError('no bundle was listed as stalled within %ss' % timeout_s)
 
 
-def test_a_stalled_bundle_is_listed_and_told_until_it_ends(
-    request, refract_bin, tmp_path):
+def test_a_stalled_bundle_is_listed_and_told_until_it_ends(request, refract_bin, tmp_path):
   server, ui = ui_server(
-      refract_bin, tmp_path / 'refract-serve.log',
-      extra_args=['--bundle_stall_timeout', '2s'])
+    refract_bin, tmp_path / 'refract-serve.log', extra_args=['--bundle_stall_timeout', '2s']
+  )
   with serving(request, server):
-    p = pipeline(
-        PipelineOptions(server.portable_args()), str(tmp_path / 'marker'),
-        seconds=14)
+    p = pipeline(PipelineOptions(server.portable_args()), str(tmp_path / 'marker'), seconds=14)
     result = p.run()
     job, stalled = wait_for_stalled(ui)
     assert len(stalled) == 1, stalled
@@ -74,32 +67,28 @@ def test_a_stalled_bundle_is_listed_and_told_until_it_ends(
     assert 'Stall' in stalled[0]['stage'], stalled
     # Listed in the page, as a browser renders it.
     page = page_dom('%s/#%s' % (ui, job))
-    section = page[page.index('id="stalled-section"'):][:6000]
+    section = page[page.index('id="stalled-section"') :][:6000]
     assert 'hidden' not in section.split('>')[0], section[:500]
     assert 'stalled-bundle' in section and '>Stall<' in section, section
     # Only told: the bundle ends by itself and the job succeeds.
     result.wait_until_finish()
     assert result.state == 'DONE', result.state
     assert get_json('%s/api/jobs/%s' % (ui, job))['stalled_bundles'] == []
-    said = [
-        m for m in job_messages(server.endpoint, job)
-        if 'has made no progress' in m
-    ]
+    said = [m for m in job_messages(server.endpoint, job) if 'has made no progress' in m]
     assert len(said) == 1, said
     assert "busy in 'Stall'" in said[0], said
     assert 'failed' not in said[0], said
 
 
-def test_with_fail_stalled_bundles_the_bundle_is_run_again(
-    request, refract_bin, tmp_path):
+def test_with_fail_stalled_bundles_the_bundle_is_run_again(request, refract_bin, tmp_path):
   server, ui = ui_server(
-      refract_bin, tmp_path / 'refract-serve.log',
-      extra_args=['--bundle_stall_timeout', '2s', '--fail_stalled_bundles'])
+    refract_bin,
+    tmp_path / 'refract-serve.log',
+    extra_args=['--bundle_stall_timeout', '2s', '--fail_stalled_bundles'],
+  )
   with serving(request, server):
     started = time.monotonic()
-    p = pipeline(
-        PipelineOptions(server.portable_args()), str(tmp_path / 'marker'),
-        seconds=20)
+    p = pipeline(PipelineOptions(server.portable_args()), str(tmp_path / 'marker'), seconds=20)
     result = p.run()
     result.wait_until_finish()
     # Done long before the stalled attempt would have ended by itself,

@@ -27,27 +27,21 @@ def record(path):
   return append
 
 
-def test_each_main_element_sees_the_side_value_of_its_window(
-    refract_server, tmp_path):
+def test_each_main_element_sees_the_side_value_of_its_window(refract_server, tmp_path):
   out = str(tmp_path / 'pairs.txt')
   start = int(time.time()) + 1
   ticks = dict(
-      start_timestamp=start,
-      stop_timestamp=start + 6,
-      fire_interval=1,
-      apply_windowing=True)
+    start_timestamp=start, stop_timestamp=start + 6, fire_interval=1, apply_windowing=True
+  )
   options = PipelineOptions(refract_server.portable_args() + ['--streaming'])
   with beam.Pipeline(options=options) as p:
-    side = (
-        p
-        | 'SideTicks' >> PeriodicImpulse(**ticks)
-        | 'SideValue' >> beam.Map(lambda t: int(t)))
+    side = p | 'SideTicks' >> PeriodicImpulse(**ticks) | 'SideValue' >> beam.Map(lambda t: int(t))
     _ = (
-        p
-        | 'MainTicks' >> PeriodicImpulse(**ticks)
-        | 'Join' >> beam.Map(
-            lambda t, s: (int(t), s), beam.pvalue.AsSingleton(side))
-        | 'Record' >> beam.Map(record(out)))
+      p
+      | 'MainTicks' >> PeriodicImpulse(**ticks)
+      | 'Join' >> beam.Map(lambda t, s: (int(t), s), beam.pvalue.AsSingleton(side))
+      | 'Record' >> beam.Map(record(out))
+    )
   with open(out) as f:
     pairs = [tuple(int(v) for v in line.split()) for line in f]
   assert len(pairs) >= 5, pairs

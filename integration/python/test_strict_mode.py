@@ -23,23 +23,31 @@ PACKAGE = os.path.join(HERE, '..', 'wheel', 'python')
 def session(refract_bin, *flags, check=None):
   """Runs the suite's pipelines (or the one named `check`) in pytest."""
   env = dict(os.environ, REFRACT_BIN=refract_bin)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE, env.get('PYTHONPATH')) if p)
   args = [
-      sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-p',
-      'refract_beam.pytest_plugin', '-c',
-      os.path.join(SUITE, 'pytest.ini'), '--rootdir', SUITE, '-q',
-      '--tb=short', '-rf', '--timeout', '120', *flags
+    sys.executable,
+    '-m',
+    'pytest',
+    '-p',
+    'no:cacheprovider',
+    '-p',
+    'refract_beam.pytest_plugin',
+    '-c',
+    os.path.join(SUITE, 'pytest.ini'),
+    '--rootdir',
+    SUITE,
+    '-q',
+    '--tb=short',
+    '-rf',
+    '--timeout',
+    '120',
+    *flags,
   ]
   if check:
     args += ['-k', check]
-  return subprocess.run(args,
-                        capture_output=True,
-                        text=True,
-                        cwd=SUITE,
-                        env=env,
-                        timeout=600,
-                        check=False)
+  return subprocess.run(
+    args, capture_output=True, text=True, cwd=SUITE, env=env, timeout=600, check=False
+  )
 
 
 def test_the_wrong_pipelines_pass_without_strict_mode(refract_bin):
@@ -49,15 +57,20 @@ def test_the_wrong_pipelines_pass_without_strict_mode(refract_bin):
   assert '5 passed' in lenient.stdout, lenient.stdout[-3000:]
 
 
-@pytest.mark.parametrize('check, rule, flags', [
+@pytest.mark.parametrize(
+  'check, rule, flags',
+  [
     ('dedupe_in_memory', 'Create/Map(decode)+DedupeInMemory+', ()),
     ('count_per_bundle', 'bundle(s) smaller', ()),
     ('pairs_in_arrival_order', 'reordered the input of', ()),
-    ('loses_data', 'every element crossed its coder between transforms',
-     ('--test-pipeline-options=--experiments=refract_strict=coders',)),
-])
-def test_strict_mode_fails_a_wrong_pipeline_saying_why(refract_bin, check,
-                                                      rule, flags):
+    (
+      'loses_data',
+      'every element crossed its coder between transforms',
+      ('--test-pipeline-options=--experiments=refract_strict=coders',),
+    ),
+  ],
+)
+def test_strict_mode_fails_a_wrong_pipeline_saying_why(refract_bin, check, rule, flags):
   done = session(refract_bin, '--refract', *flags, check=check)
   out = done.stdout
   assert '1 failed' in out, out[-4000:]
@@ -73,10 +86,12 @@ def test_strict_mode_fails_a_wrong_pipeline_saying_why(refract_bin, check,
 def test_a_correct_pipeline_passes_under_strict_mode(refract_bin):
   done = session(refract_bin, '--refract', check='correct_pipeline')
   assert '1 passed' in done.stdout, done.stdout[-3000:]
-  done = session(refract_bin,
-                 '--refract',
-                 '--test-pipeline-options=--experiments=refract_strict=coders',
-                 check='correct_pipeline')
+  done = session(
+    refract_bin,
+    '--refract',
+    '--test-pipeline-options=--experiments=refract_strict=coders',
+    check='correct_pipeline',
+  )
   assert '1 passed' in done.stdout, done.stdout[-3000:]
 
 
@@ -90,9 +105,10 @@ def test_a_coder_that_loses_data_passes_strict_mode_without_coders(refract_bin):
 def test_strict_mode_asks_for_a_known_setting(refract_bin):
   """A bad value is refused at submission, naming it."""
   done = session(
-      refract_bin,
-      '--refract',
-      '--test-pipeline-options=--experiments=refract_strict=sometimes',
-      check='correct_pipeline')
+    refract_bin,
+    '--refract',
+    '--test-pipeline-options=--experiments=refract_strict=sometimes',
+    check='correct_pipeline',
+  )
   assert '1 failed' in done.stdout, done.stdout[-3000:]
   assert 'refract_strict=sometimes' in done.stdout, done.stdout[-3000:]

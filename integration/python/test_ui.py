@@ -32,17 +32,15 @@ def get(url):
 def job_api_element_counts(endpoint, job_id):
   with grpc.insecure_channel(endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
-    results = stub.GetJobMetrics(
-        beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id), timeout=10)
+    results = stub.GetJobMetrics(beam_job_api_pb2.GetJobMetricsRequest(job_id=job_id), timeout=10)
   return {
-      info.labels['PCOLLECTION']: monitoring_infos.extract_counter_value(info)
-      for info in results.metrics.committed
-      if info.urn == monitoring_infos.ELEMENT_COUNT_URN
+    info.labels['PCOLLECTION']: monitoring_infos.extract_counter_value(info)
+    for info in results.metrics.committed
+    if info.urn == monitoring_infos.ELEMENT_COUNT_URN
   }
 
 
-def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin,
-                                                        tmp_path):
+def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin, tmp_path):
   server, ui = ui_server(refract_bin, tmp_path / 'refract-serve.log')
   request.node.refract_processes = [server]
   try:
@@ -57,15 +55,16 @@ def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin,
     assert kind.startswith('text/html') and '<title>Refract</title>' in page
 
     _, body = get(ui + '/api/jobs')
-    assert {'id': job, 'name': json.loads(body)[0]['name'], 'state': 'DONE'} \
-        in json.loads(body), body
+    assert {'id': job, 'name': json.loads(body)[0]['name'], 'state': 'DONE'} in json.loads(body), (
+      body
+    )
 
     _, body = get(ui + '/api/jobs/' + job)
     details = json.loads(body)
     assert details['state'] == 'DONE', details
-    assert any(
-        m['labels'].get('NAME') == 'seen' and m['value'] == 3
-        for m in details['metrics']), details
+    assert any(m['labels'].get('NAME') == 'seen' and m['value'] == 3 for m in details['metrics']), (
+      details
+    )
     # The stage graph: every stage finished, the Count step fused somewhere.
     stages = details['stages']
     assert stages and all(s['output_watermark'] == '+inf' for s in stages), stages
@@ -75,18 +74,23 @@ def test_ui_lists_the_job_and_metrics_match_the_job_api(request, refract_bin,
     kind, text = get(ui + '/metrics')
     assert kind.startswith('text/plain'), kind
     assert 'refract_jobs{state="DONE"} 1' in text.splitlines(), text
-    assert ('refract_user_counter_total{job="%s",transform="Count",'
-            'namespace="words",name="seen"} 3' % job) in text.splitlines(), text
+    assert (
+      'refract_user_counter_total{job="%s",transform="Count",namespace="words",name="seen"} 3' % job
+    ) in text.splitlines(), text
     stage_lines = [
-        line for line in text.splitlines()
-        if line.startswith('refract_stage_output_watermark_ms{job="%s"' % job)
+      line
+      for line in text.splitlines()
+      if line.startswith('refract_stage_output_watermark_ms{job="%s"' % job)
     ]
-    assert stage_lines and all(l.endswith(' +Inf') for l in stage_lines), text
+    assert stage_lines and all(line.endswith(' +Inf') for line in stage_lines), text
     scraped = {
-        m.group(1): int(m.group(2))
-        for m in re.finditer(
-            r'^refract_pcollection_elements_total\{job="%s",pcollection="([^"]*)"\} (\d+)$'
-            % re.escape(job), text, re.M)
+      m.group(1): int(m.group(2))
+      for m in re.finditer(
+        r'^refract_pcollection_elements_total\{job="%s",pcollection="([^"]*)"\} (\d+)$'
+        % re.escape(job),
+        text,
+        re.M,
+      )
     }
     expected = job_api_element_counts(server.endpoint, job)
     assert expected and scraped == expected, (scraped, expected, text)

@@ -22,9 +22,7 @@ from refract_testlib import ui_server
 
 # PROCESS workers: their log lines travel over the Fn API's logging service
 # (a LOOPBACK worker logs to the submitting process's console instead).
-BOOT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    'python_boot.sh')
+BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'python_boot.sh')
 
 
 def tick(x):
@@ -44,28 +42,29 @@ def output_watermarks(dom):
   return re.findall(r'class="output-watermark">output watermark: ([^<]*)<', dom)
 
 
-def test_browser_sees_job_stages_moving_watermark_and_logs(
-    request, refract_bin, tmp_path):
+def test_browser_sees_job_stages_moving_watermark_and_logs(request, refract_bin, tmp_path):
   server, ui = ui_server(refract_bin, tmp_path / 'refract-serve.log')
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
     args = [
-        a for a in server.portable_args('--streaming')
-        if not a.startswith('--environment_type')
+      a for a in server.portable_args('--streaming') if not a.startswith('--environment_type')
     ]
     options = PipelineOptions(
-        args + [
-            '--environment_type=PROCESS',
-            '--environment_config=' + json.dumps({'command': BOOT}),
-        ])
+      args
+      + [
+        '--environment_type=PROCESS',
+        '--environment_config=' + json.dumps({'command': BOOT}),
+      ]
+    )
     p = beam.Pipeline(options=options)
     _ = (
-        p
-        | PeriodicImpulse(fire_interval=0.2, apply_windowing=True)
-        | 'Tick' >> beam.Map(tick)
-        | beam.WindowInto(window.FixedWindows(1))
-        | beam.GroupByKey())
+      p
+      | PeriodicImpulse(fire_interval=0.2, apply_windowing=True)
+      | 'Tick' >> beam.Map(tick)
+      | beam.WindowInto(window.FixedWindows(1))
+      | beam.GroupByKey()
+    )
     result = {}
     runner = threading.Thread(target=lambda: result.update(r=p.run()))
     runner.start()

@@ -25,26 +25,23 @@ def decode(line):
 
 class Parse(beam.PTransform):
   """A composite of two steps, the first of which fails on one record."""
+
   def expand(self, lines):
-    return (
-        lines
-        | 'Decode' >> beam.Map(decode)
-        | 'KeepEven' >> beam.Filter(lambda n: n % 2 == 0))
+    return lines | 'Decode' >> beam.Map(decode) | 'KeepEven' >> beam.Filter(lambda n: n % 2 == 0)
 
 
-
-def test_failed_job_shows_error_failing_transform_and_user_graph(
-    request, refract_bin, tmp_path):
+def test_failed_job_shows_error_failing_transform_and_user_graph(request, refract_bin, tmp_path):
   server, ui = ui_server(refract_bin, tmp_path / 'refract-serve.log')
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
     p = beam.Pipeline(options=PipelineOptions(server.portable_args()))
     _ = (
-        p
-        | 'Lines' >> beam.Create(['1', '2', 'x', '4'])
-        | 'Parse' >> Parse()
-        | 'CountAll' >> beam.combiners.Count.Globally())
+      p
+      | 'Lines' >> beam.Create(['1', '2', 'x', '4'])
+      | 'Parse' >> Parse()
+      | 'CountAll' >> beam.combiners.Count.Globally()
+    )
     result = p.run()
     try:
       result.wait_until_finish()
@@ -64,24 +61,22 @@ def test_failed_job_shows_error_failing_transform_and_user_graph(
     # The graph names the user's transforms; the composite opens.
     graph = get_json('%s/api/jobs/%s/graph' % (ui, job))
     names = {t['name'] for t in graph['transforms']}
-    assert {'Lines', 'Parse', 'Parse/Decode', 'Parse/KeepEven',
-            'CountAll'} <= names, names
+    assert {'Lines', 'Parse', 'Parse/Decode', 'Parse/KeepEven', 'CountAll'} <= names, names
     parse = next(t for t in graph['transforms'] if t['name'] == 'Parse')
     assert len(parse['children']) == 2 and parse['stages'], parse
 
     page = page_dom('%s/#%s' % (ui, job))
-    banner = page[page.index('id="failure"'):][:4000]
+    banner = page[page.index('id="failure"') :][:4000]
     assert 'hidden' not in banner.split('>')[0], banner
     assert 'This job failed' in banner and BAD_RECORD in banner, banner
-    failures = page[page.index('id="failures-section"'):][:20000]
+    failures = page[page.index('id="failures-section"') :][:20000]
     assert 'hidden' not in failures.split('>')[0], failures[:500]
     assert 'Parse/Decode' in failures and 'Traceback' in failures, failures
     # Closed, the composite is one box, marked as where the failure is.
     assert '<span class="label">Parse</span>' in page, page[-4000:]
     assert 'class="node composite failed"' in page, page[-4000:]
     assert '<span class="label">Decode</span>' not in page
-    assert 'ref_PCollection' not in page.split('id="pipeline"')[1].split(
-        '</div></div>')[0]
+    assert 'ref_PCollection' not in page.split('id="pipeline"')[1].split('</div></div>')[0]
     screenshot('%s/#%s' % (ui, job), 'failed-job')
 
     # Opened through the address, it shows its parts instead.
@@ -94,10 +89,12 @@ def test_failed_job_shows_error_failing_transform_and_user_graph(
 
     # The CLI says why too.
     status = subprocess.run(
-        [refract_bin, 'status', job, '--job_endpoint', server.endpoint],
-        capture_output=True, text=True, timeout=30)
+      [refract_bin, 'status', job, '--job_endpoint', server.endpoint],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    )
     assert status.returncode == 0, status.stderr
-    assert 'FAILED' in status.stdout and BAD_RECORD in status.stdout, (
-        status.stdout)
+    assert 'FAILED' in status.stdout and BAD_RECORD in status.stdout, status.stdout
   finally:
     server.stop()

@@ -27,14 +27,12 @@ from refract_testlib import free_port
 from refract_testlib import ui_server
 
 SECRET = 'hunter2-very-secret'
-BOOT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    'python_boot.sh')
+BOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'python_boot.sh')
 
 
 def send(ui, method, path, headers=None, body=None):
   """(status, text) of one request to the UI, with exactly `headers`."""
-  host, port = ui[len('http://'):].split(':')
+  host, port = ui[len('http://') :].split(':')
   conn = http.client.HTTPConnection(host, int(port), timeout=10)
   try:
     conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
@@ -55,8 +53,7 @@ def job_state(ui, job):
 
 
 def slow(x):
-  logging.getLogger('refract.guard.test').warning(
-      'connecting with password=%s', SECRET)
+  logging.getLogger('refract.guard.test').warning('connecting with password=%s', SECRET)
   time.sleep(0.05)
   return x
 
@@ -66,25 +63,32 @@ def start_endless_job(server, boot=BOOT):
   log lines reach the job's messages over the Fn API; a LOOPBACK worker
   logs to the submitting process instead), and its id."""
   args = [
-      a for a in server.portable_args('--streaming', '--db_password=' + SECRET)
-      if not a.startswith('--environment_type')
+    a
+    for a in server.portable_args('--streaming', '--db_password=' + SECRET)
+    if not a.startswith('--environment_type')
   ]
-  options = PipelineOptions(args + [
+  options = PipelineOptions(
+    args
+    + [
       '--environment_type=PROCESS',
       '--environment_config=' + json.dumps({'command': boot}),
-  ])
+    ]
+  )
   p = beam.Pipeline(options=options)
   from apache_beam.transforms.periodicsequence import PeriodicImpulse
+
   _ = p | PeriodicImpulse(fire_interval=0.2) | beam.Map(slow)
   result = {}
-  runner = threading.Thread(target=lambda: result.update(r=p.run()),
-                            daemon=True)
+  runner = threading.Thread(target=lambda: result.update(r=p.run()), daemon=True)
   runner.start()
   deadline = time.monotonic() + 60
   while time.monotonic() < deadline:
     with grpc.insecure_channel(server.endpoint) as channel:
-      jobs = beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(
-          beam_job_api_pb2.GetJobsRequest(), timeout=10).job_info
+      jobs = (
+        beam_job_api_pb2_grpc.JobServiceStub(channel)
+        .GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=10)
+        .job_info
+      )
     running = [j for j in jobs if j.state == beam_job_api_pb2.JobState.RUNNING]
     if running:
       return running[0].job_id, running[0]
@@ -139,24 +143,22 @@ def serve_page(html):
   return 'http://127.0.0.1:%d/' % httpd.server_address[1], httpd
 
 
-def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
-    request, refract_bin, tmp_path):
+def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(request, refract_bin, tmp_path):
   savepoints = tmp_path / 'savepoints'
   server, ui = ui_server(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--savepoint_dir', str(savepoints)])
+    refract_bin, tmp_path / 'refract.log', extra_args=['--savepoint_dir', str(savepoints)]
+  )
   request.node.refract_processes = [server]
   page = None
   try:
     server.wait_ready()
     job, info = start_endless_job(server)
-    host = ui[len('http://'):]
+    host = ui[len('http://') :]
 
     # DNS rebinding: a page at evil.example resolving to 127.0.0.1 sends
     # its own name as Host, and reads nothing.
     for path in ['/', '/api/jobs', '/api/jobs/%s/logs' % job, '/metrics']:
-      status, text = send(ui, 'GET', path, {'Host': 'evil.example:%s' %
-                                               host.split(':')[1]})
+      status, text = send(ui, 'GET', path, {'Host': 'evil.example:%s' % host.split(':')[1]})
       assert status == 421, (path, status, text)
       assert 'ui_allowed_host' in text, text
     status, _ = send(ui, 'GET', '/api/jobs', {})
@@ -167,12 +169,15 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
     # Actions: without the header, from another origin, or as a form post.
     cancel = '/api/jobs/%s/cancel' % job
     refusals = [
-        {'Host': host},
-        {'Host': host, 'Content-Type': 'text/plain'},
-        {'Host': host, 'X-Refract-Action': '1', 'Origin': 'http://evil.example'},
-        {'Host': host, 'X-Refract-Action': '1', 'Origin': 'null'},
-        {'Host': host, 'Content-Type': 'application/x-www-form-urlencoded',
-         'Origin': 'http://evil.example'},
+      {'Host': host},
+      {'Host': host, 'Content-Type': 'text/plain'},
+      {'Host': host, 'X-Refract-Action': '1', 'Origin': 'http://evil.example'},
+      {'Host': host, 'X-Refract-Action': '1', 'Origin': 'null'},
+      {
+        'Host': host,
+        'Content-Type': 'application/x-www-form-urlencoded',
+        'Origin': 'http://evil.example',
+      },
     ]
     for headers in refusals:
       status, text = send(ui, 'POST', cancel, headers, body=b'x')
@@ -182,14 +187,23 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
     # A hostile page in a real browser tries every way a page can.
     chromium = shutil.which('chromium') or shutil.which('chromium-browser')
     if not chromium:
-      pytest.fail('chromium is not installed (integration/setup.sh installs it)',
-                  pytrace=False)
+      pytest.fail('chromium is not installed (integration/setup.sh installs it)', pytrace=False)
     url, page = serve_page(ATTACK_PAGE % {'ui': ui, 'job': job})
-    done = subprocess.run([
-        chromium, '--headless', '--no-sandbox', '--disable-gpu',
-        '--disable-dev-shm-usage', '--virtual-time-budget=5000', '--dump-dom',
-        url
-    ], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+      [
+        chromium,
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-dev-shm-usage',
+        '--virtual-time-budget=5000',
+        '--dump-dom',
+        url,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'done' in done.stdout, done.stdout[-2000:]
     assert 'header-blocked' in done.stdout, done.stdout[-2000:]
@@ -200,31 +214,43 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
 
     # Savepoints go only into the savepoint directory, never over a file.
     outside = tmp_path / 'outside.sp'
-    for target, expected in [(str(outside), 400), ('../escape.sp', 400),
-                             ('sub/x.sp', 400)]:
-      status, text = send(ui, 'POST', '/api/jobs/%s/savepoint' % job, {
-          'Host': host, 'X-Refract-Action': '1'}, body=target.encode())
+    for target, expected in [(str(outside), 400), ('../escape.sp', 400), ('sub/x.sp', 400)]:
+      status, text = send(
+        ui,
+        'POST',
+        '/api/jobs/%s/savepoint' % job,
+        {'Host': host, 'X-Refract-Action': '1'},
+        body=target.encode(),
+      )
       assert status == expected, (target, status, text)
       assert 'refused' in text, text
     assert not outside.exists()
-    status, text = send(ui, 'POST', '/api/jobs/%s/savepoint' % job, {
-        'Host': host, 'X-Refract-Action': '1'}, body=b'first.sp')
+    status, text = send(
+      ui,
+      'POST',
+      '/api/jobs/%s/savepoint' % job,
+      {'Host': host, 'X-Refract-Action': '1'},
+      body=b'first.sp',
+    )
     assert status == 200, text
     assert (savepoints / 'first.sp').is_file()
-    status, text = send(ui, 'POST', '/api/jobs/%s/savepoint' % job, {
-        'Host': host, 'X-Refract-Action': '1'}, body=b'first.sp')
+    status, text = send(
+      ui,
+      'POST',
+      '/api/jobs/%s/savepoint' % job,
+      {'Host': host, 'X-Refract-Action': '1'},
+      body=b'first.sp',
+    )
     assert status == 500 and 'already there' in text, (status, text)
 
     # Secrets: the option is redacted in GetJobs, and the password the
     # DoFn logs (and the SDK's own log of its options) is redacted in the
     # job's messages, the UI's logs and the server's log.
-    options = json.dumps(
-        dict(info.pipeline_options.fields.items()), default=str)
+    options = json.dumps(dict(info.pipeline_options.fields.items()), default=str)
     assert SECRET not in str(info.pipeline_options), options
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-      status, text = send(ui, 'GET', '/api/jobs/%s/logs?q=password' % job,
-                             {'Host': host})
+      status, text = send(ui, 'GET', '/api/jobs/%s/logs?q=password' % job, {'Host': host})
       entries = json.loads(text)['entries']
       if any('password=***' in e['text'] for e in entries):
         break
@@ -234,8 +260,9 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
     assert SECRET not in server.log_tail(10_000_000)
 
     # The page itself still acts: with its header, from its own origin.
-    status, text = send(ui, 'POST', cancel, {
-        'Host': host, 'X-Refract-Action': '1', 'Origin': ui}, body=b'')
+    status, text = send(
+      ui, 'POST', cancel, {'Host': host, 'X-Refract-Action': '1', 'Origin': ui}, body=b''
+    )
     assert status == 200, text
   finally:
     if page:
@@ -243,8 +270,7 @@ def test_forged_hosts_foreign_origins_and_hostile_pages_are_refused(
     server.stop()
 
 
-def test_a_savepoint_asked_while_workers_boot_waits_for_them(
-    request, refract_bin, tmp_path):
+def test_a_savepoint_asked_while_workers_boot_waits_for_them(request, refract_bin, tmp_path):
   """The job is RUNNING as soon as it is submitted, while its workers still
   start: a savepoint asked then is taken once the engine runs."""
   savepoints = tmp_path / 'savepoints'
@@ -252,20 +278,30 @@ def test_a_savepoint_asked_while_workers_boot_waits_for_them(
   slow_boot.write_text('#!/bin/sh\nsleep 4\nexec %s "$@"\n' % BOOT)
   slow_boot.chmod(0o755)
   server, ui = ui_server(
-      refract_bin, tmp_path / 'refract.log',
-      extra_args=['--savepoint_dir', str(savepoints)])
+    refract_bin, tmp_path / 'refract.log', extra_args=['--savepoint_dir', str(savepoints)]
+  )
   request.node.refract_processes = [server]
   try:
     server.wait_ready()
     job, _ = start_endless_job(server, boot=str(slow_boot))
-    host = ui[len('http://'):]
-    status, text = send(ui, 'POST', '/api/jobs/%s/savepoint' % job, {
-        'Host': host, 'X-Refract-Action': '1'}, body=b'early.sp')
+    host = ui[len('http://') :]
+    status, text = send(
+      ui,
+      'POST',
+      '/api/jobs/%s/savepoint' % job,
+      {'Host': host, 'X-Refract-Action': '1'},
+      body=b'early.sp',
+    )
     assert status == 200, text
     assert (savepoints / 'early.sp').is_file()
     assert job_state(ui, job) == 'RUNNING'
-    status, text = send(ui, 'POST', '/api/jobs/%s/cancel' % job, {
-        'Host': host, 'X-Refract-Action': '1', 'Origin': ui}, body=b'')
+    status, text = send(
+      ui,
+      'POST',
+      '/api/jobs/%s/cancel' % job,
+      {'Host': host, 'X-Refract-Action': '1', 'Origin': ui},
+      body=b'',
+    )
     assert status == 200, text
   finally:
     server.stop()

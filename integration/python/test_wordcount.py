@@ -19,18 +19,17 @@ import wordcount  # integration/wordcount, put on sys.path by conftest.py
 
 def run(tmp_path, name, beam_args, runner=None):
   prefix = str(tmp_path / name / 'counts')
-  return wordcount.run_wordcount(
-      wordcount.DEFAULT_INPUT, prefix, beam_args, runner)
+  return wordcount.run_wordcount(wordcount.DEFAULT_INPUT, prefix, beam_args, runner)
 
 
 class PrismRunnerKeepingItsServer(prism_runner.PrismRunner):
   """PrismRunner as users get it, except that the test can stop the job
   server it starts (normally kept until the Python process exits)."""
+
   job_server = None
 
   def default_job_server(self, options):
-    self.job_server = job_server.StopOnExitJobServer(
-        prism_runner.PrismJobServer(options))
+    self.job_server = job_server.StopOnExitJobServer(prism_runner.PrismJobServer(options))
     return self.job_server
 
 
@@ -40,20 +39,15 @@ def assert_same_counts(actual, expected, what):
   missing = sorted(set(expected) - set(actual))
   extra = sorted(set(actual) - set(expected))
   wrong = sorted(
-      (w, actual[w], expected[w])
-      for w in set(actual) & set(expected)
-      if actual[w] != expected[w])
+    (w, actual[w], expected[w]) for w in set(actual) & set(expected) if actual[w] != expected[w]
+  )
   pytest.fail(
-      '%s: counts differ from the reference (%d words expected, %d got)\n'
-      '  missing words: %s\n  unexpected words: %s\n'
-      '  wrong counts (word, got, expected): %s' % (
-          what,
-          len(expected),
-          len(actual),
-          missing[:20],
-          extra[:20],
-          wrong[:20]),
-      pytrace=False)
+    '%s: counts differ from the reference (%d words expected, %d got)\n'
+    '  missing words: %s\n  unexpected words: %s\n'
+    '  wrong counts (word, got, expected): %s'
+    % (what, len(expected), len(actual), missing[:20], extra[:20], wrong[:20]),
+    pytrace=False,
+  )
 
 
 @pytest.fixture(scope='module')
@@ -63,8 +57,10 @@ def reference_counts(tmp_path_factory):
   # trigger is the default) makes it skip that and run Beam's own Python
   # runner, offline and deterministically.
   counts = run(
-      tmp_path_factory.mktemp('direct'),
-      'direct', ['--runner=DirectRunner', '--allow_unsafe_triggers'])
+    tmp_path_factory.mktemp('direct'),
+    'direct',
+    ['--runner=DirectRunner', '--allow_unsafe_triggers'],
+  )
   assert_same_counts(counts, wordcount.expected_counts(), 'DirectRunner')
   return counts
 
@@ -84,19 +80,20 @@ def test_portable_runner_loopback(refract_server, tmp_path, reference_counts):
   assert_same_counts(counts, reference_counts, 'PortableRunner on refract')
 
 
-def test_prism_runner_with_refract_binary(
-    refract_bin, tmp_path, reference_counts, caplog):
+def test_prism_runner_with_refract_binary(refract_bin, tmp_path, reference_counts, caplog):
   caplog.set_level(logging.INFO)
   runner = PrismRunnerKeepingItsServer()
   try:
     counts = run(
-        tmp_path,
-        'prism', [
-            '--runner=PrismRunner',
-            '--prism_location=%s' % refract_bin,
-            '--environment_type=LOOPBACK',
-        ],
-        runner)
+      tmp_path,
+      'prism',
+      [
+        '--runner=PrismRunner',
+        '--prism_location=%s' % refract_bin,
+        '--environment_type=LOOPBACK',
+      ],
+      runner,
+    )
   finally:
     if runner.job_server is not None:
       runner.job_server.stop()
@@ -106,7 +103,7 @@ def test_prism_runner_with_refract_binary(
   # user reads messages, not JSON.
   lines = [r for r in caplog.records if r.name == 'PrismRunner']
   assert any(r.getMessage().startswith('refract is serving') for r in lines), [
-      r.getMessage() for r in caplog.records][-20:]
-  raw = [r.getMessage() for r in caplog.records
-         if r.getMessage().startswith('{"')]
+    r.getMessage() for r in caplog.records
+  ][-20:]
+  raw = [r.getMessage() for r in caplog.records if r.getMessage().startswith('{"')]
   assert not raw, raw[:5]

@@ -57,22 +57,24 @@ def service_processes():
 @pytest.fixture(scope='module')
 def java_expansion_service(tmp_path_factory, service_processes):
   with xlang_services.java_expansion_service(
-      tmp_path_factory.mktemp('java-expansion'),
-      process=service_processes) as endpoint:
+    tmp_path_factory.mktemp('java-expansion'), process=service_processes
+  ) as endpoint:
     yield endpoint
 
 
 @pytest.fixture(scope='module')
 def kafka_bootstrap(tmp_path_factory, service_processes):
-  with xlang_services.kafka_broker(tmp_path_factory.mktemp('kafka'),
-                                   process=service_processes) as bootstrap:
+  with xlang_services.kafka_broker(
+    tmp_path_factory.mktemp('kafka'), process=service_processes
+  ) as bootstrap:
     yield bootstrap
 
 
 @pytest.fixture(scope='module')
 def prism_endpoint(tmp_path_factory, service_processes):
-  with xlang_services.prism_job_server(tmp_path_factory.mktemp('prism'),
-                                       process=service_processes) as endpoint:
+  with xlang_services.prism_job_server(
+    tmp_path_factory.mktemp('prism'), process=service_processes
+  ) as endpoint:
     yield endpoint
 
 
@@ -82,8 +84,9 @@ def refract_with_sdk_images(request, refract_bin, tmp_path):
   environment (`--environment_preference=docker`): with no Docker engine
   here, Beam's Java SDK image runs as a local FnHarness over the jars the
   expansion service staged."""
-  server = RefractServer(refract_bin, tmp_path / 'refract-sdk-images.log',
-                         extra_args=['--environment_preference=docker'])
+  server = RefractServer(
+    refract_bin, tmp_path / 'refract-sdk-images.log', extra_args=['--environment_preference=docker']
+  )
   with serving(request, server):
     yield server
 
@@ -94,9 +97,9 @@ def runner_options(request, service_processes):
   parameter, its Python transforms in LOOPBACK workers."""
   if request.param == 'prism':
     args = [
-        '--runner=PortableRunner',
-        '--job_endpoint=%s' % request.getfixturevalue('prism_endpoint'),
-        '--environment_type=LOOPBACK',
+      '--runner=PortableRunner',
+      '--job_endpoint=%s' % request.getfixturevalue('prism_endpoint'),
+      '--environment_type=LOOPBACK',
     ]
   elif request.param == 'refract':
     # conftest.py's fixture: a fresh `refract serve`, whose log a failing
@@ -106,29 +109,25 @@ def runner_options(request, service_processes):
     args = request.getfixturevalue('refract_with_sdk_images').portable_args()
   # Module-scoped fixtures are set up before this one, so the list already
   # holds every service this test uses.
-  request.node.refract_processes = (
-      list(getattr(request.node, 'refract_processes', [])) +
-      list(service_processes))
+  request.node.refract_processes = list(getattr(request.node, 'refract_processes', [])) + list(
+    service_processes
+  )
   return PipelineOptions(args)
 
 
 def test_generate_sequence(runner_options, java_expansion_service):
   with beam.Pipeline(options=runner_options) as p:
-    numbers = p | GenerateSequence(
-        start=0, stop=10, expansion_service=java_expansion_service)
+    numbers = p | GenerateSequence(start=0, stop=10, expansion_service=java_expansion_service)
     assert_that(numbers, equal_to(list(range(10))))
 
 
 def records_in_topic(bootstrap, topic):
   """How many records the topic holds, read from its partitions' offsets."""
   from kafka import KafkaConsumer, TopicPartition
-  consumer = KafkaConsumer(
-      bootstrap_servers=bootstrap, enable_auto_commit=False)
+
+  consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
   try:
-    partitions = [
-        TopicPartition(topic, p)
-        for p in consumer.partitions_for_topic(topic) or ()
-    ]
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
     ends = consumer.end_offsets(partitions)
     starts = consumer.beginning_offsets(partitions)
     return sum(ends[tp] - starts[tp] for tp in partitions)
@@ -136,38 +135,38 @@ def records_in_topic(bootstrap, topic):
     consumer.close()
 
 
-def test_kafka_write_then_read(
-    runner_options, java_expansion_service, kafka_bootstrap):
+def test_kafka_write_then_read(runner_options, java_expansion_service, kafka_bootstrap):
   # A topic of its own for each run, so the runners' runs cannot meet.
   topic = 'refract-xlang-%s' % uuid.uuid4().hex[:12]
-  records = [(b'key-%04d' % i, b'value-%04d' % i)
-             for i in range(KAFKA_RECORDS)]
+  records = [(b'key-%04d' % i, b'value-%04d' % i) for i in range(KAFKA_RECORDS)]
 
   with beam.Pipeline(options=runner_options) as p:
     _ = (
-        p
-        | beam.Create(records).with_output_types(tuple[bytes, bytes])
-        | WriteToKafka(
-            producer_config={'bootstrap.servers': kafka_bootstrap},
-            topic=topic,
-            expansion_service=java_expansion_service))
+      p
+      | beam.Create(records).with_output_types(tuple[bytes, bytes])
+      | WriteToKafka(
+        producer_config={'bootstrap.servers': kafka_bootstrap},
+        topic=topic,
+        expansion_service=java_expansion_service,
+      )
+    )
   # Checked outside Beam, so a failure says which of the two jobs failed.
   assert records_in_topic(kafka_bootstrap, topic) == KAFKA_RECORDS
 
   with beam.Pipeline(options=runner_options) as p:
     read = p | ReadFromKafka(
-        consumer_config={
-            'bootstrap.servers': kafka_bootstrap,
-            'auto.offset.reset': 'earliest',
-        },
-        topics=[topic],
-        max_num_records=KAFKA_RECORDS,
-        expansion_service=java_expansion_service)
+      consumer_config={
+        'bootstrap.servers': kafka_bootstrap,
+        'auto.offset.reset': 'earliest',
+      },
+      topics=[topic],
+      max_num_records=KAFKA_RECORDS,
+      expansion_service=java_expansion_service,
+    )
     assert_that(read, equal_to(records))
 
 
-def test_kafka_read_through_beam_services(
-    runner_options, java_expansion_service, kafka_bootstrap):
+def test_kafka_read_through_beam_services(runner_options, java_expansion_service, kafka_bootstrap):
   """`ReadFromKafka` with no `expansion_service`: Python looks up Beam's IO
   expansion service by its Gradle target, which `--beam_services` (or the
   BEAM_SERVICE_OVERRIDES environment variable) maps to a running service,
@@ -175,6 +174,7 @@ def test_kafka_read_through_beam_services(
   topic = 'refract-xlang-%s' % uuid.uuid4().hex[:12]
   records = [(b'key-%02d' % i, b'value-%02d' % i) for i in range(20)]
   from kafka import KafkaProducer
+
   producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
   try:
     for key, value in records:
@@ -184,15 +184,14 @@ def test_kafka_read_through_beam_services(
     producer.close()
 
   options = runner_options.get_all_options(drop_default=True)
-  options['beam_services'] = {
-      'sdks:java:io:expansion-service:shadowJar': java_expansion_service
-  }
+  options['beam_services'] = {'sdks:java:io:expansion-service:shadowJar': java_expansion_service}
   with beam.Pipeline(options=PipelineOptions.from_dictionary(options)) as p:
     read = p | ReadFromKafka(
-        consumer_config={
-            'bootstrap.servers': kafka_bootstrap,
-            'auto.offset.reset': 'earliest',
-        },
-        topics=[topic],
-        max_num_records=len(records))
+      consumer_config={
+        'bootstrap.servers': kafka_bootstrap,
+        'auto.offset.reset': 'earliest',
+      },
+      topics=[topic],
+      max_num_records=len(records),
+    )
     assert_that(read, equal_to(records))

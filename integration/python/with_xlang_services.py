@@ -20,11 +20,13 @@ def main(argv):
     sys.exit('usage: with_xlang_services.py LOG_DIR -- COMMAND [ARG...]')
   log_dir, command = argv[1], argv[3:]
   os.makedirs(log_dir, exist_ok=True)
-  with xlang_services.java_expansion_service(log_dir) as expansion, \
-      xlang_services.kafka_broker(log_dir) as bootstrap:
-    env = dict(os.environ,
-               EXPANSION_PORT=expansion.rsplit(':', 1)[1],
-               KAFKA_BOOTSTRAP_SERVER=bootstrap)
+  with (
+    xlang_services.java_expansion_service(log_dir) as expansion,
+    xlang_services.kafka_broker(log_dir) as bootstrap,
+  ):
+    env = dict(
+      os.environ, EXPANSION_PORT=expansion.rsplit(':', 1)[1], KAFKA_BOOTSTRAP_SERVER=bootstrap
+    )
     return subprocess.run(command, env=env, check=False).returncode
 
 

@@ -48,8 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 COMMON_SH = os.path.join(REPO, 'integration', 'common.sh')
 
-JAVA_EXPANSION_SERVICE_MAIN = (
-    'org.apache.beam.sdk.expansion.service.ExpansionService')
+JAVA_EXPANSION_SERVICE_MAIN = 'org.apache.beam.sdk.expansion.service.ExpansionService'
 STARTUP_TIMEOUT_S = 120
 # The broker's heap: Kafka's own start script asks for 1 GiB; a test broker
 # holding a few thousand records needs far less, and CI shares 24 GiB.
@@ -61,21 +60,22 @@ def common_sh(function):
   """The output of a function of integration/common.sh (a classpath or a
   binary's path), computed once per test process. Its progress messages
   (Maven, go build) go to this process's stderr."""
-  run = subprocess.run(['bash', '-c', '. "$1" && ' + function, 'common.sh',
-                        COMMON_SH],
-                       stdout=subprocess.PIPE,
-                       stdin=subprocess.DEVNULL,
-                       text=True,
-                       check=False)
+  run = subprocess.run(
+    ['bash', '-c', '. "$1" && ' + function, 'common.sh', COMMON_SH],
+    stdout=subprocess.PIPE,
+    stdin=subprocess.DEVNULL,
+    text=True,
+    check=False,
+  )
   if run.returncode != 0:
-    raise RuntimeError('integration/common.sh %s failed (exit %d)' %
-                       (function, run.returncode))
+    raise RuntimeError('integration/common.sh %s failed (exit %d)' % (function, run.returncode))
   return run.stdout.strip()
 
 
 class ServiceProcess(RefractProcess):
   """A service process started in a new session with its output in a log
   file, which can say when it is ready."""
+
   def __init__(self, name, args, log_path, cwd=None):
     self.name = name
     self.started = time.monotonic()
@@ -83,15 +83,15 @@ class ServiceProcess(RefractProcess):
     # The command line as reports show it (conftest.py puts it above a
     # failing test's log tail), with classpaths abbreviated.
     self.args = [
-        '<classpath>' if i and self.args[i - 1] == '-cp' else a
-        for i, a in enumerate(self.args)
+      '<classpath>' if i and self.args[i - 1] == '-cp' else a for i, a in enumerate(self.args)
     ]
 
   def check_alive(self):
     if self.proc.poll() is not None:
-      raise RuntimeError('%s exited with code %s; log %s:\n%s' %
-                         (self.name, self.proc.returncode, self.log_path,
-                          self.log_tail()))
+      raise RuntimeError(
+        '%s exited with code %s; log %s:\n%s'
+        % (self.name, self.proc.returncode, self.log_path, self.log_tail())
+      )
 
   def wait_until(self, probe, timeout_s=STARTUP_TIMEOUT_S, every_s=0.2):
     """Calls probe() until it returns true, failing if the process exits
@@ -102,22 +102,23 @@ class ServiceProcess(RefractProcess):
       if probe():
         return time.monotonic() - self.started
       if time.monotonic() > deadline:
-        raise RuntimeError('%s was not ready within %ss; log %s:\n%s' %
-                           (self.name, timeout_s, self.log_path,
-                            self.log_tail()))
+        raise RuntimeError(
+          '%s was not ready within %ss; log %s:\n%s'
+          % (self.name, timeout_s, self.log_path, self.log_tail())
+        )
       time.sleep(every_s)
 
 
 def _grpc_answers(endpoint, call):
   """A probe: true once `call(channel)` gets any answer but UNAVAILABLE or
   a deadline (an error status such as UNIMPLEMENTED is an answer too)."""
+
   def probe():
     with grpc.insecure_channel(endpoint) as channel:
       try:
         call(channel)
       except grpc.RpcError as e:
-        if e.code() in (grpc.StatusCode.UNAVAILABLE,
-                        grpc.StatusCode.DEADLINE_EXCEEDED):
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
           return False
       return True
 
@@ -126,9 +127,11 @@ def _grpc_answers(endpoint, call):
 
 def _expansion_service_answers(endpoint):
   return _grpc_answers(
-      endpoint, lambda channel: beam_expansion_api_pb2_grpc.
-      ExpansionServiceStub(channel).DiscoverSchemaTransform(
-          beam_expansion_api_pb2.DiscoverSchemaTransformRequest(), timeout=5))
+    endpoint,
+    lambda channel: beam_expansion_api_pb2_grpc.ExpansionServiceStub(
+      channel
+    ).DiscoverSchemaTransform(beam_expansion_api_pb2.DiscoverSchemaTransformRequest(), timeout=5),
+  )
 
 
 @contextlib.contextmanager
@@ -173,12 +176,14 @@ def java_expansion_service(log_dir=None, process=None):
   pipeline options)."""
   port = free_port()
   argv = [
-      'java', '-cp',
-      common_sh('refract_xlang_classpath'), JAVA_EXPANSION_SERVICE_MAIN, port,
-      '--alsoStartLoopbackWorker'
+    'java',
+    '-cp',
+    common_sh('refract_xlang_classpath'),
+    JAVA_EXPANSION_SERVICE_MAIN,
+    port,
+    '--alsoStartLoopbackWorker',
   ]
-  with _expansion_service('Java expansion service', argv, port, log_dir,
-                          process) as endpoint:
+  with _expansion_service('Java expansion service', argv, port, log_dir, process) as endpoint:
     yield endpoint
 
 
@@ -188,12 +193,8 @@ def python_expansion_service(log_dir=None, process=None):
   `beam:transforms:xlang:test:*` transforms and a worker pool in its own
   process, on loopback), on a free port: yields 'localhost:PORT'."""
   port = free_port()
-  argv = [
-      sys.executable,
-      os.path.join(HERE, 'python_expansion_service.py'), port
-  ]
-  with _expansion_service('Python expansion service', argv, port, log_dir,
-                          process) as endpoint:
+  argv = [sys.executable, os.path.join(HERE, 'python_expansion_service.py'), port]
+  with _expansion_service('Python expansion service', argv, port, log_dir, process) as endpoint:
     yield endpoint
 
 
@@ -204,18 +205,19 @@ def prism_job_server(log_dir=None, process=None):
   --runner=PortableRunner --job_endpoint=..."""
   port = free_port()
   service = ServiceProcess(
-      'Prism', [
-          common_sh('refract_prism_bin'), '-job_port', port,
-          '-serve_http=false', '-log_level', 'warn'
-      ], _log_path(log_dir, 'prism.log'))
+    'Prism',
+    [common_sh('refract_prism_bin'), '-job_port', port, '-serve_http=false', '-log_level', 'warn'],
+    _log_path(log_dir, 'prism.log'),
+  )
   if process is not None:
     process.append(service)
   endpoint = 'localhost:%d' % port
   probe = _grpc_answers(
-      endpoint, lambda channel: beam_job_api_pb2_grpc.JobServiceStub(
-          channel).GetState(
-              beam_job_api_pb2.GetJobStateRequest(job_id='[probe]'),
-              timeout=5))
+    endpoint,
+    lambda channel: beam_job_api_pb2_grpc.JobServiceStub(channel).GetState(
+      beam_job_api_pb2.GetJobStateRequest(job_id='[probe]'), timeout=5
+    ),
+  )
   with _running(service, probe):
     yield endpoint
 
@@ -226,25 +228,24 @@ def _kafka_cluster_id():
   # with '-', which the storage tool would read as a flag (one run in 64).
   # Made here to save starting a JVM for it.
   while True:
-    cluster_id = base64.urlsafe_b64encode(
-        uuid.uuid4().bytes).rstrip(b'=').decode()
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b'=').decode()
     if not cluster_id.startswith('-'):
       return cluster_id
 
 
 def _kafka_properties(data_dir, broker_port, controller_port):
-  return '\n'.join([
+  return '\n'.join(
+    [
       # KRaft combined mode: this one process is the whole cluster, broker
       # and its own controller quorum.
       'process.roles=broker,controller',
       'node.id=1',
       'controller.quorum.voters=1@127.0.0.1:%d' % controller_port,
       'controller.listener.names=CONTROLLER',
-      'listeners=PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d' %
-      (broker_port, controller_port),
+      'listeners=PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d'
+      % (broker_port, controller_port),
       'advertised.listeners=PLAINTEXT://127.0.0.1:%d' % broker_port,
-      'listener.security.protocol.map=PLAINTEXT:PLAINTEXT,'
-      'CONTROLLER:PLAINTEXT',
+      'listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT',
       'inter.broker.listener.name=PLAINTEXT',
       'log.dirs=%s' % data_dir,
       # Internal topics default to 3 replicas, which one broker cannot
@@ -263,7 +264,8 @@ def _kafka_properties(data_dir, broker_port, controller_port):
       'log.retention.ms=-1',
       'auto.create.topics.enable=true',
       '',
-  ])
+    ]
+  )
 
 
 def _kafka_answers(bootstrap):
@@ -280,9 +282,9 @@ def _kafka_answers(bootstrap):
     # not need kafka-python.
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaConfigurationError, KafkaError
+
     try:
-      admin = KafkaAdminClient(bootstrap_servers=bootstrap,
-                               request_timeout_ms=5000)
+      admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     except KafkaConfigurationError:
       raise  # a mistake of ours, not a broker still starting
     except (KafkaError, OSError):
@@ -316,20 +318,34 @@ def kafka_broker(tmp_dir, process=None):
     config = os.path.join(work, 'server.properties')
     with open(config, 'w') as f:
       f.write(_kafka_properties(data_dir, broker_port, controller_port))
-    fmt = subprocess.run([
-        'java', '-cp', classpath, 'kafka.tools.StorageTool', 'format', '-t',
-        _kafka_cluster_id(), '-c', config
-    ],
-                         stdin=subprocess.DEVNULL,
-                         capture_output=True,
-                         text=True,
-                         check=False)
+    fmt = subprocess.run(
+      [
+        'java',
+        '-cp',
+        classpath,
+        'kafka.tools.StorageTool',
+        'format',
+        '-t',
+        _kafka_cluster_id(),
+        '-c',
+        config,
+      ],
+      stdin=subprocess.DEVNULL,
+      capture_output=True,
+      text=True,
+      check=False,
+    )
     if fmt.returncode != 0:
-      raise RuntimeError('kafka StorageTool format failed (exit %d):\n%s%s' %
-                         (fmt.returncode, fmt.stdout, fmt.stderr))
-    service = ServiceProcess('Kafka broker', [
-        'java', KAFKA_HEAP, '-cp', classpath, 'kafka.Kafka', config
-    ], os.path.join(work, 'broker.log'), cwd=work)
+      raise RuntimeError(
+        'kafka StorageTool format failed (exit %d):\n%s%s'
+        % (fmt.returncode, fmt.stdout, fmt.stderr)
+      )
+    service = ServiceProcess(
+      'Kafka broker',
+      ['java', KAFKA_HEAP, '-cp', classpath, 'kafka.Kafka', config],
+      os.path.join(work, 'broker.log'),
+      cwd=work,
+    )
     if process is not None:
       process.append(service)
     bootstrap = 'localhost:%d' % broker_port

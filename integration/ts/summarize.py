@@ -30,8 +30,7 @@ def read_report(path):
     print(f'{path}: no mocha report ({err})')
     return {}
   results = {}
-  for verdict, key in (('passed', 'passes'), ('failed', 'failures'),
-                       ('skipped', 'pending')):
+  for verdict, key in (('passed', 'passes'), ('failed', 'failures'), ('skipped', 'pending')):
     for test in data.get(key, []):
       if is_counted(test):
         results[test['fullTitle']] = verdict
@@ -44,15 +43,14 @@ def main():
   parser.add_argument('reports', nargs='+')
   args = parser.parse_args()
 
-  runners = {
-      os.path.splitext(os.path.basename(p))[0]: read_report(p)
-      for p in args.reports
-  }
+  runners = {os.path.splitext(os.path.basename(p))[0]: read_report(p) for p in args.reports}
   first = next(iter(runners))
   for runner, results in runners.items():
     values = list(results.values())
-    print(f'{runner:<10} passed {values.count("passed")}, failed '
-          f'{values.count("failed")}, skipped {values.count("skipped")}')
+    print(
+      f'{runner:<10} passed {values.count("passed")}, failed '
+      f'{values.count("failed")}, skipped {values.count("skipped")}'
+    )
   bad = []
   if not runners[first]:
     bad.append(f'{first}: no counted case ran')
@@ -62,9 +60,9 @@ def main():
   if args.bar_runner in runners:
     for title, verdict in sorted(runners[args.bar_runner].items()):
       if verdict == 'passed' and runners[first].get(title) != 'passed':
-        bad.append(f'passes on {args.bar_runner}, '
-                   f'{runners[first].get(title, "not run")} on {first}: '
-                   f'{title}')
+        bad.append(
+          f'passes on {args.bar_runner}, {runners[first].get(title, "not run")} on {first}: {title}'
+        )
   for line in bad:
     print(line)
   print(f'{first}: ' + ('below the bar' if bad else 'meets the bar'))

@@ -48,12 +48,13 @@ def parse_count(line):
 def add_wordcount(pipeline, input_path, output_prefix):
   """Adds read -> split -> count -> format -> write to `pipeline`."""
   return (
-      pipeline
-      | 'Read' >> beam.io.ReadFromText(input_path)
-      | 'Split' >> beam.FlatMap(split_words)
-      | 'Count' >> beam.combiners.Count.PerElement()
-      | 'Format' >> beam.MapTuple(format_count)
-      | 'Write' >> beam.io.WriteToText(output_prefix))
+    pipeline
+    | 'Read' >> beam.io.ReadFromText(input_path)
+    | 'Split' >> beam.FlatMap(split_words)
+    | 'Count' >> beam.combiners.Count.PerElement()
+    | 'Format' >> beam.MapTuple(format_count)
+    | 'Write' >> beam.io.WriteToText(output_prefix)
+  )
 
 
 def read_counts(output_prefix):
@@ -100,16 +101,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--input', default=DEFAULT_INPUT)
   parser.add_argument(
-      '--output',
-      default=None,
-      help='output file prefix (default: a new temporary directory)')
+    '--output', default=None, help='output file prefix (default: a new temporary directory)'
+  )
   parser.add_argument('--top', type=int, default=20)
   args, beam_args = parser.parse_known_args(argv)
 
   output = args.output
   if output is None:
-    output = os.path.join(
-        tempfile.mkdtemp(prefix='refract-wordcount-'), 'counts')
+    output = os.path.join(tempfile.mkdtemp(prefix='refract-wordcount-'), 'counts')
 
   counts = run_wordcount(args.input, output, beam_args)
 
@@ -118,8 +117,8 @@ def main(argv=None):
   for word, count in top_words(counts, args.top):
     print('  %-*s %6d' % (width, word, count))
   print(
-      'Total: %d words, %d distinct. Output files: %s*' %
-      (sum(counts.values()), len(counts), output))
+    'Total: %d words, %d distinct. Output files: %s*' % (sum(counts.values()), len(counts), output)
+  )
   return 0
 
 

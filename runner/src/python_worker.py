@@ -21,13 +21,13 @@ What it does depends on its environment:
   imported Beam once, so a worker starts in milliseconds. Should the
   server not answer, it runs the worker itself, as above.
 
-* `serve SOCKET` (run as a file, not from stdin): the fork server. It binds SOCKET, imports Beam, and for
-  each connection forks a child that becomes the worker described by what
-  the connection sent. A connection that closes (its boot process was
-  killed) has its worker killed; a worker that exits has its status sent
-  back. The server ends with its parent (`refract run`, or the Python
-  process running `RefractRunner`), which holds its standard input open,
-  and each worker with the server.
+* `serve SOCKET` (run as a file, not from stdin): the fork server. It
+  binds SOCKET, imports Beam, and for each connection forks a child that
+  becomes the worker described by what the connection sent. A connection
+  that closes (its boot process was killed) has its worker killed; a
+  worker that exits has its status sent back. The server ends with its
+  parent (`refract run`, or the Python process running `RefractRunner`),
+  which holds its standard input open, and each worker with the server.
 
 The fork server runs only code of the user who started it: its socket is in
 a directory only that user can enter.
@@ -57,6 +57,7 @@ def die_with_parent(sig):
   nothing where that cannot be asked."""
   try:
     import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
   except (OSError, AttributeError):
@@ -88,27 +89,28 @@ def options_the_harness_reads(options):
   """
   try:
     from apache_beam.options import pipeline_options as beam_options
+
     parser = beam_options._BeamArgumentParser(allow_abbrev=False)
     for cls in beam_options.PipelineOptions.__subclasses__():
       cls._add_argparse_args(parser)
     flags = {flag for action in parser._actions for flag in action.option_strings}
     flagged_otherwise = {
-        action.dest
-        for action in parser._actions
-        if action.default is True and '--' + action.dest not in flags
+      action.dest
+      for action in parser._actions
+      if action.default is True and '--' + action.dest not in flags
     }
   except Exception:  # pylint: disable=broad-except
     return options
 
   def name(key):
     if key.startswith('beam:option:') and key.endswith(':v1'):
-      return key[len('beam:option:'):-len(':v1')]
+      return key[len('beam:option:') : -len(':v1')]
     return key
 
   return {
-      key: value
-      for key, value in options.items()
-      if not (value is True and name(key) in flagged_otherwise)
+    key: value
+    for key, value in options.items()
+    if not (value is True and name(key) in flagged_otherwise)
   }
 
 
@@ -144,13 +146,12 @@ def provision_and_run_harness():
   env = os.environ
   worker_id = env['BOOT_ID']
   metadata = [('worker_id', worker_id)] if worker_id else []
-  out = {
-      'WORKER_ID': worker_id, 'SEMI_PERSISTENT_DIRECTORY': env['BOOT_SEMI']
-  }
+  out = {'WORKER_ID': worker_id, 'SEMI_PERSISTENT_DIRECTORY': env['BOOT_SEMI']}
 
   def descriptor(url):
     return text_format.MessageToString(
-        endpoints_pb2.ApiServiceDescriptor(url=url), as_one_line=True)
+      endpoints_pb2.ApiServiceDescriptor(url=url), as_one_line=True
+    )
 
   out['CONTROL_API_SERVICE_DESCRIPTOR'] = descriptor(env['BOOT_CONTROL'])
   if env['BOOT_LOGGING']:
@@ -161,20 +162,19 @@ def provision_and_run_harness():
   if env['BOOT_PROVISION']:
     channel = grpc.insecure_channel(env['BOOT_PROVISION'])
     try:
-      info = beam_provision_api_pb2_grpc.ProvisionServiceStub(
-          channel).GetProvisionInfo(
-              beam_provision_api_pb2.GetProvisionInfoRequest(),
-              metadata=metadata,
-              timeout=60).info
+      info = (
+        beam_provision_api_pb2_grpc.ProvisionServiceStub(channel)
+        .GetProvisionInfo(
+          beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=metadata, timeout=60
+        )
+        .info
+      )
     except grpc.RpcError as e:
-      sys.exit(
-          'python_boot.sh: GetProvisionInfo at %s failed: %s' %
-          (env['BOOT_PROVISION'], e))
+      sys.exit('python_boot.sh: GetProvisionInfo at %s failed: %s' % (env['BOOT_PROVISION'], e))
     options = json_format.MessageToDict(info.pipeline_options)
     out['RUNNER_CAPABILITIES'] = ' '.join(info.runner_capabilities)
     if info.status_endpoint.url:
-      out['STATUS_API_SERVICE_DESCRIPTOR'] = descriptor(
-          info.status_endpoint.url)
+      out['STATUS_API_SERVICE_DESCRIPTOR'] = descriptor(info.status_endpoint.url)
     for key in ('job_name', 'job_id'):
       if key in info.metadata:
         out[key.upper()] = info.metadata[key]
@@ -184,24 +184,28 @@ def provision_and_run_harness():
     staging_to = common_urns.artifact_roles.STAGING_TO.urn
     artifacts = [d for d in info.dependencies if d.role_urn == staging_to]
     session_staged = any(
-        os.path.basename(
-            beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
-                a.role_payload).staged_name) == names.PICKLED_MAIN_SESSION_FILE
-        for a in artifacts)
+      os.path.basename(
+        beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(a.role_payload).staged_name
+      )
+      == names.PICKLED_MAIN_SESSION_FILE
+      for a in artifacts
+    )
     if artifacts and env['BOOT_ARTIFACT']:
       stub = beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(
-          grpc.insecure_channel(env['BOOT_ARTIFACT']))
+        grpc.insecure_channel(env['BOOT_ARTIFACT'])
+      )
       for artifact in artifacts:
         name = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
-            artifact.role_payload).staged_name
-        path = os.path.join(
-            env['BOOT_SEMI'], 'staged', os.path.basename(name))
+          artifact.role_payload
+        ).staged_name
+        path = os.path.join(env['BOOT_SEMI'], 'staged', os.path.basename(name))
         try:
           with open(path, 'wb') as f:
             for chunk in stub.GetArtifact(
-                beam_artifact_api_pb2.GetArtifactRequest(artifact=artifact),
-                metadata=metadata,
-                timeout=300):
+              beam_artifact_api_pb2.GetArtifactRequest(artifact=artifact),
+              metadata=metadata,
+              timeout=300,
+            ):
               f.write(chunk.data)
         except grpc.RpcError as e:
           sys.exit('python_boot.sh: fetching %s failed: %s' % (name, e))
@@ -215,8 +219,10 @@ def provision_and_run_harness():
   # server, that was before there was a worker, and the runner would refuse
   # the channel (and with it every log line) for want of an id.
   from apache_beam.runners.worker import worker_id_interceptor
+
   worker_id_interceptor.WorkerIdInterceptor._worker_id = worker_id
   from apache_beam.runners.worker import sdk_worker_main
+
   if not session_staged:
     logging.getLogger(sdk_worker_main.__name__).addFilter(NoStagedSession())
   sdk_worker_main.main([sys.argv[0]])
@@ -236,12 +242,14 @@ def forked_by(path):
   """Has the fork server at `path` start this worker; returns its exit
   code once it ends, or None (nothing started) if the server cannot be
   reached."""
-  request = json.dumps({
+  request = json.dumps(
+    {
       'env': dict(os.environ),
       'cwd': os.getcwd(),
       'argv': sys.argv,
       'pgid': os.getpgrp(),
-  }).encode()
+    }
+  ).encode()
   conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   try:
     conn.connect(path)
@@ -249,21 +257,24 @@ def forked_by(path):
     started = conn.recv(64)
   except OSError as e:
     if e.errno == errno.EMSGSIZE:
-      why = ('its request, %d bytes of environment, directory and '
-             'arguments, is more than its socket takes' % len(request))
+      why = (
+        'its request, %d bytes of environment, directory and '
+        'arguments, is more than its socket takes' % len(request)
+      )
     else:
       why = 'did not answer (%s)' % e
     print(
-        'python_boot.sh: the fork server at %s %s; starting the worker here' %
-        (path, why),
-        file=sys.stderr)
+      'python_boot.sh: the fork server at %s %s; starting the worker here' % (path, why),
+      file=sys.stderr,
+    )
     conn.close()
     return None
   if not started.startswith(b'pid '):
     print(
-        'python_boot.sh: the fork server at %s refused: %r; starting the '
-        'worker here' % (path, started[:200]),
-        file=sys.stderr)
+      'python_boot.sh: the fork server at %s refused: %r; starting the '
+      'worker here' % (path, started[:200]),
+      file=sys.stderr,
+    )
     conn.close()
     return None
   # From here the worker runs; this process stands for it. A signal that
@@ -273,9 +284,10 @@ def forked_by(path):
   if ended.startswith(b'exit '):
     return int(ended[5:])
   print(
-      'python_boot.sh: the fork server ended before worker %s did' %
-      started[4:].decode(errors='replace'),
-      file=sys.stderr)
+    'python_boot.sh: the fork server ended before worker %s did'
+    % started[4:].decode(errors='replace'),
+    file=sys.stderr,
+  )
   return 1
 
 
@@ -349,11 +361,12 @@ def serve(path):
   listener.bind(path)
   listener.listen(64)
   # Bound before Beam is imported: a worker asking early waits in the
-  # backlog instead of starting on its own.
-  import apache_beam  # pylint: disable=unused-import
-  from apache_beam.runners.worker import sdk_worker_main  # pylint: disable=unused-import
-  import grpc  # pylint: disable=unused-import
-  from google.protobuf import json_format  # pylint: disable=unused-import
+  # backlog instead of starting on its own. Imported only to have them
+  # loaded in this process, for the workers it forks.
+  import apache_beam  # noqa: F401  # pylint: disable=unused-import
+  from apache_beam.runners.worker import sdk_worker_main  # noqa: F401  # pylint: disable=unused-import
+  import grpc  # noqa: F401  # pylint: disable=unused-import
+  from google.protobuf import json_format  # noqa: F401  # pylint: disable=unused-import
 
   wake_r, wake_w = os.pipe()
   os.set_blocking(wake_w, False)
@@ -424,10 +437,13 @@ def fork_worker(conn, selector, workers, server_fds):
   try:
     message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
     request = json.loads(message)
-    if (len(fds) != 3 or not isinstance(request, dict) or
-        not isinstance(request.get('env'), dict) or
-        not isinstance(request.get('cwd'), str) or
-        not isinstance(request.get('argv'), list)):
+    if (
+      len(fds) != 3
+      or not isinstance(request, dict)
+      or not isinstance(request.get('env'), dict)
+      or not isinstance(request.get('cwd'), str)
+      or not isinstance(request.get('argv'), list)
+    ):
       raise ValueError('expected env, cwd and argv, and three descriptors')
   except (OSError, ValueError) as e:
     refuse(conn, fds, str(e))
@@ -440,8 +456,7 @@ def fork_worker(conn, selector, workers, server_fds):
     refuse(conn, fds, 'fork failed: %s' % e)
     return
   if pid == 0:
-    become_worker(request, fds, server_fds + others + [conn.fileno()],
-                  server_pid)
+    become_worker(request, fds, server_fds + others + [conn.fileno()], server_pid)
   for fd in fds:
     os.close(fd)
   workers[pid] = conn

@@ -39,20 +39,23 @@ def sleep_a_minute(x):
 
 
 PIPELINES = {
-    'done': lambda p: p | beam.Create([1, 2, 3]) | beam.Map(lambda x: 2 * x),
-    'fail': lambda p: p | beam.Create([1]) | 'Explode' >> beam.Map(fail),
-    'slow': lambda p: p | beam.Create([1]) | 'Sleep' >> beam.Map(sleep_a_minute),
+  'done': lambda p: p | beam.Create([1, 2, 3]) | beam.Map(lambda x: 2 * x),
+  'fail': lambda p: p | beam.Create([1]) | 'Explode' >> beam.Map(fail),
+  'slow': lambda p: p | beam.Create([1]) | 'Sleep' >> beam.Map(sleep_a_minute),
 }
 
 
 def main(out_dir):
   address, _server = worker_pool_main.BeamFnExternalWorkerPoolServicer.start(
-      use_process=False, port=0)
-  options = PipelineOptions([
+    use_process=False, port=0
+  )
+  options = PipelineOptions(
+    [
       '--runner=PortableRunner',
       '--environment_type=EXTERNAL',
       '--environment_config=' + address,
-  ])
+    ]
+  )
   for name, build in PIPELINES.items():
     p = beam.Pipeline(options=options)
     build(p)
@@ -60,9 +63,9 @@ def main(out_dir):
     with open(os.path.join(out_dir, name + '.pb'), 'wb') as f:
       f.write(proto.SerializeToString())
   given = {
-      'beam:option:%s:v1' % k: v
-      for k, v in options.get_all_options(drop_default=True).items()
-      if v is not None
+    'beam:option:%s:v1' % k: v
+    for k, v in options.get_all_options(drop_default=True).items()
+    if v is not None
   }
   with open(os.path.join(out_dir, 'options.pb'), 'wb') as f:
     f.write(job_utils.dict_to_struct(given).SerializeToString())

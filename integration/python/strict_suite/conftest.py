@@ -10,5 +10,4 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-  TestPipeline.pytest_test_pipeline_options = config.getoption(
-      'test_pipeline_options')
+  TestPipeline.pytest_test_pipeline_options = config.getoption('test_pipeline_options')

@@ -24,6 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 class DedupeInMemory(beam.DoFn):
   """Drops elements it has seen before: in its own memory, so an element
   whose bundle runs again is dropped the second time."""
+
   def setup(self):
     self.seen = set()
 
@@ -36,13 +37,14 @@ class DedupeInMemory(beam.DoFn):
 def check_dedupe_in_memory():
   with TestPipeline() as p:
     assert_that(
-        p | beam.Create(['a', 'b', 'c'])
-        | 'DedupeInMemory' >> beam.ParDo(DedupeInMemory()),
-        equal_to(['a', 'b', 'c']))
+      p | beam.Create(['a', 'b', 'c']) | 'DedupeInMemory' >> beam.ParDo(DedupeInMemory()),
+      equal_to(['a', 'b', 'c']),
+    )
 
 
 class CountPerBundle(beam.DoFn):
   """Counts its input as if a bundle were all of it."""
+
   def start_bundle(self):
     self.n = 0
 
@@ -56,13 +58,14 @@ class CountPerBundle(beam.DoFn):
 def check_count_per_bundle():
   with TestPipeline() as p:
     assert_that(
-        p | beam.Create(['a', 'b', 'c'])
-        | 'CountPerBundle' >> beam.ParDo(CountPerBundle()),
-        equal_to([3]))
+      p | beam.Create(['a', 'b', 'c']) | 'CountPerBundle' >> beam.ParDo(CountPerBundle()),
+      equal_to([3]),
+    )
 
 
 class PairWithPrevious(beam.DoFn):
   """Pairs each element with the one before it, as if input kept its order."""
+
   def start_bundle(self):
     self.previous = None
 
@@ -74,13 +77,14 @@ class PairWithPrevious(beam.DoFn):
 def check_pairs_in_arrival_order():
   with TestPipeline() as p:
     assert_that(
-        p | beam.Create(['a', 'b', 'c'])
-        | 'PairWithPrevious' >> beam.ParDo(PairWithPrevious()),
-        equal_to([(None, 'a'), ('a', 'b'), ('b', 'c')]))
+      p | beam.Create(['a', 'b', 'c']) | 'PairWithPrevious' >> beam.ParDo(PairWithPrevious()),
+      equal_to([(None, 'a'), ('a', 'b'), ('b', 'c')]),
+    )
 
 
 class LabelledPoint:
   """A point with a label its registered coder forgets."""
+
   def __init__(self, x, label):
     self.x = x
     self.label = label
@@ -88,6 +92,7 @@ class LabelledPoint:
 
 class LosslessLookingCoder(beam.coders.Coder):
   """Encodes a LabelledPoint's x and nothing else."""
+
   def encode(self, value):
     return str(value.x).encode()
 
@@ -104,17 +109,16 @@ beam.coders.registry.register_coder(LabelledPoint, LosslessLookingCoder)
 def check_a_coder_that_loses_data():
   with TestPipeline() as p:
     points = (
-        p | beam.Create([1, 2])
-        | 'Label' >> beam.Map(lambda x: LabelledPoint(x, 'p%d' % x)
-                              ).with_output_types(LabelledPoint))
-    assert_that(points | 'ReadLabel' >> beam.Map(lambda point: point.label),
-                equal_to(['p1', 'p2']))
+      p
+      | beam.Create([1, 2])
+      | 'Label' >> beam.Map(lambda x: LabelledPoint(x, 'p%d' % x)).with_output_types(LabelledPoint)
+    )
+    assert_that(points | 'ReadLabel' >> beam.Map(lambda point: point.label), equal_to(['p1', 'p2']))
 
 
 def check_a_correct_pipeline_passes():
   with TestPipeline() as p:
     assert_that(
-        p | beam.Create(['a', 'b', 'a', 'c'])
-        | beam.Distinct()
-        | beam.combiners.Count.Globally(),
-        equal_to([3]))
+      p | beam.Create(['a', 'b', 'a', 'c']) | beam.Distinct() | beam.combiners.Count.Globally(),
+      equal_to([3]),
+    )

@@ -150,8 +150,7 @@ def write_boot_script(work_dir, source):
   boot = os.path.join(work_dir, 'boot')
   with open(boot, 'w') as f:
     argv = (sys.executable, script, BOOT_FLAG, work_dir, os.getpid())
-    f.write('#!/bin/sh\nexec %s "$@"\n' %
-            ' '.join(shlex.quote(str(a)) for a in argv))
+    f.write('#!/bin/sh\nexec %s "$@"\n' % ' '.join(shlex.quote(str(a)) for a in argv))
   os.chmod(boot, 0o700)
   return boot
 
@@ -163,7 +162,6 @@ def pool_servicer(boot):
   from apache_beam.runners.worker import worker_pool_main
 
   class Servicer(worker_pool_main.BeamFnExternalWorkerPoolServicer):
-
     def __init__(self):
       super().__init__(use_process=True, container_executable=boot)
       self._started = set()
@@ -174,8 +172,7 @@ def pool_servicer(boot):
 
     def stop_workers(self):
       for worker_id in list(self._started):
-        self.StopWorker(
-            beam_fn_api_pb2.StopWorkerRequest(worker_id=worker_id), None)
+        self.StopWorker(beam_fn_api_pb2.StopWorkerRequest(worker_id=worker_id), None)
 
   return Servicer()
 
@@ -196,11 +193,10 @@ def serve_pool(servicer):
   # As Beam's pool: accept any client keepalive pings, never answer them
   # with GOAWAY.
   server = grpc.server(
-      futures.ThreadPoolExecutor(max_workers=8),
-      options=[('grpc.http2.max_pings_without_data', 0),
-               ('grpc.http2.max_ping_strikes', 0)])
-  beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-      servicer, server)
+    futures.ThreadPoolExecutor(max_workers=8),
+    options=[('grpc.http2.max_pings_without_data', 0), ('grpc.http2.max_ping_strikes', 0)],
+  )
+  beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
   port = server.add_insecure_port('[::]:0')
   server.start()
   return server, port
@@ -225,13 +221,19 @@ def boot_worker(work_dir, pool_pid, argv):
   semi_dir = tempfile.mkdtemp(prefix='worker-', dir=work_dir)
   os.environ.update(harness_environment(flags, semi_dir))
   from apache_beam.runners.worker import sdk_worker_main
+
   sdk_worker_main.main([])
 
 
 def parse_boot_flags(argv):
   parser = argparse.ArgumentParser(prog='ray_pools.py ' + BOOT_FLAG)
-  for name in ('id', 'control_endpoint', 'logging_endpoint',
-               'provision_endpoint', 'artifact_endpoint'):
+  for name in (
+    'id',
+    'control_endpoint',
+    'logging_endpoint',
+    'provision_endpoint',
+    'artifact_endpoint',
+  ):
     parser.add_argument('--' + name, default='')
   flags, _ = parser.parse_known_args(argv)
   if not flags.control_endpoint:
@@ -256,21 +258,21 @@ def harness_environment(flags, semi_dir):
   """The variables sdk_worker_main reads, from the flags and Refract's
   provision and artifact services."""
   env = {
-      'WORKER_ID': flags.id,
-      'SEMI_PERSISTENT_DIRECTORY': semi_dir,
-      'CONTROL_API_SERVICE_DESCRIPTOR': descriptor(flags.control_endpoint),
-      'PIPELINE_OPTIONS': '{}',
+    'WORKER_ID': flags.id,
+    'SEMI_PERSISTENT_DIRECTORY': semi_dir,
+    'CONTROL_API_SERVICE_DESCRIPTOR': descriptor(flags.control_endpoint),
+    'PIPELINE_OPTIONS': '{}',
   }
   if flags.logging_endpoint:
     env['LOGGING_API_SERVICE_DESCRIPTOR'] = descriptor(flags.logging_endpoint)
   if flags.provision_endpoint:
     from google.protobuf import json_format
+
     info = provision_info(flags)
     env['PIPELINE_OPTIONS'] = json_format.MessageToJson(info.pipeline_options)
     env['RUNNER_CAPABILITIES'] = ' '.join(info.runner_capabilities)
     if info.status_endpoint.url:
-      env['STATUS_API_SERVICE_DESCRIPTOR'] = descriptor(
-          info.status_endpoint.url)
+      env['STATUS_API_SERVICE_DESCRIPTOR'] = descriptor(info.status_endpoint.url)
     fetch_staged_files(flags, info, os.path.join(semi_dir, 'staged'))
   return env
 
@@ -279,8 +281,8 @@ def descriptor(url):
   """An ApiServiceDescriptor in the text format the harness parses."""
   from apache_beam.portability.api import endpoints_pb2
   from google.protobuf import text_format
-  return text_format.MessageToString(
-      endpoints_pb2.ApiServiceDescriptor(url=url), as_one_line=True)
+
+  return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url), as_one_line=True)
 
 
 def worker_metadata(flags):
@@ -292,16 +294,17 @@ def provision_info(flags):
   import grpc
   from apache_beam.portability.api import beam_provision_api_pb2
   from apache_beam.portability.api import beam_provision_api_pb2_grpc
+
   with grpc.insecure_channel(flags.provision_endpoint) as channel:
     stub = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel)
     try:
       return stub.GetProvisionInfo(
-          beam_provision_api_pb2.GetProvisionInfoRequest(),
-          metadata=worker_metadata(flags),
-          timeout=60).info
+        beam_provision_api_pb2.GetProvisionInfoRequest(),
+        metadata=worker_metadata(flags),
+        timeout=60,
+      ).info
     except grpc.RpcError as e:
-      sys.exit('GetProvisionInfo at %s failed: %s' %
-               (flags.provision_endpoint, e))
+      sys.exit('GetProvisionInfo at %s failed: %s' % (flags.provision_endpoint, e))
 
 
 def fetch_staged_files(flags, info, staged_dir):
@@ -312,6 +315,7 @@ def fetch_staged_files(flags, info, staged_dir):
   from apache_beam.portability.api import beam_artifact_api_pb2
   from apache_beam.portability.api import beam_artifact_api_pb2_grpc
   from apache_beam.portability.api import beam_runner_api_pb2
+
   os.makedirs(staged_dir, exist_ok=True)
   staging_to = common_urns.artifact_roles.STAGING_TO.urn
   wanted = [d for d in info.dependencies if d.role_urn == staging_to]
@@ -321,14 +325,16 @@ def fetch_staged_files(flags, info, staged_dir):
     stub = beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(channel)
     for artifact in wanted:
       name = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(
-          artifact.role_payload).staged_name
+        artifact.role_payload
+      ).staged_name
       path = os.path.join(staged_dir, os.path.basename(name))
       try:
         with open(path, 'wb') as f:
           for chunk in stub.GetArtifact(
-              beam_artifact_api_pb2.GetArtifactRequest(artifact=artifact),
-              metadata=worker_metadata(flags),
-              timeout=300):
+            beam_artifact_api_pb2.GetArtifactRequest(artifact=artifact),
+            metadata=worker_metadata(flags),
+            timeout=300,
+          ):
             f.write(chunk.data)
       except grpc.RpcError as e:
         sys.exit('fetching the staged file %s failed: %s' % (name, e))
@@ -395,6 +401,7 @@ class Pools:
 
   def __init__(self, ray, events, source):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     self._ray = ray
     self._events = events
     self._source = source
@@ -422,8 +429,7 @@ class Pools:
     pools = list(self._pools.values())
     self._pools.clear()
     if pools:
-      self._ray.wait([p.actor.stop.remote() for p in pools],
-                     num_returns=len(pools), timeout=5)
+      self._ray.wait([p.actor.stop.remote() for p in pools], num_returns=len(pools), timeout=5)
     for pool in pools:
       self._kill(pool)
 
@@ -438,9 +444,9 @@ class Pools:
 
   def _start(self, node):
     actor = self._actor_class.options(
-        num_cpus=0,
-        max_concurrency=4,
-        scheduling_strategy=self._affinity(node['NodeID'], soft=False),
+      num_cpus=0,
+      max_concurrency=4,
+      scheduling_strategy=self._affinity(node['NodeID'], soft=False),
     ).remote(self._source)
     pool = Pool(node, actor)
     self._pools[pool.node_id] = pool
@@ -476,17 +482,14 @@ class Pools:
       elif accepts_connections(pool.ip, pool.port):
         pool.announced = True
         self._reported.discard(pool.node_id)
-        _LOG.info('worker pool %s up on %s, %d CPUs', pool.address,
-                  pool.describe(), pool.cpus)
-        self._events.emit('add', pool=pool.address, node=pool.node_id,
-                          cpus=pool.cpus)
-      elif (not pool.warned and
-            time.monotonic() - pool.port_known > UNREACHABLE_WARNING_S):
+        _LOG.info('worker pool %s up on %s, %d CPUs', pool.address, pool.describe(), pool.cpus)
+        self._events.emit('add', pool=pool.address, node=pool.node_id, cpus=pool.cpus)
+      elif not pool.warned and time.monotonic() - pool.port_known > UNREACHABLE_WARNING_S:
         pool.warned = True
         self._events.error(
-            'the worker pool on %s listens at %s, which does not accept '
-            'connections from this host; still trying' %
-            (pool.describe(), pool.address))
+          'the worker pool on %s listens at %s, which does not accept '
+          'connections from this host; still trying' % (pool.describe(), pool.address)
+        )
 
   def _learn_port(self, pool):
     ready, _ = self._ray.wait([pool.port_ref], timeout=0)
@@ -505,8 +508,7 @@ class Pools:
     self._pools.pop(pool.node_id, None)
     self._kill(pool)
     if pool.node_id not in self._alive_nodes():
-      _LOG.info('the worker pool on %s ended with its node: %s',
-                pool.describe(), why)
+      _LOG.info('the worker pool on %s ended with its node: %s', pool.describe(), why)
       return
     self._retry_at[pool.node_id] = time.monotonic() + RETRY_AFTER_S
     message = 'cannot start a worker pool on %s: %s' % (pool.describe(), why)
@@ -520,8 +522,7 @@ class Pools:
     self._pools.pop(pool.node_id, None)
     self._kill(pool)
     if pool.announced:
-      _LOG.info('worker pool %s on %s removed: %s', pool.address,
-                pool.describe(), why)
+      _LOG.info('worker pool %s on %s removed: %s', pool.address, pool.describe(), why)
       self._events.emit('remove', pool=pool.address, node=pool.node_id)
     else:
       _LOG.info('worker pool starting on %s dropped: %s', pool.describe(), why)
@@ -538,8 +539,7 @@ def summary(error):
   errors put where the actor died first and the exception raised (say, a
   missing apache_beam on the node) last, with a traceback in between."""
   lines = [
-      l.strip() for l in re.sub(r'\x1b\[[0-9;]*m', '', str(error)).splitlines()
-      if l.strip()
+    line.strip() for line in re.sub(r'\x1b\[[0-9;]*m', '', str(error)).splitlines() if line.strip()
   ]
   if not lines:
     return repr(error)
@@ -558,8 +558,7 @@ def unreachable(address):
   """Why `address` cannot be Ray's, when a TCP probe shows it, else None:
   ray.init retries a dead GCS address forever and gives up on a Ray
   Client one only after 30 s."""
-  host_port = address[len('ray://'):] if address.startswith('ray://') else (
-      address)
+  host_port = address[len('ray://') :] if address.startswith('ray://') else (address)
   host, sep, port = host_port.rpartition(':')
   if not sep or not port.isdigit():
     return None  # `auto`, or a form left to Ray.
@@ -582,16 +581,15 @@ def connect(address, events):
     os.environ.setdefault(name, value)
   use_token_if_present()
   import ray
-  timer = threading.Timer(CONNECT_TIMEOUT_S, give_up_connecting,
-                          args=(address, events))
+
+  timer = threading.Timer(CONNECT_TIMEOUT_S, give_up_connecting, args=(address, events))
   timer.daemon = True
   timer.start()
   deadline = time.monotonic() + CONNECT_TIMEOUT_S - REFUSED_PAUSE_S
   try:
     while True:
       try:
-        ray.init(address=address, log_to_driver=True,
-                 runtime_env={'env_vars': RAY_LOG_ENV})
+        ray.init(address=address, log_to_driver=True, runtime_env={'env_vars': RAY_LOG_ENV})
         break
       except ConnectionAbortedError as e:
         # The Ray Client server answered but could not start this driver's
@@ -600,8 +598,7 @@ def connect(address, events):
         # disconnected itself.
         if time.monotonic() >= deadline:
           raise
-        _LOG.warning('Ray refused the connection for now, trying again: %s',
-                     str(e).splitlines()[0])
+        _LOG.warning('Ray refused the connection for now, trying again: %s', str(e).splitlines()[0])
         time.sleep(REFUSED_PAUSE_S)
   finally:
     timer.cancel()
@@ -615,7 +612,8 @@ def use_token_if_present():
   if 'RAY_AUTH_MODE' in os.environ:
     return
   path = os.environ.get('RAY_AUTH_TOKEN_PATH') or os.path.join(
-      os.path.expanduser('~'), '.ray', 'auth_token')
+    os.path.expanduser('~'), '.ray', 'auth_token'
+  )
   if os.environ.get('RAY_AUTH_TOKEN') or os.path.isfile(path):
     os.environ['RAY_AUTH_MODE'] = 'token'
 
@@ -623,8 +621,7 @@ def use_token_if_present():
 def give_up_connecting(address, events):
   """Ends the process from the timer thread: ray.init cannot be
   interrupted."""
-  events.error('cannot connect to Ray at %s: no answer within %ds' %
-               (address, CONNECT_TIMEOUT_S))
+  events.error('cannot connect to Ray at %s: no answer within %ds' % (address, CONNECT_TIMEOUT_S))
   os._exit(1)  # pylint: disable=protected-access
 
 
@@ -685,14 +682,13 @@ def run_sidecar(args):
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(
-      description='Refract sidecar: Beam worker pools on Ray nodes.')
+  parser = argparse.ArgumentParser(description='Refract sidecar: Beam worker pools on Ray nodes.')
   parser.add_argument(
-      '--address', required=True,
-      help='Ray address for ray.init: ray://HOST:PORT, HOST:PORT or auto')
+    '--address', required=True, help='Ray address for ray.init: ray://HOST:PORT, HOST:PORT or auto'
+  )
   parser.add_argument(
-      '--poll_interval', type=float, default=2.0,
-      help='seconds between looks at the cluster')
+    '--poll_interval', type=float, default=2.0, help='seconds between looks at the cluster'
+  )
   return parser.parse_args(argv)
 
 

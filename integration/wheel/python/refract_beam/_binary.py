@@ -22,19 +22,20 @@ class RefractNotFound(RuntimeError):
 def find(location=None):
   """The binary to run: `location` (a `--refract_location`), else
   `$REFRACT_BIN`, else the one this package installed, else `PATH`'s."""
-  for given, what in ((location, '--refract_location'),
-                      (os.environ.get('REFRACT_BIN'), 'REFRACT_BIN')):
+  for given, what in (
+    (location, '--refract_location'),
+    (os.environ.get('REFRACT_BIN'), 'REFRACT_BIN'),
+  ):
     if given:
       if os.path.isfile(given) and os.access(given, os.X_OK):
         return given
-      raise RefractNotFound(f'{what} names {given!r}, which is not an '
-                            'executable file')
+      raise RefractNotFound(f'{what} names {given!r}, which is not an executable file')
   looked = []
   for scheme in (None, f'{os.name}_user'):
     try:
       scripts = (
-          sysconfig.get_path('scripts')
-          if scheme is None else sysconfig.get_path('scripts', scheme))
+        sysconfig.get_path('scripts') if scheme is None else sysconfig.get_path('scripts', scheme)
+      )
     except KeyError:
       continue
     candidate = os.path.join(scripts, _NAME)
@@ -45,34 +46,31 @@ def find(location=None):
   if on_path:
     return on_path
   raise RefractNotFound(
-      'cannot find the refract binary: looked at %s and on PATH; install the '
-      'refract-beam wheel into this environment, or pass --refract_location '
-      '(or set REFRACT_BIN)' % ', '.join(looked))
+    'cannot find the refract binary: looked at %s and on PATH; install the '
+    'refract-beam wheel into this environment, or pass --refract_location '
+    '(or set REFRACT_BIN)' % ', '.join(looked)
+  )
 
 
 def supported_python_range(binary):
   """The (lowest, newest) Beam Python minor versions, as (major, minor)
   tuples, that `binary --version` says Refract runs; a binary that lists
   versions instead of a range (older builds) supports just those."""
-  out = subprocess.run([binary, '--version'],
-                       check=True,
-                       capture_output=True,
-                       text=True,
-                       timeout=30).stdout
+  out = subprocess.run(
+    [binary, '--version'], check=True, capture_output=True, text=True, timeout=30
+  ).stdout
   for line in out.splitlines():
     if line.startswith('tested with Apache Beam:'):
       for part in line.split(':', 1)[1].split(','):
         part = part.strip()
         if part.startswith('Python '):
-          found = [
-              (int(major), int(minor))
-              for major, minor in re.findall(r'(\d+)\.(\d+)', part)
-          ]
+          found = [(int(major), int(minor)) for major, minor in re.findall(r'(\d+)\.(\d+)', part)]
           if found:
             return min(found), max(found)
   raise RuntimeError(
-      f'{binary} --version does not say which Beam versions it was tested '
-      f'with (it printed {out!r}); is it a refract binary?')
+    f'{binary} --version does not say which Beam versions it was tested '
+    f'with (it printed {out!r}); is it a refract binary?'
+  )
 
 
 def _minor(version):
@@ -99,13 +97,16 @@ def check_beam_version(beam_version, supported, binary):
   if minor is None or lowest <= minor <= newest:
     return None
   if minor > newest:
-    return (f'apache-beam {beam_version} is newer than any Refract '
-            f'({binary}) was tested with ({_text(lowest)} to '
-            f'{_text(newest)}); running it anyway.')
+    return (
+      f'apache-beam {beam_version} is newer than any Refract '
+      f'({binary}) was tested with ({_text(lowest)} to '
+      f'{_text(newest)}); running it anyway.'
+    )
   if os.environ.get('REFRACT_SKIP_VERSION_CHECK') == '1':
     return None
   raise UnsupportedBeamVersion(
-      f'apache-beam {beam_version} is older than this Refract ({binary}) '
-      f'supports: it runs apache-beam {_text(lowest)} to {_text(newest)} '
-      f'(and newer, untested). Install apache-beam>={_text(lowest)}; set '
-      'REFRACT_SKIP_VERSION_CHECK=1 to try anyway.')
+    f'apache-beam {beam_version} is older than this Refract ({binary}) '
+    f'supports: it runs apache-beam {_text(lowest)} to {_text(newest)} '
+    f'(and newer, untested). Install apache-beam>={_text(lowest)}; set '
+    'REFRACT_SKIP_VERSION_CHECK=1 to try anyway.'
+  )

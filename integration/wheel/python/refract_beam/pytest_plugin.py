@@ -30,23 +30,25 @@ _ORIGINAL = pytest.StashKey()
 
 def pytest_addoption(parser):
   parser.getgroup('refract').addoption(
-      '--refract',
-      action='store_true',
-      default=False,
-      help='Run every TestPipeline on Refract (refract_beam.RefractRunner), '
-      'with LOOPBACK workers unless --test-pipeline-options names an '
-      'environment, in strict mode.')
+    '--refract',
+    action='store_true',
+    default=False,
+    help='Run every TestPipeline on Refract (refract_beam.RefractRunner), '
+    'with LOOPBACK workers unless --test-pipeline-options names an '
+    'environment, in strict mode.',
+  )
   parser.getgroup('refract').addoption(
-      '--refract-no-strict',
-      action='store_true',
-      default=False,
-      help='With --refract: no strict mode (bundles are neither run twice, '
-      'cut small nor reordered).')
+    '--refract-no-strict',
+    action='store_true',
+    default=False,
+    help='With --refract: no strict mode (bundles are neither run twice, cut small nor reordered).',
+  )
 
 
 def on_refract(args, strict=True):
   """TestPipeline arguments `args`, made to run on Refract (in strict
   mode, unless `strict` is false)."""
+
   def named(flag):
     return lambda a: a == flag or a.startswith(flag + '=')
 
@@ -75,6 +77,7 @@ def pytest_configure(config):
   if not config.getoption('refract', default=False):
     return
   from apache_beam.testing.test_pipeline import TestPipeline
+
   original = TestPipeline._parse_test_option_args
   config.stash[_ORIGINAL] = original
   strict = not config.getoption('refract_no_strict', default=False)
@@ -89,4 +92,5 @@ def pytest_unconfigure(config):
   original = config.stash.get(_ORIGINAL, None)
   if original is not None:
     from apache_beam.testing.test_pipeline import TestPipeline
+
     TestPipeline._parse_test_option_args = original

@@ -51,17 +51,20 @@ _SKIP_PIP_FREEZE = 'disable_logging_submission_environment'
 
 class RefractOptions(pipeline_options.PipelineOptions):
   """Options of `RefractRunner`."""
+
   @classmethod
   def _add_argparse_args(cls, parser):
     parser.add_argument(
-        '--refract_location',
-        default=None,
-        help='The refract binary to start (default: $REFRACT_BIN, else the '
-        'one the refract-beam package installed, else refract on PATH).')
+      '--refract_location',
+      default=None,
+      help='The refract binary to start (default: $REFRACT_BIN, else the '
+      'one the refract-beam package installed, else refract on PATH).',
+    )
 
 
 class RefractRunner(portable_runner.PortableRunner):
   """Runs pipelines on a Refract server started for this process."""
+
   _shared_server = shared.Shared()
 
   def run_pipeline(self, pipeline, options):
@@ -76,23 +79,23 @@ class RefractRunner(portable_runner.PortableRunner):
     portable = options.view_as(pipeline_options.PortableOptions)
     if not portable.environment_type and not portable.output_executable_path:
       portable.environment_type = 'PROCESS'
-      portable.environment_config = json.dumps({
+      portable.environment_config = json.dumps(
+        {
           'command': _worker_boot(),
-          'env': {
-              'PYTHONPATH': _import_path()
-          },
-      })
+          'env': {'PYTHONPATH': _import_path()},
+        }
+      )
       if not _given(options, 'sdk_worker_parallelism'):
         portable.sdk_worker_parallelism = 0
     return super().default_environment(options)
 
   def default_job_server(self, options):
     return RefractRunner._shared_server.acquire(
-        lambda: job_server.StopOnExitJobServer(RefractJobServer(options)))
+      lambda: job_server.StopOnExitJobServer(RefractJobServer(options))
+    )
 
   def create_job_service_handle(self, job_service, options):
-    return portable_runner.JobServiceHandle(
-        job_service, options, retain_unknown_options=True)
+    return portable_runner.JobServiceHandle(job_service, options, retain_unknown_options=True)
 
 
 class RefractLogLines(logging.Filter):
@@ -105,6 +108,7 @@ class RefractLogLines(logging.Filter):
   `refract.worker@<id>` for a line an SDK worker logged. A runner warning
   then shows as a warning; routine lines stay INFO (hidden at Python's
   default WARNING level)."""
+
   def filter(self, record):
     if record.funcName != 'log_stdout':
       return True
@@ -126,8 +130,8 @@ class RefractLogLines(logging.Filter):
     else:
       record.name = 'refract'
       extras = ', '.join(
-          '%s=%r' % (k, v)
-          for k, v in line.items() if k not in ('time', 'level', 'msg'))
+        '%s=%r' % (k, v) for k, v in line.items() if k not in ('time', 'level', 'msg')
+      )
       record.msg = line['msg'] + (' (%s)' % extras if extras else '')
     record.args = ()
     return True
@@ -135,31 +139,30 @@ class RefractLogLines(logging.Filter):
 
 class RefractJobServer(job_server.SubprocessJobServer):
   """`refract serve` on free ports of this machine's loopback address."""
+
   def __init__(self, options):
     super().__init__()
     self._log_filter = RefractLogLines()
-    self._binary = _binary.find(
-        options.view_as(RefractOptions).refract_location)
-    self._job_port = options.view_as(
-        pipeline_options.JobServerOptions).job_port
+    self._binary = _binary.find(options.view_as(RefractOptions).refract_location)
+    self._job_port = options.view_as(pipeline_options.JobServerOptions).job_port
 
   def subprocess_cmd_and_endpoint(self):
     job_port, ui_port = subprocess_server.pick_port(self._job_port, None)
     # Printed once: the server serves every later pipeline of the process.
     print(
-        f'Refract is running pipelines of this process; its web UI is at '
-        f'http://127.0.0.1:{ui_port}/',
-        file=sys.stderr,
-        flush=True)
+      f'Refract is running pipelines of this process; its web UI is at http://127.0.0.1:{ui_port}/',
+      file=sys.stderr,
+      flush=True,
+    )
     cmd = [
-        self._binary,
-        'serve',
-        '--job_port',
-        str(job_port),
-        '--ui_port',
-        str(ui_port),
-        '--log_kind',
-        'json',
+      self._binary,
+      'serve',
+      '--job_port',
+      str(job_port),
+      '--ui_port',
+      str(ui_port),
+      '--log_kind',
+      'json',
     ]
     return cmd, f'127.0.0.1:{job_port}'
 
@@ -179,8 +182,7 @@ def _check_versions(binary):
     if supported is None:
       supported = _binary.supported_python_range(binary)
       _checked[binary] = supported
-  warning = _binary.check_beam_version(apache_beam.__version__, supported,
-                                       binary)
+  warning = _binary.check_beam_version(apache_beam.__version__, supported, binary)
   with _checked_lock:
     if warning and warning not in _warned:
       _warned.add(warning)
@@ -223,27 +225,24 @@ def _worker_boot():
       worker = os.path.join(here, 'python_worker.py')
       for path in (script, worker):
         if not os.path.isfile(path):
-          raise RuntimeError(
-              f'the refract-beam package is incomplete: {path} is missing')
+          raise RuntimeError(f'the refract-beam package is incomplete: {path} is missing')
       directory = tempfile.mkdtemp(prefix='refract-beam-')  # mode 0700
       atexit.register(shutil.rmtree, directory, True)
       socket_path = os.path.join(directory, 'fork.sock')
       # It ends when its standard input closes: when this process ends.
       with open(os.path.join(directory, 'fork_server.log'), 'wb') as log:
         _fork_server = subprocess.Popen(
-            [sys.executable, worker, 'serve', socket_path],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=log)
+          [sys.executable, worker, 'serve', socket_path],
+          stdin=subprocess.PIPE,
+          stdout=subprocess.DEVNULL,
+          stderr=log,
+        )
       program = os.path.join(directory, 'boot')
       with open(program, 'w') as f:
         f.write(
-            '#!/bin/sh\nREFRACT_FORKSERVER=%s BEAM_PYTHON=%s exec /bin/bash %s '
-            '"$@"\n' % (
-                shlex.quote(socket_path),
-                shlex.quote(sys.executable),
-                shlex.quote(script)))
+          '#!/bin/sh\nREFRACT_FORKSERVER=%s BEAM_PYTHON=%s exec /bin/bash %s '
+          '"$@"\n' % (shlex.quote(socket_path), shlex.quote(sys.executable), shlex.quote(script))
+        )
       os.chmod(program, stat.S_IRWXU)
       _boot_program = program
     return _boot_program
-

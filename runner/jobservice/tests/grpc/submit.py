@@ -4,6 +4,7 @@ PortableRunner client code, the way `pipeline.run()` does.
 Usage: python submit.py <job endpoint>. Prints one `RESULT ...` line per
 check and exits non-zero on any unexpected outcome.
 """
+
 import sys
 
 import apache_beam as beam
@@ -12,7 +13,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 
 def options(endpoint, outcome):
-  return PipelineOptions([
+  return PipelineOptions(
+    [
       '--runner=PortableRunner',
       '--job_endpoint=' + endpoint,
       '--environment_type=LOOPBACK',
@@ -20,7 +22,8 @@ def options(endpoint, outcome):
       # Announced by the server through DescribePipelineOptions; without
       # that it would be dropped as an unknown flag.
       '--refract_test_outcome=' + outcome,
-  ])
+    ]
+  )
 
 
 def build(p):
@@ -33,15 +36,13 @@ def main(endpoint):
   result = p.run()
   state = result.wait_until_finish()
   print('RESULT state', state)
-  counters = result.metrics().query(
-      MetricsFilter().with_name('counter'))['counters']
-  print('RESULT counters',
-        sorted((c.key.step, c.committed, c.attempted) for c in counters))
-  dists = result.metrics().query(
-      MetricsFilter().with_name('distribution'))['distributions']
-  print('RESULT distributions',
-        [(d.committed.count, d.committed.sum, d.committed.min,
-          d.committed.max) for d in dists])
+  counters = result.metrics().query(MetricsFilter().with_name('counter'))['counters']
+  print('RESULT counters', sorted((c.key.step, c.committed, c.attempted) for c in counters))
+  dists = result.metrics().query(MetricsFilter().with_name('distribution'))['distributions']
+  print(
+    'RESULT distributions',
+    [(d.committed.count, d.committed.sum, d.committed.min, d.committed.max) for d in dists],
+  )
 
   p = beam.Pipeline(options=options(endpoint, 'fail'))
   build(p)

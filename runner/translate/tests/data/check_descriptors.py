@@ -30,10 +30,11 @@ def main(directory):
       # No state handler: side inputs and user state are only read when
       # elements arrive.
       processor = bundle_processor.BundleProcessor(
-          frozenset(),
-          descriptor,
-          None,
-          data_plane.InMemoryDataChannelFactory(data_plane.InMemoryDataChannel()))
+        frozenset(),
+        descriptor,
+        None,
+        data_plane.InMemoryDataChannelFactory(data_plane.InMemoryDataChannel()),
+      )
       ops = len(processor.ops)
       print('ok   %s (%d operations)' % (os.path.basename(path), ops))
     except Exception as e:  # pylint: disable=broad-except

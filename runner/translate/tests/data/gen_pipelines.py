@@ -41,9 +41,9 @@ OUT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def options(streaming=False, extra=()):
   args = [
-      '--runner=PortableRunner',
-      '--environment_type=EXTERNAL',
-      '--environment_config=localhost:50000',
+    '--runner=PortableRunner',
+    '--environment_type=EXTERNAL',
+    '--environment_config=localhost:50000',
   ]
   if streaming:
     args.append('--streaming')
@@ -68,39 +68,41 @@ def dump(name, build, streaming=False, mutate=None, extra=()):
 
 def create_map_gbk(p):
   _ = (
-      p
-      | 'Create' >> beam.Create([1, 2, 3, 4, 5])
-      | 'KeyBy' >> beam.Map(lambda x: (x % 2, x))
-      | 'Group' >> beam.GroupByKey()
-      | 'Sum' >> beam.MapTuple(lambda k, vs: (k, sum(vs))))
+    p
+    | 'Create' >> beam.Create([1, 2, 3, 4, 5])
+    | 'KeyBy' >> beam.Map(lambda x: (x % 2, x))
+    | 'Group' >> beam.GroupByKey()
+    | 'Sum' >> beam.MapTuple(lambda k, vs: (k, sum(vs)))
+  )
 
 
 def side_inputs(p):
   main = p | 'Main' >> beam.Create(['a', 'b'])
   side_list = p | 'SideList' >> beam.Create([1, 2, 3])
   side_dict = p | 'SideDict' >> beam.Create([('a', 1), ('b', 2)])
-  _ = (
-      main
-      | 'UseSides' >> beam.Map(
-          lambda x, l, d: (x, sum(l), d.get(x)),
-          beam.pvalue.AsList(side_list),
-          beam.pvalue.AsMultiMap(side_dict)))
+  _ = main | 'UseSides' >> beam.Map(
+    lambda x, values, d: (x, sum(values), d.get(x)),
+    beam.pvalue.AsList(side_list),
+    beam.pvalue.AsMultiMap(side_dict),
+  )
 
 
 class StatefulWithTimers(beam.DoFn):
   """A keyed DoFn with a bag, an event-time and a processing-time timer."""
+
   BUFFER = userstate.BagStateSpec('buffer', coders.PickleCoder())
   COUNT = userstate.CombiningValueStateSpec('count', combine_fn=sum)
   FLUSH = userstate.TimerSpec('flush', userstate.TimeDomain.WATERMARK)
   STALE = userstate.TimerSpec('stale', userstate.TimeDomain.REAL_TIME)
 
   def process(
-      self,
-      element,
-      buffer=beam.DoFn.StateParam(BUFFER),
-      count=beam.DoFn.StateParam(COUNT),
-      flush=beam.DoFn.TimerParam(FLUSH),
-      stale=beam.DoFn.TimerParam(STALE)):
+    self,
+    element,
+    buffer=beam.DoFn.StateParam(BUFFER),
+    count=beam.DoFn.StateParam(COUNT),
+    flush=beam.DoFn.TimerParam(FLUSH),
+    stale=beam.DoFn.TimerParam(STALE),
+  ):
     buffer.add(element[1])
     count.add(1)
     flush.set(100)
@@ -123,6 +125,7 @@ class MyKey(object):
 
 class MyKeyCoder(coders.Coder):
   """A key coder only Python understands (pickled on the wire)."""
+
   def encode(self, value):
     return str(value.k).encode('utf-8')
 
@@ -135,24 +138,27 @@ class MyKeyCoder(coders.Coder):
 
 def stateful_timers(p):
   _ = (
-      p
-      | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
-      | 'Window' >> beam.WindowInto(window.FixedWindows(10))
-      | 'Stateful' >> beam.ParDo(StatefulWithTimers())
-      | 'After' >> beam.Map(lambda x: x))
+    p
+    | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
+    | 'Window' >> beam.WindowInto(window.FixedWindows(10))
+    | 'Stateful' >> beam.ParDo(StatefulWithTimers())
+    | 'After' >> beam.Map(lambda x: x)
+  )
 
 
 def stateful_custom_key(p):
   _ = (
-      p
-      | 'Create' >> beam.Create([1, 2])
-      | 'CustomKey' >> beam.Map(lambda x: (MyKey(x), x)).with_output_types(
-          beam.typehints.KV[MyKey, int])
-      | 'Stateful' >> beam.ParDo(StatefulWithTimers()))
+    p
+    | 'Create' >> beam.Create([1, 2])
+    | 'CustomKey'
+    >> beam.Map(lambda x: (MyKey(x), x)).with_output_types(beam.typehints.KV[MyKey, int])
+    | 'Stateful' >> beam.ParDo(StatefulWithTimers())
+  )
 
 
 class CountingRestrictions(RestrictionProvider):
   """Restrictions for CountingSdf: the offsets [0, n) of element n."""
+
   def initial_restriction(self, element):
     return OffsetRange(0, element)
 
@@ -165,11 +171,8 @@ class CountingRestrictions(RestrictionProvider):
 
 class CountingSdf(beam.DoFn):
   """Emits offset + i for i in range(n), splittably."""
-  def process(
-      self,
-      element,
-      offset,
-      tracker=beam.DoFn.RestrictionParam(CountingRestrictions())):
+
+  def process(self, element, offset, tracker=beam.DoFn.RestrictionParam(CountingRestrictions())):
     pos = tracker.current_restriction().start
     while tracker.try_claim(pos):
       yield offset + pos
@@ -179,81 +182,96 @@ class CountingSdf(beam.DoFn):
 def sdf(p):
   side = p | 'Side' >> beam.Create([10])
   _ = (
-      p
-      | 'Create' >> beam.Create([3, 4])
-      | 'Double' >> beam.Map(lambda x: x * 2)
-      | 'Count' >> beam.ParDo(CountingSdf(), beam.pvalue.AsSingleton(side))
-      | 'Format' >> beam.Map(str))
+    p
+    | 'Create' >> beam.Create([3, 4])
+    | 'Double' >> beam.Map(lambda x: x * 2)
+    | 'Count' >> beam.ParDo(CountingSdf(), beam.pvalue.AsSingleton(side))
+    | 'Format' >> beam.Map(str)
+  )
 
 
 def read_text(p):
   _ = (
-      p
-      | 'Read' >> beam.io.ReadFromText('/nonexistent/input*.txt', validate=False)
-      | 'Upper' >> beam.Map(lambda s: s.upper()))
+    p
+    | 'Read' >> beam.io.ReadFromText('/nonexistent/input*.txt', validate=False)
+    | 'Upper' >> beam.Map(lambda s: s.upper())
+  )
 
 
 def flatten_twice(p):
   pc = p | 'Create' >> beam.Create([1, 2])
   other = p | 'Other' >> beam.Create(['x'])
-  _ = ((pc, pc, other) | 'Flatten' >> beam.Flatten() | 'Print' >> beam.Map(str))
+  _ = (pc, pc, other) | 'Flatten' >> beam.Flatten() | 'Print' >> beam.Map(str)
 
 
 def combine_per_key(p):
   _ = (
-      p
-      | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
-      | 'Sum' >> beam.CombinePerKey(sum)
-      | 'Format' >> beam.MapTuple(lambda k, v: '%s=%s' % (k, v)))
+    p
+    | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
+    | 'Sum' >> beam.CombinePerKey(sum)
+    | 'Format' >> beam.MapTuple(lambda k, v: '%s=%s' % (k, v))
+  )
 
 
 def combine_after_count(p):
   _ = (
-      p
-      | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
-      | 'Window' >> beam.WindowInto(
-          window.FixedWindows(10),
-          trigger=trigger.Repeatedly(trigger.AfterCount(2)),
-          accumulation_mode=trigger.AccumulationMode.ACCUMULATING)
-      | 'Sum' >> beam.CombinePerKey(sum))
+    p
+    | 'Create' >> beam.Create([('a', 1), ('b', 2), ('a', 3)])
+    | 'Window'
+    >> beam.WindowInto(
+      window.FixedWindows(10),
+      trigger=trigger.Repeatedly(trigger.AfterCount(2)),
+      accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+    )
+    | 'Sum' >> beam.CombinePerKey(sum)
+  )
 
 
 def windowing(p):
   base = p | 'Create' >> beam.Create([('a', 1), ('b', 2)])
   _ = (
-      base
-      | 'Fixed' >> beam.WindowInto(
-          window.FixedWindows(60, offset=5),
-          trigger=trigger.AfterWatermark(
-              early=trigger.AfterProcessingTime(10),
-              late=trigger.AfterCount(1)),
-          accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
-          allowed_lateness=30)
-      | 'GroupFixed' >> beam.GroupByKey())
+    base
+    | 'Fixed'
+    >> beam.WindowInto(
+      window.FixedWindows(60, offset=5),
+      trigger=trigger.AfterWatermark(
+        early=trigger.AfterProcessingTime(10), late=trigger.AfterCount(1)
+      ),
+      accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+      allowed_lateness=30,
+    )
+    | 'GroupFixed' >> beam.GroupByKey()
+  )
   _ = (
-      base
-      | 'Sliding' >> beam.WindowInto(window.SlidingWindows(30, 10))
-      | 'GroupSliding' >> beam.GroupByKey())
+    base
+    | 'Sliding' >> beam.WindowInto(window.SlidingWindows(30, 10))
+    | 'GroupSliding' >> beam.GroupByKey()
+  )
   _ = (
-      base
-      | 'Sessions' >> beam.WindowInto(
-          window.Sessions(15),
-          trigger=trigger.Repeatedly(
-              trigger.AfterAny(trigger.AfterCount(3),
-                               trigger.AfterProcessingTime(5))),
-          accumulation_mode=trigger.AccumulationMode.DISCARDING)
-      | 'GroupSessions' >> beam.GroupByKey())
+    base
+    | 'Sessions'
+    >> beam.WindowInto(
+      window.Sessions(15),
+      trigger=trigger.Repeatedly(
+        trigger.AfterAny(trigger.AfterCount(3), trigger.AfterProcessingTime(5))
+      ),
+      accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    )
+    | 'GroupSessions' >> beam.GroupByKey()
+  )
 
 
 class OpaqueWindowCoder(coders.Coder):
   """A window coder only Python understands (pickled on the wire)."""
+
   def encode(self, w):
     return b'%d:%d' % (w.start.micros, w.end.micros)
 
   def decode(self, encoded):
     start, end = encoded.split(b':')
     return window.IntervalWindow(
-        window.Timestamp(micros=int(start)), window.Timestamp(micros=int(end)))
+      window.Timestamp(micros=int(start)), window.Timestamp(micros=int(end))
+    )
 
   def is_deterministic(self):
     return True
@@ -261,6 +279,7 @@ class OpaqueWindowCoder(coders.Coder):
 
 class OneWindowFn(window.NonMergingWindowFn):
   """A custom (pickled) WindowFn with its own window coder."""
+
   def assign(self, context):
     return [window.IntervalWindow(0, 1000)]
 
@@ -270,6 +289,7 @@ class OneWindowFn(window.NonMergingWindowFn):
 
 class MergeAllWindowFn(window.WindowFn):
   """A custom merging WindowFn."""
+
   def assign(self, context):
     return [window.IntervalWindow(context.timestamp, context.timestamp + 1)]
 
@@ -282,21 +302,16 @@ class MergeAllWindowFn(window.WindowFn):
 
 def custom_windows(p):
   base = p | 'Create' >> beam.Create([('a', 1), ('b', 2)])
-  _ = (
-      base
-      | 'Custom' >> beam.WindowInto(OneWindowFn())
-      | 'GroupCustom' >> beam.GroupByKey())
-  _ = (
-      base
-      | 'Merging' >> beam.WindowInto(MergeAllWindowFn())
-      | 'GroupMerging' >> beam.GroupByKey())
+  _ = base | 'Custom' >> beam.WindowInto(OneWindowFn()) | 'GroupCustom' >> beam.GroupByKey()
+  _ = base | 'Merging' >> beam.WindowInto(MergeAllWindowFn()) | 'GroupMerging' >> beam.GroupByKey()
 
 
 def test_stream(p):
   _ = (
-      p
-      | 'TestStream' >> TestStream().add_elements([1, 2]).advance_watermark_to_infinity()
-      | 'Print' >> beam.Map(str))
+    p
+    | 'TestStream' >> TestStream().add_elements([1, 2]).advance_watermark_to_infinity()
+    | 'Print' >> beam.Map(str)
+  )
 
 
 def side_input_downstream(p):
@@ -308,10 +323,7 @@ def side_input_downstream(p):
 
 
 def flatten_gbk_output(p):
-  grouped = (
-      p
-      | 'Create' >> beam.Create([(1, 2), (1, 3)])
-      | 'Group' >> beam.GroupByKey())
+  grouped = p | 'Create' >> beam.Create([(1, 2), (1, 3)]) | 'Group' >> beam.GroupByKey()
   other = p | 'Other' >> beam.Create([(5, [6])])
   _ = (grouped, other) | 'Flatten' >> beam.Flatten() | 'Print' >> beam.Map(str)
 
