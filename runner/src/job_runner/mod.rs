@@ -10,6 +10,7 @@
 //! a job that resumes from its checkpoints. A failed durable job keeps its
 //! record and latest checkpoint, to be resumed or deleted.
 
+mod job_options;
 mod logs;
 mod retry;
 mod run;
@@ -35,14 +36,15 @@ use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::insights::Insights;
 use crate::memory::MemoryLedger;
-use crate::options::{experiment_value, option_bool};
+use crate::options::option_bool;
 use crate::pools::WorkerPools;
 use crate::savepoints::SavepointDir;
 use crate::stalled_bundles::StallPolicy;
 use crate::telemetry::{BundleRecorder, OtlpExport};
+use job_options::{JobOptions, StateStoreChoice};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
-use workers::{job_worker_parallelism, WorkerCounts};
+use workers::WorkerCounts;
 
 pub use strict::{STRICT_EXPERIMENT, STRICT_SEED_EXPERIMENT};
 
@@ -63,18 +65,6 @@ pub const SAVEPOINT_EXPERIMENT: &str = "refract_savepoint";
 /// docs/operations.md); with it, a streaming job whose bundle fails N times
 /// fails with the SDK's error, as a test of a failing source expects.
 pub const BUNDLE_ATTEMPTS_EXPERIMENT: &str = "refract_bundle_attempts";
-
-/// The attempts a job's options ask for (see [`BUNDLE_ATTEMPTS_EXPERIMENT`]),
-/// or why the value is not a count.
-pub(crate) fn bundle_attempts(options: &prost_types::Struct) -> Result<Option<u32>, String> {
-    experiment_value(options, BUNDLE_ATTEMPTS_EXPERIMENT)
-        .map(|n| {
-            n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                format!("--experiments={BUNDLE_ATTEMPTS_EXPERIMENT}={n}: expected a number above 0")
-            })
-        })
-        .transpose()
-}
 
 /// Refuses a submission asking to update a running job (`--update`, as
 /// for Dataflow): Refract cannot yet carry a job's state to a changed
@@ -103,25 +93,22 @@ pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String>
 /// by a server without one. Without it, the server's choice holds.
 pub const STATE_STORE_EXPERIMENT: &str = "refract_state_store";
 
-/// The store a job asked for, checked against what the server has.
+/// The store a job asked for (`choice`), checked against what the server
+/// has.
 fn job_durability(
-    options: &prost_types::Struct,
+    choice: StateStoreChoice,
     server: Option<&Arc<Durability>>,
 ) -> Result<Option<Arc<Durability>>, String> {
-    match experiment_value(options, STATE_STORE_EXPERIMENT).as_deref() {
-        None => Ok(server.cloned()),
-        Some("memory") => Ok(None),
-        Some("rocksdb") => match server {
+    match choice {
+        StateStoreChoice::ServerDefault => Ok(server.cloned()),
+        StateStoreChoice::Memory => Ok(None),
+        StateStoreChoice::RocksDb => match server {
             Some(durability) => Ok(Some(durability.clone())),
             None => Err(format!(
                 "--experiments={STATE_STORE_EXPERIMENT}=rocksdb needs a runner started with \
                  `refract serve --state_dir DIR`; this one keeps state in memory"
             )),
         },
-        Some(other) => Err(format!(
-            "unknown state store '{other}' in --experiments={STATE_STORE_EXPERIMENT}={other}; \
-             use 'memory' or 'rocksdb'"
-        )),
     }
 }
 
@@ -309,10 +296,8 @@ impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
         refuse_update(options)?;
         validate(pipeline).map_err(|e| e.to_string())?;
-        bundle_attempts(options)?;
-        strict::strictness(options)?;
-        job_worker_parallelism(options)?;
-        job_durability(options, self.durability.as_ref()).map(|_| ())
+        let options = JobOptions::read(options)?;
+        job_durability(options.state_store, self.durability.as_ref()).map(|_| ())
     }
 
     fn resumable(&self, job: &Job) -> bool {
@@ -397,9 +382,11 @@ impl JobRunner for RefractRunner {
     fn start(&self, job: Arc<Job>) {
         let fn_server = self.fn_server.clone();
         let config = self.engine_config.clone();
+        // Checked at submission (`validate`); a recovered job whose
+        // options no longer read fails with the reason when it runs.
+        let options = JobOptions::read(job.options());
         let counts = WorkerCounts::choose(
-            // Checked at submission (`validate`).
-            job_worker_parallelism(job.options()).unwrap_or(None),
+            options.as_ref().ok().and_then(|o| o.worker_parallelism),
             self.default_workers,
             self.asked_default_workers,
         );
@@ -429,7 +416,10 @@ impl JobRunner for RefractRunner {
         );
         // Checked at submission; a recovered job was durable, so the
         // server's store stands in if the check fails now.
-        let durability = job_durability(job.options(), self.durability.as_ref())
+        let state_store = options
+            .as_ref()
+            .map_or(StateStoreChoice::ServerDefault, |o| o.state_store);
+        let durability = job_durability(state_store, self.durability.as_ref())
             .unwrap_or_else(|_| self.durability.clone());
         if durability.is_some() {
             // Before it can end: a failure then keeps what a resume needs.
@@ -444,7 +434,13 @@ impl JobRunner for RefractRunner {
                     recorder,
                     durability: durability.clone(),
                 };
-                let outcome = run_with_retries(&job, &fn_server, config, resources, watchers).await;
+                let outcome = match options {
+                    Ok(options) => {
+                        run_with_retries(&job, &options, &fn_server, config, resources, watchers)
+                            .await
+                    }
+                    Err(reason) => Err(EngineError::InvalidPlan(reason).into()),
+                };
                 view.clear_workers();
                 activity.job_ended();
                 let error = match &outcome {
@@ -550,6 +546,7 @@ async fn keep_failed(durability: &Arc<Durability>, job: &Arc<Job>, error: &str) 
 /// never started. A cancel during the wait ends it cancelled.
 async fn run_with_retries(
     job: &Arc<Job>,
+    options: &JobOptions,
     fn_server: &Arc<FnApiServer>,
     config: EngineConfig,
     resources: JobResources,
@@ -559,12 +556,13 @@ async fn run_with_retries(
     let mut cancel = job.cancel_requested();
     loop {
         let mut facts = AttemptFacts {
-            streaming: option_bool(job.options(), "streaming"),
+            streaming: options.streaming,
             engine_ran: false,
             attempt: backoff.attempts(),
         };
         let outcome = run_job(
             job.clone(),
+            options.clone(),
             fn_server.clone(),
             config.clone(),
             resources.clone(),
@@ -604,27 +602,9 @@ async fn run_with_retries(
 
 #[cfg(test)]
 mod tests {
-    use super::{bundle_attempts, refuse_update};
+    use super::refuse_update;
     use prost_types::value::Kind;
-    use prost_types::{ListValue, Struct, Value};
-
-    fn with_experiment(experiment: &str) -> Struct {
-        let list = ListValue {
-            values: vec![Value {
-                kind: Some(Kind::StringValue(experiment.to_string())),
-            }],
-        };
-        Struct {
-            fields: [(
-                "beam:option:experiments:v1".to_string(),
-                Value {
-                    kind: Some(Kind::ListValue(list)),
-                },
-            )]
-            .into_iter()
-            .collect(),
-        }
-    }
+    use prost_types::{Struct, Value};
 
     #[test]
     fn an_update_is_refused_and_a_false_one_is_not() {
@@ -641,19 +621,5 @@ mod tests {
         assert!(refuse_update(&update(Kind::StringValue("true".into()))).is_err());
         assert_eq!(refuse_update(&update(Kind::BoolValue(false))), Ok(()));
         assert_eq!(refuse_update(&Struct::default()), Ok(()));
-    }
-
-    #[test]
-    fn bundle_attempts_are_a_positive_count_or_refused() {
-        assert_eq!(bundle_attempts(&Struct::default()), Ok(None));
-        assert_eq!(
-            bundle_attempts(&with_experiment("refract_bundle_attempts=3")),
-            Ok(Some(3))
-        );
-        for bad in ["0", "-1", "many", ""] {
-            let e = bundle_attempts(&with_experiment(&format!("refract_bundle_attempts={bad}")))
-                .expect_err(bad);
-            assert!(e.contains("expected a number above 0"), "{e}");
-        }
     }
 }

@@ -17,14 +17,14 @@ use refract_sdk_harness::FnApiServer;
 use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
 use tracing::{info, warn};
 
+use super::job_options::JobOptions;
 use super::logs::TransformOrigins;
 use super::workers::WorkerStart;
-use super::{bundle_attempts, JobError, DRAIN_ON_START, SAVEPOINT_EXPERIMENT};
+use super::JobError;
 use crate::durability::Durability;
 use crate::harness_executor::HarnessExecutor;
 use crate::insights::JobView;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
-use crate::options::{experiment_value, has_experiment, option_bool};
 use crate::output_spill::OutputSpill;
 use crate::pools::WorkerPools;
 use crate::savepoints::SavepointDir;
@@ -83,6 +83,7 @@ pub(super) struct JobResources {
 /// caller needs to decide whether to make another after a failure.
 pub(super) async fn run_job(
     job: Arc<Job>,
+    options: JobOptions,
     fn_server: Arc<FnApiServer>,
     config: EngineConfig,
     resources: JobResources,
@@ -121,19 +122,16 @@ pub(super) async fn run_job(
     };
     // A new job asked to start from a savepoint (a recovered job's own
     // checkpoint is newer, and wins).
-    if let (None, Some(path)) = (
-        &latest_checkpoint,
-        experiment_value(job.options(), SAVEPOINT_EXPERIMENT),
-    ) {
-        let parts = read_savepoint(&job, savepoints, &path).await?;
+    if let (None, Some(path)) = (&latest_checkpoint, &options.savepoint) {
+        let parts = read_savepoint(&job, savepoints, path).await?;
         job.message(
             MessageImportance::JobMessageBasic,
             format!("starting from savepoint {path}"),
         );
         latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
     }
-    let streaming = option_bool(job.options(), "streaming");
-    let strict = super::strict::strictness(job.options()).map_err(EngineError::InvalidPlan)?;
+    let streaming = options.streaming;
+    let strict = options.strict;
     if let Some(strict) = strict {
         let coders = if strict.coders {
             "the pipeline's transforms run as stages of their own, so every element between \
@@ -151,11 +149,11 @@ pub(super) async fn run_job(
             ),
         );
     }
-    let options = TranslateOptions {
+    let translation = TranslateOptions {
         fn_api_url: fn_server.url(),
         descriptor_id_prefix: job.id().to_string(),
         streaming,
-        drain: has_experiment(job.options(), DRAIN_ON_START),
+        drain: options.drain_on_start,
         environment_preference,
         fusion: if strict.is_some_and(|s| s.coders) {
             Fusion::WithinRootTransforms
@@ -174,7 +172,7 @@ pub(super) async fn run_job(
     };
     let submitted = job.clone();
     let mut translated =
-        tokio::task::spawn_blocking(move || translate(submitted.pipeline(), &options))
+        tokio::task::spawn_blocking(move || translate(submitted.pipeline(), &translation))
             .await
             .map_err(|e| EngineError::InvalidPlan(format!("translation crashed: {e}")))??;
     drop(turn);
@@ -192,8 +190,7 @@ pub(super) async fn run_job(
         .stages
         .iter()
         .any(|s| matches!(s.kind, StageKind::TestStream(_)));
-    let asked_attempts = bundle_attempts(job.options()).map_err(EngineError::InvalidPlan)?;
-    let max_attempts = match asked_attempts {
+    let max_attempts = match options.bundle_attempts {
         Some(n) => n,
         None if streaming && !test_stream => u32::MAX,
         None => config.max_attempts,

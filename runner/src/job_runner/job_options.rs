@@ -1,0 +1,195 @@
+//! What a job's pipeline options ask of Refract, read once into a typed
+//! [`JobOptions`]: at submission to refuse what cannot run, and when the
+//! job starts, for everything that runs it (every attempt of the job uses
+//! the same reading, strict mode's seed included). The parsers of single
+//! options (`strict.rs`, `workers.rs`) are called from here only; besides
+//! them, only the submission's refusal of `--update` reads an option by
+//! name.
+
+use refract_engine::manager::Strictness;
+use refract_proto::prost_types;
+
+use super::strict::strictness;
+use super::workers::job_worker_parallelism;
+use super::{
+    BUNDLE_ATTEMPTS_EXPERIMENT, DRAIN_ON_START, SAVEPOINT_EXPERIMENT, STATE_STORE_EXPERIMENT,
+};
+use crate::options::{experiment_value, has_experiment, option_bool};
+
+/// A job's options, as Refract reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JobOptions {
+    /// `--streaming`: streaming semantics even for a bounded pipeline.
+    pub(crate) streaming: bool,
+    /// `--sdk_worker_parallelism`, if set (0: the runner chooses).
+    pub(crate) worker_parallelism: Option<usize>,
+    /// `--experiments=refract_bundle_attempts=N`, if set.
+    pub(crate) bundle_attempts: Option<u32>,
+    /// Strict mode, if on (`--experiments=refract_strict...`), with its
+    /// seed (a fresh one unless the options fix it).
+    pub(crate) strict: Option<Strictness>,
+    /// Where the job asks to keep its state.
+    pub(crate) state_store: StateStoreChoice,
+    /// `--experiments=refract_savepoint=FILE`: the savepoint to start from.
+    pub(crate) savepoint: Option<String>,
+    /// `--experiments=drain_on_start`: the job drains from its start.
+    pub(crate) drain_on_start: bool,
+}
+
+/// Where a job asks to keep its state (`--experiments=refract_state_store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateStoreChoice {
+    /// Not asked: the server's choice.
+    ServerDefault,
+    /// `=memory`: in memory, nothing checkpointed.
+    Memory,
+    /// `=rocksdb`: the durable store, which the server must have.
+    RocksDb,
+}
+
+impl JobOptions {
+    /// Reads `options`; an error names the option that cannot be read.
+    pub(crate) fn read(options: &prost_types::Struct) -> Result<Self, String> {
+        Ok(JobOptions {
+            streaming: option_bool(options, "streaming"),
+            worker_parallelism: job_worker_parallelism(options)?,
+            bundle_attempts: bundle_attempts(options)?,
+            strict: strictness(options)?,
+            state_store: state_store(options)?,
+            savepoint: experiment_value(options, SAVEPOINT_EXPERIMENT),
+            drain_on_start: has_experiment(options, DRAIN_ON_START),
+        })
+    }
+}
+
+/// The attempts a job's options ask for (see [`BUNDLE_ATTEMPTS_EXPERIMENT`]),
+/// or why the value is not a count.
+fn bundle_attempts(options: &prost_types::Struct) -> Result<Option<u32>, String> {
+    experiment_value(options, BUNDLE_ATTEMPTS_EXPERIMENT)
+        .map(|n| {
+            n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                format!("--experiments={BUNDLE_ATTEMPTS_EXPERIMENT}={n}: expected a number above 0")
+            })
+        })
+        .transpose()
+}
+
+/// The state store a job's options ask for (see [`STATE_STORE_EXPERIMENT`]).
+fn state_store(options: &prost_types::Struct) -> Result<StateStoreChoice, String> {
+    match experiment_value(options, STATE_STORE_EXPERIMENT).as_deref() {
+        None => Ok(StateStoreChoice::ServerDefault),
+        Some("memory") => Ok(StateStoreChoice::Memory),
+        Some("rocksdb") => Ok(StateStoreChoice::RocksDb),
+        Some(other) => Err(format!(
+            "unknown state store '{other}' in --experiments={STATE_STORE_EXPERIMENT}={other}; \
+             use 'memory' or 'rocksdb'"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost_types::value::Kind;
+    use prost_types::{ListValue, Struct, Value};
+
+    fn options(fields: &[(&str, Kind)]) -> Struct {
+        Struct {
+            fields: fields
+                .iter()
+                .map(|(name, kind)| {
+                    let value = Value {
+                        kind: Some(kind.clone()),
+                    };
+                    (format!("beam:option:{name}:v1"), value)
+                })
+                .collect(),
+        }
+    }
+
+    fn experiments(list: &[&str]) -> (&'static str, Kind) {
+        let values = list
+            .iter()
+            .map(|e| Value {
+                kind: Some(Kind::StringValue(e.to_string())),
+            })
+            .collect();
+        ("experiments", Kind::ListValue(ListValue { values }))
+    }
+
+    #[test]
+    fn no_options_ask_for_nothing() {
+        let read = JobOptions::read(&Struct::default()).expect("readable");
+        assert_eq!(
+            read,
+            JobOptions {
+                streaming: false,
+                worker_parallelism: None,
+                bundle_attempts: None,
+                strict: None,
+                state_store: StateStoreChoice::ServerDefault,
+                savepoint: None,
+                drain_on_start: false,
+            }
+        );
+    }
+
+    #[test]
+    fn every_option_is_read_into_its_field() {
+        let read = JobOptions::read(&options(&[
+            ("streaming", Kind::BoolValue(true)),
+            ("sdk_worker_parallelism", Kind::StringValue("3".into())),
+            experiments(&[
+                "refract_bundle_attempts=2",
+                "refract_strict",
+                "refract_strict_seed=9",
+                "refract_state_store=rocksdb",
+                "refract_savepoint=/tmp/sp",
+                "drain_on_start",
+            ]),
+        ]))
+        .expect("readable");
+        assert!(read.streaming && read.drain_on_start);
+        assert_eq!(read.worker_parallelism, Some(3));
+        assert_eq!(read.bundle_attempts, Some(2));
+        assert_eq!(read.strict.map(|s| s.seed), Some(9));
+        assert_eq!(read.state_store, StateStoreChoice::RocksDb);
+        assert_eq!(read.savepoint.as_deref(), Some("/tmp/sp"));
+    }
+
+    #[test]
+    fn bundle_attempts_are_a_positive_count_or_refused() {
+        assert_eq!(bundle_attempts(&Struct::default()), Ok(None));
+        let asking = |n: &str| options(&[experiments(&[&format!("refract_bundle_attempts={n}")])]);
+        assert_eq!(bundle_attempts(&asking("3")), Ok(Some(3)));
+        for bad in ["0", "-1", "many", ""] {
+            let e = bundle_attempts(&asking(bad)).expect_err(bad);
+            assert!(e.contains("expected a number above 0"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_option_is_named() {
+        for (asked, named) in [
+            (
+                experiments(&["refract_bundle_attempts=0"]),
+                "refract_bundle_attempts=0",
+            ),
+            (
+                experiments(&["refract_state_store=disk"]),
+                "refract_state_store=disk",
+            ),
+            (
+                experiments(&["refract_strict=maybe"]),
+                "refract_strict=maybe",
+            ),
+            (
+                ("sdk_worker_parallelism", Kind::StringValue("lots".into())),
+                "--sdk_worker_parallelism=lots",
+            ),
+        ] {
+            let error = JobOptions::read(&options(&[asked])).expect_err("refused");
+            assert!(error.contains(named), "{error}");
+        }
+    }
+}
