@@ -15,9 +15,9 @@ use crate::coder::{DecodedElement, WindowedValueHeader};
 use crate::grouping::{Fired, GroupingBuffer, GroupingError};
 use crate::time::Timestamp;
 
-/// What a GroupByKey fired in one go, in order: mostly one firing, kept
-/// inline (a streaming GroupByKey fires per element, and an allocation per
-/// element would show).
+/// What a GroupByKey emits in one step, in order: at most what fired on
+/// arrival and one evaluation, kept inline (every watermark pass steps
+/// every GroupByKey, and most steps fire once or not at all).
 pub(super) type Firings = SmallVec<[Fired; 1]>;
 
 /// A GroupByKey's buffer, and what the engine's passes over it track.
