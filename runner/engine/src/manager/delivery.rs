@@ -267,9 +267,7 @@ impl Engine {
                     .into_iter()
                     .try_for_each(|q| self.route_entry(last, q))
             }
-            Stepped::Fired(firings) => firings
-                .into_iter()
-                .try_for_each(|fired| self.deliver_fired(idx, fired)),
+            Stepped::Fired(fired) => self.deliver_fired(idx, fired),
         }
     }
 

@@ -9,16 +9,9 @@
 //! right after the element, as the stage's own output. Firing is the
 //! stage's; delivery only hands on what it emitted.
 
-use smallvec::SmallVec;
-
 use crate::coder::{DecodedElement, WindowedValueHeader};
 use crate::grouping::{Fired, GroupingBuffer, GroupingError};
 use crate::time::Timestamp;
-
-/// What a GroupByKey emits in one step, in order: at most what fired on
-/// arrival and one evaluation, kept inline (every watermark pass steps
-/// every GroupByKey, and most steps fire once or not at all).
-pub(super) type Firings = SmallVec<[Fired; 1]>;
 
 /// A GroupByKey's buffer, and what the engine's passes over it track.
 pub(super) struct GroupingState {
@@ -126,41 +119,42 @@ impl GroupingState {
         Ok(())
     }
 
-    /// The panes fired on arrival since the last call (or the last
-    /// [`Self::fire`]), in order, if any; delivery hands them on right
-    /// after the element that fired them.
+    /// The panes fired on arrival since the last call, in order, if any;
+    /// delivery hands them on right after the element that fired them.
     #[inline]
     pub(super) fn take_fired_on_arrival(&mut self) -> Option<Fired> {
         (self.fired_on_arrival.element_count() > 0)
             .then(|| std::mem::take(&mut self.fired_on_arrival))
     }
 
-    /// What the stage emits at input watermark `input_wm`: the panes fired
-    /// on arrival since the last call, then those its triggers let fire
-    /// now (none while the SDK merges its windows, or while its consumers
-    /// are over their bound: `blocked`). Empty if nothing fired.
+    /// What the stage emits at input watermark `input_wm`: the panes its
+    /// triggers let fire now, if any (none while the SDK merges its
+    /// windows, or while its consumers are over their bound: `blocked`).
+    /// Panes fired on arrival are never here: delivery took them right
+    /// after their element.
     pub(super) fn fire(
         &mut self,
         input_wm: Timestamp,
         now: Timestamp,
         blocked: bool,
-    ) -> Result<Firings, GroupingError> {
-        let mut firings: Firings = self.take_fired_on_arrival().into_iter().collect();
-        if !self.merging {
-            let mut out = Fired::default();
-            let fired = evaluate_into(
-                &mut self.buffer,
-                &mut self.fire_budget,
-                input_wm,
-                now,
-                blocked,
-                &mut out,
-            )?;
-            if fired > 0 {
-                firings.push(out);
-            }
+    ) -> Result<Option<Fired>, GroupingError> {
+        debug_assert!(
+            !self.holds_fired_panes(),
+            "panes fired on arrival were not delivered"
+        );
+        if self.merging {
+            return Ok(None);
         }
-        Ok(firings)
+        let mut out = Fired::default();
+        let fired = evaluate_into(
+            &mut self.buffer,
+            &mut self.fire_budget,
+            input_wm,
+            now,
+            blocked,
+            &mut out,
+        )?;
+        Ok((fired > 0).then_some(out))
     }
 
     /// A new step: the stage may emit `bytes` more.

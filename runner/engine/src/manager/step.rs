@@ -14,11 +14,10 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use super::clock::ProcessingClock;
-use super::grouping_stage::Firings;
 use super::pending::Queued;
 use super::stage_state::{KindState, StageState};
 use crate::coder::{encode_windowed_value, CoderError, PaneInfo, WindowedValueHeader};
-use crate::grouping::GroupingError;
+use crate::grouping::{Fired, GroupingError};
 use crate::plan::{PCollection, PCollectionIdx, PCollectionVec, Stage, StageKind};
 use crate::spill::SpillError;
 use crate::store::UserStateStore;
@@ -33,8 +32,8 @@ pub(super) enum Stepped {
     Emitted(Vec<(PCollectionIdx, Bytes)>),
     /// Queue entries for every output (what waited at a Flatten).
     Forwarded(Vec<Queued>),
-    /// Panes for every output (a GroupByKey's firings, in order).
-    Fired(Firings),
+    /// Panes for every output (what a GroupByKey's triggers fired).
+    Fired(Fired),
 }
 
 impl Stepped {
@@ -44,7 +43,7 @@ impl Stepped {
             Stepped::Idle => false,
             Stepped::Emitted(v) => !v.is_empty(),
             Stepped::Forwarded(v) => !v.is_empty(),
-            Stepped::Fired(v) => !v.is_empty(),
+            Stepped::Fired(_) => true,
         }
     }
 }
@@ -99,7 +98,7 @@ impl StageState {
             KindState::Flatten => Ok(Stepped::Forwarded(self.queue.pending.take(usize::MAX))),
             KindState::Grouping(g) => {
                 let fired = g.fire(cx.input_wm, cx.clock.now(), cx.consumers_blocked)?;
-                Ok(Stepped::Fired(fired))
+                Ok(fired.map_or(Stepped::Idle, Stepped::Fired))
             }
             KindState::Sdk(sdk) => {
                 if let (StageKind::Sdk(plan), Some(&input)) =
