@@ -15,6 +15,12 @@
 4. Explicit imports: no non-test file imports its parent wholesale
    (`use super::*`); a file names what it takes, so its imports say what
    it touches.
+5. One module layout: a module with children is `foo.rs` beside `foo/`,
+   never `foo/mod.rs` (under `src/`; a crate's `tests/common/mod.rs` is
+   Cargo's way to share helpers between test targets and stays).
+6. Unit tests are children of what they test: a file `tests.rs` or
+   `*_tests.rs` under `src/` is declared by its parent module's file, under
+   `#[cfg(test)]`.
 
 Test code is not held to these rules: files named `tests.rs` or
 `*_tests.rs`, files under a `tests/` or `benches/` directory, and items
@@ -257,6 +263,7 @@ def check_crate(crate, src):
   for rel in files:
     if not is_test_file(rel):
       modules[module_path(rel)] = rel
+  problems.extend(check_layout(crate, files))
   # (parent module) -> {child name -> set of sibling names it uses}
   sibling_edges = {}
   for mod, rel in modules.items():
@@ -290,6 +297,43 @@ def check_crate(crate, src):
   return problems
 
 
+def parent_file(rel):
+  """The file that declares the module in `rel` (relative to src/):
+  a/b.rs -> a.rs, b.rs -> lib.rs or main.rs (whichever the crate has)."""
+  parts = rel.split('/')
+  if len(parts) == 1:
+    return None
+  return '/'.join(parts[:-1]) + '.rs'
+
+
+def check_layout(crate, files):
+  """Rules 5 and 6 over one crate's files (relative to src/ -> full path)."""
+  problems = []
+  for rel in sorted(files):
+    where = f'{crate}/src/{rel}'
+    name = rel.split('/')[-1]
+    if name == 'mod.rs':
+      problems.append(f'{where}: `mod.rs` (the module is `{rel[:-7]}.rs` beside its folder)')
+      continue
+    if name != 'tests.rs' and not name.endswith('_tests.rs'):
+      continue
+    parent = parent_file(rel)
+    if parent is None:
+      roots = [r for r in ('lib.rs', 'main.rs') if r in files]
+      parent = roots[0] if roots else None
+    if parent is None or parent not in files:
+      problems.append(f'{where}: a test file whose parent module has no file')
+      continue
+    with open(files[parent], encoding='utf-8') as f:
+      text = strip_comments_and_strings(f.read())
+    declared = re.search(
+      r'#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod\s+' + re.escape(name[:-3]) + r'\s*;', text
+    )
+    if not declared:
+      problems.append(f'{where}: not declared `#[cfg(test)] mod {name[:-3]};` by {parent}')
+  return problems
+
+
 def check_outside_pointers(repo):
   out = subprocess.run(
     ['git', 'grep', '-n', '-I', '-F']
@@ -320,7 +364,8 @@ def main():
   print(
     'check_architecture: layers acyclic, files within '
     f'{MAX_LINES} lines, functions within {MAX_FUNCTION_LINES}, imports '
-    'named, nothing points outside the repository'
+    'named, one module layout, unit tests beside what they test, nothing '
+    'points outside the repository'
   )
   return 0
 

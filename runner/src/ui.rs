@@ -60,7 +60,7 @@ use refract_jobservice::JobEvent;
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// The page: a job list and a job view that poll the JSON routes.
-const INDEX_HTML: &str = include_str!("index.html");
+const INDEX_HTML: &str = include_str!("ui/index.html");
 
 /// How the UI is served, besides where.
 #[derive(Debug, Clone)]
