@@ -1,1 +1,1 @@
-../runner/src/python_boot.sh
+wheel/python/refract_beam/python_boot.sh

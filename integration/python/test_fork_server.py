@@ -1,7 +1,8 @@
-"""The fork server of Python workers (runner/src/python_worker.py), driven
-as python_boot.sh drives it, without a runner: a boot process stands for
-the worker forked for it — its exit status, its output, its death — and
-the server and its workers end when the server's parent lets go of it.
+"""The fork server of Python workers (python_worker.py of the refract_beam
+package, integration/wheel/python/refract_beam), driven as python_boot.sh
+drives it, without a runner: a boot process stands for the worker forked
+for it — its exit status, its output, its death — and the server and its
+workers end when the server's parent lets go of it.
 
 The workers here are given a control endpoint where nothing listens, so
 Beam's harness waits there until killed; or no endpoint at all, so it
@@ -28,8 +29,9 @@ from refract_testlib import stat_fields
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-WORKER = os.path.join(REPO, 'runner', 'src', 'python_worker.py')
-BOOT = os.path.join(REPO, 'runner', 'src', 'python_boot.sh')
+PACKAGE = os.path.join(REPO, 'integration', 'wheel', 'python', 'refract_beam')
+WORKER = os.path.join(PACKAGE, 'python_worker.py')
+BOOT = os.path.join(PACKAGE, 'python_boot.sh')
 
 
 def children_of(pid):

@@ -1,4 +1,4 @@
-"""Refract's Ray sidecar (runner/src/pools/ray_pools.py), run as `refract
+"""Refract's Ray sidecar (integration/ray/ray_pools.py), run as `refract
 serve --worker_pool ray://...` runs it, against a local Ray cluster of
 several nodes (ray.cluster_utils.Cluster: one raylet per node on this
 machine): one Beam worker pool per node, announced once it accepts
@@ -43,7 +43,7 @@ from refract_testlib import stop_process_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SIDECAR = os.path.join(REPO, 'runner', 'src', 'pools', 'ray_pools.py')
+SIDECAR = os.path.join(REPO, 'integration', 'ray', 'ray_pools.py')
 # Small nodes: the machine running the tests may have two cores.
 NODE = {'num_cpus': 1, 'object_store_memory': 80 * 1024 * 1024}
 # From the sidecar's start: connecting, a worker process per node, Beam's

@@ -1,6 +1,6 @@
 """Refract on a Ray cluster, end to end: `refract serve --worker_pool
 ray://HEAD:PORT` running real Beam Python pipelines on the Beam worker pools
-its Ray sidecar (runner/src/pools/ray_pools.py) places on the nodes of a
+its Ray sidecar (integration/ray/ray_pools.py) places on the nodes of a
 local cluster (ray.cluster_utils.Cluster: a head and two worker nodes, one
 raylet each on this machine, 1 CPU each).
 

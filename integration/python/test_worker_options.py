@@ -1,4 +1,5 @@
-"""The pipeline options runner/src/python_worker.py hands Beam's harness:
+"""The pipeline options python_worker.py (of the refract_beam package, in
+integration/wheel/python/refract_beam) hands Beam's harness:
 all it was provisioned with, less true booleans whose flag Beam cannot
 parse back (a `--no_X` flag setting `X`, true by default), which the
 harness would drop with a warning at every worker's start, keeping the
@@ -12,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import TypeOptions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(os.path.dirname(os.path.dirname(HERE)), 'runner', 'src', 'python_worker.py')
+WORKER = os.path.join(os.path.dirname(HERE), 'wheel', 'python', 'refract_beam', 'python_worker.py')
 
 
 def python_worker():

@@ -60,11 +60,13 @@ const REFRESH: Duration = Duration::from_millis(500);
 /// The boot program of Python PROCESS workers: asks the provision service
 /// for the options, fetches the staged files, and starts the SDK harness
 /// with `$BEAM_PYTHON`.
-const PYTHON_BOOT: &str = include_str!("python_boot.sh");
+const PYTHON_BOOT: &str =
+    include_str!("../../integration/wheel/python/refract_beam/python_boot.sh");
 
 /// What [`PYTHON_BOOT`] runs: the worker's provisioning and harness, and
 /// the fork server the workers of a run are forked from.
-const PYTHON_WORKER: &str = include_str!("python_worker.py");
+const PYTHON_WORKER: &str =
+    include_str!("../../integration/wheel/python/refract_beam/python_worker.py");
 
 /// Runs the pipeline; returns the exit code for this process.
 pub async fn run(args: RunArgs) -> Result<i32> {

@@ -29,7 +29,7 @@ use super::directory::{Discovered, PoolDirectory};
 use super::spec::PoolSpec;
 
 /// The driver's source, written to a private file when first needed.
-const DRIVER: &str = include_str!("ray_pools.py");
+const DRIVER: &str = include_str!("../../../integration/ray/ray_pools.py");
 
 /// Pause before restarting a driver that exited, doubling up to the last.
 const RESTART_PAUSES: [Duration; 7] = [
