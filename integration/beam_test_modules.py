@@ -30,7 +30,6 @@ Beam row.
 import argparse
 import collections
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,10 @@ import time
 import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, 'python'))
+
+from refract_testlib import free_port, python_job_server_argv, wait_for_port  # noqa: E402  # pylint: disable=wrong-import-position
+
 SUITE_PLUGIN_DIR = os.path.join(HERE, 'beam_suite')
 PACKAGE = os.path.join(HERE, 'wheel', 'python')
 
@@ -57,23 +60,10 @@ MODULES = [
 ]
 
 
-def free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def start_server(cmd, port, log):
   proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 120
-  while True:
-    try:
-      socket.create_connection(('127.0.0.1', port), timeout=1).close()
-      return proc
-    except OSError:
-      if proc.poll() is not None or time.time() > deadline:
-        raise SystemExit('%s did not start; see %s' % (cmd[0], log.name)) from None
-      time.sleep(0.1)
+  wait_for_port(port, proc, '%s (log %s)' % (cmd[0], log.name))
+  return proc
 
 
 def runners(refract):
@@ -91,13 +81,7 @@ def runners(refract):
     (
       'Python job server',
       False,
-      lambda port: [
-        sys.executable,
-        '-m',
-        'apache_beam.runners.portability.local_job_service_main',
-        '--port',
-        str(port),
-      ],
+      python_job_server_argv,
       portable,
     ),
     (

@@ -35,7 +35,6 @@ import random
 import resource
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,9 @@ EVENTS_WORKLOADS = ['events', 'events_streaming']
 CLOCK_TICKS = os.sysconf('SC_CLK_TCK')
 PRISM_SUITE = os.path.join(ROOT, 'integration', 'prism_suite.sh')
 PYTHON_JOB_SERVER_BIN = os.path.join(ROOT, 'integration', 'beam_suite', 'python_job_server.sh')
+sys.path.insert(0, os.path.join(ROOT, 'integration', 'python'))
+
+from refract_testlib import free_port, python_job_server_argv, wait_for_port  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def env_int(name, default):
@@ -73,14 +75,6 @@ def env_int(name, default):
 
 def log(msg):
   print('bench: %s' % msg, file=sys.stderr, flush=True)
-
-
-def free_port():
-  s = socket.socket()
-  s.bind(('127.0.0.1', 0))
-  port = s.getsockname()[1]
-  s.close()
-  return port
 
 
 def job_server_timeout():
@@ -120,19 +114,7 @@ class Server:
       env=child_env(),
       start_new_session=True,
     )
-    deadline = time.time() + wait_s
-    while time.time() < deadline:
-      if self.proc.poll() is not None:
-        raise RuntimeError(
-          '%s exited (%s) before listening; see %s'
-          % (self.name, self.proc.returncode, self.log_path)
-        )
-      try:
-        with socket.create_connection(('127.0.0.1', self.port), timeout=1):
-          return
-      except OSError:
-        time.sleep(0.1)
-    raise RuntimeError('%s did not listen on %d within %ds' % (self.name, self.port, wait_s))
+    wait_for_port(self.port, self.proc, '%s (log %s)' % (self.name, self.log_path), wait_s)
 
   def stop(self):
     if self.proc and self.proc.poll() is None:
@@ -448,13 +430,7 @@ def main():
     servers.append(
       Server(
         'Python job server',
-        lambda p: [
-          sys.executable,
-          '-m',
-          'apache_beam.runners.portability.local_job_service_main',
-          '--port',
-          str(p),
-        ],
+        python_job_server_argv,
         workdir,
       )
     )

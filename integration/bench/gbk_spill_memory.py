@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
+from refract_testlib import budget_server, final_state, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -69,22 +69,11 @@ def main():
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-gbk-spill.')
   log = os.path.join(work, 'refract.log')
-  server = RefractServer(
-    os.path.abspath(args.bin),
-    log,
-    port=free_port(),
-    # The one job gets the whole budget, as the figures in
-    # docs/benchmarks.md were measured.
-    extra_args=[
-      '--memory_budget',
-      args.memory_budget,
-      '--job_memory_budget',
-      args.memory_budget,
-      '--serve_http=false',
-      '--spill_dir',
-      os.path.join(work, 'spill'),
-    ],
-  ).wait_ready()
+  # The one job gets the whole budget, as the figures in
+  # docs/benchmarks.md were measured.
+  server = budget_server(
+    args.bin, log, args.memory_budget, ['--spill_dir', os.path.join(work, 'spill')]
+  )
   try:
     run, elapsed, samples = run_sampling_rss(
       server.proc.pid,

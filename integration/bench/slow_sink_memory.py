@@ -26,15 +26,15 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'integration', 'python'))
 BOOT = os.path.join(REPO, 'integration', 'python_boot.sh')
 
-from refract_testlib import RefractServer, committed_counter, free_port, rss_bytes  # noqa: E402  # pylint: disable=wrong-import-position
+from refract_testlib import budget_server, committed_counter, rss_bytes  # noqa: E402  # pylint: disable=wrong-import-position
 
 # The source's classes are pasted into the script, so that PROCESS workers
 # unpickle them by value (they do not have integration/python on their path).
-with open(os.path.join(REPO, 'integration', 'python', 'endless_source.py')) as _f:
-  ENDLESS_SOURCE = _f.read()
+with open(os.path.join(REPO, 'integration', 'python', 'splittable_sources.py')) as _f:
+  SPLITTABLE_SOURCES = _f.read()
 
 PIPELINE = (
-  ENDLESS_SOURCE
+  SPLITTABLE_SOURCES
   + r'''
 import json, sys, time
 from apache_beam.metrics import Metrics
@@ -67,19 +67,8 @@ def main():
   ap.add_argument('--memory_budget', default='64m')
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-slow-sink.')
-  server = RefractServer(
-    os.path.abspath(args.bin),
-    os.path.join(work, 'refract.log'),
-    port=free_port(),
-    # The one job gets the whole budget.
-    extra_args=[
-      '--memory_budget',
-      args.memory_budget,
-      '--job_memory_budget',
-      args.memory_budget,
-      '--serve_http=false',
-    ],
-  ).wait_ready()
+  # The one job gets the whole budget.
+  server = budget_server(args.bin, os.path.join(work, 'refract.log'), args.memory_budget)
   try:
     script = os.path.join(work, 'pipeline.py')
     with open(script, 'w') as f:

@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PY = os.path.join(REPO, 'integration', 'python')
 sys.path.insert(0, PY)
 
-from refract_testlib import RefractServer, final_state, free_port, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
+from refract_testlib import budget_server, final_state, run_sampling_rss  # noqa: E402  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -46,20 +46,12 @@ def main():
   )
   args = ap.parse_args()
   work = tempfile.mkdtemp(prefix='refract-stateful-memory.')
-  # The one job gets the whole budget.
-  extra = [
-    '--memory_budget',
-    args.memory_budget,
-    '--job_memory_budget',
-    args.memory_budget,
-    '--serve_http=false',
-  ]
+  extra = []
   if args.checkpointed:
     extra += ['--state_dir', os.path.join(work, 'state')]
     os.environ.setdefault('REFRACT_LOG', 'info,refract::durability=debug')
-  server = RefractServer(
-    os.path.abspath(args.bin), os.path.join(work, 'refract.log'), port=free_port(), extra_args=extra
-  ).wait_ready()
+  # The one job gets the whole budget.
+  server = budget_server(args.bin, os.path.join(work, 'refract.log'), args.memory_budget, extra)
   try:
     run, elapsed, samples = run_sampling_rss(
       server.proc.pid,

@@ -30,7 +30,6 @@ the faster run counts, so a cold page cache does not decide.
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,9 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(HERE, '..', 'wheel', 'python')
+sys.path.insert(0, os.path.join(HERE, '..', 'python'))
+
+from refract_testlib import free_port, python_job_server_argv, wait_for_port  # noqa: E402  # pylint: disable=wrong-import-position
 
 SUITE = textwrap.dedent('''\
     import apache_beam as beam
@@ -138,26 +140,6 @@ CONFTEST = textwrap.dedent('''\
 TESTS_PER_REPEAT = 7
 
 
-def free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def wait_for_port(port, proc, what):
-  deadline = time.time() + 120
-  while True:
-    try:
-      socket.create_connection(('127.0.0.1', port), timeout=1).close()
-      return
-    except OSError:
-      if proc.poll() is not None:
-        raise SystemExit('%s exited before listening' % what) from None
-      if time.time() > deadline:
-        raise SystemExit('%s did not listen' % what) from None
-      time.sleep(0.1)
-
-
 class Server:
   """A job server started before a suite, stopped after it."""
 
@@ -194,13 +176,7 @@ def configurations(refract, prism):
         '--test-pipeline-options=--runner=PortableRunner '
         '--job_endpoint=localhost:%d %s' % (port, loopback)
       ],
-      [
-        sys.executable,
-        '-m',
-        'apache_beam.runners.portability.local_job_service_main',
-        '--port',
-        str(port),
-      ],
+      python_job_server_argv(port),
       port,
     )
   )

@@ -43,30 +43,14 @@ import typing
 import apache_beam as beam
 from apache_beam import window
 from apache_beam.transforms import trigger
-from apache_beam.io.restriction_trackers import OffsetRange
-from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
 from refract_testlib import run_pipeline_to_end
+from splittable_sources import Offsets
 
 # Random bytes, sliced at different offsets: values that do not compress.
 BLOCK = os.urandom(1 << 20)
-
-
-class Indices(beam.RestrictionProvider):
-  def initial_restriction(self, n):
-    return OffsetRange(0, n)
-
-  def create_tracker(self, restriction):
-    return OffsetRestrictionTracker(restriction)
-
-  def restriction_size(self, _, restriction):
-    return restriction.size()
-
-  def split(self, _, restriction):
-    # One restriction: only the runner's dynamic splits divide the work.
-    yield restriction
 
 
 # (Declared: with timestamps, what the DoFns yield is not inferred as KVs.)
@@ -91,7 +75,7 @@ class Generate(beam.DoFn):
     self._keys = keys
     self._session_len = session_len
 
-  def process(self, n, tracker=beam.DoFn.RestrictionParam(Indices())):
+  def process(self, n, tracker=beam.DoFn.RestrictionParam(Offsets())):
     i = tracker.current_restriction().start
     while tracker.try_claim(i):
       yield record(i, self._value_bytes, self._keys, self._session_len)

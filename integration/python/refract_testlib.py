@@ -22,9 +22,45 @@ READY_TIMEOUT_S = 60
 
 
 def free_port():
+  """A TCP port that is free on 127.0.0.1 right now (for the tests, the
+  benchmarks and integration/beam_test_modules.py alike)."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
+
+
+def accepts(port, host='127.0.0.1'):
+  """Whether something accepts TCP connections on `host`:`port` now."""
+  try:
+    socket.create_connection((host, port), timeout=1).close()
+    return True
+  except OSError:
+    return False
+
+
+def wait_for_port(port, proc, what, timeout_s=120):
+  """Waits until something accepts TCP connections on 127.0.0.1:`port`,
+  where process `proc` (`what`, in the error) is to listen; raises
+  RuntimeError when it exits first or `timeout_s` seconds pass."""
+  deadline = time.monotonic() + timeout_s
+  while not accepts(port):
+    if proc.poll() is not None:
+      raise RuntimeError('%s exited (%s) before listening on %d' % (what, proc.returncode, port))
+    if time.monotonic() > deadline:
+      raise RuntimeError('%s did not listen on %d within %ds' % (what, port, timeout_s))
+    time.sleep(0.1)
+
+
+def python_job_server_argv(port):
+  """The command of Beam's Python job server (local_job_service_main) on
+  `port`, in this interpreter: a peer runner of the suites and benchmarks."""
+  return [
+    sys.executable,
+    '-m',
+    'apache_beam.runners.portability.local_job_service_main',
+    '--port',
+    str(port),
+  ]
 
 
 def committed_counter(endpoint, job_id, name):
@@ -247,6 +283,18 @@ class RefractServer(RefractProcess):
       '--job_endpoint=%s' % self.endpoint,
       '--environment_type=LOOPBACK',
     ] + list(extra)
+
+
+def budget_server(refract_bin, log_path, budget, extra_args=()):
+  """A ready `refract serve --memory_budget BUDGET` whose one job gets the
+  whole budget, without the web UI (and with `extra_args`): the server of
+  the memory benchmarks. The caller stops it."""
+  return RefractServer(
+    os.path.abspath(refract_bin),
+    log_path,
+    extra_args=['--memory_budget', budget, '--job_memory_budget', budget, '--serve_http=false']
+    + list(extra_args),
+  ).wait_ready()
 
 
 def ui_server(refract_bin, log_path, extra_args=()):

@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.userstate import CombiningValueStateSpec
 
-from endless_source import Records
+from splittable_sources import Records
 from refract_testlib import ui_server
 
 RUN_SECONDS = 25

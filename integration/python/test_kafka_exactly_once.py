@@ -36,7 +36,7 @@ from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 import xlang_services
-from refract_testlib import durable_server, free_port, job_state, wait_for_end
+from refract_testlib import accepts, durable_server, free_port, job_state, wait_for_end
 
 # The first run may build integration/java with an empty Maven cache.
 pytestmark = pytest.mark.timeout(600)
@@ -280,19 +280,9 @@ def worker_pool(tmp_path, java_classpath):
     tmp_path / 'worker-pool.log',
   )
   with xlang_services._running(  # pylint: disable=protected-access
-    pool, lambda: _accepts(port)
+    pool, lambda: accepts(port)
   ):
     yield 'localhost:%d' % port, pool
-
-
-def _accepts(port):
-  import socket
-
-  try:
-    socket.create_connection(('127.0.0.1', port), timeout=1).close()
-    return True
-  except OSError:
-    return False
 
 
 def submit(java_classpath, endpoint, pool, bootstrap, log):

@@ -24,19 +24,17 @@ elements once.
 import time
 
 import apache_beam as beam
-from apache_beam.io.restriction_trackers import OffsetRange
-from apache_beam.io.restriction_trackers import OffsetRestrictionTracker
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from apache_beam.testing.util import equal_to
-from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import CombiningValueStateSpec
 from apache_beam.transforms.userstate import TimerSpec
 from apache_beam.transforms.userstate import on_timer
 
 from refract_testlib import RefractServer
+from splittable_sources import Offsets
 
 COUNT = 30
 
@@ -52,17 +50,6 @@ def run_and_count_bundles(p):
 def assert_split(bundles):
   """What one bundle would have done took more than one."""
   assert sum(c.committed for c in bundles) >= 2, bundles
-
-
-class Offsets(RestrictionProvider):
-  def initial_restriction(self, element):
-    return OffsetRange(0, element)
-
-  def create_tracker(self, restriction):
-    return OffsetRestrictionTracker(restriction)
-
-  def restriction_size(self, element, restriction):
-    return restriction.size()
 
 
 class SlowRange(beam.DoFn):

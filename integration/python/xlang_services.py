@@ -28,7 +28,6 @@ import contextlib
 import functools
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 from refract_testlib import RefractProcess
+from refract_testlib import accepts
 from refract_testlib import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -274,9 +274,7 @@ def _kafka_answers(bootstrap):
   def probe():
     # The client logs every refused connection as an error: wait for the
     # port first, quietly.
-    try:
-      socket.create_connection((host, int(port)), timeout=1).close()
-    except OSError:
+    if not accepts(int(port), host):
       return False
     # Imported here so that modules using only the expansion services do
     # not need kafka-python.
