@@ -44,6 +44,15 @@ refract_wait_for_port() {
   done
 }
 
+# refract_python_or_system: points REFRACT_PY at the system's python3 when
+# setup.sh's virtualenv is missing: refract_free_port needs a Python, and the
+# Java scripts should not need the virtualenv.
+refract_python_or_system() {
+  if [ ! -x "$REFRACT_PY" ]; then
+    REFRACT_PY=$(command -v python3)
+  fi
+}
+
 # refract_find_bin: prints the refract binary to test: $REFRACT_BIN, else the
 # release build in $CARGO_TARGET_DIR, else the debug build (built if missing).
 refract_find_bin() {
@@ -88,6 +97,13 @@ refract_await_server() {
     tail -n 50 "$2" >&2
     return 1
   fi
+}
+
+# refract_stop_server: stops (TERM) and waits for the server started by
+# refract_start_server; for the caller's EXIT trap.
+refract_stop_server() {
+  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
+  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
 }
 
 # refract_run_bounded SECONDS COMMAND...: runs COMMAND under timeout(1), which
@@ -186,6 +202,18 @@ refract_stop_tracked() {
   local pid
   for pid in "${REFRACT_TRACKED[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${REFRACT_TRACKED[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+# refract_start_tracked PORT LOG SECONDS COMMAND...: starts COMMAND, which is
+# to listen on 127.0.0.1:PORT, in the background (stdin from /dev/null,
+# output in LOG), appends its pid to REFRACT_TRACKED and waits up to SECONDS
+# for it to listen; fails if it does not.
+refract_start_tracked() {
+  local port=$1 log=$2 limit=$3
+  shift 3
+  "$@" </dev/null >"$log" 2>&1 &
+  REFRACT_TRACKED+=("$!")
+  refract_wait_for_port "$port" "$!" "$limit"
 }
 
 # refract_go_wordcount_bin: builds the Go pipeline integration/go/wordcount

@@ -90,10 +90,8 @@ build_binaries
 prism=$(refract_prism_bin)
 
 expansion_port=$(refract_free_port)
-"$REFRACT_PY" "$here/python/python_expansion_service.py" "$expansion_port" \
-  >"$report_dir/expansion.log" 2>&1 </dev/null &
-REFRACT_TRACKED+=($!)
-refract_wait_for_port "$expansion_port" "${REFRACT_TRACKED[-1]}" 120
+refract_start_tracked "$expansion_port" "$report_dir/expansion.log" 120 \
+  "$REFRACT_PY" "$here/python/python_expansion_service.py" "$expansion_port"
 
 # start_runner NAME: starts refract or prism on a free port, which it puts
 # in $port.
@@ -101,15 +99,10 @@ port=
 start_runner() {
   local name=$1
   port=$(refract_free_port)
-  if [ "$name" = prism ]; then
-    "$prism" --job_port "$port" --serve_http=false \
-      >"$report_dir/$name-server.log" 2>&1 </dev/null &
-  else
-    "$bin" serve --job_port "$port" --serve_http=false \
-      >"$report_dir/$name-server.log" 2>&1 </dev/null &
-  fi
-  REFRACT_TRACKED+=($!)
-  refract_wait_for_port "$port" "${REFRACT_TRACKED[-1]}" 60
+  local server=("$bin" serve)
+  if [ "$name" = prism ]; then server=("$prism"); fi
+  refract_start_tracked "$port" "$report_dir/$name-server.log" 60 \
+    "${server[@]}" --job_port "$port" --serve_http=false
 }
 
 # run_binary OUT_DIR PORT RUNNER NAME [flags]: one test binary, from its

@@ -22,9 +22,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/common.sh"
 cd "$REFRACT_ROOT"
 
-if [ ! -x "$REFRACT_PY" ]; then
-  REFRACT_PY=$(command -v python3)
-fi
+refract_python_or_system
 
 bin=$(refract_find_bin)
 
@@ -40,8 +38,7 @@ refract_start_server "$bin" "$port" "$log"
 # shellcheck disable=SC2317 # called by the EXIT trap
 stop_server() {
   refract_kill_bounded
-  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
-  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
+  refract_stop_server
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM

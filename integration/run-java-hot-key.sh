@@ -19,9 +19,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/common.sh"
 cd "$REFRACT_ROOT"
 
-if [ ! -x "$REFRACT_PY" ]; then
-  REFRACT_PY=$(command -v python3)
-fi
+refract_python_or_system
 
 classpath=$(refract_java_classpath)
 
@@ -33,8 +31,7 @@ refract_start_server "$bin" "$port" "$log" --memory_budget 16m --serve_http=fals
   --spill_dir "$work/spill"
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
-  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
-  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
+  refract_stop_server
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -29,11 +29,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/common.sh"
 cd "$REFRACT_ROOT"
 
-# refract_free_port needs a Python; the Java path should not need setup.sh's
-# virtualenv, so fall back to the system's python3.
-if [ ! -x "$REFRACT_PY" ]; then
-  REFRACT_PY=$(command -v python3)
-fi
+refract_python_or_system
 
 classpath=$(refract_java_classpath)
 
@@ -47,8 +43,7 @@ pool=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   if [ -n "$pool" ]; then kill "$pool" 2>/dev/null || true; fi
-  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
-  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
+  refract_stop_server
   if [ "${REFRACT_KEEP:-0}" = 1 ]; then
     echo "== kept $work" >&2
   else

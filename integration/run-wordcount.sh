@@ -33,12 +33,7 @@ fi
 port=${REFRACT_JOB_PORT:-$(refract_free_port)}
 log=$(mktemp -t refract-serve.XXXXXX.log)
 refract_start_server "$bin" "$port" "$log"
-# shellcheck disable=SC2317 # called by the EXIT trap
-stop_server() {
-  kill "$REFRACT_SERVER_PID" 2>/dev/null || true
-  wait "$REFRACT_SERVER_PID" 2>/dev/null || true
-}
-trap stop_server EXIT
+trap refract_stop_server EXIT
 trap 'exit 130' INT TERM
 refract_await_server "$port" "$log"
 

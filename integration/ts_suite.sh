@@ -64,17 +64,13 @@ run_mocha() {
   local name=$1 port
   shift
   port=$(refract_free_port)
-  if [ "$name" = refract ]; then
-    # The @xlang cases' Python transforms name Beam's Python SDK image;
-    # with no Docker here they run in the virtualenv's interpreter.
-    "$bin" serve --job_port "$port" --serve_http=false --sdk_python "$REFRACT_PY" \
-      >"$report_dir/$name-server.log" 2>&1 </dev/null &
-  else
-    "$REFRACT_PY" -m apache_beam.runners.portability.local_job_service_main \
-      --port "$port" >"$report_dir/$name-server.log" 2>&1 </dev/null &
+  # The @xlang cases' Python transforms name Beam's Python SDK image;
+  # with no Docker here they run in the virtualenv's interpreter.
+  local server=("$bin" serve --job_port "$port" --serve_http=false --sdk_python "$REFRACT_PY")
+  if [ "$name" != refract ]; then
+    server=("$REFRACT_PY" -m apache_beam.runners.portability.local_job_service_main --port "$port")
   fi
-  REFRACT_TRACKED+=($!)
-  refract_wait_for_port "$port" "${REFRACT_TRACKED[-1]}" 120
+  refract_start_tracked "$port" "$report_dir/$name-server.log" 120 "${server[@]}"
   echo "== TypeScript SDK $version tests against $name (port $port)" >&2
   local overrides
   overrides=$(printf '{"python:apache_beam.runners.portability.local_job_service_main": "localhost:%s", "python:*": "%s"}' \

@@ -34,24 +34,16 @@ expected=$((records * (records - 1) / 2))
 classpath=$(refract_java_classpath)
 prism=$(refract_prism_bin)
 work=$(mktemp -d -t refract-java-bench.XXXXXX)
-pids=()
-# shellcheck disable=SC2317 # called by the EXIT trap
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  refract_kill_bounded
-}
-trap cleanup EXIT
+trap 'refract_stop_tracked; refract_kill_bounded' EXIT
 trap 'exit 130' INT TERM
 
 refract_port=$(refract_free_port)
 refract_start_server "$bin" "$refract_port" "$work/refract.log"
-pids+=("$REFRACT_SERVER_PID")
+REFRACT_TRACKED+=("$REFRACT_SERVER_PID")
 refract_await_server "$refract_port" "$work/refract.log"
 prism_port=$(refract_free_port)
-"$prism" --job_port "$prism_port" --serve_http=false </dev/null >"$work/prism.log" 2>&1 &
-pids+=("$!")
-refract_wait_for_port "$prism_port" "$!" 60
+refract_start_tracked "$prism_port" "$work/prism.log" 60 \
+  "$prism" --job_port "$prism_port" --serve_http=false
 runners=("Refract:$refract_port" "Prism:$prism_port")
 
 echo "== Java workloads, $records records over $keys keys, $repeats runs each (logs: $work)" >&2

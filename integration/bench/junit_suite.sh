@@ -34,13 +34,7 @@ repeat=${REFRACT_BENCH_JUNIT_REPEAT:-5}
 m2=$REFRACT_CACHE/m2
 project=$here/java
 work=$(mktemp -d -t refract-junit-bench.XXXXXX)
-pids=()
-# shellcheck disable=SC2317 # called by the EXIT trap
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+trap refract_stop_tracked EXIT
 trap 'exit 130' INT TERM
 
 "$here/install-java-runner.sh" -Dmaven.repo.local="$m2" -DskipTests >/dev/null
@@ -48,9 +42,8 @@ mvn -B -q -f "$project/pom.xml" -Dmaven.repo.local="$m2" -P suite-bench test-com
 
 prism=$(refract_prism_bin)
 prism_port=$(refract_free_port)
-"$prism" --job_port "$prism_port" --serve_http=false </dev/null >"$work/prism.log" 2>&1 &
-pids+=("$!")
-refract_wait_for_port "$prism_port" "$!" 60
+refract_start_tracked "$prism_port" "$work/prism.log" 60 \
+  "$prism" --job_port "$prism_port" --serve_http=false
 
 universal=org.apache.beam.runners.portability.testing.TestUniversalRunner
 runners=(

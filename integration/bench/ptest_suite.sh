@@ -39,9 +39,7 @@ mkdir -p "$(dirname "$test_bin")"
 (cd "$here/bench/go_ptest" && GOFLAGS="-mod=mod -buildvcs=false" _refract_go test -c -o "$test_bin" .) >&2
 
 port=$(refract_free_port)
-"$bin" serve --job_port "$port" --serve_http=false >"$work/refract.log" 2>&1 </dev/null &
-REFRACT_TRACKED+=($!)
-refract_wait_for_port "$port" "$!" 60
+refract_start_tracked "$port" "$work/refract.log" 60 "$bin" serve --job_port "$port" --serve_http=false
 
 universal=("--runner=universal" "--endpoint=localhost:$port" "--environment_type=LOOPBACK")
 runners=(
