@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use refract_engine::state::{BundleState, SortKeyRange, StateError, StateKey};
+use refract_engine::plan::SideInputId;
+use refract_engine::state::{BundleState, CellId, SortKeyRange, StateError, StateKey};
 use refract_proto::fn_api::{
     state_key, state_request, state_response, StateAppendResponse, StateClearResponse,
     StateGetResponse, StateRequest, StateResponse,
@@ -32,59 +33,51 @@ impl StateBridge {
 /// by falling back to per-key lookups).
 fn engine_key(key: &refract_proto::fn_api::StateKey) -> Result<StateKey, StateError> {
     let bytes = |b: &Vec<u8>| Bytes::copy_from_slice(b);
+    let side_input = |transform_id: &str, tag: &str| SideInputId::new(transform_id, tag);
+    let cell = |transform_id: &str, state_id: &str, window: &Vec<u8>, key: &Vec<u8>| {
+        CellId::new(transform_id, state_id, bytes(window), bytes(key))
+    };
     match &key.r#type {
         Some(state_key::Type::IterableSideInput(k)) => Ok(StateKey::IterableSideInput {
-            transform_id: k.transform_id.clone(),
-            side_input_id: k.side_input_id.clone(),
+            side_input: side_input(&k.transform_id, &k.side_input_id),
             window: bytes(&k.window),
         }),
         Some(state_key::Type::MultimapSideInput(k)) => Ok(StateKey::MultimapSideInput {
-            transform_id: k.transform_id.clone(),
-            side_input_id: k.side_input_id.clone(),
+            side_input: side_input(&k.transform_id, &k.side_input_id),
             window: bytes(&k.window),
             key: bytes(&k.key),
         }),
         Some(state_key::Type::MultimapKeysSideInput(k)) => Ok(StateKey::MultimapKeysSideInput {
-            transform_id: k.transform_id.clone(),
-            side_input_id: k.side_input_id.clone(),
+            side_input: side_input(&k.transform_id, &k.side_input_id),
             window: bytes(&k.window),
         }),
-        Some(state_key::Type::BagUserState(k)) => Ok(StateKey::BagUserState {
-            transform_id: k.transform_id.clone(),
-            state_id: k.user_state_id.clone(),
-            window: bytes(&k.window),
-            key: bytes(&k.key),
-        }),
+        Some(state_key::Type::BagUserState(k)) => Ok(StateKey::BagUserState(cell(
+            &k.transform_id,
+            &k.user_state_id,
+            &k.window,
+            &k.key,
+        ))),
         Some(state_key::Type::OrderedListUserState(k)) => Ok(StateKey::OrderedListUserState {
-            transform_id: k.transform_id.clone(),
-            state_id: k.user_state_id.clone(),
-            window: bytes(&k.window),
-            key: bytes(&k.key),
+            cell: cell(&k.transform_id, &k.user_state_id, &k.window, &k.key),
             range: k.range.as_ref().map(|r| SortKeyRange {
                 start: r.start,
                 end: r.end,
             }),
         }),
         Some(state_key::Type::MultimapUserState(k)) => Ok(StateKey::MultimapUserState {
-            transform_id: k.transform_id.clone(),
-            state_id: k.user_state_id.clone(),
-            window: bytes(&k.window),
-            key: bytes(&k.key),
+            cell: cell(&k.transform_id, &k.user_state_id, &k.window, &k.key),
             map_key: bytes(&k.map_key),
         }),
-        Some(state_key::Type::MultimapKeysUserState(k)) => Ok(StateKey::MultimapKeysUserState {
-            transform_id: k.transform_id.clone(),
-            state_id: k.user_state_id.clone(),
-            window: bytes(&k.window),
-            key: bytes(&k.key),
-        }),
+        Some(state_key::Type::MultimapKeysUserState(k)) => Ok(StateKey::MultimapKeysUserState(
+            cell(&k.transform_id, &k.user_state_id, &k.window, &k.key),
+        )),
         Some(state_key::Type::MultimapEntriesUserState(k)) => {
-            Ok(StateKey::MultimapEntriesUserState {
-                transform_id: k.transform_id.clone(),
-                state_id: k.user_state_id.clone(),
-                window: bytes(&k.window),
-                key: bytes(&k.key),
-            })
+            Ok(StateKey::MultimapEntriesUserState(cell(
+                &k.transform_id,
+                &k.user_state_id,
+                &k.window,
+                &k.key,
+            )))
         }
         Some(state_key::Type::Runner(k)) => Ok(StateKey::RunnerIterable {
             token: bytes(&k.key),

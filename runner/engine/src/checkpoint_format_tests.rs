@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use crate::coder::{PaneInfo, TimerValue};
 use crate::plan::TimeDomain;
 use crate::spill::MemorySpillStore;
-use crate::state::{encode_ordered_entry, BundleState, StateKey};
+use crate::state::{encode_ordered_entry, BundleState, CellId, StateKey};
 use crate::store::{
     BundleOverlay, SideInputId, SideInputStore, SpilledBags, UserStateSnapshot, UserStateStore,
 };
@@ -45,30 +45,34 @@ fn user_state(spill: Option<Arc<MemorySpillStore>>) -> Arc<Mutex<UserStateStore>
     }
     let store = Arc::new(Mutex::new(store));
     let overlay = BundleOverlay::new(Arc::default(), store.clone());
-    let bag = StateKey::BagUserState {
+    let bag = StateKey::BagUserState(CellId {
         transform_id: "t".into(),
         state_id: "bag".into(),
         window: Bytes::from_static(b"w1"),
         key: Bytes::from_static(b"\x01a"),
-    };
+    });
     overlay
         .append(&bag, Bytes::from_static(b"\x01x"))
         .expect("appends");
     let list = StateKey::OrderedListUserState {
-        transform_id: "t".into(),
-        state_id: "list".into(),
-        window: Bytes::from_static(b"w2"),
-        key: Bytes::from_static(b"\x01b"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "list".into(),
+            window: Bytes::from_static(b"w2"),
+            key: Bytes::from_static(b"\x01b"),
+        },
         range: None,
     };
     let mut entry = Vec::new();
     encode_ordered_entry(7, b"\x01y", &mut entry);
     overlay.append(&list, Bytes::from(entry)).expect("appends");
     let map = StateKey::MultimapUserState {
-        transform_id: "t".into(),
-        state_id: "map".into(),
-        window: Bytes::from_static(b"w1"),
-        key: Bytes::from_static(b"\x01b"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "map".into(),
+            window: Bytes::from_static(b"w1"),
+            key: Bytes::from_static(b"\x01b"),
+        },
         map_key: Bytes::from_static(b"\x01m"),
     };
     overlay

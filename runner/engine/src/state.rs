@@ -15,9 +15,11 @@
 //!   with a bag of values; Java's Map, Set and Multimap state use these.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::coder::{decode_varint_u64, encode_varint_i64, encode_varint_u64};
+use crate::plan::{SideInputId, TransformId};
 
 /// A half-open range `[start, end)` of ordered-list sort keys.
 ///
@@ -50,24 +52,63 @@ impl SortKeyRange {
     }
 }
 
-/// What the SDK asks for, with every id already resolved by the caller.
+/// Identifies one cell of user state of any kind: the state API addresses
+/// user state by these four, and the store keeps a map of cells by them.
+///
+/// The fields are in this order on purpose: cells sort (a checkpoint
+/// writes them sorted) by transform, state id, window, then key, and a
+/// checkpoint encodes a cell as these four in this order, as it did when
+/// a cell was a tuple of them (a [`TransformId`] encodes as its string).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CellId {
+    /// The transform that declared the state (in its stage's bundle
+    /// descriptor).
+    pub transform_id: TransformId,
+    /// The state's id within that transform.
+    pub state_id: String,
+    /// The window the state is scoped to, encoded in the window coder:
+    /// when the window expires, its cells go.
+    pub window: Bytes,
+    /// The user key the state is scoped to, nested-encoded in the key
+    /// coder.
+    pub key: Bytes,
+}
+
+impl CellId {
+    /// The cell of state `state_id` of transform `transform_id` in
+    /// `window` for `key`.
+    pub fn new(
+        transform_id: impl Into<TransformId>,
+        state_id: impl Into<String>,
+        window: Bytes,
+        key: Bytes,
+    ) -> Self {
+        CellId {
+            transform_id: transform_id.into(),
+            state_id: state_id.into(),
+            window,
+            key,
+        }
+    }
+}
+
+/// What the SDK asks for, with every id already resolved by the caller:
+/// a side input's values (named by the reading transform and its tag),
+/// a cell of user state of one of its shapes, or the rest of an iterable
+/// the runner handed out.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StateKey {
     /// All values of a side input in one window.
     IterableSideInput {
-        /// Consuming transform id.
-        transform_id: String,
-        /// Side input tag.
-        side_input_id: String,
+        /// The side input.
+        side_input: SideInputId,
         /// Encoded side-input window.
         window: Bytes,
     },
     /// Values of one key of a multimap side input in one window.
     MultimapSideInput {
-        /// Consuming transform id.
-        transform_id: String,
-        /// Side input tag.
-        side_input_id: String,
+        /// The side input.
+        side_input: SideInputId,
         /// Encoded side-input window.
         window: Bytes,
         /// Nested-encoded key.
@@ -75,79 +116,38 @@ pub enum StateKey {
     },
     /// The keys of a multimap side input in one window.
     MultimapKeysSideInput {
-        /// Consuming transform id.
-        transform_id: String,
-        /// Side input tag.
-        side_input_id: String,
+        /// The side input.
+        side_input: SideInputId,
         /// Encoded side-input window.
         window: Bytes,
     },
     /// A bag of user state.
-    BagUserState {
-        /// Transform id.
-        transform_id: String,
-        /// State id.
-        state_id: String,
-        /// Encoded window.
-        window: Bytes,
-        /// Nested-encoded user key.
-        key: Bytes,
-    },
+    BagUserState(CellId),
     /// An ordered list of user state. Appends carry their own sort keys (the
     /// range is ignored); gets and clears act on `range` only.
     OrderedListUserState {
-        /// Transform id.
-        transform_id: String,
-        /// State id.
-        state_id: String,
-        /// Encoded window.
-        window: Bytes,
-        /// Nested-encoded user key.
-        key: Bytes,
+        /// The list's cell.
+        cell: CellId,
         /// Sort keys a get or clear covers; `None` when the SDK sent no range
         /// (normal for appends, an error for gets and clears).
         range: Option<SortKeyRange>,
     },
     /// The values of one map key of a multimap user state: get, append, clear.
     MultimapUserState {
-        /// Transform id.
-        transform_id: String,
-        /// State id.
-        state_id: String,
-        /// Encoded window.
-        window: Bytes,
-        /// Nested-encoded user key.
-        key: Bytes,
+        /// The multimap's cell.
+        cell: CellId,
         /// Nested-encoded map key; map keys are compared by these bytes.
         map_key: Bytes,
     },
     /// The map keys of a multimap user state: get (concatenated nested map
     /// keys) and clear (removes every map key).
-    MultimapKeysUserState {
-        /// Transform id.
-        transform_id: String,
-        /// State id.
-        state_id: String,
-        /// Encoded window.
-        window: Bytes,
-        /// Nested-encoded user key.
-        key: Bytes,
-    },
+    MultimapKeysUserState(CellId),
     /// All entries of a multimap user state: get, as concatenated
     /// `KV<K, Iterable<V>>` (map key bytes, int32 big-endian value count,
     /// the values), which is what Java's harness decodes; clear removes
     /// every map key. Counting values needs the state's value coder (see
     /// `UserStateStore::set_multimap_value_coder`).
-    MultimapEntriesUserState {
-        /// Transform id.
-        transform_id: String,
-        /// State id.
-        state_id: String,
-        /// Encoded window.
-        window: Bytes,
-        /// Nested-encoded user key.
-        key: Bytes,
-    },
+    MultimapEntriesUserState(CellId),
     /// The rest of a state-backed iterable the runner handed out (a
     /// GroupByKey's key too large for memory): get only, by the token the
     /// element carried.

@@ -26,6 +26,5 @@ pub(crate) use side_inputs::SideInputSnapshot;
 pub use side_inputs::{SideInputId, SideInputStore};
 pub(crate) use user_state::UserStateSnapshot;
 pub use user_state::{
-    BagId, BagWrite, CellId, MultimapWrite, OrderedListOp, OrderedListWrite, UserStateStore,
-    UserStateWrites,
+    BagWrite, MultimapWrite, OrderedListOp, OrderedListWrite, UserStateStore, UserStateWrites,
 };

@@ -32,7 +32,7 @@ use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecut
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
 use refract_engine::spill::MemorySpillStore;
-use refract_engine::state::{BundleState, StateKey};
+use refract_engine::state::{BundleState, CellId, StateKey};
 
 const KEYS: u8 = 6;
 const PER_KEY: u8 = 8;
@@ -63,12 +63,12 @@ fn kv(k: u8, round: u8) -> Bytes {
 }
 
 fn bag(key: &Bytes) -> StateKey {
-    StateKey::BagUserState {
+    StateKey::BagUserState(CellId {
         transform_id: "batch".into(),
         state_id: "values".into(),
         window: Bytes::new(),
         key: key.clone(),
-    }
+    })
 }
 
 /// Everything `key`'s bag holds, paged.

@@ -27,7 +27,7 @@ use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, StageIdx};
-use refract_engine::state::StateKey;
+use refract_engine::state::{CellId, StateKey};
 use tokio::sync::watch;
 
 const KEYS: usize = 40;
@@ -44,12 +44,12 @@ struct Counter {
 }
 
 fn bag(key: &[u8]) -> StateKey {
-    StateKey::BagUserState {
+    StateKey::BagUserState(CellId {
         transform_id: "count".into(),
         state_id: "seen".into(),
         window: Bytes::new(),
         key: Bytes::copy_from_slice(key),
-    }
+    })
 }
 
 /// The executor: the shared counter.

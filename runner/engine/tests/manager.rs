@@ -23,7 +23,7 @@ use refract_engine::plan::{
     StageIdx, StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration,
     WindowFn, WindowingStrategy,
 };
-use refract_engine::state::StateKey;
+use refract_engine::state::{CellId, StateKey};
 use refract_engine::window::Window;
 use tokio::sync::watch;
 
@@ -415,8 +415,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
     let seen2 = seen.clone();
     let consumer: StageFn = Arc::new(move |input| {
         let key = StateKey::IterableSideInput {
-            transform_id: "consumer".into(),
-            side_input_id: "s".into(),
+            side_input: SideInputId::new("consumer", "s"),
             window: Bytes::new(),
         };
         let page = input
@@ -512,11 +511,13 @@ async fn user_state_of_an_expired_window_is_collected() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let stateful: StageFn = Arc::new(move |input| {
-        let bag = |window: Bytes| StateKey::BagUserState {
-            transform_id: "t".into(),
-            state_id: "s".into(),
-            window,
-            key: Bytes::from_static(b"\x01k"),
+        let bag = |window: Bytes| {
+            StateKey::BagUserState(CellId {
+                transform_id: "t".into(),
+                state_id: "s".into(),
+                window,
+                key: Bytes::from_static(b"\x01k"),
+            })
         };
         for chunk in &input.elements {
             for e in

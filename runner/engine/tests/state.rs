@@ -12,7 +12,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use refract_engine::state::{
-    decode_ordered_entries, encode_ordered_entry, BundleState, SortKeyRange, StateKey,
+    decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateKey,
 };
 use refract_engine::store::{BundleOverlay, SideInputStore, UserStateStore};
 
@@ -43,10 +43,12 @@ fn list_op() -> impl Strategy<Value = ListOp> {
 
 fn list_key(range: Option<(i64, i64)>) -> StateKey {
     StateKey::OrderedListUserState {
-        transform_id: "t".into(),
-        state_id: "list".into(),
-        window: Bytes::new(),
-        key: Bytes::from_static(b"k"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "list".into(),
+            window: Bytes::new(),
+            key: Bytes::from_static(b"k"),
+        },
         range: range.map(|(start, end)| SortKeyRange { start, end }),
     }
 }
@@ -101,21 +103,23 @@ fn map_key(k: u8) -> Bytes {
 
 fn values_key(k: u8) -> StateKey {
     StateKey::MultimapUserState {
-        transform_id: "t".into(),
-        state_id: "map".into(),
-        window: Bytes::new(),
-        key: Bytes::from_static(b"k"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "map".into(),
+            window: Bytes::new(),
+            key: Bytes::from_static(b"k"),
+        },
         map_key: map_key(k),
     }
 }
 
 fn keys_key() -> StateKey {
-    StateKey::MultimapKeysUserState {
+    StateKey::MultimapKeysUserState(CellId {
         transform_id: "t".into(),
         state_id: "map".into(),
         window: Bytes::new(),
         key: Bytes::from_static(b"k"),
-    }
+    })
 }
 
 proptest! {

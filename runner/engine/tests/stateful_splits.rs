@@ -58,7 +58,7 @@ use refract_engine::plan::{
     PCollectionIdx, Plan, SdkStage, StageIdx, StageKind, TestStreamEvent, TimerFamily,
 };
 use refract_engine::spill::MemorySpillStore;
-use refract_engine::state::{BundleState, StateKey};
+use refract_engine::state::{BundleState, CellId, StateKey};
 use tokio::sync::watch;
 
 /// The stateful transform, its bag and its timer family.
@@ -156,12 +156,12 @@ fn key_of(element: &Bytes) -> Bytes {
 }
 
 fn bag(key: &Bytes) -> StateKey {
-    StateKey::BagUserState {
+    StateKey::BagUserState(CellId {
         transform_id: TRANSFORM.into(),
         state_id: BAG.into(),
         window: Bytes::new(),
         key: key.clone(),
-    }
+    })
 }
 
 /// How many values `key`'s bag holds (each append is one 1-byte value).

@@ -46,8 +46,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use super::BagId;
 use crate::spill::{forget_prefix, prefix_end, PagedRange, Reclaim, SpillError, SpillStore};
+use crate::state::CellId;
 
 /// Most bytes written to the store in one batch.
 const WRITE_BATCH_BYTES: usize = 8 << 20;
@@ -81,7 +81,7 @@ pub(crate) struct SpilledBags {
     /// from it on is not the checkpoint's.
     generation: u32,
     /// Sorted by bag.
-    cells: Vec<(BagId, SpilledBag)>,
+    cells: Vec<(CellId, SpilledBag)>,
     /// Parts of bags cleared before the checkpoint and not yet deleted
     /// (sorted): the checkpoint does not need them.
     owed: Vec<RunKey>,
@@ -107,7 +107,7 @@ pub(super) struct BagSpill {
     /// The next spill's generation.
     generation: u32,
     /// Bags with parts on disk.
-    cells: HashMap<BagId, SpilledBag>,
+    cells: HashMap<CellId, SpilledBag>,
     /// Bytes written so far.
     spilled_bytes: u64,
     /// When a cleared bag's parts are deleted (by run).
@@ -159,18 +159,18 @@ impl BagSpill {
     }
 
     /// Whether bag `id` has parts on disk.
-    pub(super) fn contains(&self, id: &BagId) -> bool {
+    pub(super) fn contains(&self, id: &CellId) -> bool {
         self.cells.contains_key(id)
     }
 
     /// How many parts of bag `id` are on disk (they come before its chunks
     /// in memory).
-    pub(super) fn parts(&self, id: &BagId) -> usize {
+    pub(super) fn parts(&self, id: &CellId) -> usize {
         self.cells.get(id).map_or(0, |c| c.parts as usize)
     }
 
     /// The bags with parts on disk.
-    pub(super) fn cells(&self) -> impl Iterator<Item = &BagId> {
+    pub(super) fn cells(&self) -> impl Iterator<Item = &CellId> {
         self.cells.keys()
     }
 
@@ -188,7 +188,7 @@ impl BagSpill {
     /// already has there, and empties `bags`.
     pub(super) fn spill(
         &mut self,
-        bags: &mut HashMap<BagId, Vec<Bytes>>,
+        bags: &mut HashMap<CellId, Vec<Bytes>>,
     ) -> Result<(), SpillError> {
         let generation = self.generation;
         self.generation = generation
@@ -239,7 +239,7 @@ impl BagSpill {
     }
 
     /// Part `part` of bag `id`.
-    pub(super) fn read_part(&self, id: &BagId, part: usize) -> Result<Bytes, SpillError> {
+    pub(super) fn read_part(&self, id: &CellId, part: usize) -> Result<Bytes, SpillError> {
         let missing = || SpillError(format!("part {part} of a spilled bag is missing"));
         let cell = self.cells.get(id).ok_or_else(missing)?;
         let part = u32::try_from(part).map_err(|_| missing())?;
@@ -262,7 +262,7 @@ impl BagSpill {
     /// Every part of bag `id`, in order (for a checkpoint that copies
     /// them): one scan per spill it was in, whose part numbers sort as
     /// written.
-    pub(super) fn read_bag(&self, id: &BagId) -> Result<Vec<Bytes>, SpillError> {
+    pub(super) fn read_bag(&self, id: &CellId) -> Result<Vec<Bytes>, SpillError> {
         let Some(cell) = self.cells.get(id) else {
             return Ok(Vec::new());
         };
@@ -285,7 +285,7 @@ impl BagSpill {
     /// Every bag with parts on disk, with those parts in order: what a
     /// checkpoint that copies them takes, or what memory takes back when
     /// spilling stops.
-    pub(super) fn read_back(&self) -> Result<Vec<(BagId, Vec<Bytes>)>, SpillError> {
+    pub(super) fn read_back(&self) -> Result<Vec<(CellId, Vec<Bytes>)>, SpillError> {
         self.cells
             .keys()
             .map(|id| Ok((id.clone(), self.read_bag(id)?)))
@@ -294,7 +294,7 @@ impl BagSpill {
 
     /// Forgets bag `id`'s parts (it was cleared): at once on scratch; on a
     /// durable store once no checkpoint that may be restored names them.
-    pub(super) fn forget(&mut self, id: &BagId) -> Result<(), SpillError> {
+    pub(super) fn forget(&mut self, id: &CellId) -> Result<(), SpillError> {
         let Some(cell) = self.cells.remove(id) else {
             return Ok(());
         };
@@ -306,7 +306,7 @@ impl BagSpill {
 
     /// Forgets the parts of every bag in a window of `gone`.
     pub(super) fn forget_windows(&mut self, gone: &HashSet<Bytes>) -> Result<(), SpillError> {
-        let doomed: Vec<BagId> = self
+        let doomed: Vec<CellId> = self
             .cells
             .keys()
             .filter(|id| gone.contains(&id.window))
@@ -324,7 +324,7 @@ impl BagSpill {
     /// ([`Self::checkpoint_durable`]).
     pub(super) fn checkpoint(&mut self, number: u64) -> SpilledBags {
         let owed = self.reclaim.checkpoint(number);
-        let mut cells: Vec<(BagId, SpilledBag)> = self
+        let mut cells: Vec<(CellId, SpilledBag)> = self
             .cells
             .iter()
             .map(|(id, cell)| (id.clone(), cell.clone()))

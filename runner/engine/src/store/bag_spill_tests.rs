@@ -11,7 +11,7 @@ use proptest::prelude::*;
 
 use super::{BundleOverlay, SideInputStore, UserStateStore};
 use crate::spill::{Entries, MemorySpillStore, SpillError, SpillStore};
-use crate::state::{BundleState, StateKey};
+use crate::state::{BundleState, CellId, StateKey};
 
 fn read_all(o: &BundleOverlay, key: &StateKey) -> Vec<u8> {
     let mut out = Vec::new();
@@ -74,12 +74,12 @@ type Taken = (
 );
 
 fn bag_key(window: u8, key: u8) -> StateKey {
-    StateKey::BagUserState {
+    StateKey::BagUserState(CellId {
         transform_id: "t".into(),
         state_id: "bag".into(),
         window: Bytes::from(vec![b'w', window]),
         key: Bytes::from(vec![1, b'a' + key]),
-    }
+    })
 }
 
 /// A stage's bags, spilling past `limit` bytes to `store`.

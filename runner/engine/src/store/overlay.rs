@@ -9,14 +9,14 @@ use parking_lot::Mutex;
 
 use super::side_inputs::SideInputStore;
 use super::user_state::{
-    remove_range, required_range, user_key, BagId, BagWrite, CellId, Multimap, OrderedList,
-    OrderedListOp, UserKey, UserStateStore, UserStateWrites,
+    remove_range, required_range, user_key, BagWrite, Multimap, OrderedList, OrderedListOp,
+    UserKey, UserStateStore, UserStateWrites,
 };
 use crate::coder::Coder;
 use crate::spill::SpillStore;
 use crate::state::{
-    decode_ordered_entries, encode_ordered_entry, BundleState, SortKeyRange, StateError, StateKey,
-    StatePage,
+    decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateError,
+    StateKey, StatePage,
 };
 
 /// Maximum bytes returned in one page of a state read (unless one unit —
@@ -78,7 +78,7 @@ impl BundleOverlay {
     /// appends (unless the bundle cleared it), and the continuation token
     /// is the next chunk's index — which a spill between two pages does
     /// not move (see `bag_spill`).
-    fn bag_page(&self, id: &BagId, start: usize) -> Result<StatePage, StateError> {
+    fn bag_page(&self, id: &CellId, start: usize) -> Result<StatePage, StateError> {
         let write = self.writes.lock().bags.get(id).cloned();
         let cleared = write.as_ref().is_some_and(|w| w.cleared);
         let appended = write.map(|w| w.appended).unwrap_or_default();
@@ -207,7 +207,7 @@ impl BundleOverlay {
                     .user_state
                     .lock()
                     .multimap_value_coders
-                    .get(&(id.transform_id.clone(), id.state_id.clone()))
+                    .get(&(id.transform_id.to_string(), id.state_id.clone()))
                     .cloned()
                     .ok_or_else(|| {
                         StateError(format!(

@@ -82,44 +82,35 @@ impl SideInputStore {
 
     pub(super) fn read(&self, key: &StateKey) -> Result<Vec<Bytes>, StateError> {
         // The side input's window, once the side input is complete.
-        let complete = |t: &String, s: &String, w: &Bytes| {
-            let side_input = SideInputId::new(t.clone(), s.clone());
-            if self.ready.contains(&side_input) {
+        let complete = |side_input: &SideInputId, window: &Bytes| {
+            if self.ready.contains(side_input) {
                 Ok(SideInputWindow {
-                    side_input,
-                    window: w.clone(),
+                    side_input: side_input.clone(),
+                    window: window.clone(),
                 })
             } else {
                 Err(StateError(format!(
-                    "side input '{s}' of transform '{t}' was read before it was complete"
+                    "side input '{}' of transform '{}' was read before it was complete",
+                    side_input.tag, side_input.transform_id
                 )))
             }
         };
         match key {
-            StateKey::IterableSideInput {
-                transform_id,
-                side_input_id,
-                window,
-            } => {
-                let at = complete(transform_id, side_input_id, window)?;
+            StateKey::IterableSideInput { side_input, window } => {
+                let at = complete(side_input, window)?;
                 Ok(self.iterable.get(&at).cloned().unwrap_or_default())
             }
             StateKey::MultimapSideInput {
-                transform_id,
-                side_input_id,
+                side_input,
                 window,
                 key,
             } => {
-                let at = complete(transform_id, side_input_id, window)?;
+                let at = complete(side_input, window)?;
                 let values = self.multimap.get(&at).and_then(|(_, v)| v.get(key));
                 Ok(values.cloned().unwrap_or_default())
             }
-            StateKey::MultimapKeysSideInput {
-                transform_id,
-                side_input_id,
-                window,
-            } => {
-                let at = complete(transform_id, side_input_id, window)?;
+            StateKey::MultimapKeysSideInput { side_input, window } => {
+                let at = complete(side_input, window)?;
                 let keys = self.multimap.get(&at).map(|(keys, _)| keys.clone());
                 Ok(keys.unwrap_or_default())
             }

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 use crate::coder::Coder;
 use crate::state::{
-    decode_ordered_entries, encode_ordered_entry, BundleState, SortKeyRange, StateKey,
+    decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateKey,
 };
 
 use super::overlay::*;
@@ -15,20 +15,22 @@ use super::side_inputs::*;
 use super::user_state::*;
 
 fn bag(key: &str) -> StateKey {
-    StateKey::BagUserState {
+    StateKey::BagUserState(CellId {
         transform_id: "t".into(),
         state_id: "s".into(),
         window: Bytes::new(),
         key: Bytes::copy_from_slice(key.as_bytes()),
-    }
+    })
 }
 
 fn ordered(range: Option<(i64, i64)>) -> StateKey {
     StateKey::OrderedListUserState {
-        transform_id: "t".into(),
-        state_id: "ol".into(),
-        window: Bytes::from_static(b"w"),
-        key: Bytes::from_static(b"k"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "ol".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+        },
         range: range.map(|(start, end)| SortKeyRange { start, end }),
     }
 }
@@ -39,30 +41,32 @@ fn all() -> StateKey {
 
 fn mm_values(map_key: &str) -> StateKey {
     StateKey::MultimapUserState {
-        transform_id: "t".into(),
-        state_id: "mm".into(),
-        window: Bytes::from_static(b"w"),
-        key: Bytes::from_static(b"k"),
+        cell: CellId {
+            transform_id: "t".into(),
+            state_id: "mm".into(),
+            window: Bytes::from_static(b"w"),
+            key: Bytes::from_static(b"k"),
+        },
         map_key: nested(map_key),
     }
 }
 
 fn mm_keys() -> StateKey {
-    StateKey::MultimapKeysUserState {
+    StateKey::MultimapKeysUserState(CellId {
         transform_id: "t".into(),
         state_id: "mm".into(),
         window: Bytes::from_static(b"w"),
         key: Bytes::from_static(b"k"),
-    }
+    })
 }
 
 fn mm_entries() -> StateKey {
-    StateKey::MultimapEntriesUserState {
+    StateKey::MultimapEntriesUserState(CellId {
         transform_id: "t".into(),
         state_id: "mm".into(),
         window: Bytes::from_static(b"w"),
         key: Bytes::from_static(b"k"),
-    }
+    })
 }
 
 /// A string as Beam's string coder nests it: varint length, bytes.
@@ -146,8 +150,7 @@ fn side_inputs_must_be_ready() {
     );
     let o = BundleOverlay::new(si.clone(), Arc::default());
     let key = StateKey::IterableSideInput {
-        transform_id: "t".into(),
-        side_input_id: "s".into(),
+        side_input: SideInputId::new("t", "s"),
         window: Bytes::new(),
     };
     assert!(o.get(&key, None).is_err());
@@ -387,24 +390,28 @@ fn retain_windows_drops_every_kind_of_state() {
     let o = BundleOverlay::new(si.clone(), us.clone());
     let in_window = |w: &'static [u8]| {
         [
-            StateKey::BagUserState {
+            StateKey::BagUserState(CellId {
                 transform_id: "t".into(),
                 state_id: "s".into(),
                 window: Bytes::from_static(w),
                 key: Bytes::new(),
-            },
+            }),
             StateKey::OrderedListUserState {
-                transform_id: "t".into(),
-                state_id: "ol".into(),
-                window: Bytes::from_static(w),
-                key: Bytes::new(),
+                cell: CellId {
+                    transform_id: "t".into(),
+                    state_id: "ol".into(),
+                    window: Bytes::from_static(w),
+                    key: Bytes::new(),
+                },
                 range: None,
             },
             StateKey::MultimapUserState {
-                transform_id: "t".into(),
-                state_id: "mm".into(),
-                window: Bytes::from_static(w),
-                key: Bytes::new(),
+                cell: CellId {
+                    transform_id: "t".into(),
+                    state_id: "mm".into(),
+                    window: Bytes::from_static(w),
+                    key: Bytes::new(),
+                },
                 map_key: nested("m"),
             },
         ]
@@ -429,11 +436,13 @@ fn retain_windows_drops_every_kind_of_state() {
 #[test]
 fn expiry_asks_only_about_windows_that_have_state() {
     let (si, us) = stores();
-    let bag = |w: &'static [u8], key: &'static str| StateKey::BagUserState {
-        transform_id: "t".into(),
-        state_id: "s".into(),
-        window: Bytes::from_static(w),
-        key: nested(key),
+    let bag = |w: &'static [u8], key: &'static str| {
+        StateKey::BagUserState(CellId {
+            transform_id: "t".into(),
+            state_id: "s".into(),
+            window: Bytes::from_static(w),
+            key: nested(key),
+        })
     };
     let o = BundleOverlay::new(si.clone(), us.clone());
     for (w, key) in [(&b"a"[..], "k"), (b"a", "j"), (b"b", "k"), (b"b", "j")] {

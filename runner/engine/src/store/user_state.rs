@@ -13,45 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::bag_spill::{BagSpill, SpilledBags};
 use crate::coder::Coder;
 use crate::spill::{SpillError, SpillStore};
-use crate::state::{SortKeyRange, StateError, StateKey};
-
-/// Identifies one cell of user state of any kind: the state API addresses
-/// user state by these four, and the store keeps a map of cells by them.
-///
-/// The fields are in this order on purpose: cells sort (a checkpoint
-/// writes them sorted) by transform, state id, window, then key, and a
-/// checkpoint encodes a cell as these four in this order, as it did when
-/// a cell was a tuple of them.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct CellId {
-    /// The id of the transform that declared the state (in its stage's
-    /// bundle descriptor).
-    pub transform_id: String,
-    /// The state's id within that transform.
-    pub state_id: String,
-    /// The window the state is scoped to, encoded in the window coder:
-    /// when the window expires, its cells go.
-    pub window: Bytes,
-    /// The user key the state is scoped to, nested-encoded in the key
-    /// coder.
-    pub key: Bytes,
-}
-
-impl CellId {
-    /// The cell a state request addresses (copying its parts).
-    pub fn new(transform_id: &str, state_id: &str, window: &Bytes, key: &Bytes) -> Self {
-        CellId {
-            transform_id: transform_id.to_string(),
-            state_id: state_id.to_string(),
-            window: window.clone(),
-            key: key.clone(),
-        }
-    }
-}
-
-/// Identifies one bag of user state (a [`CellId`]; the name predates the
-/// other kinds of user state).
-pub type BagId = CellId;
+use crate::state::{CellId, SortKeyRange, StateError, StateKey};
 
 /// Committed ordered list: values by sort key, equal keys in append order.
 pub(super) type OrderedList = BTreeMap<i64, Vec<Bytes>>;
@@ -73,38 +35,15 @@ pub(super) enum UserKey<'a> {
 /// `None` for side-input keys.
 pub(super) fn user_key(key: &StateKey) -> Option<UserKey<'_>> {
     Some(match key {
-        StateKey::BagUserState {
-            transform_id,
-            state_id,
-            window,
-            key,
-        } => UserKey::Bag(CellId::new(transform_id, state_id, window, key)),
-        StateKey::OrderedListUserState {
-            transform_id,
-            state_id,
-            window,
-            key,
-            range,
-        } => UserKey::OrderedList(CellId::new(transform_id, state_id, window, key), *range),
-        StateKey::MultimapUserState {
-            transform_id,
-            state_id,
-            window,
-            key,
-            map_key,
-        } => UserKey::MultimapValues(CellId::new(transform_id, state_id, window, key), map_key),
-        StateKey::MultimapKeysUserState {
-            transform_id,
-            state_id,
-            window,
-            key,
-        } => UserKey::MultimapKeys(CellId::new(transform_id, state_id, window, key)),
-        StateKey::MultimapEntriesUserState {
-            transform_id,
-            state_id,
-            window,
-            key,
-        } => UserKey::MultimapEntries(CellId::new(transform_id, state_id, window, key)),
+        StateKey::BagUserState(cell) => UserKey::Bag(cell.clone()),
+        StateKey::OrderedListUserState { cell, range } => {
+            UserKey::OrderedList(cell.clone(), *range)
+        }
+        StateKey::MultimapUserState { cell, map_key } => {
+            UserKey::MultimapValues(cell.clone(), map_key)
+        }
+        StateKey::MultimapKeysUserState(cell) => UserKey::MultimapKeys(cell.clone()),
+        StateKey::MultimapEntriesUserState(cell) => UserKey::MultimapEntries(cell.clone()),
         StateKey::IterableSideInput { .. }
         | StateKey::MultimapSideInput { .. }
         | StateKey::MultimapKeysSideInput { .. }
@@ -144,7 +83,7 @@ pub(super) fn remove_range(list: &mut OrderedList, range: SortKeyRange) {
 /// What a checkpoint keeps of a [`UserStateStore`], in a stable order.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct UserStateSnapshot {
-    bags: Vec<(BagId, Vec<Bytes>)>,
+    bags: Vec<(CellId, Vec<Bytes>)>,
     ordered_lists: Vec<(CellId, OrderedList)>,
     multimaps: Vec<(CellId, Multimap)>,
 }
@@ -277,7 +216,7 @@ fn count_cell(windows: &mut HashMap<Bytes, usize>, window: &Bytes, existed: bool
 #[derive(Debug, Default)]
 pub struct UserStateStore {
     /// Bags' chunks in memory (after their parts on disk, if any).
-    pub(super) bags: HashMap<BagId, Vec<Bytes>>,
+    pub(super) bags: HashMap<CellId, Vec<Bytes>>,
     /// Bytes of those chunks.
     pub(super) bag_bytes: usize,
     /// Where bags go past the stage's share of memory, if anywhere.
@@ -364,7 +303,7 @@ impl UserStateStore {
         self.bag_spill.as_ref().map_or(0, BagSpill::spilled_bytes)
     }
 
-    pub(super) fn bag_on_disk(&self, id: &BagId) -> bool {
+    pub(super) fn bag_on_disk(&self, id: &CellId) -> bool {
         self.bag_spill.as_ref().is_some_and(|s| s.contains(id))
     }
 
@@ -541,7 +480,7 @@ pub struct MultimapWrite {
 #[derive(Debug, Default, Clone)]
 pub struct UserStateWrites {
     /// Writes to bags.
-    pub bags: HashMap<BagId, BagWrite>,
+    pub bags: HashMap<CellId, BagWrite>,
     /// Writes to ordered lists.
     pub ordered_lists: HashMap<CellId, OrderedListWrite>,
     /// Writes to multimaps.
