@@ -311,7 +311,7 @@ pub struct ServeArgs {
     /// one Python pool per node of a Ray cluster. Environments these pools
     /// serve start their workers there; others start as before.
     #[arg(long = "worker_pool")]
-    pub worker_pool: Vec<crate::pools::PoolSpec>,
+    pub worker_pool: Vec<refract_pools::PoolSpec>,
     /// A file (mode 600) holding the token `refract worker-pool
     /// --token_file` was given: every call to a worker pool carries it.
     /// Without it, the token in `$REFRACT_POOL_TOKEN` if that is set.

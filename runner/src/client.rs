@@ -17,7 +17,7 @@ use refract_proto::job_api::{
 use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
-use crate::job_api_text::{message_level, state_name};
+use refract_observability::job_api_text::{message_level, state_name};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
@@ -319,7 +319,7 @@ pub async fn savepoint(args: SavepointArgs) -> Result<()> {
     let request = format!(
         "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\n{}: 1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         args.ui_endpoint,
-        crate::ui::guard::ACTION_HEADER,
+        refract_observability::ui::guard::ACTION_HEADER,
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;

@@ -28,7 +28,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use crate::insights::JobView;
+use refract_observability::insights::JobView;
 
 /// Why durable job state could not be read or written.
 #[derive(Debug, Error)]
@@ -93,7 +93,7 @@ impl Durability {
     /// Opens the store under `state_dir` (created if missing); jobs will
     /// checkpoint every `interval`.
     pub fn open(state_dir: &Path, interval: Duration) -> Result<Self, DurabilityError> {
-        crate::private_dir::create_private_dir_all(state_dir)
+        refract_private_dirs::create_private_dir_all(state_dir)
             .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
         Ok(Durability {
             store: Arc::new(Store::open(&state_dir.join("db"))?),
@@ -211,7 +211,7 @@ impl Durability {
     /// messages — to `STATE_DIR/history/JOB.json`, where it stays readable
     /// after the job leaves the server's memory.
     pub fn write_history(&self, job: &Job) -> std::io::Result<PathBuf> {
-        crate::private_dir::create_private_dir_all(&self.history_dir)?;
+        refract_private_dirs::create_private_dir_all(&self.history_dir)?;
         let messages: Vec<serde_json::Value> = job
             .history(None, usize::MAX, &|_| true)
             .entries
@@ -220,13 +220,13 @@ impl Durability {
                 refract_jobservice::JobEvent::Message(m) => serde_json::json!({
                     "seq": seq,
                     "time": m.time,
-                    "level": crate::job_api_text::message_level(m.importance),
+                    "level": refract_observability::job_api_text::message_level(m.importance),
                     "text": m.message_text,
                 }),
                 refract_jobservice::JobEvent::State(s) => serde_json::json!({
                     "seq": seq,
                     "level": "STATE",
-                    "text": crate::job_api_text::state_name(s.state),
+                    "text": refract_observability::job_api_text::state_name(s.state),
                 }),
             })
             .collect();

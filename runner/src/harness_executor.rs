@@ -34,9 +34,10 @@ use tracing::{debug, warn};
 
 use crate::output_spill::OutputSpill;
 use crate::split_policy::SplitPolicy;
-use crate::stalled_bundles::{BundleWatch, StallPolicy, StalledBundles};
-use crate::telemetry::{BundleRecord, BundleRecorder};
+use crate::stall_watch::{BundleWatch, StallPolicy};
 use crate::worker_set::WorkerSet;
+use refract_observability::stalled_bundles::StalledBundles;
+use refract_observability::telemetry::{BundleRecord, BundleRecorder};
 
 use crate::bundle_finalizations::BundleFinalizations;
 use crate::state_bridge::StateBridge;
@@ -253,7 +254,7 @@ impl HarnessExecutor {
 
     /// Follow each bundle's progress reports, list those that make none
     /// for `policy`'s timeout in `stalled`, and tell the job (failing them
-    /// if the policy says so; see [`crate::stalled_bundles`]).
+    /// if the policy says so; see [`refract_observability::stalled_bundles`]).
     pub fn with_stall_watch(mut self, policy: StallPolicy, stalled: Arc<StalledBundles>) -> Self {
         self.stall = Some((policy, stalled));
         self

@@ -34,14 +34,14 @@ use tracing::{error, info, warn, Instrument};
 
 use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
-use crate::insights::Insights;
 use crate::memory::MemoryLedger;
 use crate::options::option_bool;
-use crate::pools::WorkerPools;
-use crate::savepoints::SavepointDir;
-use crate::stalled_bundles::StallPolicy;
-use crate::telemetry::{BundleRecorder, OtlpExport};
+use crate::stall_watch::StallPolicy;
 use job_options::{JobOptions, StateStoreChoice};
+use refract_observability::insights::Insights;
+use refract_observability::telemetry::{BundleRecorder, OtlpExport};
+use refract_pools::WorkerPools;
+use refract_store::savepoint_dir::SavepointDir;
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
 use workers::WorkerCounts;
@@ -209,7 +209,7 @@ impl RefractRunner {
     }
 
     /// Start the workers of environments that `pools` serve on those
-    /// pools (see [`crate::pools`]).
+    /// pools (see [`refract_pools`]).
     pub fn with_pools(mut self, pools: Option<Arc<WorkerPools>>) -> Self {
         self.pools = pools;
         self
@@ -371,7 +371,7 @@ impl JobRunner for RefractRunner {
                  to use remote worker pools"
             ));
         };
-        let spec: crate::pools::PoolSpec = spec.parse().map_err(|e| format!("{e}"))?;
+        let spec: refract_pools::PoolSpec = spec.parse().map_err(|e| format!("{e}"))?;
         pools.add(spec).map_err(|e| e.to_string())
     }
 

@@ -111,7 +111,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         .or_else(|| std::env::var("REFRACT_PYTHON").ok())
         .unwrap_or_else(|| "python3".to_string());
     // Kept until the pipeline is done: its workers boot from here.
-    let boot_dir = crate::private_dir::private_temp_dir("refract-run-")
+    let boot_dir = refract_private_dirs::private_temp_dir("refract-run-")
         .context("creating a directory for the workers' boot program")?;
     let import_path = worker_import_path(&args.pipeline, std::env::var_os("PYTHONPATH"));
     let defaults = worker_defaults(&args.pipeline_args, &python, &boot_dir.path(), &import_path)?;

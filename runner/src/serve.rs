@@ -15,17 +15,17 @@ use tracing::info;
 use crate::activity::Activity;
 use crate::cli::{parse_go_duration, ServeArgs};
 use crate::durability::Durability;
-use crate::insights::Insights;
 use crate::job_runner::RefractRunner;
 use crate::memory::MemoryLedger;
-use crate::pools::WorkerPools;
-use crate::private_dir::{private_temp_dir, TempDirGuard};
-use crate::savepoints::SavepointDir;
 use crate::spill_store::RocksSpillStore;
-use crate::stalled_bundles::StallPolicy;
-use crate::telemetry::{self, OtlpExport};
-use crate::ui::guard::AllowedHosts;
-use crate::ui::UiSettings;
+use crate::stall_watch::StallPolicy;
+use refract_observability::insights::Insights;
+use refract_observability::telemetry::{self, OtlpExport};
+use refract_observability::ui::guard::AllowedHosts;
+use refract_observability::ui::UiSettings;
+use refract_pools::WorkerPools;
+use refract_private_dirs::{private_temp_dir, TempDirGuard};
+use refract_store::savepoint_dir::SavepointDir;
 
 /// A server started by [`start`], running until [`Server::stop`] or its
 /// `shutdown` future resolves.
@@ -111,7 +111,7 @@ pub async fn start(
     // Servers killed without a chance to clean up left their staging and
     // spill directories behind; remove those in the background.
     tokio::task::spawn_blocking(|| {
-        let swept = crate::private_dir::sweep_abandoned_temp_dirs(&std::env::temp_dir());
+        let swept = refract_private_dirs::sweep_abandoned_temp_dirs(&std::env::temp_dir());
         if swept.directories > 0 {
             info!(
                 directories = swept.directories,
@@ -126,7 +126,7 @@ pub async fn start(
         "staging",
     )
     .context("creating the staging directory")?;
-    crate::private_dir::create_private_dir_all(&staging_dir)
+    refract_private_dirs::create_private_dir_all(&staging_dir)
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
     let fn_api = fn_server.url();
     info!(job_endpoint = %job_endpoint, %fn_api, "refract is serving");
@@ -326,7 +326,8 @@ async fn start_ui(
             let _ = stop.await;
         };
         if let Err(error) =
-            crate::ui::serve(listener, &job_endpoint, insights, settings, stopped).await
+            refract_observability::ui::serve(listener, &job_endpoint, insights, settings, stopped)
+                .await
         {
             tracing::warn!(%error, "the web UI stopped");
         }

@@ -28,6 +28,7 @@ use futures::future::BoxFuture;
 use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::executor::ExecError;
 use refract_engine::plan::StageIdx;
+use refract_observability::insights::ConnectedWorkers;
 use refract_sdk_harness::{HarnessError, Worker};
 use tracing::warn;
 
@@ -368,6 +369,15 @@ fn least_loaded(running: &[usize], start: usize) -> usize {
         .map(|i| (start + i) % n)
         .min_by_key(|&i| running.get(i).copied().unwrap_or(usize::MAX))
         .unwrap_or(0)
+}
+
+impl ConnectedWorkers for WorkerSet {
+    fn connected(&self) -> usize {
+        self.workers()
+            .iter()
+            .filter(|w| w.disconnected().is_none())
+            .count()
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use refract_proto::urns;
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::insights::Insights;
+use refract_observability::insights::Insights;
 
 /// Longest a test waits for anything.
 const WAIT: Duration = Duration::from_secs(20);

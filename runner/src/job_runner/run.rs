@@ -23,14 +23,14 @@ use super::workers::WorkerStart;
 use super::JobError;
 use crate::durability::Durability;
 use crate::harness_executor::HarnessExecutor;
-use crate::insights::JobView;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::output_spill::OutputSpill;
-use crate::pools::WorkerPools;
-use crate::savepoints::SavepointDir;
-use crate::stalled_bundles::StallPolicy;
-use crate::telemetry::BundleRecorder;
+use crate::stall_watch::StallPolicy;
 use crate::worker_set::WorkerSet;
+use refract_observability::insights::JobView;
+use refract_observability::telemetry::BundleRecorder;
+use refract_pools::WorkerPools;
+use refract_store::savepoint_dir::SavepointDir;
 
 /// How long a finished job waits for its bundle finalization calls (each
 /// is one round trip to a worker that is still up).

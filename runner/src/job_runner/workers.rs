@@ -11,10 +11,10 @@ use refract_proto::prost_types;
 use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 
 use super::logs::{JobArtifacts, JobLogs, TransformOrigins};
-use crate::insights::JobView;
 use crate::options::option_count;
-use crate::pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
 use crate::worker_set::{BundlesPerWorker, Target, WorkerFactory, WorkerSet};
+use refract_observability::insights::JobView;
+use refract_pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
 
 /// How long starting a pooled worker waits for a live pool.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);

@@ -39,6 +39,7 @@
 mod kv;
 mod manifest;
 pub mod savepoint;
+pub mod savepoint_dir;
 mod spill;
 mod spill_reclaim;
 
@@ -53,6 +54,7 @@ use thiserror::Error;
 pub use kv::{Deletion, Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
 pub use savepoint::{read_savepoint, write_savepoint};
+pub use savepoint_dir::SavepointDir;
 pub use spill::SpillDb;
 
 /// Why the store failed.

@@ -51,13 +51,13 @@ use serde_json::{json, Value};
 use crate::insights::{CheckpointSummary, Insights};
 use crate::job_api_text::state_name;
 use crate::latency_histogram::LatencyHistogram;
-use crate::savepoints::SavepointDir;
 use guard::AllowedHosts;
 use prometheus::JobSnapshot;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_jobservice::JobEvent;
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
+use refract_store::SavepointDir;
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("ui/index.html");

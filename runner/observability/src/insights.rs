@@ -22,7 +22,13 @@ use crate::bundle_failures::{BundleFailures, FailureGroup};
 use crate::latency_histogram::LatencyHistogram;
 use crate::stage_history::{SeriesPoint, StageHistory, SAMPLE_EVERY};
 use crate::stalled_bundles::StalledBundles;
-use crate::worker_set::WorkerSet;
+
+/// A set of a job's SDK workers, as the job's view counts them: the runner
+/// owns the workers, and this crate only asks how many are connected.
+pub trait ConnectedWorkers: Send + Sync {
+    /// How many of the set's workers have a live connection now.
+    fn connected(&self) -> usize;
+}
 
 /// What the runner shows of one job.
 pub struct JobView {
@@ -31,7 +37,7 @@ pub struct JobView {
     /// Bundle durations per stage name.
     latency: Mutex<BTreeMap<String, LatencyHistogram>>,
     /// The job's SDK workers while it runs (emptied when it ends).
-    workers: Mutex<Vec<Arc<WorkerSet>>>,
+    workers: Mutex<Vec<Arc<dyn ConnectedWorkers>>>,
     /// Its checkpoints so far.
     checkpoints: Mutex<CheckpointSummary>,
     /// Where to ask the running engine for a savepoint.
@@ -210,7 +216,7 @@ impl JobView {
 
     /// Lets [`Self::savepoint`] reach the job's engine (`None` when it
     /// stops).
-    pub(crate) fn set_savepoint_channel(&self, tx: Option<mpsc::Sender<SavepointRequest>>) {
+    pub fn set_savepoint_channel(&self, tx: Option<mpsc::Sender<SavepointRequest>>) {
         *self.savepoints.lock() = tx;
     }
 
@@ -248,23 +254,18 @@ impl JobView {
     }
 
     /// Tracks the SDK workers of one of the job's environments.
-    pub(crate) fn add_workers(&self, set: Arc<WorkerSet>) {
+    pub fn add_workers(&self, set: Arc<dyn ConnectedWorkers>) {
         self.workers.lock().push(set);
     }
 
     /// The job's workers are gone (it ended).
-    pub(crate) fn clear_workers(&self) {
+    pub fn clear_workers(&self) {
         self.workers.lock().clear();
     }
 
     /// SDK workers of the job whose connection is up.
     pub fn live_workers(&self) -> usize {
-        self.workers
-            .lock()
-            .iter()
-            .flat_map(|set| set.workers())
-            .filter(|w| w.disconnected().is_none())
-            .count()
+        self.workers.lock().iter().map(|set| set.connected()).sum()
     }
 }
 

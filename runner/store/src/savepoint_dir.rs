@@ -41,7 +41,7 @@ impl SavepointDir {
     /// Blocks on the file system: call it off the async runtime.
     pub fn read(&self, requested: &str) -> Result<Vec<(String, bytes::Bytes)>, String> {
         let path = self.resolve(requested, "started from")?;
-        refract_store::read_savepoint(&path, self.max_read_bytes).map_err(|e| e.to_string())
+        crate::read_savepoint(&path, self.max_read_bytes).map_err(|e| e.to_string())
     }
 
     /// Where savepoints go unless `--savepoint_dir` says: beside the
@@ -70,7 +70,7 @@ impl SavepointDir {
     /// name in the directory, or an absolute path whose directory is this
     /// one. Anything else is refused with the reason. That nothing is at
     /// the path yet is checked when the file is created
-    /// (`refract_store::write_savepoint`).
+    /// (`crate::write_savepoint`).
     pub fn target(&self, requested: &str) -> Result<PathBuf, String> {
         self.resolve(requested, "written")
     }
@@ -79,7 +79,7 @@ impl SavepointDir {
     /// not; `use_` says what savepoints are there ("written").
     fn resolve(&self, requested: &str, use_: &str) -> Result<PathBuf, String> {
         if !self.dir.exists() {
-            crate::private_dir::create_private_dir_all(&self.dir).map_err(|e| {
+            refract_private_dirs::create_private_dir_all(&self.dir).map_err(|e| {
                 format!(
                     "cannot create the savepoint directory {}: {e}",
                     self.dir.display()
@@ -166,7 +166,7 @@ mod tests {
         let dir = SavepointDir::new(base.path().join("savepoints"));
         let target = dir.target("job.sp").expect("a target");
         let parts = vec![("engine".to_string(), bytes::Bytes::from_static(b"e"))];
-        let size = refract_store::write_savepoint(&target, &parts).expect("written");
+        let size = crate::write_savepoint(&target, &parts).expect("written");
         assert_eq!(dir.read("job.sp"), Ok(parts.clone()));
         assert_eq!(dir.read(&target.to_string_lossy()), Ok(parts));
         // Outside the directory, however the path is written.

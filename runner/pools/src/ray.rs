@@ -68,7 +68,7 @@ pub(super) async fn follow(
     python: PathBuf,
     mut stop: watch::Receiver<bool>,
 ) {
-    let script = match crate::private_dir::private_temp_dir("refract-ray-") {
+    let script = match refract_private_dirs::private_temp_dir("refract-ray-") {
         Ok(dir) => {
             let path = dir.path().join("ray_pools.py");
             match std::fs::write(&path, DRIVER) {

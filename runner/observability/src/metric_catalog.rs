@@ -523,7 +523,8 @@ mod tests {
     use super::*;
 
     /// Where the generated table sits in `docs/operations.md`.
-    const BEGIN: &str = "<!-- metric catalog: generated from runner/src/metric_catalog.rs -->\n";
+    const BEGIN: &str =
+        "<!-- metric catalog: generated from runner/observability/src/metric_catalog.rs -->\n";
     const END: &str = "<!-- end of metric catalog -->";
 
     #[test]
@@ -562,11 +563,12 @@ mod tests {
     }
 
     /// `docs/operations.md` shows the catalog as it is;
-    /// `REFRACT_BLESS=1 cargo test -p refract --lib metric_catalog`
+    /// `REFRACT_BLESS=1 cargo test -p refract-observability --lib metric_catalog`
     /// rewrites it after a change here.
     #[test]
     fn the_operations_guide_lists_the_catalog() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md");
         let doc = std::fs::read_to_string(&path).expect("docs/operations.md");
         let start = doc.find(BEGIN).expect("the catalog's begin marker") + BEGIN.len();
         let end = start + doc[start..].find(END).expect("the catalog's end marker");
@@ -580,7 +582,7 @@ mod tests {
             return;
         }
         panic!(
-            "docs/operations.md's metric table is out of date; run\n  REFRACT_BLESS=1 cargo test -p refract --lib metric_catalog\nThe table should be:\n{table}"
+            "docs/operations.md's metric table is out of date; run\n  REFRACT_BLESS=1 cargo test -p refract-observability --lib metric_catalog\nThe table should be:\n{table}"
         );
     }
 }

@@ -1,5 +1,5 @@
 //! Bundles that stop making progress: found from the SDK's progress
-//! reports, listed in the UI, told in the job's messages, and optionally
+//! reports, listed in the UI (`refract_observability::stalled_bundles`), told in the job's messages, and optionally
 //! failed so that the engine retries them (`--bundle_stall_timeout`,
 //! `--fail_stalled_bundles`).
 //!
@@ -27,9 +27,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::{decode_int_metric, IntMetric, Job};
+use refract_observability::stalled_bundles::{StalledBundle, StalledBundles};
 use refract_proto::fn_api::{
     instruction_request, instruction_response, ProcessBundleProgressRequest,
 };
@@ -66,48 +66,6 @@ impl Default for StallPolicy {
             timeout: Self::DEFAULT_TIMEOUT,
             fail: false,
         }
-    }
-}
-
-/// A bundle that has made no progress for the stall timeout, as the UI
-/// lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StalledBundle {
-    /// The fused stage it runs.
-    pub stage: String,
-    /// Its instruction id.
-    pub bundle_id: String,
-    /// The worker running it.
-    pub worker: String,
-    /// When it last made progress, in ms since the epoch.
-    pub since_ms: i64,
-    /// The transform whose time grew while nothing else did, when the
-    /// SDK reports time per transform.
-    pub transform: Option<String>,
-}
-
-/// A job's stalled bundles, while they run.
-#[derive(Debug, Default)]
-pub struct StalledBundles {
-    by_bundle: Mutex<BTreeMap<String, StalledBundle>>,
-}
-
-impl StalledBundles {
-    /// The bundles stalled now, oldest stall first.
-    pub fn list(&self) -> Vec<StalledBundle> {
-        let mut out: Vec<StalledBundle> = self.by_bundle.lock().values().cloned().collect();
-        out.sort_by_key(|b| b.since_ms);
-        out
-    }
-
-    fn mark(&self, bundle: StalledBundle) {
-        self.by_bundle
-            .lock()
-            .insert(bundle.bundle_id.clone(), bundle);
-    }
-
-    fn clear(&self, bundle_id: &str) {
-        self.by_bundle.lock().remove(bundle_id);
     }
 }
 
@@ -369,24 +327,6 @@ mod tests {
         assert_eq!(busiest(&after, &after), None);
         // A malformed payload is no time at all.
         assert!(busy_ms(&[info(PROCESS_MSECS, "A", vec![0x80])]).is_empty());
-    }
-
-    #[test]
-    fn stalled_bundles_are_listed_oldest_first_until_cleared() {
-        let stalled = StalledBundles::default();
-        for (id, since_ms) in [("b2", 20), ("b1", 10)] {
-            stalled.mark(StalledBundle {
-                stage: "S".into(),
-                bundle_id: id.into(),
-                worker: "w".into(),
-                since_ms,
-                transform: None,
-            });
-        }
-        let ids: Vec<_> = stalled.list().into_iter().map(|b| b.bundle_id).collect();
-        assert_eq!(ids, ["b1", "b2"]);
-        stalled.clear("b1");
-        assert_eq!(stalled.list().len(), 1);
     }
 
     #[test]
