@@ -41,7 +41,7 @@ MAX_FUNCTION_LINES = 120
 LONG_FUNCTIONS = {
   'runner/translate/src/descriptor.rs:build': 240,
   'runner/translate/src/assemble.rs:assemble': 202,
-  'runner/src/harness_executor.rs:run_bundle': 191,
+  'runner/execution/src/harness_executor.rs:run_bundle': 191,
   'sdk-harness/src/collector.rs:response_kind': 190,
   'runner/src/serve.rs:start': 187,
   'runner/translate/src/merge.rs:window_merger': 156,

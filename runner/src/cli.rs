@@ -271,7 +271,7 @@ pub struct ServeArgs {
     pub savepoint_dir: Option<PathBuf>,
     /// The largest savepoint a job may start from (it is read into
     /// memory whole); a larger file fails the job at its start.
-    #[arg(long = "max_savepoint_bytes", default_value = "2g", value_parser = crate::memory::parse_byte_size)]
+    #[arg(long = "max_savepoint_bytes", default_value = "2g", value_parser = refract_execution::memory::parse_byte_size)]
     pub max_savepoint_bytes: usize,
     /// Exit after this long with no jobs (Go duration, e.g. `30s`, `5m`); 0 never.
     #[arg(long = "idle_shutdown_timeout", default_value = "0")]
@@ -382,22 +382,22 @@ pub struct ServeArgs {
     /// GroupByKey or a bag over its share spills to `--spill_dir`. Default:
     /// a quarter of the memory this process may use (the machine's, or its
     /// cgroup's limit when lower).
-    #[arg(long = "memory_budget", value_parser = crate::memory::parse_byte_size)]
+    #[arg(long = "memory_budget", value_parser = refract_execution::memory::parse_byte_size)]
     pub memory_budget: Option<usize>,
     /// The most of `--memory_budget` one job is granted (default: half of
     /// it). A job starting when less is left gets what is left, at least
     /// 4 MiB a stage, or waits (STARTING) until a job ends.
-    #[arg(long = "job_memory_budget", value_parser = crate::memory::parse_byte_size)]
+    #[arg(long = "job_memory_budget", value_parser = refract_execution::memory::parse_byte_size)]
     pub job_memory_budget: Option<usize>,
     /// The largest Job API request the server reads (a pipeline in
     /// `Prepare`, a chunk of a staged artifact): a larger one is refused
     /// (OUT_OF_RANGE, naming the limit) before it is decoded. Two are read at once
     /// at most, so this bounds what submissions make the server hold.
-    #[arg(long = "max_message_bytes", default_value = "128m", value_parser = crate::memory::parse_byte_size)]
+    #[arg(long = "max_message_bytes", default_value = "128m", value_parser = refract_execution::memory::parse_byte_size)]
     pub max_message_bytes: usize,
     /// Bytes one job may stage (its artifacts: jars, packages, the pickled
     /// main session); staging past it fails the job, saying so.
-    #[arg(long = "max_staged_bytes", default_value = "4g", value_parser = crate::memory::parse_byte_size)]
+    #[arg(long = "max_staged_bytes", default_value = "4g", value_parser = refract_execution::memory::parse_byte_size)]
     pub max_staged_bytes: usize,
     /// Ended jobs kept in memory, newest first (their states, messages and
     /// metrics); older ones are let go. Failed jobs kept in --state_dir

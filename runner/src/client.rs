@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use futures::StreamExt;
+use refract_observability::job_api_text::{message_level, state_name};
 use refract_proto::admin::refract_admin_client::RefractAdminClient;
 use refract_proto::admin::{
     DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
@@ -17,7 +18,6 @@ use refract_proto::job_api::{
 use refract_proto::tonic::transport::Channel;
 
 use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
-use refract_observability::job_api_text::{message_level, state_name};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {

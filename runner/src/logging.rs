@@ -24,7 +24,7 @@ use tracing_subscriber::registry::LookupSpan;
 /// The target of an SDK worker's log line relayed into the runner's log
 /// (with fields `worker`, `stage` and `transform`); [`SlogJson`] writes
 /// such lines the way Prism writes its workers'.
-pub const SDK_WORKER_TARGET: &str = "refract::sdk_worker";
+pub use refract_execution::SDK_WORKER_TARGET;
 
 /// Formats each event as one JSON object in `log/slog`'s shape: `time`
 /// (RFC 3339 with an offset), `level` (`DEBUG`, `INFO`, `WARN`, `ERROR`;

@@ -7,25 +7,25 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use refract_execution::activity::Activity;
+use refract_execution::durability::Durability;
+use refract_execution::job_runner::RefractRunner;
+use refract_execution::memory::MemoryLedger;
+use refract_execution::spill_store::RocksSpillStore;
+use refract_execution::stall_watch::StallPolicy;
 use refract_jobservice::{serve, JobServiceConfig};
-use refract_sdk_harness::FnApiServer;
-use tokio::sync::oneshot;
-use tracing::info;
-
-use crate::activity::Activity;
-use crate::cli::{parse_go_duration, ServeArgs};
-use crate::durability::Durability;
-use crate::job_runner::RefractRunner;
-use crate::memory::MemoryLedger;
-use crate::spill_store::RocksSpillStore;
-use crate::stall_watch::StallPolicy;
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::{self, OtlpExport};
 use refract_observability::ui::guard::AllowedHosts;
 use refract_observability::ui::UiSettings;
 use refract_pools::WorkerPools;
 use refract_private_dirs::{private_temp_dir, TempDirGuard};
+use refract_sdk_harness::FnApiServer;
 use refract_store::savepoint_dir::SavepointDir;
+use tokio::sync::oneshot;
+use tracing::info;
+
+use crate::cli::{parse_go_duration, ServeArgs};
 
 /// A server started by [`start`], running until [`Server::stop`] or its
 /// `shutdown` future resolves.
@@ -136,7 +136,7 @@ pub async fn start(
     };
     let memory_budget = args
         .memory_budget
-        .unwrap_or_else(crate::memory::default_budget);
+        .unwrap_or_else(refract_execution::memory::default_budget);
     let job_memory_budget = args
         .job_memory_budget
         .unwrap_or(memory_budget / 2)

@@ -35,6 +35,10 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use refract_engine::manager::StageStats;
+use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
+use refract_jobservice::JobEvent;
+use refract_jobservice::{decode_int_metric as decode, IntMetric};
 use refract_proto::admin::refract_admin_client::RefractAdminClient;
 use refract_proto::admin::{
     DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
@@ -46,6 +50,7 @@ use refract_proto::job_api::{
     GetJobStateRequest, JobMessagesRequest,
 };
 use refract_proto::tonic::transport::{Channel, Endpoint};
+use refract_store::SavepointDir;
 use serde_json::{json, Value};
 
 use crate::insights::{CheckpointSummary, Insights};
@@ -53,11 +58,6 @@ use crate::job_api_text::state_name;
 use crate::latency_histogram::LatencyHistogram;
 use guard::AllowedHosts;
 use prometheus::JobSnapshot;
-use refract_engine::manager::StageStats;
-use refract_engine::time::{wall_clock_ms, MAX_TIMESTAMP, MIN_TIMESTAMP};
-use refract_jobservice::JobEvent;
-use refract_jobservice::{decode_int_metric as decode, IntMetric};
-use refract_store::SavepointDir;
 
 /// The page: a job list and a job view that poll the JSON routes.
 const INDEX_HTML: &str = include_str!("ui/index.html");

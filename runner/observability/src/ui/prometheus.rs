@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::fmt::{Display, Write};
 
 use refract_engine::manager::StageStats;
+use refract_jobservice::{decode_int_metric as decode, IntMetric};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
 use crate::latency_histogram::LatencyHistogram;
 use crate::metric_catalog::{self as catalog, MetricSpec};
-use refract_jobservice::{decode_int_metric as decode, IntMetric};
 
 /// URN of the runner's per-PCollection element counter.
 const ELEMENT_COUNT: &str = "beam:metric:element_count:v1";

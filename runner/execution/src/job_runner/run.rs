@@ -11,9 +11,13 @@ use refract_engine::plan::StageKind;
 use refract_engine::spill::SpillStore;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
+use refract_observability::insights::JobView;
+use refract_observability::telemetry::BundleRecorder;
+use refract_pools::WorkerPools;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
+use refract_store::savepoint_dir::SavepointDir;
 use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
 use tracing::{info, warn};
 
@@ -27,10 +31,6 @@ use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::output_spill::OutputSpill;
 use crate::stall_watch::StallPolicy;
 use crate::worker_set::WorkerSet;
-use refract_observability::insights::JobView;
-use refract_observability::telemetry::BundleRecorder;
-use refract_pools::WorkerPools;
-use refract_store::savepoint_dir::SavepointDir;
 
 /// How long a finished job waits for its bundle finalization calls (each
 /// is one round trip to a worker that is still up).

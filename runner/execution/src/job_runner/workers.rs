@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use refract_jobservice::Job;
+use refract_observability::insights::JobView;
+use refract_pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
 use refract_proto::fn_api::ProvisionInfo;
 use refract_proto::pipeline::Environment;
 use refract_proto::prost_types;
@@ -13,8 +15,6 @@ use refract_sdk_harness::{FnApiServer, HarnessError, WorkerConfig};
 use super::logs::{JobArtifacts, JobLogs, TransformOrigins};
 use crate::options::option_count;
 use crate::worker_set::{BundlesPerWorker, Target, WorkerFactory, WorkerSet};
-use refract_observability::insights::JobView;
-use refract_pools::{pool_need, pooled_environment, PoolDirectory, PoolNeed, WorkerPools};
 
 /// How long starting a pooled worker waits for a live pool.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use refract_engine::manager::CheckpointProgress;
 use refract_jobservice::{decode_int_metric, IntMetric, JobRunner, JobServiceConfig, SUM_INT64};
+use refract_observability::insights::Insights;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::job_api::{PrepareJobRequest, RunJobRequest};
@@ -18,7 +19,6 @@ use refract_proto::urns;
 use tokio::sync::oneshot;
 
 use super::*;
-use refract_observability::insights::Insights;
 
 /// Longest a test waits for anything.
 const WAIT: Duration = Duration::from_secs(20);

@@ -22,6 +22,8 @@ use refract_engine::executor::{
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
+use refract_observability::stalled_bundles::StalledBundles;
+use refract_observability::telemetry::{BundleRecord, BundleRecorder};
 use refract_proto::fn_api::{
     instruction_request, instruction_response, process_bundle_split_request,
     process_bundle_split_response, DelayedBundleApplication, ProcessBundleSplitRequest,
@@ -36,8 +38,6 @@ use crate::output_spill::OutputSpill;
 use crate::split_policy::SplitPolicy;
 use crate::stall_watch::{BundleWatch, StallPolicy};
 use crate::worker_set::WorkerSet;
-use refract_observability::stalled_bundles::StalledBundles;
-use refract_observability::telemetry::{BundleRecord, BundleRecorder};
 
 use crate::bundle_finalizations::BundleFinalizations;
 use crate::state_bridge::StateBridge;

@@ -20,7 +20,7 @@ impl ArtifactSource for JobArtifacts {
 
 /// Where a worker's log lines go: the runner's log (with the worker, stage
 /// and transform each came from) and the job's message stream. Both redact
-/// secret-looking values as they take a line in (`crate::logging`, the job's
+/// secret-looking values as they take a line in (the binary's log, the job's
 /// event log), so the SDK's log of its options shows none.
 pub(super) struct JobLogs {
     pub(super) job: Arc<Job>,
@@ -63,7 +63,7 @@ impl LogSink for JobLogs {
             Some((stage, name)) => (&**stage, name.as_str()),
             None => ("", entry.transform_id.as_str()),
         };
-        use crate::logging::SDK_WORKER_TARGET as WORKER;
+        use crate::SDK_WORKER_TARGET as WORKER;
         match severity {
             Severity::Error | Severity::Critical => {
                 tracing::error!(target: WORKER, worker = worker_id, stage, transform, "{text}")
