@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use prometheus_client::metrics::histogram::Histogram;
 use refract_engine::manager::SavepointRequest;
 use refract_engine::manager::StageStats;
 use refract_engine::time::wall_clock_ms;
@@ -19,7 +20,7 @@ use refract_store::CheckpointStats;
 use tokio::sync::{mpsc, watch};
 
 use crate::bundle_failures::{BundleFailures, FailureGroup};
-use crate::latency_histogram::LatencyHistogram;
+use crate::metric_catalog::bundle_duration_histogram;
 use crate::stage_history::{SeriesPoint, StageHistory, SAMPLE_EVERY};
 use crate::stalled_bundles::StalledBundles;
 
@@ -35,7 +36,7 @@ pub struct JobView {
     job: Arc<Job>,
     stages: watch::Receiver<Vec<StageStats>>,
     /// Bundle durations per stage name.
-    latency: Mutex<BTreeMap<String, LatencyHistogram>>,
+    latency: Mutex<BTreeMap<String, BundleDurations>>,
     /// The job's SDK workers while it runs (emptied when it ends).
     workers: Mutex<Vec<Arc<dyn ConnectedWorkers>>>,
     /// Its checkpoints so far.
@@ -48,6 +49,19 @@ pub struct JobView {
     stalled: Arc<StalledBundles>,
     /// Its stages' recent past.
     history: Mutex<StageHistory>,
+}
+
+/// One stage's bundle durations: the histogram `/metrics` exports, and
+/// their count and sum, which the UI shows.
+#[derive(Debug, Clone)]
+pub struct BundleDurations {
+    /// Bundles by duration, in [`crate::metric_catalog::BUNDLE_DURATION`]'s
+    /// buckets.
+    pub histogram: Histogram,
+    /// Bundles observed.
+    pub count: u64,
+    /// Their durations' sum, in seconds.
+    pub sum_seconds: f64,
 }
 
 /// A job's checkpoints, for the UI and the metrics.
@@ -129,26 +143,32 @@ impl JobView {
         self.stages.borrow().clone()
     }
 
-    /// Bundle durations per stage, for `/metrics`.
-    pub fn bundle_latency(&self) -> Vec<(String, LatencyHistogram)> {
+    /// Bundle durations per stage, for `/metrics` and the UI (each
+    /// histogram shares its counts with the view).
+    pub fn bundle_latency(&self) -> Vec<(String, BundleDurations)> {
         self.latency
             .lock()
             .iter()
-            .map(|(stage, h)| (stage.clone(), h.clone()))
+            .map(|(stage, d)| (stage.clone(), d.clone()))
             .collect()
     }
 
     /// Adds one bundle of `stage` that took `seconds`.
     pub fn observe_bundle(&self, stage: &str, seconds: f64) {
         let mut latency = self.latency.lock();
-        match latency.get_mut(stage) {
-            Some(h) => h.observe(seconds),
-            None => {
-                let mut h = LatencyHistogram::default();
-                h.observe(seconds);
-                latency.insert(stage.to_string(), h);
-            }
-        }
+        let durations = match latency.get_mut(stage) {
+            Some(d) => d,
+            None => latency
+                .entry(stage.to_string())
+                .or_insert_with(|| BundleDurations {
+                    histogram: bundle_duration_histogram(),
+                    count: 0,
+                    sum_seconds: 0.0,
+                }),
+        };
+        durations.histogram.observe(seconds);
+        durations.count += 1;
+        durations.sum_seconds += seconds;
     }
 
     /// Notes a failed attempt of a bundle of `stage`, with the error the

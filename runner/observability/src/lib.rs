@@ -13,7 +13,6 @@
 pub mod bundle_failures;
 pub mod insights;
 pub mod job_api_text;
-pub mod latency_histogram;
 pub mod metric_catalog;
 pub mod stage_history;
 pub mod stalled_bundles;

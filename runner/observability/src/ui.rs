@@ -53,9 +53,8 @@ use refract_proto::tonic::transport::{Channel, Endpoint};
 use refract_store::SavepointDir;
 use serde_json::{json, Value};
 
-use crate::insights::{CheckpointSummary, Insights};
+use crate::insights::{BundleDurations, CheckpointSummary, Insights};
 use crate::job_api_text::state_name;
-use crate::latency_histogram::LatencyHistogram;
 use guard::AllowedHosts;
 use prometheus::JobSnapshot;
 
@@ -279,7 +278,7 @@ async fn job_details(
         })
         .collect();
     let view = insights.job(&id);
-    let latency: std::collections::HashMap<String, LatencyHistogram> = view
+    let latency: std::collections::HashMap<String, BundleDurations> = view
         .as_ref()
         .map(|v| v.bundle_latency().into_iter().collect())
         .unwrap_or_default();
@@ -683,12 +682,16 @@ async fn metrics(
         job.metrics = committed_metrics(&channel, &job.id).await?;
         if let Some(view) = insights.job(&job.id) {
             job.stages = view.stages();
-            job.bundle_latency = view.bundle_latency();
+            job.bundle_latency = view
+                .bundle_latency()
+                .into_iter()
+                .map(|(stage, d)| (stage, d.histogram))
+                .collect();
             job.checkpoints = view.checkpoints();
         }
     }
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)],
         prometheus::render(&jobs, insights.live_workers(), wall_clock_ms()),
     )
         .into_response())
@@ -748,7 +751,7 @@ fn checkpoints_json(c: CheckpointSummary) -> Value {
 /// A stage as the page draws it: its fused transforms, the stages it reads,
 /// watermarks (`"-inf"`/`"+inf"` at the ends of time), backlog, progress,
 /// and its bundles' durations (count and sum, seconds).
-fn stage_json(s: &StageStats, latency: Option<&LatencyHistogram>) -> Value {
+fn stage_json(s: &StageStats, latency: Option<&BundleDurations>) -> Value {
     let mark = |t: i64| match t {
         t if t <= MIN_TIMESTAMP => json!("-inf"),
         t if t >= MAX_TIMESTAMP => json!("+inf"),
@@ -771,6 +774,6 @@ fn stage_json(s: &StageStats, latency: Option<&LatencyHistogram>) -> Value {
         "bytes_out": s.bytes_out,
         "throttled_ms": s.throttled_ms,
         "spilled_bytes": s.spilled_bytes,
-        "bundle_latency": latency.map(|h| json!({"count": h.count(), "sum": h.sum()})),
+        "bundle_latency": latency.map(|d| json!({"count": d.count, "sum": d.sum_seconds})),
     })
 }

@@ -27,7 +27,6 @@ use thiserror::Error;
 
 use crate::insights::Insights;
 use crate::job_api_text::state_name;
-use crate::latency_histogram::BOUNDS_SECONDS;
 use crate::metric_catalog::{self as catalog, MetricKind, MetricSpec};
 
 /// The standard variable naming the OTLP endpoint when no flag does.
@@ -114,7 +113,7 @@ impl OtlpExport {
             .f64_histogram(catalog::BUNDLE_DURATION.otlp.unwrap_or_default())
             .with_description(catalog::BUNDLE_DURATION.help)
             .with_unit(catalog::BUNDLE_DURATION.unit)
-            .with_boundaries(BOUNDS_SECONDS.to_vec())
+            .with_boundaries(catalog::BUNDLE_DURATION_BOUNDS_SECONDS.to_vec())
             .build();
         Ok(OtlpExport {
             meters,

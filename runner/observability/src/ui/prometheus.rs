@@ -1,22 +1,34 @@
 //! The server's jobs and their committed metrics in Prometheus' text
 //! exposition format (version 0.0.4), for `/metrics`: the numbers are the
 //! ones `GetJobMetrics` returns, so a scrape and the SDK's view agree.
+//!
+//! The samples are gathered per scrape from the jobs' snapshots into
+//! families named by the metric catalog; `prometheus-client` writes them
+//! (names, escaping, number formats, histogram buckets).
 
 use std::collections::BTreeMap;
-use std::fmt::{Display, Write};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use refract_engine::manager::StageStats;
 use refract_jobservice::{decode_int_metric as decode, IntMetric};
 use refract_proto::pipeline::MonitoringInfo;
 
 use crate::insights::CheckpointSummary;
-use crate::latency_histogram::LatencyHistogram;
-use crate::metric_catalog::{self as catalog, MetricSpec};
+use crate::metric_catalog::{self as catalog, MetricKind, MetricSpec};
 
 /// URN of the runner's per-PCollection element counter.
 const ELEMENT_COUNT: &str = "beam:metric:element_count:v1";
 /// URN prefix of user metrics.
 const USER_PREFIX: &str = "beam:metric:user:";
+
+/// The `Content-Type` of what [`render`] returns.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// One job as `/metrics` reports it.
 #[derive(Debug, Clone, Default)]
@@ -32,59 +44,112 @@ pub struct JobSnapshot {
     /// The engine's latest stage snapshot (empty before the job runs).
     pub stages: Vec<StageStats>,
     /// Bundle durations per stage name.
-    pub bundle_latency: Vec<(String, LatencyHistogram)>,
+    pub bundle_latency: Vec<(String, Histogram)>,
     /// Its checkpoints.
     pub checkpoints: CheckpointSummary,
 }
 
-/// A metric family being assembled: help text, type, and sample lines.
-struct Family {
-    help: &'static str,
-    kind: &'static str,
-    samples: Vec<String>,
+/// One sample's value: integers are written without a fraction, as
+/// before any exporter, and infinities as `+Inf` and `-Inf`.
+#[derive(Debug)]
+enum Sample {
+    Int(i64),
+    Float(f64),
+    Histogram(Histogram),
 }
 
-/// Metric families by name, in the order a scrape lists them.
-#[derive(Default)]
+impl Sample {
+    /// `v`, as an integer if it is one (and small enough to be exact).
+    fn of(v: f64) -> Sample {
+        if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+            Sample::Int(v as i64)
+        } else {
+            Sample::Float(v)
+        }
+    }
+}
+
+impl From<i64> for Sample {
+    fn from(v: i64) -> Sample {
+        Sample::Int(v)
+    }
+}
+
+impl From<usize> for Sample {
+    fn from(v: usize) -> Sample {
+        Sample::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+/// The samples of one metric family, each with its labels.
+#[derive(Debug)]
+struct Family {
+    spec: MetricSpec,
+    samples: Vec<(Vec<(String, String)>, Sample)>,
+}
+
+/// Metric families by name, in the order a scrape lists them; what one
+/// scrape writes.
+#[derive(Debug, Default)]
 struct Families(BTreeMap<&'static str, Family>);
 
 impl Families {
     /// Adds a sample of `metric`.
-    fn add(&mut self, metric: &MetricSpec, labels: &[(&str, &str)], value: impl Display) {
-        self.add_sample(metric, "", labels, value);
-    }
-
-    /// Adds a sample named `metric` + `suffix` (a histogram's `_bucket`,
-    /// `_sum` and `_count`) to the family of `metric`.
-    fn add_sample(
-        &mut self,
-        metric: &MetricSpec,
-        suffix: &str,
-        labels: &[(&str, &str)],
-        value: impl Display,
-    ) {
-        let name = metric.prometheus;
+    fn add(&mut self, metric: &MetricSpec, labels: &[(&str, &str)], value: impl Into<Sample>) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         self.0
-            .entry(name)
+            .entry(metric.prometheus)
             .or_insert_with(|| Family {
-                help: metric.help,
-                kind: metric.kind.prometheus_type(),
+                spec: *metric,
                 samples: Vec::new(),
             })
             .samples
-            .push(format!("{name}{suffix}{} {value}", label_set(labels)));
+            .push((labels, value.into()));
     }
 }
 
-/// A sample value as the exposition format spells it: integers without a
-/// fraction, infinities as `+Inf` and `-Inf`.
-fn sample_value(v: f64) -> String {
-    if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.to_string()
-    } else if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
+impl From<f64> for Sample {
+    fn from(v: f64) -> Sample {
+        Sample::of(v)
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for family in self.0.values() {
+            let spec = &family.spec;
+            // The encoder adds a counter's `_total` itself.
+            let (name, kind) = match spec.kind {
+                MetricKind::Counter => (
+                    spec.prometheus
+                        .strip_suffix("_total")
+                        .unwrap_or(spec.prometheus),
+                    MetricType::Counter,
+                ),
+                MetricKind::Gauge => (spec.prometheus, MetricType::Gauge),
+                MetricKind::Histogram => (spec.prometheus, MetricType::Histogram),
+            };
+            let mut metric = encoder.encode_descriptor(name, spec.help, None, kind)?;
+            for (labels, sample) in &family.samples {
+                let sample_encoder = metric.encode_family(labels)?;
+                match (spec.kind, sample) {
+                    (MetricKind::Counter, Sample::Int(n)) => match u64::try_from(*n) {
+                        Ok(n) => ConstCounter::new(n).encode(sample_encoder)?,
+                        Err(_) => ConstCounter::new(*n as f64).encode(sample_encoder)?,
+                    },
+                    (MetricKind::Counter, Sample::Float(v)) => {
+                        ConstCounter::new(*v).encode(sample_encoder)?
+                    }
+                    (_, Sample::Int(n)) => ConstGauge::new(*n).encode(sample_encoder)?,
+                    (_, Sample::Float(v)) => ConstGauge::new(*v).encode(sample_encoder)?,
+                    (_, Sample::Histogram(h)) => h.encode(sample_encoder)?,
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -102,53 +167,14 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
     }
     families.add(&catalog::HARNESSES_LIVE, &[], live_workers);
     for job in jobs {
-        for info in &job.metrics {
-            let Some(value) = decode(&info.r#type, &info.payload) else {
-                continue;
-            };
-            let label = |key: &str| info.labels.get(key).map_or("", String::as_str);
-            if info.urn == ELEMENT_COUNT {
-                if let IntMetric::Counter(n) = value {
-                    families.add(
-                        &catalog::PCOLLECTION_ELEMENTS,
-                        &[("job", &job.id), ("pcollection", label("PCOLLECTION"))],
-                        n,
-                    );
-                }
-                continue;
-            }
-            if !info.urn.starts_with(USER_PREFIX) {
-                continue;
-            }
-            let labels = [
-                ("job", job.id.as_str()),
-                ("transform", label("PTRANSFORM")),
-                ("namespace", label("NAMESPACE")),
-                ("name", label("NAME")),
-            ];
-            match value {
-                IntMetric::Counter(n) => families.add(&catalog::USER_COUNTER, &labels, n),
-                IntMetric::Gauge(n) => families.add(&catalog::USER_GAUGE, &labels, n),
-                IntMetric::Distribution {
-                    count,
-                    sum,
-                    min,
-                    max,
-                } => {
-                    families.add(&catalog::USER_DISTRIBUTION_COUNT, &labels, count);
-                    families.add(&catalog::USER_DISTRIBUTION_SUM, &labels, sum);
-                    families.add(&catalog::USER_DISTRIBUTION_MIN, &labels, min);
-                    families.add(&catalog::USER_DISTRIBUTION_MAX, &labels, max);
-                }
-            }
-        }
+        add_committed_metrics(&mut families, job);
     }
     for job in jobs {
         for stage in &job.stages {
             let labels = [("job", job.id.as_str()), ("stage", stage.name.as_str())];
             for reading in &catalog::STAGE_READINGS {
                 if let Some(value) = (reading.read)(stage, now_ms) {
-                    families.add(&reading.spec, &labels, sample_value(value));
+                    families.add(&reading.spec, &labels, value);
                 }
             }
         }
@@ -157,53 +183,70 @@ pub fn render(jobs: &[JobSnapshot], live_workers: usize, now_ms: i64) -> String 
         let labels = [("job", job.id.as_str())];
         for reading in &catalog::CHECKPOINT_READINGS {
             if let Some(value) = (reading.read)(&job.checkpoints, now_ms) {
-                families.add(&reading.spec, &labels, sample_value(value));
+                families.add(&reading.spec, &labels, value);
             }
         }
     }
     for job in jobs {
         for (stage, histogram) in &job.bundle_latency {
             let labels = [("job", job.id.as_str()), ("stage", stage.as_str())];
-            let metric = &catalog::BUNDLE_DURATION;
-            for (bound, count) in histogram.cumulative() {
-                let le = sample_value(bound);
-                let mut with_le = labels.to_vec();
-                with_le.push(("le", &le));
-                families.add_sample(metric, "_bucket", &with_le, count);
-            }
-            // Prometheus reads `_sum` and `_count` as part of the family.
-            families.add_sample(metric, "_sum", &labels, sample_value(histogram.sum()));
-            families.add_sample(metric, "_count", &labels, histogram.count());
+            families.add(
+                &catalog::BUNDLE_DURATION,
+                &labels,
+                Sample::Histogram(histogram.clone()),
+            );
         }
     }
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(families));
     let mut out = String::new();
-    for (name, family) in families.0 {
-        let _ = writeln!(out, "# HELP {name} {}", family.help);
-        let _ = writeln!(out, "# TYPE {name} {}", family.kind);
-        for sample in family.samples {
-            out.push_str(&sample);
-            out.push('\n');
-        }
-    }
+    // Writing into a String cannot fail.
+    let _ = prometheus_text::encode(&mut out, &registry);
     out
 }
 
-/// `{k="v",...}` (nothing for no labels) with values escaped as the format requires.
-fn label_set(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
+/// `job`'s committed element counts and user metrics.
+fn add_committed_metrics(families: &mut Families, job: &JobSnapshot) {
+    for info in &job.metrics {
+        let Some(value) = decode(&info.r#type, &info.payload) else {
+            continue;
+        };
+        let label = |key: &str| info.labels.get(key).map_or("", String::as_str);
+        if info.urn == ELEMENT_COUNT {
+            if let IntMetric::Counter(n) = value {
+                families.add(
+                    &catalog::PCOLLECTION_ELEMENTS,
+                    &[("job", &job.id), ("pcollection", label("PCOLLECTION"))],
+                    n,
+                );
+            }
+            continue;
+        }
+        if !info.urn.starts_with(USER_PREFIX) {
+            continue;
+        }
+        let labels = [
+            ("job", job.id.as_str()),
+            ("transform", label("PTRANSFORM")),
+            ("namespace", label("NAMESPACE")),
+            ("name", label("NAME")),
+        ];
+        match value {
+            IntMetric::Counter(n) => families.add(&catalog::USER_COUNTER, &labels, n),
+            IntMetric::Gauge(n) => families.add(&catalog::USER_GAUGE, &labels, n),
+            IntMetric::Distribution {
+                count,
+                sum,
+                min,
+                max,
+            } => {
+                families.add(&catalog::USER_DISTRIBUTION_COUNT, &labels, count);
+                families.add(&catalog::USER_DISTRIBUTION_SUM, &labels, sum);
+                families.add(&catalog::USER_DISTRIBUTION_MIN, &labels, min);
+                families.add(&catalog::USER_DISTRIBUTION_MAX, &labels, max);
+            }
+        }
     }
-    let body: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| {
-            let escaped = v
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
-            format!("{k}=\"{escaped}\"")
-        })
-        .collect();
-    format!("{{{}}}", body.join(","))
 }
 
 #[cfg(test)]
@@ -302,7 +345,7 @@ mod tests {
                     ..StageStats::default()
                 }],
                 bundle_latency: vec![("Read+Split".into(), {
-                    let mut h = LatencyHistogram::default();
+                    let h = catalog::bundle_duration_histogram();
                     h.observe(0.003);
                     h.observe(0.2);
                     h
