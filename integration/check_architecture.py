@@ -47,7 +47,7 @@ LONG_FUNCTIONS = {
   'runner/translate/src/merge.rs:window_merger': 156,
   'runner/src/main.rs:init_logging': 148,
   'runner/translate/src/builder/combine.rs:lift': 143,
-  'runner/src/run_command.rs:run': 135,
+  'runner/src/run_command.rs:run': 134,
   'runner/translate/src/environments.rs:name': 134,
   'runner/translate/src/builder/sdf.rs:expand': 133,
   'runner/engine/src/store/overlay.rs:read_all': 127,

@@ -9,6 +9,7 @@ mod fork_server;
 pub mod logging;
 pub mod pools_command;
 pub mod run_command;
+pub mod run_progress;
 pub mod serve;
 pub mod tested_with;
 pub mod worker_pool_command;

@@ -29,7 +29,7 @@
 //! and temporary files with them), and the exit status is 128 + the
 //! signal, as a shell reports a process the signal ended.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -37,8 +37,6 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use futures::FutureExt;
-use refract_engine::manager::StageStats;
-use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 use refract_proto::admin::GetServerInfoRequest;
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::GetJobsRequest;
@@ -47,6 +45,7 @@ use refract_proto::tonic::transport::Channel;
 use crate::cli::{Cli, Command, JobArgs, RunArgs};
 use crate::client::connect;
 use crate::fork_server::ForkServer;
+use crate::run_progress::{progress_lines, StageProgress};
 use crate::serve;
 
 /// Where `refract run` looks for a running server first.
@@ -146,9 +145,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         .spawn()
         .with_context(|| format!("starting {python} {}", args.pipeline.display()))?;
 
-    let live = std::io::stderr().is_terminal();
+    let mut live = std::io::stderr()
+        .is_terminal()
+        .then(StageProgress::on_stderr);
     let mut job: Option<String> = None;
-    let mut shown = 0usize;
     let interrupt = Interrupt::listen()?;
     tokio::pin!(interrupt);
     let ended = loop {
@@ -168,9 +168,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         if job.is_none() {
             job = new_job(&mut client, &before).await?;
         }
-        if let (true, Some(id), Some(server)) = (live, &job, &embedded) {
-            let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
-            shown = redraw(shown, &lines);
+        if let (Some(progress), Some(id), Some(server)) = (&mut live, &job, &embedded) {
+            progress.show(&progress_lines(
+                &server.insights.stages(id).unwrap_or_default(),
+            ));
         }
     };
     let code = match ended {
@@ -182,12 +183,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
                 Some(id) => {
                     if let Some(server) = &embedded {
                         let lines = progress_lines(&server.insights.stages(id).unwrap_or_default());
-                        if live {
-                            redraw(shown, &lines);
-                        } else {
-                            for line in &lines {
-                                eprintln!("{line}");
-                            }
+                        match live.take() {
+                            Some(progress) => progress.finish(&lines),
+                            None => lines.iter().for_each(|line| eprintln!("{line}")),
                         }
                     }
                     crate::client::status(JobArgs {
@@ -505,83 +503,9 @@ async fn job_ids(client: &mut JobServiceClient<Channel>) -> Result<Vec<String>> 
         .collect())
 }
 
-/// One line per stage: what it runs, elements processed, output watermark.
-pub fn progress_lines(stages: &[StageStats]) -> Vec<String> {
-    stages
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.kind == "sdk" || s.kind == "group_by_key")
-        .map(|(i, s)| {
-            let mut what = s.name.replace('+', " → ");
-            if what.chars().count() > 60 {
-                what = what.chars().take(59).collect::<String>() + "…";
-            }
-            format!(
-                "  #{i:<3} {what:<60} {:>10} elements  watermark {}",
-                s.elements_processed,
-                format_watermark(s.output_watermark)
-            )
-        })
-        .collect()
-}
-
-/// Replaces the `shown` lines printed last with `lines`; returns how many
-/// are shown now.
-fn redraw(shown: usize, lines: &[String]) -> usize {
-    let mut err = std::io::stderr().lock();
-    if shown > 0 {
-        // Up `shown` lines, then clear each as it is rewritten.
-        let _ = write!(err, "\x1b[{shown}A");
-    }
-    for line in lines {
-        let _ = writeln!(err, "\x1b[2K{line}");
-    }
-    lines.len()
-}
-
-/// A watermark as UTC time, or `-inf`/`+inf` at the ends of time.
-pub fn format_watermark(ms: i64) -> String {
-    if ms <= MIN_TIMESTAMP {
-        return "-inf".to_string();
-    }
-    if ms >= MAX_TIMESTAMP {
-        return "+inf".to_string();
-    }
-    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        ms_of_day / 3_600_000,
-        ms_of_day / 60_000 % 60,
-        ms_of_day / 1_000 % 60,
-        ms_of_day % 1_000
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn watermarks_read_as_utc_times() {
-        assert_eq!(format_watermark(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            format_watermark(1_796_000_461_123),
-            "2026-11-30T01:01:01.123Z"
-        );
-        assert_eq!(format_watermark(-1), "1969-12-31T23:59:59.999Z");
-        assert_eq!(format_watermark(MIN_TIMESTAMP), "-inf");
-        assert_eq!(format_watermark(MAX_TIMESTAMP), "+inf");
-    }
 
     #[test]
     fn workers_are_processes_unless_the_pipeline_chooses() {
@@ -666,36 +590,6 @@ mod tests {
         assert!(
             text.contains("BEAM_PYTHON='/opt/it'\\''s/python'"),
             "{text}"
-        );
-    }
-
-    #[test]
-    fn progress_shows_sdk_and_grouping_stages() {
-        let stage = |name: &str, kind: &'static str| StageStats {
-            name: name.into(),
-            kind,
-            inputs: vec![],
-            input_watermark: MIN_TIMESTAMP,
-            output_watermark: MAX_TIMESTAMP,
-            pending_elements: 0,
-            pending_bytes: 0,
-            bundles_in_flight: 0,
-            bundles_committed: 1,
-            elements_processed: 12,
-            throttled_ms: 0,
-            spilled_bytes: 0,
-            ..StageStats::default()
-        };
-        let lines = progress_lines(&[
-            stage("Impulse", "impulse"),
-            stage("Read+Split", "sdk"),
-            stage("Group", "group_by_key"),
-        ]);
-        assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines[0].starts_with("  #1   Read → Split"), "{lines:?}");
-        assert!(
-            lines[0].ends_with("12 elements  watermark +inf"),
-            "{lines:?}"
         );
     }
 }
