@@ -20,7 +20,6 @@ use refract_store::CheckpointStats;
 use tokio::sync::{mpsc, watch};
 
 use crate::bundle_failures::{BundleFailures, FailureGroup};
-use crate::metric_catalog::bundle_duration_histogram;
 use crate::stage_history::{SeriesPoint, StageHistory, SAMPLE_EVERY};
 use crate::stalled_bundles::StalledBundles;
 
@@ -62,6 +61,24 @@ pub struct BundleDurations {
     pub count: u64,
     /// Their durations' sum, in seconds.
     pub sum_seconds: f64,
+}
+
+impl BundleDurations {
+    /// Upper bounds of the histogram's buckets, in seconds, on `/metrics`
+    /// and in OTLP alike: bundles range from a fraction of a millisecond
+    /// (a tiny batch stage) to many seconds (a long SDF restriction).
+    pub const BOUNDS_SECONDS: [f64; 14] = [
+        0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+
+    /// No bundles yet.
+    fn new() -> BundleDurations {
+        BundleDurations {
+            histogram: Histogram::new(Self::BOUNDS_SECONDS),
+            count: 0,
+            sum_seconds: 0.0,
+        }
+    }
 }
 
 /// A job's checkpoints, for the UI and the metrics.
@@ -160,11 +177,7 @@ impl JobView {
             Some(d) => d,
             None => latency
                 .entry(stage.to_string())
-                .or_insert_with(|| BundleDurations {
-                    histogram: bundle_duration_histogram(),
-                    count: 0,
-                    sum_seconds: 0.0,
-                }),
+                .or_insert_with(BundleDurations::new),
         };
         durations.histogram.observe(seconds);
         durations.count += 1;

@@ -8,7 +8,6 @@
 //! `docs/operations.md` is generated from them ([`markdown_table`]; a test
 //! keeps it current). A metric one export cannot carry says so with `None`.
 
-use prometheus_client::metrics::histogram;
 use refract_engine::manager::StageStats;
 use refract_engine::time::{finite, MAX_TIMESTAMP, MIN_TIMESTAMP};
 
@@ -137,21 +136,6 @@ pub const HARNESSES_LIVE: MetricSpec = spec(
     "{worker}",
     "SDK harness workers connected now.",
 );
-
-/// Upper bounds of [`BUNDLE_DURATION`]'s buckets, in seconds, on
-/// `/metrics` and in OTLP alike: bundles range from a fraction of a
-/// millisecond (a tiny batch stage) to many seconds (a long SDF
-/// restriction).
-pub const BUNDLE_DURATION_BOUNDS_SECONDS: [f64; 14] = [
-    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
-/// An empty histogram of one stage's bundle durations, with
-/// [`BUNDLE_DURATION_BOUNDS_SECONDS`] (and `+Inf`); a clone shares its
-/// counts.
-pub fn bundle_duration_histogram() -> histogram::Histogram {
-    histogram::Histogram::new(BUNDLE_DURATION_BOUNDS_SECONDS)
-}
 
 /// How long bundles took, per stage.
 pub const BUNDLE_DURATION: MetricSpec = spec(

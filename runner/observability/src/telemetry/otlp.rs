@@ -25,7 +25,7 @@ use opentelemetry_sdk::Resource;
 use refract_engine::time::wall_clock_ms;
 use thiserror::Error;
 
-use crate::insights::Insights;
+use crate::insights::{BundleDurations, Insights};
 use crate::job_api_text::state_name;
 use crate::metric_catalog::{self as catalog, MetricKind, MetricSpec};
 
@@ -113,7 +113,7 @@ impl OtlpExport {
             .f64_histogram(catalog::BUNDLE_DURATION.otlp.unwrap_or_default())
             .with_description(catalog::BUNDLE_DURATION.help)
             .with_unit(catalog::BUNDLE_DURATION.unit)
-            .with_boundaries(catalog::BUNDLE_DURATION_BOUNDS_SECONDS.to_vec())
+            .with_boundaries(BundleDurations::BOUNDS_SECONDS.to_vec())
             .build();
         Ok(OtlpExport {
             meters,

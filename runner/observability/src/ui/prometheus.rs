@@ -345,7 +345,7 @@ mod tests {
                     ..StageStats::default()
                 }],
                 bundle_latency: vec![("Read+Split".into(), {
-                    let h = catalog::bundle_duration_histogram();
+                    let h = Histogram::new(crate::insights::BundleDurations::BOUNDS_SECONDS);
                     h.observe(0.003);
                     h.observe(0.2);
                     h
