@@ -11,7 +11,7 @@ use refract_execution::activity::Activity;
 use refract_execution::durability::Durability;
 use refract_execution::job_runner::RefractRunner;
 use refract_execution::memory::MemoryLedger;
-use refract_execution::spill_store::RocksSpillStore;
+use refract_execution::scratch_spill::ScratchSpillSpace;
 use refract_execution::stall_watch::StallPolicy;
 use refract_jobservice::{serve, JobServiceConfig};
 use refract_observability::insights::Insights;
@@ -148,7 +148,7 @@ pub async fn start(
     let (spill_dir, remove_spill) =
         server_dir(args.spill_dir.as_ref(), args.state_dir.as_ref(), "spill")
             .context("creating the spill directory")?;
-    let spill = RocksSpillStore::open(&spill_dir)
+    let spill = ScratchSpillSpace::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let pools = worker_pools(args, &fn_server.url(), default_workers)?;
     let savepoints = savepoint_dir(args);

@@ -10,12 +10,10 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::coder::{PaneInfo, TimerValue};
-use crate::plan::TimeDomain;
-use crate::spill::MemorySpillStore;
+use crate::plan::{SideInputId, TimeDomain};
+use crate::spill::MemorySpillSpace;
 use crate::state::{encode_ordered_entry, BundleState, CellId, StateKey};
-use crate::store::{
-    BundleOverlay, SideInputId, SideInputStore, SpilledBags, UserStateSnapshot, UserStateStore,
-};
+use crate::state::{BundleOverlay, SideInputTable, SpilledBags, UserStateSnapshot, UserStateTable};
 use crate::timers::TimerStore;
 use crate::window::Window;
 
@@ -38,8 +36,8 @@ fn to_hex(bytes: &[u8]) -> String {
 
 /// One bag (spilled to `spill` when it is set), one ordered list and one
 /// multimap, in two windows and two keys.
-fn user_state(spill: Option<Arc<MemorySpillStore>>) -> Arc<Mutex<UserStateStore>> {
-    let mut store = UserStateStore::default();
+fn user_state(spill: Option<Arc<MemorySpillSpace>>) -> Arc<Mutex<UserStateTable>> {
+    let mut store = UserStateTable::default();
     if let Some(spill) = spill {
         store.enable_durable_bag_spill(spill, b"bags/".to_vec(), 0);
     }
@@ -91,7 +89,7 @@ fn user_state_checkpoints_keep_their_bytes() {
     let snapshot = user_state(None).lock().snapshot().expect("snapshot");
     let bytes = postcard::to_stdvec(&snapshot).expect("encodes");
     assert_eq!(to_hex(&bytes), to_hex(&hex(USER_STATE)));
-    let mut restored = UserStateStore::default();
+    let mut restored = UserStateTable::default();
     let read: UserStateSnapshot = postcard::from_bytes(&hex(USER_STATE)).expect("decodes");
     restored.restore(read, None).expect("restores");
     assert_eq!(restored.len(), 3);
@@ -105,10 +103,10 @@ const SPILLED_BAGS: &str = "010101017403626167027731020161000101000000";
 
 #[test]
 fn spilled_bag_checkpoints_keep_their_bytes() {
-    let spill = MemorySpillStore::shared();
+    let spill = MemorySpillSpace::shared();
     let store = user_state(Some(spill.clone()));
     let (_, spilled) = store.lock().checkpoint(1).expect("checkpoint");
-    let spilled = spilled.expect("the bag is on the durable store");
+    let spilled = spilled.expect("the bag is on the durable spill space");
     let bytes = postcard::to_stdvec(&spilled).expect("encodes");
     assert_eq!(to_hex(&bytes), to_hex(&hex(SPILLED_BAGS)));
     let read: SpilledBags = postcard::from_bytes(&hex(SPILLED_BAGS)).expect("decodes");
@@ -166,7 +164,7 @@ type TupleSideInputs = (
 
 #[test]
 fn side_input_checkpoints_keep_their_bytes() {
-    let mut store = SideInputStore::default();
+    let mut store = SideInputTable::default();
     let iterable = SideInputId::new("t", "side0");
     let multimap = SideInputId::new("u", "side1");
     store.add_iterable(
@@ -194,7 +192,7 @@ fn side_input_checkpoints_keep_their_bytes() {
         vec![(s("t"), s("side0"))],
     );
     assert_eq!(bytes, postcard::to_stdvec(&tuples).expect("encodes"));
-    let read = SideInputStore::restore(postcard::from_bytes(&bytes).expect("decodes"));
+    let read = SideInputTable::restore(postcard::from_bytes(&bytes).expect("decodes"));
     assert_eq!(
         postcard::to_stdvec(&read.snapshot()).expect("encodes"),
         bytes

@@ -13,7 +13,7 @@
 //! timestamp its next pane will carry, so downstream stages never see a
 //! watermark that has passed data still to come.
 //!
-//! A buffer given a spill store ([`GroupingBuffer::enable_spill`]) moves
+//! A buffer given a spill space ([`GroupingBuffer::enable_spill`]) moves
 //! what it holds there when it outgrows its memory share, and emits the
 //! spilled windows a few megabytes at a time when they fire (`spill`).
 //!
@@ -53,7 +53,7 @@ pub enum GroupingError {
     /// Element bytes did not match the coders.
     #[error(transparent)]
     Coder(#[from] CoderError),
-    /// The spill store failed.
+    /// The spill space failed.
     #[error(transparent)]
     Spill(#[from] SpillError),
 }

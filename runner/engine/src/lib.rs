@@ -32,7 +32,6 @@ pub mod plan;
 pub mod spill;
 pub mod spilled_output;
 pub mod state;
-pub mod store;
 pub mod time;
 pub mod timers;
 pub mod trigger;

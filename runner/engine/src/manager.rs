@@ -28,7 +28,7 @@ use crate::executor::{BundleOutput, BundleSplit, ExecError, StageExecutor};
 use crate::grouping::{GroupingBuffer, GroupingError};
 use crate::plan::{PCollectionIdx, Plan, StageIdx, StageKind, StageVec, TimeDomain};
 use crate::spill::SpillArea;
-use crate::store::{BundleOverlay, SideInputStore, UserStateStore};
+use crate::state::{BundleOverlay, SideInputTable, UserStateTable};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 
@@ -96,7 +96,7 @@ pub enum EngineError {
     #[error("the pipeline cannot make progress: {0}")]
     Stuck(String),
     /// A GroupByKey or a stage's queue could not spill to, or read back
-    /// from, the spill store.
+    /// from, the spill space.
     #[error("stage '{stage}': {source}")]
     Spill {
         /// The stage's name.
@@ -104,7 +104,7 @@ pub enum EngineError {
         /// What the store said.
         source: crate::spill::SpillError,
     },
-    /// A bundle's output that went to the spill store could not be read
+    /// A bundle's output that went to the spill space could not be read
     /// back.
     #[error("reading back the spilled output of PCollection '{pcollection}': {source}")]
     OutputSpill {
@@ -200,15 +200,15 @@ pub struct RunSummary {
     pub dropped_late_by_stage: Vec<(String, u64)>,
     /// The most bytes of elements that waited for any one stage.
     pub peak_pending_bytes: usize,
-    /// Bytes GroupByKey buffers spilled to the spill store.
+    /// Bytes GroupByKey buffers spilled to the spill space.
     pub spilled_bytes: u64,
-    /// Bytes of bundle output that waited in the spill store for their
+    /// Bytes of bundle output that waited in the spill space for their
     /// bundle to end.
     pub output_spilled_bytes: u64,
-    /// Bytes of elements that waited in the spill store for a stage whose
+    /// Bytes of elements that waited in the spill space for a stage whose
     /// queue was far past its bound.
     pub queue_spilled_bytes: u64,
-    /// Bytes of bag user state written to the spill store.
+    /// Bytes of bag user state written to the spill space.
     pub state_spilled_bytes: u64,
     /// What strict mode did, when it was on.
     pub strict: Option<StrictReport>,
@@ -217,7 +217,7 @@ pub struct RunSummary {
     pub handed_out_keys: u64,
 }
 
-/// How a spill store error of stage `stage` reaches the job: naming the
+/// How a spill space error of stage `stage` reaches the job: naming the
 /// stage (its GroupByKey buffer, its queue or its user state spilled).
 fn spill_failed(
     plan: &Plan,
@@ -269,8 +269,8 @@ pub struct Engine {
     config: EngineConfig,
     /// Each stage's run-time state.
     stages: StageVec<StageState>,
-    side_inputs: Arc<Mutex<SideInputStore>>,
-    user_state: StageVec<Arc<Mutex<UserStateStore>>>,
+    side_inputs: Arc<Mutex<SideInputTable>>,
+    user_state: StageVec<Arc<Mutex<UserStateTable>>>,
     in_flight: HashMap<u64, InFlight>,
     /// Bundles the SDK workers behind groups of stages run at once.
     slot_groups: SlotGroups,
@@ -398,16 +398,16 @@ impl Engine {
     /// checkpoints), under
     /// keys that start with `prefix` (unique to the job) and the stage.
     ///
-    /// While some buffer, queue or bag has data on the spill store,
+    /// While some buffer, queue or bag has data on the spill space,
     /// periodic checkpoints are not taken (a checkpoint would have to copy
     /// the spilled bytes back into memory); only a savepoint, or a
     /// stable-input stage waiting for one, takes a checkpoint then. (Bags
-    /// and queues on a durable store do not hold them back.) Applied by
-    /// [`EngineBuilder::build`], after the durable store is set and before
+    /// and queues on a durable spill space do not hold them back.) Applied by
+    /// [`EngineBuilder::build`], after the durable spill space is set and before
     /// any [`Self::restore`].
     pub(super) fn enable_spill(
         &mut self,
-        store: Arc<dyn crate::spill::SpillStore>,
+        store: Arc<dyn crate::spill::SpillSpace>,
         prefix: &[u8],
         limit_bytes: usize,
     ) {
@@ -537,9 +537,9 @@ impl Engine {
     }
 
     /// The first stage whose GroupByKey buffer, queue or user state has
-    /// data in the spill store (or whose GroupByKey handed out a key that
+    /// data in the spill space (or whose GroupByKey handed out a key that
     /// only the store holds), and which of them: what a periodic
-    /// checkpoint waits for. (Not data on a durable store, which
+    /// checkpoint waits for. (Not data on a durable spill space, which
     /// checkpoints name.)
     fn spilled(&self) -> Option<(StageIdx, &'static str)> {
         self.stages.iter_enumerated().find_map(|(idx, s)| {

@@ -3,7 +3,7 @@
 //! A batch GroupByKey must hold all of a window's values until the window
 //! closes, which for a bounded input is the end of the input: its buffer
 //! can be far larger than memory. Once a buffer outgrows its share of the
-//! job's `--memory_budget`, it writes what it holds to a [`SpillStore`] as
+//! job's `--memory_budget`, it writes what it holds to a [`SpillSpace`] as
 //! one *run* and starts over in memory; when the window fires, the runs
 //! and what is still in memory are merged key by key and emitted a few
 //! megabytes at a time, as fast as the consumer takes them. (Sessions are
@@ -11,10 +11,10 @@
 //!
 //! The store is an ordered key-value space: ordering does the merge (all
 //! runs of one key are adjacent), so no sort happens in the runner. The
-//! runner backs it with RocksDB; [`MemorySpillStore`] is for tests.
+//! runner backs it with RocksDB; [`MemorySpillSpace`] is for tests.
 //! Spilled bytes are scratch space, not durable state: a checkpoint that
 //! must include a spilled buffer reads it back (see the grouping module).
-//! The same interface also fronts a durable store beside the checkpoints,
+//! The same interface also fronts a durable spill space beside the checkpoints,
 //! where checkpoints name what was spilled instead (`OwedDeletes` keeps
 //! what they may still name).
 //!
@@ -22,7 +22,7 @@
 //! the output of a bundle that cannot be split
 //! ([`crate::spilled_output`]) and the back of a queue that output
 //! overfills (the manager's `pending` module). Those are read once, soon,
-//! in the order written, and deleted with [`SpillStore::forget_range`].
+//! in the order written, and deleted with [`SpillSpace::forget_range`].
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -36,14 +36,14 @@ use crate::plan::StageIdx;
 /// Entries as written and read: (key, value).
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// The spill store failed (I/O, a full disk).
+/// The spill space failed (I/O, a full disk).
 #[derive(Debug, Clone, Error)]
 #[error("spilling to disk: {0}")]
 pub struct SpillError(pub String);
 
 /// An ordered key-value space for spilled grouping buffers. Keys written
 /// by different buffers never overlap (each has its own prefix).
-pub trait SpillStore: Send + Sync + Debug {
+pub trait SpillSpace: Send + Sync + Debug {
     /// Writes `entries` (no durability needed: a crash discards them).
     fn put(&self, entries: Entries) -> Result<(), SpillError>;
     /// Entries with keys in `[from, to)`, in key order, stopping after the
@@ -63,14 +63,14 @@ pub trait SpillStore: Send + Sync + Debug {
     }
 }
 
-/// A [`SpillStore`] in memory, for engine tests: it exercises the same
+/// A [`SpillSpace`] in memory, for engine tests: it exercises the same
 /// spill, merge and drain logic without a disk.
 #[derive(Debug, Default)]
-pub struct MemorySpillStore {
+pub struct MemorySpillSpace {
     entries: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
-impl MemorySpillStore {
+impl MemorySpillSpace {
     /// An empty store, shareable by an engine's buffers.
     pub fn shared() -> Arc<Self> {
         Arc::new(Self::default())
@@ -87,7 +87,7 @@ impl MemorySpillStore {
     }
 }
 
-impl SpillStore for MemorySpillStore {
+impl SpillSpace for MemorySpillSpace {
     fn put(&self, entries: Entries) -> Result<(), SpillError> {
         self.entries.lock().extend(entries);
         Ok(())
@@ -143,7 +143,7 @@ impl PagedRange {
     }
 
     /// The next [`PAGE_BYTES`] or so of entries; none once read out.
-    pub(crate) fn next_page(&mut self, store: &dyn SpillStore) -> Result<Entries, SpillError> {
+    pub(crate) fn next_page(&mut self, store: &dyn SpillSpace) -> Result<Entries, SpillError> {
         self.next_entries(store, PAGE_BYTES)
     }
 
@@ -152,7 +152,7 @@ impl PagedRange {
     /// not empty); none once read out.
     pub(crate) fn next_entries(
         &mut self,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
         max_bytes: usize,
     ) -> Result<Entries, SpillError> {
         let Some(from) = self.next.take() else {
@@ -168,7 +168,7 @@ impl PagedRange {
     }
 
     /// Everything not read yet.
-    pub(crate) fn rest(&self, store: &dyn SpillStore) -> Result<Entries, SpillError> {
+    pub(crate) fn rest(&self, store: &dyn SpillSpace) -> Result<Entries, SpillError> {
         match &self.next {
             Some(from) => store.scan(from, &self.end, usize::MAX),
             None => Ok(Vec::new()),
@@ -176,7 +176,7 @@ impl PagedRange {
     }
 }
 
-/// Deletes a durable store owes: data that was consumed (a cleared bag's
+/// Deletes a durable spill space owes: data that was consumed (a cleared bag's
 /// parts, a queue segment read back) but that the latest durable
 /// checkpoint may still name, so it must stay until a checkpoint taken
 /// after it was consumed is durable. Every checkpoint lists what is still
@@ -248,12 +248,12 @@ impl<K: Clone + Ord> OwedDeletes<K> {
 /// GroupByKeys alike.
 ///
 /// On scratch space, which a crash empties and no checkpoint names,
-/// consumed pieces are deleted at once. On a durable store beside the
+/// consumed pieces are deleted at once. On a durable spill space beside the
 /// checkpoints they stay until no checkpoint a restore may read names
 /// them ([`OwedDeletes`]).
 #[derive(Debug)]
 pub(crate) struct Reclaim<K> {
-    /// What a durable store owes; `None` on scratch.
+    /// What a durable spill space owes; `None` on scratch.
     owed: Option<OwedDeletes<K>>,
 }
 
@@ -263,7 +263,7 @@ impl<K: Clone + Ord> Reclaim<K> {
         Reclaim { owed: None }
     }
 
-    /// Deletes on a durable store, owing nothing yet.
+    /// Deletes on a durable spill space, owing nothing yet.
     pub(crate) fn durable() -> Self {
         Reclaim {
             owed: Some(OwedDeletes::default()),
@@ -276,7 +276,7 @@ impl<K: Clone + Ord> Reclaim<K> {
     }
 
     /// `pieces` were consumed: deleted now with `delete` on scratch,
-    /// owed on a durable store.
+    /// owed on a durable spill space.
     pub(crate) fn consumed(
         &mut self,
         pieces: impl IntoIterator<Item = K>,
@@ -344,15 +344,15 @@ impl<K: Clone + Ord> Reclaim<K> {
 }
 
 /// Deletes everything under `prefix` and gives its space back soon
-/// ([`SpillStore::delete_range`]: a GroupByKey buffer's scratch space).
-pub(crate) fn delete_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
+/// ([`SpillSpace::delete_range`]: a GroupByKey buffer's scratch space).
+pub(crate) fn delete_prefix(store: &dyn SpillSpace, prefix: &[u8]) -> Result<(), SpillError> {
     let end = prefix_end(prefix).unwrap_or_default();
     store.delete_range(prefix, &end)
 }
 
-/// Forgets everything under `prefix` ([`SpillStore::forget_range`]: a queue's
+/// Forgets everything under `prefix` ([`SpillSpace::forget_range`]: a queue's
 /// segments, a bundle's output parts).
-pub fn forget_prefix(store: &dyn SpillStore, prefix: &[u8]) -> Result<(), SpillError> {
+pub fn forget_prefix(store: &dyn SpillSpace, prefix: &[u8]) -> Result<(), SpillError> {
     let end = prefix_end(prefix).unwrap_or_default();
     store.forget_range(prefix, &end)
 }
@@ -375,16 +375,16 @@ pub fn job_space(job_prefix: &[u8]) -> Vec<u8> {
 /// stores keep these keys across restarts: the numbers must not change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SpillArea {
-    /// A stage's scratch space on the spill store: its GroupByKey's runs,
+    /// A stage's scratch space on the spill space: its GroupByKey's runs,
     /// or the back of its queue.
     Stage(StageIdx),
     /// A stateful stage's bags, on whichever store they spill to.
     UserState(StageIdx),
-    /// The back of a stage's queue on a durable store.
+    /// The back of a stage's queue on a durable spill space.
     DurableQueue(StageIdx),
-    /// A GroupByKey's spilled windows on a durable store.
+    /// A GroupByKey's spilled windows on a durable spill space.
     DurableGrouping(StageIdx),
-    /// Bundle outputs waiting in the spill store for their bundle to end.
+    /// Bundle outputs waiting in the spill space for their bundle to end.
     BundleOutputs,
 }
 
@@ -543,7 +543,7 @@ mod tests {
 
     #[test]
     fn scans_stop_after_the_byte_limit_and_deletes_remove_ranges() {
-        let s = MemorySpillStore::default();
+        let s = MemorySpillSpace::default();
         let put: Vec<(Vec<u8>, Vec<u8>)> = (0u8..10).map(|i| (vec![1, i], vec![i; 4])).collect();
         s.put(put).unwrap();
         let page = s.scan(&[1], &[2], 5).unwrap();

@@ -20,13 +20,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::coder::{whole_elements_len, Coder, CoderError};
-use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, PagedRange, SpillError, SpillSpace};
 
-/// Parts of one output of one bundle in the spill store: every key under
+/// Parts of one output of one bundle in the spill space: every key under
 /// a prefix, in key order.
 #[derive(Debug)]
 pub struct SpilledOutput {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     prefix: Vec<u8>,
     bytes: u64,
 }
@@ -46,7 +46,7 @@ impl SpilledOutput {
     /// The `bytes` written under `prefix` (keys that order the parts as
     /// they were written). `None` for a prefix of only `0xFF` bytes, which
     /// has no end.
-    pub fn new(store: Arc<dyn SpillStore>, prefix: Vec<u8>, bytes: u64) -> Option<Self> {
+    pub fn new(store: Arc<dyn SpillSpace>, prefix: Vec<u8>, bytes: u64) -> Option<Self> {
         prefix_end(&prefix)?;
         Some(SpilledOutput {
             store,
@@ -104,7 +104,7 @@ impl Drop for SpilledOutput {
 mod tests {
     use super::*;
     use crate::coder::{encode_varint_u64, encode_windowed_value, PaneInfo, WindowedValueHeader};
-    use crate::spill::MemorySpillStore;
+    use crate::spill::MemorySpillSpace;
     use crate::window::Window;
 
     /// `n` elements of `Bytes` values, each `i` repeated `i % 7` times.
@@ -126,7 +126,7 @@ mod tests {
     }
 
     /// The stream written as parts of `part` bytes under `prefix`.
-    fn spill(store: &Arc<MemorySpillStore>, prefix: &[u8], bytes: &[u8], part: usize) {
+    fn spill(store: &Arc<MemorySpillSpace>, prefix: &[u8], bytes: &[u8], part: usize) {
         let entries = bytes
             .chunks(part)
             .enumerate()
@@ -143,7 +143,7 @@ mod tests {
     fn parts_cut_inside_elements_come_back_as_whole_elements_then_the_rest() {
         let bytes = stream(50);
         for part in [1, 3, 17, bytes.len()] {
-            let store = MemorySpillStore::shared();
+            let store = MemorySpillSpace::shared();
             // Another output's parts, next to this one's, stay apart.
             spill(&store, b"o\x02", b"other", 2);
             let cut = bytes.len() - 2;
@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn bytes_that_are_not_elements_are_an_error() {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         // A global-window element whose pane byte is not a valid pane.
         spill(
             &store,

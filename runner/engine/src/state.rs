@@ -13,6 +13,19 @@
 //!   for the wire format);
 //! * **multimaps** — map keys (opaque nested bytes, compared bytewise) each
 //!   with a bag of values; Java's Map, Set and Multimap state use these.
+//!
+//! Where it is kept, in memory:
+//!
+//! [`SideInputTable`] holds materialized side inputs by (consumer transform,
+//! tag, window); [`UserStateTable`] holds user state — bags, ordered lists
+//! and multimaps — by (transform, state id, window, key). A bundle never
+//! writes to either directly: it writes to a [`BundleOverlay`], which reads
+//! through to the stores and is applied by the engine only when the bundle
+//! succeeded. That is what makes a bundle a transaction: a failed bundle's
+//! state writes are simply dropped with its overlay.
+//!
+//! One module each: `side_inputs`, `user_state` (with `bag_spill`, where
+//! bags go past the stage's share of memory) and `overlay`.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -20,6 +33,24 @@ use thiserror::Error;
 
 use crate::coder::{decode_varint_u64, encode_varint_i64, encode_varint_u64};
 use crate::plan::{SideInputId, TransformId};
+
+mod bag_spill;
+#[cfg(test)]
+mod bag_spill_tests;
+mod overlay;
+mod side_inputs;
+#[cfg(test)]
+mod tables_tests;
+mod user_state;
+
+pub(crate) use bag_spill::SpilledBags;
+pub use overlay::BundleOverlay;
+pub(crate) use side_inputs::SideInputSnapshot;
+pub use side_inputs::SideInputTable;
+pub(crate) use user_state::UserStateSnapshot;
+pub use user_state::{
+    BagWrite, MultimapWrite, OrderedListOp, OrderedListWrite, UserStateTable, UserStateWrites,
+};
 
 /// A half-open range `[start, end)` of ordered-list sort keys.
 ///
@@ -146,7 +177,7 @@ pub enum StateKey {
     /// `KV<K, Iterable<V>>` (map key bytes, int32 big-endian value count,
     /// the values), which is what Java's harness decodes; clear removes
     /// every map key. Counting values needs the state's value coder (see
-    /// `UserStateStore::set_multimap_value_coder`).
+    /// `UserStateTable::set_multimap_value_coder`).
     MultimapEntriesUserState(CellId),
     /// The rest of a state-backed iterable the runner handed out (a
     /// GroupByKey's key too large for memory): get only, by the token the

@@ -1,4 +1,4 @@
-//! A streaming GroupByKey's spilled windows on a durable store, named by
+//! A streaming GroupByKey's spilled windows on a durable spill space, named by
 //! checkpoints, across crashes.
 //!
 //! A self-checkpointing source feeds a GroupByKey in the global window
@@ -30,7 +30,7 @@ use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, StageIdx};
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 
 const STEPS: u32 = 20;
 const KEYS: u8 = 20;
@@ -96,7 +96,7 @@ impl StageExecutor for Sdk {
 
 /// A streaming engine whose GroupByKey spills to `durable` past
 /// [`GROUP_BYTES`], checkpointing after every commit.
-fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoints) -> Engine {
+fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillSpace>, checkpoints: Checkpoints) -> Engine {
     let config = EngineConfig {
         max_bundles_per_stage: 2,
         streaming: true,
@@ -112,19 +112,19 @@ fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoi
     )
 }
 
-/// Whether `parts` name spilled runs on the durable store: restoring them
+/// Whether `parts` name spilled runs on the durable spill space: restoring them
 /// over an empty one is refused.
 fn names_runs(parts: &[(String, Bytes)]) -> bool {
     let sdk = Arc::new(Sdk::default());
-    let empty = MemorySpillStore::shared();
+    let empty = MemorySpillSpace::shared();
     restore_refused(|tx, progress| engine(&sdk, &empty, (tx, progress)), parts)
 }
 
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
-/// over the same durable store; returns the groups committed in total,
+/// over the same durable spill space; returns the groups committed in total,
 /// and, if it crashed, whether its checkpoint named spilled runs.
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<Group>, Option<bool>) {
-    let durable = MemorySpillStore::shared();
+    let durable = MemorySpillSpace::shared();
     let make = |tx, progress| engine(sdk, &durable, (tx, progress));
     let crash = run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await;
     let named = match crash {

@@ -1,4 +1,4 @@
-//! A queue's back on a durable store, named by checkpoints, across crashes.
+//! A queue's back on a durable spill space, named by checkpoints, across crashes.
 //!
 //! Each step of the source emits far more than its sink's queue may hold
 //! (one commit: backpressure cannot split it), so the sink's queue keeps
@@ -6,7 +6,7 @@
 //! those segments instead of copying them (on scratch disk they would wait
 //! until the queue drains). The run is crashed at each of its first
 //! checkpoints (some writes failing first) and finished by a new engine
-//! restored from the last checkpoint written, over the same durable store:
+//! restored from the last checkpoint written, over the same durable spill space:
 //! every element must reach the sink exactly once. A segment a checkpoint
 //! names must still be there when it is restored (one read back is deleted
 //! only once a later checkpoint is durable), and segments written after it
@@ -30,7 +30,7 @@ use refract_engine::coder::Coder;
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 
 const STEPS: u32 = 6;
 /// Elements per source step, of about [`VALUE_BYTES`] each: 150 KiB, some
@@ -97,7 +97,7 @@ fn plan() -> Plan {
 
 /// An engine whose queues spill to `durable` past twice [`QUEUE_BYTES`],
 /// checkpointing after every commit.
-fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoints) -> Engine {
+fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillSpace>, checkpoints: Checkpoints) -> Engine {
     let config = EngineConfig {
         max_bundle_elements: 8,
         max_bundles_per_stage: 2,
@@ -114,19 +114,19 @@ fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoi
     )
 }
 
-/// Whether `parts` name queue segments on the durable store: restoring them
+/// Whether `parts` name queue segments on the durable spill space: restoring them
 /// over an empty one is refused.
 fn names_segments(parts: &[(String, Bytes)]) -> bool {
     let sdk = Arc::new(Sdk::default());
-    let empty = MemorySpillStore::shared();
+    let empty = MemorySpillSpace::shared();
     restore_refused(|tx, progress| engine(&sdk, &empty, (tx, progress)), parts)
 }
 
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
-/// over the same durable store; returns the elements committed in total,
+/// over the same durable spill space; returns the elements committed in total,
 /// and whether the checkpoint it crashed at named segments.
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, u8)>, Option<bool>) {
-    let durable = MemorySpillStore::shared();
+    let durable = MemorySpillSpace::shared();
     let make = |tx, progress| engine(sdk, &durable, (tx, progress));
     let crash = run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await;
     let named = match crash {

@@ -1,13 +1,13 @@
-//! Bags on a durable store, named by checkpoints, across crashes.
+//! Bags on a durable spill space, named by checkpoints, across crashes.
 //!
 //! A stateful stage batches each key's values in a bag: it appends each
 //! value, and when a key has all of its values it emits them (on commit)
 //! and clears the bag. The bags' memory share is a few bytes, so nearly
-//! every commit moves them to the durable store, and checkpoints — one
+//! every commit moves them to the durable spill space, and checkpoints — one
 //! after every commit — name the parts there instead of copying them. The
 //! run is crashed at each of its first checkpoints (some writes failing
 //! first) and finished by a new engine restored from the last checkpoint
-//! written, over the same durable store: every key's batch must be emitted
+//! written, over the same durable spill space: every key's batch must be emitted
 //! exactly once, whole and in order. A part a checkpoint names must still
 //! be there when it is restored (a cleared bag's parts are deleted only
 //! once a later checkpoint is durable), and parts written after it must
@@ -31,7 +31,7 @@ use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, Plan, SdkStage, StageIdx, StageKind};
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 use refract_engine::state::{BundleState, CellId, StateKey};
 
 const KEYS: u8 = 6;
@@ -154,7 +154,7 @@ fn config() -> EngineConfig {
 
 /// An engine over `durable`, spilling bags there past [`BAG_BYTES`],
 /// checkpointing after every commit.
-fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoints) -> Engine {
+fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillSpace>, checkpoints: Checkpoints) -> Engine {
     durable_engine(
         plan(),
         sdk.clone(),
@@ -166,10 +166,10 @@ fn engine(sdk: &Arc<Sdk>, durable: &Arc<MemorySpillStore>, checkpoints: Checkpoi
 }
 
 /// Runs the job, crashing at `writer`'s checkpoint and finishing from it
-/// over the same durable store; returns the batches committed in total,
+/// over the same durable spill space; returns the batches committed in total,
 /// and whether it crashed.
 async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, Vec<u8>)>, bool) {
-    let durable = MemorySpillStore::shared();
+    let durable = MemorySpillSpace::shared();
     let make = |tx, progress| engine(sdk, &durable, (tx, progress));
     let crashed = match run_crashing_at(make, &sdk.committed, writer, WRITE_TIME).await {
         // (A run may take fewer checkpoints than the crash waits for.)
@@ -180,7 +180,7 @@ async fn run(sdk: &Arc<Sdk>, writer: Writer) -> (Vec<(u8, Vec<u8>)>, bool) {
         Crash::At(parts) => {
             assert!(
                 parts.iter().any(|(name, _)| name == "user_state_spill/2"),
-                "the checkpoint names the stage's bags on the durable store"
+                "the checkpoint names the stage's bags on the durable spill space"
             );
             true
         }

@@ -29,7 +29,7 @@ use refract_engine::coder::{
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::PCollectionIdx;
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 use refract_engine::state::StateKey;
 use refract_engine::window::Window;
 use tokio::sync::{mpsc, watch};
@@ -178,7 +178,7 @@ impl StageExecutor for Fake {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_larger_than_memory_is_paged_by_its_consumer_and_checkpoints_resume_after_it() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let (tx, mut rx) = mpsc::channel(10_000);
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let executor = Arc::new(Fake {
@@ -222,7 +222,7 @@ async fn a_key_larger_than_memory_is_paged_by_its_consumer_and_checkpoints_resum
         checkpoints > at_hot,
         "a checkpoint once the consumer was done ({checkpoints} in all, {at_hot} before)"
     );
-    assert!(store.is_empty(), "nothing left in the spill store");
+    assert!(store.is_empty(), "nothing left in the spill space");
     // No checkpoint holds an element that names the key by its token (a
     // restore could not read it): none was taken while one waited or ran.
     let token = seen.token.clone().expect("a token");

@@ -6,10 +6,10 @@
 //! Plan: impulse → source (several bundles of KV<bytes, bytes>) →
 //! GroupByKey (spilling: allowed to hold 256 KiB) → sink (queue bound
 //! 128 KiB). The sink parses every group; the tests compare with what the
-//! source made, check the spill store is empty afterwards, and that the
+//! source made, check the spill space is empty afterwards, and that the
 //! sink's queue never held much more than its bound although the group
 //! output is ~30 times larger. And with the source's output handed over
-//! through the spill store, in parts cut inside elements.
+//! through the spill space, in parts cut inside elements.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
 
@@ -27,7 +27,7 @@ use refract_engine::coder::{encode_windowed_value, Coder, PaneInfo, WindowedValu
 use refract_engine::executor::{BundleInput, BundleOutput, ExecError, StageExecutor};
 use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{PCollectionIdx, Plan, StageIdx, StageKind};
-use refract_engine::spill::{MemorySpillStore, SpillStore};
+use refract_engine::spill::{MemorySpillSpace, SpillSpace};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -44,7 +44,7 @@ struct Fake {
     groups: Arc<Mutex<u64>>,
     /// Where the source puts most of each bundle's output (as an executor
     /// does with output past a bundle's share), if anywhere.
-    output_spill: Option<Arc<MemorySpillStore>>,
+    output_spill: Option<Arc<MemorySpillSpace>>,
     /// The source's output in memory comes in chunks cut anywhere (as an
     /// SDK's data messages may be), not in one.
     chunked: bool,
@@ -84,7 +84,7 @@ fn in_memory(bytes: &[u8], chunked: bool) -> Vec<(PCollectionIdx, Bytes)> {
 fn source_output(
     out: Vec<u8>,
     bundle: u32,
-    store: Option<&Arc<MemorySpillStore>>,
+    store: Option<&Arc<MemorySpillSpace>>,
     chunked: bool,
 ) -> BundleOutput {
     let Some(store) = store else {
@@ -214,12 +214,12 @@ fn expected_groups() -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
     want
 }
 
-/// Runs [`plan`] with a sink queue bound of 128 KiB (and the spill store,
+/// Runs [`plan`] with a sink queue bound of 128 KiB (and the spill space,
 /// if given, at a 256 KiB share): what the run reported, and the groups
 /// the sink saw (values sorted per key).
 async fn run(
-    spill: Option<Arc<dyn SpillStore>>,
-    output_spill: Option<Arc<MemorySpillStore>>,
+    spill: Option<Arc<dyn SpillSpace>>,
+    output_spill: Option<Arc<MemorySpillSpace>>,
     chunked: bool,
 ) -> (
     refract_engine::manager::RunSummary,
@@ -253,7 +253,7 @@ async fn run(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groupbykey_larger_than_its_share_spills_and_emits_every_key_once() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let (summary, got) = run(Some(store.clone()), None, false).await;
     assert_eq!(got.len(), KEYS as usize);
     assert!(
@@ -293,12 +293,12 @@ async fn a_firing_held_in_memory_is_emitted_a_step_at_a_time() {
     );
 }
 
-/// A bundle's output that waited in the spill store (cut into parts
+/// A bundle's output that waited in the spill space (cut into parts
 /// anywhere, the end of it still in memory) is read back whole when the
 /// bundle commits, and its parts are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bundles_spilled_output_comes_back_whole_and_is_deleted() {
-    let outputs = MemorySpillStore::shared();
+    let outputs = MemorySpillSpace::shared();
     let (summary, got) = run(None, Some(outputs.clone()), false).await;
     assert!(
         got == expected_groups(),
@@ -329,7 +329,7 @@ async fn output_in_chunks_cut_inside_elements_arrives_whole() {
 /// joins the first chunk in memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_after_a_spilled_part_continue_its_last_element() {
-    let outputs = MemorySpillStore::shared();
+    let outputs = MemorySpillSpace::shared();
     let (summary, got) = run(None, Some(outputs.clone()), true).await;
     assert!(
         got == expected_groups(),
@@ -380,11 +380,11 @@ fn reshuffle_plan() -> Plan {
 
 /// A queue far past its bound — every source bundle's output is ~5 times
 /// the sink's bound, and it arrives through a Flatten in one commit —
-/// keeps its back in the spill store, and the sink still gets every
+/// keeps its back in the spill space, and the sink still gets every
 /// element once; nothing is left in the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_far_past_its_bound_waits_on_disk_and_every_element_arrives() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let received = Arc::new(Mutex::new(Vec::new()));
     let executor = Arc::new(Recorder {
         source: Fake {

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use refract_engine::state::{
     decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateKey,
 };
-use refract_engine::store::{BundleOverlay, SideInputStore, UserStateStore};
+use refract_engine::state::{BundleOverlay, SideInputTable, UserStateTable};
 
 /// Sort keys drawn from a small set so that equal keys and range edges are
 /// common, plus the extremes.
@@ -130,8 +130,8 @@ proptest! {
             1..6,
         )
     ) {
-        let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-        let user_state = Arc::new(Mutex::new(UserStateStore::default()));
+        let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+        let user_state = Arc::new(Mutex::new(UserStateTable::default()));
         let mut committed: Vec<(i64, u8)> = Vec::new();
         for (ops, succeeds, page_bytes) in bundles {
             let o = BundleOverlay::new(side_inputs.clone(), user_state.clone())
@@ -185,8 +185,8 @@ proptest! {
             1..6,
         )
     ) {
-        let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-        let user_state = Arc::new(Mutex::new(UserStateStore::default()));
+        let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+        let user_state = Arc::new(Mutex::new(UserStateTable::default()));
         // map key -> concatenated values (present even when empty).
         let mut committed: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
         for (ops, succeeds) in bundles {

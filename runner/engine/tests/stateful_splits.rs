@@ -29,7 +29,7 @@
 //!
 //! Some cases give the stage's bags a memory share of a few bytes, so that
 //! every commit moves them to disk: the same counts must come back from
-//! there. Some take a checkpoint every millisecond with a durable store, so
+//! there. Some take a checkpoint every millisecond with a durable spill space, so
 //! that checkpoints name bags on disk while bundles page through them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
@@ -57,7 +57,7 @@ use refract_engine::manager::{Engine, EngineConfig};
 use refract_engine::plan::{
     PCollectionIdx, Plan, SdkStage, StageIdx, StageKind, TestStreamEvent, TimerFamily,
 };
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 use refract_engine::state::{BundleState, CellId, StateKey};
 use tokio::sync::watch;
 
@@ -379,10 +379,10 @@ fn run_case_with_summary(case: Case, checkpoints: Checkpoints) -> (Arc<Fake>, u6
             Arc::new(|| 0),
         );
         if let Some(limit) = spill_limit {
-            engine = engine.spill(MemorySpillStore::shared(), b"ss", limit);
-            // A durable store decides where spills go: nothing without them.
+            engine = engine.spill(MemorySpillSpace::shared(), b"ss", limit);
+            // A durable spill space decides where spills go: nothing without them.
             if checkpoints == Checkpoints::TakenWithDurableState {
-                engine = engine.durable_state(MemorySpillStore::shared());
+                engine = engine.durable_state(MemorySpillSpace::shared());
             }
         }
         if checkpoints != Checkpoints::None {
@@ -492,7 +492,7 @@ fn the_cases_split_bundles() {
 /// Cases with a spill limit do spill their bags, in batch and in streaming
 /// (a guard against a limit the bags never pass, or a job kind that keeps
 /// them in memory) — but not in a checkpointed streaming job without a
-/// durable store, whose state could stay on scratch disk for good while no
+/// durable spill space, whose state could stay on scratch disk for good while no
 /// checkpoint may be taken; with one, beside the checkpoints.
 #[test]
 fn bags_spill_unless_the_job_is_streaming_and_checkpointed_without_a_durable_store() {

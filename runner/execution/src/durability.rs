@@ -293,8 +293,8 @@ impl Durability {
 
     /// Where `job_id`'s engine keeps user state beside its checkpoints
     /// ([`refract_engine::manager::EngineBuilder::durable_state`]).
-    pub fn state_store(&self, job_id: &str) -> Arc<dyn refract_engine::spill::SpillStore> {
-        Arc::new(crate::durable_state::DurableStateStore::new(
+    pub fn state_store(&self, job_id: &str) -> Arc<dyn refract_engine::spill::SpillSpace> {
+        Arc::new(crate::durable_spill::DurableSpillSpace::new(
             self.store.clone(),
             job_id,
         ))

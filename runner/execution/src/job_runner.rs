@@ -20,7 +20,7 @@ mod workers;
 use std::sync::Arc;
 
 use refract_engine::manager::{EngineConfig, EngineError, SnapshotError};
-use refract_engine::spill::SpillStore;
+use refract_engine::spill::SpillSpace;
 use refract_jobservice::{Job, JobRunner};
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::{BundleRecorder, OtlpExport};
@@ -89,7 +89,7 @@ pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String>
 /// The experiment choosing where one job keeps its state:
 /// `--experiments=refract_state_store=memory` keeps it in memory on a
 /// server with `--state_dir` (nothing checkpointed, nothing resumed);
-/// `=rocksdb` insists on the durable store, and is refused at submission
+/// `=rocksdb` insists on the durable spill space, and is refused at submission
 /// by a server without one. Without it, the server's choice holds.
 pub const STATE_STORE_EXPERIMENT: &str = "refract_state_store";
 
@@ -166,7 +166,7 @@ pub struct RefractRunner {
     /// The server's memory, and the most one job is granted of it.
     memory: Option<(Arc<MemoryLedger>, usize)>,
     /// Where GroupByKey buffers over their share of the budget spill.
-    spill: Option<Arc<dyn SpillStore>>,
+    spill: Option<Arc<dyn SpillSpace>>,
     /// Which alternative of an AnyOf environment jobs start.
     environment_preference: EnvironmentPreference,
     /// Remote worker pools, if the server has any.
@@ -230,7 +230,7 @@ impl RefractRunner {
     /// Let a job's batch GroupByKey buffers spill to `store` once one holds
     /// more than a stage's share of the memory budget (see
     /// [`refract_engine::spill`]); without it they stay in memory.
-    pub fn with_spill(mut self, store: Arc<dyn SpillStore>) -> Self {
+    pub fn with_spill(mut self, store: Arc<dyn SpillSpace>) -> Self {
         self.spill = Some(store);
         self
     }

@@ -16,13 +16,13 @@
 pub mod activity;
 pub mod bundle_finalizations;
 pub mod durability;
-pub mod durable_state;
+pub mod durable_spill;
 pub(crate) mod harness_executor;
 pub mod job_runner;
 pub mod memory;
 mod options;
 pub mod output_spill;
-pub mod spill_store;
+pub mod scratch_spill;
 mod split_policy;
 pub mod stall_watch;
 mod state_bridge;

@@ -1,5 +1,5 @@
 //! Where a bundle's output goes once it outgrows the bundle's share of the
-//! memory budget: the job's spill store (see
+//! memory budget: the job's spill space (see
 //! [`refract_engine::spilled_output`] for why, and how the engine reads it
 //! back).
 //!
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use refract_engine::spill::{forget_prefix, SpillArea, SpillStore};
+use refract_engine::spill::{forget_prefix, SpillArea, SpillSpace};
 use refract_engine::spilled_output::SpilledOutput;
 use refract_sdk_harness::OutputOverflow;
 use tracing::warn;
@@ -20,7 +20,7 @@ use tracing::warn;
 /// One job's spill space for bundle outputs.
 #[derive(Debug)]
 pub struct OutputSpill {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     /// Every key starts with it.
     prefix: Vec<u8>,
     /// Output bytes a bundle holds in memory before it writes them here.
@@ -32,7 +32,7 @@ pub struct OutputSpill {
 impl OutputSpill {
     /// Bundle outputs of the job whose spill prefix is `job_prefix`, held
     /// in memory up to `limit` bytes a bundle.
-    pub fn new(store: Arc<dyn SpillStore>, job_prefix: &[u8], limit: usize) -> Self {
+    pub fn new(store: Arc<dyn SpillSpace>, job_prefix: &[u8], limit: usize) -> Self {
         let prefix = SpillArea::BundleOutputs.prefix(job_prefix);
         OutputSpill {
             store,
@@ -81,7 +81,7 @@ struct Parts {
 /// bundle failed) is deleted with it.
 #[derive(Debug)]
 pub struct BundleOverflow {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     prefix: Vec<u8>,
     limit: usize,
     sinks: Vec<String>,
@@ -158,11 +158,11 @@ impl Drop for BundleOverflow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use refract_engine::spill::MemorySpillStore;
+    use refract_engine::spill::MemorySpillSpace;
 
     #[test]
     fn parts_are_filed_per_sink_in_order_and_handed_over() {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let spill = OutputSpill::new(store.clone(), b"job", 10);
         let bundle = spill.for_bundle(vec!["a".into(), "b".into()]);
         assert_eq!(bundle.memory_limit(), 10);
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_failed_bundles_parts_go_with_it_and_other_bundles_stay() {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let spill = OutputSpill::new(store.clone(), b"job", 10);
         let failed = spill.for_bundle(vec!["a".into()]);
         let other = spill.for_bundle(vec!["a".into()]);

@@ -160,7 +160,7 @@ mod tests {
     use super::*;
     use parking_lot::Mutex;
     use refract_engine::state::{decode_ordered_entries, encode_ordered_entry};
-    use refract_engine::store::{BundleOverlay, SideInputStore, UserStateStore};
+    use refract_engine::state::{BundleOverlay, SideInputTable, UserStateTable};
     use refract_proto::fn_api::{
         state_key, OrderedListRange, StateAppendRequest, StateClearRequest, StateGetRequest,
         StateKey as ProtoKey,
@@ -168,8 +168,8 @@ mod tests {
 
     fn bridge() -> (StateBridge, Arc<BundleOverlay>) {
         let overlay = Arc::new(BundleOverlay::new(
-            Arc::new(Mutex::new(SideInputStore::default())),
-            Arc::new(Mutex::new(UserStateStore::default())),
+            Arc::new(Mutex::new(SideInputTable::default())),
+            Arc::new(Mutex::new(UserStateTable::default())),
         ));
         (StateBridge::new(overlay.clone()), overlay)
     }

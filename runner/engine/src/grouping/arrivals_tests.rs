@@ -15,7 +15,7 @@ use super::tests::{element, emitted, kv_coder};
 use super::{Fired, GroupingBuffer};
 use crate::coder::{Coder, DecodedElement};
 use crate::plan::{WindowFn, WindowingStrategy};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
@@ -162,7 +162,7 @@ fn buffer(
         g = g.keeping_late_data();
     }
     if let Some(limit) = spill_limit {
-        g.enable_spill(MemorySpillStore::shared(), b"s/".to_vec(), limit);
+        g.enable_spill(MemorySpillSpace::shared(), b"s/".to_vec(), limit);
     }
     g
 }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use super::fired::Fired;
 use super::firing::{expired, Firing};
 use super::memory::MemoryPanes;
-use super::spill::{BufferSide, InMemory, SpillSpace, Spillable};
+use super::spill::{BufferSide, BufferSpill, InMemory, Spillable};
 use super::GroupingError;
 use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
 use crate::plan::{WindowFn, WindowingStrategy};
@@ -65,7 +65,7 @@ pub struct GroupingBuffer {
     /// (custom merging window functions only).
     unmerged: BTreeSet<Bytes>,
     /// Where the buffer spills, if it may.
-    spill: Option<SpillSpace>,
+    spill: Option<BufferSpill>,
 }
 
 impl GroupingBuffer {
@@ -223,7 +223,7 @@ impl GroupingBuffer {
     /// that holds nothing (an empty closing pane), which must not come out
     /// behind a watermark that moved on without it.
     pub fn hold(&self) -> Option<Timestamp> {
-        let spilled = self.spill.as_ref().and_then(SpillSpace::hold);
+        let spilled = self.spill.as_ref().and_then(BufferSpill::hold);
         let held = earliest(self.memory.hold(), spilled);
         if self.has_unevaluated() {
             return Some(held.map_or(self.output_watermark, |h| h.min(self.output_watermark)));
@@ -260,7 +260,7 @@ impl GroupingBuffer {
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         let always = self.uses_processing_time;
-        if self.spill.as_ref().is_some_and(SpillSpace::is_in_use) {
+        if self.spill.as_ref().is_some_and(BufferSpill::is_in_use) {
             // The spill sees only the table.
             self.memory.settle(&self.strategy);
         }
@@ -304,7 +304,7 @@ impl GroupingBuffer {
 
     /// The spill space, and the buffer as the spill space sees it (its
     /// memory, and how its panes fire), borrowed apart.
-    fn split(&mut self) -> (Option<&mut SpillSpace>, BufferSide<'_, MemoryPanes>) {
+    fn split(&mut self) -> (Option<&mut BufferSpill>, BufferSide<'_, MemoryPanes>) {
         let side = BufferSide {
             memory: &mut self.memory,
             firing: Firing {

@@ -301,7 +301,7 @@ impl Firing<'_> {
     }
 
     /// Emits `pane` of `key` in `window` into `out`; with `token`, as the
-    /// last pane of a key whose values a drain left in the spill store:
+    /// last pane of a key whose values a drain left in the spill space:
     /// `KV<key, Iterable<V>>` in the state-backed form, no values inline,
     /// then the token, which the consumer reads them by.
     #[allow(clippy::too_many_arguments)]

@@ -18,7 +18,7 @@
 //! the spill reads the panes in memory to choose and write what goes, the
 //! memory hands those over (forgets them, with their holds and bytes),
 //! and takes back what the spill reads from the store. The buffer, in
-//! turn, calls [`SpillSpace`]: to spill when it is over its limit, before
+//! turn, calls [`BufferSpill`]: to spill when it is over its limit, before
 //! it evaluates (which may start emitting spilled windows), to emit them
 //! a few megabytes at a time, and for checkpoints. Panes emitted from the
 //! store fire through the same `Firing` as panes in memory.
@@ -37,7 +37,7 @@ use super::pane::{KeyPanes, Pane};
 use super::GroupingError;
 use crate::coder::Coder;
 use crate::plan::{WindowFn, WindowingStrategy};
-use crate::spill::{delete_prefix, SpillError, SpillStore};
+use crate::spill::{delete_prefix, SpillError, SpillSpace};
 use crate::time::Timestamp;
 use crate::window::Window;
 
@@ -137,7 +137,7 @@ pub(super) struct BufferSide<'a, M> {
 
 /// Where a buffer spills, by how it files what it spills.
 #[derive(Debug)]
-pub(super) enum SpillSpace {
+pub(super) enum BufferSpill {
     /// Windows that do not merge: filed by window. (Boxed: a buffer that
     /// does not spill holds neither.)
     ByWindow(Box<WindowSpill>),
@@ -159,7 +159,7 @@ pub(super) enum InMemory {
     None,
 }
 
-impl SpillSpace {
+impl BufferSpill {
     /// Spill space in `store` under `prefix`, used once the buffer holds
     /// more than `limit` bytes, for a buffer with `strategy` whose values
     /// are of `value_coder` (if known: large panes are then written out of
@@ -169,7 +169,7 @@ impl SpillSpace {
     /// window may use one.
     pub(super) fn new(
         strategy: &WindowingStrategy,
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
         value_coder: Option<Coder>,
@@ -179,7 +179,7 @@ impl SpillSpace {
             return None;
         }
         match strategy.window_fn {
-            WindowFn::Sessions { .. } if !durable => Some(SpillSpace::ByKey(Box::new(
+            WindowFn::Sessions { .. } if !durable => Some(BufferSpill::ByKey(Box::new(
                 SessionSpill::new(store, prefix, limit),
             ))),
             WindowFn::Sessions { .. } | WindowFn::Custom { merging: true } => None,
@@ -188,7 +188,7 @@ impl SpillSpace {
                 if durable {
                     spill.make_durable();
                 }
-                Some(SpillSpace::ByWindow(Box::new(spill)))
+                Some(BufferSpill::ByWindow(Box::new(spill)))
             }
         }
     }
@@ -198,16 +198,16 @@ impl SpillSpace {
     /// by window on scratch does).
     pub(super) fn hand_out_large_keys(&mut self) -> bool {
         match self {
-            SpillSpace::ByWindow(spill) => spill.hand_out_large_keys(),
-            SpillSpace::ByKey(_) => false,
+            BufferSpill::ByWindow(spill) => spill.hand_out_large_keys(),
+            BufferSpill::ByKey(_) => false,
         }
     }
 
     /// Keys handed out as state-backed iterables so far.
     pub(super) fn handed_out(&self) -> u64 {
         match self {
-            SpillSpace::ByWindow(spill) => spill.handed_out(),
-            SpillSpace::ByKey(_) => 0,
+            BufferSpill::ByWindow(spill) => spill.handed_out(),
+            BufferSpill::ByKey(_) => 0,
         }
     }
 
@@ -215,8 +215,8 @@ impl SpillSpace {
     /// be taken).
     pub(super) fn has_live_hand_outs(&self) -> bool {
         match self {
-            SpillSpace::ByWindow(spill) => spill.has_live_hand_outs(),
-            SpillSpace::ByKey(_) => false,
+            BufferSpill::ByWindow(spill) => spill.has_live_hand_outs(),
+            BufferSpill::ByKey(_) => false,
         }
     }
 
@@ -224,24 +224,24 @@ impl SpillSpace {
     /// deletes what only they needed.
     pub(super) fn release_hand_outs(&mut self) -> Result<(), SpillError> {
         match self {
-            SpillSpace::ByWindow(spill) => spill.release_hand_outs(),
-            SpillSpace::ByKey(_) => Ok(()),
+            BufferSpill::ByWindow(spill) => spill.release_hand_outs(),
+            BufferSpill::ByKey(_) => Ok(()),
         }
     }
 
     /// Bytes written to the store so far.
     pub(super) fn spilled_bytes(&self) -> u64 {
         match self {
-            SpillSpace::ByWindow(s) => s.spilled_bytes,
-            SpillSpace::ByKey(s) => s.spilled_bytes,
+            BufferSpill::ByWindow(s) => s.spilled_bytes,
+            BufferSpill::ByKey(s) => s.spilled_bytes,
         }
     }
 
     /// Whether some of the buffer's data is in the store.
     pub(super) fn has_spilled(&self) -> bool {
         match self {
-            SpillSpace::ByWindow(s) => s.has_spilled(),
-            SpillSpace::ByKey(s) => s.holds_data(),
+            BufferSpill::ByWindow(s) => s.has_spilled(),
+            BufferSpill::ByKey(s) => s.holds_data(),
         }
     }
 
@@ -249,8 +249,8 @@ impl SpillSpace {
     /// ([`Self::drain`]).
     pub(super) fn is_draining(&self) -> bool {
         match self {
-            SpillSpace::ByWindow(s) => s.is_draining(),
-            SpillSpace::ByKey(s) => s.in_pass(),
+            BufferSpill::ByWindow(s) => s.is_draining(),
+            BufferSpill::ByKey(s) => s.in_pass(),
         }
     }
 
@@ -258,16 +258,16 @@ impl SpillSpace {
     /// would have to copy it back.
     pub(super) fn holds_scratch_spill(&self) -> bool {
         match self {
-            SpillSpace::ByWindow(s) => s.holds_scratch_spill(),
-            SpillSpace::ByKey(s) => s.holds_data(),
+            BufferSpill::ByWindow(s) => s.holds_scratch_spill(),
+            BufferSpill::ByKey(s) => s.holds_data(),
         }
     }
 
     /// The earliest output-time hold of what is in the store.
     pub(super) fn hold(&self) -> Option<Timestamp> {
         match self {
-            SpillSpace::ByWindow(s) => s.hold(),
-            SpillSpace::ByKey(s) => s.hold(),
+            BufferSpill::ByWindow(s) => s.hold(),
+            BufferSpill::ByKey(s) => s.hold(),
         }
     }
 
@@ -275,8 +275,8 @@ impl SpillSpace {
     /// the last spill had to leave there: what makes it spill.
     pub(super) fn over_limit(&self, bytes: usize) -> bool {
         match self {
-            SpillSpace::ByWindow(s) => s.over_limit(bytes),
-            SpillSpace::ByKey(s) => s.over_limit(bytes),
+            BufferSpill::ByWindow(s) => s.over_limit(bytes),
+            BufferSpill::ByKey(s) => s.over_limit(bytes),
         }
     }
 
@@ -294,8 +294,8 @@ impl SpillSpace {
         input_watermark: Timestamp,
     ) -> Result<(), GroupingError> {
         match self {
-            SpillSpace::ByWindow(s) => s.maybe_spill(buffer, input_watermark),
-            SpillSpace::ByKey(s) => s.maybe_spill(buffer),
+            BufferSpill::ByWindow(s) => s.maybe_spill(buffer, input_watermark),
+            BufferSpill::ByKey(s) => s.maybe_spill(buffer),
         }
     }
 
@@ -308,11 +308,11 @@ impl SpillSpace {
         input_watermark: Timestamp,
     ) -> Result<InMemory, GroupingError> {
         match self {
-            SpillSpace::ByWindow(s) => {
+            BufferSpill::ByWindow(s) => {
                 s.start_drains(buffer, input_watermark)?;
                 Ok(InMemory::All)
             }
-            SpillSpace::ByKey(s) => s.prepare_evaluation(buffer, input_watermark),
+            BufferSpill::ByKey(s) => s.prepare_evaluation(buffer, input_watermark),
         }
     }
 
@@ -328,10 +328,10 @@ impl SpillSpace {
         max_bytes: usize,
     ) -> Result<usize, GroupingError> {
         match self {
-            SpillSpace::ByWindow(s) => {
+            BufferSpill::ByWindow(s) => {
                 s.drain(&buffer.firing, input_watermark, now, out, max_bytes)
             }
-            SpillSpace::ByKey(s) => s.drain(buffer, now, out, max_bytes),
+            BufferSpill::ByKey(s) => s.drain(buffer, now, out, max_bytes),
         }
     }
 
@@ -345,32 +345,32 @@ impl SpillSpace {
         window_coder: &Coder,
     ) -> Result<(), SpillError> {
         match self {
-            SpillSpace::ByWindow(s) => s.read_back_into(panes, &strategy.trigger),
-            SpillSpace::ByKey(s) => s.read_back_into(panes, strategy, window_coder),
+            BufferSpill::ByWindow(s) => s.read_back_into(panes, &strategy.trigger),
+            BufferSpill::ByKey(s) => s.read_back_into(panes, strategy, window_coder),
         }
     }
 
     /// After a restore: forgets what was spilled before (the checkpoint
-    /// holds it) — on a durable store, all but the windows `named` names,
+    /// holds it) — on a durable spill space, all but the windows `named` names,
     /// which are put back.
     pub(super) fn reset(&mut self, named: Option<SpilledWindows>) -> Result<(), GroupingError> {
         match self {
-            SpillSpace::ByWindow(s) => s.reset(named),
-            SpillSpace::ByKey(s) => Ok(s.clear()?),
+            BufferSpill::ByWindow(s) => s.reset(named),
+            BufferSpill::ByKey(s) => Ok(s.clear()?),
         }
     }
 
     /// What a checkpoint taken now may name instead of copying, if it can.
     pub(super) fn named(&self) -> Option<SpilledWindows> {
         match self {
-            SpillSpace::ByWindow(s) => s.named_if_possible(),
-            SpillSpace::ByKey(_) => None,
+            BufferSpill::ByWindow(s) => s.named_if_possible(),
+            BufferSpill::ByKey(_) => None,
         }
     }
 
     /// Periodic checkpoint `number` was taken.
     pub(super) fn checkpoint_taken(&mut self, number: u64) {
-        if let SpillSpace::ByWindow(s) = self {
+        if let BufferSpill::ByWindow(s) = self {
             s.checkpoint_taken(number);
         }
     }
@@ -378,8 +378,8 @@ impl SpillSpace {
     /// Checkpoints up to `number` are durable.
     pub(super) fn checkpoint_durable(&mut self, number: u64) -> Result<(), SpillError> {
         match self {
-            SpillSpace::ByWindow(s) => s.checkpoint_durable(number),
-            SpillSpace::ByKey(_) => Ok(()),
+            BufferSpill::ByWindow(s) => s.checkpoint_durable(number),
+            BufferSpill::ByKey(_) => Ok(()),
         }
     }
 }
@@ -396,7 +396,7 @@ impl RunWriter {
     /// it writes in `spilled_bytes`.
     fn push(
         &mut self,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
         entry: (Vec<u8>, Vec<u8>),
         spilled_bytes: &mut u64,
     ) -> Result<(), SpillError> {
@@ -409,7 +409,7 @@ impl RunWriter {
     }
 
     /// Writes what is left.
-    fn flush(&mut self, store: &dyn SpillStore, spilled_bytes: &mut u64) -> Result<(), SpillError> {
+    fn flush(&mut self, store: &dyn SpillSpace, spilled_bytes: &mut u64) -> Result<(), SpillError> {
         if !self.batch.is_empty() {
             store.put(std::mem::take(&mut self.batch))?;
             *spilled_bytes += std::mem::take(&mut self.bytes) as u64;
@@ -420,7 +420,7 @@ impl RunWriter {
 
 /// [`delete_prefix`] when the buffer goes (job done, failed or cancelled):
 /// a failure only leaves garbage a restart clears.
-fn drop_prefix(store: &dyn SpillStore, prefix: &[u8]) {
+fn drop_prefix(store: &dyn SpillSpace, prefix: &[u8]) {
     if let Err(error) = delete_prefix(store, prefix) {
         tracing::warn!(%error, "cannot remove a GroupByKey's spilled data");
     }
@@ -437,20 +437,20 @@ fn next_number(counter: &mut u32, what: &str) -> Result<u32, SpillError> {
 }
 
 #[cfg(test)]
-impl SpillSpace {
+impl BufferSpill {
     /// Bytes the last spill had to leave in memory.
     pub(super) fn pinned(&self) -> usize {
         match self {
-            SpillSpace::ByWindow(s) => s.pinned,
-            SpillSpace::ByKey(s) => s.pinned,
+            BufferSpill::ByWindow(s) => s.pinned,
+            BufferSpill::ByKey(s) => s.pinned,
         }
     }
 
     /// Runs written so far, by a spill filed by window.
     pub(super) fn runs(&self) -> u32 {
         match self {
-            SpillSpace::ByWindow(s) => s.runs,
-            SpillSpace::ByKey(_) => 0,
+            BufferSpill::ByWindow(s) => s.runs,
+            BufferSpill::ByKey(_) => 0,
         }
     }
 
@@ -462,8 +462,8 @@ impl SpillSpace {
         input_watermark: Timestamp,
     ) -> Result<(), GroupingError> {
         match self {
-            SpillSpace::ByWindow(s) => s.start_drains(buffer, input_watermark),
-            SpillSpace::ByKey(_) => Ok(()),
+            BufferSpill::ByWindow(s) => s.start_drains(buffer, input_watermark),
+            BufferSpill::ByKey(_) => Ok(()),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Building an engine. Its optional parts — draining, stage snapshots,
-//! spilling, a durable store beside the checkpoints, state-backed GroupByKey
+//! spilling, a durable spill space beside the checkpoints, state-backed GroupByKey
 //! outputs, checkpoints, savepoints, extra checkpoint parts — depend on each
-//! other: the durable store decides where spilling goes, and handing out
+//! other: the durable spill space decides where spilling goes, and handing out
 //! large keys needs spilling on. The builder's setters only record, in any
 //! order; [`EngineBuilder::build`] checks that the parts fit together and
 //! applies them in the one order that works.
@@ -18,11 +18,11 @@ use super::{
 };
 use crate::executor::StageExecutor;
 use crate::plan::{PCollectionIdx, Plan};
-use crate::spill::SpillStore;
+use crate::spill::SpillSpace;
 
 /// Where and how far the engine may spill (see [`EngineBuilder::spill`]).
 struct SpillSetting {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     prefix: Vec<u8>,
     limit_bytes: usize,
 }
@@ -44,7 +44,7 @@ pub struct EngineBuilder {
     clock: ClockFn,
     drain: Option<watch::Receiver<bool>>,
     stats: Option<watch::Sender<Vec<StageStats>>>,
-    durable_state: Option<Arc<dyn SpillStore>>,
+    durable_state: Option<Arc<dyn SpillSpace>>,
     spill: Option<SpillSetting>,
     state_backed_outputs: Vec<PCollectionIdx>,
     extra_parts: Vec<(String, ExtraPart)>,
@@ -100,7 +100,7 @@ impl EngineBuilder {
     /// start with `prefix` (unique to the job) and the stage. While
     /// something is on this store, periodic checkpoints wait: a checkpoint
     /// would have to copy the spilled bytes back into memory.
-    pub fn spill(mut self, store: Arc<dyn SpillStore>, prefix: &[u8], limit_bytes: usize) -> Self {
+    pub fn spill(mut self, store: Arc<dyn SpillSpace>, prefix: &[u8], limit_bytes: usize) -> Self {
         self.spill = Some(SpillSetting {
             store,
             prefix: prefix.to_vec(),
@@ -114,7 +114,7 @@ impl EngineBuilder {
     /// last as long as the job's checkpoints (the runner's state database),
     /// so a periodic checkpoint names what is there instead of copying it,
     /// and a checkpointed streaming job's state may outgrow memory.
-    pub fn durable_state(mut self, store: Arc<dyn SpillStore>) -> Self {
+    pub fn durable_state(mut self, store: Arc<dyn SpillSpace>) -> Self {
         self.durable_state = Some(store);
         self
     }
@@ -174,7 +174,7 @@ impl EngineBuilder {
         self
     }
 
-    /// The engine, with every recorded part applied: the durable store
+    /// The engine, with every recorded part applied: the durable spill space
     /// before spilling (it decides where spills go), spilling before the
     /// state-backed outputs (which hand out only what spilled). Parts that
     /// need another part that is missing are refused, naming both.
@@ -182,12 +182,12 @@ impl EngineBuilder {
         if self.spill.is_none() {
             if self.durable_state.is_some() {
                 return Err(EngineError::Misconfigured(
-                    "a durable state store takes effect only with a spill store".to_string(),
+                    "a durable spill space takes effect only with a spill space".to_string(),
                 ));
             }
             if !self.state_backed_outputs.is_empty() {
                 return Err(EngineError::Misconfigured(
-                    "state-backed GroupByKey outputs need a spill store".to_string(),
+                    "state-backed GroupByKey outputs need a spill space".to_string(),
                 ));
             }
         }
@@ -224,7 +224,7 @@ mod tests {
 
     use super::*;
     use crate::executor::{BundleInput, BundleOutput, ExecError};
-    use crate::spill::MemorySpillStore;
+    use crate::spill::MemorySpillSpace;
 
     /// An executor no test here reaches: the plans have no SDK stage.
     struct NoSdk;
@@ -249,8 +249,8 @@ mod tests {
     fn parts_that_need_a_spill_store_are_refused_without_one() {
         for (builder, needs) in [
             (
-                builder().durable_state(MemorySpillStore::shared()),
-                "a durable state store",
+                builder().durable_state(MemorySpillSpace::shared()),
+                "a durable spill space",
             ),
             (
                 builder().state_backed_outputs(&[PCollectionIdx::new(0)]),
@@ -258,7 +258,7 @@ mod tests {
             ),
         ] {
             let Err(error) = builder.build() else {
-                panic!("{needs} without a spill store was accepted");
+                panic!("{needs} without a spill space was accepted");
             };
             assert!(matches!(error, EngineError::Misconfigured(_)), "{error}");
             assert!(error.to_string().contains(needs), "{error}");
@@ -268,13 +268,13 @@ mod tests {
     #[test]
     fn setters_record_in_any_order() {
         let (tx, _rx) = mpsc::channel(1);
-        let durable = MemorySpillStore::shared();
+        let durable = MemorySpillSpace::shared();
         let engine = builder()
             .durable_state(durable.clone())
             .checkpoints(Duration::ZERO, tx, None)
-            .spill(MemorySpillStore::shared(), b"b", 1 << 20)
+            .spill(MemorySpillSpace::shared(), b"b", 1 << 20)
             .build()
-            .expect("spill after the durable store is fine");
+            .expect("spill after the durable spill space is fine");
         assert!(
             engine.durability.durable_state.is_some() && engine.durability.spill_space.is_some()
         );

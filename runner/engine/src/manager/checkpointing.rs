@@ -68,7 +68,7 @@ pub(super) struct CheckpointSink {
     /// Actions waiting for the checkpoint (by number sent) that holds
     /// their bundle's commit to be written.
     after_durable: VecDeque<(u64, CommitAction)>,
-    /// Periodic checkpoints are put off while data is on the spill store
+    /// Periodic checkpoints are put off while data is on the spill space
     /// (said once in the log when they start waiting, once when they go on).
     waiting_for_spill: bool,
     /// Writes that failed in a row (a full disk, say): each makes the
@@ -223,7 +223,7 @@ impl Engine {
                     if !waits {
                         info!(stage = %self.topology.plan.stages[idx].name, what,
                               "periodic checkpoints wait while this stage has data on the \
-                               spill store");
+                               spill space");
                     }
                     if let Some(sink) = &mut self.durability.checkpoints {
                         sink.waiting_for_spill = true;
@@ -232,7 +232,7 @@ impl Engine {
                     return;
                 }
                 None if waits => {
-                    info!("periodic checkpoints resume: no data left on the spill store");
+                    info!("periodic checkpoints resume: no data left on the spill space");
                     if let Some(sink) = &mut self.durability.checkpoints {
                         sink.waiting_for_spill = false;
                     }
@@ -369,7 +369,7 @@ impl Engine {
     }
 
     /// Checkpoints up to `number` are durable: bags, queue segments and
-    /// GroupByKey windows on the durable store that only earlier ones
+    /// GroupByKey windows on the durable spill space that only earlier ones
     /// named may go. (What cannot
     /// be deleted now is owed again by the next checkpoint.)
     fn spill_durable(&mut self, number: u64) {

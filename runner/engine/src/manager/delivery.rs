@@ -343,7 +343,7 @@ impl Engine {
 
     /// The engine's error for a grouping stage's failure: bytes of
     /// `pcollection` (its input, or what it emits) that do not decode, or
-    /// its spill store failing.
+    /// its spill space failing.
     pub(super) fn grouping_error(
         &self,
         stage: StageIdx,

@@ -20,14 +20,14 @@ pub(super) enum PartName {
     /// A stage's queue, delayed residuals, grouping buffer, timers and
     /// watermarks.
     Stage(StageIdx),
-    /// The spilled back of a stage's queue, named on the durable store.
+    /// The spilled back of a stage's queue, named on the durable spill space.
     QueueSpill(StageIdx),
     /// The spilled windows of a stage's GroupByKey, named on the durable
     /// store.
     GroupingSpill(StageIdx),
     /// A stage's user state.
     UserState(StageIdx),
-    /// Where a stage's bags on the durable store are.
+    /// Where a stage's bags on the durable spill space are.
     UserStateSpill(StageIdx),
 }
 

@@ -14,13 +14,13 @@
 //! A GroupByKey's firing of many elements reaches an SDK stage's or a
 //! Flatten's queue as one run of them ([`Queued::Run`]), which bundles
 //! take whole or cut where they need; whatever needs one element at a time (a gated, keyed or
-//! time-sorted stage's take, a checkpoint, the spill store) takes a run's
+//! time-sorted stage's take, a checkpoint, the spill space) takes a run's
 //! elements one by one.
 //!
 //! A queue far past its bound (one bundle's output can be any size) keeps
-//! its back in the spill store (`overflow`); bundles take only from its
+//! its back in the spill space (`overflow`); bundles take only from its
 //! memory part, which is refilled from the store as it drains. With a
-//! durable store beside the checkpoints, a periodic checkpoint names that
+//! durable spill space beside the checkpoints, a periodic checkpoint names that
 //! back instead of copying it.
 
 use std::collections::VecDeque;
@@ -55,7 +55,7 @@ pub(super) struct Pending {
     bytes: usize,
     /// Bytes of the elements in `queue`.
     memory_bytes: usize,
-    /// The back of the queue, in the spill store, if it may spill.
+    /// The back of the queue, in the spill space, if it may spill.
     overflow: Option<Overflow>,
     /// Only the durable prefix may be taken.
     gated: bool,
@@ -66,7 +66,7 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// Let the queue keep its back in the spill store once it holds more
+    /// Let the queue keep its back in the spill space once it holds more
     /// than twice `overflow`'s bound (not for a gated queue, whose durable
     /// prefix is counted in memory).
     pub(super) fn enable_overflow(&mut self, overflow: Overflow) {
@@ -84,12 +84,12 @@ impl Pending {
         }
     }
 
-    /// Bytes the queue wrote to the spill store so far.
+    /// Bytes the queue wrote to the spill space so far.
     pub(super) fn spilled_bytes(&self) -> u64 {
         self.overflow.as_ref().map_or(0, |o| o.written)
     }
 
-    /// Whether some waiting elements are in the spill store.
+    /// Whether some waiting elements are in the spill space.
     pub(super) fn has_spilled(&self) -> bool {
         self.overflow.as_ref().is_some_and(|o| !o.is_empty())
     }
@@ -104,7 +104,7 @@ impl Pending {
 
     /// A checkpoint of the queue. `front` is called with the elements it
     /// copies, oldest first; if `named` (a periodic checkpoint) and the
-    /// queue spills to a durable store, the spilled segments are named
+    /// queue spills to a durable spill space, the spilled segments are named
     /// instead of copied, and `tail` is called with the elements that come
     /// after them. Errors only if the store does.
     pub(super) fn checkpoint(
@@ -141,8 +141,8 @@ impl Pending {
     }
 
     /// Empties the queue and puts back what a checkpoint kept of it:
-    /// `front`, then the segments `spilled` names on the durable store and
-    /// the elements after them. What the durable store holds that the
+    /// `front`, then the segments `spilled` names on the durable spill space and
+    /// the elements after them. What the durable spill space holds that the
     /// checkpoint does not name is deleted.
     pub(super) fn restore(
         &mut self,
@@ -162,7 +162,7 @@ impl Pending {
         };
         let Some(o) = self.overflow.as_mut().filter(|o| o.is_durable()) else {
             return Err(SpillError(
-                "the checkpoint names spilled elements of a queue that has no durable store here"
+                "the checkpoint names spilled elements of a queue that has no durable spill space here"
                     .into(),
             ));
         };
@@ -178,7 +178,7 @@ impl Pending {
         Ok(())
     }
 
-    /// Queue an element last. Errors only if the spill store does.
+    /// Queue an element last. Errors only if the spill space does.
     pub(super) fn push_back(&mut self, e: DecodedElement) -> Result<(), SpillError> {
         self.holds.add(e.header.timestamp);
         let len = e.encoded.len();
@@ -197,8 +197,8 @@ impl Pending {
 
     /// Queue a run of elements last, as one entry (element by element
     /// where the queue keeps them so: a gated queue counts its durable
-    /// prefix in elements, and its spill store takes single elements).
-    /// Errors only if the spill store does.
+    /// prefix in elements, and its spill space takes single elements).
+    /// Errors only if the spill space does.
     pub(super) fn push_run(&mut self, run: ElementRun) -> Result<(), SpillError> {
         let len = run.encoded_len();
         let spills = self
@@ -470,7 +470,7 @@ impl Pending {
 mod tests {
     use super::*;
     use crate::coder::{Coder, PaneInfo, WindowedValueHeader};
-    use crate::spill::MemorySpillStore;
+    use crate::spill::MemorySpillSpace;
     use crate::window::Window;
     use bytes::Bytes;
     use std::sync::Arc;
@@ -549,7 +549,7 @@ mod tests {
     }
 
     /// A queue with a bound of `limit` bytes that spills to `store`.
-    fn spilling(store: &Arc<MemorySpillStore>, limit: usize) -> Pending {
+    fn spilling(store: &Arc<MemorySpillSpace>, limit: usize) -> Pending {
         let mut p = Pending::default();
         p.enable_overflow(Overflow::new(
             store.clone(),
@@ -581,7 +581,7 @@ mod tests {
     /// empty.
     #[test]
     fn a_queue_far_past_its_bound_spills_its_back_and_reads_it_back_in_order() {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let mut p = spilling(&store, 2 << 20);
         for n in (0..40).rev() {
             p.push_back(big(n)).unwrap();
@@ -612,7 +612,7 @@ mod tests {
     /// old one did; a dropped one deletes what it spilled.
     #[test]
     fn spilled_elements_are_in_checkpoints_and_go_with_their_queue() {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let mut p = spilling(&store, 1 << 20);
         for n in 0..12 {
             p.push_back(big(n)).unwrap();

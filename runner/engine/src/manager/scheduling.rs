@@ -16,7 +16,7 @@ use crate::coder::{Coder, DecodedElement};
 use crate::executor::{BundleInput, SplitSink, TimerInput};
 use crate::key_groups::{group_of, key_group, slice_mask, KeyGroupSet, KEY_GROUPS};
 use crate::plan::{StageIdx, StageKind, TimeDomain, TimerFamily, TransformId};
-use crate::store::BundleOverlay;
+use crate::state::BundleOverlay;
 use crate::time::{Timestamp, MIN_TIMESTAMP};
 use crate::timers::{FiredTimer, TimerStore};
 

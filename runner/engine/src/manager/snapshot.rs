@@ -14,7 +14,7 @@
 //! Parts: `engine` (counters, clocks and the stage names the checkpoint
 //! belongs to), `stage/{i}` (queue, delayed residuals, grouping buffer,
 //! timers, watermarks), `user_state/{i}`, `user_state_spill/{i}` (where a
-//! stage's bags on the durable store are: a periodic checkpoint names
+//! stage's bags on the durable spill space are: a periodic checkpoint names
 //! them rather than copying them, see [`EngineBuilder::durable_state`](super::EngineBuilder::durable_state)),
 //! `queue_spill/{i}` and `grouping_spill/{i}` (likewise, the spilled back
 //! of a stage's queue and the spilled windows of its GroupByKey),
@@ -42,7 +42,7 @@ use super::{Engine, InFlight};
 use crate::coder::{DecodedElement, WindowedValueHeader};
 use crate::grouping::{GroupingSnapshot, SpilledWindows};
 use crate::plan::{StageIdx, StageKind};
-use crate::store::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
+use crate::state::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::timers::TimerStore;
 
@@ -70,7 +70,7 @@ pub enum SnapshotError {
     UserState {
         /// The stage's name.
         stage: String,
-        /// What the spill store said.
+        /// What the spill space said.
         source: crate::spill::SpillError,
     },
     /// A stage's spilled queue could not be read back (taking) or spilled
@@ -79,14 +79,14 @@ pub enum SnapshotError {
     Queue {
         /// The stage's name.
         stage: String,
-        /// What the spill store said.
+        /// What the spill space said.
         source: crate::spill::SpillError,
     },
 }
 
 /// Version of the encoding; a checkpoint of another version is refused.
 /// Version 3 added the `user_state_spill/{i}` parts (bags a checkpoint
-/// names on the durable store instead of holding them), and version 4 the
+/// names on the durable spill space instead of holding them), and version 4 the
 /// `queue_spill/{i}` and `grouping_spill/{i}` parts (queue segments and a
 /// GroupByKey's spilled windows likewise), which an older
 /// reader would silently go without; an older checkpoint has none and
@@ -180,7 +180,7 @@ struct StageRecord<'a> {
 }
 
 /// The spilled back of a stage's queue as a periodic checkpoint keeps it
-/// on a durable store: its segments by name, then the elements after them
+/// on a durable spill space: its segments by name, then the elements after them
 /// (not written yet).
 #[derive(Debug, Serialize, Deserialize)]
 struct QueueSpillRecord {
@@ -232,7 +232,7 @@ impl Engine {
 
     /// A cut as [`Self::checkpoint_parts`], or, with `number` (counting
     /// the checkpoints sent to the writer), periodic checkpoint `number`,
-    /// which names bags on the durable store instead of copying them.
+    /// which names bags on the durable spill space instead of copying them.
     pub(super) fn cut(&self, number: Option<u64>) -> Result<Vec<(String, Bytes)>, SnapshotError> {
         // Panes a streaming GroupByKey fired as an element arrived are in
         // neither its buffer nor a queue until delivery takes them, right
@@ -507,7 +507,7 @@ impl Engine {
         }
         let side_inputs: SideInputSnapshot =
             decode(PartName::SideInputs, part(PartName::SideInputs)?)?;
-        *self.side_inputs.lock() = crate::store::SideInputStore::restore(side_inputs);
+        *self.side_inputs.lock() = crate::state::SideInputTable::restore(side_inputs);
         self.next_bundle = engine.next_bundle;
         self.clock
             .restore((engine.clock_offset, engine.frozen_clock));

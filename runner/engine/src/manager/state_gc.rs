@@ -6,7 +6,7 @@ use super::stage_state::SdkState;
 use crate::coder::Coder;
 use crate::plan::SdkStage;
 use crate::spill::SpillError;
-use crate::store::UserStateStore;
+use crate::state::UserStateTable;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
@@ -21,7 +21,7 @@ impl SdkState {
         stage: &SdkStage,
         window_coder: &Coder,
         input_wm: Timestamp,
-        user_state: &Mutex<UserStateStore>,
+        user_state: &Mutex<UserStateTable>,
     ) -> Result<(), SpillError> {
         if !stage.stateful || input_wm <= self.state_gc_wm {
             return Ok(());

@@ -20,7 +20,7 @@ use crate::coder::{encode_windowed_value, CoderError, PaneInfo, WindowedValueHea
 use crate::grouping::{Fired, GroupingError};
 use crate::plan::{PCollection, PCollectionIdx, PCollectionVec, Stage, StageKind};
 use crate::spill::SpillError;
-use crate::store::UserStateStore;
+use crate::state::UserStateTable;
 use crate::time::{Timestamp, MIN_TIMESTAMP};
 use crate::window::Window;
 
@@ -62,7 +62,7 @@ pub(super) struct StepContext<'a> {
     /// fires nothing now.
     pub(super) consumers_blocked: bool,
     /// The stage's user state.
-    pub(super) user_state: &'a Mutex<UserStateStore>,
+    pub(super) user_state: &'a Mutex<UserStateTable>,
 }
 
 /// Why a stage's step failed.

@@ -6,8 +6,8 @@
 use std::collections::VecDeque;
 
 use super::EngineError;
+use crate::plan::SideInputId;
 use crate::plan::{PCollectionIdx, PCollectionVec, Plan, SideInputAccess, StageIdx, StageVec};
-use crate::store::SideInputId;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 
 /// Where elements of a PCollection go.

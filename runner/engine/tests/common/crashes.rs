@@ -14,7 +14,7 @@ use refract_engine::manager::{
     describe_checkpoint, CheckpointProgress, Engine, EngineConfig, RunSummary,
 };
 use refract_engine::plan::Plan;
-use refract_engine::spill::MemorySpillStore;
+use refract_engine::spill::MemorySpillSpace;
 use tokio::sync::{mpsc, watch};
 
 /// How a test's checkpoint writer behaves.
@@ -161,7 +161,7 @@ pub struct CrashTally {
     pub failing: u64,
     /// Runs that crashed (the others ended before their crash point).
     pub crashed: u32,
-    /// Crashed runs whose checkpoint named data on the durable store.
+    /// Crashed runs whose checkpoint named data on the durable spill space.
     pub named: u32,
 }
 
@@ -170,7 +170,7 @@ pub struct CrashTally {
 /// at each of the `crashes` checkpoints after the failed ones. Every run
 /// must end within 30 s with `expected` (`describe` says what it had
 /// instead); `run` also says whether it crashed (`Some`) and whether its
-/// checkpoint named data on the durable store. One tally per number of
+/// checkpoint named data on the durable spill space. One tally per number of
 /// failing writes.
 pub async fn crash_matrix<T: PartialEq, F: Future<Output = (T, Option<bool>)>>(
     crashes: u64,
@@ -201,7 +201,7 @@ pub async fn crash_matrix<T: PartialEq, F: Future<Output = (T, Option<bool>)>>(
 }
 
 /// Whether restoring `parts` into an engine that `engine` makes is
-/// refused: given one over an empty durable store, whether the checkpoint
+/// refused: given one over an empty durable spill space, whether the checkpoint
 /// names data it expects to find there.
 pub fn restore_refused(
     engine: impl FnOnce(
@@ -222,13 +222,13 @@ pub fn durable_engine(
     plan: Plan,
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
-    durable: &Arc<MemorySpillStore>,
+    durable: &Arc<MemorySpillSpace>,
     limit: usize,
     (tx, progress): Checkpoints,
 ) -> Engine {
     Engine::builder(plan, executor, config, "d", Arc::new(|| 0))
         .checkpoints(Duration::ZERO, tx, Some(progress))
-        .spill(MemorySpillStore::shared(), b"d", limit)
+        .spill(MemorySpillSpace::shared(), b"d", limit)
         .durable_state(durable.clone())
         .build()
         .expect("a valid plan")

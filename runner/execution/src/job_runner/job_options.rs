@@ -43,7 +43,7 @@ pub(crate) enum StateStoreChoice {
     ServerDefault,
     /// `=memory`: in memory, nothing checkpointed.
     Memory,
-    /// `=rocksdb`: the durable store, which the server must have.
+    /// `=rocksdb`: the durable spill space, which the server must have.
     RocksDb,
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
 use refract_engine::plan::StageKind;
-use refract_engine::spill::SpillStore;
+use refract_engine::spill::SpillSpace;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
 use refract_observability::insights::JobView;
@@ -50,7 +50,7 @@ pub(super) struct AttemptFacts {
 }
 
 /// What follows a job as it runs: its stage snapshots, its view for the
-/// UI and metrics, its bundle telemetry, and its durable store.
+/// UI and metrics, its bundle telemetry, and its durable spill space.
 #[derive(Clone)]
 pub(super) struct JobWatchers {
     pub(super) stats: tokio::sync::watch::Sender<Vec<StageStats>>,
@@ -70,7 +70,7 @@ pub(super) struct JobResources {
     pub(super) pools: Option<Arc<WorkerPools>>,
     /// The server's memory, and the most one job is granted of it.
     pub(super) memory: Option<(Arc<MemoryLedger>, usize)>,
-    pub(super) spill: Option<Arc<dyn SpillStore>>,
+    pub(super) spill: Option<Arc<dyn SpillSpace>>,
     /// Which alternative of an AnyOf environment to start.
     pub(super) environment_preference: EnvironmentPreference,
     /// Where savepoints to start from are, if the server has a place.
@@ -525,7 +525,7 @@ fn report_summary(job: &Job, summary: &RunSummary) {
 /// and bundle outputs forget their parts as they read them without
 /// compacting (cheap, but the space stays until RocksDB compacts those
 /// files); one compaction over the job's whole space when it ends does it.
-fn reclaim_spill_space(store: &dyn SpillStore, job_id: &str) {
+fn reclaim_spill_space(store: &dyn SpillSpace, job_id: &str) {
     let space = refract_engine::spill::job_space(job_id.as_bytes());
     let Some(end) = refract_engine::spill::prefix_end(&space) else {
         return;

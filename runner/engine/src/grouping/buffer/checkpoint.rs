@@ -1,7 +1,7 @@
 //! What a checkpoint keeps of a grouping buffer, and putting it back.
 //!
 //! A checkpoint keeps the panes (spilled ones read back, unless a durable
-//! spill store lets it name them instead) and what the buffer counts; the
+//! spill space lets it name them instead) and what the buffer counts; the
 //! strategy and coders come from the plan. Keys are sorted so that an
 //! unchanged buffer snapshots to the same bytes (and an incremental
 //! checkpoint can skip it).
@@ -79,7 +79,7 @@ impl GroupingBuffer {
     }
 
     /// Puts back what [`Self::checkpoint`] kept: `snapshot`, and the
-    /// spilled windows `named` names on a durable store (what is there and
+    /// spilled windows `named` names on a durable spill space (what is there and
     /// not named is deleted); the next evaluation looks at every pane
     /// again. (Spills again if that is more than memory allows.)
     pub(crate) fn restore(

@@ -1,15 +1,15 @@
 //! How a grouping buffer uses its spill space: what the engine asks of a
-//! spilling GroupByKey, answered by [`SpillSpace`], which the buffer hands
+//! spilling GroupByKey, answered by [`BufferSpill`], which the buffer hands
 //! its memory to (see `spill` for the interface between the two).
 
 use std::sync::Arc;
 
 use super::super::fired::Fired;
-use super::super::spill::{SpillSpace, Spillable};
+use super::super::spill::{BufferSpill, Spillable};
 use super::GroupingBuffer;
 use crate::coder::Coder;
 use crate::grouping::GroupingError;
-use crate::spill::SpillStore;
+use crate::spill::SpillSpace;
 use crate::time::Timestamp;
 
 impl GroupingBuffer {
@@ -18,19 +18,19 @@ impl GroupingBuffer {
     /// does.
     pub fn enable_spill(
         &mut self,
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
     ) -> bool {
         self.spill_to(store, prefix, limit, false)
     }
 
-    /// [`Self::enable_spill`] to `store`, a durable store beside the
+    /// [`Self::enable_spill`] to `store`, a durable spill space beside the
     /// checkpoints, which then name the spilled windows; only a buffer
     /// filed by window may. Whether it does.
     pub fn enable_durable_spill(
         &mut self,
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
     ) -> bool {
@@ -41,13 +41,13 @@ impl GroupingBuffer {
     /// whether it does.
     fn spill_to(
         &mut self,
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
         durable: bool,
     ) -> bool {
         let value_coder = self.value_coder();
-        let space = SpillSpace::new(&self.strategy, store, prefix, limit, value_coder, durable);
+        let space = BufferSpill::new(&self.strategy, store, prefix, limit, value_coder, durable);
         let spills = space.is_some();
         if spills {
             self.spill = space;
@@ -71,21 +71,21 @@ impl GroupingBuffer {
     pub fn hand_out_large_keys(&mut self) -> bool {
         self.spill
             .as_mut()
-            .is_some_and(SpillSpace::hand_out_large_keys)
+            .is_some_and(BufferSpill::hand_out_large_keys)
     }
 
     /// Keys handed out as state-backed iterables so far.
     pub fn handed_out(&self) -> u64 {
-        self.spill.as_ref().map_or(0, SpillSpace::handed_out)
+        self.spill.as_ref().map_or(0, BufferSpill::handed_out)
     }
 
     /// Whether keys it handed out may still be read: their elements may
-    /// wait or run downstream, naming values only the spill store holds,
+    /// wait or run downstream, naming values only the spill space holds,
     /// so the buffer cannot be checkpointed.
     pub fn has_live_hand_outs(&self) -> bool {
         self.spill
             .as_ref()
-            .is_some_and(SpillSpace::has_live_hand_outs)
+            .is_some_and(BufferSpill::has_live_hand_outs)
     }
 
     /// Forgets the keys handed out so far, once the caller knows that
@@ -99,20 +99,20 @@ impl GroupingBuffer {
         Ok(())
     }
 
-    /// Bytes written to the spill store so far.
+    /// Bytes written to the spill space so far.
     pub fn spilled_bytes(&self) -> u64 {
-        self.spill.as_ref().map_or(0, SpillSpace::spilled_bytes)
+        self.spill.as_ref().map_or(0, BufferSpill::spilled_bytes)
     }
 
-    /// Whether some of what this buffer holds is in the spill store.
+    /// Whether some of what this buffer holds is in the spill space.
     pub fn has_spilled(&self) -> bool {
-        self.spill.as_ref().is_some_and(SpillSpace::has_spilled)
+        self.spill.as_ref().is_some_and(BufferSpill::has_spilled)
     }
 
     /// Whether a spilled window is ready and waits to be emitted
     /// ([`Self::drain_spilled`]).
     pub fn is_draining(&self) -> bool {
-        self.spill.as_ref().is_some_and(SpillSpace::is_draining)
+        self.spill.as_ref().is_some_and(BufferSpill::is_draining)
     }
 
     /// Whether some of the buffer is on disk where a checkpoint taken now
@@ -120,7 +120,7 @@ impl GroupingBuffer {
     pub fn holds_scratch_spill(&self) -> bool {
         self.spill
             .as_ref()
-            .is_some_and(SpillSpace::holds_scratch_spill)
+            .is_some_and(BufferSpill::holds_scratch_spill)
     }
 
     /// Emits the next keys of ready spilled windows into `out`, until it
@@ -166,12 +166,12 @@ impl GroupingBuffer {
     /// Bytes the last spill had to leave in memory (tests check the bound
     /// past them).
     pub(in crate::grouping) fn spill_pinned(&self) -> usize {
-        self.spill.as_ref().map_or(0, SpillSpace::pinned)
+        self.spill.as_ref().map_or(0, BufferSpill::pinned)
     }
 
     /// Runs a spill filed by window wrote so far (tests count them).
     pub(in crate::grouping) fn spilled_runs(&self) -> u32 {
-        self.spill.as_ref().map_or(0, SpillSpace::runs)
+        self.spill.as_ref().map_or(0, BufferSpill::runs)
     }
 
     /// Starts emitting the spilled windows (filed by window) that the

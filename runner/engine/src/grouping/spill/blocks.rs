@@ -34,7 +34,7 @@ use super::{large, RunWriter};
 use crate::coder::Coder;
 use crate::grouping::pane::Pane;
 use crate::spill::Entries;
-use crate::spill::{PagedRange, SpillError, SpillStore};
+use crate::spill::{PagedRange, SpillError, SpillSpace};
 use crate::time::Timestamp;
 
 /// Bytes of records a block gathers before it is written. (A record larger
@@ -84,7 +84,7 @@ impl BlockWriter {
         pane: &Pane,
         end: Timestamp,
         writer: &mut RunWriter,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
         spilled_bytes: &mut u64,
     ) -> Result<(), SpillError> {
         let len = u32::try_from(key.len())
@@ -124,7 +124,7 @@ impl BlockWriter {
     pub(super) fn flush(
         &mut self,
         writer: &mut RunWriter,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
         spilled_bytes: &mut u64,
     ) -> Result<(), SpillError> {
         if self.block.is_empty() {
@@ -202,7 +202,7 @@ impl Records {
 /// Every record of `range` (whole blocks), in store order.
 pub(super) fn read_all(
     range: &PagedRange,
-    store: &dyn SpillStore,
+    store: &dyn SpillSpace,
 ) -> Result<Vec<Record>, SpillError> {
     Records::of_entries(range.rest(store)?).rest()
 }
@@ -216,7 +216,7 @@ struct RunCursor {
 
 impl RunCursor {
     /// Its next record; the next block is read when one is used up.
-    fn next_record(&mut self, store: &dyn SpillStore) -> Result<Option<Record>, SpillError> {
+    fn next_record(&mut self, store: &dyn SpillSpace) -> Result<Option<Record>, SpillError> {
         loop {
             if let Some(record) = self.records.next_record()? {
                 return Ok(Some(record));
@@ -230,7 +230,7 @@ impl RunCursor {
     }
 
     /// Every record not read yet (for a checkpoint; the cursor stays).
-    fn rest(&self, store: &dyn SpillStore) -> Result<Vec<Record>, SpillError> {
+    fn rest(&self, store: &dyn SpillSpace) -> Result<Vec<Record>, SpillError> {
         let mut out = self.records.rest()?;
         out.extend(read_all(&self.range, store)?);
         Ok(out)
@@ -294,7 +294,7 @@ impl MergedRuns {
         }
     }
 
-    fn start(&mut self, store: &dyn SpillStore) -> Result<(), SpillError> {
+    fn start(&mut self, store: &dyn SpillSpace) -> Result<(), SpillError> {
         if !self.started {
             self.started = true;
             for (cursor, run) in self.cursors.iter_mut().enumerate() {
@@ -309,7 +309,7 @@ impl MergedRuns {
     /// The smallest key not taken yet.
     pub(super) fn peek_key(
         &mut self,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
     ) -> Result<Option<&Bytes>, SpillError> {
         self.start(store)?;
         Ok(self.heads.peek().map(|h| &h.record.key))
@@ -319,7 +319,7 @@ impl MergedRuns {
     pub(super) fn take_if(
         &mut self,
         key: &[u8],
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
     ) -> Result<Option<(SpilledPane, u32)>, SpillError> {
         self.start(store)?;
         if self.heads.peek().is_none_or(|h| h.record.key != key) {
@@ -339,7 +339,7 @@ impl MergedRuns {
     }
 
     /// Every record not taken yet (for a checkpoint), runs in order.
-    pub(super) fn rest(&self, store: &dyn SpillStore) -> Result<Vec<Record>, SpillError> {
+    pub(super) fn rest(&self, store: &dyn SpillSpace) -> Result<Vec<Record>, SpillError> {
         // (Before the merge starts there are no heads, and every cursor's
         // range is whole.)
         let mut out = Vec::new();

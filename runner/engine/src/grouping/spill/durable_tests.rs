@@ -1,4 +1,4 @@
-//! A GroupByKey spilling to a durable store, checked against a model:
+//! A GroupByKey spilling to a durable spill space, checked against a model:
 //! random adds across fixed windows, watermark advances that emit windows
 //! a little at a time, checkpoints (named between drains, copied during
 //! one), writes of them, and crashes that restore the last one written
@@ -17,14 +17,14 @@ use super::*;
 use crate::coder::Coder;
 use crate::grouping::{GroupingBuffer, GroupingSnapshot};
 use crate::plan::WindowingStrategy;
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::MAX_TIMESTAMP;
 
 const WINDOW: i64 = 10;
 /// Bytes the buffer may hold before it spills: a few dozen panes.
 const LIMIT: usize = 2_000;
 
-fn buffer(store: &Arc<MemorySpillStore>) -> GroupingBuffer {
+fn buffer(store: &Arc<MemorySpillSpace>) -> GroupingBuffer {
     let mut strategy = WindowingStrategy::global_default();
     strategy.window_fn = WindowFn::Fixed {
         size: WINDOW,
@@ -101,7 +101,7 @@ proptest! {
 
     #[test]
     fn a_durable_spill_matches_the_model(ops in proptest::collection::vec(op(), 1..50)) {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let mut g = buffer(&store);
         let mut model = Model::new();
         // Windows before this one's start have been passed.
@@ -161,7 +161,7 @@ proptest! {
                             watermark = t.watermark;
                         }
                         None => {
-                            let empty = buffer(&MemorySpillStore::shared()).memory_snapshot();
+                            let empty = buffer(&MemorySpillSpace::shared()).memory_snapshot();
                             g.restore(empty, None).unwrap();
                             model.clear();
                             watermark = 0;
@@ -188,7 +188,7 @@ proptest! {
 /// the store it was taken on, the windows come back whole.
 #[test]
 fn a_checkpoint_names_spilled_windows_and_a_restore_needs_them() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut g = buffer(&store);
     for i in 0..120u8 {
         let start = i64::from(i % 3) * WINDOW;
@@ -204,7 +204,7 @@ fn a_checkpoint_names_spilled_windows_and_a_restore_needs_them() {
     assert!(named.names_windows());
     let copied: usize = snapshot.panes.iter().map(|(_, w)| w.len()).sum();
     assert!(copied < 120 / 2, "{copied} panes copied");
-    let mut elsewhere = buffer(&MemorySpillStore::shared());
+    let mut elsewhere = buffer(&MemorySpillSpace::shared());
     assert!(elsewhere
         .restore(snapshot.clone(), Some(named.clone()))
         .is_err());
@@ -223,7 +223,7 @@ fn a_checkpoint_names_spilled_windows_and_a_restore_needs_them() {
 /// and a shorter run must not be followed by the old one's later blocks.
 #[test]
 fn runs_after_the_checkpoint_do_not_join_a_restored_window() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let window = Window::Interval {
         start: 0,
         end: WINDOW,
@@ -286,16 +286,16 @@ fn runs_after_the_checkpoint_do_not_join_a_restored_window() {
     assert!(values == want, "{} values", values.len());
 }
 
-/// A buffer on a durable store does not hand keys out: a token's reads go
+/// A buffer on a durable spill space does not hand keys out: a token's reads go
 /// to the job's spill space, and a checkpoint could not name the key.
 #[test]
 fn a_durable_spill_hands_no_key_out() {
-    assert!(!buffer(&MemorySpillStore::shared()).hand_out_large_keys());
+    assert!(!buffer(&MemorySpillSpace::shared()).hand_out_large_keys());
     let mut scratch = GroupingBuffer::new(
         WindowingStrategy::global_default(),
         kv_coder(),
         Coder::GlobalWindow,
     );
-    assert!(scratch.enable_spill(MemorySpillStore::shared(), b"s/".to_vec(), LIMIT));
+    assert!(scratch.enable_spill(MemorySpillSpace::shared(), b"s/".to_vec(), LIMIT));
     assert!(scratch.hand_out_large_keys());
 }

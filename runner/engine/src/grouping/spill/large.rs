@@ -41,7 +41,7 @@ use bytes::Bytes;
 use super::encoding::put_len;
 use super::RunWriter;
 use crate::coder::Coder;
-use crate::spill::{prefix_end, SpillError, SpillStore};
+use crate::spill::{prefix_end, SpillError, SpillSpace};
 
 /// A spilled pane this large or larger is written out of line.
 pub(super) const OUT_OF_LINE_BYTES: usize = 1 << 20;
@@ -100,12 +100,12 @@ pub(super) fn write_part(
     values: &[u8],
     value_coder: &Coder,
     writer: &mut RunWriter,
-    store: &dyn SpillStore,
+    store: &dyn SpillSpace,
     spilled_bytes: &mut u64,
 ) -> Result<(), SpillError> {
     let space = part_space(key_space, run);
     // A part a crash cut short may be here under the same number (a
-    // durable store reuses the numbers of runs after the checkpoint it
+    // durable spill space reuses the numbers of runs after the checkpoint it
     // restores): its chunks must not join this one's.
     store.forget_range(&space, &prefix_end(&space).unwrap_or_default())?;
     let mut chunk: u32 = 0;
@@ -137,7 +137,7 @@ pub(super) fn write_part(
 /// Reads run `run`'s part of the key whose space is `key_space` back, its
 /// chunks in order.
 pub(super) fn read_part(
-    store: &dyn SpillStore,
+    store: &dyn SpillSpace,
     key_space: &[u8],
     run: u32,
 ) -> Result<Vec<u8>, SpillError> {
@@ -182,7 +182,7 @@ pub struct IterablePage {
 /// else is refused, as is a continuation outside the token's space (both
 /// come from the SDK).
 pub fn read_iterable_page(
-    store: &dyn SpillStore,
+    store: &dyn SpillSpace,
     job_space: &[u8],
     token: &[u8],
     continuation: Option<&[u8]>,
@@ -222,7 +222,7 @@ pub fn read_iterable_page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spill::MemorySpillStore;
+    use crate::spill::MemorySpillSpace;
 
     fn values(n: usize, each: usize) -> Vec<u8> {
         let mut out = Vec::new();
@@ -235,7 +235,7 @@ mod tests {
         out
     }
 
-    fn read_all(store: &MemorySpillStore, job: &[u8], token: &[u8]) -> Vec<u8> {
+    fn read_all(store: &MemorySpillSpace, job: &[u8], token: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut next: Option<Bytes> = None;
         loop {
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_part_comes_back_whole_and_a_token_pages_through_every_part_in_run_order() {
-        let store = MemorySpillStore::default();
+        let store = MemorySpillSpace::default();
         let prefix = b"\0\0\0\x03job\0\0\0\x01".to_vec();
         let window = window_space(&prefix, &[prefix.clone(), b"\0\0\0\0".to_vec()].concat());
         let space = key_space(&window, b"hot").unwrap();
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn tokens_and_continuations_from_elsewhere_are_refused() {
-        let store = MemorySpillStore::default();
+        let store = MemorySpillSpace::default();
         let token = token(b"\0\0\0\x03job\0\0\0\x01");
         assert!(read_iterable_page(&store, b"\0\0\0\x03jab", &token, None).is_err());
         assert!(read_iterable_page(&store, b"\0\0\0\x03job", &token[1..], None).is_err());

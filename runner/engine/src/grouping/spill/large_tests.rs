@@ -10,7 +10,7 @@ use crate::coder::{
 };
 use crate::coder::{PaneInfo, WindowedValueHeader};
 use crate::plan::WindowingStrategy;
-use crate::spill::{job_space, MemorySpillStore};
+use crate::spill::{job_space, MemorySpillSpace};
 use crate::time::MAX_TIMESTAMP;
 use crate::window::Window;
 
@@ -82,7 +82,7 @@ fn parse(e: &DecodedElement) -> (Vec<u8>, Vec<Vec<u8>>, Option<Vec<u8>>) {
 }
 
 /// Every value behind `token`, a page at a time.
-fn read_token(store: &MemorySpillStore, job: &[u8], token: &[u8]) -> Vec<Vec<u8>> {
+fn read_token(store: &MemorySpillSpace, job: &[u8], token: &[u8]) -> Vec<Vec<u8>> {
     let mut data = Vec::new();
     let mut next: Option<Bytes> = None;
     let mut pages = 0;
@@ -102,7 +102,7 @@ fn read_token(store: &MemorySpillStore, job: &[u8], token: &[u8]) -> Vec<Vec<u8>
 /// A buffer of 2 MiB fed a hot key of 17 MiB (10 KiB values, so every
 /// spill writes its part out of line; past the 16 MiB a buffer reads back
 /// at most), a warm one of 3 MiB, and ten small keys.
-fn fed(store: &std::sync::Arc<MemorySpillStore>, job: &[u8], hand_out: bool) -> GroupingBuffer {
+fn fed(store: &std::sync::Arc<MemorySpillSpace>, job: &[u8], hand_out: bool) -> GroupingBuffer {
     let mut g = GroupingBuffer::new(
         WindowingStrategy::global_default(),
         coder(),
@@ -157,7 +157,7 @@ fn values_of(n: u32) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_key_too_large_for_memory_is_handed_out_behind_a_token_that_reads_every_value() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let job = job_space(b"job");
     let mut g = fed(&store, &job, true);
     let got = drain(&mut g);
@@ -201,7 +201,7 @@ fn a_key_too_large_for_memory_is_handed_out_behind_a_token_that_reads_every_valu
 
 #[test]
 fn without_hand_outs_a_large_key_written_out_of_line_comes_back_whole() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let job = job_space(b"job");
     let mut g = fed(&store, &job, false);
     // A checkpoint before the drain reads the out-of-line parts back too.

@@ -5,7 +5,7 @@ use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder};
 use super::super::{Fired, GroupingBuffer};
 use crate::coder::Coder;
 use crate::plan::{AccumulationMode, Trigger, WindowFn, WindowingStrategy};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
@@ -56,13 +56,13 @@ fn window(start: Timestamp) -> Window {
 struct Pair {
     spilling: GroupingBuffer,
     plain: GroupingBuffer,
-    store: std::sync::Arc<MemorySpillStore>,
+    store: std::sync::Arc<MemorySpillSpace>,
     value: u8,
 }
 
 impl Pair {
     fn new(strategy: WindowingStrategy) -> Self {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let mut spilling = GroupingBuffer::new(strategy.clone(), kv_coder(), Coder::IntervalWindow);
         assert!(spilling.enable_spill(store.clone(), b"s/".to_vec(), 300));
         let plain = GroupingBuffer::new(strategy, kv_coder(), Coder::IntervalWindow);

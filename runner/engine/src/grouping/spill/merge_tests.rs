@@ -9,7 +9,7 @@ use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder};
 use super::super::{Fired, GroupingBuffer};
 use crate::coder::Coder;
 use crate::plan::{WindowFn, WindowingStrategy};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::MAX_TIMESTAMP;
 use crate::window::Window;
 
@@ -37,7 +37,7 @@ fn strategy() -> WindowingStrategy {
 
 fn spilling(limit: usize) -> GroupingBuffer {
     let mut g = GroupingBuffer::new(strategy(), kv_coder(), Coder::IntervalWindow);
-    assert!(g.enable_spill(MemorySpillStore::shared(), b"s/".to_vec(), limit));
+    assert!(g.enable_spill(MemorySpillSpace::shared(), b"s/".to_vec(), limit));
     g
 }
 

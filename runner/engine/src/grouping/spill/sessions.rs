@@ -70,14 +70,14 @@ use crate::grouping::pane::{insert_pane, KeyPanes, Pane};
 use crate::grouping::GroupingError;
 use crate::holds::Holds;
 use crate::plan::WindowingStrategy;
-use crate::spill::{delete_prefix, PagedRange, SpillError, SpillStore};
+use crate::spill::{delete_prefix, PagedRange, SpillError, SpillSpace};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
 /// A sessions buffer's spill space and what it put there.
 #[derive(Debug)]
 pub(in crate::grouping) struct SessionSpill {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     /// Every key of this buffer starts with it.
     prefix: Vec<u8>,
     /// Bytes the buffer may hold in memory before it spills.
@@ -122,7 +122,7 @@ struct Pass {
 
 impl SessionSpill {
     /// Spill space under `prefix`, used once the buffer holds `limit` bytes.
-    pub(super) fn new(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
+    pub(super) fn new(store: Arc<dyn SpillSpace>, prefix: Vec<u8>, limit: usize) -> Self {
         SessionSpill {
             store,
             prefix,
@@ -215,7 +215,7 @@ impl Drop for SessionSpill {
 
 impl Pass {
     /// Reads the next page from the store if the current one is used up.
-    fn refill(&mut self, store: &dyn SpillStore, window_coder: &Coder) -> Result<(), SpillError> {
+    fn refill(&mut self, store: &dyn SpillSpace, window_coder: &Coder) -> Result<(), SpillError> {
         if !self.page.is_empty() {
             return Ok(());
         }
@@ -230,7 +230,7 @@ impl Pass {
     /// the generation is read out.
     fn next_key(
         &mut self,
-        store: &dyn SpillStore,
+        store: &dyn SpillSpace,
         window_coder: &Coder,
     ) -> Result<Option<KeyPieces>, SpillError> {
         self.refill(store, window_coder)?;
@@ -308,7 +308,7 @@ impl SessionSpill {
         Ok(())
     }
 
-    /// See [`super::SpillSpace::over_limit`].
+    /// See [`super::BufferSpill::over_limit`].
     pub(super) fn over_limit(&self, bytes: usize) -> bool {
         bytes > self.limit + self.pinned
     }

@@ -5,7 +5,7 @@ use super::super::tests::{element, emitted, key_and_sorted_values, kv_coder as k
 use super::super::{Fired, GroupingBuffer};
 use crate::coder::Coder;
 use crate::plan::{Trigger, WindowFn, WindowingStrategy};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::MAX_TIMESTAMP;
 use crate::window::Window;
 
@@ -25,7 +25,7 @@ fn panes(out: Fired, window_coder: &Coder) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[test]
 fn a_spilled_buffer_emits_what_an_unspilled_one_does() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut spilling = GroupingBuffer::new(
         WindowingStrategy::global_default(),
         kv(),
@@ -73,7 +73,7 @@ fn a_spilled_buffer_emits_what_an_unspilled_one_does() {
 
 #[test]
 fn a_checkpoint_of_a_spilled_buffer_holds_everything() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut g = GroupingBuffer::new(
         WindowingStrategy::global_default(),
         kv(),
@@ -95,7 +95,7 @@ fn a_checkpoint_of_a_spilled_buffer_holds_everything() {
         kv(),
         Coder::GlobalWindow,
     );
-    restored.enable_spill(MemorySpillStore::shared(), b"r/".to_vec(), 300);
+    restored.enable_spill(MemorySpillSpace::shared(), b"r/".to_vec(), 300);
     restored.restore(snapshot, None).unwrap();
     let mut rest = Fired::default();
     restored
@@ -122,7 +122,7 @@ fn fixed_windows_spill_and_drain_as_the_watermark_passes_each() {
         size: 10,
         offset: 0,
     };
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
     g.enable_spill(store.clone(), b"s/".to_vec(), 200);
     let w = |s| Window::Interval {
@@ -149,11 +149,11 @@ fn windows_the_sdk_merges_do_not_spill() {
     let mut strategy = WindowingStrategy::global_default();
     strategy.window_fn = WindowFn::Custom { merging: true };
     let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
-    assert!(!g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+    assert!(!g.enable_spill(MemorySpillSpace::shared(), Vec::new(), 0));
     let mut sessions = WindowingStrategy::global_default();
     sessions.window_fn = WindowFn::Sessions { gap: 10 };
     let mut g = GroupingBuffer::new(sessions, kv(), Coder::IntervalWindow);
-    assert!(g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0));
+    assert!(g.enable_spill(MemorySpillSpace::shared(), Vec::new(), 0));
 }
 
 #[test]
@@ -164,7 +164,7 @@ fn triggers_that_fire_before_the_end_of_the_window_do_not_spill() {
         strategy.window_fn = window_fn;
         strategy.allowed_lateness = allowed_lateness;
         let mut g = GroupingBuffer::new(strategy, kv(), Coder::IntervalWindow);
-        g.enable_spill(MemorySpillStore::shared(), Vec::new(), 0)
+        g.enable_spill(MemorySpillSpace::shared(), Vec::new(), 0)
     };
     let fixed = || WindowFn::Fixed {
         size: 10,

@@ -36,7 +36,7 @@ use crate::grouping::pane::{position, KeyPanes, Pane};
 use crate::grouping::GroupingError;
 use crate::holds::Holds;
 use crate::plan::{Trigger, WindowingStrategy};
-use crate::spill::{delete_prefix, PagedRange, Reclaim, SpillError, SpillStore};
+use crate::spill::{delete_prefix, PagedRange, Reclaim, SpillError, SpillSpace};
 use crate::time::Timestamp;
 use crate::window::Window;
 
@@ -60,7 +60,7 @@ const HAND_OUT_MAX: usize = 256 << 20;
 /// A by-window buffer's spill space and what it put there.
 #[derive(Debug)]
 pub(in crate::grouping) struct WindowSpill {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     /// Every key of this buffer starts with it.
     prefix: Vec<u8>,
     /// Bytes the buffer may hold in memory before it spills.
@@ -95,7 +95,7 @@ pub(in crate::grouping) struct WindowSpill {
     /// The number the next spilled window gets in its prefix: a window
     /// that spills again after its data went gets a space of its own.
     next_window: u64,
-    /// When the spaces of windows gone are deleted: on a durable store,
+    /// When the spaces of windows gone are deleted: on a durable spill space,
     /// once no checkpoint may name them (see `durable`).
     reclaim: Reclaim<Vec<u8>>,
 }
@@ -163,7 +163,7 @@ impl WindowSpill {
     /// more than `limit` bytes; values of `value_coder`, if known, may be
     /// written out of line.
     pub(super) fn new(
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
         value_coder: Option<Coder>,
@@ -188,7 +188,7 @@ impl WindowSpill {
     }
 
     /// Lets a drain hand a key too large for memory out (see `large`);
-    /// whether it may: not from a durable store, whose keys a token's
+    /// whether it may: not from a durable spill space, whose keys a token's
     /// reads (which go to the job's spill space) would not find, and
     /// which a checkpoint could not name.
     pub(super) fn hand_out_large_keys(&mut self) -> bool {
@@ -246,7 +246,7 @@ impl WindowSpill {
         Ok(())
     }
 
-    /// See [`super::SpillSpace::over_limit`].
+    /// See [`super::BufferSpill::over_limit`].
     pub(super) fn over_limit(&self, bytes: usize) -> bool {
         bytes > self.limit + self.pinned
     }
@@ -379,7 +379,7 @@ impl WindowSpill {
         if self.live_hand_outs > 0 {
             return Err(SpillError(format!(
                 "a GroupByKey handed {} key(s) too large for memory to its consumers as \
-                 state-backed iterables, whose values only the spill store holds: no checkpoint \
+                 state-backed iterables, whose values only the spill space holds: no checkpoint \
                  can be taken until its consumers are done with them",
                 self.live_hand_outs
             )));
@@ -422,7 +422,7 @@ impl WindowSpill {
     }
 
     /// After a restore: forgets what was spilled before (the checkpoint
-    /// holds it) — on a durable store, all but the windows `named` names,
+    /// holds it) — on a durable spill space, all but the windows `named` names,
     /// which are put back.
     pub(super) fn reset(&mut self, named: Option<SpilledWindows>) -> Result<(), GroupingError> {
         self.drains.clear();
@@ -476,7 +476,7 @@ impl WindowSpill {
     /// Deletes the window whose entries start with `start` (it was
     /// emitted or came back into memory): its entries, and its out-of-line
     /// space unless `keep_out_of_line` (keys it handed out are read from
-    /// there). On a durable store, once no checkpoint a restore may read
+    /// there). On a durable spill space, once no checkpoint a restore may read
     /// names it.
     fn forget_window(&mut self, start: &[u8], keep_out_of_line: bool) -> Result<(), SpillError> {
         let mut spaces = vec![start.to_vec()];
@@ -487,7 +487,7 @@ impl WindowSpill {
     }
 
     /// Deletes everything under each of `spaces`: at once on scratch, on a
-    /// durable store once a later checkpoint is durable.
+    /// durable spill space once a later checkpoint is durable.
     fn forget_spaces(&mut self, spaces: Vec<Vec<u8>>) -> Result<(), SpillError> {
         let store = &self.store;
         self.reclaim

@@ -1,4 +1,4 @@
-//! Queues that spill to a durable store, checked against a model: random
+//! Queues that spill to a durable spill space, checked against a model: random
 //! pushes and takes, with checkpoints taken, written, and crashes that
 //! restore the last one written over the same store. A restored queue must
 //! hold exactly what the queue held when that checkpoint was taken, in
@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::coder::{Coder, DecodedElement, PaneInfo, WindowedValueHeader};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::window::Window;
 
 /// Bytes of each element's value: four go to a segment (64 KiB at least).
@@ -44,7 +44,7 @@ fn id(e: &DecodedElement) -> u32 {
     u32::from_be_bytes(bytes)
 }
 
-fn durable_queue(store: &Arc<MemorySpillStore>) -> Pending {
+fn durable_queue(store: &Arc<MemorySpillSpace>) -> Pending {
     let mut p = Pending::default();
     p.enable_overflow(Overflow::durable(
         store.clone(),
@@ -117,7 +117,7 @@ proptest! {
 
     #[test]
     fn durable_queues_match_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let mut p = durable_queue(&store);
         let mut model = VecDeque::new();
         let mut next_id = 0u32;
@@ -189,7 +189,7 @@ proptest! {
 /// only the elements in memory; a savepoint copies them all.
 #[test]
 fn periodic_checkpoints_name_segments_and_savepoints_copy_them() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut p = durable_queue(&store);
     for id in 0..40 {
         p.push_back(element(id)).expect("pushes");
@@ -209,7 +209,7 @@ fn periodic_checkpoints_name_segments_and_savepoints_copy_them() {
 /// is written; then it goes.
 #[test]
 fn a_read_back_segment_goes_once_a_later_checkpoint_is_durable() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut p = durable_queue(&store);
     for id in 0..40 {
         p.push_back(element(id)).expect("pushes");

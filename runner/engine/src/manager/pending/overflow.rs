@@ -1,4 +1,4 @@
-//! The part of a stage's queue that waits in the spill store.
+//! The part of a stage's queue that waits in the spill space.
 //!
 //! Backpressure keeps a queue near its bound by not scheduling its
 //! producers, but it cannot stop a bundle that is already running: one
@@ -15,10 +15,10 @@
 //! offset, its length (both `u32` little-endian) and its encoding; read
 //! back, the elements are slices of the segment's one buffer.
 //!
-//! On the spill store (scratch, which a crash empties) a segment is
+//! On the spill space (scratch, which a crash empties) a segment is
 //! deleted as it is read back, and a checkpoint copies the spilled
 //! elements (periodic checkpoints are skipped while a queue has some). On
-//! a durable store beside the checkpoints ([`Overflow::durable`]) a
+//! a durable spill space beside the checkpoints ([`Overflow::durable`]) a
 //! checkpoint names the segments instead ([`SpilledQueue`]): segments are
 //! never rewritten and their numbers never reused, so a checkpoint needs
 //! only their numbers and the next number, and a restore deletes every
@@ -33,16 +33,16 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::coder::{Coder, DecodedElement, WindowedValueHeader};
-use crate::spill::{forget_prefix, prefix_end, Reclaim, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, Reclaim, SpillError, SpillSpace};
 
 /// About how many bytes of elements one segment holds at most: half the
 /// queue's bound, within these.
 const SEGMENT_BYTES: (usize, usize) = (64 << 10, 4 << 20);
 
-/// A queue's elements in the spill store, and those on their way there.
+/// A queue's elements in the spill space, and those on their way there.
 #[derive(Debug)]
 pub(in crate::manager) struct Overflow {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     /// Every key of this queue starts with it.
     prefix: Vec<u8>,
     /// The window coder of the queue's elements (their headers are decoded
@@ -72,7 +72,7 @@ struct Segment {
     elements: u32,
 }
 
-/// What a checkpoint keeps of a queue's back on a durable store: the
+/// What a checkpoint keeps of a queue's back on a durable spill space: the
 /// segments by number (not their elements), and the deletes still owed.
 /// The elements not written yet, which come after the segments, are in
 /// the checkpoint with the queue's front.
@@ -90,7 +90,7 @@ pub(crate) struct SpilledQueue {
 impl Overflow {
     /// An empty overflow under `prefix` for a queue bound to `limit` bytes.
     pub(in crate::manager) fn new(
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         window_coder: Coder,
         limit: usize,
@@ -113,7 +113,7 @@ impl Overflow {
     /// An empty overflow on `store`, whose writes survive as long as the
     /// checkpoints that name them (see the module docs).
     pub(in crate::manager) fn durable(
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         window_coder: Coder,
         limit: usize,
@@ -345,12 +345,12 @@ fn segment_key(prefix: &[u8], number: u64) -> Vec<u8> {
 }
 
 /// Forgets segment `number` under `prefix`.
-fn forget_segment(store: &dyn SpillStore, prefix: &[u8], number: u64) -> Result<(), SpillError> {
+fn forget_segment(store: &dyn SpillSpace, prefix: &[u8], number: u64) -> Result<(), SpillError> {
     forget_prefix(store, &segment_key(prefix, number))
 }
 
 impl Drop for Overflow {
-    /// Segments on scratch go with their queue; on a durable store they
+    /// Segments on scratch go with their queue; on a durable spill space they
     /// are the checkpoints', and go with the job (or a restore).
     fn drop(&mut self) {
         if self.segments.is_empty() || self.is_durable() {

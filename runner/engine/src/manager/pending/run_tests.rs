@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::coder::{Coder, DecodedElement, PaneInfo, RunRecord, WindowedValueHeader};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::window::Window;
 
 /// The header of element `id` at `timestamp`.
@@ -128,7 +128,7 @@ fn a_gated_queue_keeps_a_run_as_its_elements() {
 
 #[test]
 fn a_run_past_the_queues_bound_spills_element_by_element() {
-    let store = MemorySpillStore::shared();
+    let store = MemorySpillSpace::shared();
     let mut p = Pending::default();
     p.enable_overflow(Overflow::new(
         store.clone(),

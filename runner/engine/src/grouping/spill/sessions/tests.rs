@@ -6,7 +6,7 @@ use crate::coder::{Coder, DecodedElement, PaneTiming};
 use crate::grouping::tests::{element, emitted, kv_coder};
 use crate::grouping::{Fired, GroupingBuffer};
 use crate::plan::{AccumulationMode, OutputTime, WindowFn, WindowingStrategy};
-use crate::spill::MemorySpillStore;
+use crate::spill::MemorySpillSpace;
 use crate::time::{Timestamp, MAX_TIMESTAMP};
 use crate::window::Window;
 
@@ -79,7 +79,7 @@ enum Event {
 struct Driver {
     strategy: WindowingStrategy,
     g: GroupingBuffer,
-    store: std::sync::Arc<MemorySpillStore>,
+    store: std::sync::Arc<MemorySpillSpace>,
     limit: usize,
     watermark: Timestamp,
     log: Vec<Event>,
@@ -92,7 +92,7 @@ impl Driver {
     }
 
     fn allowing_lateness(limit: usize, output_time: OutputTime, lateness: i64) -> Self {
-        let store = MemorySpillStore::shared();
+        let store = MemorySpillSpace::shared();
         let strategy = strategy(output_time, lateness);
         let mut g = buffer(&strategy);
         assert!(g.enable_spill(store.clone(), b"s/".to_vec(), limit));

@@ -22,7 +22,7 @@ use crate::grouping::firing::{expired, Firing};
 use crate::grouping::pane::Pane;
 use crate::grouping::GroupingError;
 use crate::plan::Trigger;
-use crate::spill::{PagedRange, SpillError, SpillStore};
+use crate::spill::{PagedRange, SpillError, SpillSpace};
 use crate::time::Timestamp;
 use crate::trigger::TriggerContext;
 use crate::window::Window;
@@ -57,7 +57,7 @@ impl Drain {
     }
 
     /// Every record it has not emitted yet (for a checkpoint).
-    pub(super) fn rest(&self, store: &dyn SpillStore) -> Result<Vec<Record>, SpillError> {
+    pub(super) fn rest(&self, store: &dyn SpillSpace) -> Result<Vec<Record>, SpillError> {
         self.runs.rest(store)
     }
 

@@ -1,4 +1,4 @@
-//! A GroupByKey's spill on a durable store, named by checkpoints.
+//! A GroupByKey's spill on a durable spill space, named by checkpoints.
 //!
 //! In a streaming job a window may stay spilled for as long as it is open
 //! — hours, for a daily window — and a checkpoint that had to copy it
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{SpilledWindow, WindowSpill};
 use crate::holds::Holds;
-use crate::spill::{prefix_end, Reclaim, SpillError, SpillStore};
+use crate::spill::{prefix_end, Reclaim, SpillError, SpillSpace};
 use crate::time::Timestamp;
 use crate::window::Window;
 
@@ -44,7 +44,7 @@ struct NamedWindow {
     runs: Vec<u32>,
 }
 
-/// What a checkpoint keeps of a buffer's spill on a durable store.
+/// What a checkpoint keeps of a buffer's spill on a durable spill space.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SpilledWindows {
     /// The number of the first run after the checkpoint.
@@ -89,7 +89,7 @@ impl WindowSpill {
     /// Deletes what `record` does not name (see the module docs) and puts
     /// its windows back.
     pub(super) fn restore(&mut self, record: SpilledWindows) -> Result<(), SpillError> {
-        let store: &dyn SpillStore = self.store.as_ref();
+        let store: &dyn SpillSpace = self.store.as_ref();
         let mut kept: Vec<Vec<u8>> = record
             .windows
             .iter()
@@ -144,7 +144,7 @@ impl WindowSpill {
 }
 
 impl WindowSpill {
-    /// Makes this spill one on a durable store beside the checkpoints,
+    /// Makes this spill one on a durable spill space beside the checkpoints,
     /// which then name its windows (see the module docs).
     pub(in crate::grouping::spill) fn make_durable(&mut self) {
         self.reclaim = Reclaim::durable();

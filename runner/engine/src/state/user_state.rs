@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bag_spill::{BagSpill, SpilledBags};
 use crate::coder::Coder;
-use crate::spill::{SpillError, SpillStore};
+use crate::spill::{SpillError, SpillSpace};
 use crate::state::{CellId, SortKeyRange, StateError, StateKey};
 
 /// Committed ordered list: values by sort key, equal keys in append order.
@@ -80,7 +80,7 @@ pub(super) fn remove_range(list: &mut OrderedList, range: SortKeyRange) {
     }
 }
 
-/// What a checkpoint keeps of a [`UserStateStore`], in a stable order.
+/// What a checkpoint keeps of a [`UserStateTable`], in a stable order.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct UserStateSnapshot {
     bags: Vec<(CellId, Vec<Bytes>)>,
@@ -88,7 +88,7 @@ pub(crate) struct UserStateSnapshot {
     multimaps: Vec<(CellId, Multimap)>,
 }
 
-impl UserStateStore {
+impl UserStateTable {
     /// What a checkpoint keeps: every cell, sorted, spilled bags read
     /// back.
     pub(crate) fn snapshot(&self) -> Result<UserStateSnapshot, SpillError> {
@@ -107,7 +107,7 @@ impl UserStateStore {
     }
 
     /// What checkpoint `number` (counting those sent to be written) keeps:
-    /// as [`Self::snapshot`], except that bags on a durable store are named,
+    /// as [`Self::snapshot`], except that bags on a durable spill space are named,
     /// not copied (the second half; see `bag_spill`).
     pub(crate) fn checkpoint(
         &mut self,
@@ -137,7 +137,7 @@ impl UserStateStore {
     }
 
     /// Puts back the cells a checkpoint kept (registered coders stay) —
-    /// with `spilled`, the bags it named on the durable store — and spills
+    /// with `spilled`, the bags it named on the durable spill space — and spills
     /// bags again if they are more than memory allows.
     pub(crate) fn restore(
         &mut self,
@@ -214,7 +214,7 @@ fn count_cell(windows: &mut HashMap<Bytes, usize>, window: &Bytes, existed: bool
 
 /// Committed user state of one stage.
 #[derive(Debug, Default)]
-pub struct UserStateStore {
+pub struct UserStateTable {
     /// Bags' chunks in memory (after their parts on disk, if any).
     pub(super) bags: HashMap<CellId, Vec<Bytes>>,
     /// Bytes of those chunks.
@@ -232,10 +232,10 @@ pub struct UserStateStore {
     pub(super) multimap_value_coders: HashMap<(String, String), Coder>,
 }
 
-impl UserStateStore {
+impl UserStateTable {
     /// Lets the stage's bags spill to `store` under `prefix` once their
     /// values in memory pass `limit` bytes (see `bag_spill`).
-    pub fn enable_bag_spill(&mut self, store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) {
+    pub fn enable_bag_spill(&mut self, store: Arc<dyn SpillSpace>, prefix: Vec<u8>, limit: usize) {
         self.bag_spill = Some(BagSpill::scratch(store, prefix, limit));
     }
 
@@ -245,7 +245,7 @@ impl UserStateStore {
     /// checkpoints back (see `bag_spill`).
     pub fn enable_durable_bag_spill(
         &mut self,
-        store: Arc<dyn SpillStore>,
+        store: Arc<dyn SpillSpace>,
         prefix: Vec<u8>,
         limit: usize,
     ) {
@@ -476,7 +476,7 @@ pub struct MultimapWrite {
 }
 
 /// All tentative user-state writes of one bundle, applied together by
-/// [`UserStateStore::apply`] when the bundle succeeds.
+/// [`UserStateTable::apply`] when the bundle succeeds.
 #[derive(Debug, Default, Clone)]
 pub struct UserStateWrites {
     /// Writes to bags.

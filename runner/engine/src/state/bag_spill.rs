@@ -23,7 +23,7 @@
 //!
 //! The store is one of two kinds:
 //!
-//! * **Scratch** (the job's spill store, which a crash empties): clearing a
+//! * **Scratch** (the job's spill space, which a crash empties): clearing a
 //!   bag or expiring its window deletes its parts at once, and a checkpoint
 //!   reads them back (periodic checkpoints are skipped while a stage has
 //!   state there, as for GroupByKeys).
@@ -46,7 +46,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use crate::spill::{forget_prefix, prefix_end, PagedRange, Reclaim, SpillError, SpillStore};
+use crate::spill::{forget_prefix, prefix_end, PagedRange, Reclaim, SpillError, SpillSpace};
 use crate::state::CellId;
 
 /// Most bytes written to the store in one batch.
@@ -72,7 +72,7 @@ struct SpilledBag {
 /// One spill's parts of one bag: a key prefix, what a clear deletes.
 type RunKey = (u32, u64);
 
-/// What a checkpoint keeps of a stage's bags on a durable store: where
+/// What a checkpoint keeps of a stage's bags on a durable spill space: where
 /// each bag's parts are (not the parts), and the deletes still owed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SpilledBags {
@@ -97,7 +97,7 @@ impl SpilledBags {
 /// A stage's bags on disk.
 #[derive(Debug)]
 pub(super) struct BagSpill {
-    store: Arc<dyn SpillStore>,
+    store: Arc<dyn SpillSpace>,
     /// Every key of this stage's bags starts with it.
     prefix: Vec<u8>,
     /// Bytes of bag values the stage may hold in memory.
@@ -117,7 +117,7 @@ pub(super) struct BagSpill {
 impl BagSpill {
     /// Bags spilled to scratch `store` under `prefix` once their values in
     /// memory pass `limit` bytes.
-    pub(super) fn scratch(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
+    pub(super) fn scratch(store: Arc<dyn SpillSpace>, prefix: Vec<u8>, limit: usize) -> Self {
         BagSpill {
             store,
             prefix,
@@ -132,7 +132,7 @@ impl BagSpill {
 
     /// Bags spilled to `store`, whose writes survive as long as the
     /// checkpoint that names them (see the module docs).
-    pub(super) fn durable(store: Arc<dyn SpillStore>, prefix: Vec<u8>, limit: usize) -> Self {
+    pub(super) fn durable(store: Arc<dyn SpillSpace>, prefix: Vec<u8>, limit: usize) -> Self {
         let mut spill = Self::scratch(store, prefix, limit);
         spill.reclaim = Reclaim::durable();
         spill
@@ -293,7 +293,7 @@ impl BagSpill {
     }
 
     /// Forgets bag `id`'s parts (it was cleared): at once on scratch; on a
-    /// durable store once no checkpoint that may be restored names them.
+    /// durable spill space once no checkpoint that may be restored names them.
     pub(super) fn forget(&mut self, id: &CellId) -> Result<(), SpillError> {
         let Some(cell) = self.cells.remove(id) else {
             return Ok(());
@@ -319,7 +319,7 @@ impl BagSpill {
     }
 
     /// What checkpoint `number` (counting those sent to be written) keeps
-    /// of a durable store's bags: where their parts are, and the deletes
+    /// of a durable spill space's bags: where their parts are, and the deletes
     /// still owed, which are carried out once it is durable
     /// ([`Self::checkpoint_durable`]).
     pub(super) fn checkpoint(&mut self, number: u64) -> SpilledBags {
@@ -348,7 +348,7 @@ impl BagSpill {
             .checkpoint_durable(number, |&run| forget_run(store.as_ref(), prefix, run))
     }
 
-    /// Puts back what checkpoint `record` kept of a durable store's bags
+    /// Puts back what checkpoint `record` kept of a durable spill space's bags
     /// (`None`: none were on disk), and deletes what it does not name:
     /// every generation from its next one on, and the deletes it owed.
     pub(super) fn restore(&mut self, record: Option<SpilledBags>) -> Result<(), SpillError> {
@@ -385,7 +385,7 @@ fn run_prefix(prefix: &[u8], (generation, number): RunKey) -> Vec<u8> {
 }
 
 /// Forgets a run of the bags under `prefix` (a cleared bag's parts).
-fn forget_run(store: &dyn SpillStore, prefix: &[u8], run: RunKey) -> Result<(), SpillError> {
+fn forget_run(store: &dyn SpillSpace, prefix: &[u8], run: RunKey) -> Result<(), SpillError> {
     forget_prefix(store, &run_prefix(prefix, run))
 }
 

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 
-use super::{BundleOverlay, SideInputStore, UserStateStore};
-use crate::spill::{Entries, MemorySpillStore, SpillError, SpillStore};
+use super::{BundleOverlay, SideInputTable, UserStateTable};
+use crate::spill::{Entries, MemorySpillSpace, SpillError, SpillSpace};
 use crate::state::{BundleState, CellId, StateKey};
 
 fn read_all(o: &BundleOverlay, key: &StateKey) -> Vec<u8> {
@@ -83,18 +83,18 @@ fn bag_key(window: u8, key: u8) -> StateKey {
 }
 
 /// A stage's bags, spilling past `limit` bytes to `store`.
-fn spilling_bags(store: &Arc<MemorySpillStore>, limit: usize) -> Arc<Mutex<UserStateStore>> {
+fn spilling_bags(store: &Arc<MemorySpillSpace>, limit: usize) -> Arc<Mutex<UserStateTable>> {
     bags_on(store, limit, false)
 }
 
 /// A stage's bags, spilling past `limit` bytes to `store`, which is
 /// durable (checkpoints name what is there) or scratch.
 fn bags_on(
-    store: &Arc<MemorySpillStore>,
+    store: &Arc<MemorySpillSpace>,
     limit: usize,
     durable: bool,
-) -> Arc<Mutex<UserStateStore>> {
-    let mut bags = UserStateStore::default();
+) -> Arc<Mutex<UserStateTable>> {
+    let mut bags = UserStateTable::default();
     if durable {
         bags.enable_durable_bag_spill(store.clone(), b"bags/".to_vec(), limit);
     } else {
@@ -110,7 +110,7 @@ proptest! {
     /// read exactly as the model says, in every bundle and after expiries,
     /// checkpoints and crashes, with pages of a few bytes. On scratch, what
     /// is cleared or expired leaves the disk at once, and a crash loses the
-    /// disk (the checkpoint holds the bags); on a durable store, the
+    /// disk (the checkpoint holds the bags); on a durable spill space, the
     /// checkpoint names the parts, and a restore finds each one it names
     /// and leaves nothing else.
     #[test]
@@ -122,8 +122,8 @@ proptest! {
         limit in 0usize..16,
         durable in any::<bool>(),
     ) {
-        let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-        let mut disk = MemorySpillStore::shared();
+        let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+        let mut disk = MemorySpillSpace::shared();
         let mut user_state = bags_on(&disk, limit, durable);
         let mut committed: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();
         // Checkpoints taken since the last restore, the last taken (not yet
@@ -176,7 +176,7 @@ proptest! {
                 Between::Crash => {
                     if !durable {
                         // Scratch does not outlive the process.
-                        disk = MemorySpillStore::shared();
+                        disk = MemorySpillSpace::shared();
                     }
                     user_state = bags_on(&disk, limit, durable);
                     let (snapshot, spilled, model) = match written.clone() {
@@ -213,8 +213,8 @@ proptest! {
 /// memory, in order, and leave the disk.
 #[test]
 fn turning_the_spill_off_brings_spilled_bags_back() {
-    let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-    let disk = MemorySpillStore::shared();
+    let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+    let disk = MemorySpillSpace::shared();
     let user_state = spilling_bags(&disk, 4);
     for chunk in [&b"abc"[..], b"def"] {
         let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
@@ -248,11 +248,11 @@ fn turning_the_spill_off_brings_spilled_bags_back() {
     assert!(!user_state.lock().has_spilled());
 }
 
-/// A spill store whose deletes fail.
+/// A spill space whose deletes fail.
 #[derive(Debug, Default)]
-struct UndeletableStore(MemorySpillStore);
+struct UndeletableStore(MemorySpillSpace);
 
-impl SpillStore for UndeletableStore {
+impl SpillSpace for UndeletableStore {
     fn put(&self, entries: Entries) -> Result<(), SpillError> {
         self.0.put(entries)
     }
@@ -270,8 +270,8 @@ impl SpillStore for UndeletableStore {
 /// every bag back whole: the error is reported, nothing is lost.
 #[test]
 fn turning_the_spill_off_keeps_the_bags_when_their_parts_cannot_be_deleted() {
-    let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-    let mut bags = UserStateStore::default();
+    let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+    let mut bags = UserStateTable::default();
     bags.enable_bag_spill(Arc::new(UndeletableStore::default()), b"bags/".to_vec(), 2);
     let user_state = Arc::new(Mutex::new(bags));
     let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
@@ -290,8 +290,8 @@ fn turning_the_spill_off_keeps_the_bags_when_their_parts_cannot_be_deleted() {
 /// another bundle's commit spills the bag's chunks between two pages.
 #[test]
 fn a_bag_read_across_a_spill_goes_on_where_it_was() {
-    let side_inputs = Arc::new(Mutex::new(SideInputStore::default()));
-    let disk = MemorySpillStore::shared();
+    let side_inputs = Arc::new(Mutex::new(SideInputTable::default()));
+    let disk = MemorySpillSpace::shared();
     let user_state = spilling_bags(&disk, 10);
     let write = BundleOverlay::new(side_inputs.clone(), user_state.clone());
     for chunk in [&b"abc"[..], b"def", b"ghi"] {

@@ -1,24 +1,24 @@
-//! The engine's spill store ([`refract_engine::spill`]) over the RocksDB
+//! The engine's spill space ([`refract_engine::spill`]) over the RocksDB
 //! spill database: where a job's GroupByKey buffers, queues and bundle
 //! outputs go when they outgrow their share of `--memory_budget`.
 
 use std::path::Path;
 
-use refract_engine::spill::{Entries, SpillError, SpillStore};
+use refract_engine::spill::{Entries, SpillError, SpillSpace};
 use refract_store::{SpillDb, StoreError};
 
 /// [`SpillDb`] as the engine sees it.
 #[derive(Debug)]
-pub struct RocksSpillStore(SpillDb);
+pub struct ScratchSpillSpace(SpillDb);
 
 fn spill_error(e: StoreError) -> SpillError {
     SpillError(e.to_string())
 }
 
-impl RocksSpillStore {
+impl ScratchSpillSpace {
     /// Opens (emptied) the spill database in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        SpillDb::open(dir).map(RocksSpillStore)
+        SpillDb::open(dir).map(ScratchSpillSpace)
     }
 
     /// Where it lives.
@@ -27,7 +27,7 @@ impl RocksSpillStore {
     }
 }
 
-impl SpillStore for RocksSpillStore {
+impl SpillSpace for ScratchSpillSpace {
     fn put(&self, entries: Entries) -> Result<(), SpillError> {
         self.0.put(entries).map_err(spill_error)
     }

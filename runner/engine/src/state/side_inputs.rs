@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-pub use crate::plan::SideInputId;
+use crate::plan::SideInputId;
 use crate::state::{StateError, StateKey};
 
 /// One window of one side input: where its values are kept. Encoded, and
@@ -24,7 +24,7 @@ type MultimapValues = (Vec<Bytes>, HashMap<Bytes, Vec<Bytes>>);
 
 /// Values and keys of side inputs, per window, readable by state key.
 #[derive(Debug, Default)]
-pub struct SideInputStore {
+pub struct SideInputTable {
     /// (transform, tag, window) -> whole nested values.
     iterable: HashMap<SideInputWindow, Vec<Bytes>>,
     /// (transform, tag, window) -> key -> values; keys kept in first-seen order.
@@ -33,7 +33,7 @@ pub struct SideInputStore {
     ready: std::collections::HashSet<SideInputId>,
 }
 
-impl SideInputStore {
+impl SideInputTable {
     /// Record one value of an iterable side input in a window.
     pub fn add_iterable(&mut self, side_input: &SideInputId, window: Bytes, value: Bytes) {
         let at = SideInputWindow {
@@ -132,7 +132,7 @@ impl SideInputStore {
 /// values by key, sorted.
 type MultimapSnapshot = (SideInputWindow, Vec<Bytes>, Vec<(Bytes, Vec<Bytes>)>);
 
-/// What a checkpoint keeps of a [`SideInputStore`], in a stable order.
+/// What a checkpoint keeps of a [`SideInputTable`], in a stable order.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct SideInputSnapshot {
     iterable: Vec<(SideInputWindow, Vec<Bytes>)>,
@@ -140,7 +140,7 @@ pub(crate) struct SideInputSnapshot {
     ready: Vec<SideInputId>,
 }
 
-impl SideInputStore {
+impl SideInputTable {
     /// What a checkpoint keeps: everything, sorted.
     pub(crate) fn snapshot(&self) -> SideInputSnapshot {
         let mut iterable: Vec<_> = self
@@ -171,7 +171,7 @@ impl SideInputStore {
 
     /// The store a checkpoint kept.
     pub(crate) fn restore(snapshot: SideInputSnapshot) -> Self {
-        SideInputStore {
+        SideInputTable {
             iterable: snapshot.iterable.into_iter().collect(),
             multimap: snapshot
                 .multimap

@@ -1,4 +1,4 @@
-//! The engine's durable user-state store ([`refract_engine::spill::SpillStore`])
+//! The engine's durable user-state store ([`refract_engine::spill::SpillSpace`])
 //! over the state database: where a job's bags go past its share of
 //! `--memory_budget` when it takes checkpoints, beside them, so that a
 //! checkpoint names them instead of copying them (see the engine's
@@ -8,27 +8,27 @@
 
 use std::sync::Arc;
 
-use refract_engine::spill::{Entries, SpillError, SpillStore};
+use refract_engine::spill::{Entries, SpillError, SpillSpace};
 use refract_store::{Store, StoreError};
 
 /// One job's state beside its checkpoints in a [`Store`].
-pub struct DurableStateStore {
+pub struct DurableSpillSpace {
     store: Arc<Store>,
     job: String,
 }
 
-impl std::fmt::Debug for DurableStateStore {
+impl std::fmt::Debug for DurableSpillSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DurableStateStore")
+        f.debug_struct("DurableSpillSpace")
             .field("job", &self.job)
             .finish_non_exhaustive()
     }
 }
 
-impl DurableStateStore {
+impl DurableSpillSpace {
     /// `job`'s space in `store`.
     pub fn new(store: Arc<Store>, job: &str) -> Self {
-        DurableStateStore {
+        DurableSpillSpace {
             store,
             job: job.to_string(),
         }
@@ -39,7 +39,7 @@ fn state_error(e: StoreError) -> SpillError {
     SpillError(e.to_string())
 }
 
-impl SpillStore for DurableStateStore {
+impl SpillSpace for DurableSpillSpace {
     fn put(&self, entries: Entries) -> Result<(), SpillError> {
         let entries = entries
             .into_iter()

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::coder::Coder;
+use crate::plan::SideInputId;
 use crate::state::{
     decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateKey,
 };
@@ -93,7 +94,7 @@ fn entries(items: &[(i64, &str)]) -> Bytes {
     Bytes::from(out)
 }
 
-fn stores() -> (Arc<Mutex<SideInputStore>>, Arc<Mutex<UserStateStore>>) {
+fn stores() -> (Arc<Mutex<SideInputTable>>, Arc<Mutex<UserStateTable>>) {
     (Arc::default(), Arc::default())
 }
 
@@ -142,7 +143,7 @@ fn overlay_reads_its_own_writes_and_commits_only_when_applied() {
 
 #[test]
 fn side_inputs_must_be_ready() {
-    let si = Arc::new(Mutex::new(SideInputStore::default()));
+    let si = Arc::new(Mutex::new(SideInputTable::default()));
     si.lock().add_iterable(
         &SideInputId::new("t", "s"),
         Bytes::new(),
@@ -453,7 +454,7 @@ fn expiry_asks_only_about_windows_that_have_state() {
     o.clear(&bag(b"a", "k")).unwrap();
     o.clear(&bag(b"a", "j")).unwrap();
     us.lock().apply(o.take_writes()).unwrap();
-    let asked = |us: &Mutex<UserStateStore>| {
+    let asked = |us: &Mutex<UserStateTable>| {
         let mut asked = Vec::new();
         us.lock()
             .retain_windows(|w| {
@@ -465,7 +466,7 @@ fn expiry_asks_only_about_windows_that_have_state() {
     };
     assert_eq!(asked(&us), [Bytes::from_static(b"b")]);
     let snapshot = us.lock().snapshot().unwrap();
-    let restored = Mutex::new(UserStateStore::default());
+    let restored = Mutex::new(UserStateTable::default());
     restored.lock().restore(snapshot, None).unwrap();
     assert_eq!(asked(&restored), [Bytes::from_static(b"b")]);
     us.lock().retain_windows(|w| &w[..] != b"b").unwrap();

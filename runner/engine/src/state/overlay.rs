@@ -7,13 +7,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use super::side_inputs::SideInputStore;
+use super::side_inputs::SideInputTable;
 use super::user_state::{
     remove_range, required_range, user_key, BagWrite, Multimap, OrderedList, OrderedListOp,
-    UserKey, UserStateStore, UserStateWrites,
+    UserKey, UserStateTable, UserStateWrites,
 };
 use crate::coder::Coder;
-use crate::spill::SpillStore;
+use crate::spill::SpillSpace;
 use crate::state::{
     decode_ordered_entries, encode_ordered_entry, BundleState, CellId, SortKeyRange, StateError,
     StateKey, StatePage,
@@ -29,20 +29,20 @@ pub(super) const PAGE_BYTES: usize = 4 << 20;
 /// The overlay never holds its own lock and the store's at the same time,
 /// so a read racing the engine's commit cannot deadlock.
 pub struct BundleOverlay {
-    side_inputs: Arc<Mutex<SideInputStore>>,
-    user_state: Arc<Mutex<UserStateStore>>,
+    side_inputs: Arc<Mutex<SideInputTable>>,
+    user_state: Arc<Mutex<UserStateTable>>,
     writes: Mutex<UserStateWrites>,
     page_bytes: usize,
-    /// Where handed-out iterables are read from: the spill store and the
+    /// Where handed-out iterables are read from: the spill space and the
     /// job's space in it (a token from elsewhere is refused).
-    runner_iterables: Option<(Arc<dyn SpillStore>, Bytes)>,
+    runner_iterables: Option<(Arc<dyn SpillSpace>, Bytes)>,
 }
 
 impl BundleOverlay {
     /// A fresh overlay over the job's stores.
     pub fn new(
-        side_inputs: Arc<Mutex<SideInputStore>>,
-        user_state: Arc<Mutex<UserStateStore>>,
+        side_inputs: Arc<Mutex<SideInputTable>>,
+        user_state: Arc<Mutex<UserStateTable>>,
     ) -> Self {
         BundleOverlay {
             side_inputs,
@@ -56,7 +56,7 @@ impl BundleOverlay {
     /// The same overlay, answering reads of iterables a GroupByKey handed
     /// out (`StateKey::RunnerIterable`) from `store`, for tokens under
     /// `job_space`.
-    pub fn with_runner_iterables(mut self, store: Arc<dyn SpillStore>, job_space: Bytes) -> Self {
+    pub fn with_runner_iterables(mut self, store: Arc<dyn SpillSpace>, job_space: Bytes) -> Self {
         self.runner_iterables = Some((store, job_space));
         self
     }
@@ -123,130 +123,146 @@ impl BundleOverlay {
         match user {
             // Paged by `bag_page`, which reads only the chunks a page takes.
             UserKey::Bag(_) => Err(StateError("a bag is read a page at a time".into())),
-            UserKey::OrderedList(id, range) => {
-                let range = required_range(range, "get")?;
-                let ops = self
-                    .writes
-                    .lock()
-                    .ordered_lists
-                    .get(&id)
-                    .map(|w| w.ops.clone())
-                    .unwrap_or_default();
-                let mut view: OrderedList = if range.is_empty() {
-                    OrderedList::new()
-                } else {
-                    self.user_state
-                        .lock()
-                        .ordered_lists
-                        .get(&id)
-                        .map(|list| {
-                            list.range(range.start..range.end)
-                                .map(|(k, v)| (*k, v.clone()))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                };
-                for op in ops {
-                    match op {
-                        OrderedListOp::Clear(cleared) => remove_range(
-                            &mut view,
-                            SortKeyRange {
-                                start: cleared.start.max(range.start),
-                                end: cleared.end.min(range.end),
-                            },
-                        ),
-                        OrderedListOp::Append(entries) => {
-                            for (sort_key, value) in entries {
-                                if range.contains(sort_key) {
-                                    view.entry(sort_key).or_default().push(value);
-                                }
-                            }
-                        }
-                    }
-                }
-                let mut units = Vec::new();
-                for (sort_key, values) in view {
-                    for value in values {
-                        let mut entry = Vec::with_capacity(value.len() + 20);
-                        encode_ordered_entry(sort_key, &value, &mut entry);
-                        units.push(Bytes::from(entry));
-                    }
-                }
-                Ok(units)
-            }
-            UserKey::MultimapValues(id, map_key) => {
-                let (multimap_cleared, write) = {
-                    let writes = self.writes.lock();
-                    let w = writes.multimaps.get(&id);
-                    (
-                        w.is_some_and(|w| w.cleared),
-                        w.and_then(|w| w.keys.get(map_key)).cloned(),
-                    )
-                };
-                let mut chunks = if multimap_cleared || write.as_ref().is_some_and(|w| w.cleared) {
-                    Vec::new()
-                } else {
-                    self.user_state
-                        .lock()
-                        .multimaps
-                        .get(&id)
-                        .and_then(|m| m.get(map_key))
-                        .cloned()
-                        .unwrap_or_default()
-                };
-                if let Some(w) = write {
-                    chunks.extend(w.appended);
-                }
-                Ok(chunks)
-            }
+            UserKey::OrderedList(id, range) => self.read_ordered_list(&id, range),
+            UserKey::MultimapValues(id, map_key) => Ok(self.read_multimap_values(&id, map_key)),
             UserKey::MultimapKeys(id) => {
                 Ok(self.multimap_view(&id).into_keys().collect::<Vec<Bytes>>())
             }
-            UserKey::MultimapEntries(id) => {
-                let coder = self
-                    .user_state
-                    .lock()
-                    .multimap_value_coders
-                    .get(&(id.transform_id.to_string(), id.state_id.clone()))
-                    .cloned()
-                    .ok_or_else(|| {
-                        StateError(format!(
-                            "multimap entries of state '{}' of transform '{}' are not available: \
-                             the runner does not know the state's value coder, so it cannot \
-                             count values",
-                            id.state_id, id.transform_id
-                        ))
-                    })?;
-                let mut units = Vec::new();
-                for (map_key, chunks) in self.multimap_view(&id) {
-                    let mut count = 0usize;
-                    for chunk in &chunks {
-                        count += count_values(&coder, chunk).map_err(|detail| {
-                            StateError(format!(
-                                "multimap entries of state '{}' of transform '{}': {detail}",
-                                id.state_id, id.transform_id
-                            ))
-                        })?;
+            UserKey::MultimapEntries(id) => self.read_multimap_entries(&id),
+        }
+    }
+
+    /// An ordered list's entries in `range` (which a get must give), as
+    /// the committed list overlaid with this bundle's clears and appends.
+    fn read_ordered_list(
+        &self,
+        id: &CellId,
+        range: Option<SortKeyRange>,
+    ) -> Result<Vec<Bytes>, StateError> {
+        let range = required_range(range, "get")?;
+        let ops = self
+            .writes
+            .lock()
+            .ordered_lists
+            .get(id)
+            .map(|w| w.ops.clone())
+            .unwrap_or_default();
+        let mut view: OrderedList = if range.is_empty() {
+            OrderedList::new()
+        } else {
+            self.user_state
+                .lock()
+                .ordered_lists
+                .get(id)
+                .map(|list| {
+                    list.range(range.start..range.end)
+                        .map(|(k, v)| (*k, v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for op in ops {
+            match op {
+                OrderedListOp::Clear(cleared) => remove_range(
+                    &mut view,
+                    SortKeyRange {
+                        start: cleared.start.max(range.start),
+                        end: cleared.end.min(range.end),
+                    },
+                ),
+                OrderedListOp::Append(entries) => {
+                    for (sort_key, value) in entries {
+                        if range.contains(sort_key) {
+                            view.entry(sort_key).or_default().push(value);
+                        }
                     }
-                    let count = i32::try_from(count).map_err(|_| {
-                        StateError(format!(
-                            "multimap entries of state '{}' of transform '{}': a map key has \
-                             {count} values, more than an iterable can carry",
-                            id.state_id, id.transform_id
-                        ))
-                    })?;
-                    let len = map_key.len() + 4 + chunks.iter().map(Bytes::len).sum::<usize>();
-                    let mut entry = Vec::with_capacity(len);
-                    entry.extend_from_slice(&map_key);
-                    entry.extend_from_slice(&count.to_be_bytes());
-                    for chunk in &chunks {
-                        entry.extend_from_slice(chunk);
-                    }
-                    units.push(Bytes::from(entry));
                 }
-                Ok(units)
             }
         }
+        let mut units = Vec::new();
+        for (sort_key, values) in view {
+            for value in values {
+                let mut entry = Vec::with_capacity(value.len() + 20);
+                encode_ordered_entry(sort_key, &value, &mut entry);
+                units.push(Bytes::from(entry));
+            }
+        }
+        Ok(units)
+    }
+
+    /// The values of one map key of a multimap: committed ones unless
+    /// this bundle cleared the key or the whole multimap, then its appends.
+    fn read_multimap_values(&self, id: &CellId, map_key: &Bytes) -> Vec<Bytes> {
+        let (multimap_cleared, write) = {
+            let writes = self.writes.lock();
+            let w = writes.multimaps.get(id);
+            (
+                w.is_some_and(|w| w.cleared),
+                w.and_then(|w| w.keys.get(map_key)).cloned(),
+            )
+        };
+        let mut chunks = if multimap_cleared || write.as_ref().is_some_and(|w| w.cleared) {
+            Vec::new()
+        } else {
+            self.user_state
+                .lock()
+                .multimaps
+                .get(id)
+                .and_then(|m| m.get(map_key))
+                .cloned()
+                .unwrap_or_default()
+        };
+        if let Some(w) = write {
+            chunks.extend(w.appended);
+        }
+        chunks
+    }
+
+    /// Every entry of a multimap as `KV<K, Iterable<V>>` (map key, value
+    /// count, values), which needs the state's value coder to count.
+    fn read_multimap_entries(&self, id: &CellId) -> Result<Vec<Bytes>, StateError> {
+        let coder = self
+            .user_state
+            .lock()
+            .multimap_value_coders
+            .get(&(id.transform_id.to_string(), id.state_id.clone()))
+            .cloned()
+            .ok_or_else(|| {
+                StateError(format!(
+                    "multimap entries of state '{}' of transform '{}' are not available: \
+                     the runner does not know the state's value coder, so it cannot \
+                     count values",
+                    id.state_id, id.transform_id
+                ))
+            })?;
+        let mut units = Vec::new();
+        for (map_key, chunks) in self.multimap_view(id) {
+            let mut count = 0usize;
+            for chunk in &chunks {
+                count += count_values(&coder, chunk).map_err(|detail| {
+                    StateError(format!(
+                        "multimap entries of state '{}' of transform '{}': {detail}",
+                        id.state_id, id.transform_id
+                    ))
+                })?;
+            }
+            let count = i32::try_from(count).map_err(|_| {
+                StateError(format!(
+                    "multimap entries of state '{}' of transform '{}': a map key has \
+                     {count} values, more than an iterable can carry",
+                    id.state_id, id.transform_id
+                ))
+            })?;
+            let len = map_key.len() + 4 + chunks.iter().map(Bytes::len).sum::<usize>();
+            let mut entry = Vec::with_capacity(len);
+            entry.extend_from_slice(&map_key);
+            entry.extend_from_slice(&count.to_be_bytes());
+            for chunk in &chunks {
+                entry.extend_from_slice(chunk);
+            }
+            units.push(Bytes::from(entry));
+        }
+        Ok(units)
     }
 
     /// A multimap as this bundle sees it: present map keys (bytewise order)
