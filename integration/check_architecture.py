@@ -42,7 +42,6 @@ LONG_FUNCTIONS = {
   'runner/execution/src/harness_executor.rs:run_bundle': 191,
   'sdk-harness/src/collector.rs:response_kind': 190,
   'runner/src/serve.rs:start': 187,
-  'runner/translate/src/merge.rs:window_merger': 156,
   'runner/src/main.rs:init_logging': 148,
   'runner/translate/src/builder/combine.rs:lift': 143,
   'runner/src/run_command.rs:run': 134,
