@@ -43,7 +43,6 @@ LONG_FUNCTIONS = {
   'sdk-harness/src/collector.rs:response_kind': 190,
   'runner/src/serve.rs:start': 187,
   'runner/src/main.rs:init_logging': 148,
-  'runner/translate/src/builder/combine.rs:lift': 143,
   'runner/src/run_command.rs:run': 134,
   'runner/translate/src/environments.rs:name': 134,
   'runner/translate/src/builder/sdf.rs:expand': 133,

@@ -30,6 +30,35 @@ pub(super) fn lift(
     let name = name_of(id, transform);
     let referrer = format!("transform '{name}'");
     let payload = decode_combine(transform, &name)?;
+    let accumulator = payload.accumulator_coder_id;
+    let Some(io) = liftable(b, transform, &accumulator, &referrer)? else {
+        return Ok(None);
+    };
+    let pcolls = add_intermediates(b, id, &name, &accumulator, io);
+    add_steps(b, id, &name, transform, &pcolls).map(Some)
+}
+
+/// The input and output of a combine_per_key that may be lifted, and its
+/// key coder.
+struct Liftable {
+    /// The KV input PCollection.
+    input: pb::PCollection,
+    /// The output PCollection.
+    output: pb::PCollection,
+    /// The input's key coder.
+    key: String,
+}
+
+/// What lifting `transform` needs, or `None` when it must run unlifted:
+/// it has an environment, one input and one output, its input's trigger
+/// allows lifting and its input is a KV. Errors when a PCollection, the
+/// windowing strategy or the coder `accumulator` is missing.
+fn liftable(
+    b: &Builder,
+    transform: &pb::PTransform,
+    accumulator: &str,
+    referrer: &str,
+) -> Result<Option<Liftable>, TranslateError> {
     if transform.environment_id.is_empty()
         || transform.inputs.len() != 1
         || transform.outputs.len() != 1
@@ -42,8 +71,8 @@ pub(super) fn lift(
     ) else {
         return Ok(None);
     };
-    let input = b.pcollection(input_id, &referrer)?.clone();
-    let output = b.pcollection(output_id, &referrer)?.clone();
+    let input = b.pcollection(input_id, referrer)?.clone();
+    let output = b.pcollection(output_id, referrer)?.clone();
     let ws = b
         .components
         .windowing_strategies
@@ -58,25 +87,48 @@ pub(super) fn lift(
     if !windowing::allows_combiner_lifting(ws.trigger.as_ref()) {
         return Ok(None);
     }
-    if b.coders.urn(&input.coder_id, &referrer)? != c::KV {
+    if b.coders.urn(&input.coder_id, referrer)? != c::KV {
         return Ok(None);
     }
-    let Ok(kv) = b.coders.components_of(&input.coder_id, c::KV, &referrer) else {
+    let Ok(kv) = b.coders.components_of(&input.coder_id, c::KV, referrer) else {
         return Ok(None);
     };
-    let accumulator = payload.accumulator_coder_id.clone();
-    b.coders.get(&accumulator, &referrer)?;
+    b.coders.get(accumulator, referrer)?;
     let key = kv[0].clone();
+    Ok(Some(Liftable { input, output, key }))
+}
 
+/// The PCollections between the lifted steps.
+struct Intermediates {
+    /// Precombine → Group: `KV<key, accumulator>`.
+    precombined: String,
+    /// Group → Merge: `KV<key, iterable<accumulator>>`.
+    grouped: String,
+    /// Merge → ExtractOutputs: `KV<key, accumulator>`.
+    merged: String,
+}
+
+/// Adds the coders and PCollections between the lifted steps of
+/// combine_per_key `id` (unique name `name`): the Precombine output is
+/// like the input, the others like the output, with the accumulator
+/// coders.
+fn add_intermediates(
+    b: &mut Builder,
+    id: &str,
+    name: &str,
+    accumulator: &str,
+    io: Liftable,
+) -> Intermediates {
+    let Liftable { input, output, key } = io;
     let key_acc = b.coders.add(
         &format!("{accumulator}_keyed"),
         c::KV,
-        vec![key.clone(), accumulator.clone()],
+        vec![key.clone(), accumulator.to_string()],
     );
     let acc_iter = b.coders.add(
         &format!("{accumulator}_iterable"),
         c::ITERABLE,
-        vec![accumulator.clone()],
+        vec![accumulator.to_string()],
     );
     let key_acc_iter = b
         .coders
@@ -99,7 +151,24 @@ pub(super) fn lift(
         &format!("{id}/Merge.out"),
         pcoll("Merge", &key_acc, &output),
     );
+    Intermediates {
+        precombined,
+        grouped,
+        merged,
+    }
+}
 
+/// Adds the four lifted steps of combine_per_key `transform` (id `id`,
+/// unique name `name`) joined by `pcolls`, and returns their nodes: the
+/// SDK steps carry the composite's payload and environment, the Group
+/// step is the runner's.
+fn add_steps(
+    b: &mut Builder,
+    id: &str,
+    name: &str,
+    transform: &pb::PTransform,
+    pcolls: &Intermediates,
+) -> Result<Vec<Node>, TranslateError> {
     let single = |tag: &str, pcoll: &str| -> HashMap<String, String> {
         [(tag.to_string(), pcoll.to_string())].into_iter().collect()
     };
@@ -114,24 +183,24 @@ pub(super) fn lift(
             "Precombine",
             t::COMBINE_PER_KEY_PRECOMBINE,
             transform.inputs.clone(),
-            single("out", &precombined),
+            single("out", &pcolls.precombined),
         ),
         (
             "Group",
             t::GROUP_BY_KEY,
-            single("in", &precombined),
-            single("out", &grouped),
+            single("in", &pcolls.precombined),
+            single("out", &pcolls.grouped),
         ),
         (
             "Merge",
             t::COMBINE_PER_KEY_MERGE_ACCUMULATORS,
-            single("in", &grouped),
-            single("out", &merged),
+            single("in", &pcolls.grouped),
+            single("out", &pcolls.merged),
         ),
         (
             "ExtractOutputs",
             t::COMBINE_PER_KEY_EXTRACT_OUTPUTS,
-            single("in", &merged),
+            single("in", &pcolls.merged),
             transform.outputs.clone(),
         ),
     ];
@@ -163,5 +232,5 @@ pub(super) fn lift(
             nodes.push(Node::runner(&step_id, &name, NodeKind::GroupByKey, step));
         }
     }
-    Ok(Some(nodes))
+    Ok(nodes)
 }
