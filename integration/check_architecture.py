@@ -45,7 +45,6 @@ LONG_FUNCTIONS = {
   'runner/src/main.rs:init_logging': 148,
   'runner/src/run_command.rs:run': 134,
   'runner/translate/src/environments.rs:name': 134,
-  'runner/translate/src/builder/sdf.rs:expand': 133,
 }
 IDENT = r'[A-Za-z_][A-Za-z0-9_]*'
 # Words that point at the design notes kept outside the repository.
