@@ -47,7 +47,7 @@ pub struct BundleRequest {
 /// A bundle's output can only be handed on once the bundle succeeds, and
 /// one element of a DoFn that emits far more than it reads cannot be
 /// split: without somewhere else to put it, its whole output would wait in
-/// memory. The runner implements it over its spill store.
+/// memory. The runner implements it over its spill space.
 pub trait OutputOverflow: Send + Sync {
     /// Bytes of output (all sinks together) a bundle keeps in memory before
     /// it writes what it holds here.

@@ -9,16 +9,19 @@
 //! bundle's are dropped.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use refract_engine::bundle_slots::BundleSlots;
 use refract_engine::executor::{
-    BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, StageExecutor,
-    TimerInput,
+    BundleInput, BundleOutput, BundleSplit, CommitAction, ExecError, Residual, SplitSink,
+    StageExecutor, TimerInput,
 };
 use refract_engine::plan::StageIdx;
 use refract_jobservice::Job;
@@ -30,17 +33,16 @@ use refract_proto::fn_api::{
     ProcessBundleSplitResponse, StateRequest, StateResponse,
 };
 use refract_proto::job_api::job_message::MessageImportance;
-use refract_sdk_harness::{BundleError, BundleRequest, StateHandler, Worker};
+use refract_sdk_harness::{BundleError, BundleRequest, BundleResult, StateHandler, Worker};
 use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
 
-use crate::output_spill::OutputSpill;
+use crate::bundle_finalizations::BundleFinalizations;
+use crate::output_spill::{BundleOverflow, OutputSpill};
 use crate::split_policy::SplitPolicy;
 use crate::stall_watch::{BundleWatch, StallPolicy};
-use crate::worker_set::WorkerSet;
-
-use crate::bundle_finalizations::BundleFinalizations;
 use crate::state_bridge::StateBridge;
+use crate::worker_set::WorkerSet;
 
 /// A [`StageExecutor`] backed by SDK harness workers.
 pub struct HarnessExecutor {
@@ -479,13 +481,20 @@ async fn run_bundle(
     rules: BundleRules<'_>,
     finalizations: &Arc<BundleFinalizations>,
 ) -> Result<BundleOutput, ExecError> {
-    let split_source = stage.input_transform_id.clone().unwrap_or_default();
-    let stage_idx = input.stage;
-    let split_sink = input.splits.clone();
-    let split_points = input.split_points;
+    let BundleInput {
+        stage: stage_idx,
+        bundle_id,
+        elements,
+        element_lengths,
+        split_points,
+        timers,
+        state,
+        draining,
+        splits,
+    } = input;
     let policy = split_policy(
         stage,
-        input.element_lengths.len(),
+        element_lengths.len(),
         &split_points,
         rules.split_bytes,
     );
@@ -497,118 +506,192 @@ async fn run_bundle(
         .spill
         .filter(|_| !stage.splittable)
         .map(|spill| spill.for_bundle(stage.outputs.iter().map(|(s, _)| s.clone()).collect()));
-    // Kept to cut into elements if the bundle is split (a splittable
-    // stage's chunks are one element each).
-    let split_chunks = if policy.is_some() {
-        input.elements.clone()
-    } else {
-        Vec::new()
-    };
-    let element_lengths = input.element_lengths;
-    let inputs = match &stage.input_transform_id {
-        Some(t) => vec![(t.clone(), input.elements)],
-        None => Vec::new(),
-    };
+    let splitter = policy.map(|policy| Splitter {
+        policy,
+        worker,
+        workers,
+        stage: stage_idx,
+        streaming: rules.streaming,
+        bundle_id: &bundle_id,
+        source: stage.input_transform_id.clone().unwrap_or_default(),
+        // A splittable stage's chunks are one element each.
+        chunks: elements.clone(),
+        element_lengths,
+        split_points,
+        sink: splits,
+    });
     let request = BundleRequest {
-        instruction_id: input.bundle_id.clone(),
-        descriptor_id: match (&stage.drain_descriptor, input.draining) {
+        instruction_id: bundle_id.clone(),
+        descriptor_id: match (&stage.drain_descriptor, draining) {
             (Some(drain), true) => drain.id.clone(),
             _ => stage.descriptor.id.clone(),
         },
-        inputs,
-        timers: input
-            .timers
+        inputs: match &stage.input_transform_id {
+            Some(t) => vec![(t.clone(), elements)],
+            None => Vec::new(),
+        },
+        timers: timers
             .into_iter()
             .map(|t| (t.transform_id, t.family_id, t.data))
             .collect(),
         expected_sinks: stage.outputs.iter().map(|(sink, _)| sink.clone()).collect(),
         expected_timer_families: stage.timer_families.clone(),
-        state: Arc::new(StateBridge::new(input.state)),
+        state: Arc::new(StateBridge::new(state)),
         overflow: overflow
             .clone()
             .map(|o| o as Arc<dyn refract_sdk_harness::OutputOverflow>),
     };
     let received = Arc::new(AtomicU64::new(0));
-    let bundle = async {
-        let bundle = worker
-            .process_bundle_counted(request, received.clone())
-            .map(|result| result.map_err(exec_error));
-        let Some((policy, stalled, stage_name)) = rules.stall else {
-            return bundle.await;
-        };
-        let watch = BundleWatch {
-            worker,
-            bundle_id: &input.bundle_id,
-            stage: stage_name,
-            received: &received,
-            policy,
-            job,
-            stalled,
-        };
-        tokio::select! {
-            result = bundle => result,
-            why = watch.until_failed() => Err(ExecError::Harness(why)),
-        }
-    };
+    let bundle = watched_bundle(worker, request, &received, &bundle_id, job, rules.stall);
     tokio::pin!(bundle);
-    let mut split_residuals = Vec::new();
-    let result = match policy {
-        Some(mut policy) => {
-            let mut split_inputs: Option<Vec<bytes::Bytes>> = None;
-            let mut end = element_lengths.len();
-            loop {
-                tokio::select! {
-                    r = &mut bundle => break r,
-                    _ = tokio::time::sleep(SPLIT_CHECK_EVERY) => {
-                        let Some(fraction) = policy.due(
-                            Instant::now(),
-                            received.load(Ordering::Relaxed),
-                            workers.has_idle_worker(),
-                            rules.streaming || workers.split_adds_parallelism(stage_idx),
-                        ) else {
-                            continue;
-                        };
-                        let inputs = split_inputs
-                            .get_or_insert_with(|| element_slices(&split_chunks, &element_lengths));
-                        let outcome = split_bundle(
-                            worker,
-                            &input.bundle_id,
-                            &split_source,
-                            &inputs[..end.min(inputs.len())],
-                            fraction,
-                            &split_points,
-                        )
-                        .await;
-                        if outcome.residuals.is_empty() {
-                            policy.refused();
-                        } else {
-                            policy.accepted();
+    let (result, split_residuals) = match splitter {
+        Some(splitter) => splitter.split_while(bundle, &received).await,
+        None => (bundle.await, Vec::new()),
+    };
+    let mut result = result?;
+    let metrics = std::mem::take(&mut result.response.monitoring_infos);
+    let needs_finalization = result.response.requires_finalization;
+    let mut output = bundle_output(stage, result, overflow, split_residuals);
+    output.on_commit = Some({
+        let job = job.clone();
+        CommitAction::new(move || job.metrics().commit(&metrics))
+    });
+    // Finalization (a source acknowledging what it read) waits until the
+    // engine has made the bundle's effects durable.
+    output.on_durable = needs_finalization.then(|| {
+        let worker = worker.clone();
+        let bundle_id = bundle_id.clone();
+        let finalizations = finalizations.clone();
+        CommitAction::new(move || {
+            finalizations.spawn(async move {
+                if let Err(e) = worker.finalize_bundle(&bundle_id).await {
+                    warn!(bundle = %bundle_id, error = %e, "bundle finalization failed");
+                }
+            });
+        })
+    });
+    Ok(output)
+}
+
+/// The bundle on `worker`, failed if the stall policy says it stalled
+/// (`stall`: the policy, the job's stalled list and the stage's name).
+async fn watched_bundle(
+    worker: &Arc<Worker>,
+    request: BundleRequest,
+    received: &Arc<AtomicU64>,
+    bundle_id: &str,
+    job: &Arc<Job>,
+    stall: Option<(StallPolicy, &StalledBundles, &str)>,
+) -> Result<BundleResult, ExecError> {
+    let bundle = worker
+        .process_bundle_counted(request, received.clone())
+        .map(|result| result.map_err(exec_error));
+    let Some((policy, stalled, stage_name)) = stall else {
+        return bundle.await;
+    };
+    let watch = BundleWatch {
+        worker,
+        bundle_id,
+        stage: stage_name,
+        received,
+        policy,
+        job,
+        stalled,
+    };
+    tokio::select! {
+        result = bundle => result,
+        why = watch.until_failed() => Err(ExecError::Harness(why)),
+    }
+}
+
+/// What splits a running bundle when its [`SplitPolicy`] says so: the
+/// bundle's input, cut into elements when first needed, and where a split
+/// that keeps a prefix is told to the engine.
+struct Splitter<'a> {
+    policy: SplitPolicy,
+    worker: &'a Arc<Worker>,
+    workers: &'a WorkerSet,
+    stage: StageIdx,
+    streaming: bool,
+    bundle_id: &'a str,
+    /// The transform the bundle's input goes to.
+    source: String,
+    chunks: Vec<Bytes>,
+    element_lengths: Vec<usize>,
+    split_points: Vec<usize>,
+    sink: SplitSink,
+}
+
+impl Splitter<'_> {
+    /// Waits for `bundle`, splitting it as the policy asks meanwhile: its
+    /// result, and the residuals of splits the engine was not told of
+    /// (they run after the bundle commits).
+    async fn split_while<F>(
+        mut self,
+        mut bundle: Pin<&mut F>,
+        received: &AtomicU64,
+    ) -> (Result<BundleResult, ExecError>, Vec<Residual>)
+    where
+        F: Future<Output = Result<BundleResult, ExecError>>,
+    {
+        let mut residuals = Vec::new();
+        let mut elements: Option<Vec<Bytes>> = None;
+        let mut end = self.element_lengths.len();
+        loop {
+            tokio::select! {
+                r = bundle.as_mut() => return (r, residuals),
+                _ = tokio::time::sleep(SPLIT_CHECK_EVERY) => {
+                    let Some(fraction) = self.policy.due(
+                        Instant::now(),
+                        received.load(Ordering::Relaxed),
+                        self.workers.has_idle_worker(),
+                        self.streaming || self.workers.split_adds_parallelism(self.stage),
+                    ) else {
+                        continue;
+                    };
+                    let elements = elements
+                        .get_or_insert_with(|| element_slices(&self.chunks, &self.element_lengths));
+                    let outcome = split_bundle(
+                        self.worker,
+                        self.bundle_id,
+                        &self.source,
+                        &elements[..end.min(elements.len())],
+                        fraction,
+                        &self.split_points,
+                    )
+                    .await;
+                    if outcome.residuals.is_empty() {
+                        self.policy.refused();
+                    } else {
+                        self.policy.accepted();
+                    }
+                    end = outcome.end;
+                    match outcome.kept {
+                        // The engine runs the residuals now, and a retry
+                        // of this bundle does only what it kept.
+                        Some((kept_elements, primaries)) if self.sink.is_connected() => {
+                            self.sink.send(BundleSplit {
+                                kept_elements,
+                                primaries,
+                                residuals: outcome.residuals,
+                            });
                         }
-                        end = outcome.end;
-                        match outcome.kept {
-                            // The engine runs the residuals now, and a retry
-                            // of this bundle does only what it kept.
-                            Some((kept_elements, primaries)) if split_sink.is_connected() => {
-                                split_sink.send(BundleSplit {
-                                    kept_elements,
-                                    primaries,
-                                    residuals: outcome.residuals,
-                                });
-                            }
-                            _ => split_residuals.extend(outcome.residuals),
-                        }
+                        _ => residuals.extend(outcome.residuals),
                     }
                 }
             }
         }
-        None => bundle.await,
-    };
-    let mut result = result?;
-    let metrics = std::mem::take(&mut result.response.monitoring_infos);
-    let on_commit = {
-        let job = job.clone();
-        CommitAction::new(move || job.metrics().commit(&metrics))
-    };
+    }
+}
+
+/// `result` in the engine's terms: outputs by PCollection, spilled output,
+/// timers, and the residuals the SDK returned plus `split_residuals`.
+fn bundle_output(
+    stage: &SdkStageDescriptor,
+    result: BundleResult,
+    overflow: Option<Arc<BundleOverflow>>,
+    split_residuals: Vec<Residual>,
+) -> BundleOutput {
     let mut outputs = Vec::with_capacity(stage.outputs.len());
     let mut results = result.outputs;
     for (sink, pcoll) in &stage.outputs {
@@ -638,28 +721,14 @@ async fn run_bundle(
         .filter_map(residual)
         .collect();
     residuals.extend(split_residuals);
-    // Finalization (a source acknowledging what it read) waits until the
-    // engine has made the bundle's effects durable.
-    let on_durable = result.response.requires_finalization.then(|| {
-        let worker = worker.clone();
-        let bundle_id = input.bundle_id.clone();
-        let finalizations = finalizations.clone();
-        CommitAction::new(move || {
-            finalizations.spawn(async move {
-                if let Err(e) = worker.finalize_bundle(&bundle_id).await {
-                    warn!(bundle = %bundle_id, error = %e, "bundle finalization failed");
-                }
-            });
-        })
-    });
-    Ok(BundleOutput {
+    BundleOutput {
         outputs,
         spilled,
         timers,
         residuals,
-        on_commit: Some(on_commit),
-        on_durable,
-    })
+        on_commit: None,
+        on_durable: None,
+    }
 }
 
 #[cfg(test)]
