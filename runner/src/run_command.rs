@@ -67,9 +67,12 @@ const PYTHON_BOOT: &str =
 const PYTHON_WORKER: &str =
     include_str!("../../integration/wheel/python/refract_beam/python_worker.py");
 
-/// Runs the pipeline; returns the exit code for this process.
-pub async fn run(args: RunArgs) -> Result<i32> {
-    let (endpoint, embedded) = match &args.job_endpoint {
+/// The job server the run submits to, and the server itself if this run
+/// started one: `--job_endpoint`'s (which must be a Refract server), a
+/// Refract server already at the default port, or a new one in this
+/// process for the run.
+async fn job_server(args: &RunArgs) -> Result<(String, Option<serve::Server>)> {
+    Ok(match &args.job_endpoint {
         Some(endpoint) => {
             let version = refract_version_at(endpoint).await.map_err(|why| {
                 anyhow!(
@@ -100,7 +103,44 @@ pub async fn run(args: RunArgs) -> Result<i32> {
                 (server.job_endpoint.to_string(), Some(server))
             }
         },
-    };
+    })
+}
+
+/// The pipeline's process: `python PIPELINE` submitting to `endpoint`
+/// with the run's worker `options` and the user's arguments, killed with
+/// this process.
+fn pipeline_command(
+    args: &RunArgs,
+    python: &str,
+    endpoint: &str,
+    options: &[String],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(python);
+    command
+        .arg(&args.pipeline)
+        .arg("--runner=PortableRunner")
+        .arg(format!("--job_endpoint={endpoint}"))
+        .args(options)
+        .args(&args.pipeline_args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    // Killed outright (SIGKILL, the OOM killer), this process cannot stop
+    // the pipeline's: the kernel does, when the thread that started it
+    // (this one, which runs until the process exits) ends.
+    // SAFETY: the closure runs in the child between fork and exec, and
+    // makes one system call, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+    command
+}
+
+/// Runs the pipeline; returns the exit code for this process.
+pub async fn run(args: RunArgs) -> Result<i32> {
+    let (endpoint, embedded) = job_server(&args).await?;
     let mut client = connect(&endpoint).await?;
     let before = job_ids(&mut client).await?;
 
@@ -121,26 +161,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         .as_ref()
         .map(|_| ForkServer::start(&python, &boot_dir.path()))
         .transpose()?;
-    let mut command = tokio::process::Command::new(&python);
-    command
-        .arg(&args.pipeline)
-        .arg("--runner=PortableRunner")
-        .arg(format!("--job_endpoint={endpoint}"))
-        .args(&defaults.options)
-        .args(&args.pipeline_args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    // Killed outright (SIGKILL, the OOM killer), this process cannot stop
-    // the pipeline's: the kernel does, when the thread that started it
-    // (this one, which runs until the process exits) ends.
-    // SAFETY: the closure runs in the child between fork and exec, and
-    // makes one system call, which is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                .map_err(std::io::Error::from)
-        });
-    }
+    let mut command = pipeline_command(&args, &python, &endpoint, &defaults.options);
     let mut child = command
         .spawn()
         .with_context(|| format!("starting {python} {}", args.pipeline.display()))?;

@@ -18,6 +18,7 @@ use refract_observability::insights::Insights;
 use refract_observability::telemetry::{self, OtlpExport};
 use refract_observability::ui::guard::AllowedHosts;
 use refract_observability::ui::UiSettings;
+use refract_peercred::LocalPeers;
 use refract_pools::WorkerPools;
 use refract_private_dirs::{private_temp_dir, TempDirGuard};
 use refract_sdk_harness::FnApiServer;
@@ -65,8 +66,7 @@ pub async fn start(
     args: &ServeArgs,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Server> {
-    let liveness = args.worker_liveness_timeout;
-    if liveness.is_zero() {
+    if args.worker_liveness_timeout.is_zero() {
         anyhow::bail!("--worker_liveness_timeout must be longer than 0");
     }
     // The job port first: the Fn API takes any free port, and could take
@@ -74,52 +74,12 @@ pub async fn start(
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.job_port))
         .await
         .with_context(|| format!("binding the job port {}:{}", args.host, args.job_port))?;
-    let fn_host = args.fn_api_host.as_deref().unwrap_or(&args.host);
     let local_peers = args.local_peers.into();
-    let fn_server = FnApiServer::start_with(fn_host, args.fn_api_port, liveness, local_peers)
-        .await
-        .with_context(|| {
-            format!(
-                "starting the Fn API server on {fn_host}:{}",
-                args.fn_api_port
-            )
-        })?;
-    fn_server.set_pool_token(refract_sdk_harness::PoolToken::from_file_or(
-        args.worker_pool_token_file.as_deref(),
-        args.worker_pool_token_from_env.as_ref(),
-    )?);
-    fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
-        enabled: args.sdk_images_as_processes,
-        python: args.sdk_python.clone(),
-        java: args.sdk_java.clone(),
-    });
+    let fn_server = start_fn_api(args, local_peers).await?;
     let job_endpoint = listener.local_addr()?;
     warn_about_reach(job_endpoint, args.local_peers);
-    let durability = match &args.state_dir {
-        Some(dir) => {
-            let every = parse_go_duration(&args.checkpoint_interval)
-                .map_err(anyhow::Error::msg)
-                .context("--checkpoint_interval")?;
-            let durability = Durability::open(dir, every)
-                .with_context(|| format!("opening the state directory {}", dir.display()))?
-                .with_tolerable_failures(args.tolerable_checkpoint_failures);
-            info!(state_dir = %dir.display(), checkpoint_interval = ?every, "keeping jobs durably");
-            Some(Arc::new(durability))
-        }
-        None => None,
-    };
-    // Servers killed without a chance to clean up left their staging and
-    // spill directories behind; remove those in the background.
-    tokio::task::spawn_blocking(|| {
-        let swept = refract_private_dirs::sweep_abandoned_temp_dirs(&std::env::temp_dir());
-        if swept.directories > 0 {
-            info!(
-                directories = swept.directories,
-                megabytes = swept.bytes / (1 << 20),
-                "removed temporary directories of Refract servers that ended without cleaning up"
-            );
-        }
-    });
+    let durability = open_durability(args)?;
+    sweep_abandoned_dirs();
     let (staging_dir, remove_staging) = server_dir(
         args.staging_dir.as_ref(),
         args.state_dir.as_ref(),
@@ -130,54 +90,15 @@ pub async fn start(
         .with_context(|| format!("creating the staging directory {}", staging_dir.display()))?;
     let fn_api = fn_server.url();
     info!(job_endpoint = %job_endpoint, %fn_api, "refract is serving");
-    let default_workers = match args.sdk_worker_parallelism {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
-        n => n,
-    };
-    let memory_budget = args
-        .memory_budget
-        .unwrap_or_else(refract_execution::memory::default_budget);
-    let job_memory_budget = args
-        .job_memory_budget
-        .unwrap_or(memory_budget / 2)
-        .min(memory_budget);
-    info!(
-        memory_budget,
-        job_memory_budget, "memory budget of the jobs' data, and of one job"
-    );
     let (spill_dir, remove_spill) =
         server_dir(args.spill_dir.as_ref(), args.state_dir.as_ref(), "spill")
             .context("creating the spill directory")?;
     let spill = ScratchSpillSpace::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
-    let pools = worker_pools(args, &fn_server.url(), default_workers)?;
     let savepoints = savepoint_dir(args);
-    let runner = RefractRunner::new(fn_server)
-        .with_savepoints(savepoints.clone())
-        .with_default_workers(default_workers)
-        .with_pools(pools)
-        .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
-        .with_spill(Arc::new(spill))
-        .with_environment_preference(args.environment_preference.clone())
-        .with_stall_policy(
-            (!args.bundle_stall_timeout.is_zero()).then_some(StallPolicy {
-                timeout: args.bundle_stall_timeout,
-                fail: args.fail_stalled_bundles,
-            }),
-        );
-    let runner = match args.sdk_worker_parallelism {
-        0 => runner,
-        n => runner.with_asked_workers(n),
-    };
+    let runner = job_runner(args, fn_server, savepoints.clone(), spill)?;
     let insights = runner.insights();
-    let otlp = match telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) {
-        Some(endpoint) => {
-            let export = OtlpExport::start(&endpoint, insights.clone())?;
-            info!(%endpoint, "exporting metrics and traces over OTLP");
-            Some(Arc::new(export))
-        }
-        None => None,
-    };
+    let otlp = start_otlp(args, &insights)?;
     let recovered = match &durability {
         Some(d) => d
             .recovered_jobs()
@@ -194,13 +115,8 @@ pub async fn start(
         staging_dir,
         keep_unfinished_artifacts: durability.is_some(),
         recovered,
-        max_staged_bytes_per_job: args.max_staged_bytes as u64,
-        max_message_bytes: args.max_message_bytes,
-        retain_finished_jobs: args.retain_finished_jobs,
-        retain_finished_for: args.retain_finished_for,
-        prepared_job_timeout: args.prepared_job_timeout,
         local_peers,
-        ..JobServiceConfig::default()
+        ..job_service_limits(args)
     };
     let (ui_stop, ui_stopped) = oneshot::channel::<()>();
     let mut ui_address = None;
@@ -247,6 +163,132 @@ pub async fn start(
         stop: Some(stop),
         finished,
     })
+}
+
+/// The Fn API server every job's SDK workers connect to, on
+/// `--fn_api_host` (else `--host`) and `--fn_api_port`, with the worker
+/// pools' token and the host harnesses that stand in for SDK images.
+async fn start_fn_api(args: &ServeArgs, local_peers: LocalPeers) -> Result<Arc<FnApiServer>> {
+    let fn_host = args.fn_api_host.as_deref().unwrap_or(&args.host);
+    let fn_server = FnApiServer::start_with(
+        fn_host,
+        args.fn_api_port,
+        args.worker_liveness_timeout,
+        local_peers,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "starting the Fn API server on {fn_host}:{}",
+            args.fn_api_port
+        )
+    })?;
+    fn_server.set_pool_token(refract_sdk_harness::PoolToken::from_file_or(
+        args.worker_pool_token_file.as_deref(),
+        args.worker_pool_token_from_env.as_ref(),
+    )?);
+    fn_server.set_host_harnesses(refract_sdk_harness::HostHarnesses {
+        enabled: args.sdk_images_as_processes,
+        python: args.sdk_python.clone(),
+        java: args.sdk_java.clone(),
+    });
+    Ok(fn_server)
+}
+
+/// The checkpoints and job records of `--state_dir`, if given.
+fn open_durability(args: &ServeArgs) -> Result<Option<Arc<Durability>>> {
+    let Some(dir) = &args.state_dir else {
+        return Ok(None);
+    };
+    let every = parse_go_duration(&args.checkpoint_interval)
+        .map_err(anyhow::Error::msg)
+        .context("--checkpoint_interval")?;
+    let durability = Durability::open(dir, every)
+        .with_context(|| format!("opening the state directory {}", dir.display()))?
+        .with_tolerable_failures(args.tolerable_checkpoint_failures);
+    info!(state_dir = %dir.display(), checkpoint_interval = ?every, "keeping jobs durably");
+    Ok(Some(Arc::new(durability)))
+}
+
+/// Servers killed without a chance to clean up left their staging and
+/// spill directories behind; removes those in the background.
+fn sweep_abandoned_dirs() {
+    tokio::task::spawn_blocking(|| {
+        let swept = refract_private_dirs::sweep_abandoned_temp_dirs(&std::env::temp_dir());
+        if swept.directories > 0 {
+            info!(
+                directories = swept.directories,
+                megabytes = swept.bytes / (1 << 20),
+                "removed temporary directories of Refract servers that ended without cleaning up"
+            );
+        }
+    });
+}
+
+/// The job runner as the flags configure it: workers per environment,
+/// remote pools, the memory budgets, spill space, savepoints, the
+/// environments preferred and the stall policy.
+fn job_runner(
+    args: &ServeArgs,
+    fn_server: Arc<FnApiServer>,
+    savepoints: Option<Arc<SavepointDir>>,
+    spill: ScratchSpillSpace,
+) -> Result<RefractRunner> {
+    let default_workers = match args.sdk_worker_parallelism {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let memory_budget = args
+        .memory_budget
+        .unwrap_or_else(refract_execution::memory::default_budget);
+    let job_memory_budget = args
+        .job_memory_budget
+        .unwrap_or(memory_budget / 2)
+        .min(memory_budget);
+    info!(
+        memory_budget,
+        job_memory_budget, "memory budget of the jobs' data, and of one job"
+    );
+    let pools = worker_pools(args, &fn_server.url(), default_workers)?;
+    let runner = RefractRunner::new(fn_server)
+        .with_savepoints(savepoints)
+        .with_default_workers(default_workers)
+        .with_pools(pools)
+        .with_memory(MemoryLedger::new(memory_budget), job_memory_budget)
+        .with_spill(Arc::new(spill))
+        .with_environment_preference(args.environment_preference.clone())
+        .with_stall_policy(
+            (!args.bundle_stall_timeout.is_zero()).then_some(StallPolicy {
+                timeout: args.bundle_stall_timeout,
+                fail: args.fail_stalled_bundles,
+            }),
+        );
+    Ok(match args.sdk_worker_parallelism {
+        0 => runner,
+        n => runner.with_asked_workers(n),
+    })
+}
+
+/// The OTLP export of `--otlp_endpoint` (or the environment's), if any.
+fn start_otlp(args: &ServeArgs, insights: &Insights) -> Result<Option<Arc<OtlpExport>>> {
+    let Some(endpoint) = telemetry::otlp::endpoint(args.otlp_endpoint.as_deref()) else {
+        return Ok(None);
+    };
+    let export = OtlpExport::start(&endpoint, insights.clone())?;
+    info!(%endpoint, "exporting metrics and traces over OTLP");
+    Ok(Some(Arc::new(export)))
+}
+
+/// The job service's limits and retention, as the flags set them.
+fn job_service_limits(args: &ServeArgs) -> JobServiceConfig {
+    JobServiceConfig {
+        max_staged_bytes_per_job: args.max_staged_bytes as u64,
+        max_message_bytes: args.max_message_bytes,
+        retain_finished_jobs: args.retain_finished_jobs,
+        retain_finished_for: args.retain_finished_for,
+        prepared_job_timeout: args.prepared_job_timeout,
+        ..JobServiceConfig::default()
+    }
 }
 
 /// The pools of `--worker_pool`, following their sources from now on
