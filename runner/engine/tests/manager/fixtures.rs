@@ -1,0 +1,215 @@
+//! What the manager tests share: a fake executor playing the SDK stages,
+//! small plans, and running an engine to the end.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub(crate) use std::collections::BTreeMap;
+pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};
+pub(crate) use std::sync::Arc;
+
+pub(crate) use bytes::Bytes;
+pub(crate) use futures::future::BoxFuture;
+pub(crate) use futures::FutureExt;
+pub(crate) use parking_lot::Mutex;
+pub(crate) use refract_engine::coder::{
+    decode_timers, decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder,
+    PaneInfo, TimerValue, WindowedValueHeader,
+};
+pub(crate) use refract_engine::executor::{
+    BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput,
+};
+pub(crate) use refract_engine::manager::{Engine, EngineConfig, EngineError};
+pub(crate) use refract_engine::plan::{
+    PCollection, PCollectionIdx, Plan, SdkStage, SideInput, SideInputAccess, SideInputId, Stage,
+    StageIdx, StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration,
+    WindowFn, WindowingStrategy,
+};
+pub(crate) use refract_engine::state::{CellId, StateKey};
+pub(crate) use refract_engine::window::Window;
+pub(crate) use tokio::sync::watch;
+
+pub(crate) fn kv_bytes_varint() -> Coder {
+    Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Varint))
+}
+
+pub(crate) fn pc(id: &str, value: Coder, window: Coder) -> PCollection {
+    PCollection {
+        id: id.into(),
+        value_coder: value,
+        window_coder: window,
+        bounded: true,
+    }
+}
+
+/// An SDK stage reading and writing the PCollections numbered `inputs`
+/// and `outputs`.
+pub(crate) fn sdk_stage(name: &str, inputs: Vec<usize>, outputs: Vec<usize>) -> Stage {
+    Stage {
+        name: name.into(),
+        kind: StageKind::Sdk(SdkStage::default()),
+        inputs: inputs.into_iter().map(PCollectionIdx::new).collect(),
+        side_inputs: vec![],
+        outputs: outputs.into_iter().map(PCollectionIdx::new).collect(),
+    }
+}
+
+/// What each fake SDK stage does with a bundle.
+pub(crate) type StageFn =
+    Arc<dyn Fn(&BundleInput) -> Result<BundleOutput, ExecError> + Send + Sync>;
+
+pub(crate) struct FakeExecutor {
+    /// By stage number.
+    pub(crate) stages: BTreeMap<usize, StageFn>,
+    pub(crate) bundles: AtomicUsize,
+}
+
+impl StageExecutor for FakeExecutor {
+    fn execute(&self, input: BundleInput) -> BoxFuture<'static, Result<BundleOutput, ExecError>> {
+        self.bundles.fetch_add(1, Ordering::SeqCst);
+        let f = self.stages.get(&input.stage.index()).cloned();
+        async move {
+            match f {
+                Some(f) => f(&input),
+                None => Err(ExecError::Runner("no such stage".into())),
+            }
+        }
+        .boxed()
+    }
+}
+
+pub(crate) fn encode_kv(
+    key: &str,
+    value: i64,
+    ts: i64,
+    window: &Window,
+    wcoder: &Coder,
+    out: &mut Vec<u8>,
+) {
+    let mut v = Vec::new();
+    v.push(key.len() as u8);
+    v.extend_from_slice(key.as_bytes());
+    encode_varint_i64(value, &mut v);
+    let header = WindowedValueHeader {
+        timestamp: ts,
+        windows: smallvec::smallvec![window.clone()],
+        pane: PaneInfo::NO_FIRING,
+    };
+    encode_windowed_value(&header, wcoder, &v, out).unwrap();
+}
+
+/// Groups seen by the fake sink: (key, encoded iterable of values, window).
+pub(crate) type Records = Arc<Mutex<Vec<(String, Vec<u8>, Window)>>>;
+
+/// Impulse -> "source" (emits KVs into fixed windows) -> GBK -> "sink" (records groups).
+/// `failing_sink_attempts`: how many sink bundles fail before they succeed.
+pub(crate) fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeExecutor) {
+    let grouped = Coder::Kv(
+        Box::new(Coder::Bytes),
+        Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+    );
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("grouped", grouped.clone(), Coder::IntervalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            sdk_stage("source", vec![0], vec![1]),
+            Stage {
+                name: "gbk".into(),
+                kind: StageKind::GroupByKey(WindowingStrategy {
+                    window_fn: WindowFn::Fixed {
+                        size: 10,
+                        offset: 0,
+                    },
+                    ..WindowingStrategy::global_default()
+                }),
+                inputs: vec![PCollectionIdx::new(1)],
+                side_inputs: vec![],
+                outputs: vec![PCollectionIdx::new(2)],
+            },
+            sdk_stage("sink", vec![2], vec![]),
+        ]
+        .into(),
+    };
+    let source: StageFn = Arc::new(|_input| {
+        let mut out = Vec::new();
+        for (i, key) in ["a", "b", "a", "c", "a", "b"].iter().enumerate() {
+            let ts = (i as i64) * 4;
+            let start = ts - ts % 10;
+            let w = Window::Interval {
+                start,
+                end: start + 10,
+            };
+            encode_kv(key, i as i64, ts, &w, &Coder::IntervalWindow, &mut out);
+        }
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
+            ..Default::default()
+        })
+    });
+    let failed = Arc::new(AtomicUsize::new(0));
+    let sink: StageFn = Arc::new(move |input| {
+        if failed.fetch_add(1, Ordering::SeqCst) < failing_sink_attempts {
+            return Err(ExecError::Sdk(
+                "Traceback: boom [while running 'sink']".into(),
+            ));
+        }
+        for chunk in &input.elements {
+            for e in decode_windowed_values(chunk, &grouped, &Coder::IntervalWindow).unwrap() {
+                let key_len = grouped.kv_key_len(e.value()).unwrap();
+                let key = String::from_utf8(e.value()[1..key_len].to_vec()).unwrap();
+                records.lock().push((
+                    key,
+                    e.value()[key_len..].to_vec(),
+                    e.header.windows[0].clone(),
+                ));
+            }
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(1, source), (3, sink)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    (plan, exec)
+}
+
+pub(crate) fn fast_retries(max_bundle_elements: usize) -> EngineConfig {
+    EngineConfig {
+        retry_backoff: std::time::Duration::from_millis(1),
+        ..config(max_bundle_elements)
+    }
+}
+
+pub(crate) fn config(max_bundle_elements: usize) -> EngineConfig {
+    EngineConfig {
+        max_bundle_elements,
+        ..EngineConfig::default()
+    }
+}
+
+pub(crate) async fn run(
+    plan: Plan,
+    exec: FakeExecutor,
+    cfg: EngineConfig,
+) -> Result<usize, EngineError> {
+    let exec = Arc::new(exec);
+    let (_tx, rx) = watch::channel(false);
+    let engine = Engine::new(plan, exec.clone(), cfg, "test", Arc::new(|| 0))?;
+    engine.run(rx).await?;
+    Ok(exec.bundles.load(Ordering::SeqCst))
+}
+
+/// The impulse, into PCollection 0.
+pub(crate) fn impulse_stage() -> Stage {
+    Stage {
+        name: "impulse".into(),
+        kind: StageKind::Impulse,
+        inputs: vec![],
+        side_inputs: vec![],
+        outputs: vec![PCollectionIdx::new(0)],
+    }
+}

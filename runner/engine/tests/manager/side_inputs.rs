@@ -1,0 +1,117 @@
+//! Side inputs complete before their consumers run, and a Flatten of one
+//! PCollection twice.
+
+use super::fixtures::*;
+
+#[tokio::test]
+async fn side_input_is_complete_before_its_consumer_runs() {
+    // impulse -> main (emits 1 element) ; impulse -> side (emits 3 values) ; consumer reads side.
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("main", Coder::Varint, Coder::GlobalWindow),
+            pc("side", Coder::Varint, Coder::GlobalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            sdk_stage("main", vec![0], vec![1]),
+            sdk_stage("side", vec![0], vec![2]),
+            Stage {
+                side_inputs: vec![SideInput {
+                    id: SideInputId::new("consumer", "s"),
+                    pcollection: PCollectionIdx::new(2),
+                    access: SideInputAccess::Iterable,
+                    fires_early: false,
+                }],
+                ..sdk_stage("consumer", vec![1], vec![])
+            },
+        ]
+        .into(),
+    };
+    let emit = |pcoll: usize, values: Vec<i64>| -> StageFn {
+        Arc::new(move |_| {
+            let mut out = Vec::new();
+            for v in &values {
+                let mut b = Vec::new();
+                encode_varint_i64(*v, &mut b);
+                let header = WindowedValueHeader {
+                    timestamp: 0,
+                    windows: smallvec::smallvec![Window::Global],
+                    pane: PaneInfo::NO_FIRING,
+                };
+                encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
+            }
+            Ok(BundleOutput {
+                outputs: vec![(PCollectionIdx::new(pcoll), Bytes::from(out))],
+                ..Default::default()
+            })
+        })
+    };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let consumer: StageFn = Arc::new(move |input| {
+        let key = StateKey::IterableSideInput {
+            side_input: SideInputId::new("consumer", "s"),
+            window: Bytes::new(),
+        };
+        let page = input
+            .state
+            .get(&key, None)
+            .map_err(|e| ExecError::Sdk(e.to_string()))?;
+        seen2.lock().push(page.data.to_vec());
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [
+            (1, emit(1, vec![7])),
+            (2, emit(2, vec![1, 2, 3])),
+            (3, consumer),
+        ]
+        .into_iter()
+        .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    assert_eq!(*seen.lock(), vec![vec![1, 2, 3]]);
+}
+
+#[tokio::test]
+async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("flat", Coder::Bytes, Coder::GlobalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            Stage {
+                name: "flatten".into(),
+                kind: StageKind::Flatten,
+                inputs: vec![PCollectionIdx::new(0), PCollectionIdx::new(0)],
+                side_inputs: vec![],
+                outputs: vec![PCollectionIdx::new(1)],
+            },
+            sdk_stage("count", vec![1], vec![]),
+        ]
+        .into(),
+    };
+    let count = Arc::new(AtomicUsize::new(0));
+    let c2 = count.clone();
+    let counter: StageFn = Arc::new(move |input| {
+        for chunk in &input.elements {
+            let n = decode_windowed_values(chunk, &Coder::Bytes, &Coder::GlobalWindow)
+                .unwrap()
+                .len();
+            c2.fetch_add(n, Ordering::SeqCst);
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(2, counter)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run(plan, exec, config(10)).await.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
