@@ -383,7 +383,7 @@ fn side_input_fires_early(
 /// Whether SDK transforms of the Go SDK read the outputs of runner node
 /// `node` (a TestStream is the SDK's that consumes it: no other SDK
 /// builds one for a foreign pipeline).
-fn read_by_go(graph: &Graph, node: &crate::graph::Node) -> bool {
+fn read_by_go(graph: &Graph, node: &Node) -> bool {
     graph
         .nodes
         .iter()

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::super::pane::KeyPanes;
-use super::super::spill::SpilledWindows;
 use super::GroupingBuffer;
+use crate::grouping::pane::KeyPanes;
+use crate::grouping::spill::SpilledWindows;
 use crate::grouping::GroupingError;
 use crate::spill::SpillError;
 use crate::time::Timestamp;

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use super::super::fired::Fired;
-use super::super::spill::{BufferSpill, Spillable};
 use super::GroupingBuffer;
 use crate::coder::Coder;
+use crate::grouping::fired::Fired;
+use crate::grouping::spill::{BufferSpill, Spillable};
 use crate::grouping::GroupingError;
 use crate::spill::SpillSpace;
 use crate::time::Timestamp;

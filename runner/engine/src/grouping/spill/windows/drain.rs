@@ -13,13 +13,13 @@
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use super::super::blocks::{self, MergedRuns, Record};
-use super::super::encoding::SpilledPane;
-use super::super::{large, BufferSide, RunWriter, Spillable};
 use super::WindowSpill;
 use crate::grouping::fired::Fired;
 use crate::grouping::firing::{expired, Firing};
 use crate::grouping::pane::Pane;
+use crate::grouping::spill::blocks::{self, MergedRuns, Record};
+use crate::grouping::spill::encoding::SpilledPane;
+use crate::grouping::spill::{large, BufferSide, RunWriter, Spillable};
 use crate::grouping::GroupingError;
 use crate::plan::Trigger;
 use crate::spill::{PagedRange, SpillError, SpillSpace};
