@@ -39,7 +39,7 @@ pub struct BundleRequest {
     pub state: Arc<dyn StateHandler>,
     /// Where the bundle's output goes once more of it waits than may stay
     /// in memory; `None` keeps it all in memory.
-    pub overflow: Option<Arc<dyn OutputOverflow>>,
+    pub overflow: Option<Arc<dyn OutputSpill>>,
 }
 
 /// Takes the part of a bundle's output that does not fit in memory.
@@ -48,7 +48,7 @@ pub struct BundleRequest {
 /// one element of a DoFn that emits far more than it reads cannot be
 /// split: without somewhere else to put it, its whole output would wait in
 /// memory. The runner implements it over its spill space.
-pub trait OutputOverflow: Send + Sync {
+pub trait OutputSpill: Send + Sync {
     /// Bytes of output (all sinks together) a bundle keeps in memory before
     /// it writes what it holds here.
     fn memory_limit(&self) -> usize;
@@ -126,7 +126,7 @@ pub struct BundleResult {
     /// The SDK's response (residuals, metrics, finalization flag).
     pub response: ProcessBundleResponse,
     /// Per sink transform id: its output — or, if some went to the
-    /// request's [`OutputOverflow`], what came after that.
+    /// request's [`OutputSpill`], what came after that.
     pub outputs: HashMap<String, OutputChunks>,
     /// Per `(transform_id, timer_family_id)`: all output timers concatenated.
     pub timers: HashMap<(String, String), Bytes>,

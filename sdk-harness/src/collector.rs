@@ -15,7 +15,7 @@ use refract_proto::fn_api::{
     elements, instruction_response, InstructionResponse, ProcessBundleResponse,
 };
 
-use crate::bundle::{BundleResult, OutputChunks, OutputOverflow, StateHandler};
+use crate::bundle::{BundleResult, OutputChunks, OutputSpill, StateHandler};
 use crate::error::BundleError;
 
 /// Where a bundle stands after an event.
@@ -41,7 +41,7 @@ pub(crate) struct BundleCollector {
     /// split a bundle whose output grows large).
     received: Arc<AtomicU64>,
     /// Where output goes once `outputs` holds more than its limit.
-    overflow: Option<Arc<dyn OutputOverflow>>,
+    overflow: Option<Arc<dyn OutputSpill>>,
     /// Bytes `outputs` holds.
     output_bytes: usize,
     /// Some output went to the overflow: the rest follows in parts of
@@ -60,7 +60,7 @@ impl BundleCollector {
         timer_families: impl IntoIterator<Item = (String, String)>,
         state: Arc<dyn StateHandler>,
         received: Arc<AtomicU64>,
-        overflow: Option<Arc<dyn OutputOverflow>>,
+        overflow: Option<Arc<dyn OutputSpill>>,
     ) -> Self {
         Self {
             received,
@@ -360,7 +360,7 @@ mod tests {
         fail: bool,
     }
 
-    impl OutputOverflow for Recorder {
+    impl OutputSpill for Recorder {
         fn memory_limit(&self) -> usize {
             4
         }

@@ -32,7 +32,7 @@ mod services;
 mod worker;
 
 pub use boot_pool::{BootPool, BootPoolConfig};
-pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputOverflow, StateHandler};
+pub use bundle::{BundleRequest, BundleResult, OutputChunks, OutputSpill, StateHandler};
 pub use config::{
     unguessable_worker_id, ArtifactSource, LogSink, NoArtifacts, TracingLogSink, WorkerConfig,
 };

@@ -14,7 +14,7 @@ use refract_proto::fn_api::{
     InstructionRequest, InstructionResponse, ProcessBundleDescriptor, ProcessBundleResponse,
     StateAppendRequest, StateGetRequest, StateKey, StateRequest,
 };
-use refract_sdk_harness::{BundleError, BundleRequest, BundleResult, OutputOverflow, Worker};
+use refract_sdk_harness::{BundleError, BundleRequest, BundleResult, OutputSpill, Worker};
 
 fn request(instruction_id: &str, descriptor_id: &str) -> BundleRequest {
     BundleRequest {
@@ -195,7 +195,7 @@ async fn response_before_last_data_waits_for_is_last() {
 #[derive(Default)]
 struct KeptOverflow(parking_lot::Mutex<Vec<(String, Vec<u8>)>>);
 
-impl OutputOverflow for KeptOverflow {
+impl OutputSpill for KeptOverflow {
     fn memory_limit(&self) -> usize {
         8
     }

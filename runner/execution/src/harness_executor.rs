@@ -38,7 +38,7 @@ use refract_translate::{SdkStageDescriptor, WindowMerger};
 use tracing::{debug, warn};
 
 use crate::bundle_finalizations::BundleFinalizations;
-use crate::output_spill::{BundleOverflow, OutputSpill};
+use crate::output_spill::{BundleOutputSpill, JobOutputSpill};
 use crate::split_policy::SplitPolicy;
 use crate::stall_watch::{BundleWatch, StallPolicy};
 use crate::state_bridge::StateBridge;
@@ -58,7 +58,7 @@ pub struct HarnessExecutor {
     split_output_bytes: u64,
     /// Where a bundle's output past that goes while the bundle runs on
     /// (one element's output cannot be split).
-    output_spill: Option<Arc<OutputSpill>>,
+    output_spill: Option<Arc<JobOutputSpill>>,
     /// Finalization calls the job must see through before it ends.
     finalizations: Arc<BundleFinalizations>,
     /// The job runs with streaming semantics: long bundles are split for
@@ -285,7 +285,7 @@ impl HarnessExecutor {
 
     /// Write a bundle's output to `spill` once more of it waits in memory
     /// than its limit, instead of holding it all until the bundle ends.
-    pub fn with_output_spill(mut self, spill: OutputSpill) -> Self {
+    pub fn with_output_spill(mut self, spill: JobOutputSpill) -> Self {
         self.output_spill = Some(Arc::new(spill));
         self
     }
@@ -460,7 +460,7 @@ struct BundleRules<'a> {
     split_bytes: u64,
     /// Where the output of a bundle that cannot be split at any position
     /// goes past the stage's share, if anywhere.
-    spill: Option<&'a OutputSpill>,
+    spill: Option<&'a JobOutputSpill>,
     /// The job is streaming (see [`HarnessExecutor::with_streaming`]).
     streaming: bool,
     /// The stall policy, the job's list of stalled bundles and the stage's
@@ -539,7 +539,7 @@ async fn run_bundle(
         state: Arc::new(StateBridge::new(state)),
         overflow: overflow
             .clone()
-            .map(|o| o as Arc<dyn refract_sdk_harness::OutputOverflow>),
+            .map(|o| o as Arc<dyn refract_sdk_harness::OutputSpill>),
     };
     let received = Arc::new(AtomicU64::new(0));
     let bundle = watched_bundle(worker, request, &received, &bundle_id, job, rules.stall);
@@ -689,7 +689,7 @@ impl Splitter<'_> {
 fn bundle_output(
     stage: &SdkStageDescriptor,
     result: BundleResult,
-    overflow: Option<Arc<BundleOverflow>>,
+    overflow: Option<Arc<BundleOutputSpill>>,
     split_residuals: Vec<Residual>,
 ) -> BundleOutput {
     let mut outputs = Vec::with_capacity(stage.outputs.len());

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use refract_engine::spill::{forget_prefix, SpillArea, SpillSpace};
 use refract_engine::spilled_output::SpilledOutput;
-use refract_sdk_harness::OutputOverflow;
+use refract_sdk_harness::OutputSpill;
 use tracing::warn;
 
 /// One job's spill space for bundle outputs.
 #[derive(Debug)]
-pub struct OutputSpill {
+pub struct JobOutputSpill {
     store: Arc<dyn SpillSpace>,
     /// Every key starts with it.
     prefix: Vec<u8>,
@@ -29,12 +29,12 @@ pub struct OutputSpill {
     bundles: AtomicU64,
 }
 
-impl OutputSpill {
+impl JobOutputSpill {
     /// Bundle outputs of the job whose spill prefix is `job_prefix`, held
     /// in memory up to `limit` bytes a bundle.
     pub fn new(store: Arc<dyn SpillSpace>, job_prefix: &[u8], limit: usize) -> Self {
         let prefix = SpillArea::BundleOutputs.prefix(job_prefix);
-        OutputSpill {
+        JobOutputSpill {
             store,
             prefix,
             limit,
@@ -44,12 +44,12 @@ impl OutputSpill {
 
     /// A space for one bundle whose outputs are `sinks` (the stage's sink
     /// transforms, in the order its outputs are listed).
-    pub fn for_bundle(&self, sinks: Vec<String>) -> Arc<BundleOverflow> {
+    pub fn for_bundle(&self, sinks: Vec<String>) -> Arc<BundleOutputSpill> {
         let number = self.bundles.fetch_add(1, Ordering::Relaxed);
         let mut prefix = self.prefix.clone();
         prefix.extend_from_slice(&number.to_be_bytes());
         let parts = vec![SinkParts::default(); sinks.len()];
-        Arc::new(BundleOverflow {
+        Arc::new(BundleOutputSpill {
             store: self.store.clone(),
             prefix,
             limit: self.limit,
@@ -72,7 +72,7 @@ struct SinkParts {
 #[derive(Debug)]
 struct Parts {
     sinks: Vec<SinkParts>,
-    /// [`BundleOverflow::take`] gave the parts to their readers.
+    /// [`BundleOutputSpill::take`] gave the parts to their readers.
     handed_over: bool,
 }
 
@@ -80,7 +80,7 @@ struct Parts {
 /// what was written to the engine, and whatever is not handed over (the
 /// bundle failed) is deleted with it.
 #[derive(Debug)]
-pub struct BundleOverflow {
+pub struct BundleOutputSpill {
     store: Arc<dyn SpillSpace>,
     prefix: Vec<u8>,
     limit: usize,
@@ -88,7 +88,7 @@ pub struct BundleOverflow {
     parts: Mutex<Parts>,
 }
 
-impl BundleOverflow {
+impl BundleOutputSpill {
     fn sink_prefix(&self, sink: usize) -> Vec<u8> {
         let mut key = self.prefix.clone();
         key.extend_from_slice(&(sink as u32).to_be_bytes());
@@ -113,7 +113,7 @@ impl BundleOverflow {
     }
 }
 
-impl OutputOverflow for BundleOverflow {
+impl OutputSpill for BundleOutputSpill {
     fn memory_limit(&self) -> usize {
         self.limit
     }
@@ -143,7 +143,7 @@ impl OutputOverflow for BundleOverflow {
     }
 }
 
-impl Drop for BundleOverflow {
+impl Drop for BundleOutputSpill {
     fn drop(&mut self) {
         let parts = self.parts.get_mut();
         if parts.handed_over || parts.sinks.iter().all(|p| p.count == 0) {
@@ -163,7 +163,7 @@ mod tests {
     #[test]
     fn parts_are_filed_per_sink_in_order_and_handed_over() {
         let store = MemorySpillSpace::shared();
-        let spill = OutputSpill::new(store.clone(), b"job", 10);
+        let spill = JobOutputSpill::new(store.clone(), b"job", 10);
         let bundle = spill.for_bundle(vec!["a".into(), "b".into()]);
         assert_eq!(bundle.memory_limit(), 10);
         bundle.write("b", b"b1".to_vec()).unwrap();
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn a_failed_bundles_parts_go_with_it_and_other_bundles_stay() {
         let store = MemorySpillSpace::shared();
-        let spill = OutputSpill::new(store.clone(), b"job", 10);
+        let spill = JobOutputSpill::new(store.clone(), b"job", 10);
         let failed = spill.for_bundle(vec!["a".into()]);
         let other = spill.for_bundle(vec!["a".into()]);
         failed.write("a", b"x".to_vec()).unwrap();

@@ -28,7 +28,7 @@ use super::JobError;
 use crate::durability::Durability;
 use crate::harness_executor::HarnessExecutor;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
-use crate::output_spill::OutputSpill;
+use crate::output_spill::JobOutputSpill;
 use crate::stall_watch::StallPolicy;
 use crate::worker_set::WorkerSet;
 
@@ -293,7 +293,7 @@ pub(super) async fn run_job(
             executor = executor.with_stall_watch(policy, view.stalled_bundles());
         }
         if let Some(store) = &spill {
-            executor = executor.with_output_spill(OutputSpill::new(
+            executor = executor.with_output_spill(JobOutputSpill::new(
                 store.clone(),
                 job.id().as_bytes(),
                 max_pending_bytes,
