@@ -12,6 +12,9 @@ use refract_engine::time::{MAX_TIMESTAMP, MIN_TIMESTAMP};
 pub struct StageProgress {
     bars: MultiProgress,
     lines: Vec<ProgressBar>,
+    /// A line shows its message and nothing else (parsed once, not at
+    /// every refresh).
+    style: ProgressStyle,
 }
 
 impl StageProgress {
@@ -20,16 +23,16 @@ impl StageProgress {
         StageProgress {
             bars: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
             lines: Vec::new(),
+            style: ProgressStyle::with_template("{msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         }
     }
 
     /// Shows `lines` in place of what was shown.
     pub fn show(&mut self, lines: &[String]) {
-        let style = ProgressStyle::with_template("{msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner());
         while self.lines.len() < lines.len() {
             let line = self.bars.add(ProgressBar::no_length());
-            line.set_style(style.clone());
+            line.set_style(self.style.clone());
             self.lines.push(line);
         }
         while self.lines.len() > lines.len() {
