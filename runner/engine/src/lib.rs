@@ -29,6 +29,7 @@ mod holds;
 pub mod key_groups;
 pub mod manager;
 pub mod plan;
+pub mod shards;
 pub mod spill;
 pub mod spilled_output;
 pub mod state;

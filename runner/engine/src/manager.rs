@@ -27,6 +27,7 @@ use crate::coder::CoderError;
 use crate::executor::{BundleOutput, BundleSplit, ExecError, StageExecutor};
 use crate::grouping::{GroupingBuffer, GroupingError};
 use crate::plan::{PCollectionIdx, Plan, StageIdx, StageKind, StageVec, TimeDomain};
+use crate::shards::exchange::Parked;
 use crate::spill::SpillArea;
 use crate::state::{BundleOverlay, SideInputTable, UserStateTable};
 use crate::time::{earliest, Timestamp, MAX_TIMESTAMP};
@@ -42,6 +43,7 @@ mod grouping_stage;
 mod part_name;
 mod pending;
 mod scheduling;
+mod sharding;
 mod side_inputs;
 mod slot_groups;
 mod snapshot;
@@ -64,6 +66,7 @@ use clock::ProcessingClock;
 use durability::Durability;
 use grouping_stage::GroupingState;
 use pending::{Overflow, Queued};
+pub use sharding::run_shards;
 use slot_groups::SlotGroups;
 pub use snapshot::{
     describe_checkpoint, CheckpointInfo, SnapshotError, OLDEST_SNAPSHOT_VERSION, SNAPSHOT_VERSION,
@@ -293,6 +296,8 @@ pub struct Engine {
     durability: Durability,
     /// Strict mode's choices and record, when it is on.
     strict: Option<strict::Strict>,
+    /// What the engine keeps as one shard of a job, when it is one.
+    shard: Option<sharding::Sharding>,
 }
 
 /// A request for a checkpoint of the running engine, answered with its
@@ -387,6 +392,7 @@ impl Engine {
             last_published: None,
             durability: Durability::default(),
             strict,
+            shard: None,
         })
     }
 
@@ -572,10 +578,12 @@ impl Engine {
             .checkpoints
             .as_mut()
             .and_then(|sink| sink.progress.take());
+        let mut shard_wake = self.shard_wake();
         loop {
             if *cancel.borrow() {
                 return Err(EngineError::Cancelled);
             }
+            self.take_from_shards()?;
             if !self.draining && drain.as_ref().is_some_and(|d| *d.borrow()) {
                 info!("draining");
                 self.draining = true;
@@ -588,6 +596,7 @@ impl Engine {
             }
             self.advance()?;
             self.schedule(&tx)?;
+            self.publish_to_shards();
             self.publish_stats(false);
             self.maybe_checkpoint();
             if self.idle() && self.step_test_streams()? {
@@ -638,6 +647,7 @@ impl Engine {
                 );
                 self.summary.strict = self.strict.as_ref().map(|s| s.report().clone());
                 self.publish_stats(true);
+                self.finish_shard();
                 return Ok(self.summary);
             }
             let next_wakeup = self.next_wakeup();
@@ -656,8 +666,17 @@ impl Engine {
                 next_wakeup
             };
             if self.idle() && next_wakeup.is_none() && !self.awaiting_checkpoint() {
-                return Err(EngineError::Stuck(self.describe_unfinished()));
+                // A shard waits for the others; a single engine, or every
+                // shard parked at once, is stuck.
+                match self.park() {
+                    Some(Parked::Changed) => continue,
+                    Some(Parked::Waiting) => {}
+                    None | Some(Parked::AllParked) => {
+                        return Err(EngineError::Stuck(self.describe_unfinished()))
+                    }
+                }
             }
+            let seen = self.shard_seen();
             let mut sleep_until =
                 next_wakeup.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             if let Some(deadline) = self.checkpoint_deadline() {
@@ -683,6 +702,16 @@ impl Engine {
                     }
                     self.checkpoint_progress(reported)?;
                 }
+                _ = async {
+                    match shard_wake.as_mut() {
+                        Some(wake) => {
+                            if wake.wait_for(|&v| v != seen).await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {}
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
                         return Err(EngineError::Cancelled);

@@ -68,6 +68,20 @@ pub struct Stage {
     pub outputs: Vec<PCollectionIdx>,
 }
 
+impl Stage {
+    /// Whether the stage works per key: a GroupByKey, or an SDK stage with
+    /// user state or timers. Its input is `KV`, one key's elements must
+    /// meet in one place (one key group of one engine), and never in two
+    /// bundles at once.
+    pub fn is_keyed(&self) -> bool {
+        match &self.kind {
+            StageKind::GroupByKey(_) => true,
+            StageKind::Sdk(sdk) => sdk.stateful || !sdk.timer_families.is_empty(),
+            StageKind::Impulse | StageKind::Flatten | StageKind::TestStream(_) => false,
+        }
+    }
+}
+
 /// What kind of work a stage is.
 #[derive(Debug, Clone)]
 pub enum StageKind {

@@ -14,6 +14,8 @@ mod failures;
 mod fixtures;
 #[path = "manager/grouping.rs"]
 mod grouping;
+#[path = "manager/shards.rs"]
+mod shards;
 #[path = "manager/side_inputs.rs"]
 mod side_inputs;
 #[path = "manager/state_and_timers.rs"]

@@ -210,6 +210,7 @@ fn shape() -> impl Strategy<Value = Shape> {
         any::<u64>(),
         proptest::option::of(1usize..12),
         proptest::option::of(any::<u64>()),
+        prop_oneof![2 => Just(1u32), 1 => 2u32..=3],
     )
         .prop_map(
             |(
@@ -221,6 +222,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                 jitter,
                 crash_at,
                 strict,
+                shards,
             )| {
                 Shape {
                     max_bundle_elements,
@@ -229,8 +231,10 @@ fn shape() -> impl Strategy<Value = Shape> {
                     max_bundles_per_stage: per_stage,
                     streaming,
                     jitter,
-                    crash_at,
+                    // Shards take no checkpoints yet.
+                    crash_at: crash_at.filter(|_| shards == 1),
                     strict,
+                    shards,
                 }
             },
         )
@@ -418,12 +422,14 @@ proptest! {
     ) {
         let mut first: Option<(Shape, Vec<Pane>)> = None;
         for max_bundle_elements in [1, 2, 7, 100_000] {
-            for (create_chunks, chunk_bytes, max_bundles_per_stage, streaming, crash_at) in [
-                (1, 1 << 20, 4, false, None),
-                (5, 16, 1, true, None),
-                (3, 40, 3, false, None),
-                (3, 40, 3, false, Some(2)),
-                (5, 16, 2, true, Some(5)),
+            for (create_chunks, chunk_bytes, max_bundles_per_stage, streaming, crash_at, shards) in [
+                (1, 1 << 20, 4, false, None, 1),
+                (5, 16, 1, true, None, 1),
+                (3, 40, 3, false, None, 1),
+                (3, 40, 3, false, Some(2), 1),
+                (5, 16, 2, true, Some(5), 1),
+                (3, 40, 3, false, None, 2),
+                (5, 16, 1, true, None, 3),
             ] {
                 let shape = Shape {
                     max_bundle_elements,
@@ -434,6 +440,7 @@ proptest! {
                     jitter,
                     crash_at,
                     strict: None,
+                    shards,
                 };
                 let mut got = engine_run(&inputs, &strategy, &shape)?;
                 mask_is_last_unless_zero_lateness(&mut got, strategy.allowed_lateness);
@@ -451,6 +458,55 @@ proptest! {
             }
         }
     }
+}
+
+/// One, two and three shards group the same input into the same panes,
+/// strict mode or not: each key's elements meet on the shard owning its
+/// group, and no shard fires a window before every shard's elements for it
+/// arrived.
+#[test]
+fn shards_give_the_panes_of_one_engine() {
+    let (_, strategy) = sixty_inputs_in_fixed_windows();
+    // Twelve keys, so that every shard owns some.
+    let inputs: Vec<Input> = (0..120)
+        .map(|i| Input {
+            key: b'a' + (i % 12) as u8,
+            id: i,
+            ts: i * 7 % 50,
+        })
+        .collect();
+    let one = small_bundles_out_of_order();
+    let want = run_batch(&inputs, &strategy, &one).expect("one engine");
+    assert_eq!(want.sink_engines, 1);
+    assert!(!want.panes.is_empty());
+    for (shards, strict) in [(2, None), (3, None), (2, Some(7)), (3, Some(8))] {
+        let shape = Shape {
+            shards,
+            strict,
+            ..one.clone()
+        };
+        let got = run_batch(&inputs, &strategy, &shape).expect("a sharded run");
+        assert_eq!(got.panes, want.panes, "{shape:?}");
+        assert_eq!(got.sink_engines, shards as usize, "every shard fired panes");
+        if strict.is_some() {
+            let report = got.strict.expect("a strict report");
+            assert!(report.replayed_bundles >= 3, "{report:?}");
+        }
+    }
+}
+
+/// A sharded job refuses what shards do not do yet, naming it, instead of
+/// running without it.
+#[test]
+fn shards_refuse_a_test_stream() {
+    let events = [StreamEvent::Watermark(MAX_TIMESTAMP)];
+    let shape = Shape {
+        shards: 2,
+        ..Shape::default()
+    };
+    let error = run_stream(&events, &WindowingStrategy::global_default(), &shape)
+        .expect_err("a TestStream on shards");
+    assert!(error.to_string().contains("a TestStream"), "{error}");
 }
 
 /// A crash at a checkpoint taken while bundles were in flight, and a

@@ -1,5 +1,5 @@
 //! Building an engine. Its optional parts — draining, stage snapshots,
-//! spilling, a durable spill space beside the checkpoints, state-backed GroupByKey
+//! running as one shard of a job, spilling, a durable spill space beside the checkpoints, state-backed GroupByKey
 //! outputs, checkpoints, savepoints, extra checkpoint parts — depend on each
 //! other: the durable spill space decides where spilling goes, and handing out
 //! large keys needs spilling on. The builder's setters only record, in any
@@ -17,7 +17,8 @@ use super::{
     CheckpointProgress, Engine, EngineConfig, EngineError, ExtraPart, SavepointRequest, StageStats,
 };
 use crate::executor::StageExecutor;
-use crate::plan::{PCollectionIdx, Plan};
+use crate::plan::{PCollectionIdx, Plan, StageKind};
+use crate::shards::ShardLink;
 use crate::spill::SpillSpace;
 
 /// Where and how far the engine may spill (see [`EngineBuilder::spill`]).
@@ -51,6 +52,7 @@ pub struct EngineBuilder {
     checkpoints: Option<CheckpointSetting>,
     tolerable_checkpoint_failures: Option<u32>,
     savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+    shard: Option<ShardLink>,
 }
 
 impl EngineBuilder {
@@ -76,6 +78,7 @@ impl EngineBuilder {
             checkpoints: None,
             tolerable_checkpoint_failures: None,
             savepoints: None,
+            shard: None,
         }
     }
 
@@ -174,6 +177,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Run as one shard of a job ([`crate::shards`]): the engine owns the
+    /// key groups `link`'s layout gives it, hands other elements to their
+    /// shards, and reads watermarks over every shard. Run every shard's
+    /// engine together with [`super::run_shards`]. Not yet with
+    /// checkpoints, savepoints, durable state, state-backed outputs or a
+    /// TestStream.
+    pub fn shard(mut self, link: ShardLink) -> Self {
+        self.shard = Some(link);
+        self
+    }
+
     /// The engine, with every recorded part applied: the durable spill space
     /// before spilling (it decides where spills go), spilling before the
     /// state-backed outputs (which hand out only what spilled). Parts that
@@ -191,6 +205,9 @@ impl EngineBuilder {
                 ));
             }
         }
+        if self.shard.is_some() {
+            self.refuse_unsharded_parts()?;
+        }
         let mut engine = Engine::new(
             self.plan,
             self.executor,
@@ -201,8 +218,18 @@ impl EngineBuilder {
         engine.drain = self.drain;
         engine.stats = self.stats;
         engine.durability.durable_state = self.durable_state;
+        let shard = self.shard.as_ref().map(ShardLink::id);
+        if let Some(link) = self.shard {
+            engine.enable_shard(link);
+        }
         if let Some(spill) = self.spill {
-            engine.enable_spill(spill.store, &spill.prefix, spill.limit_bytes);
+            // Shards of one job may share a spill space: each spills under
+            // a prefix of its own.
+            let mut prefix = spill.prefix;
+            if let Some(id) = shard {
+                prefix.extend_from_slice(format!("/shard-{}", id.index()).as_bytes());
+            }
+            engine.enable_spill(spill.store, &prefix, spill.limit_bytes);
             engine.enable_state_backed_outputs(&self.state_backed_outputs);
         }
         engine.durability.extra_parts = self.extra_parts;
@@ -214,6 +241,32 @@ impl EngineBuilder {
         }
         engine.durability.savepoints = self.savepoints;
         Ok(engine)
+    }
+
+    /// A shard's engine takes none of the parts not built for shards yet;
+    /// the error names the first one asked for.
+    fn refuse_unsharded_parts(&self) -> Result<(), EngineError> {
+        let test_stream = self
+            .plan
+            .stages
+            .iter()
+            .any(|s| matches!(s.kind, StageKind::TestStream(_)));
+        let refused = [
+            (self.checkpoints.is_some(), "checkpoints"),
+            (self.savepoints.is_some(), "savepoints"),
+            (self.durable_state.is_some(), "a durable spill space"),
+            (
+                !self.state_backed_outputs.is_empty(),
+                "state-backed GroupByKey outputs",
+            ),
+            (test_stream, "a TestStream"),
+        ];
+        match refused.iter().find(|(asked, _)| *asked) {
+            Some((_, part)) => Err(EngineError::Misconfigured(format!(
+                "a job on several shards cannot have {part} yet"
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

@@ -64,7 +64,7 @@ impl Engine {
         if bytes.is_empty() {
             return Ok(0);
         }
-        if self.only_groupings_consume(pcoll) {
+        if self.only_groupings_consume(pcoll) && self.stays_local(pcoll) {
             return self.route_to_grouping(pcoll, &bytes, cut);
         }
         let pc = &self.topology.plan.pcollections[pcoll];
@@ -94,7 +94,7 @@ impl Engine {
         pcoll: PCollectionIdx,
         run: ElementRun,
     ) -> Result<(), EngineError> {
-        if !self.only_queues_consume(pcoll) {
+        if !self.only_queues_consume(pcoll) || !self.stays_local(pcoll) {
             return run
                 .elements()
                 .try_for_each(|e| self.route_element(pcoll, e));
@@ -279,7 +279,7 @@ impl Engine {
         let mut queued: SmallVec<[PCollectionIdx; 2]> = SmallVec::new();
         for i in 0..self.topology.plan.stages[stage].outputs.len() {
             let pcoll = self.topology.plan.stages[stage].outputs[i];
-            if self.only_groupings_consume(pcoll) {
+            if self.only_groupings_consume(pcoll) && self.stays_local(pcoll) {
                 self.route_to_grouping(pcoll, &out.bytes, false)?;
             } else {
                 queued.push(pcoll);
@@ -359,6 +359,9 @@ impl Engine {
         }
     }
 
+    /// Delivers one element produced into `pcoll`: to the side inputs
+    /// reading it, and to the stages reading it here, or handed to the
+    /// shard that owns its key ([`Engine::hand_off`]).
     pub(super) fn route_element(
         &mut self,
         pcoll: PCollectionIdx,
@@ -369,6 +372,19 @@ impl Engine {
             counters.elements_out += 1;
             counters.bytes_out += e.encoded.len() as u64;
         }
+        self.add_to_side_inputs(pcoll, &e)?;
+        if self.hand_off(pcoll, &e)? {
+            return Ok(());
+        }
+        self.queue_for_consumers(pcoll, e)
+    }
+
+    /// Adds element `e` of `pcoll` to every side input reading `pcoll`.
+    pub(super) fn add_to_side_inputs(
+        &mut self,
+        pcoll: PCollectionIdx,
+        e: &DecodedElement,
+    ) -> Result<(), EngineError> {
         let consumers = &self.topology.consumers[pcoll];
         if !consumers.side_inputs.is_empty() {
             let pc = &self.topology.plan.pcollections[pcoll];
@@ -406,6 +422,16 @@ impl Engine {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Gives element `e` of `pcoll` to every stage reading it as its main
+    /// input: a GroupByKey's buffer, or a stage's queue.
+    pub(super) fn queue_for_consumers(
+        &mut self,
+        pcoll: PCollectionIdx,
+        e: DecodedElement,
+    ) -> Result<(), EngineError> {
         // By index: the consumer list is read per element and must not be
         // cloned for each one. The last consumer queueing it takes `e`.
         let n = self.topology.consumers[pcoll].stages.len();

@@ -28,7 +28,7 @@ pub(super) fn element_key_group(coder: &Coder, e: &DecodedElement) -> KeyGroupSe
 }
 
 /// [`element_key_group`] as the group's number.
-fn element_key_group_index(coder: &Coder, e: &DecodedElement) -> u32 {
+pub(super) fn element_key_group_index(coder: &Coder, e: &DecodedElement) -> u32 {
     coder
         .kv_key_len(e.value())
         .map_or(0, |n| key_group(&e.value()[..n]))
@@ -195,7 +195,7 @@ impl Engine {
         let families = sdk.timer_families.clone();
         // A keyed stage runs several bundles at once, on disjoint key
         // groups (see `key_groups`); its input is `KV`.
-        let keyed = sdk.stateful || !families.is_empty();
+        let keyed = self.topology.plan.stages[idx].is_keyed();
         let key_coder = if keyed {
             self.topology.plan.stages[idx]
                 .inputs

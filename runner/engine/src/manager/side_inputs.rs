@@ -57,7 +57,7 @@ impl Engine {
             .iter()
             .map(|si| SideGate {
                 watermark: self.topology.producers[si.pcollection]
-                    .map(|p| self.stages[p].progress.output_wm)
+                    .map(|p| self.producer_watermark(p))
                     .unwrap_or(MAX_TIMESTAMP),
                 global: self.topology.plan.pcollections[si.pcollection].window_coder
                     == crate::coder::Coder::GlobalWindow,

@@ -1,4 +1,5 @@
-//! The watermark pass: each stage's input watermark from its producers,
+//! The watermark pass: each stage's input watermark from its producers
+//! (on every shard: [`Engine::producer_watermark`]),
 //! a step of the stage at it ([`StageState::step`]), what the step emitted
 //! delivered, and the stage's output watermark from its holds — producers
 //! first, round and round until nothing changes.
@@ -21,7 +22,7 @@ impl Engine {
                 let idx = self.topology.order[i];
                 let input_wm = self
                     .topology
-                    .input_watermark(idx, |p| self.stages[p].progress.output_wm);
+                    .input_watermark(idx, |p| self.producer_watermark(p));
                 self.stages[idx].progress.input_wm = input_wm;
                 let stepped = self.step(idx, input_wm)?;
                 changed |= stepped.emitted_anything();
@@ -33,11 +34,14 @@ impl Engine {
                     changed = true;
                     if out_wm >= MAX_TIMESTAMP {
                         debug!(stage = %self.topology.plan.stages[idx].name, "stage finished");
-                        self.on_stage_finished(idx);
+                        if self.finishes_alone() {
+                            self.on_stage_finished(idx);
+                        }
                     }
                 }
             }
             if !changed {
+                self.tell_side_inputs_finished_everywhere();
                 return Ok(());
             }
         }

@@ -100,18 +100,75 @@ pub(crate) fn encode_kv(
 /// Groups seen by the fake sink: (key, encoded iterable of values, window).
 pub(crate) type Records = Arc<Mutex<Vec<(String, Vec<u8>, Window)>>>;
 
+/// The grouped PCollections' coder: `KV<bytes, Iterable<varint>>`.
+pub(crate) fn grouped_coder() -> Coder {
+    Coder::Kv(
+        Box::new(Coder::Bytes),
+        Box::new(Coder::Iterable(Box::new(Coder::Varint))),
+    )
+}
+
+/// Adds the groups of a sink bundle's input (in [`grouped_coder`], in
+/// interval windows) to `records`.
+pub(crate) fn record_groups(input: &BundleInput, records: &Records) {
+    let grouped = grouped_coder();
+    for chunk in &input.elements {
+        for e in decode_windowed_values(chunk, &grouped, &Coder::IntervalWindow).unwrap() {
+            let key_len = grouped.kv_key_len(e.value()).unwrap();
+            let key = String::from_utf8(e.value()[1..key_len].to_vec()).unwrap();
+            records.lock().push((
+                key,
+                e.value()[key_len..].to_vec(),
+                e.header.windows[0].clone(),
+            ));
+        }
+    }
+}
+
+/// A stage that emits `values` (varints, at time 0, in the global window)
+/// into PCollection `pcoll`.
+pub(crate) fn emit_varints(pcoll: usize, values: Vec<i64>) -> StageFn {
+    Arc::new(move |_| {
+        let mut out = Vec::new();
+        for v in &values {
+            let mut b = Vec::new();
+            encode_varint_i64(*v, &mut b);
+            let header = WindowedValueHeader {
+                timestamp: 0,
+                windows: smallvec::smallvec![Window::Global],
+                pane: PaneInfo::NO_FIRING,
+            };
+            encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
+        }
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(pcoll), Bytes::from(out))],
+            ..Default::default()
+        })
+    })
+}
+
+/// What a bundle reads of the global-window iterable side input `s` of
+/// transform "consumer".
+pub(crate) fn read_side_input(input: &BundleInput) -> Result<Bytes, ExecError> {
+    let key = StateKey::IterableSideInput {
+        side_input: SideInputId::new("consumer", "s"),
+        window: Bytes::new(),
+    };
+    let page = input
+        .state
+        .get(&key, None)
+        .map_err(|e| ExecError::Sdk(e.to_string()))?;
+    Ok(page.data)
+}
+
 /// Impulse -> "source" (emits KVs into fixed windows) -> GBK -> "sink" (records groups).
 /// `failing_sink_attempts`: how many sink bundles fail before they succeed.
 pub(crate) fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (Plan, FakeExecutor) {
-    let grouped = Coder::Kv(
-        Box::new(Coder::Bytes),
-        Box::new(Coder::Iterable(Box::new(Coder::Varint))),
-    );
     let plan = Plan {
         pcollections: vec![
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
             pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
-            pc("grouped", grouped.clone(), Coder::IntervalWindow),
+            pc("grouped", grouped_coder(), Coder::IntervalWindow),
         ]
         .into(),
         stages: vec![
@@ -157,17 +214,7 @@ pub(crate) fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (P
                 "Traceback: boom [while running 'sink']".into(),
             ));
         }
-        for chunk in &input.elements {
-            for e in decode_windowed_values(chunk, &grouped, &Coder::IntervalWindow).unwrap() {
-                let key_len = grouped.kv_key_len(e.value()).unwrap();
-                let key = String::from_utf8(e.value()[1..key_len].to_vec()).unwrap();
-                records.lock().push((
-                    key,
-                    e.value()[key_len..].to_vec(),
-                    e.header.windows[0].clone(),
-                ));
-            }
-        }
+        record_groups(input, &records);
         Ok(BundleOutput::default())
     });
     let exec = FakeExecutor {

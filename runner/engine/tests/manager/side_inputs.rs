@@ -29,43 +29,16 @@ async fn side_input_is_complete_before_its_consumer_runs() {
         ]
         .into(),
     };
-    let emit = |pcoll: usize, values: Vec<i64>| -> StageFn {
-        Arc::new(move |_| {
-            let mut out = Vec::new();
-            for v in &values {
-                let mut b = Vec::new();
-                encode_varint_i64(*v, &mut b);
-                let header = WindowedValueHeader {
-                    timestamp: 0,
-                    windows: smallvec::smallvec![Window::Global],
-                    pane: PaneInfo::NO_FIRING,
-                };
-                encode_windowed_value(&header, &Coder::GlobalWindow, &b, &mut out).unwrap();
-            }
-            Ok(BundleOutput {
-                outputs: vec![(PCollectionIdx::new(pcoll), Bytes::from(out))],
-                ..Default::default()
-            })
-        })
-    };
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let consumer: StageFn = Arc::new(move |input| {
-        let key = StateKey::IterableSideInput {
-            side_input: SideInputId::new("consumer", "s"),
-            window: Bytes::new(),
-        };
-        let page = input
-            .state
-            .get(&key, None)
-            .map_err(|e| ExecError::Sdk(e.to_string()))?;
-        seen2.lock().push(page.data.to_vec());
+        seen2.lock().push(read_side_input(input)?.to_vec());
         Ok(BundleOutput::default())
     });
     let exec = FakeExecutor {
         stages: [
-            (1, emit(1, vec![7])),
-            (2, emit(2, vec![1, 2, 3])),
+            (1, emit_varints(1, vec![7])),
+            (2, emit_varints(2, vec![1, 2, 3])),
             (3, consumer),
         ]
         .into_iter()

@@ -30,12 +30,13 @@ use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
 use refract_engine::manager::{
-    describe_checkpoint, Engine, EngineConfig, EngineError, RunSummary, Strictness,
+    describe_checkpoint, run_shards, Engine, EngineConfig, EngineError, RunSummary, Strictness,
 };
 use refract_engine::plan::{
     PCollection, PCollectionIdx, PCollectionVec, Plan, SdkStage, Stage, StageIdx, StageKind,
     StageVec, TestStreamEvent, WindowFn, WindowingStrategy,
 };
+use refract_engine::shards::{ShardLayout, ShardLink};
 use refract_engine::time::Timestamp;
 use refract_engine::window::Window;
 use tokio::sync::watch;
@@ -67,6 +68,8 @@ pub struct Shape {
     pub crash_at: Option<usize>,
     /// `EngineConfig::strict`, with this seed.
     pub strict: Option<u64>,
+    /// How many shards the job runs on (one engine each, in this process).
+    pub shards: u32,
 }
 
 impl Default for Shape {
@@ -80,6 +83,7 @@ impl Default for Shape {
             jitter: 0,
             crash_at: None,
             strict: None,
+            shards: 1,
         }
     }
 }
@@ -116,6 +120,9 @@ struct FakeSdk {
     /// written when the engine commits the bundle, as a transactional sink
     /// does (a bundle strict mode runs twice counts once).
     sink: Arc<Mutex<Vec<(u64, Pane)>>>,
+    /// The bundle-id prefixes of the sink's bundles: on a sharded run, the
+    /// shards that fired panes.
+    sink_prefixes: Arc<Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl FakeSdk {
@@ -158,6 +165,9 @@ impl FakeSdk {
 
     fn sink(&self, input: &BundleInput) -> BundleOutput {
         let bundle = bundle_number(&input.bundle_id);
+        if let Some((prefix, _)) = input.bundle_id.rsplit_once("-b") {
+            self.sink_prefixes.lock().insert(prefix.to_string());
+        }
         let mut panes = Vec::new();
         for chunk in &input.elements {
             panes.extend(
@@ -290,8 +300,13 @@ async fn run_engine(
     sdk: Arc<FakeSdk>,
     config: EngineConfig,
     crash_at: Option<usize>,
+    shards: u32,
 ) -> Result<(RunSummary, bool), EngineError> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
+    if shards > 1 {
+        assert!(crash_at.is_none(), "shards take no checkpoints yet");
+        return Ok((run_sharded(plan, executor, config, shards).await?, false));
+    }
     let Some(crash_at) = crash_at else {
         let (_cancel, cancelled) = watch::channel(false);
         let engine = Engine::new(plan, executor, config, "oracle", fixed_clock())?;
@@ -307,6 +322,34 @@ async fn run_engine(
     let engine = restored_engine(plan, executor, config, &parts).expect("the checkpoint restores");
     let (_cancel, cancelled) = watch::channel(false);
     Ok((engine.run(cancelled).await?, true))
+}
+
+/// Runs `plan` on `shards` engines joined in this process, all with one
+/// executor (as shards sharing one pool of workers would be).
+async fn run_sharded(
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    shards: u32,
+) -> Result<RunSummary, EngineError> {
+    let layout = ShardLayout::new(shards).expect("a layout");
+    let engines = ShardLink::in_process(layout)
+        .into_iter()
+        .map(|link| {
+            let prefix = format!("oracle-s{}", link.id().index());
+            Engine::builder(
+                plan.clone(),
+                executor.clone(),
+                config.clone(),
+                prefix,
+                fixed_clock(),
+            )
+            .shard(link)
+            .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (_cancel, cancelled) = watch::channel(false);
+    run_shards(engines, cancelled).await
 }
 
 fn pcollection(id: &str, value_coder: Coder, window_coder: Coder) -> PCollection {
@@ -333,6 +376,8 @@ pub struct Run {
     pub restored: bool,
     /// What strict mode did, if it was on.
     pub strict: Option<refract_engine::manager::StrictReport>,
+    /// How many engines (shards) ran sink bundles.
+    pub sink_engines: usize,
 }
 
 /// Builds source → window → gbk → sink after the given source stages
@@ -379,6 +424,7 @@ fn harness(
         create_chunks: shape.create_chunks,
         jitter: shape.jitter,
         sink: Arc::default(),
+        sink_prefixes: Arc::default(),
     });
     let config = EngineConfig {
         max_bundle_elements: shape.max_bundle_elements,
@@ -414,17 +460,19 @@ fn run(
 ) -> Result<Run, EngineError> {
     let (plan, sdk, config) = harness(source_stages, roles, inputs, strategy, shape);
     let runtime = runtime();
-    let run = run_engine(plan, sdk.clone(), config, shape.crash_at);
+    let run = run_engine(plan, sdk.clone(), config, shape.crash_at, shape.shards);
     let (summary, restored) = runtime.block_on(async move {
         tokio::time::timeout(Duration::from_secs(60), run)
             .await
             .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))?
     })?;
+    let sink_engines = sdk.sink_prefixes.lock().len();
     Ok(Run {
         panes: sink_panes(&sdk),
         dropped_late: summary.dropped_late,
         restored,
         strict: summary.strict,
+        sink_engines,
     })
 }
 

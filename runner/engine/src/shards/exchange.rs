@@ -1,0 +1,341 @@
+//! The exchange between the shards of one job in one process: a board that
+//! holds each shard's inbox of elements handed to it and the watermarks
+//! each shard published, behind one lock.
+//!
+//! The one lock is what keeps watermarks honest (see [`super`]): a shard
+//! hands elements over ([`ShardLink::send`]) before it publishes the
+//! watermarks that held them ([`ShardLink::publish`]), and a receiver empties
+//! its inbox and reads the others' watermarks in one step
+//! ([`ShardLink::take`]), so a watermark it reads never passed an element
+//! still in its inbox.
+//!
+//! Every change that can give a shard work (elements handed over, a
+//! watermark moved, a shard finished) raises the board's *version*; a
+//! parked shard waits for the version to change.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::{ShardId, ShardLayout};
+use crate::plan::{PCollectionIdx, StageVec};
+use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
+
+/// Elements one shard hands another: encoded windowed values of one
+/// PCollection, in its coders.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// Elements of a partitioned PCollection whose keys the receiver owns,
+    /// for every stage reading it there.
+    Owned {
+        /// The PCollection.
+        pcollection: PCollectionIdx,
+        /// Its elements, concatenated.
+        elements: Bytes,
+    },
+    /// Elements of a broadcast PCollection, for the receiver's side inputs
+    /// only (its main-input readers got them where they were made, or from
+    /// an [`Delivery::Owned`]).
+    SideInput {
+        /// The PCollection.
+        pcollection: PCollectionIdx,
+        /// Its elements, concatenated.
+        elements: Bytes,
+    },
+}
+
+/// What a shard takes from the board in one step.
+#[derive(Debug)]
+pub struct Received {
+    /// What other shards handed it, in the order they did.
+    pub deliveries: Vec<Delivery>,
+    /// Per stage, the least output watermark the *other* shards published
+    /// (+∞ with no other shard).
+    pub watermarks: StageVec<Timestamp>,
+    /// The board's version when taken: what [`ShardLink::park`] compares.
+    pub version: u64,
+    /// Every unfinished shard parked with nothing changed: the job cannot
+    /// make progress.
+    pub stuck: bool,
+}
+
+/// What [`ShardLink::park`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parked {
+    /// The board changed since the shard last took from it: take again.
+    Changed,
+    /// Parked: wait for the version to change.
+    Waiting,
+    /// Every unfinished shard is parked and nothing changed: the job is
+    /// stuck.
+    AllParked,
+}
+
+/// The shared board.
+struct Board {
+    version: u64,
+    inboxes: Vec<Vec<Delivery>>,
+    /// Per shard, per stage, its published output watermark (−∞ where it
+    /// published nothing yet).
+    published: Vec<Vec<Timestamp>>,
+    finished: Vec<bool>,
+    parked: Vec<bool>,
+    stuck: bool,
+}
+
+impl Board {
+    /// Something changed: parked shards wake and look again.
+    fn bump(&mut self, version: &watch::Sender<u64>) {
+        self.version += 1;
+        self.parked.iter_mut().for_each(|p| *p = false);
+        version.send_replace(self.version);
+    }
+
+    /// Shard `shard`'s published output watermark of stage `stage`.
+    fn watermark(&self, shard: usize, stage: usize) -> Timestamp {
+        if self.finished[shard] {
+            return MAX_TIMESTAMP;
+        }
+        self.published[shard]
+            .get(stage)
+            .copied()
+            .unwrap_or(MIN_TIMESTAMP)
+    }
+}
+
+/// The board and its version's broadcast.
+struct Exchange {
+    board: Mutex<Board>,
+    version: watch::Sender<u64>,
+}
+
+/// One shard's end of the exchange: what its engine hands over, takes,
+/// publishes and parks through.
+#[derive(Clone)]
+pub struct ShardLink {
+    id: ShardId,
+    layout: ShardLayout,
+    exchange: Arc<Exchange>,
+}
+
+impl std::fmt::Debug for ShardLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardLink")
+            .field("id", &self.id)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardLink {
+    /// The links of every shard of `layout`, joined by one exchange in
+    /// this process, in shard order.
+    pub fn in_process(layout: ShardLayout) -> Vec<ShardLink> {
+        let n = layout.shards() as usize;
+        let exchange = Arc::new(Exchange {
+            board: Mutex::new(Board {
+                version: 0,
+                inboxes: vec![Vec::new(); n],
+                published: vec![Vec::new(); n],
+                finished: vec![false; n],
+                parked: vec![false; n],
+                stuck: false,
+            }),
+            version: watch::channel(0).0,
+        });
+        layout
+            .ids()
+            .map(|id| ShardLink {
+                id,
+                layout,
+                exchange: exchange.clone(),
+            })
+            .collect()
+    }
+
+    /// This shard.
+    pub fn id(&self) -> ShardId {
+        self.id
+    }
+
+    /// The job's layout.
+    pub fn layout(&self) -> ShardLayout {
+        self.layout
+    }
+
+    /// Hands `deliveries` to their shards (none to this one).
+    pub fn send(&self, deliveries: impl IntoIterator<Item = (ShardId, Delivery)>) {
+        let mut board = self.exchange.board.lock();
+        let mut any = false;
+        for (to, delivery) in deliveries {
+            if let Some(inbox) = board.inboxes.get_mut(to.index()) {
+                inbox.push(delivery);
+                any = true;
+            }
+        }
+        if any {
+            board.bump(&self.exchange.version);
+        }
+    }
+
+    /// Empties this shard's inbox and reads the other shards' watermarks of
+    /// `stages` stages, in one step.
+    pub fn take(&self, stages: usize) -> Received {
+        let mut board = self.exchange.board.lock();
+        let me = self.id.index();
+        let deliveries = std::mem::take(&mut board.inboxes[me]);
+        let watermarks = (0..stages)
+            .map(|stage| {
+                (0..board.published.len())
+                    .filter(|&shard| shard != me)
+                    .map(|shard| board.watermark(shard, stage))
+                    .min()
+                    .unwrap_or(MAX_TIMESTAMP)
+            })
+            .collect();
+        Received {
+            deliveries,
+            watermarks,
+            version: board.version,
+            stuck: board.stuck,
+        }
+    }
+
+    /// Publishes this shard's output watermark of every stage, in stage
+    /// order; wakes the others only if one moved.
+    pub fn publish(&self, watermarks: impl Iterator<Item = Timestamp>) {
+        let mut board = self.exchange.board.lock();
+        let me = self.id.index();
+        let mut changed = false;
+        for (stage, wm) in watermarks.enumerate() {
+            let published = &mut board.published[me];
+            if stage == published.len() {
+                published.push(wm);
+                changed = true;
+            } else if published[stage] != wm {
+                published[stage] = wm;
+                changed = true;
+            }
+        }
+        if changed {
+            board.bump(&self.exchange.version);
+        }
+    }
+
+    /// This shard is done: every stage of it at +∞.
+    pub fn finish(&self) {
+        let mut board = self.exchange.board.lock();
+        board.finished[self.id.index()] = true;
+        board.bump(&self.exchange.version);
+    }
+
+    /// Parks this shard, which has nothing to do, unless the board changed
+    /// since its take at `seen`; if that leaves every unfinished shard
+    /// parked, the job is stuck, and every shard is woken to say so.
+    pub fn park(&self, seen: u64) -> Parked {
+        let mut board = self.exchange.board.lock();
+        if board.version != seen {
+            return Parked::Changed;
+        }
+        let me = self.id.index();
+        board.parked[me] = true;
+        let all = (0..board.parked.len()).all(|s| board.parked[s] || board.finished[s]);
+        if !all {
+            return Parked::Waiting;
+        }
+        board.stuck = true;
+        board.bump(&self.exchange.version);
+        Parked::AllParked
+    }
+
+    /// The board's version, to wait on while parked.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.exchange.version.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links(n: u32) -> Vec<ShardLink> {
+        ShardLink::in_process(ShardLayout::new(n).expect("a layout"))
+    }
+
+    fn owned(n: u8) -> Delivery {
+        Delivery::Owned {
+            pcollection: PCollectionIdx::new(0),
+            elements: Bytes::from(vec![n]),
+        }
+    }
+
+    #[test]
+    fn watermarks_are_the_least_of_the_other_shards() {
+        let links = links(3);
+        let view = links[0].take(2).watermarks;
+        assert_eq!(view.iter().copied().collect::<Vec<_>>(), [MIN_TIMESTAMP; 2]);
+        links[1].publish([5, 7].into_iter());
+        links[2].publish([3, 9].into_iter());
+        links[0].publish([0, 0].into_iter());
+        let view = links[0].take(2).watermarks;
+        assert_eq!(view.iter().copied().collect::<Vec<_>>(), [3, 7]);
+        links[2].finish();
+        let view = links[0].take(2).watermarks;
+        assert_eq!(view.iter().copied().collect::<Vec<_>>(), [5, 7]);
+        // A lone shard reads +∞: nobody else holds anything back.
+        let alone = self::links(1);
+        assert_eq!(
+            alone[0].take(1).watermarks.iter().next(),
+            Some(&MAX_TIMESTAMP)
+        );
+    }
+
+    #[test]
+    fn deliveries_arrive_once_in_order() {
+        let links = links(2);
+        links[0].send([(links[1].id(), owned(1)), (links[1].id(), owned(2))]);
+        let first = links[1].take(0).deliveries;
+        let got: Vec<u8> = first
+            .iter()
+            .map(|d| match d {
+                Delivery::Owned { elements, .. } => elements[0],
+                Delivery::SideInput { .. } => 0,
+            })
+            .collect();
+        assert_eq!(got, [1, 2]);
+        assert!(links[1].take(0).deliveries.is_empty());
+        assert!(links[0].take(0).deliveries.is_empty());
+    }
+
+    #[test]
+    fn a_job_is_stuck_only_when_every_unfinished_shard_parked_unchanged() {
+        let links = links(3);
+        let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
+        assert_eq!(links[0].park(seen[0]), Parked::Waiting);
+        // A delivery to shard 0 wakes it: its park is undone.
+        links[1].send([(links[0].id(), owned(1))]);
+        assert_eq!(links[2].park(seen[2]), Parked::Changed);
+        let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
+        links[2].finish();
+        let seen0 = links[0].take(1).version;
+        assert_eq!(links[0].park(seen0), Parked::Waiting);
+        assert_eq!(links[1].park(seen[1]), Parked::Changed);
+        let seen1 = links[1].take(1).version;
+        assert!(!links[1].take(1).stuck);
+        assert_eq!(links[1].park(seen1), Parked::AllParked);
+        assert!(links[0].take(1).stuck);
+    }
+
+    #[test]
+    fn publishing_the_same_watermarks_wakes_nobody() {
+        let links = links(2);
+        links[0].publish([1].into_iter());
+        let version = links[1].take(1).version;
+        links[0].publish([1].into_iter());
+        assert_eq!(links[1].take(1).version, version);
+        links[0].publish([2].into_iter());
+        assert_ne!(links[1].take(1).version, version);
+    }
+}

@@ -1,0 +1,337 @@
+//! A job on several shards (engines joined in this process) gives what one
+//! engine gives: keyed timers fire on the shard owning their key, side
+//! inputs reach every shard whole, and a failure on one shard fails the job.
+
+use std::collections::BTreeSet;
+
+use refract_engine::manager::{run_shards, RunSummary};
+use refract_engine::shards::{ShardLayout, ShardLink};
+
+use super::fixtures::*;
+
+/// Runs `plan` on `shards` engines sharing `exec`; bundle ids start with
+/// `s{shard}`.
+async fn run_on_shards(
+    plan: Plan,
+    exec: Arc<FakeExecutor>,
+    cfg: EngineConfig,
+    shards: u32,
+) -> Result<RunSummary, EngineError> {
+    let engines = ShardLink::in_process(ShardLayout::new(shards).unwrap())
+        .into_iter()
+        .map(|link| {
+            let prefix = format!("s{}", link.id().index());
+            Engine::builder(
+                plan.clone(),
+                exec.clone(),
+                cfg.clone(),
+                prefix,
+                Arc::new(|| 0),
+            )
+            .shard(link)
+            .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (_cancel, cancelled) = watch::channel(false);
+    run_shards(engines, cancelled).await
+}
+
+/// The shard a bundle ran on, from its id.
+fn shard_of(input: &BundleInput) -> String {
+    input.bundle_id.split('-').next().unwrap().to_string()
+}
+
+fn fixed_window(ts: i64) -> Window {
+    let start = ts - ts.rem_euclid(10);
+    Window::Interval {
+        start,
+        end: start + 10,
+    }
+}
+
+/// impulse -> source (96 elements over 24 keys, 10 ms fixed windows) ->
+/// keyed stage setting one event-time timer per key and window, which
+/// emits `KV(key, firing time)` when it fires -> GroupByKey -> sink.
+fn timers_pipeline(
+    records: Records,
+    shards_seen: Arc<Mutex<BTreeSet<String>>>,
+) -> (Plan, FakeExecutor) {
+    let family = TimerFamily {
+        transform_id: "t".into(),
+        family_id: "user".into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::IntervalWindow,
+    };
+    let window_strategy = WindowingStrategy {
+        window_fn: WindowFn::Fixed {
+            size: 10,
+            offset: 0,
+        },
+        ..WindowingStrategy::global_default()
+    };
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("fired", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("grouped", grouped_coder(), Coder::IntervalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            sdk_stage("source", vec![0], vec![1]),
+            Stage {
+                kind: StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    timer_families: vec![family],
+                    ..SdkStage::default()
+                }),
+                ..sdk_stage("timers", vec![1], vec![2])
+            },
+            Stage {
+                name: "gbk".into(),
+                kind: StageKind::GroupByKey(window_strategy),
+                inputs: vec![PCollectionIdx::new(2)],
+                side_inputs: vec![],
+                outputs: vec![PCollectionIdx::new(3)],
+            },
+            sdk_stage("sink", vec![3], vec![]),
+        ]
+        .into(),
+    };
+    let source: StageFn = Arc::new(|_| {
+        let mut out = Vec::new();
+        for i in 0..96i64 {
+            let key = format!("k{:02}", i % 24);
+            encode_kv(
+                &key,
+                i,
+                i,
+                &fixed_window(i),
+                &Coder::IntervalWindow,
+                &mut out,
+            );
+        }
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
+            ..Default::default()
+        })
+    });
+    let timers: StageFn = Arc::new(move |input| {
+        shards_seen.lock().insert(shard_of(input));
+        let mut set = Vec::new();
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
+            {
+                let key_len = kv_bytes_varint().kv_key_len(e.value()).unwrap();
+                let end = e.header.windows[0].max_timestamp();
+                TimerValue {
+                    user_key: e.value_bytes().slice(..key_len),
+                    dynamic_tag: String::new(),
+                    windows: e.header.windows.clone(),
+                    clear: false,
+                    fire_timestamp: end,
+                    hold_timestamp: end,
+                    pane: PaneInfo::NO_FIRING,
+                }
+                .encode(&Coder::IntervalWindow, &mut set)
+                .unwrap();
+            }
+        }
+        let mut out = Vec::new();
+        for fired in &input.timers {
+            for t in decode_timers(&fired.data, &Coder::Bytes, &Coder::IntervalWindow).unwrap() {
+                let mut v = t.user_key.to_vec();
+                encode_varint_i64(t.fire_timestamp, &mut v);
+                let header = WindowedValueHeader {
+                    timestamp: t.fire_timestamp,
+                    windows: t.windows.clone(),
+                    pane: PaneInfo::NO_FIRING,
+                };
+                encode_windowed_value(&header, &Coder::IntervalWindow, &v, &mut out).unwrap();
+            }
+        }
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(2), Bytes::from(out))],
+            timers: vec![TimerInput {
+                transform_id: "t".into(),
+                family_id: "user".into(),
+                data: Bytes::from(set),
+            }],
+            ..Default::default()
+        })
+    });
+    let sink: StageFn = Arc::new(move |input| {
+        record_groups(input, &records);
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [(1, source), (2, timers), (4, sink)].into_iter().collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    (plan, exec)
+}
+
+#[tokio::test]
+async fn keyed_timers_fire_on_their_shard_and_group_as_on_one_engine() {
+    let mut results = Vec::new();
+    for shards in [1, 2, 3] {
+        let records: Records = Arc::default();
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let (plan, exec) = timers_pipeline(records.clone(), seen.clone());
+        let summary = run_on_shards(plan, Arc::new(exec), config(7), shards)
+            .await
+            .unwrap();
+        assert!(summary.bundles > 0);
+        assert_eq!(seen.lock().len(), shards as usize, "every shard ran timers");
+        let mut got = records.lock().clone();
+        got.sort_by(|a, b| (&a.0, &a.2.max_timestamp()).cmp(&(&b.0, &b.2.max_timestamp())));
+        results.push(got);
+    }
+    // One timer per key and window: 24 keys, four windows each, each
+    // firing once at its window's end.
+    assert_eq!(results[0].len(), 96);
+    for (key, values, window) in &results[0] {
+        // An iterable of one: its length (four bytes), then the value.
+        let mut want = vec![0, 0, 0, 1];
+        encode_varint_i64(window.max_timestamp(), &mut want);
+        assert_eq!(values, &want, "{key} in {window:?}");
+    }
+    assert_eq!(results[1], results[0], "two shards");
+    assert_eq!(results[2], results[0], "three shards");
+}
+
+/// What the consumer saw: (shard, key, what the side input read).
+type SideReads = Arc<Mutex<Vec<(String, Vec<u8>, Vec<u8>)>>>;
+
+#[tokio::test]
+async fn side_inputs_reach_every_shard_whole() {
+    // impulse -> source (24 keys) -> keyed consumer reading side input "s";
+    // impulse -> start -> side (1, 2, 3). The side input is made a stage
+    // later than the main input, on shard 0: the other shards must wait
+    // until it finished there, not until their own (empty) copy of it did.
+    let plan = Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("kvs", kv_bytes_varint(), Coder::GlobalWindow),
+            pc("side", Coder::Varint, Coder::GlobalWindow),
+            pc("started", Coder::Bytes, Coder::GlobalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            sdk_stage("source", vec![0], vec![1]),
+            sdk_stage("side", vec![3], vec![2]),
+            Stage {
+                kind: StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    ..SdkStage::default()
+                }),
+                side_inputs: vec![SideInput {
+                    id: SideInputId::new("consumer", "s"),
+                    pcollection: PCollectionIdx::new(2),
+                    access: SideInputAccess::Iterable,
+                    fires_early: false,
+                }],
+                ..sdk_stage("consumer", vec![1], vec![])
+            },
+            sdk_stage("start", vec![0], vec![3]),
+        ]
+        .into(),
+    };
+    let start: StageFn = Arc::new(|input| {
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(3), input.elements[0].clone())],
+            ..Default::default()
+        })
+    });
+    let source: StageFn = Arc::new(|_| {
+        let mut out = Vec::new();
+        for i in 0..24 {
+            encode_kv(
+                &format!("k{i:02}"),
+                i,
+                0,
+                &Window::Global,
+                &Coder::GlobalWindow,
+                &mut out,
+            );
+        }
+        Ok(BundleOutput {
+            outputs: vec![(PCollectionIdx::new(1), Bytes::from(out))],
+            ..Default::default()
+        })
+    });
+    let seen: SideReads = Arc::default();
+    let seen_by_consumer = seen.clone();
+    let consumer: StageFn = Arc::new(move |input| {
+        let side = read_side_input(input)?;
+        for chunk in &input.elements {
+            for e in
+                decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::GlobalWindow).unwrap()
+            {
+                let key_len = kv_bytes_varint().kv_key_len(e.value()).unwrap();
+                seen_by_consumer.lock().push((
+                    shard_of(input),
+                    e.value()[..key_len].to_vec(),
+                    side.to_vec(),
+                ));
+            }
+        }
+        Ok(BundleOutput::default())
+    });
+    let exec = FakeExecutor {
+        stages: [
+            (1, source),
+            (2, emit_varints(2, vec![1, 2, 3])),
+            (3, consumer),
+            (4, start),
+        ]
+        .into_iter()
+        .collect(),
+        bundles: AtomicUsize::new(0),
+    };
+    run_on_shards(plan, Arc::new(exec), config(4), 3)
+        .await
+        .unwrap();
+    let seen = seen.lock();
+    assert_eq!(seen.len(), 24, "each key once: {seen:?}");
+    assert!(
+        seen.iter().all(|(_, _, side)| side == &[1, 2, 3]),
+        "{seen:?}"
+    );
+    let keys: BTreeSet<&Vec<u8>> = seen.iter().map(|(_, k, _)| k).collect();
+    assert_eq!(keys.len(), 24);
+    let shards: BTreeSet<&String> = seen.iter().map(|(s, _, _)| s).collect();
+    assert_eq!(
+        shards.len(),
+        3,
+        "every shard read the side input: {shards:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_bundle_failing_on_one_shard_fails_the_job_with_its_error() {
+    let (plan, exec) = gbk_pipeline(Arc::default(), usize::MAX);
+    let error = run_on_shards(plan, Arc::new(exec), fast_retries(100), 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, EngineError::BundleFailed { .. }), "{error}");
+    assert!(error.to_string().contains("boom"), "{error}");
+}
+
+#[tokio::test]
+async fn shards_refuse_what_they_cannot_do_yet() {
+    let (plan, exec) = gbk_pipeline(Arc::default(), 0);
+    let link = ShardLink::in_process(ShardLayout::new(2).unwrap()).remove(0);
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let error = Engine::builder(plan, Arc::new(exec), config(10), "s0", Arc::new(|| 0))
+        .checkpoints(std::time::Duration::ZERO, tx, None)
+        .shard(link)
+        .build()
+        .err()
+        .expect("checkpoints on shards are refused");
+    assert!(error.to_string().contains("checkpoints"), "{error}");
+}
