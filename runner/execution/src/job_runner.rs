@@ -14,6 +14,7 @@ mod job_options;
 mod logs;
 mod retry;
 mod run;
+mod sharded;
 mod strict;
 mod workers;
 
@@ -86,6 +87,14 @@ pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String>
     )
 }
 
+/// The experiment running one job on several engine shards in this
+/// process: `--experiments=refract_shards=N` (1 to 128; documented in
+/// docs/scaling.md). Each shard owns an equal run of the key groups of
+/// every keyed stage; the job's results are the same as on one engine.
+/// Such a job keeps its state in memory for now: a server that checkpoints
+/// jobs refuses it unless it also asks for `refract_state_store=memory`.
+pub const SHARDS_EXPERIMENT: &str = "refract_shards";
+
 /// The experiment choosing where one job keeps its state:
 /// `--experiments=refract_state_store=memory` keeps it in memory on a
 /// server with `--state_dir` (nothing checkpointed, nothing resumed);
@@ -97,8 +106,16 @@ pub const STATE_STORE_EXPERIMENT: &str = "refract_state_store";
 /// has.
 fn job_durability(
     choice: StateStoreChoice,
+    sharded: bool,
     server: Option<&Arc<Durability>>,
 ) -> Result<Option<Arc<Durability>>, String> {
+    if sharded && choice != StateStoreChoice::Memory && server.is_some() {
+        return Err(format!(
+            "--experiments={SHARDS_EXPERIMENT}=N keeps the job's state in memory for now, and \
+             this runner checkpoints jobs (--state_dir): add \
+             --experiments={STATE_STORE_EXPERIMENT}=memory to run it without checkpoints"
+        ));
+    }
     match choice {
         StateStoreChoice::ServerDefault => Ok(server.cloned()),
         StateStoreChoice::Memory => Ok(None),
@@ -297,7 +314,8 @@ impl JobRunner for RefractRunner {
         refuse_update(options)?;
         validate(pipeline).map_err(|e| e.to_string())?;
         let options = JobOptions::read(options)?;
-        job_durability(options.state_store, self.durability.as_ref()).map(|_| ())
+        let sharded = options.shards.is_some();
+        job_durability(options.state_store, sharded, self.durability.as_ref()).map(|_| ())
     }
 
     fn resumable(&self, job: &Job) -> bool {
@@ -419,7 +437,8 @@ impl JobRunner for RefractRunner {
         let state_store = options
             .as_ref()
             .map_or(StateStoreChoice::ServerDefault, |o| o.state_store);
-        let durability = job_durability(state_store, self.durability.as_ref())
+        let sharded = options.as_ref().is_ok_and(|o| o.shards.is_some());
+        let durability = job_durability(state_store, sharded, self.durability.as_ref())
             .unwrap_or_else(|_| self.durability.clone());
         if durability.is_some() {
             // Before it can end: a failure then keeps what a resume needs.

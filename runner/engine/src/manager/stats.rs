@@ -54,6 +54,42 @@ pub struct StageStats {
     pub spilled_bytes: u64,
 }
 
+impl StageStats {
+    /// A job's stages from the snapshots of each of its shards (see
+    /// [`crate::shards`]): counts and sizes add up, and watermarks are the
+    /// least over the shards, as the job's own are. Shards that published
+    /// nothing yet are left out.
+    pub fn across_shards(shards: &[Vec<StageStats>]) -> Vec<StageStats> {
+        let mut parts = shards.iter().filter(|s| !s.is_empty());
+        let Some(first) = parts.next() else {
+            return Vec::new();
+        };
+        let mut job = first.clone();
+        for part in parts {
+            for (stage, other) in job.iter_mut().zip(part) {
+                stage.add(other);
+            }
+        }
+        job
+    }
+
+    /// Adds another shard's snapshot of the same stage to this one.
+    fn add(&mut self, other: &StageStats) {
+        self.input_watermark = self.input_watermark.min(other.input_watermark);
+        self.output_watermark = self.output_watermark.min(other.output_watermark);
+        self.pending_elements += other.pending_elements;
+        self.pending_bytes += other.pending_bytes;
+        self.bundles_in_flight += other.bundles_in_flight;
+        self.bundles_committed += other.bundles_committed;
+        self.elements_processed += other.elements_processed;
+        self.bytes_processed += other.bytes_processed;
+        self.elements_out += other.elements_out;
+        self.bytes_out += other.bytes_out;
+        self.throttled_ms += other.throttled_ms;
+        self.spilled_bytes += other.spilled_bytes;
+    }
+}
+
 /// Per-stage counters the snapshots report.
 #[derive(Debug, Default)]
 pub(super) struct StageCounters {
@@ -187,5 +223,35 @@ impl Engine {
             })
             .collect();
         tx.send_replace(snapshot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(output_watermark: Timestamp, elements_processed: u64) -> StageStats {
+        StageStats {
+            name: "s".into(),
+            input_watermark: output_watermark,
+            output_watermark,
+            elements_processed,
+            pending_elements: 1,
+            ..StageStats::default()
+        }
+    }
+
+    #[test]
+    fn shards_add_up_and_hold_the_watermark_at_their_least() {
+        let job = StageStats::across_shards(&[
+            vec![stage(10, 3), stage(5, 1)],
+            Vec::new(),
+            vec![stage(7, 4), stage(9, 2)],
+        ]);
+        assert_eq!(job.len(), 2);
+        assert_eq!((job[0].output_watermark, job[0].elements_processed), (7, 7));
+        assert_eq!((job[1].output_watermark, job[1].elements_processed), (5, 3));
+        assert_eq!(job[0].pending_elements, 2);
+        assert!(StageStats::across_shards(&[]).is_empty());
     }
 }

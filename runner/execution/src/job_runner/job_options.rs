@@ -7,12 +7,14 @@
 //! name.
 
 use refract_engine::manager::Strictness;
+use refract_engine::shards::ShardLayout;
 use refract_proto::prost_types;
 
 use super::strict::strictness;
 use super::workers::job_worker_parallelism;
 use super::{
-    BUNDLE_ATTEMPTS_EXPERIMENT, DRAIN_ON_START, SAVEPOINT_EXPERIMENT, STATE_STORE_EXPERIMENT,
+    BUNDLE_ATTEMPTS_EXPERIMENT, DRAIN_ON_START, SAVEPOINT_EXPERIMENT, SHARDS_EXPERIMENT,
+    STATE_STORE_EXPERIMENT,
 };
 use crate::options::{experiment_value, has_experiment, option_bool};
 
@@ -34,6 +36,9 @@ pub(crate) struct JobOptions {
     pub(crate) savepoint: Option<String>,
     /// `--experiments=drain_on_start`: the job drains from its start.
     pub(crate) drain_on_start: bool,
+    /// `--experiments=refract_shards=N` with N above 1: the shards the job
+    /// runs on.
+    pub(crate) shards: Option<ShardLayout>,
 }
 
 /// Where a job asks to keep its state (`--experiments=refract_state_store`).
@@ -58,8 +63,25 @@ impl JobOptions {
             state_store: state_store(options)?,
             savepoint: experiment_value(options, SAVEPOINT_EXPERIMENT),
             drain_on_start: has_experiment(options, DRAIN_ON_START),
+            shards: shards(options)?,
         })
     }
+}
+
+/// The shards a job's options ask for (see [`SHARDS_EXPERIMENT`]); one
+/// shard is a single engine.
+fn shards(options: &prost_types::Struct) -> Result<Option<ShardLayout>, String> {
+    let Some(n) = experiment_value(options, SHARDS_EXPERIMENT) else {
+        return Ok(None);
+    };
+    let layout = n
+        .parse::<u32>()
+        .map_err(|_| format!("--experiments={SHARDS_EXPERIMENT}={n}: expected a number"))
+        .and_then(|count| {
+            ShardLayout::new(count)
+                .map_err(|e| format!("--experiments={SHARDS_EXPERIMENT}={n}: {e}"))
+        })?;
+    Ok((layout.shards() > 1).then_some(layout))
 }
 
 /// The attempts a job's options ask for (see [`BUNDLE_ATTEMPTS_EXPERIMENT`]),
@@ -130,6 +152,7 @@ mod tests {
                 state_store: StateStoreChoice::ServerDefault,
                 savepoint: None,
                 drain_on_start: false,
+                shards: None,
             }
         );
     }
@@ -146,6 +169,7 @@ mod tests {
                 "refract_state_store=rocksdb",
                 "refract_savepoint=/tmp/sp",
                 "drain_on_start",
+                "refract_shards=3",
             ]),
         ]))
         .expect("readable");
@@ -155,6 +179,21 @@ mod tests {
         assert_eq!(read.strict.map(|s| s.seed), Some(9));
         assert_eq!(read.state_store, StateStoreChoice::RocksDb);
         assert_eq!(read.savepoint.as_deref(), Some("/tmp/sp"));
+        assert_eq!(read.shards.map(|l| l.shards()), Some(3));
+    }
+
+    #[test]
+    fn shards_are_one_to_128_and_one_is_a_single_engine() {
+        let asking = |n: &str| options(&[experiments(&[&format!("refract_shards={n}")])]);
+        assert_eq!(shards(&asking("1")), Ok(None));
+        assert_eq!(
+            shards(&asking("128")).map(|l| l.map(|l| l.shards())),
+            Ok(Some(128))
+        );
+        for bad in ["0", "129", "two", ""] {
+            let e = shards(&asking(bad)).expect_err(bad);
+            assert!(e.contains(&format!("refract_shards={bad}")), "{e}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use super::job_options::JobOptions;
 use super::logs::TransformOrigins;
+use super::sharded::{run_on_shards, ShardedJob};
 use super::workers::WorkerStart;
 use super::JobError;
 use crate::durability::Durability;
@@ -306,56 +307,84 @@ pub(super) async fn run_job(
             let job = job.clone();
             Arc::new(move || crate::durability::metrics_part(&job))
         };
-        let mut builder = Engine::builder(
-            translated.plan,
-            executor,
-            config,
-            job.id().to_string(),
-            Arc::new(wall_clock_ms),
-        )
-        .drain(job.drain_requested())
-        .stats(stats)
-        .extra_part(crate::durability::METRICS_PART, metrics_part)
-        .savepoints(savepoint_rx);
-        if let Some(store) = spill.clone() {
-            // A GroupByKey may hold a stage's share of the budget before it
-            // spills (without a budget, the engine's queue bound).
-            builder = builder
-                .spill(store, job.id().as_bytes(), max_pending_bytes)
-                .state_backed_outputs(&state_backed_outputs);
-            if let Some(durability) = &durability {
-                // Bags past their share go beside the checkpoints, which
-                // name them: a checkpointed job's state may outgrow memory.
-                builder = builder.durable_state(durability.state_store(job.id()));
-            }
-        }
         let mut checkpoint_writer = None;
-        if let Some(durability) = &durability {
-            view.enable_checkpoints();
-            let writer = durability.checkpoint_writer(job.clone(), view.clone());
-            builder = builder
-                .checkpoints(durability.interval(), writer.tx, Some(writer.progress))
-                .tolerable_checkpoint_failures(durability.tolerable_failures());
-            checkpoint_writer = Some(writer.task);
-        }
-        let mut engine = builder.build()?;
-        if let Some(checkpoint) = latest_checkpoint {
-            engine.restore(&checkpoint.parts)?;
-            crate::durability::restore_metrics(&job, &checkpoint.parts)?;
-            if checkpoint.id > 0 {
-                view.observe_restore(checkpoint.id);
-                info!(
-                    checkpoint = checkpoint.id,
-                    "resuming from the job's checkpoint"
-                );
-                job.message(
-                    MessageImportance::JobMessageBasic,
-                    format!("resumed from checkpoint {}", checkpoint.id),
-                );
+        let summary = if let Some(layout) = options.shards {
+            if durability.is_some() || latest_checkpoint.is_some() {
+                return Err(JobError::Engine(EngineError::Misconfigured(format!(
+                    "--experiments={}=N cannot start from or write checkpoints yet",
+                    super::SHARDS_EXPERIMENT
+                ))));
             }
-        }
-        facts.engine_ran = true;
-        let summary = engine.run(job.cancel_requested()).await;
+            job.message(
+                MessageImportance::JobMessageBasic,
+                format!(
+                    "running on {} engine shards in this process; its state is not checkpointed",
+                    layout.shards()
+                ),
+            );
+            facts.engine_ran = true;
+            run_on_shards(ShardedJob {
+                layout,
+                plan: translated.plan,
+                executor,
+                config,
+                job: &job,
+                stats,
+                spill: spill.clone().map(|store| (store, max_pending_bytes)),
+                savepoints: savepoint_rx,
+            })
+            .await
+        } else {
+            let mut builder = Engine::builder(
+                translated.plan,
+                executor,
+                config,
+                job.id().to_string(),
+                Arc::new(wall_clock_ms),
+            )
+            .drain(job.drain_requested())
+            .stats(stats)
+            .extra_part(crate::durability::METRICS_PART, metrics_part)
+            .savepoints(savepoint_rx);
+            if let Some(store) = spill.clone() {
+                // A GroupByKey may hold a stage's share of the budget before it
+                // spills (without a budget, the engine's queue bound).
+                builder = builder
+                    .spill(store, job.id().as_bytes(), max_pending_bytes)
+                    .state_backed_outputs(&state_backed_outputs);
+                if let Some(durability) = &durability {
+                    // Bags past their share go beside the checkpoints, which
+                    // name them: a checkpointed job's state may outgrow memory.
+                    builder = builder.durable_state(durability.state_store(job.id()));
+                }
+            }
+            if let Some(durability) = &durability {
+                view.enable_checkpoints();
+                let writer = durability.checkpoint_writer(job.clone(), view.clone());
+                builder = builder
+                    .checkpoints(durability.interval(), writer.tx, Some(writer.progress))
+                    .tolerable_checkpoint_failures(durability.tolerable_failures());
+                checkpoint_writer = Some(writer.task);
+            }
+            let mut engine = builder.build()?;
+            if let Some(checkpoint) = latest_checkpoint {
+                engine.restore(&checkpoint.parts)?;
+                crate::durability::restore_metrics(&job, &checkpoint.parts)?;
+                if checkpoint.id > 0 {
+                    view.observe_restore(checkpoint.id);
+                    info!(
+                        checkpoint = checkpoint.id,
+                        "resuming from the job's checkpoint"
+                    );
+                    job.message(
+                        MessageImportance::JobMessageBasic,
+                        format!("resumed from checkpoint {}", checkpoint.id),
+                    );
+                }
+            }
+            facts.engine_ran = true;
+            engine.run(job.cancel_requested()).await
+        };
         view.set_savepoint_channel(None);
         let spilled = summary.as_ref().map_or(true, |s| {
             s.spilled_bytes + s.output_spilled_bytes + s.queue_spilled_bytes + s.state_spilled_bytes

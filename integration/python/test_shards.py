@@ -1,0 +1,138 @@
+"""One job on several engine shards (`--experiments=refract_shards=N`) with
+the real Python SDK: the keyed work of each pipeline is split over three
+engines by key group, elements cross between them, and every result is the
+one a single engine gives. Each pipeline checks its own output with
+`assert_that`, so a lost, duplicated or early-fired element fails it.
+"""
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import VarIntCoder
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
+from refract_testlib import durable_server, free_port, job_messages
+
+SHARDS = '--experiments=refract_shards=3'
+WORDS = ['w%02d' % (i % 40) for i in range(2000)]
+
+
+def sharded(server, *extra):
+  return PipelineOptions(server.portable_args(SHARDS, *extra))
+
+
+def test_grouping_combining_and_side_inputs_match_one_engine(refract_server):
+  counts = {}
+  for w in WORDS:
+    counts[w] = counts.get(w, 0) + 1
+  p = beam.Pipeline(options=sharded(refract_server))
+  words = p | 'Words' >> beam.Create(WORDS)
+  weights = p | 'Weights' >> beam.Create([('w%02d' % i, i) for i in range(40)])
+  pairs = words | 'Pair' >> beam.Map(lambda w: (w, 1))
+  # Lifted: a partial combine before the shuffle, the rest after it.
+  combined = pairs | 'Count' >> beam.CombinePerKey(sum)
+  grouped = (
+    pairs
+    | 'Shuffle' >> beam.Reshuffle()
+    | 'Group' >> beam.GroupByKey()
+    | 'Size' >> beam.MapTuple(lambda w, ones: (w, len(list(ones))))
+  )
+  weighted = combined | 'Weigh' >> beam.Map(
+    lambda kv, ws: (kv[0], kv[1] * ws[kv[0]]), beam.pvalue.AsDict(weights)
+  )
+  assert_that(combined, equal_to(list(counts.items())), label='Combined')
+  assert_that(grouped, equal_to(list(counts.items())), label='Grouped')
+  assert_that(
+    weighted,
+    equal_to([(w, n * int(w[1:])) for w, n in counts.items()]),
+    label='Weighted',
+  )
+  result = p.run()
+  assert result.wait_until_finish() == 'DONE'
+  said = job_messages(refract_server.endpoint, result._job_id)  # pylint: disable=protected-access
+  assert any('running on 3 engine shards' in m for m in said), said
+
+
+class SumAtWindowEnd(beam.DoFn):
+  """Keeps each key's values in a bag and emits their sum when the
+  window's end timer fires: state and timers on the key's shard."""
+
+  BAG = BagStateSpec('values', VarIntCoder())
+  END = TimerSpec('end', TimeDomain.WATERMARK)
+
+  def process(
+    self,
+    kv,
+    w=beam.DoFn.WindowParam,
+    bag=beam.DoFn.StateParam(BAG),
+    end=beam.DoFn.TimerParam(END),
+  ):
+    bag.add(kv[1])
+    end.set(w.max_timestamp())
+
+  @on_timer(END)
+  def emit(self, key=beam.DoFn.KeyParam, bag=beam.DoFn.StateParam(BAG)):
+    yield key, sum(bag.read())
+    bag.clear()
+
+
+def test_state_and_timers_fire_once_per_key_and_window(refract_server):
+  elements = [('k%d' % (i % 12), i) for i in range(600)]
+  want = {}
+  for k, i in elements:
+    want[(k, i // 100)] = want.get((k, i // 100), 0) + i
+  with beam.Pipeline(options=sharded(refract_server)) as p:
+    sums = (
+      p
+      | beam.Create(elements)
+      | 'Stamp' >> beam.Map(lambda kv: window.TimestampedValue(kv, kv[1]))
+      | 'Window' >> beam.WindowInto(window.FixedWindows(100))
+      | 'Sum' >> beam.ParDo(SumAtWindowEnd())
+      | 'WithWindow'
+      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: ((kv[0], int(w.start) // 100), kv[1]))
+    )
+    assert_that(sums, equal_to(list(want.items())))
+
+
+def test_session_windows_merge_on_their_keys_shard(refract_server):
+  # Per key, bursts of events 1 s apart, bursts 100 s apart: one session
+  # per burst.
+  events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
+  with beam.Pipeline(options=sharded(refract_server)) as p:
+    sessions = (
+      p
+      | beam.Create(events)
+      | 'Stamp' >> beam.Map(lambda kv: window.TimestampedValue((kv[0], 1), kv[1]))
+      | 'Sessions' >> beam.WindowInto(window.Sessions(10))
+      | 'Count' >> beam.CombinePerKey(sum)
+      | 'Spans'
+      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], int(w.start), int(w.end), kv[1]))
+    )
+    want = [('u%d' % u, b * 100, b * 100 + 14, 5) for u in range(9) for b in range(3)]
+    assert_that(sessions, equal_to(want))
+
+
+def test_a_shard_count_out_of_range_is_refused_at_submission(refract_server):
+  options = PipelineOptions(refract_server.portable_args('--experiments=refract_shards=0'))
+  with pytest.raises(Exception, match='refract_shards=0'):
+    with beam.Pipeline(options=options) as p:
+      _ = p | beam.Create([1])
+
+
+def test_a_checkpointing_server_runs_shards_only_when_asked_for_memory(refract_bin, tmp_path):
+  server = durable_server(
+    refract_bin, str(tmp_path / 'state'), free_port(), tmp_path / 'refract-serve.log'
+  )
+  try:
+    refused = PipelineOptions(server.portable_args(SHARDS))
+    with pytest.raises(Exception, match='refract_state_store=memory'):
+      with beam.Pipeline(options=refused) as p:
+        _ = p | beam.Create([1])
+    in_memory = sharded(server, '--experiments=refract_state_store=memory')
+    with beam.Pipeline(options=in_memory) as p:
+      sums = p | beam.Create([('a', 1), ('b', 2), ('a', 3)]) | beam.CombinePerKey(sum)
+      assert_that(sums, equal_to([('a', 4), ('b', 2)]))
+  finally:
+    server.stop()
