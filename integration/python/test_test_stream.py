@@ -8,6 +8,7 @@ against the runner's clock, not the wall clock).
 """
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that
@@ -18,15 +19,24 @@ from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 
 
-def streaming_options(server):
-  return PipelineOptions(server.portable_args() + ['--streaming'])
+@pytest.fixture(params=[1, 3], ids=['one-engine', 'three-shards'])
+def shards(request):
+  """Each pipeline runs on one engine and on three shards
+  (`refract_shards`), where the stream is replayed by shard 0 and each
+  event applied only once every shard is quiet."""
+  return request.param
+
+
+def streaming_options(server, shards):
+  sharding = ['--experiments=refract_shards=%d' % shards] if shards > 1 else []
+  return PipelineOptions(server.portable_args('--streaming', *sharding))
 
 
 def describe_pane(kv, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
   return (kv[0], sorted(kv[1]), int(w.start), pane.timing, pane.index)
 
 
-def test_on_time_and_late_panes(refract_server):
+def test_on_time_and_late_panes(refract_server, shards):
   tv = window.TimestampedValue
   stream = (
     TestStream()
@@ -36,7 +46,7 @@ def test_on_time_and_late_panes(refract_server):
     .add_elements([tv(('k', 20), 20)])
     .advance_watermark_to_infinity()
   )
-  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+  with beam.Pipeline(options=streaming_options(refract_server, shards)) as p:
     out = (
       p
       | stream
@@ -89,7 +99,7 @@ class TimerDoFn(beam.DoFn):
     yield ('processing', key)
 
 
-def test_timers_fire_on_watermark_and_processing_time_advances(refract_server):
+def test_timers_fire_on_watermark_and_processing_time_advances(refract_server, shards):
   stream = (
     TestStream()
     .add_elements([window.TimestampedValue(('a', 0), 10)])
@@ -98,14 +108,14 @@ def test_timers_fire_on_watermark_and_processing_time_advances(refract_server):
     .add_elements([window.TimestampedValue(('b', 0), 30)])
     .advance_watermark_to_infinity()
   )
-  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+  with beam.Pipeline(options=streaming_options(refract_server, shards)) as p:
     out = p | stream | beam.ParDo(TimerDoFn())
     assert_that(
       out, equal_to([('event', 'a'), ('processing', 'a'), ('event', 'b'), ('processing', 'b')])
     )
 
 
-def test_data_later_than_allowed_lateness_is_dropped_and_counted(refract_server):
+def test_data_later_than_allowed_lateness_is_dropped_and_counted(refract_server, shards):
   tv = window.TimestampedValue
   stream = (
     TestStream()
@@ -114,7 +124,7 @@ def test_data_later_than_allowed_lateness_is_dropped_and_counted(refract_server)
     .add_elements([tv(('k', 2), 2)])  # its window closed at 10 + 5
     .advance_watermark_to_infinity()
   )
-  p = beam.Pipeline(options=streaming_options(refract_server))
+  p = beam.Pipeline(options=streaming_options(refract_server, shards))
   out = (
     p
     | stream
@@ -131,7 +141,7 @@ def test_data_later_than_allowed_lateness_is_dropped_and_counted(refract_server)
   assert [c.committed for c in counters] == [1]
 
 
-def test_windowed_cogroupbykey_of_two_test_streams(refract_server):
+def test_windowed_cogroupbykey_of_two_test_streams(refract_server, shards):
   tv = window.TimestampedValue
   orders = (
     TestStream()
@@ -147,7 +157,7 @@ def test_windowed_cogroupbykey_of_two_test_streams(refract_server):
     .add_elements([tv(('alice', 12), 13)])
     .advance_watermark_to_infinity()
   )
-  with beam.Pipeline(options=streaming_options(refract_server)) as p:
+  with beam.Pipeline(options=streaming_options(refract_server, shards)) as p:
 
     def fixed():
       return beam.WindowInto(window.FixedWindows(10))

@@ -599,7 +599,7 @@ impl Engine {
             self.publish_to_shards();
             self.publish_stats(false);
             self.maybe_checkpoint();
-            if self.idle() && self.step_test_streams()? {
+            if self.idle() && self.may_step_test_streams() && self.step_test_streams()? {
                 continue;
             }
             if self.idle() && self.all_done() {
@@ -665,16 +665,21 @@ impl Engine {
             } else {
                 next_wakeup
             };
-            if self.idle() && next_wakeup.is_none() && !self.awaiting_checkpoint() {
-                // A shard waits for the others; a single engine, or every
-                // shard parked at once, is stuck.
-                match self.park() {
-                    Some(Parked::Changed) => continue,
+            let due_now = next_wakeup.is_some_and(|at| at <= Instant::now());
+            if self.idle() && !due_now && !self.awaiting_checkpoint() {
+                // A quiet shard parks and waits for the others; a single
+                // engine with nothing due, or every shard parked with
+                // nothing due, is stuck.
+                match self.park(next_wakeup.is_some()) {
+                    Some(Parked::Changed | Parked::YourTurn) => continue,
                     Some(Parked::Waiting) => {}
+                    None if next_wakeup.is_some() => {}
                     None | Some(Parked::AllParked) => {
                         return Err(EngineError::Stuck(self.describe_unfinished()))
                     }
                 }
+            } else {
+                self.unpark();
             }
             let seen = self.shard_seen();
             let mut sleep_until =

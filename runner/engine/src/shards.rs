@@ -15,8 +15,10 @@
 //!   work runs wherever its input is.
 //! * A PCollection read as a side input is *broadcast*: every shard keeps a
 //!   whole copy, since any shard's elements may read it.
-//! * Sources (Impulses) run on shard 0; on every other shard they are done
-//!   from the start.
+//! * Sources (Impulses, TestStreams) run on shard 0; on every other shard
+//!   they are done from the start. A TestStream's next event is applied
+//!   only once every shard is quiet (as a single engine applies it once it
+//!   is), and its scripted processing time is every shard's.
 //!
 //! Time is a two-level minimum. Each shard computes its stages' output
 //! watermarks over the elements, bundles, panes and timers it holds, and
@@ -28,9 +30,10 @@
 //! transit.
 //!
 //! A shard with nothing to do *parks* until another shard hands it elements
-//! or publishes new watermarks. A job is stuck (as a single engine is when
-//! nothing can run) when every shard that has not finished is parked and
-//! nothing changed since they parked.
+//! or publishes new watermarks. When every shard that has not finished is
+//! parked and nothing changed since they parked, the pipeline is quiet: the
+//! shard with TestStream events left applies the next one, and with none
+//! left the job is stuck (as a single engine is when nothing can run).
 //!
 //! One shard is the common case, and the same code: an engine without a
 //! [`ShardLink`] partitions nothing and reads only its own watermarks.

@@ -17,7 +17,7 @@ use super::{
     CheckpointProgress, Engine, EngineConfig, EngineError, ExtraPart, SavepointRequest, StageStats,
 };
 use crate::executor::StageExecutor;
-use crate::plan::{PCollectionIdx, Plan, StageKind};
+use crate::plan::{PCollectionIdx, Plan};
 use crate::shards::ShardLink;
 use crate::spill::SpillSpace;
 
@@ -181,8 +181,7 @@ impl EngineBuilder {
     /// key groups `link`'s layout gives it, hands other elements to their
     /// shards, and reads watermarks over every shard. Run every shard's
     /// engine together with [`super::run_shards`]. Not yet with
-    /// checkpoints, savepoints, durable state, state-backed outputs or a
-    /// TestStream.
+    /// checkpoints, savepoints, durable state or state-backed outputs.
     pub fn shard(mut self, link: ShardLink) -> Self {
         self.shard = Some(link);
         self
@@ -246,11 +245,6 @@ impl EngineBuilder {
     /// A shard's engine takes none of the parts not built for shards yet;
     /// the error names the first one asked for.
     fn refuse_unsharded_parts(&self) -> Result<(), EngineError> {
-        let test_stream = self
-            .plan
-            .stages
-            .iter()
-            .any(|s| matches!(s.kind, StageKind::TestStream(_)));
         let refused = [
             (self.checkpoints.is_some(), "checkpoints"),
             (self.savepoints.is_some(), "savepoints"),
@@ -259,7 +253,6 @@ impl EngineBuilder {
                 !self.state_backed_outputs.is_empty(),
                 "state-backed GroupByKey outputs",
             ),
-            (test_stream, "a TestStream"),
         ];
         match refused.iter().find(|(asked, _)| *asked) {
             Some((_, part)) => Err(EngineError::Misconfigured(format!(

@@ -49,6 +49,21 @@ impl ProcessingClock {
         self.offset = self.offset.saturating_add(ms.max(0));
     }
 
+    /// Whether processing time is scripted (frozen, moved by events).
+    pub(super) fn is_scripted(&self) -> bool {
+        self.frozen.is_some()
+    }
+
+    /// A scripted clock follows another's reading `now` (a shard's clock
+    /// follows the shard that replays the job's TestStream); a wall clock
+    /// is left alone.
+    pub(super) fn follow(&mut self, now: Timestamp) {
+        if self.frozen.is_some() {
+            self.frozen = Some(now);
+            self.offset = 0;
+        }
+    }
+
     /// What a checkpoint keeps: the offset and where the clock was frozen.
     pub(super) fn record(&self) -> (i64, Option<Timestamp>) {
         (self.offset, self.frozen)

@@ -36,6 +36,11 @@ pub(super) struct Sharding {
     /// Elements for other shards, gathered per (shard, PCollection, side
     /// input or not) until the next publish.
     outgoing: FxHashMap<(ShardId, PCollectionIdx, bool), Vec<u8>>,
+    /// Every shard is quiet and this one may apply its TestStream's next
+    /// event.
+    turn: bool,
+    /// Parked on the board (and to be unparked once it has work).
+    parked: bool,
 }
 
 impl Engine {
@@ -59,8 +64,10 @@ impl Engine {
             .collect();
         if link.id() != ShardId::SOURCES {
             for s in &mut self.stages {
-                if let KindState::Impulse { emitted } = &mut s.kind {
-                    *emitted = true;
+                match &mut s.kind {
+                    KindState::Impulse { emitted } => *emitted = true,
+                    KindState::TestStream(cursor) => cursor.skip_all(),
+                    _ => {}
                 }
             }
         }
@@ -74,6 +81,8 @@ impl Engine {
             seen: 0,
             finished_everywhere: StageVec::from(vec![false; n]),
             outgoing: FxHashMap::default(),
+            turn: false,
+            parked: false,
         });
     }
 
@@ -139,6 +148,13 @@ impl Engine {
         let received = shard.link.take(self.topology.plan.stages.len());
         shard.others = received.watermarks;
         shard.seen = received.version;
+        shard.turn |= received.turn;
+        if let (Some(now), false) = (
+            received.processing_time,
+            shard.link.id() == ShardId::SOURCES,
+        ) {
+            self.clock.follow(now);
+        }
         if received.stuck {
             return Err(EngineError::Stuck(self.describe_unfinished()));
         }
@@ -206,6 +222,9 @@ impl Engine {
                 (to, delivery)
             });
         shard.link.send(deliveries);
+        if shard.link.id() == ShardId::SOURCES && self.clock.is_scripted() {
+            shard.link.publish_processing_time(self.clock.now());
+        }
         shard
             .link
             .publish(self.stages.iter().map(|s| s.progress.output_wm));
@@ -239,12 +258,44 @@ impl Engine {
         self.shard.is_none()
     }
 
-    /// On a shard with nothing to do: parks it (see
+    /// On a quiet shard (nothing running, nothing to run now; `waking`:
+    /// something due later): parks it (see
     /// [`crate::shards::exchange::ShardLink::park`]); `None` for a single
-    /// engine, which is then stuck.
-    pub(super) fn park(&self) -> Option<Parked> {
-        let shard = self.shard.as_ref()?;
-        Some(shard.link.park(shard.seen))
+    /// engine. A turn to apply a TestStream event is kept for
+    /// [`Self::may_step_test_streams`].
+    pub(super) fn park(&mut self, waking: bool) -> Option<Parked> {
+        let can_step = self.has_test_stream_events();
+        let shard = self.shard.as_mut()?;
+        let parked = shard.link.park(shard.seen, can_step, waking);
+        shard.parked = parked == Parked::Waiting;
+        shard.turn |= parked == Parked::YourTurn;
+        Some(parked)
+    }
+
+    /// On a shard that parked and has work again: no longer quiet.
+    pub(super) fn unpark(&mut self) {
+        if let Some(shard) = self.shard.as_mut().filter(|s| s.parked) {
+            shard.link.unpark();
+            shard.parked = false;
+        }
+    }
+
+    /// Whether this engine may apply a TestStream event now that it is
+    /// idle: a single engine may; a shard only on its turn, when every
+    /// shard is quiet (the turn is used up by asking).
+    pub(super) fn may_step_test_streams(&mut self) -> bool {
+        match self.shard.as_mut() {
+            None => true,
+            Some(shard) => std::mem::take(&mut shard.turn),
+        }
+    }
+
+    /// Whether some TestStream of this engine has events left.
+    fn has_test_stream_events(&self) -> bool {
+        self.stages.iter().any(|s| match &s.kind {
+            KindState::TestStream(cursor) => cursor.has_events_left(),
+            _ => false,
+        })
     }
 
     /// On a shard: what to wait on for the board to change, and the

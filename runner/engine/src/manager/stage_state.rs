@@ -452,6 +452,17 @@ impl StreamCursor {
         self.watermark = self.watermark.max(wm);
     }
 
+    /// Whether events are left to apply.
+    pub(super) fn has_events_left(&self) -> bool {
+        self.next < self.events
+    }
+
+    /// Skips every event: on a shard that does not run the job's sources,
+    /// the stream is done from the start.
+    pub(super) fn skip_all(&mut self) {
+        self.next = self.events;
+    }
+
     /// The TestStream's output watermark.
     fn watermark(&self) -> Timestamp {
         if self.next >= self.events {

@@ -59,6 +59,12 @@ pub struct Received {
     /// Every unfinished shard parked with nothing changed: the job cannot
     /// make progress.
     pub stuck: bool,
+    /// Every unfinished shard parked with nothing changed, and this shard
+    /// may apply its TestStream's next event now.
+    pub turn: bool,
+    /// Scripted processing time as the shard replaying the TestStream
+    /// published it, if it did.
+    pub processing_time: Option<Timestamp>,
 }
 
 /// What [`ShardLink::park`] found.
@@ -71,6 +77,9 @@ pub enum Parked {
     /// Every unfinished shard is parked and nothing changed: the job is
     /// stuck.
     AllParked,
+    /// Every unfinished shard is parked and nothing changed, and this
+    /// shard may apply its TestStream's next event.
+    YourTurn,
 }
 
 /// The shared board.
@@ -82,7 +91,15 @@ struct Board {
     published: Vec<Vec<Timestamp>>,
     finished: Vec<bool>,
     parked: Vec<bool>,
+    /// Per shard, whether it parked with TestStream events left to apply.
+    can_step: Vec<bool>,
+    /// Per shard, whether it parked with something due later (a timer, a
+    /// retry): quiet now, but not stuck.
+    waking: Vec<bool>,
     stuck: bool,
+    /// The shard whose turn it is to apply a TestStream event.
+    turn: Option<usize>,
+    processing_time: Option<Timestamp>,
 }
 
 impl Board {
@@ -141,7 +158,11 @@ impl ShardLink {
                 published: vec![Vec::new(); n],
                 finished: vec![false; n],
                 parked: vec![false; n],
+                can_step: vec![false; n],
+                waking: vec![false; n],
                 stuck: false,
+                turn: None,
+                processing_time: None,
             }),
             version: watch::channel(0).0,
         });
@@ -195,11 +216,27 @@ impl ShardLink {
                     .unwrap_or(MAX_TIMESTAMP)
             })
             .collect();
+        let turn = board.turn == Some(me);
+        if turn {
+            board.turn = None;
+        }
         Received {
             deliveries,
             watermarks,
             version: board.version,
             stuck: board.stuck,
+            turn,
+            processing_time: board.processing_time,
+        }
+    }
+
+    /// Publishes the scripted processing time of the shard replaying the
+    /// job's TestStream, for the others' clocks to follow.
+    pub fn publish_processing_time(&self, now: Timestamp) {
+        let mut board = self.exchange.board.lock();
+        if board.processing_time != Some(now) {
+            board.processing_time = Some(now);
+            board.bump(&self.exchange.version);
         }
     }
 
@@ -231,23 +268,50 @@ impl ShardLink {
         board.bump(&self.exchange.version);
     }
 
-    /// Parks this shard, which has nothing to do, unless the board changed
-    /// since its take at `seen`; if that leaves every unfinished shard
-    /// parked, the job is stuck, and every shard is woken to say so.
-    pub fn park(&self, seen: u64) -> Parked {
+    /// Parks this shard, which is quiet: nothing running, nothing to run
+    /// now (`can_step`: but TestStream events to apply; `waking`: but
+    /// something due later), unless the board changed since its take at
+    /// `seen`. If that leaves every unfinished shard parked, the pipeline
+    /// is quiet: a shard with TestStream events left gets its turn to
+    /// apply the next one (at once if it is this one, else woken); with
+    /// none, and nothing due later anywhere, the job is stuck, and every
+    /// shard is woken to say so.
+    pub fn park(&self, seen: u64, can_step: bool, waking: bool) -> Parked {
         let mut board = self.exchange.board.lock();
         if board.version != seen {
             return Parked::Changed;
         }
         let me = self.id.index();
         board.parked[me] = true;
-        let all = (0..board.parked.len()).all(|s| board.parked[s] || board.finished[s]);
-        if !all {
+        board.can_step[me] = can_step;
+        board.waking[me] = waking;
+        let shards = 0..board.parked.len();
+        if !shards.clone().all(|s| board.parked[s] || board.finished[s]) {
             return Parked::Waiting;
         }
-        board.stuck = true;
-        board.bump(&self.exchange.version);
-        Parked::AllParked
+        match shards
+            .clone()
+            .find(|&s| board.parked[s] && board.can_step[s])
+        {
+            Some(s) if s == me => Parked::YourTurn,
+            Some(s) => {
+                board.turn = Some(s);
+                board.bump(&self.exchange.version);
+                Parked::Waiting
+            }
+            None if shards.clone().any(|s| board.parked[s] && board.waking[s]) => Parked::Waiting,
+            None => {
+                board.stuck = true;
+                board.bump(&self.exchange.version);
+                Parked::AllParked
+            }
+        }
+    }
+
+    /// This shard, parked, has work again (a wake-up came due): it is no
+    /// longer quiet.
+    pub fn unpark(&self) {
+        self.exchange.board.lock().parked[self.id.index()] = false;
     }
 
     /// The board's version, to wait on while parked.
@@ -313,19 +377,51 @@ mod tests {
     fn a_job_is_stuck_only_when_every_unfinished_shard_parked_unchanged() {
         let links = links(3);
         let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
-        assert_eq!(links[0].park(seen[0]), Parked::Waiting);
+        assert_eq!(links[0].park(seen[0], false, false), Parked::Waiting);
         // A delivery to shard 0 wakes it: its park is undone.
         links[1].send([(links[0].id(), owned(1))]);
-        assert_eq!(links[2].park(seen[2]), Parked::Changed);
+        assert_eq!(links[2].park(seen[2], false, false), Parked::Changed);
         let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
         links[2].finish();
         let seen0 = links[0].take(1).version;
-        assert_eq!(links[0].park(seen0), Parked::Waiting);
-        assert_eq!(links[1].park(seen[1]), Parked::Changed);
+        assert_eq!(links[0].park(seen0, false, false), Parked::Waiting);
+        assert_eq!(links[1].park(seen[1], false, false), Parked::Changed);
         let seen1 = links[1].take(1).version;
         assert!(!links[1].take(1).stuck);
-        assert_eq!(links[1].park(seen1), Parked::AllParked);
+        assert_eq!(links[1].park(seen1, false, false), Parked::AllParked);
         assert!(links[0].take(1).stuck);
+    }
+
+    #[test]
+    fn a_quiet_pipeline_gives_the_test_stream_its_turn_not_a_stuck_job() {
+        let links = links(2);
+        let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
+        // Shard 0 replays the stream: parked first, it is woken with its
+        // turn once shard 1 parks too.
+        assert_eq!(links[0].park(seen[0], true, false), Parked::Waiting);
+        assert_eq!(links[1].park(seen[1], false, false), Parked::Waiting);
+        let took = links[0].take(1);
+        assert!(took.turn && !took.stuck);
+        assert!(!links[0].take(1).turn, "a turn is taken once");
+        // Parked last, the stepper takes its turn at once.
+        let seen1 = links[1].take(1).version;
+        assert_eq!(links[1].park(seen1, false, false), Parked::Waiting);
+        assert_eq!(links[0].park(took.version, true, false), Parked::YourTurn);
+        links[0].publish_processing_time(42);
+        assert_eq!(links[1].take(1).processing_time, Some(42));
+    }
+
+    #[test]
+    fn a_shard_due_to_wake_later_keeps_the_job_from_being_stuck() {
+        let links = links(2);
+        let seen: Vec<u64> = links.iter().map(|l| l.take(1).version).collect();
+        assert_eq!(links[0].park(seen[0], false, true), Parked::Waiting);
+        assert_eq!(links[1].park(seen[1], false, false), Parked::Waiting);
+        assert!(!links[0].take(1).stuck);
+        // Woken, shard 0 works again; parked for good, the job is stuck.
+        links[0].unpark();
+        let seen0 = links[0].take(1).version;
+        assert_eq!(links[0].park(seen0, false, false), Parked::AllParked);
     }
 
     #[test]

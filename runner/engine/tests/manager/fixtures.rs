@@ -18,12 +18,15 @@ pub(crate) use refract_engine::coder::{
 pub(crate) use refract_engine::executor::{
     BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput,
 };
-pub(crate) use refract_engine::manager::{Engine, EngineConfig, EngineError};
+pub(crate) use refract_engine::manager::{
+    run_shards, ClockFn, Engine, EngineConfig, EngineError, RunSummary,
+};
 pub(crate) use refract_engine::plan::{
     PCollection, PCollectionIdx, Plan, SdkStage, SideInput, SideInputAccess, SideInputId, Stage,
     StageIdx, StageKind, TestStreamEvent, TimeDomain, TimerFamily, Trigger, WindowExpiration,
     WindowFn, WindowingStrategy,
 };
+pub(crate) use refract_engine::shards::{ShardLayout, ShardLink};
 pub(crate) use refract_engine::state::{CellId, StateKey};
 pub(crate) use refract_engine::window::Window;
 pub(crate) use tokio::sync::watch;
@@ -248,6 +251,39 @@ pub(crate) async fn run(
     let engine = Engine::new(plan, exec.clone(), cfg, "test", Arc::new(|| 0))?;
     engine.run(rx).await?;
     Ok(exec.bundles.load(Ordering::SeqCst))
+}
+
+/// Runs `plan` on `shards` engines sharing `exec` and reading `clock`
+/// (one shard: a single engine); bundle ids start with `s{shard}`.
+pub(crate) async fn run_on_shards(
+    plan: Plan,
+    exec: Arc<FakeExecutor>,
+    cfg: EngineConfig,
+    shards: u32,
+    clock: ClockFn,
+) -> Result<RunSummary, EngineError> {
+    let (_cancel, cancelled) = watch::channel(false);
+    if shards == 1 {
+        return Engine::new(plan, exec, cfg, "s0", clock)?
+            .run(cancelled)
+            .await;
+    }
+    let engines = ShardLink::in_process(ShardLayout::new(shards).unwrap())
+        .into_iter()
+        .map(|link| {
+            let prefix = format!("s{}", link.id().index());
+            Engine::builder(
+                plan.clone(),
+                exec.clone(),
+                cfg.clone(),
+                prefix,
+                clock.clone(),
+            )
+            .shard(link)
+            .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    run_shards(engines, cancelled).await
 }
 
 /// The impulse, into PCollection 0.

@@ -4,37 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use refract_engine::manager::{run_shards, RunSummary};
-use refract_engine::shards::{ShardLayout, ShardLink};
-
 use super::fixtures::*;
-
-/// Runs `plan` on `shards` engines sharing `exec`; bundle ids start with
-/// `s{shard}`.
-async fn run_on_shards(
-    plan: Plan,
-    exec: Arc<FakeExecutor>,
-    cfg: EngineConfig,
-    shards: u32,
-) -> Result<RunSummary, EngineError> {
-    let engines = ShardLink::in_process(ShardLayout::new(shards).unwrap())
-        .into_iter()
-        .map(|link| {
-            let prefix = format!("s{}", link.id().index());
-            Engine::builder(
-                plan.clone(),
-                exec.clone(),
-                cfg.clone(),
-                prefix,
-                Arc::new(|| 0),
-            )
-            .shard(link)
-            .build()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let (_cancel, cancelled) = watch::channel(false);
-    run_shards(engines, cancelled).await
-}
+use super::state_and_timers::processing_time_moves_only_by_test_stream_events;
 
 /// The shard a bundle ran on, from its id.
 fn shard_of(input: &BundleInput) -> String {
@@ -181,7 +152,7 @@ async fn keyed_timers_fire_on_their_shard_and_group_as_on_one_engine() {
         let records: Records = Arc::default();
         let seen = Arc::new(Mutex::new(BTreeSet::new()));
         let (plan, exec) = timers_pipeline(records.clone(), seen.clone());
-        let summary = run_on_shards(plan, Arc::new(exec), config(7), shards)
+        let summary = run_on_shards(plan, Arc::new(exec), config(7), shards, Arc::new(|| 0))
             .await
             .unwrap();
         assert!(summary.bundles > 0);
@@ -293,7 +264,7 @@ async fn side_inputs_reach_every_shard_whole() {
         .collect(),
         bundles: AtomicUsize::new(0),
     };
-    run_on_shards(plan, Arc::new(exec), config(4), 3)
+    run_on_shards(plan, Arc::new(exec), config(4), 3, Arc::new(|| 0))
         .await
         .unwrap();
     let seen = seen.lock();
@@ -315,7 +286,7 @@ async fn side_inputs_reach_every_shard_whole() {
 #[tokio::test]
 async fn a_bundle_failing_on_one_shard_fails_the_job_with_its_error() {
     let (plan, exec) = gbk_pipeline(Arc::default(), usize::MAX);
-    let error = run_on_shards(plan, Arc::new(exec), fast_retries(100), 2)
+    let error = run_on_shards(plan, Arc::new(exec), fast_retries(100), 2, Arc::new(|| 0))
         .await
         .unwrap_err();
     assert!(matches!(error, EngineError::BundleFailed { .. }), "{error}");
@@ -334,4 +305,23 @@ async fn shards_refuse_what_they_cannot_do_yet() {
         .err()
         .expect("checkpoints on shards are refused");
     assert!(error.to_string().contains("checkpoints"), "{error}");
+}
+
+/// A one-letter key that the second of two shards owns.
+fn key_of_shard_one() -> String {
+    let layout = ShardLayout::new(2).unwrap();
+    (b'a'..=b'z')
+        .find(|&c| {
+            layout
+                .owner(refract_engine::key_groups::key_group(&[1, c]))
+                .index()
+                == 1
+        })
+        .map(|c| (c as char).to_string())
+        .expect("some letter is shard 1's")
+}
+
+#[tokio::test]
+async fn processing_time_timers_on_another_shard_follow_the_test_stream() {
+    processing_time_moves_only_by_test_stream_events(2, &key_of_shard_one()).await;
 }

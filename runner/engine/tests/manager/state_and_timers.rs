@@ -332,6 +332,14 @@ async fn timers_due_together_fire_in_bundles_of_the_element_bound() {
 
 #[tokio::test]
 async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
+    processing_time_moves_only_by_test_stream_events(1, "k").await;
+}
+
+/// A TestStream moves processing time only by its events: a timer set
+/// 10 s ahead fires after 15 s of stream time, not after 5, however fast
+/// the wall clock runs; on `shards` shards, with one-letter `key`'s timer
+/// on whichever shard owns it.
+pub(super) async fn processing_time_moves_only_by_test_stream_events(shards: u32, key: &str) {
     use std::sync::atomic::AtomicI64;
     // A wall clock that runs fast: a second per reading.
     let wall = Arc::new(AtomicI64::new(1_000_000));
@@ -342,12 +350,12 @@ async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
     let events = vec![
         TestStreamEvent::Elements {
             output: PCollectionIdx::new(0),
-            elements: vec![keyed_at("k", 1)],
+            elements: vec![keyed_at(key, 1)],
         },
         TestStreamEvent::ProcessingTime(5_000),
         TestStreamEvent::Elements {
             output: PCollectionIdx::new(0),
-            elements: vec![keyed_at("k", 2)],
+            elements: vec![keyed_at(key, 2)],
         },
         TestStreamEvent::ProcessingTime(10_000),
     ];
@@ -406,10 +414,7 @@ async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
             .collect(),
         bundles: AtomicUsize::new(0),
     });
-    let (_tx, cancel) = watch::channel(false);
-    Engine::new(plan, exec, config(10), "test", Arc::new(read_wall))
-        .unwrap()
-        .run(cancel)
+    run_on_shards(plan, exec, config(10), shards, Arc::new(read_wall))
         .await
         .unwrap();
     // 5 s of stream time is not enough, whatever the wall clock did; the
