@@ -133,8 +133,25 @@ impl Engine {
         false
     }
 
-    /// How consumer `c`'s own backlog bears on its producers.
+    /// How consumer `c`'s backlog bears on its producers: its own, or, on
+    /// a shard, its copy's on another shard being over its bound (a
+    /// producer here may be sending to it).
     fn backlog_of(&self, c: StageIdx) -> Backlog {
+        match self.own_backlog(c) {
+            Backlog::Over => Backlog::Over,
+            _ if self.over_elsewhere(c) => Backlog::Over,
+            backlog => backlog,
+        }
+    }
+
+    /// Whether stage `c`'s own queue here is over its bound: what a shard
+    /// publishes for the others' producers.
+    pub(super) fn over_its_bound(&self, c: StageIdx) -> bool {
+        matches!(self.own_backlog(c), Backlog::Over)
+    }
+
+    /// How consumer `c`'s own backlog bears on its producers.
+    fn own_backlog(&self, c: StageIdx) -> Backlog {
         let s = &self.stages[c];
         if let Some(g) = s.grouping() {
             // A GroupByKey has no queue: what it takes in waits in its

@@ -28,6 +28,8 @@ pub(super) struct Sharding {
     broadcast: PCollectionVec<bool>,
     /// Per stage, the least output watermark the other shards published.
     others: StageVec<Timestamp>,
+    /// Per stage, whether its queue on another shard is over its bound.
+    over_elsewhere: StageVec<bool>,
     /// The board's version at the last take.
     seen: u64,
     /// Per stage, whether the side inputs reading its outputs were told
@@ -78,6 +80,7 @@ impl Engine {
             partitioned,
             broadcast,
             others: StageVec::from(vec![MIN_TIMESTAMP; n]),
+            over_elsewhere: StageVec::from(vec![false; n]),
             seen: 0,
             finished_everywhere: StageVec::from(vec![false; n]),
             outgoing: FxHashMap::default(),
@@ -147,6 +150,7 @@ impl Engine {
         };
         let received = shard.link.take(self.topology.plan.stages.len());
         shard.others = received.watermarks;
+        shard.over_elsewhere = received.over;
         shard.seen = received.version;
         shard.turn |= received.turn;
         if let (Some(now), false) = (
@@ -225,9 +229,20 @@ impl Engine {
         if shard.link.id() == ShardId::SOURCES && self.clock.is_scripted() {
             shard.link.publish_processing_time(self.clock.now());
         }
-        shard
-            .link
-            .publish(self.stages.iter().map(|s| s.progress.output_wm));
+        let published: Vec<(Timestamp, bool)> = self
+            .stages
+            .iter_enumerated()
+            .map(|(idx, s)| (s.progress.output_wm, self.over_its_bound(idx)))
+            .collect();
+        if let Some(shard) = &self.shard {
+            shard.link.publish(published.into_iter());
+        }
+    }
+
+    /// Whether stage `stage`'s queue on another shard is over its bound
+    /// (never for a single engine).
+    pub(super) fn over_elsewhere(&self, stage: StageIdx) -> bool {
+        self.shard.as_ref().is_some_and(|s| s.over_elsewhere[stage])
     }
 
     /// Marks ready the side inputs whose producer has finished on every

@@ -54,6 +54,8 @@ pub struct Received {
     /// Per stage, the least output watermark the *other* shards published
     /// (+∞ with no other shard).
     pub watermarks: StageVec<Timestamp>,
+    /// Per stage, whether its queue on another shard is over its bound.
+    pub over: StageVec<bool>,
     /// The board's version when taken: what [`ShardLink::park`] compares.
     pub version: u64,
     /// Every unfinished shard parked with nothing changed: the job cannot
@@ -87,8 +89,9 @@ struct Board {
     version: u64,
     inboxes: Vec<Vec<Delivery>>,
     /// Per shard, per stage, its published output watermark (−∞ where it
-    /// published nothing yet).
-    published: Vec<Vec<Timestamp>>,
+    /// published nothing yet) and whether the stage's queue there is over
+    /// its bound.
+    published: Vec<Vec<(Timestamp, bool)>>,
     finished: Vec<bool>,
     parked: Vec<bool>,
     /// Per shard, whether it parked with TestStream events left to apply.
@@ -117,8 +120,15 @@ impl Board {
         }
         self.published[shard]
             .get(stage)
-            .copied()
-            .unwrap_or(MIN_TIMESTAMP)
+            .map_or(MIN_TIMESTAMP, |&(wm, _)| wm)
+    }
+
+    /// Whether stage `stage`'s queue on shard `shard` is over its bound.
+    fn over(&self, shard: usize, stage: usize) -> bool {
+        !self.finished[shard]
+            && self.published[shard]
+                .get(stage)
+                .is_some_and(|&(_, over)| over)
     }
 }
 
@@ -216,6 +226,11 @@ impl ShardLink {
                     .unwrap_or(MAX_TIMESTAMP)
             })
             .collect();
+        let over = (0..stages)
+            .map(|stage| {
+                (0..board.published.len()).any(|shard| shard != me && board.over(shard, stage))
+            })
+            .collect();
         let turn = board.turn == Some(me);
         if turn {
             board.turn = None;
@@ -223,6 +238,7 @@ impl ShardLink {
         Received {
             deliveries,
             watermarks,
+            over,
             version: board.version,
             stuck: board.stuck,
             turn,
@@ -240,19 +256,20 @@ impl ShardLink {
         }
     }
 
-    /// Publishes this shard's output watermark of every stage, in stage
-    /// order; wakes the others only if one moved.
-    pub fn publish(&self, watermarks: impl Iterator<Item = Timestamp>) {
+    /// Publishes, for every stage in stage order, this shard's output
+    /// watermark and whether the stage's queue here is over its bound;
+    /// wakes the others only if something changed.
+    pub fn publish(&self, stages: impl Iterator<Item = (Timestamp, bool)>) {
         let mut board = self.exchange.board.lock();
         let me = self.id.index();
         let mut changed = false;
-        for (stage, wm) in watermarks.enumerate() {
+        for (stage, now) in stages.enumerate() {
             let published = &mut board.published[me];
             if stage == published.len() {
-                published.push(wm);
+                published.push(now);
                 changed = true;
-            } else if published[stage] != wm {
-                published[stage] = wm;
+            } else if published[stage] != now {
+                published[stage] = now;
                 changed = true;
             }
         }
@@ -340,11 +357,13 @@ mod tests {
         let links = links(3);
         let view = links[0].take(2).watermarks;
         assert_eq!(view.iter().copied().collect::<Vec<_>>(), [MIN_TIMESTAMP; 2]);
-        links[1].publish([5, 7].into_iter());
-        links[2].publish([3, 9].into_iter());
-        links[0].publish([0, 0].into_iter());
-        let view = links[0].take(2).watermarks;
-        assert_eq!(view.iter().copied().collect::<Vec<_>>(), [3, 7]);
+        links[1].publish([(5, false), (7, true)].into_iter());
+        links[2].publish([(3, false), (9, false)].into_iter());
+        links[0].publish([(0, true), (0, true)].into_iter());
+        let took = links[0].take(2);
+        assert_eq!(took.watermarks.iter().copied().collect::<Vec<_>>(), [3, 7]);
+        // Only the others' queues count: stage 1 is over on shard 1.
+        assert_eq!(took.over.iter().copied().collect::<Vec<_>>(), [false, true]);
         links[2].finish();
         let view = links[0].take(2).watermarks;
         assert_eq!(view.iter().copied().collect::<Vec<_>>(), [5, 7]);
@@ -427,11 +446,11 @@ mod tests {
     #[test]
     fn publishing_the_same_watermarks_wakes_nobody() {
         let links = links(2);
-        links[0].publish([1].into_iter());
+        links[0].publish([(1, false)].into_iter());
         let version = links[1].take(1).version;
-        links[0].publish([1].into_iter());
+        links[0].publish([(1, false)].into_iter());
         assert_eq!(links[1].take(1).version, version);
-        links[0].publish([2].into_iter());
+        links[0].publish([(2, false)].into_iter());
         assert_ne!(links[1].take(1).version, version);
     }
 }

@@ -32,22 +32,27 @@ fn checkpoint_until(
     }]
 }
 
-/// A source that emits `per_round` elements per bundle and checkpoints
-/// itself `rounds` times, feeding a consumer that handles 100 elements per
-/// bundle, slowly. Returns the run's peak pending bytes.
-async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
+/// A source that emits 1000 `KV`s over 50 keys per bundle and
+/// checkpoints itself 30 times, feeding a consumer that handles 100
+/// elements per bundle, slowly, on `shards` shards (on several, the
+/// consumer is keyed, so that most elements cross to another shard).
+/// Returns the run's peak pending bytes.
+pub(super) async fn fast_source_slow_sink(max_pending_bytes: usize, shards: u32) -> usize {
+    let kv = Coder::Kv(Box::new(Coder::Bytes), Box::new(Coder::Bytes));
+    let sink_stage = Stage {
+        kind: StageKind::Sdk(SdkStage {
+            stateful: shards > 1,
+            ..SdkStage::default()
+        }),
+        ..sdk_stage("sink", vec![1], vec![])
+    };
     let plan = Plan {
         pcollections: vec![
             pc("impulse", Coder::Bytes, Coder::GlobalWindow),
-            pc("numbers", Coder::Bytes, Coder::GlobalWindow),
+            pc("numbers", kv, Coder::GlobalWindow),
         ]
         .into(),
-        stages: vec![
-            impulse_stage(),
-            splittable_source_stage(),
-            sdk_stage("sink", vec![1], vec![]),
-        ]
-        .into(),
+        stages: vec![impulse_stage(), splittable_source_stage(), sink_stage].into(),
     };
     let rounds = Arc::new(AtomicUsize::new(0));
     let source: StageFn = Arc::new(move |input| {
@@ -57,9 +62,10 @@ async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
             windows: smallvec::smallvec![Window::Global],
             pane: PaneInfo::NO_FIRING,
         };
-        for _ in 0..1000 {
-            let mut v = vec![99u8];
-            v.extend_from_slice(&[7u8; 99]);
+        for i in 0..1000 {
+            let mut v = format!("\u{3}k{:02}", i % 50).into_bytes();
+            v.push(94);
+            v.extend_from_slice(&[7u8; 94]);
             encode_windowed_value(&header, &Coder::GlobalWindow, &v, &mut out).unwrap();
         }
         let residuals = checkpoint_until(input, rounds.fetch_add(1, Ordering::SeqCst), 30);
@@ -73,9 +79,15 @@ async fn fast_source_slow_sink(max_pending_bytes: usize) -> usize {
         std::thread::sleep(std::time::Duration::from_millis(2));
         Ok(BundleOutput::default())
     });
-    run_slowly(plan, vec![(1, source), (2, sink)], false, max_pending_bytes)
-        .await
-        .peak_pending_bytes
+    run_slowly(
+        plan,
+        vec![(1, source), (2, sink)],
+        false,
+        max_pending_bytes,
+        shards,
+    )
+    .await
+    .peak_pending_bytes
 }
 
 /// Runs a backpressure pipeline: bundles of at most 100 elements, one at a
@@ -85,6 +97,7 @@ async fn run_slowly(
     stages: Vec<(usize, StageFn)>,
     streaming: bool,
     max_pending_bytes: usize,
+    shards: u32,
 ) -> refract_engine::manager::RunSummary {
     let exec = Arc::new(FakeExecutor {
         stages: stages.into_iter().collect(),
@@ -97,16 +110,16 @@ async fn run_slowly(
         max_pending_bytes,
         ..EngineConfig::default()
     };
-    let (_tx, rx) = watch::channel(false);
-    let engine = Engine::new(plan, exec, cfg, "bp", Arc::new(|| 0)).unwrap();
-    engine.run(rx).await.unwrap()
+    run_on_shards(plan, exec, cfg, shards, Arc::new(|| 0))
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backpressure_bounds_what_waits_for_a_slow_stage() {
     // 31 rounds of 1000 elements of ~113 bytes: about 3.5 MB in all.
-    let unbounded = fast_source_slow_sink(usize::MAX).await;
-    let bounded = fast_source_slow_sink(200_000).await;
+    let unbounded = fast_source_slow_sink(usize::MAX, 1).await;
+    let bounded = fast_source_slow_sink(200_000, 1).await;
     // Bounded: the limit plus at most one source bundle's output.
     assert!(bounded <= 200_000 + 120_000, "peak {bounded}");
     assert!(
@@ -209,7 +222,14 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize, how: Reshuffl
             Ok(BundleOutput::default())
         })
     };
-    run_slowly(plan, vec![(1, source), (3, sink)], true, max_pending_bytes).await;
+    run_slowly(
+        plan,
+        vec![(1, source), (3, sink)],
+        true,
+        max_pending_bytes,
+        1,
+    )
+    .await;
     assert_eq!(
         consumed.load(Ordering::SeqCst),
         31_000,

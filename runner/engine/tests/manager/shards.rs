@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use super::backpressure::fast_source_slow_sink;
 use super::fixtures::*;
 use super::state_and_timers::processing_time_moves_only_by_test_stream_events;
 
@@ -324,4 +325,18 @@ fn key_of_shard_one() -> String {
 #[tokio::test]
 async fn processing_time_timers_on_another_shard_follow_the_test_stream() {
     processing_time_moves_only_by_test_stream_events(2, &key_of_shard_one()).await;
+}
+
+// Four threads: the fake sink sleeps on its thread, on each shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backpressure_holds_across_shards() {
+    // The source runs on shard 0, and the keyed sink's elements go to
+    // both shards: a sink over its bound on either shard holds the source.
+    let unbounded = fast_source_slow_sink(usize::MAX, 2).await;
+    let bounded = fast_source_slow_sink(200_000, 2).await;
+    assert!(bounded <= 200_000 + 120_000, "peak {bounded}");
+    assert!(
+        unbounded > 2 * bounded,
+        "unbounded peak {unbounded}, bounded {bounded}"
+    );
 }
