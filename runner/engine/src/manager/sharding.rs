@@ -113,6 +113,7 @@ impl Engine {
     /// partitioned and the owner is another shard. Returns whether the
     /// owner is another shard (and this one's main-input readers must not
     /// see `e`).
+    #[inline(never)]
     pub(super) fn hand_off(
         &mut self,
         pcoll: PCollectionIdx,
@@ -249,6 +250,9 @@ impl Engine {
     /// shard (a single engine does so as the stage finishes): after each
     /// watermark pass, before scheduling.
     pub(super) fn tell_side_inputs_finished_everywhere(&mut self) {
+        if self.shard.is_none() {
+            return;
+        }
         let finished: Vec<StageIdx> = self
             .stages
             .indices()
@@ -279,6 +283,7 @@ impl Engine {
     /// engine. A turn to apply a TestStream event is kept for
     /// [`Self::may_step_test_streams`].
     pub(super) fn park(&mut self, waking: bool) -> Option<Parked> {
+        self.shard.as_ref()?;
         let can_step = self.has_test_stream_events();
         let shard = self.shard.as_mut()?;
         let parked = shard.link.park(shard.seen, can_step, waking);
