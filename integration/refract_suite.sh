@@ -7,6 +7,9 @@
 #   integration/refract_suite.sh [BIN] [extra pytest args, e.g. -k drain]
 #
 # BIN defaults to $REFRACT_BIN, then $CARGO_TARGET_DIR/release/refract.
+# REFRACT_SUITE_EXPERIMENTS (comma-separated) adds experiments to every
+# pipeline: REFRACT_SUITE_EXPERIMENTS=refract_shards=3 runs the suite on
+# three engine shards.
 # Fails when any test fails, hits the per-test timeout or crashes the
 # runner, or when fewer tests pass than integration/refract_suite_bar.
 # shellcheck source-path=SCRIPTDIR
@@ -63,5 +66,6 @@ REFRACT_JAVA_EXPANSION_SERVICE=localhost:$java_expansion_port \
 
 "$REFRACT_PY" "$here/beam_suite/summarize.py" \
   --junit "$report_dir/junit.xml" --events "$report_dir/events.json" \
-  --bar "$bar" --all-must-pass --pytest-exit "$rc" --label refract-suite \
+  --bar "$bar" --all-must-pass --pytest-exit "$rc" \
+  --label "refract-suite${REFRACT_SUITE_EXPERIMENTS:+ ($REFRACT_SUITE_EXPERIMENTS)}" \
   ${REFRACT_RECORD:+--record "$REFRACT_RECORD"}

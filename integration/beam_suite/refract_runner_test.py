@@ -39,6 +39,9 @@ JAVA_EXPANSION_SERVICE = 'REFRACT_JAVA_EXPANSION_SERVICE'
 # 'localhost:PORT' of an expansion service for Beam SQL (refract_suite.sh
 # starts integration/sql-expansion).
 SQL_EXPANSION_SERVICE = 'REFRACT_SQL_EXPANSION_SERVICE'
+# Experiments every pipeline of the suite adds, comma-separated (for one,
+# `refract_shards=3` runs the whole suite on engine shards).
+EXTRA_EXPERIMENTS = 'REFRACT_SUITE_EXPERIMENTS'
 
 
 class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
@@ -59,6 +62,8 @@ class RefractRunnerTest(portable_runner_test.PortableRunnerTest):
     debug.experiments = ['pre_optimize=default', 'beam_fn_api'] + list(debug.experiments or [])
     if getattr(self, 'bundle_attempts', None):
       debug.add_experiment('refract_bundle_attempts=%d' % self.bundle_attempts)
+    for experiment in filter(None, os.environ.get(EXTRA_EXPERIMENTS, '').split(',')):
+      debug.add_experiment(experiment)
     return options
 
   def create_pipeline(self, is_drain=False):

@@ -309,19 +309,6 @@ pub(super) async fn run_job(
         };
         let mut checkpoint_writer = None;
         let summary = if let Some(layout) = options.shards {
-            if durability.is_some() || latest_checkpoint.is_some() {
-                return Err(JobError::Engine(EngineError::Misconfigured(format!(
-                    "--experiments={}=N cannot start from or write checkpoints yet",
-                    super::SHARDS_EXPERIMENT
-                ))));
-            }
-            job.message(
-                MessageImportance::JobMessageBasic,
-                format!(
-                    "running on {} engine shards in this process; its state is not checkpointed",
-                    layout.shards()
-                ),
-            );
             facts.engine_ran = true;
             run_on_shards(ShardedJob {
                 layout,
@@ -332,6 +319,7 @@ pub(super) async fn run_job(
                 stats,
                 spill: spill.clone().map(|store| (store, max_pending_bytes)),
                 savepoints: savepoint_rx,
+                checkpointed: durability.is_some() || latest_checkpoint.is_some(),
             })
             .await
         } else {

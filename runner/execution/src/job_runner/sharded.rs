@@ -17,7 +17,10 @@ use refract_engine::shards::{ShardLayout, ShardLink};
 use refract_engine::spill::SpillSpace;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
+use refract_proto::job_api::job_message::MessageImportance;
 use tokio::sync::{mpsc, watch};
+
+use super::SHARDS_EXPERIMENT;
 
 /// What a sharded run of one job needs.
 pub(super) struct ShardedJob<'a> {
@@ -34,6 +37,9 @@ pub(super) struct ShardedJob<'a> {
     /// Savepoint requests, each answered with a refusal: shards take no
     /// checkpoints yet.
     pub(super) savepoints: mpsc::Receiver<SavepointRequest>,
+    /// The job writes checkpoints or starts from one, which shards do not
+    /// do yet (submission refuses such jobs; this is the last guard).
+    pub(super) checkpointed: bool,
 }
 
 /// Runs `sharded` to its end: the shards' summaries added up, or the
@@ -48,7 +54,20 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         stats,
         spill,
         savepoints,
+        checkpointed,
     } = sharded;
+    if checkpointed {
+        return Err(EngineError::Misconfigured(format!(
+            "--experiments={SHARDS_EXPERIMENT}=N cannot start from or write checkpoints yet"
+        )));
+    }
+    job.message(
+        MessageImportance::JobMessageBasic,
+        format!(
+            "running on {} engine shards in this process; its state is not checkpointed",
+            layout.shards()
+        ),
+    );
     let mut engines = Vec::new();
     let mut snapshots = Vec::new();
     for link in ShardLink::in_process(layout) {
