@@ -59,6 +59,15 @@ impl ShardId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// Where this shard of a job whose spill prefix is `job_prefix` spills:
+    /// shards of one job share a spill space, each under a prefix of its
+    /// own (and the job's owner gives each back when the job ends).
+    pub fn spill_prefix(self, job_prefix: &[u8]) -> Vec<u8> {
+        let mut prefix = job_prefix.to_vec();
+        prefix.extend_from_slice(format!("/shard-{}", self.0).as_bytes());
+        prefix
+    }
 }
 
 impl std::fmt::Display for ShardId {

@@ -1,7 +1,7 @@
 //! Building an engine. Its optional parts — draining, stage snapshots,
-//! running as one shard of a job, spilling, a durable spill space beside the checkpoints, state-backed GroupByKey
-//! outputs, checkpoints, savepoints, extra checkpoint parts — depend on each
-//! other: the durable spill space decides where spilling goes, and handing out
+//! running as one shard of a job, spilling, a durable spill space beside
+//! the checkpoints, state-backed GroupByKey outputs, checkpoints,
+//! savepoints, extra checkpoint parts — depend on each other: the durable spill space decides where spilling goes, and handing out
 //! large keys needs spilling on. The builder's setters only record, in any
 //! order; [`EngineBuilder::build`] checks that the parts fit together and
 //! applies them in the one order that works.
@@ -222,12 +222,10 @@ impl EngineBuilder {
             engine.enable_shard(link);
         }
         if let Some(spill) = self.spill {
-            // Shards of one job may share a spill space: each spills under
-            // a prefix of its own.
-            let mut prefix = spill.prefix;
-            if let Some(id) = shard {
-                prefix.extend_from_slice(format!("/shard-{}", id.index()).as_bytes());
-            }
+            let prefix = match shard {
+                Some(id) => id.spill_prefix(&spill.prefix),
+                None => spill.prefix,
+            };
             engine.enable_spill(spill.store, &prefix, spill.limit_bytes);
             engine.enable_state_backed_outputs(&self.state_backed_outputs);
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
 use refract_engine::plan::StageKind;
+use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
@@ -379,7 +380,7 @@ pub(super) async fn run_job(
                 > 0
         });
         if let (Some(store), true) = (&spill, spilled) {
-            reclaim_spill_space(store.as_ref(), job.id());
+            reclaim_job_spill(store.as_ref(), job.id(), options.shards);
         }
         let summary = summary?;
         let unfinished = finalizations.wait(FINALIZATION_LIMIT).await;
@@ -542,13 +543,20 @@ fn report_summary(job: &Job, summary: &RunSummary) {
 /// and bundle outputs forget their parts as they read them without
 /// compacting (cheap, but the space stays until RocksDB compacts those
 /// files); one compaction over the job's whole space when it ends does it.
-fn reclaim_spill_space(store: &dyn SpillSpace, job_id: &str) {
-    let space = refract_engine::spill::job_space(job_id.as_bytes());
-    let Some(end) = refract_engine::spill::prefix_end(&space) else {
-        return;
-    };
-    if let Err(e) = store.delete_range(&space, &end) {
-        warn!(job_id, error = %e, "could not give back a job's spill space");
+fn reclaim_job_spill(store: &dyn SpillSpace, job_id: &str, shards: Option<ShardLayout>) {
+    let job = job_id.as_bytes();
+    let shard_prefixes = shards
+        .iter()
+        .flat_map(ShardLayout::ids)
+        .map(|shard| shard.spill_prefix(job));
+    for prefix in std::iter::once(job.to_vec()).chain(shard_prefixes) {
+        let space = refract_engine::spill::job_space(&prefix);
+        let Some(end) = refract_engine::spill::prefix_end(&space) else {
+            continue;
+        };
+        if let Err(e) = store.delete_range(&space, &end) {
+            warn!(job_id, error = %e, "could not give back a job's spill space");
+        }
     }
 }
 
@@ -575,4 +583,30 @@ fn dropped_late_metrics(dropped: &[(String, u64)]) -> Vec<refract_proto::pipelin
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use refract_engine::plan::StageIdx;
+    use refract_engine::spill::{MemorySpillSpace, SpillArea};
+
+    #[test]
+    fn a_sharded_job_gives_back_every_shards_spill_space() {
+        let store = MemorySpillSpace::shared();
+        let layout = ShardLayout::new(3).expect("a layout");
+        let mut prefixes: Vec<Vec<u8>> = layout
+            .ids()
+            .map(|shard| shard.spill_prefix(b"job-1"))
+            .collect();
+        prefixes.push(b"job-1".to_vec());
+        for prefix in &prefixes {
+            let key = SpillArea::Stage(StageIdx::new(0)).prefix(prefix);
+            store.put(vec![(key, b"v".to_vec())]).expect("put");
+        }
+        let other = SpillArea::Stage(StageIdx::new(0)).prefix(b"job-2");
+        store.put(vec![(other, b"v".to_vec())]).expect("put");
+        reclaim_job_spill(store.as_ref(), "job-1", Some(layout));
+        assert_eq!(store.len(), 1, "only the other job's entry is left");
+    }
 }
