@@ -188,6 +188,9 @@ def build(
 
 
 def main(argv):
+  # Arguments starting with -- are pipeline options (an experiment, say).
+  flags = [a for a in argv[1:] if a.startswith('--')]
+  argv = [a for a in argv if not a.startswith('--')]
   endpoint, total_mb = argv[1], int(argv[2])
   value_kb = int(argv[3]) if len(argv) > 3 else 100
   keys = int(argv[4]) if len(argv) > 4 else 5000
@@ -202,7 +205,7 @@ def main(argv):
   records = total_mb * (1 << 20) // value_bytes
   keys = min(keys, records)
   options = PipelineOptions(
-    ['--runner=PortableRunner', '--job_endpoint=' + endpoint, '--environment_type=LOOPBACK']
+    ['--runner=PortableRunner', '--job_endpoint=' + endpoint, '--environment_type=LOOPBACK'] + flags
   )
   p = beam.Pipeline(options=options)
   build(

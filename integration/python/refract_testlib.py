@@ -4,6 +4,7 @@ refract processes, and waiting until a job service answers."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -357,3 +358,40 @@ def durable_server(refract_bin, state_dir, port, log, interval='200ms', extra=()
     extra_args=['--state_dir', state_dir, '--checkpoint_interval', interval, '--serve_http=false']
     + list(extra),
   ).wait_ready()
+
+
+def spilled_bytes(line, what):
+  """The byte count `what` (`spilled_bytes`, `queue_spilled_bytes`, ...)
+  of a runner's "engine finished" log line."""
+  found = re.search(r'\b%s=(\d+)' % what, line)
+  assert found, line
+  return int(found.group(1))
+
+
+def finished_line(request, refract_bin, tmp_path, extra, pipeline, args):
+  """Runs `pipeline` (a script beside this file) with `args` after the endpoint on a
+  server started with `extra`, checks that it is DONE, and returns the
+  runner's "engine finished" log line (what it spilled)."""
+  server = RefractServer(refract_bin, tmp_path / 'refract-serve.log', extra_args=extra)
+  request.node.refract_processes = [server]
+  try:
+    server.wait_ready()
+    run = subprocess.run(
+      [
+        sys.executable,
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), pipeline),
+        server.endpoint,
+      ]
+      + [str(a) for a in args],
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout
+    log = server.log_tail(1 << 20)
+  finally:
+    server.stop()
+  finished = [line for line in log.splitlines() if 'engine finished' in line]
+  assert finished, log[-3000:]
+  return finished[-1]

@@ -86,6 +86,9 @@ def add(rows):
 
 
 def main(argv):
+  # Arguments starting with -- are pipeline options (an experiment, say).
+  extra = [a for a in argv[1:] if a.startswith('--')]
+  argv = [a for a in argv if not a.startswith('--')]
   endpoint, total_mb = argv[1], int(argv[2])
   value_kb = int(argv[3]) if len(argv) > 3 else 1
   keys = int(argv[4]) if len(argv) > 4 else 100000
@@ -97,7 +100,7 @@ def main(argv):
   flags = ['--runner=PortableRunner', '--job_endpoint=' + endpoint, '--environment_type=LOOPBACK']
   if mode == 'streaming':
     flags.append('--streaming')
-  options = PipelineOptions(flags)
+  options = PipelineOptions(flags + extra)
   p = beam.Pipeline(options=options)
   totals = (
     p

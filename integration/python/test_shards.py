@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
-from refract_testlib import durable_server, free_port, job_messages
+from refract_testlib import durable_server, finished_line, free_port, job_messages, spilled_bytes
 
 SHARDS = '--experiments=refract_shards=3'
 WORDS = ['w%02d' % (i % 40) for i in range(2000)]
@@ -136,3 +136,24 @@ def test_a_checkpointing_server_runs_shards_only_when_asked_for_memory(refract_b
       assert_that(sums, equal_to([('a', 4), ('b', 2)]))
   finally:
     server.stop()
+
+
+def test_a_groupbykey_past_the_memory_budget_spills_on_every_shard(request, refract_bin, tmp_path):
+  """96 MiB grouped under 1 000 keys with a 16 MiB budget on three shards:
+  each shard's buffers spill under a prefix of its own, the pipeline
+  checks every value came back once, and the spill space is given back."""
+  spill_dir = tmp_path / 'spill'
+  extra = ['--memory_budget', '16m', '--serve_http=false', '--spill_dir', str(spill_dir)]
+  args = [96, 64, 1000, 0, 0, 0, 0, 'fixed', SHARDS]
+  finished = finished_line(request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py', args)
+  assert spilled_bytes(finished, 'spilled_bytes') > 0, finished
+  assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20
+
+
+def test_user_state_past_the_memory_budget_spills_on_every_shard(request, refract_bin, tmp_path):
+  """A stateful DoFn's 12 MiB of bags under a 4 MiB budget, on three
+  shards: each shard's bags spill, and every value comes back once."""
+  extra = ['--memory_budget', '4m', '--serve_http=false', '--spill_dir', str(tmp_path / 'spill')]
+  args = [12, 1, 5000, 'batch', SHARDS]
+  finished = finished_line(request, refract_bin, tmp_path, extra, 'stateful_bag_pipeline.py', args)
+  assert spilled_bytes(finished, 'state_spilled_bytes') > 0, finished

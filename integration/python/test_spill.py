@@ -19,46 +19,9 @@ integration/bench/gbk_spill_memory.py and stateful_memory.py, not asserted
 here.)
 """
 
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
-from refract_testlib import RefractServer
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def spilled_bytes(line, what):
-  found = re.search(r'\b%s=(\d+)' % what, line)
-  assert found, line
-  return int(found.group(1))
-
-
-def finished_line(request, refract_bin, tmp_path, extra, pipeline, args):
-  """Runs `pipeline` (a script here) with `args` after the endpoint on a
-  server started with `extra`, checks that it is DONE, and returns the
-  runner's "engine finished" log line (what it spilled)."""
-  server = RefractServer(refract_bin, tmp_path / 'refract-serve.log', extra_args=extra)
-  request.node.refract_processes = [server]
-  try:
-    server.wait_ready()
-    run = subprocess.run(
-      [sys.executable, os.path.join(HERE, pipeline), server.endpoint] + [str(a) for a in args],
-      capture_output=True,
-      text=True,
-      timeout=600,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip().splitlines()[-1] == 'DONE', run.stdout
-    log = server.log_tail(1 << 20)
-  finally:
-    server.stop()
-  finished = [line for line in log.splitlines() if 'engine finished' in line]
-  assert finished, log[-3000:]
-  return finished[-1]
+from refract_testlib import finished_line, spilled_bytes
 
 
 @pytest.mark.parametrize(
