@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Java SDK on Refract: builds integration/java (Maven), runs its WordCount
-# over integration/wordcount/input.txt on Beam's DirectRunner and three times
+# over integration/wordcount/input.txt on Beam's DirectRunner and four times
 # on Refract: through Beam's PortableRunner with LOOPBACK workers (inside the
-# submitting JVM) and with an EXTERNAL environment served by a Java worker pool
+# submitting JVM), the same with the job on three engine shards
+# (--experiments=refract_shards=3), with an EXTERNAL environment served by a Java worker pool
 # started beforehand as its own process, and by name with
 # `--runner=RefractRunner` (integration/java/refract-runner, installed by
 # install-java-runner.sh after its own tests) — and compares the outputs.
@@ -79,6 +80,15 @@ if [ "$rc" -ne 0 ]; then
   tail -n 50 "$log" >&2
   exit "$rc"
 fi
+# The same on three engine shards: Count.perElement's keys are split over
+# three engines, and the counts must not change.
+run_wordcount refract-shards --runner=PortableRunner --jobEndpoint="localhost:$port" \
+  --defaultEnvironmentType=LOOPBACK --experiments=refract_shards=3 "$@" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "== last lines of the refract log:" >&2
+  tail -n 50 "$log" >&2
+  exit "$rc"
+fi
 # EXTERNAL: a Java worker pool of its own (as Beam's Java container runs in
 # worker-pool mode); Refract asks it for workers with StartWorker.
 pool_port=$(refract_free_port)
@@ -111,7 +121,7 @@ fi
 run_wordcount direct --runner=DirectRunner "$@"
 
 sort "$work/direct.txt" >"$work/direct.sorted"
-for name in refract refract-external refract-by-name; do
+for name in refract refract-shards refract-external refract-by-name; do
   sort "$work/$name.txt" >"$work/$name.sorted"
   if ! diff -u "$work/direct.sorted" "$work/$name.sorted" >"$work/diff.txt"; then
     echo "== FAIL: Refract's output ($name) differs from the DirectRunner's:" >&2
@@ -119,7 +129,7 @@ for name in refract refract-external refract-by-name; do
     exit 1
   fi
 done
-echo "== OK: Refract (LOOPBACK, EXTERNAL, RefractRunner) and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
+echo "== OK: Refract (LOOPBACK, on three shards, EXTERNAL, RefractRunner) and the DirectRunner agree ($(wc -l <"$work/refract.txt") words); most common:" >&2
 # (sorted to a file first: `sort | head` would fail with SIGPIPE under pipefail)
 sort -t: -k2 -n -r "$work/refract.txt" >"$work/top.txt"
 head -n 5 "$work/top.txt"
