@@ -53,7 +53,9 @@
 //!    against [`model::batch_reference`].
 //! 2. The same input under many bundle shapes (`max_bundle_elements` 1, 2,
 //!    7, 100000; one or several source outputs; tiny data chunks; streaming
-//!    evaluation; out-of-order bundle completion) must give identical results.
+//!    evaluation; out-of-order bundle completion; one engine or 2 or 3
+//!    engine shards, see `refract_engine::shards`) must give identical
+//!    results.
 //! 3. Streaming, with random interleavings of out-of-order and late
 //!    elements and watermark advances, compared pane by pane with
 //!    [`model::StreamingReference`] (default trigger, repeated element counts,
@@ -63,7 +65,7 @@
 //!      stage's published output watermark can be modelled as the manager
 //!      computes it (`min(input watermark, hold)`, never moving back);
 //!    * whole engine runs fed by a TestStream, with triggers evaluated per
-//!      element (streaming) or per upstream bundle.
+//!      element (streaming) or per upstream bundle, on 1, 2 or 3 shards.
 //!
 //! Not modelled: merging windows in streaming (sessions are checked in
 //! batch only), and empty on-time panes (`FireAlways`) of triggers without
