@@ -310,7 +310,11 @@ impl ShardLink {
             .clone()
             .find(|&s| board.parked[s] && board.can_step[s])
         {
-            Some(s) if s == me => Parked::YourTurn,
+            Some(s) if s == me => {
+                // About to apply the event: no longer quiet.
+                board.parked[me] = false;
+                Parked::YourTurn
+            }
             Some(s) => {
                 board.turn = Some(s);
                 board.bump(&self.exchange.version);
@@ -426,6 +430,10 @@ mod tests {
         let seen1 = links[1].take(1).version;
         assert_eq!(links[1].park(seen1, false, false), Parked::Waiting);
         assert_eq!(links[0].park(took.version, true, false), Parked::YourTurn);
+        // Shard 0 is busy with its event now: shard 1 parking again is not
+        // a quiet pipeline.
+        assert_eq!(links[1].park(seen1, false, false), Parked::Waiting);
+        assert!(!links[0].take(1).turn);
         links[0].publish_processing_time(42);
         assert_eq!(links[1].take(1).processing_time, Some(42));
     }
