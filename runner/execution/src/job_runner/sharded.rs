@@ -68,6 +68,14 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
             layout.shards()
         ),
     );
+    // The job's memory grant is shared by its shards: each holds its
+    // share of every bound, so N shards hold what one engine would.
+    let shards = layout.shards() as usize;
+    let config = EngineConfig {
+        max_pending_bytes: shard_share(config.max_pending_bytes, shards),
+        ..config
+    };
+    let spill = spill.map(|(store, limit_bytes)| (store, shard_share(limit_bytes, shards)));
     let mut engines = Vec::new();
     let mut snapshots = Vec::new();
     for link in ShardLink::in_process(layout) {
@@ -99,6 +107,12 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
     summary
 }
 
+/// One shard's part of a bound of `bytes` shared by `shards` shards (at
+/// least a byte).
+fn shard_share(bytes: usize, shards: usize) -> usize {
+    (bytes / shards.max(1)).max(1)
+}
+
 /// Publishes the job's stage snapshots, added up from its shards', each
 /// time a shard publishes, until every shard's engine is gone.
 async fn add_up_snapshots(
@@ -126,5 +140,17 @@ async fn add_up_snapshots(
 async fn refuse_savepoints(mut requests: mpsc::Receiver<SavepointRequest>) {
     while let Some(request) = requests.recv().await {
         let _ = request.reply.send(Err(SnapshotError::OnShards));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_a_bound_between_them() {
+        assert_eq!(shard_share(64 << 20, 4), 16 << 20);
+        assert_eq!(shard_share(usize::MAX, 128), usize::MAX / 128);
+        assert_eq!(shard_share(2, 3), 1, "never zero");
     }
 }
