@@ -108,10 +108,12 @@ pub struct WorkerPoolArgs {
     /// told apart by the kernel's socket tables) or `anyone`.
     #[arg(long = "local_peers", value_enum, default_value_t = LocalPeersArg::SameUser)]
     pub local_peers: LocalPeersArg,
-    /// A file (mode 600) holding a token of at least 16 characters that
-    /// every caller must show (`serve --worker_pool_token_file` with the
-    /// same token). Without it, the token in `$REFRACT_POOL_TOKEN` if that
-    /// is set; without either, any caller the port admits is served.
+    /// A file (mode 600) holding the callers' tokens, one per line, each
+    /// of at least 16 characters; every call must show one (a server's
+    /// `serve --worker_pool_token_file` holds its own on its first line).
+    /// A caller stops and replaces only the workers it started. Without
+    /// the file, the token in `$REFRACT_POOL_TOKEN` if that is set (one
+    /// caller); without either, any caller the port admits is served.
     #[arg(long = "token_file")]
     pub token_file: Option<PathBuf>,
     /// The token `$REFRACT_POOL_TOKEN` held when the process started (the
@@ -121,6 +123,11 @@ pub struct WorkerPoolArgs {
     /// Workers running at once; more are refused (default: four per core).
     #[arg(long = "max_workers", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_workers: Option<usize>,
+    /// Stop a worker once its runner has not answered for this long (its
+    /// host gone or cut off), freeing its place: the pool asks each runner
+    /// with workers here four times per timeout. `0` never stops them.
+    #[arg(long = "runner_timeout", default_value = "60s", value_parser = parse_go_duration)]
+    pub runner_timeout: std::time::Duration,
 }
 
 /// `refract pools ...`.

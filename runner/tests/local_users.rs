@@ -95,7 +95,8 @@ async fn other_users_cannot_ask_a_worker_pool_for_workers() {
         boot,
         max_workers: 1,
         local_peers: LocalPeers::SameUser,
-        token: None,
+        callers: None,
+        runner_timeout: None,
     })
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -3,7 +3,9 @@
 //! `--worker_pool`, which are fakes connecting a scripted SDK harness over
 //! real gRPC. Each test plays the pools' and the SDK's part — a pool that
 //! refuses, a worker that dies, a pool added and one removed mid-job — and
-//! checks where the job's workers start and that it ends DONE.
+//! checks where the job's workers start and that it ends DONE. The last
+//! test turns it round: Refract's own boot-program pool watching a real
+//! server, whose workers it stops only once that server is gone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
 
@@ -265,4 +267,90 @@ async fn a_pool_added_while_a_job_runs_gets_workers_of_it() {
         .unwrap();
     let (_, state) = messages_to_end(server.client.clone(), &id).await;
     assert_eq!(state, JobState::Cancelled);
+}
+
+/// `refract worker-pool`'s runner watch against a real server: a worker
+/// whose server answers runs on past several timeouts, and is stopped once
+/// the server has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_pool_stops_a_worker_only_once_its_server_is_gone() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
+
+    use refract_proto::fn_api::beam_fn_external_worker_pool_client::BeamFnExternalWorkerPoolClient;
+    use refract_proto::fn_api::StartWorkerRequest;
+    use refract_sdk_harness::{BootPool, BootPoolConfig};
+
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let boot = dir.path().join("boot.sh");
+    let pid_file = dir.path().join("pid");
+    std::fs::write(
+        &boot,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 600\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&boot, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pool = BootPool::new(BootPoolConfig {
+        boot,
+        max_workers: 1,
+        local_peers: refract_peercred::LocalPeers::SameUser,
+        callers: None,
+        runner_timeout: Some(Duration::from_secs(1)),
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(pool.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let mut client = BeamFnExternalWorkerPoolClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let endpoint = || {
+        Some(pb::ApiServiceDescriptor {
+            url: server.server.fn_api.clone(),
+            ..Default::default()
+        })
+    };
+    let started = client
+        .start_worker(StartWorkerRequest {
+            worker_id: "w-watched".into(),
+            control_endpoint: endpoint(),
+            provision_endpoint: endpoint(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(started.error, "");
+    let pid = within("the boot program to start", async {
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                if pid.ends_with('\n') {
+                    return pid.trim().to_string();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await;
+    let alive = |pid: &str| std::path::Path::new(&format!("/proc/{pid}")).exists();
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(alive(&pid), "the server answers: its worker runs on");
+
+    server.server.stop().await.unwrap();
+    within("the worker to be stopped", async {
+        while alive(&pid) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
 }

@@ -17,13 +17,17 @@
 //! Whoever reaches the pool's port can have it run the boot program against
 //! a provision service of their choosing, and so run code: bind it to an
 //! address only the runner's network reaches, and give the pool and its
-//! server a shared token ([`crate::PoolToken`]), which every call must
-//! carry. `StopWorker` needs the worker's id, which Refract's servers make
-//! unguessable. `max_workers` bounds how many processes one pool holds.
+//! servers tokens ([`crate::PoolCallers`]), one of which every call must
+//! carry. A caller stops and replaces only the workers it started, named by
+//! their ids, which Refract's servers make unguessable. `max_workers`
+//! bounds how many processes one pool holds, and a worker whose runner
+//! stops answering is stopped ([`runner_watch`]), so that workers of a
+//! runner that is gone do not hold the pool's places forever.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use refract_proto::fn_api::beam_fn_external_worker_pool_server::{
@@ -39,6 +43,9 @@ use tonic::{Request, Response, Status};
 
 use crate::environment::child::{scratch_dir, ChildWorker};
 use crate::error::HarnessError;
+use crate::pool_token::{PoolCaller, PoolCallers};
+
+mod runner_watch;
 
 /// The longest worker id accepted: ids name directories and log fields.
 const MAX_WORKER_ID_LEN: usize = 200;
@@ -53,9 +60,13 @@ pub struct BootPoolConfig {
     /// Which users of this host may call the pool: a caller chooses what
     /// the boot program runs.
     pub local_peers: refract_peercred::LocalPeers,
-    /// The token every call must carry (`--token_file`); without it, any
-    /// caller the port admits is served.
-    pub token: Option<crate::PoolToken>,
+    /// The callers' tokens, one of which every call must carry
+    /// (`--token_file`); without them, any caller the port admits is
+    /// served, as one caller.
+    pub callers: Option<PoolCallers>,
+    /// How long a worker's runner may go without answering before the
+    /// worker is stopped (`None`: never).
+    pub runner_timeout: Option<Duration>,
 }
 
 /// One running worker, with a number telling it from a later worker that
@@ -63,6 +74,13 @@ pub struct BootPoolConfig {
 struct Running {
     generation: u64,
     worker: ChildWorker,
+    /// Who asked for it: only they may stop or replace it.
+    caller: PoolCaller,
+    /// The runner it works for (its provision endpoint), if the pool can
+    /// dial that address to see whether the runner still answers.
+    runner: Option<String>,
+    /// When it was started: a runner counts as answering then.
+    started: Instant,
 }
 
 /// The pool's `BeamFnExternalWorkerPool` service.
@@ -98,12 +116,19 @@ impl BootPool {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), HarnessError> {
         let workers = Arc::clone(&self.workers);
+        let watch = self
+            .config
+            .runner_timeout
+            .map(|timeout| tokio::spawn(runner_watch::run(Arc::clone(&workers), timeout)));
         let incoming = refract_peercred::PeerGate::new(self.config.local_peers, "worker pool")
             .admitted(listener);
         let served = tonic::transport::Server::builder()
             .add_service(BeamFnExternalWorkerPoolServer::new(self))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
+        if let Some(watch) = watch {
+            watch.abort();
+        }
         let left: Vec<ChildWorker> = workers
             .lock()
             .running
@@ -114,8 +139,9 @@ impl BootPool {
         served.map_err(|e| HarnessError::PoolServer(e.to_string()))
     }
 
-    /// Starts one worker, replacing a running one with the same id.
-    async fn start(&self, request: StartWorkerRequest) -> Result<(), String> {
+    /// Starts one worker for `caller`, replacing a running one with the
+    /// same id that the same caller started.
+    async fn start(&self, caller: PoolCaller, request: StartWorkerRequest) -> Result<(), String> {
         let id = request.worker_id;
         check_worker_id(&id)?;
         let endpoint = |name: &str, e: Option<ApiServiceDescriptor>| {
@@ -132,7 +158,18 @@ impl BootPool {
         let artifact =
             endpoint("artifact", request.artifact_endpoint).unwrap_or_else(|_| provision.clone());
 
-        let replaced = self.workers.lock().running.remove(&id);
+        let replaced = {
+            let mut workers = self.workers.lock();
+            match workers.running.get(&id) {
+                Some(running) if running.caller != caller => {
+                    return Err(format!(
+                        "worker {id} is running for another caller of this pool"
+                    ));
+                }
+                Some(_) => workers.running.remove(&id),
+                None => None,
+            }
+        };
         if let Some(old) = replaced {
             tracing::info!(worker_id = %id, "a worker with this id is running; stopping it first");
             old.worker.stop().await;
@@ -156,9 +193,14 @@ impl BootPool {
         let mut exit = worker.exit_watch();
         workers.next_generation += 1;
         let generation = workers.next_generation;
-        let raced = workers
-            .running
-            .insert(id.clone(), Running { generation, worker });
+        let running = Running {
+            generation,
+            worker,
+            caller,
+            runner: runner_watch::dialable(&provision),
+            started: Instant::now(),
+        };
+        let raced = workers.running.insert(id.clone(), running);
         drop(workers);
         if let Some(raced) = raced {
             // Another request for this id started a worker meanwhile.
@@ -218,12 +260,10 @@ impl BeamFnExternalWorkerPool for BootPool {
         &self,
         request: Request<StartWorkerRequest>,
     ) -> Result<Response<StartWorkerResponse>, Status> {
-        if let Some(token) = &self.config.token {
-            token.check(request.metadata())?;
-        }
+        let caller = self.caller(&request)?;
         let request = request.into_inner();
         let id = request.worker_id.clone();
-        let error = match self.start(request).await {
+        let error = match self.start(caller, request).await {
             Ok(()) => String::new(),
             Err(error) => {
                 tracing::warn!(worker_id = %id, %error, "cannot start worker");
@@ -237,11 +277,21 @@ impl BeamFnExternalWorkerPool for BootPool {
         &self,
         request: Request<StopWorkerRequest>,
     ) -> Result<Response<StopWorkerResponse>, Status> {
-        if let Some(token) = &self.config.token {
-            token.check(request.metadata())?;
-        }
+        let caller = self.caller(&request)?;
         let id = request.into_inner().worker_id;
-        let running = self.workers.lock().running.remove(&id);
+        let running = {
+            let mut workers = self.workers.lock();
+            match workers.running.get(&id) {
+                Some(running) if running.caller != caller => {
+                    // Answered as for an id that is not running: another
+                    // caller's workers are not this caller's business.
+                    tracing::warn!(worker_id = %id, "StopWorker for another caller's worker: ignored");
+                    None
+                }
+                Some(_) => workers.running.remove(&id),
+                None => None,
+            }
+        };
         if let Some(running) = running {
             tracing::info!(worker_id = %id, "stopping worker");
             running.worker.stop().await;
@@ -249,6 +299,18 @@ impl BeamFnExternalWorkerPool for BootPool {
         Ok(Response::new(StopWorkerResponse {
             error: String::new(),
         }))
+    }
+}
+
+impl BootPool {
+    /// Which caller made `request`: the one whose token it carries, or
+    /// [`PoolCaller::ANYONE`] for a pool without tokens.
+    #[allow(clippy::result_large_err)]
+    fn caller<T>(&self, request: &Request<T>) -> Result<PoolCaller, Status> {
+        match &self.config.callers {
+            Some(callers) => callers.identify(request.metadata()),
+            None => Ok(PoolCaller::ANYONE),
+        }
     }
 }
 

@@ -38,7 +38,7 @@ pub use config::{
 };
 pub use environment::{BeamSdk, HostHarnesses};
 pub use error::{BundleError, HarnessError};
-pub use pool_token::{PoolToken, POOL_TOKEN_ENV, POOL_TOKEN_HEADER};
+pub use pool_token::{PoolCaller, PoolCallers, PoolToken, POOL_TOKEN_ENV, POOL_TOKEN_HEADER};
 pub use server::{FnApiServer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_WORKER_LIVENESS_TIMEOUT};
 pub use worker::Worker;
 

@@ -35,6 +35,8 @@ fn boot_script(dir: &Path, exit: bool) -> PathBuf {
 
 struct Served {
     client: BeamFnExternalWorkerPoolClient<Channel>,
+    /// The pool's own address: a gRPC server, so a runner that answers.
+    addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -49,19 +51,21 @@ impl Served {
 }
 
 async fn serve(boot: PathBuf, max_workers: usize) -> Served {
-    serve_with_token(boot, max_workers, None).await
+    serve_with(boot, max_workers, None, None).await
 }
 
-async fn serve_with_token(
+async fn serve_with(
     boot: PathBuf,
     max_workers: usize,
-    token: Option<crate::PoolToken>,
+    callers: Option<crate::PoolCallers>,
+    runner_timeout: Option<Duration>,
 ) -> Served {
     let pool = BootPool::new(BootPoolConfig {
         boot,
         max_workers,
         local_peers: refract_peercred::LocalPeers::SameUser,
-        token,
+        callers,
+        runner_timeout,
     })
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -79,6 +83,7 @@ async fn serve_with_token(
         .unwrap();
     Served {
         client,
+        addr,
         stop: Some(stop),
         task,
     }
@@ -276,7 +281,8 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
         boot: dir.path().join("nope"),
         max_workers: 1,
         local_peers: refract_peercred::LocalPeers::SameUser,
-        token: None,
+        callers: None,
+        runner_timeout: None,
     });
     assert!(missing.err().unwrap().to_string().contains("nope"));
     let plain = dir.path().join("plain.sh");
@@ -285,7 +291,8 @@ fn a_missing_or_non_executable_boot_program_is_refused_at_start() {
         boot: plain,
         max_workers: 1,
         local_peers: refract_peercred::LocalPeers::SameUser,
-        token: None,
+        callers: None,
+        runner_timeout: None,
     });
     assert!(refused
         .err()
@@ -302,7 +309,8 @@ async fn a_pool_with_a_token_serves_only_callers_that_carry_it() {
     std::fs::write(&file, "a-token-of-24-characters\n").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let token = crate::PoolToken::read_file(&file).unwrap();
-    let mut served = serve_with_token(boot_script(dir.path(), false), 2, Some(token.clone())).await;
+    let callers = crate::PoolCallers::read_file(&file).unwrap();
+    let mut served = serve_with(boot_script(dir.path(), false), 2, Some(callers), None).await;
 
     let refused = served
         .client
@@ -332,4 +340,124 @@ async fn a_pool_with_a_token_serves_only_callers_that_carry_it() {
     token.attach(&mut carrying);
     served.client.stop_worker(carrying).await.unwrap();
     served.shut_down().await;
+}
+
+/// `message` as a request carrying `token`.
+fn with_token<T>(message: T, token: &crate::PoolToken) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    token.attach(&mut request);
+    request
+}
+
+#[tokio::test]
+async fn a_caller_stops_and_replaces_only_the_workers_it_started() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(
+        &file,
+        "token-of-caller-one-0001\ntoken-of-caller-two-0002\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let callers = crate::PoolCallers::read_file(&file).unwrap();
+    let token = |text: &str| {
+        let path = dir.path().join("one-token");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        crate::PoolToken::read_file(&path).unwrap()
+    };
+    let (one, two) = (
+        token("token-of-caller-one-0001"),
+        token("token-of-caller-two-0002"),
+    );
+    let mut served = serve_with(boot_script(dir.path(), false), 4, Some(callers), None).await;
+    let started = served
+        .client
+        .start_worker(with_token(request("w1"), &one))
+        .await
+        .unwrap();
+    assert_eq!(started.into_inner().error, "");
+    let pid = read_when_written(&dir.path().join("w1.pid")).await;
+
+    // The other caller can neither stop it nor start another under its id.
+    let stop = StopWorkerRequest {
+        worker_id: "w1".to_string(),
+    };
+    let stopped = served
+        .client
+        .stop_worker(with_token(stop.clone(), &two))
+        .await
+        .unwrap();
+    assert_eq!(stopped.into_inner().error, "", "as for an unknown id");
+    let replaced = served
+        .client
+        .start_worker(with_token(request("w1"), &two))
+        .await
+        .unwrap()
+        .into_inner()
+        .error;
+    assert!(replaced.contains("another caller"), "{replaced}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(alive(&pid), "the first caller's worker runs on");
+
+    // Its own caller can.
+    served
+        .client
+        .stop_worker(with_token(stop, &one))
+        .await
+        .unwrap();
+    wait_dead(&pid).await;
+    served.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_runner_stops_answering_is_stopped_and_its_place_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut served = serve_with(
+        boot_script(dir.path(), false),
+        2,
+        None,
+        Some(Duration::from_secs(1)),
+    )
+    .await;
+    // A runner whose host accepts connections but whose server never
+    // answers (the kernel completes the handshake of an unaccepted socket).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let for_runner = |id: &str, runner: String| {
+        let mut request = request(id);
+        request.provision_endpoint = Some(ApiServiceDescriptor {
+            url: runner,
+            ..Default::default()
+        });
+        request
+    };
+    let answering = served.addr.to_string();
+    let gone = silent.local_addr().unwrap().to_string();
+    assert_eq!(
+        start(&mut served, for_runner("w-live", answering.clone())).await,
+        ""
+    );
+    assert_eq!(start(&mut served, for_runner("w-gone", gone)).await, "");
+    let live = read_when_written(&dir.path().join("w-live.pid")).await;
+    let lost = read_when_written(&dir.path().join("w-gone.pid")).await;
+
+    for _ in 0..400 {
+        if !alive(&lost) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!alive(&lost), "the silent runner's worker was stopped");
+    // Several probe rounds later the answering runner's worker runs on.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(alive(&live));
+    // The stopped worker's place is free: a second worker fits beside the
+    // live one in a pool of two.
+    assert_eq!(
+        start(&mut served, for_runner("w-next", answering)).await,
+        ""
+    );
+    served.shut_down().await;
+    drop(silent);
 }
