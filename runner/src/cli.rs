@@ -330,8 +330,9 @@ pub struct ServeArgs {
     pub worker_pool_token_from_env: Option<refract_sdk_harness::PoolToken>,
     /// SDK workers started per environment of a job when the job's own
     /// `--sdk_worker_parallelism` option is 0, or 1 (Python's default)
-    /// when this flag is set (0 here: one per core, or as many as the
-    /// pools' capacity for environments run on pools).
+    /// when this flag is set (0 here: one per core, one for SDKs that run
+    /// bundles in parallel (Java, Go), or as many as the pools' capacity
+    /// for environments run on pools).
     #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
     pub sdk_worker_parallelism: usize,
     /// Which alternative to start when an environment offers several

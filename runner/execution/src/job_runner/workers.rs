@@ -82,6 +82,18 @@ impl WorkerCounts {
     }
 }
 
+/// How many workers an environment started on this host gets: `chosen`
+/// (the job's or the server's count) unless nobody `asked` for one and its
+/// SDK runs bundles in parallel (Java, Go), which one worker then serves
+/// on every core: each more would only start another harness (in a
+/// LOOPBACK job, another in the client's own JVM) for the same work.
+fn local_count(chosen: usize, asked: Option<usize>, per_worker: BundlesPerWorker) -> usize {
+    match (asked, per_worker) {
+        (None, BundlesPerWorker::Many) => 1,
+        _ => chosen,
+    }
+}
+
 /// What starting a job's workers needs.
 pub(super) struct WorkerStart<'a> {
     pub(super) job: &'a Arc<Job>,
@@ -119,11 +131,12 @@ impl WorkerStart<'_> {
             let pooled = self
                 .pools
                 .and_then(|p| pool_need(environment, p.directory()).map(|need| (p, need)));
+            let per_worker = BundlesPerWorker::of_capabilities(&environment.capabilities);
             let count = match pooled {
                 Some((pools, need)) => self
                     .asked_workers
                     .unwrap_or_else(|| pools.directory().capacity(need).max(1)),
-                None => self.workers_per_env,
+                None => local_count(self.workers_per_env, self.asked_workers, per_worker),
             };
             let factory = match pooled {
                 Some((pools, need)) => self.pooled_factory(n, env_id, environment, pools, need),
@@ -147,7 +160,6 @@ impl WorkerStart<'_> {
                 let factory = factory.clone();
                 Arc::new(move |r: usize| factory(count + r))
             };
-            let per_worker = BundlesPerWorker::of_capabilities(&environment.capabilities);
             let mut set = WorkerSet::new(env_workers, Some(replacement_factory), per_worker);
             if let Some((pools, need)) = pooled {
                 // A count asked for is kept; else the pools' capacity now,
@@ -334,7 +346,8 @@ impl Starter {
 
 #[cfg(test)]
 mod tests {
-    use super::{job_worker_parallelism, WorkerCounts, MAX_WORKERS_PER_ENVIRONMENT};
+    use super::{job_worker_parallelism, local_count, WorkerCounts, MAX_WORKERS_PER_ENVIRONMENT};
+    use crate::worker_set::BundlesPerWorker;
     use refract_proto::prost_types::{value::Kind, Struct, Value};
 
     fn asking(workers: &str) -> Struct {
@@ -391,5 +404,16 @@ mod tests {
         assert_eq!(WorkerCounts::choose(Some(0), 2, None), counts(2, None));
         assert_eq!(WorkerCounts::choose(None, 2, Some(2)), counts(2, Some(2)));
         assert_eq!(WorkerCounts::choose(None, 0, None), counts(1, None));
+    }
+
+    #[test]
+    fn an_sdk_running_bundles_in_parallel_gets_one_local_worker_unless_asked() {
+        // Java and Go: one harness serves every core.
+        assert_eq!(local_count(2, None, BundlesPerWorker::Many), 1);
+        // Python and TypeScript: one worker per core.
+        assert_eq!(local_count(2, None, BundlesPerWorker::One), 2);
+        // A count the job or the operator asked for holds for both.
+        assert_eq!(local_count(3, Some(3), BundlesPerWorker::Many), 3);
+        assert_eq!(local_count(3, Some(3), BundlesPerWorker::One), 3);
     }
 }
