@@ -190,6 +190,19 @@ impl BootPool {
         let mut workers = self.workers.lock();
         workers.starting -= 1;
         let worker = spawned?;
+        if workers
+            .running
+            .get(&id)
+            .is_some_and(|raced| raced.caller != caller)
+        {
+            // Another caller started a worker under this id meanwhile:
+            // theirs stays, this one goes.
+            drop(workers);
+            tokio::spawn(worker.stop());
+            return Err(format!(
+                "worker {id} is running for another caller of this pool"
+            ));
+        }
         let mut exit = worker.exit_watch();
         workers.next_generation += 1;
         let generation = workers.next_generation;
@@ -203,7 +216,8 @@ impl BootPool {
         let raced = workers.running.insert(id.clone(), running);
         drop(workers);
         if let Some(raced) = raced {
-            // Another request for this id started a worker meanwhile.
+            // Another request of this caller for this id started a worker
+            // meanwhile.
             tokio::spawn(raced.worker.stop());
         }
         // Forget the worker once it has ended by itself.
