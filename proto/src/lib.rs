@@ -14,6 +14,7 @@ pub use prost_types;
 pub use tonic;
 
 pub mod any_of;
+pub mod endpoint;
 pub mod urns;
 
 /// Refract's own administration API (`proto/refract/admin/v1/admin.proto`),

@@ -21,24 +21,14 @@ use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    JobServiceClient::connect(url)
+    JobServiceClient::connect(refract_proto::endpoint::endpoint_uri(endpoint))
         .await
         .with_context(|| format!("connecting to the job service at {endpoint}"))
 }
 
 /// A client of Refract's admin API at `endpoint` (the job port).
 pub(crate) async fn connect_admin(endpoint: &str) -> Result<RefractAdminClient<Channel>> {
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
-    RefractAdminClient::connect(url)
+    RefractAdminClient::connect(refract_proto::endpoint::endpoint_uri(endpoint))
         .await
         .with_context(|| format!("connecting to the server at {endpoint}"))
 }

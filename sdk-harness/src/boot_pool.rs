@@ -97,6 +97,31 @@ struct Workers {
     next_generation: u64,
 }
 
+/// Worker `id` runs for another caller of the pool, which only that caller
+/// may stop or replace.
+struct OtherCallersWorker;
+
+impl Workers {
+    /// Takes worker `id` out of the running ones if `caller` started it
+    /// (`None` if no worker has that id); another caller's stays.
+    fn take_own(
+        &mut self,
+        id: &str,
+        caller: PoolCaller,
+    ) -> Result<Option<Running>, OtherCallersWorker> {
+        match self.running.get(id) {
+            Some(running) if running.caller != caller => Err(OtherCallersWorker),
+            Some(_) => Ok(self.running.remove(id)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The refusal of a `StartWorker` for an id another caller's worker holds.
+fn held_by_another_caller(id: &str) -> String {
+    format!("worker {id} is running for another caller of this pool")
+}
+
 impl BootPool {
     /// A pool running `config.boot`; fails if that is not an executable
     /// file, so a typo shows at start-up rather than at the first job.
@@ -158,18 +183,11 @@ impl BootPool {
         let artifact =
             endpoint("artifact", request.artifact_endpoint).unwrap_or_else(|_| provision.clone());
 
-        let replaced = {
-            let mut workers = self.workers.lock();
-            match workers.running.get(&id) {
-                Some(running) if running.caller != caller => {
-                    return Err(format!(
-                        "worker {id} is running for another caller of this pool"
-                    ));
-                }
-                Some(_) => workers.running.remove(&id),
-                None => None,
-            }
-        };
+        let replaced = self
+            .workers
+            .lock()
+            .take_own(&id, caller)
+            .map_err(|_| held_by_another_caller(&id))?;
         if let Some(old) = replaced {
             tracing::info!(worker_id = %id, "a worker with this id is running; stopping it first");
             old.worker.stop().await;
@@ -190,19 +208,17 @@ impl BootPool {
         let mut workers = self.workers.lock();
         workers.starting -= 1;
         let worker = spawned?;
-        if workers
-            .running
-            .get(&id)
-            .is_some_and(|raced| raced.caller != caller)
-        {
-            // Another caller started a worker under this id meanwhile:
-            // theirs stays, this one goes.
-            drop(workers);
-            tokio::spawn(worker.stop());
-            return Err(format!(
-                "worker {id} is running for another caller of this pool"
-            ));
-        }
+        // Another request for this id may have started a worker meanwhile:
+        // this caller's own is replaced, another caller's stays (and this
+        // one goes).
+        let raced = match workers.take_own(&id, caller) {
+            Ok(raced) => raced,
+            Err(OtherCallersWorker) => {
+                drop(workers);
+                tokio::spawn(worker.stop());
+                return Err(held_by_another_caller(&id));
+            }
+        };
         let mut exit = worker.exit_watch();
         workers.next_generation += 1;
         let generation = workers.next_generation;
@@ -213,11 +229,9 @@ impl BootPool {
             runner: runner_watch::dialable(&provision),
             started: Instant::now(),
         };
-        let raced = workers.running.insert(id.clone(), running);
+        workers.running.insert(id.clone(), running);
         drop(workers);
         if let Some(raced) = raced {
-            // Another request of this caller for this id started a worker
-            // meanwhile.
             tokio::spawn(raced.worker.stop());
         }
         // Forget the worker once it has ended by itself.
@@ -293,17 +307,13 @@ impl BeamFnExternalWorkerPool for BootPool {
     ) -> Result<Response<StopWorkerResponse>, Status> {
         let caller = self.caller(&request)?;
         let id = request.into_inner().worker_id;
-        let running = {
-            let mut workers = self.workers.lock();
-            match workers.running.get(&id) {
-                Some(running) if running.caller != caller => {
-                    // Answered as for an id that is not running: another
-                    // caller's workers are not this caller's business.
-                    tracing::warn!(worker_id = %id, "StopWorker for another caller's worker: ignored");
-                    None
-                }
-                Some(_) => workers.running.remove(&id),
-                None => None,
+        let running = match self.workers.lock().take_own(&id, caller) {
+            Ok(running) => running,
+            Err(OtherCallersWorker) => {
+                // Answered as for an id that is not running: another
+                // caller's workers are not this caller's business.
+                tracing::warn!(worker_id = %id, "StopWorker for another caller's worker: ignored");
+                None
             }
         };
         if let Some(running) = running {

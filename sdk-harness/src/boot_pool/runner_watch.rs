@@ -36,11 +36,7 @@ const PROBE_LIMIT: Duration = Duration::from_secs(10);
 /// worker's provision endpoint), or `None` when it is not one the pool can
 /// dial (such a runner's workers are not watched).
 pub(super) fn dialable(endpoint: &str) -> Option<String> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    };
+    let uri = refract_proto::endpoint::endpoint_uri(endpoint);
     match Endpoint::from_shared(uri.clone()) {
         Ok(_) if uri.starts_with("http://") || uri.starts_with("https://") => Some(uri),
         _ => {

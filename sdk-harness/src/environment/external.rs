@@ -154,12 +154,7 @@ async fn connect(
     url: &str,
     timeout: Duration,
 ) -> Result<BeamFnExternalWorkerPoolClient<Channel>, String> {
-    let uri = if url.contains("://") {
-        url.to_string()
-    } else {
-        format!("http://{url}")
-    };
-    let channel = Endpoint::from_shared(uri)
+    let channel = Endpoint::from_shared(refract_proto::endpoint::endpoint_uri(url))
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
         .http2_keep_alive_interval(POOL_KEEPALIVE)
