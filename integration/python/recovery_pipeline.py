@@ -20,6 +20,13 @@ killed. It writes `all-KEY.json`.
         --events N --boot PATH/python_boot.sh [--experiments E ...]
         [--per_step K --pause SECONDS] [--keep_all_kb K]
 
+With --changed, the next version of the pipeline: a step added before the
+stateful DoFn (which renumbers the transforms the Python SDK names after
+it), a Reshuffle before the sink (which fuses the sink into a stage of its
+own) and another sink class writing the same files; a savepoint of the
+first version must start it, and one that renames the stateful DoFn
+(--stateful_name) must be refused.
+
 prints the job id and exits without waiting for the job.
 """
 
@@ -197,6 +204,20 @@ class WriteResult(beam.DoFn):
     os.replace(tmp, path)
 
 
+class WriteResultAgain(beam.DoFn):
+  """The next version's sink: the same files, written by other code."""
+
+  def __init__(self, output):
+    self.output = output
+
+  def process(self, result):
+    start, key, count, total = result
+    path = os.path.join(self.output, '%d-%d.json' % (start, key))
+    with open(path + '.next', 'w') as f:
+      f.write(json.dumps({'total': total, 'count': count}))
+    os.replace(path + '.next', path)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--job_endpoint', required=True)
@@ -207,6 +228,8 @@ def main():
   parser.add_argument('--per_step', type=int, default=PER_STEP)
   parser.add_argument('--pause', type=float, default=0.05)
   parser.add_argument('--keep_all_kb', type=int, default=0)
+  parser.add_argument('--changed', action='store_true')
+  parser.add_argument('--stateful_name', default='DedupCount')
   args = parser.parse_args()
   options = PipelineOptions(
     [
@@ -231,12 +254,16 @@ def main():
       | 'KeepAll' >> beam.ParDo(KeepAll(args.keep_all_kb))
       | 'WriteAll' >> beam.ParDo(WriteAll(args.output))
     )
-  _ = (
-    keyed
-    | beam.WindowInto(window.FixedWindows(1))
-    | 'DedupCount' >> beam.ParDo(DedupCount())
-    | 'Write' >> beam.ParDo(WriteResult(args.output))
+  if args.changed:
+    keyed = keyed | 'Checked' >> beam.Map(lambda kv: (kv[0], abs(kv[1])))
+  counted = (
+    keyed | beam.WindowInto(window.FixedWindows(1)) | args.stateful_name >> beam.ParDo(DedupCount())
   )
+  if args.changed:
+    counted = counted | beam.Reshuffle()
+    _ = counted | 'Write' >> beam.ParDo(WriteResultAgain(args.output))
+  else:
+    _ = counted | 'Write' >> beam.ParDo(WriteResult(args.output))
   result = p.run()
   print(result._job_id, flush=True)
   # Leaves the job running: gRPC's threads, still following it, must not

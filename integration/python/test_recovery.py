@@ -81,7 +81,9 @@ def read_kept(output):
   return kept
 
 
-def submit(endpoint, output, *experiments, events=EVENTS, keep_all_kb=0):
+def submit(
+  endpoint, output, *experiments, events=EVENTS, keep_all_kb=0, changed=False, stateful_name=None
+):
   done = subprocess.run(
     [
       sys.executable,
@@ -97,7 +99,9 @@ def submit(endpoint, output, *experiments, events=EVENTS, keep_all_kb=0):
       '--keep_all_kb',
       str(keep_all_kb),
     ]
-    + ['--experiments=' + e for e in experiments],
+    + ['--experiments=' + e for e in experiments]
+    + (['--changed'] if changed else [])
+    + (['--stateful_name', stateful_name] if stateful_name else []),
     capture_output=True,
     text=True,
     timeout=120,
@@ -250,7 +254,14 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
   assert read_results(output) == expected_results(EVENTS)
 
 
-def test_stop_with_savepoint_and_start_again_gives_the_same_results(request, refract_bin, tmp_path):
+@pytest.mark.parametrize('changed', [False, True], ids=['same', 'changed'])
+def test_stop_with_savepoint_and_start_again_gives_the_same_results(
+  request, refract_bin, tmp_path, changed
+):
+  """The job is stopped with a savepoint and started from it: the same
+  pipeline, or its next version (a step added, transforms renumbered, the
+  sink fused apart), which finds the old job's state, timers and waiting
+  elements by the transforms' names."""
   output = tmp_path / 'out'
   output.mkdir()
   savepoints = tmp_path / 'savepoints'
@@ -287,7 +298,16 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(request, ref
     assert read_results(output) != expected_results(events), (
       'the job ended before its savepoint; nothing left to resume'
     )
-    again = submit(server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
+    resume = 'refract_savepoint=%s' % savepoint
+    if changed:
+      # The stateful DoFn under another name: its waiting elements and
+      # state have no owner, and the start is refused with the reason.
+      renamed = submit(
+        server.endpoint, output, resume, events=events, changed=True, stateful_name='Counted'
+      )
+      assert wait_for_end(server, renamed) == 'FAILED'
+      assert "'DedupCount', which the pipeline does not have" in server.log_tail(100000)
+    again = submit(server.endpoint, output, resume, events=events, changed=changed)
     assert wait_for_end(server, again) == 'DONE', server.log_tail()
     # The savepoint carried the job's counters on.
     assert distinct_events(server.endpoint, again) == events

@@ -164,6 +164,7 @@ fn gbk_plan(block: Bytes, strategy: WindowingStrategy) -> (Plan, FakeExecutor) {
             stage("sink", sdk(), vec![2], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let seen = Arc::new(AtomicUsize::new(0));
     let exec = FakeExecutor {
@@ -210,6 +211,7 @@ fn chain_plan(block: Bytes, hops: usize, sdk_hops: bool) -> (Plan, FakeExecutor)
         Plan {
             pcollections,
             stages,
+            names: Default::default(),
         },
         exec,
     )
@@ -238,6 +240,7 @@ fn stateful_timers_plan(block: Bytes) -> (Plan, FakeExecutor) {
             stage("stateful", StageKind::Sdk(stateful), vec![1], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let fired = Arc::new(AtomicUsize::new(0));
     let counted = fired.clone();

@@ -48,6 +48,7 @@ mod side_inputs;
 mod slot_groups;
 mod snapshot;
 mod splits;
+mod stage_map;
 mod stage_state;
 mod state_gc;
 mod stats;

@@ -8,6 +8,8 @@
 //! to a proto: SDK stages are known to the engine only by index, and their
 //! bundle descriptors live with translation.
 
+use std::collections::BTreeMap;
+
 use crate::coder::Coder;
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +26,40 @@ pub struct Plan {
     pub pcollections: PCollectionVec<PCollection>,
     /// The stages, in no particular order.
     pub stages: StageVec<Stage>,
+    /// What the pipeline calls its stages and transforms: a checkpoint
+    /// records it, so that it restores onto another fusion of the
+    /// pipeline (another Refract build, or a changed pipeline).
+    pub names: PipelineNames,
+}
+
+/// The names a pipeline gives what a stage holds, which outlive the one
+/// fusion that a build of Refract makes of it.
+///
+/// A stage's number, and the ids an SDK gives its transforms (Python's
+/// carry a running count), change when fusion or the pipeline changes; a
+/// transform's unique name does not. A checkpoint therefore says, per
+/// stage, which transforms read its input (the queue is theirs), and, per
+/// transform id its timers, state and side inputs are kept under, the
+/// transform's unique name.
+#[derive(Debug, Clone, Default)]
+pub struct PipelineNames {
+    /// Per stage, the unique names of the transforms that read its main
+    /// input, sorted (for a runner-executed stage or a source, its own
+    /// transform). A stage not listed (a plan built by hand) is known by
+    /// its [`Stage::name`].
+    pub stage_heads: StageVec<Vec<String>>,
+    /// The unique name of every SDK transform in a stage, by id.
+    pub transforms: BTreeMap<TransformId, String>,
+}
+
+impl Plan {
+    /// Stage `idx`'s heads (see [`PipelineNames::stage_heads`]).
+    pub fn stage_heads(&self, idx: StageIdx) -> Vec<String> {
+        match self.names.stage_heads.get(idx) {
+            Some(heads) if !heads.is_empty() => heads.clone(),
+            _ => vec![self.stages[idx].name.clone()],
+        }
+    }
 }
 
 /// A PCollection between stages, with the coders the runner uses to read it.

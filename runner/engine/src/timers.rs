@@ -447,6 +447,33 @@ impl TimerStore {
         self.totals.windows.keys().cloned().collect()
     }
 
+    /// Moves every family to the id `rename` gives its transform (a
+    /// checkpoint restored onto a pipeline whose transform ids changed);
+    /// a family with no timers and no new id goes. Fails with the first
+    /// transform that has timers and no new id.
+    pub fn rename_transforms(
+        &mut self,
+        rename: impl Fn(&TransformId) -> Option<TransformId>,
+    ) -> Result<(), TransformId> {
+        let mut kept = Vec::with_capacity(self.families.len());
+        for mut family in std::mem::take(&mut self.families) {
+            match rename(&family.transform_id) {
+                Some(id) => {
+                    family.transform_id = id;
+                    kept.push(family);
+                }
+                None if family.timers.is_empty() => {}
+                None => return Err(family.transform_id),
+            }
+        }
+        kept.sort_by(|a, b| {
+            (a.transform_id.as_str(), a.family_id.as_str())
+                .cmp(&(b.transform_id.as_str(), b.family_id.as_str()))
+        });
+        self.families = kept;
+        Ok(())
+    }
+
     /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
         self.totals.windows.is_empty()

@@ -92,6 +92,7 @@ fn plan() -> Plan {
             stage("slow sink", sdk(), vec![1], vec![]),
         ]
         .into(),
+        names: Default::default(),
     }
 }
 

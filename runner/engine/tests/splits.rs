@@ -157,6 +157,7 @@ fn plan(splittable: bool) -> Plan {
             stage("sink", sdk(false), vec![2], vec![]),
         ]
         .into(),
+        names: Default::default(),
     }
 }
 
@@ -580,6 +581,7 @@ async fn a_streaming_bundle_split_with_timers_keeps_the_key_groups_of_its_timers
             ),
         ]
         .into(),
+        names: Default::default(),
     };
     let config = EngineConfig {
         max_bundles_per_stage: 2,

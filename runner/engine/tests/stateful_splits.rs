@@ -322,6 +322,7 @@ fn plan(case: &Case) -> (Plan, StageIdx) {
             stage(TRANSFORM, stateful_kind(), vec![0], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     (plan, StageIdx::new(1))
 }

@@ -81,8 +81,8 @@ pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String>
          no job was started, and a running job of the same name keeps running. To carry a \
          streaming job's state to a new version of its pipeline, take a savepoint \
          (`refract savepoint JOB --path FILE --stop`) and submit the new pipeline with \
-         --experiments=refract_savepoint=FILE, without --update; its fused stages must be the \
-         old job's"
+         --experiments=refract_savepoint=FILE, without --update (its transforms are matched \
+         by unique name)"
             .to_string(),
     )
 }

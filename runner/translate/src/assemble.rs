@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use refract_engine::plan::{
     ClosingBehavior, FinishedTrigger, PCollection, PCollectionIdx, Plan, SideInput, SideInputId,
-    Stage, StageIdx, StageKind, WindowingStrategy,
+    Stage, StageIdx, StageKind, TransformId, WindowingStrategy,
 };
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -62,7 +62,9 @@ pub(crate) fn assemble(
                 builder.sdk_stage(s, sinks, stage_idx)?
             }
         };
+        let heads = builder.stage_heads(group);
         builder.plan.stages.push(stage);
+        builder.plan.names.stage_heads.push(heads);
     }
     Ok(builder.finish())
 }
@@ -144,6 +146,33 @@ struct PlanBuilder<'a> {
 }
 
 impl PlanBuilder<'_> {
+    /// The unique names of the transforms reading `group`'s main input,
+    /// sorted (see `PipelineNames::stage_heads`); records the unique name
+    /// of each of its SDK transforms by id.
+    fn stage_heads(&mut self, group: &Group) -> Vec<String> {
+        let mut heads: Vec<String> = match group {
+            Group::Runner(i) => vec![self.graph.nodes[*i].name.clone()],
+            Group::Sdk(s) => {
+                for &n in &s.nodes {
+                    let node = &self.graph.nodes[n];
+                    self.plan
+                        .names
+                        .transforms
+                        .insert(TransformId::new(&node.id), node.name.clone());
+                }
+                s.nodes
+                    .iter()
+                    .map(|&n| &self.graph.nodes[n])
+                    .filter(|node| s.input.as_ref().is_some_and(|i| node.inputs.contains(i)))
+                    .map(|node| node.name.clone())
+                    .collect()
+            }
+        };
+        heads.sort();
+        heads.dedup();
+        heads
+    }
+
     /// The stage of runner-executed node `i` (plan stage `stage_idx`).
     fn runner_stage(&mut self, i: usize, stage_idx: StageIdx) -> Result<Stage, TranslateError> {
         let node = self.graph.nodes[i].clone();

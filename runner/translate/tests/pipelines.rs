@@ -10,7 +10,8 @@ mod common;
 use common::{count, describe, port, sdk_transform_names, stage_with, transform, translated};
 use refract_engine::coder::Coder;
 use refract_engine::plan::{
-    AccumulationMode, SideInputAccess, StageIdx, StageKind, TimeDomain, Trigger, WindowFn,
+    AccumulationMode, SideInputAccess, StageIdx, StageKind, TimeDomain, TransformId, Trigger,
+    WindowFn,
 };
 use refract_proto::pipeline as pb;
 use refract_proto::prost::Message;
@@ -394,6 +395,14 @@ fn stateful_stage_is_a_root_with_its_timer_families() {
     );
     assert!(d.descriptor.timer_api_service_descriptor.is_some());
     assert!(d.descriptor.state_api_service_descriptor.is_some());
+    // A checkpoint knows the stage by the transform reading its input,
+    // and its timers' transform by unique name.
+    assert_eq!(t.plan.stage_heads(s), ["Stateful"]);
+    assert_eq!(
+        t.plan.names.transforms[&TransformId::new(stateful_id)],
+        "Stateful"
+    );
+    assert_eq!(t.plan.stage_heads(stage_with(&t, "Window")).len(), 1);
 }
 
 #[test]

@@ -36,14 +36,15 @@ use tokio::time::Instant;
 use super::grouping_stage::GroupingState;
 use super::part_name::PartName;
 use super::pending::SpilledQueue;
+use super::stage_map::{RecordedNames, StageMap};
 use super::stage_state::{Delayed, KindRecord};
 use super::stats::{CounterRecord, StageCounters};
 use super::{Engine, InFlight};
 use crate::coder::{DecodedElement, WindowedValueHeader};
 use crate::grouping::{GroupingSnapshot, SpilledWindows};
-use crate::plan::{StageIdx, StageKind};
+use crate::plan::{StageIdx, StageKind, TransformId};
 use crate::state::{SideInputSnapshot, SpilledBags, UserStateSnapshot};
-use crate::time::{Timestamp, MAX_TIMESTAMP};
+use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 use crate::timers::TimerStore;
 
 /// Why a checkpoint could not be taken or restored.
@@ -96,7 +97,10 @@ pub enum SnapshotError {
 /// reads as it did. Bump it with any change to what a checkpoint holds
 /// or how it is encoded: `tests/checkpoint_fixtures.rs` keeps a checkpoint
 /// of every version since [`OLDEST_SNAPSHOT_VERSION`] and restores each.
-pub const SNAPSHOT_VERSION: u32 = 4;
+/// Version 5 records the pipeline's names of its stages and transforms
+/// ([`crate::plan::PipelineNames`]), so that it restores onto another fusion;
+/// an older checkpoint restores only onto the same stage names.
+pub const SNAPSHOT_VERSION: u32 = 5;
 
 /// The oldest version still read.
 pub const OLDEST_SNAPSHOT_VERSION: u32 = 2;
@@ -124,7 +128,8 @@ impl ElementRecord {
     }
 }
 
-/// Engine-wide values.
+/// Engine-wide values, as every version since [`OLDEST_SNAPSHOT_VERSION`]
+/// starts them.
 #[derive(Debug, Serialize, Deserialize)]
 struct EngineRecord {
     version: u32,
@@ -136,6 +141,34 @@ struct EngineRecord {
     peak_pending_bytes: u64,
     /// Bundles in flight at the cut, which a restored engine runs again.
     rerun_bundles: Vec<u64>,
+}
+
+/// What version 5 added after the [`EngineRecord`]: the pipeline's names
+/// of its stages and transforms (see [`RecordedNames`]).
+#[derive(Debug, Serialize, Deserialize)]
+struct EngineNames {
+    stage_heads: Vec<Vec<String>>,
+    transforms: Vec<(String, String)>,
+}
+
+/// Reads the `engine` part of any version read: its record, and the names
+/// it recorded (none before version 5: stages are matched by name).
+fn decode_engine(bytes: &[u8]) -> Result<(EngineRecord, RecordedNames), SnapshotError> {
+    let codec = |e: postcard::Error| SnapshotError::Codec {
+        part: PartName::Engine.to_string(),
+        reason: e.to_string(),
+    };
+    let (record, rest): (EngineRecord, &[u8]) = postcard::take_from_bytes(bytes).map_err(codec)?;
+    let mut names = RecordedNames {
+        stage_names: record.stage_names.clone(),
+        ..RecordedNames::default()
+    };
+    if record.version >= 5 {
+        let (added, _): (EngineNames, _) = postcard::take_from_bytes(rest).map_err(codec)?;
+        names.stage_heads = added.stage_heads;
+        names.transforms = added.transforms;
+    }
+    Ok((record, names))
 }
 
 /// What a checkpoint says about the run it was taken of.
@@ -156,7 +189,7 @@ pub struct CheckpointInfo {
 pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, SnapshotError> {
     let bytes = find_part(parts, PartName::Engine)
         .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
-    let engine: EngineRecord = decode(PartName::Engine, bytes)?;
+    let (engine, _) = decode_engine(bytes)?;
     Ok(CheckpointInfo {
         version: engine.version,
         next_bundle: engine.next_bundle,
@@ -256,25 +289,27 @@ impl Engine {
         flights.sort_by_key(|(id, _)| **id);
         let (clock_offset, frozen_clock) = self.clock.record();
         let mut parts = Vec::with_capacity(2 + 2 * self.stages.len());
-        parts.push(encode(
-            PartName::Engine,
-            &EngineRecord {
-                version: SNAPSHOT_VERSION,
-                stage_names: self
-                    .topology
-                    .plan
-                    .stages
-                    .iter()
-                    .map(|s| s.name.clone())
-                    .collect(),
-                next_bundle: self.next_bundle,
-                clock_offset,
-                frozen_clock,
-                bundles: self.summary.bundles,
-                peak_pending_bytes: self.summary.peak_pending_bytes as u64,
-                rerun_bundles: flights.iter().map(|(id, _)| **id).collect(),
-            },
-        )?);
+        let RecordedNames {
+            stage_names,
+            stage_heads,
+            transforms,
+        } = RecordedNames::of(&self.topology.plan);
+        // The record, then (version 5 on) the names.
+        let record = EngineRecord {
+            version: SNAPSHOT_VERSION,
+            stage_names,
+            next_bundle: self.next_bundle,
+            clock_offset,
+            frozen_clock,
+            bundles: self.summary.bundles,
+            peak_pending_bytes: self.summary.peak_pending_bytes as u64,
+            rerun_bundles: flights.iter().map(|(id, _)| **id).collect(),
+        };
+        let names = EngineNames {
+            stage_heads,
+            transforms,
+        };
+        parts.push(encode(PartName::Engine, &(record, names))?);
         for idx in self.stages.indices() {
             self.cut_stage(idx, &flights, number, now, &mut parts)?;
             self.cut_user_state(idx, number, &mut parts)?;
@@ -397,13 +432,12 @@ impl Engine {
     }
 
     /// Continues from a checkpoint taken by [`Self::checkpoint_parts`] of
-    /// an engine running the same plan. Call before [`Self::run`].
+    /// an engine running this pipeline, fused as this plan is or not (see
+    /// `manager/stage_map.rs`). Call before [`Self::run`].
     pub fn restore(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
-        let part = |name: PartName| {
-            find_part(parts, name)
-                .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
-        };
-        let engine: EngineRecord = decode(PartName::Engine, part(PartName::Engine)?)?;
+        let engine_bytes = find_part(parts, PartName::Engine)
+            .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
+        let (engine, names) = decode_engine(engine_bytes)?;
         if !(OLDEST_SNAPSHOT_VERSION..=SNAPSHOT_VERSION).contains(&engine.version) {
             return Err(SnapshotError::Mismatch(format!(
                 "it was written in format {}, this runner reads {OLDEST_SNAPSHOT_VERSION} to \
@@ -411,105 +445,20 @@ impl Engine {
                 engine.version
             )));
         }
-        let names: Vec<&str> = self
-            .topology
-            .plan
-            .stages
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect();
-        if engine.stage_names != names {
-            return Err(SnapshotError::Mismatch(format!(
-                "its stages are [{}], the pipeline's are [{}]",
-                engine.stage_names.join(", "),
-                names.join(", ")
-            )));
+        let map = StageMap::new(&names, &self.topology.plan).map_err(SnapshotError::Mismatch)?;
+        for old in 0..map.old_stages() {
+            check_carried(parts, &map, old)?;
         }
         let now = Instant::now();
         for idx in self.stages.indices() {
-            let name = PartName::Stage(idx);
-            let record: StageRecord = decode(name, part(name)?)?;
-            let gated = self.durability.checkpoints.is_some()
-                && matches!(&self.topology.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
-            let name = PartName::QueueSpill(idx);
-            let spilled_queue: Option<QueueSpillRecord> = match find_part(parts, name) {
-                Some(bytes) => Some(decode(name, bytes)?),
-                None => None,
-            };
-            let name = PartName::GroupingSpill(idx);
-            let spilled_windows: Option<SpilledWindows> = match find_part(parts, name) {
-                Some(bytes) => Some(decode(name, bytes)?),
-                None => None,
-            };
-            let s = &mut self.stages[idx];
-            let front = record.pending.into_iter().map(ElementRecord::into_element);
-            let spilled_queue = spilled_queue.map(|r| {
-                let tail = r.tail.into_iter().map(ElementRecord::into_element);
-                (r.spilled, tail.collect())
-            });
-            s.queue
-                .pending
-                .restore(front.collect(), spilled_queue)
-                .map_err(|source| SnapshotError::Queue {
-                    stage: self.topology.plan.stages[idx].name.clone(),
-                    source,
-                })?;
-            // It came from a checkpoint: it is stable input.
-            s.queue.pending.all_durable();
-            if gated {
-                s.queue.pending.gate();
-            }
-            s.queue.restore_delayed(
-                record
-                    .delayed
-                    .into_iter()
-                    .map(|(wait, e, hold)| Delayed {
-                        at: now + Duration::from_millis(wait),
-                        element: e.into_element(),
-                        hold,
-                    })
-                    .collect(),
-            );
-            match (s.grouping_mut(), record.grouping) {
-                (Some(g), Some(snapshot)) => g
-                    .restore(snapshot, spilled_windows)
-                    .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
-                (None, None) => {}
-                _ => {
-                    return Err(SnapshotError::Mismatch(format!(
-                        "stage {idx} is a grouping stage in one and not the other"
-                    )))
-                }
-            }
-            s.kind
-                .restore(KindRecord {
-                    timers: record.timers,
-                    impulse_done: record.impulse_done,
-                    stream_cursor: record.stream_cursor,
-                    stream_wm: record.stream_wm,
-                    state_gc_wm: record.state_gc_wm,
-                })
-                .map_err(|what| SnapshotError::Mismatch(format!("stage {idx} has {what}")))?;
-            s.progress.input_wm = record.input_wm;
-            s.progress.output_wm = record.output_wm;
-            s.progress.counters = StageCounters::from_record(record.counters);
-            let name = PartName::UserState(idx);
-            let state: UserStateSnapshot = decode(name, part(name)?)?;
-            let name = PartName::UserStateSpill(idx);
-            let spilled: Option<SpilledBags> = match find_part(parts, name) {
-                Some(bytes) => Some(decode(name, bytes)?),
-                None => None,
-            };
-            self.user_state[idx]
-                .lock()
-                .restore(state, spilled)
-                .map_err(|source| SnapshotError::UserState {
-                    stage: self.topology.plan.stages[idx].name.clone(),
-                    source,
-                })?;
+            self.restore_stage(parts, &map, idx, now)?;
         }
-        let side_inputs: SideInputSnapshot =
-            decode(PartName::SideInputs, part(PartName::SideInputs)?)?;
+        let mut side_inputs: SideInputSnapshot =
+            decode(PartName::SideInputs, required(parts, PartName::SideInputs)?)?;
+        side_inputs.rename_transforms(|id| map.rename(id));
+        if !names.transforms.is_empty() {
+            self.check_new_side_inputs(&map)?;
+        }
         *self.side_inputs.lock() = crate::state::SideInputTable::restore(side_inputs);
         self.next_bundle = engine.next_bundle;
         self.clock
@@ -524,4 +473,276 @@ impl Engine {
         }
         Ok(())
     }
+
+    /// Restores stage `idx` from the checkpoint's stages `map` puts on it:
+    /// the queue, timers, buffer and state of the one with anything in it,
+    /// and the least of their watermarks. A stage no checkpointed stage
+    /// maps onto starts afresh.
+    fn restore_stage(
+        &mut self,
+        parts: &[(String, Bytes)],
+        map: &StageMap,
+        idx: StageIdx,
+        now: Instant,
+    ) -> Result<(), SnapshotError> {
+        let sources = map.sources(idx);
+        let mut olds = Vec::with_capacity(sources.len());
+        for &old in sources {
+            olds.push((old, OldStage::decode(parts, old)?));
+        }
+        let mut carrying = olds.iter().filter(|(_, o)| o.carries_anything());
+        let Some((old, _)) = carrying.next().or(olds.first()) else {
+            return Ok(());
+        };
+        if let Some((other, _)) = carrying.next() {
+            return Err(SnapshotError::Mismatch(format!(
+                "its stages reading for '{}' and for '{}' both hold elements or state, and the \
+                 pipeline runs them as one stage '{}'",
+                map.describe(*old),
+                map.describe(*other),
+                self.topology.plan.stages[idx].name
+            )));
+        }
+        let old = *old;
+        let input_wm = olds.iter().map(|(_, o)| o.record.input_wm).min();
+        let output_wm = olds.iter().map(|(_, o)| o.record.output_wm).min();
+        let Some(chosen) = olds.into_iter().find(|(o, _)| *o == old).map(|(_, o)| o) else {
+            return Ok(());
+        };
+        let stage_name = self.topology.plan.stages[idx].name.clone();
+        let OldStage {
+            mut record,
+            mut user_state,
+            spilled_queue,
+            spilled_windows,
+            spilled_bags,
+        } = chosen;
+        let renamed_away = |id: TransformId, what: &str| {
+            SnapshotError::Mismatch(format!(
+                "it has {what} of '{}', which the pipeline does not have",
+                map.old_name(&id)
+            ))
+        };
+        record
+            .timers
+            .to_mut()
+            .rename_transforms(|id| map.rename(id))
+            .map_err(|id| renamed_away(id, "timers"))?;
+        user_state
+            .rename_transforms(|id| map.rename(id))
+            .map_err(|id| renamed_away(id, "user state"))?;
+        let gated = self.durability.checkpoints.is_some()
+            && matches!(&self.topology.plan.stages[idx].kind, StageKind::Sdk(sdk) if sdk.stable_input);
+        let s = &mut self.stages[idx];
+        let front = record.pending.into_iter().map(ElementRecord::into_element);
+        let spilled_queue = spilled_queue.map(|r| {
+            let tail = r.tail.into_iter().map(ElementRecord::into_element);
+            (r.spilled, tail.collect())
+        });
+        s.queue
+            .pending
+            .restore(front.collect(), spilled_queue)
+            .map_err(|source| SnapshotError::Queue {
+                stage: stage_name.clone(),
+                source,
+            })?;
+        // It came from a checkpoint: it is stable input.
+        s.queue.pending.all_durable();
+        if gated {
+            s.queue.pending.gate();
+        }
+        s.queue.restore_delayed(
+            record
+                .delayed
+                .into_iter()
+                .map(|(wait, e, hold)| Delayed {
+                    at: now + Duration::from_millis(wait),
+                    element: e.into_element(),
+                    hold,
+                })
+                .collect(),
+        );
+        match (s.grouping_mut(), record.grouping) {
+            (Some(g), Some(snapshot)) => g
+                .restore(snapshot, spilled_windows)
+                .map_err(|e| SnapshotError::Grouping(e.to_string()))?,
+            (None, None) => {}
+            (None, Some(snapshot)) if snapshot.is_empty() => {}
+            (None, Some(_)) => {
+                return Err(SnapshotError::Mismatch(format!(
+                    "it has a GroupByKey buffer for '{}', which the pipeline runs as stage \
+                     '{stage_name}', not a GroupByKey",
+                    map.describe(old)
+                )))
+            }
+            (Some(_), None) => {
+                return Err(SnapshotError::Mismatch(format!(
+                    "stage '{stage_name}' is a GroupByKey, and '{}' was not",
+                    map.describe(old)
+                )))
+            }
+        }
+        s.kind
+            .restore(KindRecord {
+                timers: record.timers,
+                impulse_done: record.impulse_done,
+                stream_cursor: record.stream_cursor,
+                stream_wm: record.stream_wm,
+                state_gc_wm: record.state_gc_wm,
+            })
+            .map_err(|what| SnapshotError::Mismatch(format!("stage '{stage_name}' has {what}")))?;
+        s.progress.input_wm = input_wm.unwrap_or(record.input_wm);
+        s.progress.output_wm = output_wm.unwrap_or(record.output_wm);
+        s.progress.counters = StageCounters::from_record(record.counters);
+        self.user_state[idx]
+            .lock()
+            .restore(user_state, spilled_bags)
+            .map_err(|source| SnapshotError::UserState {
+                stage: stage_name,
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Refuses a side input that a transform the checkpoint did not know
+    /// reads, once its producer ran: what it produced before the cut is
+    /// kept for its old readers only, so the new one would miss it.
+    fn check_new_side_inputs(&self, map: &StageMap) -> Result<(), SnapshotError> {
+        let plan = &self.topology.plan;
+        for stage in plan.stages.iter() {
+            for side in &stage.side_inputs {
+                let Some(name) = plan.names.transforms.get(&side.id.transform_id) else {
+                    continue;
+                };
+                if map.knew(name) {
+                    continue;
+                }
+                let produced = plan.stages.iter_enumerated().any(|(p, producer)| {
+                    producer.outputs.contains(&side.pcollection)
+                        && self.stages[p].progress.output_wm > MIN_TIMESTAMP
+                });
+                if produced {
+                    return Err(SnapshotError::Mismatch(format!(
+                        "'{name}' is new and reads side input '{}', whose values before the \
+                         checkpoint were kept only for the transforms that read it then",
+                        side.id.tag
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of part `name`, or an error naming it.
+fn required(parts: &[(String, Bytes)], name: PartName) -> Result<&Bytes, SnapshotError> {
+    find_part(parts, name)
+        .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
+}
+
+/// Part `name` decoded, if the checkpoint has it.
+fn optional<T: for<'a> Deserialize<'a>>(
+    parts: &[(String, Bytes)],
+    name: PartName,
+) -> Result<Option<T>, SnapshotError> {
+    find_part(parts, name).map(|b| decode(name, b)).transpose()
+}
+
+/// One stage of a checkpoint, decoded.
+struct OldStage<'a> {
+    record: StageRecord<'a>,
+    user_state: UserStateSnapshot,
+    spilled_queue: Option<QueueSpillRecord>,
+    spilled_windows: Option<SpilledWindows>,
+    spilled_bags: Option<SpilledBags>,
+}
+
+impl<'a> OldStage<'a> {
+    /// Stage `old` of the checkpoint `parts`.
+    fn decode(parts: &'a [(String, Bytes)], old: usize) -> Result<Self, SnapshotError> {
+        let idx = StageIdx::new(old);
+        let name = PartName::Stage(idx);
+        let record = decode(name, required(parts, name)?)?;
+        let name = PartName::UserState(idx);
+        let user_state = decode(name, required(parts, name)?)?;
+        Ok(OldStage {
+            record,
+            user_state,
+            spilled_queue: optional(parts, PartName::QueueSpill(idx))?,
+            spilled_windows: optional(parts, PartName::GroupingSpill(idx))?,
+            spilled_bags: optional(parts, PartName::UserStateSpill(idx))?,
+        })
+    }
+
+    /// Whether elements wait in its queue.
+    fn has_elements(&self) -> bool {
+        !self.record.pending.is_empty()
+            || !self.record.delayed.is_empty()
+            || self.spilled_queue.is_some()
+    }
+
+    /// Whether it holds what belongs to its one head: timers, user state
+    /// or a GroupByKey's buffer.
+    fn has_keyed_state(&self) -> bool {
+        !self.record.timers.is_empty()
+            || !self.user_state.is_empty()
+            || self.record.grouping.as_ref().is_some_and(|g| !g.is_empty())
+            || self.spilled_windows.is_some()
+            || self
+                .spilled_bags
+                .as_ref()
+                .is_some_and(SpilledBags::names_bags)
+    }
+
+    /// Whether it holds anything a restore must carry over.
+    fn carries_anything(&self) -> bool {
+        self.has_elements() || self.has_keyed_state()
+    }
+
+    /// Whether it names data on the durable spill space, kept under its
+    /// stage number.
+    fn names_spilled_data(&self) -> bool {
+        self.spilled_queue.is_some()
+            || self.spilled_windows.is_some()
+            || self
+                .spilled_bags
+                .as_ref()
+                .is_some_and(SpilledBags::names_bags)
+    }
+}
+
+/// Refuses a checkpoint whose stage `old` holds something that has no one
+/// place to go in the plan `map` maps onto.
+fn check_carried(
+    parts: &[(String, Bytes)],
+    map: &StageMap,
+    old: usize,
+) -> Result<(), SnapshotError> {
+    let stage = OldStage::decode(parts, old)?;
+    let heads = map.describe(old);
+    let targets = map.targets(old);
+    if stage.has_elements() {
+        if let Some(reason) = map.queue_refusal(old) {
+            return Err(SnapshotError::Mismatch(reason));
+        }
+    }
+    if stage.has_keyed_state() && targets.len() != 1 {
+        return Err(SnapshotError::Mismatch(if targets.is_empty() {
+            format!("it has timers, state or a GroupByKey buffer of '{heads}', which the pipeline does not have")
+        } else {
+            format!(
+                "it has timers, state or a GroupByKey buffer of '{heads}', which the pipeline \
+                 now reads in {} stages",
+                targets.len()
+            )
+        }));
+    }
+    if stage.names_spilled_data() && targets.iter().any(|t| t.index() != old) {
+        return Err(SnapshotError::Mismatch(format!(
+            "the stage reading for '{heads}' spilled data that a periodic checkpoint names under \
+             its stage number, and the pipeline is fused differently now; resume it with the \
+             Refract that wrote it, or start from a savepoint of it"
+        )));
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::plan::SideInputId;
+use crate::plan::{SideInputId, TransformId};
 use crate::state::{StateError, StateKey};
 
 /// One window of one side input: where its values are kept. Encoded, and
@@ -138,6 +138,32 @@ pub(crate) struct SideInputSnapshot {
     iterable: Vec<(SideInputWindow, Vec<Bytes>)>,
     multimap: Vec<MultimapSnapshot>,
     ready: Vec<SideInputId>,
+}
+
+impl SideInputSnapshot {
+    /// Moves every side input to the id `rename` gives its reading
+    /// transform (see [`crate::timers::TimerStore::rename_transforms`]);
+    /// the side inputs of a transform with no new id go: nothing reads
+    /// them any more.
+    pub(crate) fn rename_transforms(
+        &mut self,
+        rename: impl Fn(&TransformId) -> Option<TransformId>,
+    ) {
+        let moved = |id: &mut SideInputId| match rename(&id.transform_id) {
+            Some(new) => {
+                id.transform_id = new;
+                true
+            }
+            None => false,
+        };
+        self.iterable.retain_mut(|(w, _)| moved(&mut w.side_input));
+        self.iterable.sort_by(|a, b| a.0.cmp(&b.0));
+        self.multimap
+            .retain_mut(|(w, _, _)| moved(&mut w.side_input));
+        self.multimap.sort_by(|a, b| a.0.cmp(&b.0));
+        self.ready.retain_mut(|id| moved(id));
+        self.ready.sort();
+    }
 }
 
 impl SideInputTable {

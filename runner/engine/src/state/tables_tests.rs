@@ -162,6 +162,47 @@ fn side_inputs_must_be_ready() {
 }
 
 #[test]
+fn a_checkpoint_restored_under_new_transform_ids_reads_the_same_values() {
+    let (si, us) = stores();
+    let o = BundleOverlay::new(si.clone(), us.clone());
+    o.append(&bag("k"), Bytes::from_static(b"\x01a")).unwrap();
+    us.lock().apply(o.take_writes()).unwrap();
+    si.lock().add_iterable(
+        &SideInputId::new("t", "s"),
+        Bytes::new(),
+        Bytes::from_static(b"\x01"),
+    );
+    si.lock().mark_ready(&SideInputId::new("t", "s"));
+    si.lock().mark_ready(&SideInputId::new("gone", "s"));
+    let to_t9 = |id: &crate::plan::TransformId| (**id == *"t").then(|| "t9".into());
+    let mut state = us.lock().snapshot().unwrap();
+    // A cell whose transform is gone is named.
+    assert_eq!(state.clone().rename_transforms(|_| None), Err("t".into()));
+    state.rename_transforms(to_t9).unwrap();
+    let mut sides = si.lock().snapshot();
+    sides.rename_transforms(to_t9);
+    let (si, us) = stores();
+    us.lock().restore(state, None).unwrap();
+    *si.lock() = SideInputTable::restore(sides);
+    let o = BundleOverlay::new(si.clone(), us);
+    let renamed = match bag("k") {
+        StateKey::BagUserState(cell) => StateKey::BagUserState(CellId {
+            transform_id: "t9".into(),
+            ..cell
+        }),
+        _ => unreachable!(),
+    };
+    assert_eq!(&o.get(&renamed, None).unwrap().data[..], b"\x01a");
+    let side = |t: &str| StateKey::IterableSideInput {
+        side_input: SideInputId::new(t, "s"),
+        window: Bytes::new(),
+    };
+    assert_eq!(&o.get(&side("t9"), None).unwrap().data[..], b"\x01");
+    // The reader that is gone took its side input with it.
+    assert!(o.get(&side("gone"), None).is_err());
+}
+
+#[test]
 fn ordered_list_sorts_stably_reads_its_writes_and_commits_on_apply() {
     let (si, us) = stores();
     let o = BundleOverlay::new(si.clone(), us.clone());

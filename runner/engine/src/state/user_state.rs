@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bag_spill::{BagSpill, SpilledBags};
 use crate::coder::Coder;
+use crate::plan::TransformId;
 use crate::spill::{SpillError, SpillSpace};
 use crate::state::{CellId, SortKeyRange, StateError, StateKey};
 
@@ -86,6 +87,36 @@ pub(crate) struct UserStateSnapshot {
     bags: Vec<(CellId, Vec<Bytes>)>,
     ordered_lists: Vec<(CellId, OrderedList)>,
     multimaps: Vec<(CellId, Multimap)>,
+}
+
+impl UserStateSnapshot {
+    /// Whether the checkpoint kept no cell.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bags.is_empty() && self.ordered_lists.is_empty() && self.multimaps.is_empty()
+    }
+
+    /// Moves every cell to the id `rename` gives its transform (see
+    /// [`crate::timers::TimerStore::rename_transforms`]); fails with the
+    /// first transform that has a cell and no new id.
+    pub(crate) fn rename_transforms(
+        &mut self,
+        rename: impl Fn(&TransformId) -> Option<TransformId>,
+    ) -> Result<(), TransformId> {
+        fn renamed<V>(
+            cells: &mut [(CellId, V)],
+            rename: &impl Fn(&TransformId) -> Option<TransformId>,
+        ) -> Result<(), TransformId> {
+            for (cell, _) in cells.iter_mut() {
+                cell.transform_id =
+                    rename(&cell.transform_id).ok_or_else(|| cell.transform_id.clone())?;
+            }
+            cells.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(())
+        }
+        renamed(&mut self.bags, &rename)?;
+        renamed(&mut self.ordered_lists, &rename)?;
+        renamed(&mut self.multimaps, &rename)
+    }
 }
 
 impl UserStateTable {

@@ -126,6 +126,33 @@ fn a_bounded_take_fires_the_earliest_first() {
 }
 
 #[test]
+fn renamed_transforms_keep_their_timers_and_a_lost_owner_is_named() {
+    let mut s = TimerStore::default();
+    s.apply("t1", "e", TimeDomain::EventTime, vec![timer("a", 5, false)]);
+    s.apply("t2", "e", TimeDomain::EventTime, vec![timer("b", 7, false)]);
+    // t2 becomes t0: it now sorts first, and fires under its new id.
+    s.rename_transforms(|id| Some(TransformId::new(if **id == *"t2" { "t0" } else { id })))
+        .expect("every owner has a new id");
+    let fired: Vec<(String, i64)> = s
+        .take_ready_where(20, 0, None, 10, |_| true)
+        .into_iter()
+        .map(|(_, f)| (f.transform_id.to_string(), f.timer.fire_timestamp))
+        .collect();
+    assert_eq!(fired, [("t1".to_string(), 5), ("t0".to_string(), 7)]);
+    let mut s = TimerStore::default();
+    s.apply(
+        "gone",
+        "e",
+        TimeDomain::EventTime,
+        vec![timer("a", 5, false)],
+    );
+    let lost = s
+        .rename_transforms(|_| None)
+        .expect_err("a timer without an owner");
+    assert_eq!(lost, TransformId::new("gone"));
+}
+
+#[test]
 fn fires_by_domain() {
     let mut s = TimerStore::default();
     s.apply("t", "e", TimeDomain::EventTime, vec![timer("a", 10, false)]);

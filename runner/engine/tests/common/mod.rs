@@ -58,6 +58,7 @@ pub fn sourced_plan(values: Coder, consumer: &str, kind: StageKind) -> Plan {
             stage(consumer, kind, vec![1], vec![]),
         ]
         .into(),
+        names: Default::default(),
     }
 }
 
@@ -122,6 +123,7 @@ pub fn keyed_source_plan(consumers: &[(&str, bool)]) -> Plan {
         ]
         .into(),
         stages: stages.into(),
+        names: Default::default(),
     }
 }
 
@@ -156,6 +158,7 @@ pub fn group_plan() -> Plan {
             stage("sink", sdk(), vec![2], vec![]),
         ]
         .into(),
+        names: Default::default(),
     }
 }
 

@@ -53,6 +53,7 @@ pub(super) async fn fast_source_slow_sink(max_pending_bytes: usize, shards: u32)
         ]
         .into(),
         stages: vec![impulse_stage(), splittable_source_stage(), sink_stage].into(),
+        names: Default::default(),
     };
     let rounds = Arc::new(AtomicUsize::new(0));
     let source: StageFn = Arc::new(move |input| {
@@ -178,6 +179,7 @@ async fn fast_source_reshuffle_slow_sink(max_pending_bytes: usize, how: Reshuffl
             sdk_stage("sink", vec![2], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let produced = Arc::new(AtomicUsize::new(0));
     let consumed = Arc::new(AtomicUsize::new(0));

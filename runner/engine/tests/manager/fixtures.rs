@@ -193,6 +193,7 @@ pub(crate) fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (P
             sdk_stage("sink", vec![2], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let source: StageFn = Arc::new(|_input| {
         let mut out = Vec::new();

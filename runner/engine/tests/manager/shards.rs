@@ -71,6 +71,7 @@ fn timers_pipeline(
             sdk_stage("sink", vec![3], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let source: StageFn = Arc::new(|_| {
         let mut out = Vec::new();
@@ -212,6 +213,7 @@ async fn side_inputs_reach_every_shard_whole() {
             sdk_stage("start", vec![0], vec![3]),
         ]
         .into(),
+        names: Default::default(),
     };
     let start: StageFn = Arc::new(|input| {
         Ok(BundleOutput {

@@ -28,6 +28,7 @@ async fn side_input_is_complete_before_its_consumer_runs() {
             },
         ]
         .into(),
+        names: Default::default(),
     };
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
@@ -69,6 +70,7 @@ async fn flatten_of_the_same_pcollection_twice_duplicates_elements() {
             sdk_stage("count", vec![1], vec![]),
         ]
         .into(),
+        names: Default::default(),
     };
     let count = Arc::new(AtomicUsize::new(0));
     let c2 = count.clone();

@@ -134,6 +134,7 @@ fn stateful_plan(events: Vec<TestStreamEvent>, stateful: SdkStage) -> Plan {
             },
         ]
         .into(),
+        names: Default::default(),
     }
 }
 

@@ -70,6 +70,9 @@ pub struct Shape {
     pub strict: Option<u64>,
     /// How many shards the job runs on (one engine each, in this process).
     pub shards: u32,
+    /// With `crash_at`: the restored engine's plan numbers its stages in
+    /// reverse, as another fusion of the pipeline would number them.
+    pub renumber_on_restore: bool,
 }
 
 impl Default for Shape {
@@ -84,6 +87,7 @@ impl Default for Shape {
             crash_at: None,
             strict: None,
             shards: 1,
+            renumber_on_restore: false,
         }
     }
 }
@@ -301,6 +305,7 @@ async fn run_engine(
     config: EngineConfig,
     crash_at: Option<usize>,
     shards: u32,
+    renumber: bool,
 ) -> Result<(RunSummary, bool), EngineError> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
     if shards > 1 {
@@ -319,9 +324,44 @@ async fn run_engine(
             Cut::Finished(outcome) => return Ok((outcome?, false)),
         };
     keep_committed(&sdk, &parts);
+    let (plan, executor) = if renumber {
+        let (plan, sdk) = renumbered(plan, &sdk);
+        (plan, sdk as Arc<dyn StageExecutor>)
+    } else {
+        (plan, executor)
+    };
     let engine = restored_engine(plan, executor, config, &parts).expect("the checkpoint restores");
     let (_cancel, cancelled) = watch::channel(false);
     Ok((engine.run(cancelled).await?, true))
+}
+
+/// `plan` with its stages in reverse order, and an SDK that runs them and
+/// shares `sdk`'s sink.
+fn renumbered(plan: Plan, sdk: &FakeSdk) -> (Plan, Arc<FakeSdk>) {
+    let last = plan.stages.len() - 1;
+    let flip = |idx: StageIdx| StageIdx::new(last - idx.index());
+    let mut stages: Vec<Stage> = plan.stages.into_iter().collect();
+    stages.reverse();
+    let plan = Plan {
+        pcollections: plan.pcollections,
+        stages: StageVec::from(stages),
+        names: Default::default(),
+    };
+    let sdk = FakeSdk {
+        roles: sdk
+            .roles
+            .iter()
+            .map(|(idx, role)| (flip(*idx), *role))
+            .collect(),
+        inputs: sdk.inputs.clone(),
+        window_fn: sdk.window_fn.clone(),
+        window_coder: sdk.window_coder.clone(),
+        create_chunks: sdk.create_chunks,
+        jitter: sdk.jitter,
+        sink: sdk.sink.clone(),
+        sink_prefixes: sdk.sink_prefixes.clone(),
+    };
+    (plan, Arc::new(sdk))
 }
 
 /// Runs `plan` on `shards` engines joined in this process, all with one
@@ -415,6 +455,7 @@ fn harness(
     let plan = Plan {
         pcollections,
         stages,
+        names: Default::default(),
     };
     let sdk = Arc::new(FakeSdk {
         roles,
@@ -460,7 +501,14 @@ fn run(
 ) -> Result<Run, EngineError> {
     let (plan, sdk, config) = harness(source_stages, roles, inputs, strategy, shape);
     let runtime = runtime();
-    let run = run_engine(plan, sdk.clone(), config, shape.crash_at, shape.shards);
+    let run = run_engine(
+        plan,
+        sdk.clone(),
+        config,
+        shape.crash_at,
+        shape.shards,
+        shape.renumber_on_restore,
+    );
     let (summary, restored) = runtime.block_on(async move {
         tokio::time::timeout(Duration::from_secs(60), run)
             .await

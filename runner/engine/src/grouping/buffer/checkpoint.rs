@@ -28,6 +28,13 @@ pub(crate) struct GroupingSnapshot {
     unmerged: Vec<Bytes>,
 }
 
+impl GroupingSnapshot {
+    /// Whether the buffer held no pane and no window waiting to merge.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.panes.is_empty() && self.unmerged.is_empty()
+    }
+}
+
 impl GroupingBuffer {
     /// What a checkpoint keeps of this buffer: everything, spilled panes
     /// read back included.

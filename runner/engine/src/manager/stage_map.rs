@@ -1,0 +1,317 @@
+//! Which of a plan's stages and transforms a checkpoint's are.
+//!
+//! A checkpoint is restored onto a plan that may be fused differently
+//! from the one it was taken of: another build of Refract may fuse
+//! otherwise, and a new version of the pipeline (a savepoint start) may
+//! add, remove or rename transforms. What carries over is named the way
+//! the pipeline names it (see [`PipelineNames`]):
+//!
+//! * A stage's queue is the elements its *heads*, the transforms reading
+//!   its input, have yet to see. An old stage's queue goes to every new
+//!   stage that shares a head with it; two old stages with elements
+//!   waiting may not feed one new stage (each head would see the other's
+//!   elements), and elements waiting for a transform that is gone, or
+//!   that the new plan fuses behind another, have nowhere to go.
+//! * Timers, user state and a GroupByKey's buffer belong to one
+//!   transform, which is its stage's only head: they go to the one new
+//!   stage that shares a head, under the new id of their transform.
+//! * Side inputs are kept per reading transform, under its new id.
+//!
+//! Every refusal names the transforms and the reason; what had nothing to
+//! carry (an empty queue, a stage that is gone with nothing in it) needs
+//! no counterpart.
+//!
+//! A checkpoint of a format before names were recorded maps by identical
+//! stage names, as it was restored when it was written.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::plan::{PipelineNames, Plan, StageIdx, TransformId};
+
+/// What a checkpoint recorded of the names of the plan it was taken of.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct RecordedNames {
+    /// Each stage's name, by stage number.
+    pub(super) stage_names: Vec<String>,
+    /// Each stage's heads, by stage number; empty in a format that did not
+    /// record them.
+    pub(super) stage_heads: Vec<Vec<String>>,
+    /// Transform id → unique name.
+    pub(super) transforms: Vec<(String, String)>,
+}
+
+impl RecordedNames {
+    /// The names of `plan`, as a checkpoint of it records them.
+    pub(super) fn of(plan: &Plan) -> Self {
+        RecordedNames {
+            stage_names: plan.stages.iter().map(|s| s.name.clone()).collect(),
+            stage_heads: plan.stages.indices().map(|i| plan.stage_heads(i)).collect(),
+            transforms: transform_names(&plan.names),
+        }
+    }
+}
+
+/// `names`' transforms as a checkpoint lists them: sorted by id.
+fn transform_names(names: &PipelineNames) -> Vec<(String, String)> {
+    names
+        .transforms
+        .iter()
+        .map(|(id, name)| (id.to_string(), name.clone()))
+        .collect()
+}
+
+/// How a checkpoint's stages and transforms map onto a plan.
+#[derive(Debug)]
+pub(super) struct StageMap {
+    /// Per old stage, the new stages its queue goes to.
+    targets: Vec<Vec<StageIdx>>,
+    /// Per old stage, its heads (for errors).
+    old_heads: Vec<Vec<String>>,
+    /// Per new stage, the old stages mapped onto it.
+    sources: HashMap<StageIdx, Vec<usize>>,
+    /// Per old stage, a head the new plan has but not as a head (the
+    /// elements waiting for it would have nowhere to go), with the stage
+    /// it is fused into there.
+    fused_behind: Vec<Option<(String, String)>>,
+    /// Old transform id → its new id (`None`: not in the new plan);
+    /// an id the checkpoint named no transform for keeps its id.
+    renames: HashMap<String, Option<TransformId>>,
+    /// Old transform id → its unique name.
+    old_names: BTreeMap<String, String>,
+}
+
+impl StageMap {
+    /// Maps `recorded` onto `plan`; with no heads recorded (an older
+    /// format), stage by stage, which requires the same stage names (the
+    /// error says why the checkpoint does not fit).
+    pub(super) fn new(recorded: &RecordedNames, plan: &Plan) -> Result<Self, String> {
+        let new_names: Vec<&str> = plan.stages.iter().map(|s| s.name.as_str()).collect();
+        let old_heads: Vec<Vec<String>> = if recorded.stage_heads.is_empty() {
+            if recorded.stage_names != new_names {
+                return Err(format!(
+                    "its stages are [{}], the pipeline's are [{}]",
+                    recorded.stage_names.join(", "),
+                    new_names.join(", ")
+                ));
+            }
+            plan.stages.indices().map(|i| plan.stage_heads(i)).collect()
+        } else {
+            recorded.stage_heads.clone()
+        };
+        let new_heads: Vec<(StageIdx, Vec<String>)> = plan
+            .stages
+            .indices()
+            .map(|idx| (idx, plan.stage_heads(idx)))
+            .collect();
+        let head_owner: HashMap<&str, StageIdx> = new_heads
+            .iter()
+            .flat_map(|(idx, heads)| heads.iter().map(move |h| (h.as_str(), *idx)))
+            .collect();
+        // Which new stage runs each transform, to tell "gone" from "fused
+        // behind another".
+        let runs_in: HashMap<&str, StageIdx> = plan
+            .stages
+            .iter_enumerated()
+            .flat_map(|(idx, s)| crate::plan::fused_transform_names(&s.name).map(move |n| (n, idx)))
+            .collect();
+        let mut targets = Vec::with_capacity(old_heads.len());
+        let mut fused_behind = Vec::with_capacity(old_heads.len());
+        let mut sources: HashMap<StageIdx, Vec<usize>> = HashMap::new();
+        for (old, heads) in old_heads.iter().enumerate() {
+            let mut to: Vec<StageIdx> = heads
+                .iter()
+                .filter_map(|h| head_owner.get(h.as_str()).copied())
+                .collect();
+            to.sort();
+            to.dedup();
+            for &n in &to {
+                sources.entry(n).or_default().push(old);
+            }
+            fused_behind.push(heads.iter().find_map(|h| {
+                if head_owner.contains_key(h.as_str()) {
+                    return None;
+                }
+                runs_in
+                    .get(h.as_str())
+                    .map(|&idx| (h.clone(), plan.stages[idx].name.clone()))
+            }));
+            targets.push(to);
+        }
+        let new_ids: HashMap<&str, &TransformId> = plan
+            .names
+            .transforms
+            .iter()
+            .map(|(id, name)| (name.as_str(), id))
+            .collect();
+        let old_names: BTreeMap<String, String> = recorded.transforms.iter().cloned().collect();
+        let renames = old_names
+            .iter()
+            .map(|(id, name)| (id.clone(), new_ids.get(name.as_str()).map(|&i| i.clone())))
+            .collect();
+        Ok(StageMap {
+            targets,
+            old_heads,
+            sources,
+            fused_behind,
+            renames,
+            old_names,
+        })
+    }
+
+    /// How many stages the checkpoint has.
+    pub(super) fn old_stages(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// The new stages old stage `old`'s queue goes to.
+    pub(super) fn targets(&self, old: usize) -> &[StageIdx] {
+        &self.targets[old]
+    }
+
+    /// The old stages mapped onto new stage `idx`.
+    pub(super) fn sources(&self, idx: StageIdx) -> &[usize] {
+        self.sources.get(&idx).map_or(&[], Vec::as_slice)
+    }
+
+    /// Old stage `old`'s heads, for errors.
+    pub(super) fn describe(&self, old: usize) -> String {
+        self.old_heads[old].join(", ")
+    }
+
+    /// Why the elements waiting in old stage `old` cannot be carried over
+    /// (`None`: they can), given where its queue goes.
+    pub(super) fn queue_refusal(&self, old: usize) -> Option<String> {
+        if let Some((head, stage)) = &self.fused_behind[old] {
+            return Some(format!(
+                "elements wait for '{head}', which the pipeline now fuses into stage '{stage}' \
+                 behind another transform"
+            ));
+        }
+        if self.targets[old].is_empty() {
+            return Some(format!(
+                "elements wait for '{}', which the pipeline does not have",
+                self.describe(old)
+            ));
+        }
+        None
+    }
+
+    /// Old transform id `id`'s new id (`None`: the new plan does not have
+    /// it).
+    pub(super) fn rename(&self, id: &TransformId) -> Option<TransformId> {
+        match self.renames.get(id.as_str()) {
+            Some(new) => new.clone(),
+            None => Some(id.clone()),
+        }
+    }
+
+    /// Old transform id `id`'s unique name, for errors.
+    pub(super) fn old_name(&self, id: &TransformId) -> String {
+        self.old_names
+            .get(id.as_str())
+            .cloned()
+            .unwrap_or_else(|| id.to_string())
+    }
+
+    /// Whether the checkpoint knew a transform of unique name `name`.
+    pub(super) fn knew(&self, name: &str) -> bool {
+        self.old_names.values().any(|n| n == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Stage, StageKind};
+
+    /// A plan of SDK stages, each given as (name, heads), with transforms
+    /// `(id, unique name)`.
+    fn plan(stages: &[(&str, &[&str])], transforms: &[(&str, &str)]) -> Plan {
+        let mut plan = Plan::default();
+        for (name, heads) in stages {
+            plan.stages.push(Stage {
+                name: name.to_string(),
+                kind: StageKind::Flatten,
+                inputs: Vec::new(),
+                side_inputs: Vec::new(),
+                outputs: Vec::new(),
+            });
+            plan.names
+                .stage_heads
+                .push(heads.iter().map(|h| h.to_string()).collect());
+        }
+        plan.names.transforms = transforms
+            .iter()
+            .map(|(id, name)| (TransformId::new(id), name.to_string()))
+            .collect();
+        plan
+    }
+
+    fn idx(i: usize) -> StageIdx {
+        StageIdx::new(i)
+    }
+
+    #[test]
+    fn stages_are_found_by_their_heads_whatever_their_numbers() {
+        let old = plan(&[("A+B", &["A"]), ("C", &["C"])], &[]);
+        let new = plan(&[("C", &["C"]), ("A+B", &["A"])], &[]);
+        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        assert_eq!(map.targets(0), [idx(1)]);
+        assert_eq!(map.targets(1), [idx(0)]);
+        assert_eq!(map.sources(idx(1)), [0]);
+        assert_eq!(map.queue_refusal(0), None);
+    }
+
+    #[test]
+    fn a_queue_read_by_two_heads_goes_to_both_when_they_are_split() {
+        let old = plan(&[("A+B", &["A", "B"])], &[]);
+        let new = plan(&[("A", &["A"]), ("B", &["B"])], &[]);
+        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        assert_eq!(map.targets(0), [idx(0), idx(1)]);
+        assert_eq!(map.queue_refusal(0), None);
+    }
+
+    #[test]
+    fn elements_waiting_for_a_transform_fused_behind_another_or_gone_are_refused() {
+        let old = plan(&[("A", &["A"]), ("C", &["C"]), ("X", &["X"])], &[]);
+        let new = plan(&[("A+C", &["A"])], &[]);
+        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        let behind = map.queue_refusal(1).expect("C is fused behind A");
+        assert!(
+            behind.contains("'C'") && behind.contains("'A+C'"),
+            "{behind}"
+        );
+        let gone = map.queue_refusal(2).expect("X is gone");
+        assert!(
+            gone.contains("'X'") && gone.contains("does not have"),
+            "{gone}"
+        );
+    }
+
+    #[test]
+    fn transforms_are_renamed_by_unique_name() {
+        let old = plan(&[("Count", &["Count"])], &[("t1", "Count"), ("t2", "Gone")]);
+        let new = plan(&[("Count", &["Count"])], &[("t7", "Count")]);
+        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        assert_eq!(map.rename(&"t1".into()), Some("t7".into()));
+        assert_eq!(map.rename(&"t2".into()), None);
+        assert_eq!(map.old_name(&"t2".into()), "Gone");
+        // An id the checkpoint named nothing for keeps its id.
+        assert_eq!(map.rename(&"t9".into()), Some("t9".into()));
+        assert!(map.knew("Count") && !map.knew("New"));
+    }
+
+    #[test]
+    fn an_older_format_maps_only_onto_the_same_stage_names() {
+        let old = plan(&[("A", &[]), ("B", &[])], &[]);
+        let older = RecordedNames {
+            stage_names: vec!["A".into(), "B".into()],
+            ..RecordedNames::default()
+        };
+        let map = StageMap::new(&older, &old).expect("the same names");
+        assert_eq!(map.targets(1), [idx(1)]);
+        let renamed = plan(&[("A", &[]), ("B2", &[])], &[]);
+        let refused = StageMap::new(&older, &renamed).expect_err("other names");
+        assert!(refused.contains("[A, B]"), "{refused}");
+    }
+}
