@@ -25,7 +25,7 @@ stateful DoFn (which renumbers the transforms the Python SDK names after
 it), a Reshuffle before the sink (which fuses the sink into a stage of its
 own) and another sink class writing the same files; a savepoint of the
 first version must start it, and one that renames the stateful DoFn
-(--stateful_name) must be refused.
+(--stateful_name) must be refused unless --transform_name_mapping says so.
 
 prints the job id and exits without waiting for the job.
 """
@@ -230,6 +230,7 @@ def main():
   parser.add_argument('--keep_all_kb', type=int, default=0)
   parser.add_argument('--changed', action='store_true')
   parser.add_argument('--stateful_name', default='DedupCount')
+  parser.add_argument('--transform_name_mapping')
   args = parser.parse_args()
   options = PipelineOptions(
     [
@@ -240,6 +241,11 @@ def main():
       '--environment_config=' + json.dumps({'command': args.boot}),
     ]
     + ['--experiments=' + e for e in args.experiments]
+    + (
+      ['--transform_name_mapping=' + args.transform_name_mapping]
+      if args.transform_name_mapping
+      else []
+    )
   )
   p = beam.Pipeline(options=options)
   keyed = (

@@ -64,9 +64,10 @@ def python_job_server_argv(port):
   ]
 
 
-def committed_counter(endpoint, job_id, name):
+def committed_counter(endpoint, job_id, name, step=None):
   """The committed total of a job's user counter `name` (summed over the
-  transforms reporting it), read with GetJobMetrics."""
+  transforms reporting it, or only transform `step`'s), read with
+  GetJobMetrics."""
   with grpc.insecure_channel(endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
     metrics = stub.GetJobMetrics(
@@ -75,7 +76,7 @@ def committed_counter(endpoint, job_id, name):
   return sum(
     VarIntCoder().decode(info.payload)
     for info in metrics.committed
-    if info.labels.get('NAME') == name
+    if info.labels.get('NAME') == name and step in (None, info.labels.get('PTRANSFORM'))
   )
 
 

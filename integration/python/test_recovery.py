@@ -82,7 +82,14 @@ def read_kept(output):
 
 
 def submit(
-  endpoint, output, *experiments, events=EVENTS, keep_all_kb=0, changed=False, stateful_name=None
+  endpoint,
+  output,
+  *experiments,
+  events=EVENTS,
+  keep_all_kb=0,
+  changed=False,
+  stateful_name=None,
+  mapping=None,
 ):
   done = subprocess.run(
     [
@@ -101,7 +108,8 @@ def submit(
     ]
     + ['--experiments=' + e for e in experiments]
     + (['--changed'] if changed else [])
-    + (['--stateful_name', stateful_name] if stateful_name else []),
+    + (['--stateful_name', stateful_name] if stateful_name else [])
+    + (['--transform_name_mapping', json.dumps(mapping)] if mapping else []),
     capture_output=True,
     text=True,
     timeout=120,
@@ -110,9 +118,10 @@ def submit(
   return done.stdout.strip().splitlines()[-1]
 
 
-def distinct_events(endpoint, job_id):
-  """The job's committed `recovery/distinct_events` counter."""
-  return committed_counter(endpoint, job_id, 'distinct_events')
+def distinct_events(endpoint, job_id, step=None):
+  """The job's committed `recovery/distinct_events` counter (of transform
+  `step` only, if given)."""
+  return committed_counter(endpoint, job_id, 'distinct_events', step)
 
 
 def wait_for_results(output, server, timeout_s=60):
@@ -260,8 +269,9 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
 ):
   """The job is stopped with a savepoint and started from it: the same
   pipeline, or its next version (a step added, transforms renumbered, the
-  sink fused apart), which finds the old job's state, timers and waiting
-  elements by the transforms' names."""
+  sink fused apart, the stateful DoFn renamed with
+  --transform_name_mapping), which finds the old job's state, timers,
+  waiting elements and counters by the transforms' names."""
   output = tmp_path / 'out'
   output.mkdir()
   savepoints = tmp_path / 'savepoints'
@@ -307,10 +317,21 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
       )
       assert wait_for_end(server, renamed) == 'FAILED'
       assert "'DedupCount', which the pipeline does not have" in server.log_tail(100000)
-    again = submit(server.endpoint, output, resume, events=events, changed=changed)
+    # The next version renames the stateful DoFn, and says so.
+    stateful = 'Counted' if changed else 'DedupCount'
+    again = submit(
+      server.endpoint,
+      output,
+      resume,
+      events=events,
+      changed=changed,
+      stateful_name=stateful,
+      mapping={'DedupCount': 'Counted'} if changed else None,
+    )
     assert wait_for_end(server, again) == 'DONE', server.log_tail()
-    # The savepoint carried the job's counters on.
-    assert distinct_events(server.endpoint, again) == events
+    # The savepoint carried the job's counters on, under the transform's
+    # name in this pipeline.
+    assert distinct_events(server.endpoint, again, step=stateful) == events
     # A bad savepoint fails the job at its start, with the reason.
     savepoint.write_bytes(b'not a savepoint')
     bad = submit(server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)

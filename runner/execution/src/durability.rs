@@ -11,13 +11,14 @@
 //! out, and a writer task per job that keeps checkpointing off the
 //! engine's thread.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
-use refract_engine::manager::CheckpointProgress;
+use refract_engine::manager::{describe_checkpoint, CheckpointProgress, NameMapping};
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::MetricResults;
@@ -424,17 +425,55 @@ pub fn metrics_part(job: &Job) -> Bytes {
 /// Puts a checkpoint's metrics back into `job`: its counters go on from
 /// there. A checkpoint without them (a savepoint of an older runner)
 /// leaves the metrics as they are.
-pub fn restore_metrics(job: &Job, parts: &[(String, Bytes)]) -> Result<(), DurabilityError> {
+///
+/// Metrics are kept by transform id, and ids change with the pipeline
+/// (Python's count transforms): a transform's metrics move to the id its
+/// unique name (renamed by `renamed`) has in this pipeline (`new_ids`:
+/// unique name → id), and those of a transform it no longer has go.
+pub fn restore_metrics(
+    job: &Job,
+    parts: &[(String, Bytes)],
+    renamed: &NameMapping,
+    new_ids: &HashMap<String, String>,
+) -> Result<(), DurabilityError> {
     let Some((_, bytes)) = parts.iter().find(|(name, _)| name == METRICS_PART) else {
         return Ok(());
     };
-    let results = MetricResults::decode(bytes.as_ref()).map_err(|e| DurabilityError::Record {
+    let unreadable = |reason: String| DurabilityError::Record {
         job: job.id().to_string(),
-        reason: format!("its checkpointed metrics: {e}"),
-    })?;
+        reason,
+    };
+    let mut results = MetricResults::decode(bytes.as_ref())
+        .map_err(|e| unreadable(format!("its checkpointed metrics: {e}")))?;
+    // (The engine read the `engine` part already; without one, ids stay.)
+    let old_names: HashMap<String, String> = describe_checkpoint(parts)
+        .map(|info| info.transforms.into_iter().collect())
+        .unwrap_or_default();
+    let new_id = |old_id: &str| match old_names.get(old_id) {
+        Some(name) => {
+            let name = renamed.get(name).unwrap_or(name);
+            new_ids.get(name).cloned()
+        }
+        None => Some(old_id.to_string()),
+    };
+    results
+        .committed
+        .retain_mut(|info| match info.labels.get_mut(PTRANSFORM_LABEL) {
+            Some(transform) => match new_id(transform) {
+                Some(id) => {
+                    *transform = id;
+                    true
+                }
+                None => false,
+            },
+            None => true,
+        });
     job.metrics().restore(&results.committed);
     Ok(())
 }
+
+/// The label naming a metric's transform, by its id.
+const PTRANSFORM_LABEL: &str = "PTRANSFORM";
 
 #[cfg(test)]
 mod tests;

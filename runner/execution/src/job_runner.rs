@@ -82,7 +82,7 @@ pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String>
          streaming job's state to a new version of its pipeline, take a savepoint \
          (`refract savepoint JOB --path FILE --stop`) and submit the new pipeline with \
          --experiments=refract_savepoint=FILE, without --update (its transforms are matched \
-         by unique name)"
+         by unique name, renamed ones by --transform_name_mapping)"
             .to_string(),
     )
 }

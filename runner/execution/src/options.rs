@@ -3,6 +3,8 @@
 //! Options arrive as a `google.protobuf.Struct` keyed `beam:option:NAME:v1`;
 //! Python sends numbers as strings, and flags as booleans or strings.
 
+use std::collections::BTreeMap;
+
 use refract_proto::prost_types;
 use refract_proto::prost_types::value::Kind;
 
@@ -81,6 +83,31 @@ pub(crate) fn experiment_value(options: &prost_types::Struct, name: &str) -> Opt
     })
 }
 
+/// A map of names to names, sent as an object (Python, Java) or as its
+/// JSON text: absent (or null) is empty; anything else is an error naming
+/// the option.
+pub(crate) fn option_name_map(
+    options: &prost_types::Struct,
+    name: &str,
+) -> Result<BTreeMap<String, String>, String> {
+    let refused = |why: String| format!("--{name}: expected an object of names to names, {why}");
+    match value(options, name) {
+        None | Some(Kind::NullValue(_)) => Ok(BTreeMap::new()),
+        Some(Kind::StructValue(map)) => map
+            .fields
+            .iter()
+            .map(|(from, to)| match &to.kind {
+                Some(Kind::StringValue(to)) => Ok((from.clone(), to.clone())),
+                other => Err(refused(format!("and '{from}' maps to {other:?}"))),
+            })
+            .collect(),
+        Some(Kind::StringValue(text)) => {
+            serde_json::from_str(text).map_err(|e| refused(format!("not '{text}' ({e})")))
+        }
+        Some(other) => Err(refused(format!("not {other:?}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +152,29 @@ mod tests {
             Some("/tmp/a=b")
         );
         assert_eq!(experiment_value(&o, "drain_on_start"), None);
+    }
+
+    #[test]
+    fn a_name_map_is_read_as_an_object_or_its_json_text() {
+        let map = |kind: Kind| option_name_map(&options(vec![("m", kind)]), "m");
+        let object = Struct {
+            fields: [(
+                "old".to_string(),
+                Value {
+                    kind: Some(Kind::StringValue("new".into())),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let want: BTreeMap<String, String> = [("old".to_string(), "new".to_string())].into();
+        assert_eq!(map(Kind::StructValue(object)), Ok(want.clone()));
+        assert_eq!(map(Kind::StringValue(r#"{"old": "new"}"#.into())), Ok(want));
+        assert_eq!(option_name_map(&options(vec![]), "m"), Ok(BTreeMap::new()));
+        for bad in [Kind::StringValue("old=new".into()), Kind::NumberValue(1.0)] {
+            let error = map(bad).expect_err("refused");
+            assert!(error.starts_with("--m: expected an object"), "{error}");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use super::grouping_stage::GroupingState;
 use super::part_name::PartName;
 use super::pending::SpilledQueue;
-use super::stage_map::{RecordedNames, StageMap};
+use super::stage_map::{NameMapping, RecordedNames, StageMap};
 use super::stage_state::{Delayed, KindRecord};
 use super::stats::{CounterRecord, StageCounters};
 use super::{Engine, InFlight};
@@ -182,6 +182,10 @@ pub struct CheckpointInfo {
     /// Of those, the ones still in flight at the cut: their effects are
     /// not in the checkpoint, and a restored engine runs their input again.
     pub rerun_bundles: Vec<u64>,
+    /// The unique name of each SDK transform by the id it had in the
+    /// pipeline checkpointed (empty before version 5): what the job's
+    /// other records keyed by transform id (metrics) are moved by.
+    pub transforms: Vec<(String, String)>,
 }
 
 /// Reads what a checkpoint says about its run, for logs and for tests
@@ -189,11 +193,12 @@ pub struct CheckpointInfo {
 pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, SnapshotError> {
     let bytes = find_part(parts, PartName::Engine)
         .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
-    let (engine, _) = decode_engine(bytes)?;
+    let (engine, names) = decode_engine(bytes)?;
     Ok(CheckpointInfo {
         version: engine.version,
         next_bundle: engine.next_bundle,
         rerun_bundles: engine.rerun_bundles,
+        transforms: names.transforms,
     })
 }
 
@@ -435,6 +440,17 @@ impl Engine {
     /// an engine running this pipeline, fused as this plan is or not (see
     /// `manager/stage_map.rs`). Call before [`Self::run`].
     pub fn restore(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
+        self.restore_renamed(parts, &NameMapping::new())
+    }
+
+    /// [`Self::restore`] onto a new version of the pipeline, in which the
+    /// transforms `renamed` names have new unique names (or, mapped to
+    /// `""`, are removed, and what they held is dropped on purpose).
+    pub fn restore_renamed(
+        &mut self,
+        parts: &[(String, Bytes)],
+        renamed: &NameMapping,
+    ) -> Result<(), SnapshotError> {
         let engine_bytes = find_part(parts, PartName::Engine)
             .ok_or_else(|| SnapshotError::Mismatch("it has no part 'engine'".into()))?;
         let (engine, names) = decode_engine(engine_bytes)?;
@@ -445,7 +461,8 @@ impl Engine {
                 engine.version
             )));
         }
-        let map = StageMap::new(&names, &self.topology.plan).map_err(SnapshotError::Mismatch)?;
+        let map =
+            StageMap::new(&names, &self.topology.plan, renamed).map_err(SnapshotError::Mismatch)?;
         for old in 0..map.old_stages() {
             check_carried(parts, &map, old)?;
         }
@@ -718,6 +735,9 @@ fn check_carried(
     map: &StageMap,
     old: usize,
 ) -> Result<(), SnapshotError> {
+    if map.dropped(old) {
+        return Ok(());
+    }
     let stage = OldStage::decode(parts, old)?;
     let heads = map.describe(old);
     let targets = map.targets(old);

@@ -78,13 +78,25 @@ pub(super) struct StageMap {
     renames: HashMap<String, Option<TransformId>>,
     /// Old transform id → its unique name.
     old_names: BTreeMap<String, String>,
+    /// Per old stage, whether a name mapping removed every head of it:
+    /// what it held goes, on purpose.
+    dropped: Vec<bool>,
 }
 
+/// Old unique name → new unique name, as `--transform_name_mapping`
+/// gives it; an empty new name removes the transform on purpose.
+pub type NameMapping = BTreeMap<String, String>;
+
 impl StageMap {
-    /// Maps `recorded` onto `plan`; with no heads recorded (an older
-    /// format), stage by stage, which requires the same stage names (the
-    /// error says why the checkpoint does not fit).
-    pub(super) fn new(recorded: &RecordedNames, plan: &Plan) -> Result<Self, String> {
+    /// Maps `recorded` onto `plan`, with the transforms `renamed` names
+    /// renamed (or removed); with no heads recorded (an older format),
+    /// stage by stage, which requires the same stage names (the error says
+    /// why the checkpoint does not fit).
+    pub(super) fn new(
+        recorded: &RecordedNames,
+        plan: &Plan,
+        renamed: &NameMapping,
+    ) -> Result<Self, String> {
         let new_names: Vec<&str> = plan.stages.iter().map(|s| s.name.as_str()).collect();
         let old_heads: Vec<Vec<String>> = if recorded.stage_heads.is_empty() {
             if recorded.stage_names != new_names {
@@ -114,10 +126,22 @@ impl StageMap {
             .iter_enumerated()
             .flat_map(|(idx, s)| crate::plan::fused_transform_names(&s.name).map(move |n| (n, idx)))
             .collect();
+        check_mapping(recorded, &old_heads, renamed, |name| {
+            head_owner.contains_key(name) || runs_in.contains_key(name)
+        })?;
+        // A name as the new pipeline calls it; `None`: removed on purpose.
+        let renamed_to = |name: &str| match renamed.get(name) {
+            Some(to) if to.is_empty() => None,
+            Some(to) => Some(to.clone()),
+            None => Some(name.to_string()),
+        };
         let mut targets = Vec::with_capacity(old_heads.len());
         let mut fused_behind = Vec::with_capacity(old_heads.len());
+        let mut dropped = Vec::with_capacity(old_heads.len());
         let mut sources: HashMap<StageIdx, Vec<usize>> = HashMap::new();
         for (old, heads) in old_heads.iter().enumerate() {
+            let heads: Vec<String> = heads.iter().filter_map(|h| renamed_to(h)).collect();
+            dropped.push(heads.is_empty() && !old_heads[old].is_empty());
             let mut to: Vec<StageIdx> = heads
                 .iter()
                 .filter_map(|h| head_owner.get(h.as_str()).copied())
@@ -146,7 +170,11 @@ impl StageMap {
         let old_names: BTreeMap<String, String> = recorded.transforms.iter().cloned().collect();
         let renames = old_names
             .iter()
-            .map(|(id, name)| (id.clone(), new_ids.get(name.as_str()).map(|&i| i.clone())))
+            .map(|(id, name)| {
+                let new_id = renamed_to(name)
+                    .and_then(|name| new_ids.get(name.as_str()).map(|&i| i.clone()));
+                (id.clone(), new_id)
+            })
             .collect();
         Ok(StageMap {
             targets,
@@ -155,7 +183,14 @@ impl StageMap {
             fused_behind,
             renames,
             old_names,
+            dropped,
         })
+    }
+
+    /// Whether a name mapping removed old stage `old`'s every head: what
+    /// it holds is dropped, not carried.
+    pub(super) fn dropped(&self, old: usize) -> bool {
+        self.dropped[old]
     }
 
     /// How many stages the checkpoint has.
@@ -219,6 +254,38 @@ impl StageMap {
     }
 }
 
+/// Refuses a mapping that renames a transform the checkpoint does not
+/// have, or to one the pipeline (`has`) does not have: a typo would
+/// otherwise drop or misplace state without a word.
+fn check_mapping(
+    recorded: &RecordedNames,
+    old_heads: &[Vec<String>],
+    renamed: &NameMapping,
+    has: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    let known = |name: &str| {
+        old_heads.iter().flatten().any(|h| h == name)
+            || recorded.transforms.iter().any(|(_, n)| n == name)
+            || (recorded.stage_names.iter())
+                .any(|s| crate::plan::fused_transform_names(s).any(|n| n == name))
+    };
+    for (from, to) in renamed {
+        if !known(from) {
+            return Err(format!(
+                "--transform_name_mapping renames '{from}', which the checkpoint has no \
+                 transform of"
+            ));
+        }
+        if !to.is_empty() && !has(to) {
+            return Err(format!(
+                "--transform_name_mapping renames '{from}' to '{to}', which the pipeline has no \
+                 transform of"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,7 +322,8 @@ mod tests {
     fn stages_are_found_by_their_heads_whatever_their_numbers() {
         let old = plan(&[("A+B", &["A"]), ("C", &["C"])], &[]);
         let new = plan(&[("C", &["C"]), ("A+B", &["A"])], &[]);
-        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        let map =
+            StageMap::new(&RecordedNames::of(&old), &new, &NameMapping::new()).expect("a map");
         assert_eq!(map.targets(0), [idx(1)]);
         assert_eq!(map.targets(1), [idx(0)]);
         assert_eq!(map.sources(idx(1)), [0]);
@@ -266,7 +334,8 @@ mod tests {
     fn a_queue_read_by_two_heads_goes_to_both_when_they_are_split() {
         let old = plan(&[("A+B", &["A", "B"])], &[]);
         let new = plan(&[("A", &["A"]), ("B", &["B"])], &[]);
-        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        let map =
+            StageMap::new(&RecordedNames::of(&old), &new, &NameMapping::new()).expect("a map");
         assert_eq!(map.targets(0), [idx(0), idx(1)]);
         assert_eq!(map.queue_refusal(0), None);
     }
@@ -275,7 +344,8 @@ mod tests {
     fn elements_waiting_for_a_transform_fused_behind_another_or_gone_are_refused() {
         let old = plan(&[("A", &["A"]), ("C", &["C"]), ("X", &["X"])], &[]);
         let new = plan(&[("A+C", &["A"])], &[]);
-        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        let map =
+            StageMap::new(&RecordedNames::of(&old), &new, &NameMapping::new()).expect("a map");
         let behind = map.queue_refusal(1).expect("C is fused behind A");
         assert!(
             behind.contains("'C'") && behind.contains("'A+C'"),
@@ -292,7 +362,8 @@ mod tests {
     fn transforms_are_renamed_by_unique_name() {
         let old = plan(&[("Count", &["Count"])], &[("t1", "Count"), ("t2", "Gone")]);
         let new = plan(&[("Count", &["Count"])], &[("t7", "Count")]);
-        let map = StageMap::new(&RecordedNames::of(&old), &new).expect("a map");
+        let map =
+            StageMap::new(&RecordedNames::of(&old), &new, &NameMapping::new()).expect("a map");
         assert_eq!(map.rename(&"t1".into()), Some("t7".into()));
         assert_eq!(map.rename(&"t2".into()), None);
         assert_eq!(map.old_name(&"t2".into()), "Gone");
@@ -302,16 +373,52 @@ mod tests {
     }
 
     #[test]
+    fn a_mapping_renames_transforms_and_removes_them_on_purpose() {
+        let old = plan(
+            &[
+                ("Count", &["Count"]),
+                ("Old", &["Old"]),
+                ("Keep", &["Keep"]),
+            ],
+            &[("t1", "Count"), ("t2", "Old")],
+        );
+        let new = plan(
+            &[("Counted", &["Counted"]), ("Keep", &["Keep"])],
+            &[("t5", "Counted")],
+        );
+        let names = RecordedNames::of(&old);
+        let mapping = |pairs: &[(&str, &str)]| -> NameMapping {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let map = StageMap::new(&names, &new, &mapping(&[("Count", "Counted"), ("Old", "")]))
+            .expect("a map");
+        assert_eq!(map.targets(0), [idx(0)]);
+        assert_eq!(map.rename(&"t1".into()), Some("t5".into()));
+        assert!(map.dropped(1) && !map.dropped(0) && !map.dropped(2));
+        assert_eq!(map.targets(2), [idx(1)]);
+        let typo = StageMap::new(&names, &new, &mapping(&[("Cuont", "Counted")]))
+            .expect_err("a name the checkpoint lacks");
+        assert!(typo.contains("'Cuont'"), "{typo}");
+        let nowhere = StageMap::new(&names, &new, &mapping(&[("Count", "Counter")]))
+            .expect_err("a name the pipeline lacks");
+        assert!(nowhere.contains("'Counter'"), "{nowhere}");
+    }
+
+    #[test]
     fn an_older_format_maps_only_onto_the_same_stage_names() {
         let old = plan(&[("A", &[]), ("B", &[])], &[]);
         let older = RecordedNames {
             stage_names: vec!["A".into(), "B".into()],
             ..RecordedNames::default()
         };
-        let map = StageMap::new(&older, &old).expect("the same names");
+        let map = StageMap::new(&older, &old, &NameMapping::new()).expect("the same names");
         assert_eq!(map.targets(1), [idx(1)]);
         let renamed = plan(&[("A", &[]), ("B2", &[])], &[]);
-        let refused = StageMap::new(&older, &renamed).expect_err("other names");
+        let refused =
+            StageMap::new(&older, &renamed, &NameMapping::new()).expect_err("other names");
         assert!(refused.contains("[A, B]"), "{refused}");
     }
 }

@@ -3,10 +3,11 @@
 //! there): its runner is this test, which takes each job the service
 //! starts, as `RefractRunner` does.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use refract_engine::manager::CheckpointProgress;
+use refract_engine::manager::{CheckpointProgress, NameMapping};
 use refract_jobservice::{decode_int_metric, IntMetric, JobRunner, JobServiceConfig, SUM_INT64};
 use refract_observability::insights::Insights;
 use refract_proto::job_api::job_service_client::JobServiceClient;
@@ -598,7 +599,7 @@ async fn checkpointed_metrics_come_back_and_go_on_counting() {
 
     // Totals from before the restore are replaced, not added to.
     after.metrics().commit(&[counter("map", "stale", 1)]);
-    restore_metrics(&after, &checkpoint).unwrap();
+    restore_metrics(&after, &checkpoint, &NameMapping::new(), &HashMap::new()).unwrap();
     assert_eq!(
         after.metrics().committed_infos(),
         before.metrics().committed_infos()
@@ -610,10 +611,17 @@ async fn checkpointed_metrics_come_back_and_go_on_counting() {
     // A checkpoint without metrics (an older runner's savepoint), and one
     // whose metrics are not readable, leave them as they are.
     let kept = after.metrics().committed_infos();
-    restore_metrics(&after, std::slice::from_ref(&engine_part)).unwrap();
+    restore_metrics(
+        &after,
+        std::slice::from_ref(&engine_part),
+        &NameMapping::new(),
+        &HashMap::new(),
+    )
+    .unwrap();
     assert_eq!(after.metrics().committed_infos(), kept);
     let unreadable = [(METRICS_PART.to_string(), Bytes::from_static(b"\xff\xff"))];
-    let refused = restore_metrics(&after, &unreadable).unwrap_err();
+    let refused =
+        restore_metrics(&after, &unreadable, &NameMapping::new(), &HashMap::new()).unwrap_err();
     assert!(
         refused.to_string().contains("its checkpointed metrics"),
         "{refused}"

@@ -6,7 +6,7 @@
 //! them, only the submission's refusal of `--update` reads an option by
 //! name.
 
-use refract_engine::manager::Strictness;
+use refract_engine::manager::{NameMapping, Strictness};
 use refract_engine::shards::ShardLayout;
 use refract_proto::prost_types;
 
@@ -16,7 +16,7 @@ use super::{
     BUNDLE_ATTEMPTS_EXPERIMENT, DRAIN_ON_START, SAVEPOINT_EXPERIMENT, SHARDS_EXPERIMENT,
     STATE_STORE_EXPERIMENT,
 };
-use crate::options::{experiment_value, has_experiment, option_bool};
+use crate::options::{experiment_value, has_experiment, option_bool, option_name_map};
 
 /// A job's options, as Refract reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub(crate) struct JobOptions {
     pub(crate) state_store: StateStoreChoice,
     /// `--experiments=refract_savepoint=FILE`: the savepoint to start from.
     pub(crate) savepoint: Option<String>,
+    /// `--transform_name_mapping`: how the savepoint's transforms are
+    /// named in this pipeline (old unique name → new, `""`: removed).
+    pub(crate) transform_name_mapping: NameMapping,
     /// `--experiments=drain_on_start`: the job drains from its start.
     pub(crate) drain_on_start: bool,
     /// `--experiments=refract_shards=N` with N above 1: the shards the job
@@ -62,10 +65,25 @@ impl JobOptions {
             strict: strictness(options)?,
             state_store: state_store(options)?,
             savepoint: experiment_value(options, SAVEPOINT_EXPERIMENT),
+            transform_name_mapping: transform_name_mapping(options)?,
             drain_on_start: has_experiment(options, DRAIN_ON_START),
             shards: shards(options)?,
         })
     }
+}
+
+/// `--transform_name_mapping`, which renames the transforms of the
+/// savepoint a job starts from; without one it would do nothing, so it is
+/// refused rather than ignored.
+fn transform_name_mapping(options: &prost_types::Struct) -> Result<NameMapping, String> {
+    let mapping = option_name_map(options, "transform_name_mapping")?;
+    if !mapping.is_empty() && experiment_value(options, SAVEPOINT_EXPERIMENT).is_none() {
+        return Err(format!(
+            "--transform_name_mapping renames the transforms of a savepoint, and the job starts \
+             from none (--experiments={SAVEPOINT_EXPERIMENT}=FILE)"
+        ));
+    }
+    Ok(mapping)
 }
 
 /// The shards a job's options ask for (see [`SHARDS_EXPERIMENT`]); one
@@ -151,10 +169,30 @@ mod tests {
                 strict: None,
                 state_store: StateStoreChoice::ServerDefault,
                 savepoint: None,
+                transform_name_mapping: NameMapping::new(),
                 drain_on_start: false,
                 shards: None,
             }
         );
+    }
+
+    #[test]
+    fn a_name_mapping_goes_with_a_savepoint_start_only() {
+        let mapping = (
+            "transform_name_mapping",
+            Kind::StringValue(r#"{"a": "b"}"#.into()),
+        );
+        let read = JobOptions::read(&options(&[
+            mapping.clone(),
+            experiments(&["refract_savepoint=/tmp/sp"]),
+        ]))
+        .expect("readable");
+        assert_eq!(
+            read.transform_name_mapping.get("a").map(String::as_str),
+            Some("b")
+        );
+        let alone = JobOptions::read(&options(&[mapping])).expect_err("nothing to rename");
+        assert!(alone.contains("refract_savepoint=FILE"), "{alone}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
+use refract_engine::manager::{
+    Engine, EngineConfig, EngineError, NameMapping, RunSummary, StageStats,
+};
 use refract_engine::plan::StageKind;
 use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
@@ -216,6 +218,13 @@ pub(super) async fn run_job(
     };
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
+    // Unique name → transform id, to move a checkpoint's metrics onto this
+    // pipeline's ids.
+    let ids_by_name: HashMap<String, String> = translated
+        .unique_names
+        .iter()
+        .map(|(id, name)| (name.clone(), id.clone()))
+        .collect();
     // Each descriptor transform's stage and name, for worker log lines.
     let mut origins = TransformOrigins::new();
     for (idx, stage) in &translated.sdk_stages {
@@ -357,8 +366,15 @@ pub(super) async fn run_job(
             }
             let mut engine = builder.build()?;
             if let Some(checkpoint) = latest_checkpoint {
-                engine.restore(&checkpoint.parts)?;
-                crate::durability::restore_metrics(&job, &checkpoint.parts)?;
+                // A savepoint (id 0) may be of an earlier version of the
+                // pipeline, named otherwise; the job's own checkpoints are
+                // of this one.
+                let renamed = match checkpoint.id {
+                    0 => &options.transform_name_mapping,
+                    _ => &NameMapping::new(),
+                };
+                engine.restore_renamed(&checkpoint.parts, renamed)?;
+                crate::durability::restore_metrics(&job, &checkpoint.parts, renamed, &ids_by_name)?;
                 if checkpoint.id > 0 {
                     view.observe_restore(checkpoint.id);
                     info!(
