@@ -26,6 +26,8 @@ it), a Reshuffle before the sink (which fuses the sink into a stage of its
 own) and another sink class writing the same files; a savepoint of the
 first version must start it, and one that renames the stateful DoFn
 (--stateful_name) must be refused unless --transform_name_mapping says so.
+The same with --update --job_name NAME: the new version replaces the
+running job of that name.
 
 prints the job id and exits without waiting for the job.
 """
@@ -231,6 +233,8 @@ def main():
   parser.add_argument('--changed', action='store_true')
   parser.add_argument('--stateful_name', default='DedupCount')
   parser.add_argument('--transform_name_mapping')
+  parser.add_argument('--job_name')
+  parser.add_argument('--update', action='store_true')
   args = parser.parse_args()
   options = PipelineOptions(
     [
@@ -246,6 +250,8 @@ def main():
       if args.transform_name_mapping
       else []
     )
+    + (['--job_name=' + args.job_name] if args.job_name else [])
+    + (['--update'] if args.update else [])
   )
   p = beam.Pipeline(options=options)
   keyed = (

@@ -343,7 +343,7 @@ def wait_for_end(server, job_id, timeout_s=180):
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
     state = job_state(server.endpoint, job_id)
-    if state in ('DONE', 'FAILED', 'CANCELLED'):
+    if state in ('DONE', 'FAILED', 'CANCELLED', 'UPDATED', 'DRAINED'):
       return state
     time.sleep(0.3)
   raise AssertionError(

@@ -98,18 +98,17 @@ def test_a_worker_count_past_the_limit_is_refused_at_submission(refract_server):
     p.run().wait_until_finish()
 
 
-def test_an_update_is_refused_at_submission_starting_nothing(refract_server):
-  """`--update` would have Dataflow replace the running job of that name;
-  Refract cannot carry its state yet, and a second job beside it would
-  write every result twice: refused, saying what to do instead, and no
-  job is created."""
+def test_an_update_of_no_running_job_is_refused_at_submission_starting_nothing(refract_server):
+  """`--update` replaces the running job of that --job_name; with none
+  running it is refused, saying what to do instead, and no job is created
+  (test_recovery.py updates a running one)."""
   with grpc.insecure_channel(refract_server.endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
     before = len(stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info)
     options = PipelineOptions(refract_server.portable_args() + ['--update', '--job_name=counts'])
     p = beam.Pipeline(options=options)
     _ = p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x)
-    with pytest.raises(Exception, match='--update .* is not supported'):
+    with pytest.raises(Exception, match='no running job has --job_name=counts'):
       p.run().wait_until_finish()
     after = len(stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info)
   assert after == before

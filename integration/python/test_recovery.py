@@ -81,7 +81,14 @@ def read_kept(output):
   return kept
 
 
-def submit(
+def submit(endpoint, output, *experiments, **pipeline):
+  """Submits the pipeline (see `pipeline_command`) and returns its job id."""
+  done = run_pipeline(endpoint, output, *experiments, **pipeline)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout.strip().splitlines()[-1]
+
+
+def run_pipeline(
   endpoint,
   output,
   *experiments,
@@ -90,8 +97,11 @@ def submit(
   changed=False,
   stateful_name=None,
   mapping=None,
+  job_name=None,
+  update=False,
 ):
-  done = subprocess.run(
+  """Runs recovery_pipeline.py to its submission: the finished process."""
+  return subprocess.run(
     [
       sys.executable,
       PIPELINE,
@@ -109,13 +119,13 @@ def submit(
     + ['--experiments=' + e for e in experiments]
     + (['--changed'] if changed else [])
     + (['--stateful_name', stateful_name] if stateful_name else [])
-    + (['--transform_name_mapping', json.dumps(mapping)] if mapping else []),
+    + (['--transform_name_mapping', json.dumps(mapping)] if mapping else [])
+    + (['--job_name', job_name] if job_name else [])
+    + (['--update'] if update else []),
     capture_output=True,
     text=True,
     timeout=120,
   )
-  assert done.returncode == 0, done.stderr[-3000:]
-  return done.stdout.strip().splitlines()[-1]
 
 
 def distinct_events(endpoint, job_id, step=None):
@@ -337,6 +347,70 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     bad = submit(server.endpoint, output, 'refract_savepoint=%s' % savepoint, events=events)
     assert wait_for_end(server, bad) == 'FAILED'
     assert 'not a Refract savepoint' in server.log_tail(100000)
+  finally:
+    server.stop()
+    kill_group(server)
+  assert read_results(output) == expected_results(events)
+
+
+def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin, tmp_path):
+  """Dataflow's `--update`: the next version of the pipeline (a step added,
+  transforms renumbered, the sink fused apart, the stateful DoFn renamed
+  with --transform_name_mapping) replaces the running job of its
+  --job_name. An update that could lose state is refused at submission,
+  naming the transform, and the running job runs on; the accepted one
+  stops it (UPDATED) and goes on from its state: every number counted
+  once."""
+  output = tmp_path / 'out'
+  output.mkdir()
+  server, _ = ui_server(refract_bin, tmp_path / 'refract.log')
+  server.wait_ready()
+  request.node.refract_processes = [server]
+  events = 3 * EVENTS
+  try:
+    old = submit(server.endpoint, output, events=events, job_name='counts')
+    wait_for_results(output, server)
+    nameless = run_pipeline(server.endpoint, output, events=events, job_name='other', update=True)
+    assert nameless.returncode != 0
+    assert 'no running job has --job_name=other' in nameless.stderr
+    unmapped = run_pipeline(
+      server.endpoint,
+      output,
+      events=events,
+      changed=True,
+      stateful_name='Counted',
+      job_name='counts',
+      update=True,
+    )
+    assert unmapped.returncode != 0
+    assert 'refused, and it runs on' in unmapped.stderr, unmapped.stderr[-3000:]
+    assert "'DedupCount'" in unmapped.stderr
+    assert job_state(server.endpoint, old) == 'RUNNING'
+    new = submit(
+      server.endpoint,
+      output,
+      events=events,
+      changed=True,
+      stateful_name='Counted',
+      mapping={'DedupCount': 'Counted'},
+      job_name='counts',
+      update=True,
+    )
+    assert wait_for_end(server, old) == 'UPDATED', server.log_tail()
+    assert read_results(output) != expected_results(events), (
+      'the old job ended before the update; nothing was carried'
+    )
+    assert wait_for_end(server, new) == 'DONE', server.log_tail()
+    assert distinct_events(server.endpoint, new, step='Counted') == events
+    # `refract jobs` links the two.
+    listed = subprocess.run(
+      [refract_bin, 'jobs', '--job_endpoint', server.endpoint],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    ).stdout
+    assert '%s\tUPDATED\tjob\treplaced by %s' % (old, new) in listed, listed
+    assert '%s\tDONE\tjob\treplaces %s' % (new, old) in listed, listed
   finally:
     server.stop()
     kill_group(server)

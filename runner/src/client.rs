@@ -76,12 +76,19 @@ pub async fn jobs(args: JobsArgs) -> Result<()> {
         .map_err(|s| anyhow!("listing jobs failed: {}", s.message()))?
         .into_inner();
     for job in page.jobs {
-        println!(
+        let mut line = format!(
             "{}\t{}\t{}",
             job.job_id,
             state_name(job.state),
             job.job_name
         );
+        if !job.replaces.is_empty() {
+            line.push_str(&format!("\treplaces {}", job.replaces));
+        }
+        if !job.replaced_by.is_empty() {
+            line.push_str(&format!("\treplaced by {}", job.replaced_by));
+        }
+        println!("{line}");
     }
     if !page.next_page_token.is_empty() {
         println!(
@@ -148,6 +155,15 @@ async fn describe_lines(endpoint: &str, job_id: &str) -> Vec<String> {
     if description.resumable {
         lines.push(format!(
             "  resumable: `refract resume {job_id}` starts it again from its latest checkpoint"
+        ));
+    }
+    if !description.replaces.is_empty() {
+        lines.push(format!("  replaces: {} (--update)", description.replaces));
+    }
+    if !description.replaced_by.is_empty() {
+        lines.push(format!(
+            "  replaced by: {} (--update)",
+            description.replaced_by
         ));
     }
     if let Some(c) = description.checkpoints.filter(|c| c.enabled) {

@@ -72,7 +72,7 @@ use slot_groups::SlotGroups;
 pub use snapshot::{
     describe_checkpoint, CheckpointInfo, SnapshotError, OLDEST_SNAPSHOT_VERSION, SNAPSHOT_VERSION,
 };
-pub use stage_map::NameMapping;
+pub use stage_map::{check_update, NameMapping};
 use stage_state::{KindState, StageState};
 pub use stats::StageStats;
 pub use strict::{Replay, StrictReport, Strictness};

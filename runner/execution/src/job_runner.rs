@@ -16,6 +16,7 @@ mod retry;
 mod run;
 mod sharded;
 mod strict;
+mod update;
 mod workers;
 
 use std::sync::Arc;
@@ -40,7 +41,6 @@ use tracing::{error, info, warn, Instrument};
 use crate::activity::Activity;
 use crate::durability::{Durability, DurabilityError};
 use crate::memory::MemoryLedger;
-use crate::options::option_bool;
 use crate::stall_watch::StallPolicy;
 use job_options::{JobOptions, StateStoreChoice};
 use retry::Backoff;
@@ -66,26 +66,6 @@ pub const SAVEPOINT_EXPERIMENT: &str = "refract_savepoint";
 /// docs/operations.md); with it, a streaming job whose bundle fails N times
 /// fails with the SDK's error, as a test of a failing source expects.
 pub const BUNDLE_ATTEMPTS_EXPERIMENT: &str = "refract_bundle_attempts";
-
-/// Refuses a submission asking to update a running job (`--update`, as
-/// for Dataflow): Refract cannot yet carry a job's state to a changed
-/// pipeline, and starting the new pipeline beside the old one would write
-/// every result twice. Nothing is started and the running job keeps
-/// running; the message says what can be done instead.
-pub(crate) fn refuse_update(options: &prost_types::Struct) -> Result<(), String> {
-    if !option_bool(options, "update") {
-        return Ok(());
-    }
-    Err(
-        "--update (replacing a running job, keeping its state) is not supported by Refract: \
-         no job was started, and a running job of the same name keeps running. To carry a \
-         streaming job's state to a new version of its pipeline, take a savepoint \
-         (`refract savepoint JOB --path FILE --stop`) and submit the new pipeline with \
-         --experiments=refract_savepoint=FILE, without --update (its transforms are matched \
-         by unique name, renamed ones by --transform_name_mapping)"
-            .to_string(),
-    )
-}
 
 /// The experiment running one job on several engine shards in this
 /// process: `--experiments=refract_shards=N` (1 to 128; documented in
@@ -311,11 +291,19 @@ impl RefractRunner {
 
 impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
-        refuse_update(options)?;
         validate(pipeline).map_err(|e| e.to_string())?;
         let options = JobOptions::read(options)?;
         let sharded = options.shards.is_some();
         job_durability(options.state_store, sharded, self.durability.as_ref()).map(|_| ())
+    }
+
+    fn replaced_job(
+        &self,
+        live: &[Arc<Job>],
+        pipeline: &Pipeline,
+        options: &prost_types::Struct,
+    ) -> Result<Option<Arc<Job>>, String> {
+        update::replaced_job(live, pipeline, options, &self.environment_preference)
     }
 
     fn resumable(&self, job: &Job) -> bool {
@@ -417,7 +405,9 @@ impl JobRunner for RefractRunner {
             environment_preference: self.environment_preference.clone(),
             savepoints: self.savepoints.clone(),
             stall: self.stall,
+            handed_over: None,
         };
+        let insights = self.insights.clone();
         let span = tracing::info_span!("job", id = %job.id());
         let activity = self.activity.clone();
         let (view, stats) = self.insights.register(job.clone());
@@ -453,12 +443,20 @@ impl JobRunner for RefractRunner {
                     recorder,
                     durability: durability.clone(),
                 };
-                let outcome = match options {
-                    Ok(options) => {
+                let mut resources = resources;
+                let handed_over = match job.replaces() {
+                    Some(old) => update::take_over(&insights, &job, old).await.map(Some),
+                    None => Ok(None),
+                };
+                let outcome = match (options, handed_over) {
+                    (Ok(options), Ok(handed_over)) => {
+                        resources.handed_over = handed_over;
                         run_with_retries(&job, &options, &fn_server, config, resources, watchers)
                             .await
                     }
-                    Err(reason) => Err(EngineError::InvalidPlan(reason).into()),
+                    (Err(reason), _) | (_, Err(reason)) => {
+                        Err(EngineError::InvalidPlan(reason).into())
+                    }
                 };
                 view.clear_workers();
                 activity.job_ended();
@@ -476,8 +474,13 @@ impl JobRunner for RefractRunner {
                         job.set_state(job_state::Enum::Done);
                     }
                     Err(JobError::Engine(EngineError::Cancelled)) => {
-                        info!("job cancelled");
-                        job.set_state(job_state::Enum::Cancelled);
+                        if let Some(by) = job.replaced_by() {
+                            info!(replaced_by = by, "job updated");
+                            job.set_state(job_state::Enum::Updated);
+                        } else {
+                            info!("job cancelled");
+                            job.set_state(job_state::Enum::Cancelled);
+                        }
                     }
                     Err(e) => {
                         error!(error = %e, "job failed");
@@ -616,29 +619,5 @@ async fn run_with_retries(
         if !Backoff::sleep(wait, &mut cancel).await {
             return Err(JobError::Engine(EngineError::Cancelled));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::refuse_update;
-    use prost_types::value::Kind;
-    use prost_types::{Struct, Value};
-
-    #[test]
-    fn an_update_is_refused_and_a_false_one_is_not() {
-        let update = |value: Kind| Struct {
-            fields: [(
-                "beam:option:update:v1".to_string(),
-                Value { kind: Some(value) },
-            )]
-            .into_iter()
-            .collect(),
-        };
-        let refused = refuse_update(&update(Kind::BoolValue(true))).unwrap_err();
-        assert!(refused.contains("--update") && refused.contains("refract_savepoint"));
-        assert!(refuse_update(&update(Kind::StringValue("true".into()))).is_err());
-        assert_eq!(refuse_update(&update(Kind::BoolValue(false))), Ok(()));
-        assert_eq!(refuse_update(&Struct::default()), Ok(()));
     }
 }

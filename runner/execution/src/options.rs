@@ -38,6 +38,14 @@ pub(crate) fn option_count(
     }
 }
 
+/// A text option, if set to text.
+pub(crate) fn option_string(options: &prost_types::Struct, name: &str) -> Option<String> {
+    match value(options, name) {
+        Some(Kind::StringValue(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// A boolean option; absent or unreadable means false.
 pub(crate) fn option_bool(options: &prost_types::Struct, name: &str) -> bool {
     match value(options, name) {

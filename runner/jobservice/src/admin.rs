@@ -123,6 +123,11 @@ impl RefractAdmin for AdminService {
                     job_id: job.id().to_string(),
                     job_name: job.name().to_string(),
                     state: job.state() as i32,
+                    replaces: job
+                        .replaces()
+                        .map(|j| j.id().to_string())
+                        .unwrap_or_default(),
+                    replaced_by: job.replaced_by().unwrap_or_default().to_string(),
                 })
                 .collect(),
             next_page_token: next.map(|n| n.to_string()).unwrap_or_default(),
@@ -140,6 +145,11 @@ impl RefractAdmin for AdminService {
             state: job.state() as i32,
             error: job.failure().unwrap_or_default(),
             durable: job.is_durable(),
+            replaces: job
+                .replaces()
+                .map(|j| j.id().to_string())
+                .unwrap_or_default(),
+            replaced_by: job.replaced_by().unwrap_or_default().to_string(),
             ..Default::default()
         };
         self.runner.describe(&job, &mut description);

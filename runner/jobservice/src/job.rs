@@ -66,6 +66,10 @@ pub struct Job {
     ended_ms: std::sync::atomic::AtomicU64,
     /// The server's planning turns, shared with `Prepare`.
     planning: std::sync::Arc<crate::planning::PlanningSlots>,
+    /// The running job this one replaces (`--update`), set at Prepare.
+    replaces: std::sync::OnceLock<std::sync::Arc<Job>>,
+    /// The job that replaced this one; set once, by that job's start.
+    replaced_by: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for Job {
@@ -108,6 +112,8 @@ impl Job {
             created_ms: now_ms(),
             ended_ms: std::sync::atomic::AtomicU64::new(0),
             planning: settings.planning,
+            replaces: std::sync::OnceLock::new(),
+            replaced_by: std::sync::OnceLock::new(),
         }
     }
 
@@ -159,6 +165,28 @@ impl Job {
     /// The job name the client gave in Prepare.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The running job this one replaces (a pipeline update), if any.
+    pub fn replaces(&self) -> Option<&std::sync::Arc<Job>> {
+        self.replaces.get()
+    }
+
+    /// Makes this job the update of `old`, which it takes over when it
+    /// starts (see [`Self::claim_replacement`]).
+    pub(crate) fn set_replaces(&self, old: std::sync::Arc<Job>) {
+        let _ = self.replaces.set(old);
+    }
+
+    /// Claims this job for replacement by job `by`: false if another job
+    /// claimed it first (two updates of one job: one wins).
+    pub fn claim_replacement(&self, by: &str) -> bool {
+        self.replaced_by.set(by.to_string()).is_ok()
+    }
+
+    /// The job that replaced this one, once one claimed it.
+    pub fn replaced_by(&self) -> Option<&str> {
+        self.replaced_by.get().map(String::as_str)
     }
 
     /// The pipeline as submitted (dependencies as the SDK declared them; use

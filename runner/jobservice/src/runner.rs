@@ -17,6 +17,21 @@ pub trait JobRunner: Send + Sync + 'static {
     /// Runs on a blocking thread, so it may take a while on large pipelines.
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String>;
 
+    /// Called in Prepare after [`Self::validate`], with every job that has
+    /// not ended: the one this submission replaces (Dataflow's `--update`
+    /// of the running job of its `--job_name`), once the runner found the
+    /// new pipeline able to take over what it holds; `None` for a plain
+    /// submission. `Err(text)` refuses the submission, and the running job
+    /// runs on. No runner updates jobs by default.
+    fn replaced_job(
+        &self,
+        _live: &[Arc<Job>],
+        _pipeline: &Pipeline,
+        _options: &prost_types::Struct,
+    ) -> Result<Option<Arc<Job>>, String> {
+        Ok(None)
+    }
+
     /// Called in Run after the job moved to `STARTING`; must return promptly
     /// (spawn the work) because Run answers only after it returns. The runner
     /// then drives the job through [`Job`]'s methods: `set_state(RUNNING)`,

@@ -167,8 +167,12 @@ impl JobService for JobServiceImpl {
         // This call holds a planning turn, taken before its request was
         // read (`crate::decode_gate`), so only a few run at once.
         let runner = Arc::clone(&self.runner);
+        let mut live = self.registry.all();
+        live.retain(|j| !crate::is_terminal(j.state()));
         let (pipeline, options, verdict) = tokio::task::spawn_blocking(move || {
-            let verdict = runner.validate(&pipeline, &options);
+            let verdict = runner
+                .validate(&pipeline, &options)
+                .and_then(|()| runner.replaced_job(&live, &pipeline, &options));
             (pipeline, options, verdict)
         })
         .await
@@ -178,12 +182,17 @@ impl JobService for JobServiceImpl {
                 Status::internal(format!("pipeline validation crashed: {e}")),
             )
         })?;
-        if let Err(text) = verdict {
-            return Err(reject("Prepare", Status::invalid_argument(text)));
-        }
+        let replaced = match verdict {
+            Ok(replaced) => replaced,
+            Err(text) => return Err(reject("Prepare", Status::invalid_argument(text))),
+        };
 
         let job = self.registry.create(name, pipeline, options);
         tracing::info!(job_id = %job.id(), name = %job.name(), "prepared job");
+        if let Some(old) = replaced {
+            tracing::info!(job_id = %job.id(), replaces = %old.id(), "prepared an update");
+            job.set_replaces(old);
+        }
         Ok(Response::new(PrepareJobResponse {
             preparation_id: job.id().to_string(),
             artifact_staging_endpoint: Some(ApiServiceDescriptor {

@@ -24,9 +24,9 @@
 //! A checkpoint of a format before names were recorded maps by identical
 //! stage names, as it was restored when it was written.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::plan::{PipelineNames, Plan, StageIdx, TransformId};
+use crate::plan::{PipelineNames, Plan, StageIdx, StageKind, TransformId};
 
 /// What a checkpoint recorded of the names of the plan it was taken of.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,6 +81,8 @@ pub(super) struct StageMap {
     /// Per old stage, whether a name mapping removed every head of it:
     /// what it held goes, on purpose.
     dropped: Vec<bool>,
+    /// The names the checkpoint's transforms have in the new pipeline.
+    carried_names: HashSet<String>,
 }
 
 /// Old unique name → new unique name, as `--transform_name_mapping`
@@ -168,6 +170,7 @@ impl StageMap {
             .map(|(id, name)| (name.as_str(), id))
             .collect();
         let old_names: BTreeMap<String, String> = recorded.transforms.iter().cloned().collect();
+        let carried_names = old_names.values().filter_map(|n| renamed_to(n)).collect();
         let renames = old_names
             .iter()
             .map(|(id, name)| {
@@ -184,6 +187,7 @@ impl StageMap {
             renames,
             old_names,
             dropped,
+            carried_names,
         })
     }
 
@@ -248,9 +252,81 @@ impl StageMap {
             .unwrap_or_else(|| id.to_string())
     }
 
-    /// Whether the checkpoint knew a transform of unique name `name`.
+    /// Whether the checkpoint knew the transform the new pipeline calls
+    /// `name` (under that name, or one the mapping renames to it).
     pub(super) fn knew(&self, name: &str) -> bool {
-        self.old_names.values().any(|n| n == name)
+        self.carried_names.contains(name)
+    }
+}
+
+/// Whether a job running plan `old` can hand whatever it holds to one
+/// running plan `new` (a pipeline update), its transforms renamed by
+/// `renamed`: every reason it could not, naming the transforms, as if
+/// every stage of `old` held elements, and every keyed one state.
+///
+/// A restore ([`super::Engine::restore_renamed`]) checks what a cut
+/// actually holds; this is the stricter check made before the running job
+/// is stopped, so that an update a cut could refuse is refused while the
+/// old job keeps running.
+pub fn check_update(old: &Plan, new: &Plan, renamed: &NameMapping) -> Result<(), Vec<String>> {
+    let map = StageMap::new(&RecordedNames::of(old), new, renamed).map_err(|e| vec![e])?;
+    let mut refusals = Vec::new();
+    for (idx, stage) in old.stages.iter_enumerated() {
+        let o = idx.index();
+        if map.dropped(o) {
+            continue;
+        }
+        let heads = map.describe(o);
+        if let Some(reason) = map.queue_refusal(o) {
+            refusals.push(format!(
+                "'{heads}': {}; give its new name in --transform_name_mapping, or \"\" to drop \
+                 what it holds",
+                reason.replacen("elements wait", "elements may wait", 1)
+            ));
+            continue;
+        }
+        if !stage.is_keyed() {
+            continue;
+        }
+        match map.targets(o) {
+            [target] => {
+                let now = &new.stages[*target];
+                let same_kind = matches!(
+                    (&stage.kind, &now.kind),
+                    (StageKind::GroupByKey(_), StageKind::GroupByKey(_))
+                ) || (matches!(stage.kind, StageKind::Sdk(_)) && now.is_keyed());
+                if !same_kind {
+                    refusals.push(format!(
+                        "'{heads}' keeps state by key, and in the new pipeline stage '{}' does \
+                         not",
+                        now.name
+                    ));
+                }
+            }
+            targets => refusals.push(format!(
+                "'{heads}' keeps state by key, and the new pipeline reads its input in {} stages",
+                targets.len()
+            )),
+        }
+    }
+    // Side-input values are kept per reading transform: a new reader would
+    // miss what the producer sent before the cut.
+    for stage in new.stages.iter() {
+        for side in &stage.side_inputs {
+            match new.names.transforms.get(&side.id.transform_id) {
+                Some(name) if !map.knew(name) => refusals.push(format!(
+                    "'{name}' is new and reads side input '{}', whose values so far are kept \
+                         only for the transforms that read it before",
+                    side.id.tag
+                )),
+                _ => {}
+            }
+        }
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(refusals)
     }
 }
 
@@ -289,7 +365,10 @@ fn check_mapping(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Stage, StageKind};
+    use crate::plan::{
+        PCollectionIdx, SideInput, SideInputAccess, SideInputId, Stage, StageKind,
+        WindowingStrategy,
+    };
 
     /// A plan of SDK stages, each given as (name, heads), with transforms
     /// `(id, unique name)`.
@@ -398,6 +477,7 @@ mod tests {
         assert_eq!(map.targets(0), [idx(0)]);
         assert_eq!(map.rename(&"t1".into()), Some("t5".into()));
         assert!(map.dropped(1) && !map.dropped(0) && !map.dropped(2));
+        assert!(map.knew("Counted") && !map.knew("Count") && !map.knew("Old"));
         assert_eq!(map.targets(2), [idx(1)]);
         let typo = StageMap::new(&names, &new, &mapping(&[("Cuont", "Counted")]))
             .expect_err("a name the checkpoint lacks");
@@ -405,6 +485,50 @@ mod tests {
         let nowhere = StageMap::new(&names, &new, &mapping(&[("Count", "Counter")]))
             .expect_err("a name the pipeline lacks");
         assert!(nowhere.contains("'Counter'"), "{nowhere}");
+    }
+
+    #[test]
+    fn an_update_is_refused_for_every_stage_that_could_hold_what_has_no_place() {
+        let mut old = plan(
+            &[
+                ("Read", &["Read"]),
+                ("Count", &["Count"]),
+                ("Write", &["Write"]),
+            ],
+            &[],
+        );
+        old.stages[idx(1)].kind = StageKind::GroupByKey(WindowingStrategy::global_default());
+        let mut new = plan(&[("Read", &["Read"]), ("Count", &["Count"])], &[]);
+        new.stages[idx(1)].kind = StageKind::GroupByKey(WindowingStrategy::global_default());
+        let refused = check_update(&old, &new, &NameMapping::new()).expect_err("Write is gone");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].starts_with("'Write': elements may wait"),
+            "{refused:?}"
+        );
+        let drop_write: NameMapping = [("Write".to_string(), String::new())].into();
+        assert_eq!(check_update(&old, &new, &drop_write), Ok(()));
+        // A GroupByKey's buffer needs a GroupByKey.
+        new.stages[idx(1)].kind = StageKind::Flatten;
+        let refused = check_update(&old, &new, &drop_write).expect_err("not a GroupByKey");
+        assert!(refused[0].contains("keeps state by key"), "{refused:?}");
+    }
+
+    #[test]
+    fn an_update_is_refused_when_a_new_transform_reads_a_side_input() {
+        let old = plan(&[("Use", &["Use"])], &[("t1", "Use")]);
+        let mut new = plan(&[("Use+Look", &["Use"])], &[("t1", "Use"), ("t2", "Look")]);
+        let side = |t: &str| SideInput {
+            id: SideInputId::new(t, "side0"),
+            pcollection: PCollectionIdx::new(0),
+            access: SideInputAccess::Iterable,
+            fires_early: false,
+        };
+        new.stages[idx(0)].side_inputs = vec![side("t1")];
+        assert_eq!(check_update(&old, &new, &NameMapping::new()), Ok(()));
+        new.stages[idx(0)].side_inputs.push(side("t2"));
+        let refused = check_update(&old, &new, &NameMapping::new()).expect_err("a new reader");
+        assert!(refused[0].starts_with("'Look' is new"), "{refused:?}");
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! job starts, for everything that runs it (every attempt of the job uses
 //! the same reading, strict mode's seed included). The parsers of single
 //! options (`strict.rs`, `workers.rs`) are called from here only; besides
-//! them, only the submission's refusal of `--update` reads an option by
-//! name.
+//! them, only `update.rs`, finding the job an `--update` replaces by its
+//! `--job_name`, reads an option by name.
 
 use refract_engine::manager::{NameMapping, Strictness};
 use refract_engine::shards::ShardLayout;
@@ -34,9 +34,12 @@ pub(crate) struct JobOptions {
     pub(crate) state_store: StateStoreChoice,
     /// `--experiments=refract_savepoint=FILE`: the savepoint to start from.
     pub(crate) savepoint: Option<String>,
-    /// `--transform_name_mapping`: how the savepoint's transforms are
-    /// named in this pipeline (old unique name → new, `""`: removed).
+    /// `--transform_name_mapping`: how the transforms of the savepoint or
+    /// the updated job are named in this pipeline (old unique name → new,
+    /// `""`: removed).
     pub(crate) transform_name_mapping: NameMapping,
+    /// `--update`: the job replaces the running job of its `--job_name`.
+    pub(crate) update: bool,
     /// `--experiments=drain_on_start`: the job drains from its start.
     pub(crate) drain_on_start: bool,
     /// `--experiments=refract_shards=N` with N above 1: the shards the job
@@ -66,6 +69,7 @@ impl JobOptions {
             state_store: state_store(options)?,
             savepoint: experiment_value(options, SAVEPOINT_EXPERIMENT),
             transform_name_mapping: transform_name_mapping(options)?,
+            update: option_bool(options, "update"),
             drain_on_start: has_experiment(options, DRAIN_ON_START),
             shards: shards(options)?,
         })
@@ -73,14 +77,17 @@ impl JobOptions {
 }
 
 /// `--transform_name_mapping`, which renames the transforms of the
-/// savepoint a job starts from; without one it would do nothing, so it is
-/// refused rather than ignored.
+/// savepoint a job starts from, or of the job it updates; without either
+/// it would do nothing, so it is refused rather than ignored.
 fn transform_name_mapping(options: &prost_types::Struct) -> Result<NameMapping, String> {
     let mapping = option_name_map(options, "transform_name_mapping")?;
-    if !mapping.is_empty() && experiment_value(options, SAVEPOINT_EXPERIMENT).is_none() {
+    let starts_from_state =
+        experiment_value(options, SAVEPOINT_EXPERIMENT).is_some() || option_bool(options, "update");
+    if !mapping.is_empty() && !starts_from_state {
         return Err(format!(
-            "--transform_name_mapping renames the transforms of a savepoint, and the job starts \
-             from none (--experiments={SAVEPOINT_EXPERIMENT}=FILE)"
+            "--transform_name_mapping renames the transforms of a savepoint or of the job an \
+             --update replaces, and the job has neither (--experiments={SAVEPOINT_EXPERIMENT}=FILE \
+             or --update)"
         ));
     }
     Ok(mapping)
@@ -170,6 +177,7 @@ mod tests {
                 state_store: StateStoreChoice::ServerDefault,
                 savepoint: None,
                 transform_name_mapping: NameMapping::new(),
+                update: false,
                 drain_on_start: false,
                 shards: None,
             }

@@ -81,6 +81,8 @@ pub(super) struct JobResources {
     pub(super) savepoints: Option<Arc<SavepointDir>>,
     /// How bundles without progress are found and handled, if they are.
     pub(super) stall: Option<StallPolicy>,
+    /// The cut of the job this one updates, if it does (see `update.rs`).
+    pub(super) handed_over: Option<super::update::HandedOver>,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -103,6 +105,7 @@ pub(super) async fn run_job(
         environment_preference,
         savepoints,
         stall,
+        handed_over,
     } = resources;
     let JobWatchers {
         stats,
@@ -133,6 +136,14 @@ pub(super) async fn run_job(
             format!("starting from savepoint {path}"),
         );
         latest_checkpoint = Some(refract_store::Checkpoint { id: 0, parts });
+    }
+    // An update starts from the cut of the job it replaced, as from a
+    // savepoint (the same rules, the same name mapping).
+    if let (None, Some(parts)) = (&latest_checkpoint, &handed_over) {
+        latest_checkpoint = Some(refract_store::Checkpoint {
+            id: 0,
+            parts: parts.as_ref().clone(),
+        });
     }
     let streaming = options.streaming;
     let strict = options.strict;

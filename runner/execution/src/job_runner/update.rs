@@ -1,0 +1,152 @@
+//! Pipeline update, as Dataflow users know it: a submission with
+//! `--update` and the `--job_name` of a running job replaces that job.
+//!
+//! At Prepare ([`replaced_job`]) the running job of that name is found and
+//! both pipelines are planned; the update is refused, naming each
+//! transform and why, unless everything the old job could hold has a
+//! place in the new one (`refract_engine::manager::check_update`, with
+//! `--transform_name_mapping` applied). The old job runs on meanwhile.
+//!
+//! When the new job starts ([`take_over`]) it claims the old one, which
+//! stops right after a savepoint taken in memory and ends `UPDATED`; the
+//! new job starts from that cut as from a savepoint file, so nothing the
+//! old job had done is lost or done twice.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use refract_engine::manager::check_update;
+use refract_engine::plan::Plan;
+use refract_jobservice::Job;
+use refract_observability::insights::Insights;
+use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::pipeline::Pipeline;
+use refract_proto::prost_types;
+use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
+
+use super::job_options::JobOptions;
+use crate::options::option_string;
+
+/// What the new job takes over: the old job's cut, as checkpoint parts.
+pub(super) type HandedOver = Arc<Vec<(String, Bytes)>>;
+
+/// The job a submission with `options` replaces, out of the jobs that have
+/// not ended (`live`), once `pipeline` is found able to take over what it
+/// holds; `None` without `--update`. The error names what is wrong, and
+/// the running job runs on.
+pub(super) fn replaced_job(
+    live: &[Arc<Job>],
+    pipeline: &Pipeline,
+    options: &prost_types::Struct,
+    preference: &EnvironmentPreference,
+) -> Result<Option<Arc<Job>>, String> {
+    let asked = JobOptions::read(options)?;
+    if !asked.update {
+        return Ok(None);
+    }
+    let Some(name) = option_string(options, "job_name") else {
+        return Err(
+            "--update replaces the running job of the same --job_name, and the \
+                    submission names none"
+                .into(),
+        );
+    };
+    if asked.savepoint.is_some() {
+        return Err(
+            "--update starts from the running job's state; it cannot start from a \
+                    savepoint (refract_savepoint) too"
+                .into(),
+        );
+    }
+    let mut named = live
+        .iter()
+        .filter(|j| option_string(j.options(), "job_name").as_deref() == Some(name.as_str()));
+    let old = match (named.next(), named.next()) {
+        (Some(old), None) => old,
+        (None, _) => {
+            return Err(format!(
+                "--update: no running job has --job_name={name}; submit without --update to \
+                 start one"
+            ))
+        }
+        (Some(a), Some(b)) => {
+            return Err(format!(
+                "--update: jobs {} and {} both run with --job_name={name}; cancel one first",
+                a.id(),
+                b.id()
+            ))
+        }
+    };
+    let running = JobOptions::read(old.options())?;
+    if running.shards.is_some() || asked.shards.is_some() {
+        return Err(format!(
+            "--update of job {}: a job on several shards (refract_shards) cannot be updated yet",
+            old.id()
+        ));
+    }
+    let old_plan = plan(old.pipeline(), &running, preference)?;
+    let new_plan = plan(pipeline, &asked, preference)?;
+    check_update(&old_plan, &new_plan, &asked.transform_name_mapping).map_err(|refusals| {
+        format!(
+            "--update of job {} is refused, and it runs on: {}",
+            old.id(),
+            refusals.join("; ")
+        )
+    })?;
+    Ok(Some(old.clone()))
+}
+
+/// The plan `pipeline` runs as with `options`: fused as its job fuses it.
+fn plan(
+    pipeline: &Pipeline,
+    options: &JobOptions,
+    preference: &EnvironmentPreference,
+) -> Result<Plan, String> {
+    let translation = TranslateOptions {
+        fn_api_url: String::new(),
+        descriptor_id_prefix: "update".into(),
+        streaming: options.streaming,
+        drain: options.drain_on_start,
+        environment_preference: preference.clone(),
+        fusion: if options.strict.is_some_and(|s| s.coders) {
+            Fusion::WithinRootTransforms
+        } else {
+            Fusion::Greedy
+        },
+    };
+    translate(pipeline, &translation)
+        .map(|t| t.plan)
+        .map_err(|e| e.to_string())
+}
+
+/// Takes over from `old` for `job`: claims it, stops it right after a
+/// savepoint taken in memory (it ends `UPDATED`), and returns the cut.
+pub(super) async fn take_over(
+    insights: &Insights,
+    job: &Arc<Job>,
+    old: &Arc<Job>,
+) -> Result<HandedOver, String> {
+    if !old.claim_replacement(job.id()) {
+        return Err(format!(
+            "job {} is being replaced by job {} already",
+            old.id(),
+            old.replaced_by().unwrap_or_default()
+        ));
+    }
+    let view = insights
+        .job(old.id())
+        .ok_or_else(|| format!("job {} is not running", old.id()))?;
+    let parts = view
+        .savepoint(true)
+        .await
+        .map_err(|e| format!("cannot take over from job {}: {e}", old.id()))?;
+    old.message(
+        MessageImportance::JobMessageBasic,
+        format!("updated: job {} goes on from here", job.id()),
+    );
+    job.message(
+        MessageImportance::JobMessageBasic,
+        format!("takes over from job {}, which it updates", old.id()),
+    );
+    Ok(Arc::new(parts))
+}
