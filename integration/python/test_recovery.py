@@ -353,6 +353,21 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
   assert read_results(output) == expected_results(events)
 
 
+def submit_update(endpoint, output, events):
+  """Submits the pipeline's next version as an update of the job named
+  `counts`, its stateful DoFn renamed with a mapping: the new job's id."""
+  return submit(
+    endpoint,
+    output,
+    events=events,
+    changed=True,
+    stateful_name='Counted',
+    mapping={'DedupCount': 'Counted'},
+    job_name='counts',
+    update=True,
+  )
+
+
 def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin, tmp_path):
   """Dataflow's `--update`: the next version of the pipeline (a step added,
   transforms renumbered, the sink fused apart, the stateful DoFn renamed
@@ -386,16 +401,7 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
     assert 'refused, and it runs on' in unmapped.stderr, unmapped.stderr[-3000:]
     assert "'DedupCount'" in unmapped.stderr
     assert job_state(server.endpoint, old) == 'RUNNING'
-    new = submit(
-      server.endpoint,
-      output,
-      events=events,
-      changed=True,
-      stateful_name='Counted',
-      mapping={'DedupCount': 'Counted'},
-      job_name='counts',
-      update=True,
-    )
+    new = submit_update(server.endpoint, output, events)
     assert wait_for_end(server, old) == 'UPDATED', server.log_tail()
     assert read_results(output) != expected_results(events), (
       'the old job ended before the update; nothing was carried'
@@ -417,6 +423,37 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
   assert read_results(output) == expected_results(events)
 
 
+def test_an_update_on_a_durable_server_survives_a_kill_after_it(request, refract_bin, tmp_path):
+  """With --state_dir the new job checkpoints as soon as it took over: a
+  server killed (SIGKILL) right after the update resumes the new job from
+  there, in its own names, and every number is still counted once."""
+  output = tmp_path / 'out'
+  output.mkdir()
+  state_dir = tmp_path / 'state'
+  port = free_port()
+  events = 3 * EVENTS
+  # Periodic checkpoints an hour apart: only the one taken on taking over
+  # can be there to resume from.
+  servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log', '1h')]
+  request.node.refract_processes = servers
+  try:
+    old = submit(servers[-1].endpoint, output, events=events, job_name='counts')
+    wait_for_results(output, servers[-1])
+    new = submit_update(servers[-1].endpoint, output, events)
+    assert wait_for_end(servers[-1], old) == 'UPDATED', servers[-1].log_tail()
+    time.sleep(1)
+    assert job_state(servers[-1].endpoint, new) == 'RUNNING'
+    kill_and_restart(servers, refract_bin, state_dir, port, tmp_path / 'refract-1.log', '1h')
+    assert wait_for_end(servers[-1], new) == 'DONE', servers[-1].log_tail()
+    assert 'resuming from the job' in servers[-1].log_tail(200000)
+    assert distinct_events(servers[-1].endpoint, new, step='Counted') == events
+  finally:
+    for s in servers:
+      s.stop()
+      kill_group(s)
+  assert read_results(output) == expected_results(events)
+
+
 def test_a_job_that_asks_for_memory_state_is_not_resumed(request, refract_bin, tmp_path):
   output = tmp_path / 'out'
   output.mkdir()
@@ -427,7 +464,7 @@ def test_a_job_that_asks_for_memory_state_is_not_resumed(request, refract_bin, t
   try:
     job = submit(servers[-1].endpoint, output, 'refract_state_store=memory', events=3 * EVENTS)
     wait_for_results(output, servers[-1])
-    kill_and_restart(servers, refract_bin, state_dir, port, tmp_path / 'refract-1.log')
+    kill_and_restart(servers, refract_bin, state_dir, port, tmp_path / 'refract-1.log', '1h')
     try:
       state = job_state(servers[-1].endpoint, job)
     except grpc.RpcError as e:

@@ -212,3 +212,44 @@ async fn checkpoint_failures_past_the_tolerated_count_stop_the_job() {
         assert_eq!(attempts, tolerable as usize + 1);
     }
 }
+
+/// An engine restored from a cut only its caller holds (an update's, in
+/// memory) checkpoints at once, not an interval later: from then on a
+/// crash resumes from its own checkpoint.
+#[tokio::test(start_paused = true)]
+async fn a_restored_engine_asked_to_checkpoint_does_so_at_once() {
+    let plan = sourced_plan(Coder::Bytes, "sink", StageKind::Sdk(SdkStage::default()));
+    let cut = Engine::new(
+        plan.clone(),
+        Arc::new(Sdk),
+        EngineConfig::default(),
+        "c",
+        Arc::new(|| 0),
+    )
+    .expect("a valid plan")
+    .checkpoint_parts()
+    .expect("a cut");
+    let (tx, mut rx) = mpsc::channel(1);
+    let (_cancel, cancelled) = watch::channel(false);
+    let mut engine = Engine::builder(
+        plan,
+        Arc::new(Sdk),
+        EngineConfig::default(),
+        "c",
+        Arc::new(|| 0),
+    )
+    .checkpoints(Duration::from_secs(3600), tx, None)
+    .build()
+    .expect("a valid plan");
+    engine.restore(&cut).expect("the cut restores");
+    engine.checkpoint_at_once();
+    let started = Instant::now();
+    let run = tokio::spawn(engine.run(cancelled));
+    rx.recv().await.expect("a checkpoint");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    run.abort();
+}

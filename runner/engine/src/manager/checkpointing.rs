@@ -172,6 +172,20 @@ impl Engine {
         }
     }
 
+    /// Makes the next checkpoint due at once: an engine restored from a
+    /// cut that only its caller holds (a savepoint file may go; an
+    /// update's cut is in memory) is durable only once it wrote one of its
+    /// own. Nothing happens without checkpoints.
+    pub fn checkpoint_at_once(&mut self) {
+        if let Some(sink) = &mut self.durability.checkpoints {
+            if sink.every.is_zero() {
+                sink.commits = sink.commits.max(1);
+            } else if let Some(due) = Instant::now().checked_sub(sink.every) {
+                sink.last = due;
+            }
+        }
+    }
+
     /// Takes a checkpoint if one is due, or if a stable-input stage waits
     /// for one and none is being written.
     pub(super) fn maybe_checkpoint(&mut self) {

@@ -385,6 +385,10 @@ pub(super) async fn run_job(
                     _ => &NameMapping::new(),
                 };
                 engine.restore_renamed(&checkpoint.parts, renamed)?;
+                if checkpoint.id == 0 {
+                    // Durable from the cut on, in this pipeline's names.
+                    engine.checkpoint_at_once();
+                }
                 crate::durability::restore_metrics(&job, &checkpoint.parts, renamed, &ids_by_name)?;
                 if checkpoint.id > 0 {
                     view.observe_restore(checkpoint.id);
