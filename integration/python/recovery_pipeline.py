@@ -27,7 +27,8 @@ own) and another sink class writing the same files; a savepoint of the
 first version must start it, and one that renames the stateful DoFn
 (--stateful_name) must be refused unless --transform_name_mapping says so.
 The same with --update --job_name NAME: the new version replaces the
-running job of that name.
+running job of that name (one keyed by text, --string_keys, must be
+refused: its state is kept under other bytes).
 
 prints the job id and exits without waiting for the job.
 """
@@ -235,6 +236,7 @@ def main():
   parser.add_argument('--transform_name_mapping')
   parser.add_argument('--job_name')
   parser.add_argument('--update', action='store_true')
+  parser.add_argument('--string_keys', action='store_true')
   args = parser.parse_args()
   options = PipelineOptions(
     [
@@ -254,11 +256,14 @@ def main():
     + (['--update'] if args.update else [])
   )
   p = beam.Pipeline(options=options)
+  to_key = beam.Map(lambda i: (i % 3, i))
+  if args.string_keys:
+    to_key = beam.Map(lambda i: (str(i % 3), i))
   keyed = (
     p
     | beam.Create([args.events])
     | 'Events' >> beam.ParDo(NumberedEvents(args.per_step, args.pause))
-    | 'Key' >> beam.Map(lambda i: (i % 3, i))
+    | 'Key' >> to_key
   )
   if args.keep_all_kb:
     _ = (

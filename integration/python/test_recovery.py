@@ -99,6 +99,7 @@ def run_pipeline(
   mapping=None,
   job_name=None,
   update=False,
+  string_keys=False,
 ):
   """Runs recovery_pipeline.py to its submission: the finished process."""
   return subprocess.run(
@@ -121,7 +122,8 @@ def run_pipeline(
     + (['--stateful_name', stateful_name] if stateful_name else [])
     + (['--transform_name_mapping', json.dumps(mapping)] if mapping else [])
     + (['--job_name', job_name] if job_name else [])
-    + (['--update'] if update else []),
+    + (['--update'] if update else [])
+    + (['--string_keys'] if string_keys else []),
     capture_output=True,
     text=True,
     timeout=120,
@@ -372,8 +374,9 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
   """Dataflow's `--update`: the next version of the pipeline (a step added,
   transforms renumbered, the sink fused apart, the stateful DoFn renamed
   with --transform_name_mapping) replaces the running job of its
-  --job_name. An update that could lose state is refused at submission,
-  naming the transform, and the running job runs on; the accepted one
+  --job_name. An update that could lose state, or read it in another key
+  coder, is refused at submission, naming the transform, and the running
+  job runs on; the accepted one
   stops it (UPDATED) and goes on from its state: every number counted
   once."""
   output = tmp_path / 'out'
@@ -400,6 +403,11 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
     assert unmapped.returncode != 0
     assert 'refused, and it runs on' in unmapped.stderr, unmapped.stderr[-3000:]
     assert "'DedupCount'" in unmapped.stderr
+    rekeyed = run_pipeline(
+      server.endpoint, output, events=events, job_name='counts', update=True, string_keys=True
+    )
+    assert rekeyed.returncode != 0
+    assert "'DedupCount': its key coder changed" in rekeyed.stderr, rekeyed.stderr[-3000:]
     assert job_state(server.endpoint, old) == 'RUNNING'
     new = submit_update(server.endpoint, output, events)
     assert wait_for_end(server, old) == 'UPDATED', server.log_tail()

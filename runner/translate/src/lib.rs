@@ -20,6 +20,7 @@
 mod assemble;
 mod builder;
 mod coders;
+mod compatibility;
 mod descriptor;
 mod drain;
 mod environments;
@@ -40,6 +41,7 @@ use std::collections::HashMap;
 use refract_engine::plan::{PCollectionIdx, Plan, StageIdx};
 use refract_proto::{fn_api, pipeline};
 
+pub use compatibility::state_compatibility;
 pub use environments::{EnvironmentKind, EnvironmentPreference, PreferenceError};
 pub use error::TranslateError;
 pub use fuse::Fusion;

@@ -4,8 +4,10 @@
 //! At Prepare ([`replaced_job`]) the running job of that name is found and
 //! both pipelines are planned; the update is refused, naming each
 //! transform and why, unless everything the old job could hold has a
-//! place in the new one (`refract_engine::manager::check_update`, with
-//! `--transform_name_mapping` applied). The old job runs on meanwhile.
+//! place in the new one (`refract_engine::manager::check_update`) and the
+//! new one reads it in the same key, state and value coders and windowing
+//! (`refract_translate::state_compatibility`), with
+//! `--transform_name_mapping` applied. The old job runs on meanwhile.
 //!
 //! When the new job starts ([`take_over`]) it claims the old one, which
 //! stops right after a savepoint taken in memory and ends `UPDATED`; the
@@ -22,7 +24,9 @@ use refract_observability::insights::Insights;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
-use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
+use refract_translate::{
+    state_compatibility, translate, EnvironmentPreference, Fusion, TranslateOptions,
+};
 
 use super::job_options::JobOptions;
 use crate::options::option_string;
@@ -86,13 +90,21 @@ pub(super) fn replaced_job(
     }
     let old_plan = plan(old.pipeline(), &running, preference)?;
     let new_plan = plan(pipeline, &asked, preference)?;
-    check_update(&old_plan, &new_plan, &asked.transform_name_mapping).map_err(|refusals| {
-        format!(
+    let mut refusals = check_update(&old_plan, &new_plan, &asked.transform_name_mapping)
+        .err()
+        .unwrap_or_default();
+    refusals.extend(state_compatibility(
+        old.pipeline(),
+        pipeline,
+        &asked.transform_name_mapping,
+    ));
+    if !refusals.is_empty() {
+        return Err(format!(
             "--update of job {} is refused, and it runs on: {}",
             old.id(),
             refusals.join("; ")
-        )
-    })?;
+        ));
+    }
     Ok(Some(old.clone()))
 }
 
