@@ -475,7 +475,7 @@ impl JobRunner for RefractRunner {
                     }
                     Err(JobError::Engine(EngineError::Cancelled)) => {
                         if let Some(by) = job.replaced_by() {
-                            info!(replaced_by = by, "job updated");
+                            info!(replaced_by = %by, "job updated");
                             job.set_state(job_state::Enum::Updated);
                         } else {
                             info!("job cancelled");

@@ -127,7 +127,7 @@ impl RefractAdmin for AdminService {
                         .replaces()
                         .map(|j| j.id().to_string())
                         .unwrap_or_default(),
-                    replaced_by: job.replaced_by().unwrap_or_default().to_string(),
+                    replaced_by: job.replaced_by().unwrap_or_default(),
                 })
                 .collect(),
             next_page_token: next.map(|n| n.to_string()).unwrap_or_default(),
@@ -149,7 +149,7 @@ impl RefractAdmin for AdminService {
                 .replaces()
                 .map(|j| j.id().to_string())
                 .unwrap_or_default(),
-            replaced_by: job.replaced_by().unwrap_or_default().to_string(),
+            replaced_by: job.replaced_by().unwrap_or_default(),
             ..Default::default()
         };
         self.runner.describe(&job, &mut description);

@@ -68,8 +68,9 @@ pub struct Job {
     planning: std::sync::Arc<crate::planning::PlanningSlots>,
     /// The running job this one replaces (`--update`), set at Prepare.
     replaces: std::sync::OnceLock<std::sync::Arc<Job>>,
-    /// The job that replaced this one; set once, by that job's start.
-    replaced_by: std::sync::OnceLock<String>,
+    /// The job that claimed to replace this one (by that job's start;
+    /// released if it could not take over).
+    replaced_by: std::sync::Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -113,7 +114,7 @@ impl Job {
             ended_ms: std::sync::atomic::AtomicU64::new(0),
             planning: settings.planning,
             replaces: std::sync::OnceLock::new(),
-            replaced_by: std::sync::OnceLock::new(),
+            replaced_by: std::sync::Mutex::new(None),
         }
     }
 
@@ -179,14 +180,35 @@ impl Job {
     }
 
     /// Claims this job for replacement by job `by`: false if another job
-    /// claimed it first (two updates of one job: one wins).
+    /// holds the claim (two updates of one job: one wins).
     pub fn claim_replacement(&self, by: &str) -> bool {
-        self.replaced_by.set(by.to_string()).is_ok()
+        let mut claim = self.replaced_by_slot();
+        if claim.is_some() {
+            return false;
+        }
+        *claim = Some(by.to_string());
+        true
+    }
+
+    /// Gives up job `by`'s claim (it could not take over): the job runs
+    /// on, and ends as it would have.
+    pub fn release_replacement(&self, by: &str) {
+        let mut claim = self.replaced_by_slot();
+        if claim.as_deref() == Some(by) {
+            *claim = None;
+        }
     }
 
     /// The job that replaced this one, once one claimed it.
-    pub fn replaced_by(&self) -> Option<&str> {
-        self.replaced_by.get().map(String::as_str)
+    pub fn replaced_by(&self) -> Option<String> {
+        self.replaced_by_slot().clone()
+    }
+
+    /// The claim (a panic while it was held leaves it as it was).
+    fn replaced_by_slot(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.replaced_by
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The pipeline as submitted (dependencies as the SDK declared them; use

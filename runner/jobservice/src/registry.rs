@@ -411,6 +411,27 @@ mod tests {
     }
 
     #[test]
+    fn one_update_claims_a_job_and_a_failed_one_gives_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = JobRegistry::new(
+            dir.path().to_path_buf(),
+            MessageRetention::events(10),
+            false,
+        );
+        let old = reg.create("old".into(), Pipeline::default(), Default::default());
+        let new = reg.create("new".into(), Pipeline::default(), Default::default());
+        new.set_replaces(old.clone());
+        assert!(Arc::ptr_eq(new.replaces().expect("an update"), &old));
+        assert!(old.claim_replacement(new.id()));
+        assert!(!old.claim_replacement("another"), "claimed twice");
+        old.release_replacement("another");
+        assert_eq!(old.replaced_by().as_deref(), Some(new.id()));
+        old.release_replacement(new.id());
+        assert_eq!(old.replaced_by(), None);
+        assert!(old.claim_replacement("another"));
+    }
+
+    #[test]
     fn a_job_is_renewed_once() {
         let dir = tempfile::tempdir().unwrap();
         let reg = JobRegistry::new(

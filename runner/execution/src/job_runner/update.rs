@@ -145,13 +145,15 @@ pub(super) async fn take_over(
             old.replaced_by().unwrap_or_default()
         ));
     }
-    let view = insights
-        .job(old.id())
-        .ok_or_else(|| format!("job {} is not running", old.id()))?;
-    let parts = view
-        .savepoint(true)
-        .await
-        .map_err(|e| format!("cannot take over from job {}: {e}", old.id()))?;
+    let cut = match insights.job(old.id()) {
+        Some(view) => view.savepoint(true).await,
+        None => Err(format!("job {} is not running", old.id())),
+    };
+    let parts = cut.map_err(|e| {
+        // Not taken over: the old job ends as it would have.
+        old.release_replacement(job.id());
+        format!("cannot take over from job {}: {e}", old.id())
+    })?;
     old.message(
         MessageImportance::JobMessageBasic,
         format!("updated: job {} goes on from here", job.id()),
