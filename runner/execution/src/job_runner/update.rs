@@ -22,6 +22,7 @@ use refract_engine::plan::Plan;
 use refract_jobservice::Job;
 use refract_observability::insights::Insights;
 use refract_proto::job_api::job_message::MessageImportance;
+use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 use refract_translate::{
@@ -62,9 +63,12 @@ pub(super) fn replaced_job(
                 .into(),
         );
     }
-    let mut named = live
-        .iter()
-        .filter(|j| option_string(j.options(), "job_name").as_deref() == Some(name.as_str()));
+    // Running (or starting) jobs only: one prepared and never run has
+    // nothing to hand over.
+    let mut named = live.iter().filter(|j| {
+        matches!(j.state(), JobState::Running | JobState::Starting)
+            && option_string(j.options(), "job_name").as_deref() == Some(name.as_str())
+    });
     let old = match (named.next(), named.next()) {
         (Some(old), None) => old,
         (None, _) => {
