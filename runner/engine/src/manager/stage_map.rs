@@ -21,6 +21,12 @@
 //! carry (an empty queue, a stage that is gone with nothing in it) needs
 //! no counterpart.
 //!
+//! A name mapping ([`NameMapping`], `--transform_name_mapping`) renames
+//! the checkpoint's transforms first; a transform mapped to `""` is
+//! removed, and a stage all of whose heads are removed is dropped with
+//! what it held. [`check_update`] is the same map made before a running
+//! job is stopped for an update, as if every stage held something.
+//!
 //! A checkpoint of a format before names were recorded maps by identical
 //! stage names, as it was restored when it was written.
 
