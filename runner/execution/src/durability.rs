@@ -428,13 +428,12 @@ pub fn metrics_part(job: &Job) -> Bytes {
 ///
 /// Metrics are kept by transform id, and ids change with the pipeline
 /// (Python's count transforms): a transform's metrics move to the id its
-/// unique name (renamed by `renamed`) has in this pipeline (`new_ids`:
-/// unique name → id), and those of a transform it no longer has go.
+/// unique name (renamed by `renamed`) has in this pipeline (as
+/// `job.metrics()` was told), and those of a transform it no longer has go.
 pub fn restore_metrics(
     job: &Job,
     parts: &[(String, Bytes)],
     renamed: &NameMapping,
-    new_ids: &HashMap<String, String>,
 ) -> Result<(), DurabilityError> {
     let Some((_, bytes)) = parts.iter().find(|(name, _)| name == METRICS_PART) else {
         return Ok(());
@@ -449,6 +448,11 @@ pub fn restore_metrics(
     let old_names: HashMap<String, String> = describe_checkpoint(parts)
         .map(|info| info.transforms.into_iter().collect())
         .unwrap_or_default();
+    let new_ids = if old_names.is_empty() {
+        HashMap::new()
+    } else {
+        job.metrics().transform_ids_by_name()
+    };
     let new_id = |old_id: &str| match old_names.get(old_id) {
         Some(name) => {
             let name = renamed.get(name).unwrap_or(name);

@@ -138,6 +138,15 @@ impl JobMetrics {
         self.inner.lock().transform_names.extend(names);
     }
 
+    /// The other way round from [`Self::set_transform_names`]: each
+    /// transform's id by its unique name, to move metrics kept under
+    /// another version's ids onto this pipeline's.
+    pub fn transform_ids_by_name(&self) -> HashMap<String, String> {
+        (self.inner.lock().transform_names.iter())
+            .map(|(id, name)| (name.clone(), id.clone()))
+            .collect()
+    }
+
     /// The job's metrics as `GetJobMetrics` returns them: user metrics and
     /// per-PCollection element counts,
     /// (`beam:metric:user:*`), `PTRANSFORM` labels replaced by unique names,

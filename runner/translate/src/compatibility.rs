@@ -51,7 +51,33 @@ pub fn state_compatibility(
 struct Side<'a> {
     components: Option<&'a pb::Components>,
     /// Stateful ParDos and GroupByKeys by unique name.
-    by_name: HashMap<&'a str, &'a pb::PTransform>,
+    by_name: HashMap<&'a str, Keeper<'a>>,
+}
+
+/// A transform that keeps state by key: a GroupByKey, or a ParDo with
+/// state or timers (with its payload, decoded once).
+struct Keeper<'a> {
+    transform: &'a pb::PTransform,
+    /// A ParDo's payload; `None` for a GroupByKey.
+    pardo: Option<pb::ParDoPayload>,
+}
+
+impl<'a> Keeper<'a> {
+    /// `transform`, if it keeps state by key.
+    fn of(transform: &'a pb::PTransform) -> Option<Self> {
+        let pardo = match urn(transform) {
+            urns::transform::GROUP_BY_KEY => None,
+            urns::transform::PAR_DO => {
+                let payload = decode_pardo(transform, &transform.unique_name).ok()?;
+                if payload.state_specs.is_empty() && payload.timer_family_specs.is_empty() {
+                    return None;
+                }
+                Some(payload)
+            }
+            _ => return None,
+        };
+        Some(Keeper { transform, pardo })
+    }
 }
 
 impl<'a> Side<'a> {
@@ -60,8 +86,8 @@ impl<'a> Side<'a> {
         let by_name = components
             .iter()
             .flat_map(|c| c.transforms.values())
-            .filter(|t| keeps_state(t))
-            .map(|t| (t.unique_name.as_str(), t))
+            .filter_map(Keeper::of)
+            .map(|k| (k.transform.unique_name.as_str(), k))
             .collect();
         Side {
             components,
@@ -69,19 +95,17 @@ impl<'a> Side<'a> {
         }
     }
 
-    /// The main input PCollection of `transform` (its one input that is
-    /// not a side input).
-    fn main_input(&self, transform: &pb::PTransform) -> Option<&'a pb::PCollection> {
-        let side_inputs = match urn(transform) {
-            urns::transform::PAR_DO => decode_pardo(transform, &transform.unique_name)
-                .map(|p| p.side_inputs.into_keys().collect::<Vec<_>>())
-                .unwrap_or_default(),
-            _ => Vec::new(),
+    /// The main input PCollection of `keeper` (its one input that is not
+    /// a side input).
+    fn main_input(&self, keeper: &Keeper<'_>) -> Option<&'a pb::PCollection> {
+        let is_side = |local: &String| {
+            (keeper.pardo.as_ref()).is_some_and(|p| p.side_inputs.contains_key(local))
         };
-        let (_, id) = transform
+        let (_, id) = keeper
+            .transform
             .inputs
             .iter()
-            .find(|(local, _)| !side_inputs.contains(local))?;
+            .find(|(local, _)| !is_side(local))?;
         self.components?.pcollections.get(id)
     }
 
@@ -139,8 +163,8 @@ impl<'a> Side<'a> {
     }
 
     /// A stateful ParDo's state ids, each with its kind and coders.
-    fn states(&self, transform: &pb::PTransform) -> BTreeMap<String, String> {
-        let Ok(payload) = decode_pardo(transform, &transform.unique_name) else {
+    fn states(&self, keeper: &Keeper<'_>) -> BTreeMap<String, String> {
+        let Some(payload) = &keeper.pardo else {
             return BTreeMap::new();
         };
         payload
@@ -181,8 +205,8 @@ const MAX_CODER_DEPTH: usize = 64;
 /// `name`, that the old one's state could not be read through.
 fn transform_changes(
     name: &str,
-    (old_side, old): (&Side<'_>, &pb::PTransform),
-    (new_side, new): (&Side<'_>, &pb::PTransform),
+    (old_side, old): (&Side<'_>, &Keeper<'_>),
+    (new_side, new): (&Side<'_>, &Keeper<'_>),
 ) -> Vec<String> {
     let mut changes = Vec::new();
     let (Some(old_input), Some(new_input)) = (old_side.main_input(old), new_side.main_input(new))
@@ -208,7 +232,8 @@ fn transform_changes(
         old_side.window_fn(old_input),
         new_side.window_fn(new_input),
     );
-    if urn(old) == urns::transform::GROUP_BY_KEY {
+    // A GroupByKey keeps its values too.
+    if old.pardo.is_none() {
         compare(
             "its value coder",
             old_side.kv_component(old_input, 1),
@@ -222,17 +247,6 @@ fn transform_changes(
         }
     }
     changes
-}
-
-/// Whether `transform` keeps state by key: a GroupByKey, or a ParDo with
-/// state or timers.
-fn keeps_state(transform: &pb::PTransform) -> bool {
-    match urn(transform) {
-        urns::transform::GROUP_BY_KEY => true,
-        urns::transform::PAR_DO => decode_pardo(transform, &transform.unique_name)
-            .is_ok_and(|p| !p.state_specs.is_empty() || !p.timer_family_specs.is_empty()),
-        _ => false,
-    }
 }
 
 fn urn(transform: &pb::PTransform) -> &str {

@@ -463,8 +463,12 @@ impl Engine {
         }
         let map =
             StageMap::new(&names, &self.topology.plan, renamed).map_err(SnapshotError::Mismatch)?;
+        // Checkpointed stages no stage maps onto are checked here; the
+        // others as they are restored (each decoded once).
         for old in 0..map.old_stages() {
-            check_carried(parts, &map, old)?;
+            if map.targets(old).is_empty() && !map.dropped(old) {
+                check_carried(&OldStage::decode(parts, old)?, &map, old)?;
+            }
         }
         let now = Instant::now();
         for idx in self.stages.indices() {
@@ -473,9 +477,7 @@ impl Engine {
         let mut side_inputs: SideInputSnapshot =
             decode(PartName::SideInputs, required(parts, PartName::SideInputs)?)?;
         side_inputs.rename_transforms(|id| map.rename(id));
-        if !names.transforms.is_empty() {
-            self.check_new_side_inputs(&map)?;
-        }
+        self.check_new_side_inputs(&map)?;
         *self.side_inputs.lock() = crate::state::SideInputTable::restore(side_inputs);
         self.next_bundle = engine.next_bundle;
         self.clock
@@ -505,7 +507,12 @@ impl Engine {
         let sources = map.sources(idx);
         let mut olds = Vec::with_capacity(sources.len());
         for &old in sources {
-            olds.push((old, OldStage::decode(parts, old)?));
+            let stage = OldStage::decode(parts, old)?;
+            // Checked once, where its first target is restored.
+            if map.targets(old).first() == Some(&idx) {
+                check_carried(&stage, map, old)?;
+            }
+            olds.push((old, stage));
         }
         let mut carrying = olds.iter().filter(|(_, o)| o.carries_anything());
         let Some((old, _)) = carrying.next().or(olds.first()) else {
@@ -626,25 +633,17 @@ impl Engine {
     /// kept for its old readers only, so the new one would miss it.
     fn check_new_side_inputs(&self, map: &StageMap) -> Result<(), SnapshotError> {
         let plan = &self.topology.plan;
-        for stage in plan.stages.iter() {
-            for side in &stage.side_inputs {
-                let Some(name) = plan.names.transforms.get(&side.id.transform_id) else {
-                    continue;
-                };
-                if map.knew(name) {
-                    continue;
-                }
-                let produced = plan.stages.iter_enumerated().any(|(p, producer)| {
-                    producer.outputs.contains(&side.pcollection)
-                        && self.stages[p].progress.output_wm > MIN_TIMESTAMP
-                });
-                if produced {
-                    return Err(SnapshotError::Mismatch(format!(
-                        "'{name}' is new and reads side input '{}', whose values before the \
-                         checkpoint were kept only for the transforms that read it then",
-                        side.id.tag
-                    )));
-                }
+        for (name, side) in map.new_side_input_readers(plan) {
+            let produced = plan.stages.iter_enumerated().any(|(p, producer)| {
+                producer.outputs.contains(&side.pcollection)
+                    && self.stages[p].progress.output_wm > MIN_TIMESTAMP
+            });
+            if produced {
+                return Err(SnapshotError::Mismatch(format!(
+                    "'{name}' is new and reads side input '{}', whose values before the \
+                     checkpoint were kept only for the transforms that read it then",
+                    side.id.tag
+                )));
             }
         }
         Ok(())
@@ -730,15 +729,10 @@ impl<'a> OldStage<'a> {
 
 /// Refuses a checkpoint whose stage `old` holds something that has no one
 /// place to go in the plan `map` maps onto.
-fn check_carried(
-    parts: &[(String, Bytes)],
-    map: &StageMap,
-    old: usize,
-) -> Result<(), SnapshotError> {
+fn check_carried(stage: &OldStage<'_>, map: &StageMap, old: usize) -> Result<(), SnapshotError> {
     if map.dropped(old) {
         return Ok(());
     }
-    let stage = OldStage::decode(parts, old)?;
     let heads = map.describe(old);
     let targets = map.targets(old);
     if stage.has_elements() {

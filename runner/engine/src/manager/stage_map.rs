@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::plan::{PipelineNames, Plan, StageIdx, StageKind, TransformId};
+use crate::plan::{PipelineNames, Plan, SideInput, StageIdx, StageKind, TransformId};
 
 /// What a checkpoint recorded of the names of the plan it was taken of.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,6 +89,8 @@ pub(super) struct StageMap {
     dropped: Vec<bool>,
     /// The names the checkpoint's transforms have in the new pipeline.
     carried_names: HashSet<String>,
+    /// The checkpoint recorded the pipeline's names (format 5 on).
+    names_recorded: bool,
 }
 
 /// Old unique name → new unique name, as `--transform_name_mapping`
@@ -194,6 +196,7 @@ impl StageMap {
             old_names,
             dropped,
             carried_names,
+            names_recorded: !recorded.stage_heads.is_empty(),
         })
     }
 
@@ -260,8 +263,27 @@ impl StageMap {
 
     /// Whether the checkpoint knew the transform the new pipeline calls
     /// `name` (under that name, or one the mapping renames to it).
-    pub(super) fn knew(&self, name: &str) -> bool {
+    fn knew(&self, name: &str) -> bool {
         self.carried_names.contains(name)
+    }
+
+    /// The side inputs of `plan` (the one mapped onto) read by transforms
+    /// the checkpoint did not know, with their readers' unique names: side
+    /// input values are kept per reading transform, so a new reader would
+    /// miss what the producer sent before the cut. None when the
+    /// checkpoint recorded no names (a format before 5).
+    pub(super) fn new_side_input_readers<'a>(
+        &'a self,
+        plan: &'a Plan,
+    ) -> impl Iterator<Item = (&'a str, &'a SideInput)> + 'a {
+        plan.stages
+            .iter()
+            .flat_map(|stage| stage.side_inputs.iter())
+            .filter(|_| self.names_recorded)
+            .filter_map(|side| {
+                let name = plan.names.transforms.get(&side.id.transform_id)?;
+                (!self.knew(name)).then_some((name.as_str(), side))
+            })
     }
 }
 
@@ -315,19 +337,12 @@ pub fn check_update(old: &Plan, new: &Plan, renamed: &NameMapping) -> Result<(),
             )),
         }
     }
-    // Side-input values are kept per reading transform: a new reader would
-    // miss what the producer sent before the cut.
-    for stage in new.stages.iter() {
-        for side in &stage.side_inputs {
-            match new.names.transforms.get(&side.id.transform_id) {
-                Some(name) if !map.knew(name) => refusals.push(format!(
-                    "'{name}' is new and reads side input '{}', whose values so far are kept \
-                         only for the transforms that read it before",
-                    side.id.tag
-                )),
-                _ => {}
-            }
-        }
+    for (name, side) in map.new_side_input_readers(new) {
+        refusals.push(format!(
+            "'{name}' is new and reads side input '{}', whose values so far are kept only for \
+             the transforms that read it before",
+            side.id.tag
+        ));
     }
     if refusals.is_empty() {
         Ok(())
@@ -371,10 +386,7 @@ fn check_mapping(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{
-        PCollectionIdx, SideInput, SideInputAccess, SideInputId, Stage, StageKind,
-        WindowingStrategy,
-    };
+    use crate::plan::{PCollectionIdx, SideInputAccess, SideInputId, Stage, WindowingStrategy};
 
     /// A plan of SDK stages, each given as (name, heads), with transforms
     /// `(id, unique name)`.

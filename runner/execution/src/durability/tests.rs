@@ -3,7 +3,6 @@
 //! there): its runner is this test, which takes each job the service
 //! starts, as `RefractRunner` does.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -599,7 +598,7 @@ async fn checkpointed_metrics_come_back_and_go_on_counting() {
 
     // Totals from before the restore are replaced, not added to.
     after.metrics().commit(&[counter("map", "stale", 1)]);
-    restore_metrics(&after, &checkpoint, &NameMapping::new(), &HashMap::new()).unwrap();
+    restore_metrics(&after, &checkpoint, &NameMapping::new()).unwrap();
     assert_eq!(
         after.metrics().committed_infos(),
         before.metrics().committed_infos()
@@ -615,13 +614,11 @@ async fn checkpointed_metrics_come_back_and_go_on_counting() {
         &after,
         std::slice::from_ref(&engine_part),
         &NameMapping::new(),
-        &HashMap::new(),
     )
     .unwrap();
     assert_eq!(after.metrics().committed_infos(), kept);
     let unreadable = [(METRICS_PART.to_string(), Bytes::from_static(b"\xff\xff"))];
-    let refused =
-        restore_metrics(&after, &unreadable, &NameMapping::new(), &HashMap::new()).unwrap_err();
+    let refused = restore_metrics(&after, &unreadable, &NameMapping::new()).unwrap_err();
     assert!(
         refused.to_string().contains("its checkpointed metrics"),
         "{refused}"

@@ -9,6 +9,7 @@
 use refract_engine::manager::{NameMapping, Strictness};
 use refract_engine::shards::ShardLayout;
 use refract_proto::prost_types;
+use refract_translate::{EnvironmentPreference, Fusion, TranslateOptions};
 
 use super::strict::strictness;
 use super::workers::job_worker_parallelism;
@@ -73,6 +74,30 @@ impl JobOptions {
             drain_on_start: has_experiment(options, DRAIN_ON_START),
             shards: shards(options)?,
         })
+    }
+
+    /// How a job with these options is translated: for its run (workers
+    /// reach `fn_api_url`, descriptors are prefixed `descriptor_id_prefix`)
+    /// and, with placeholders for those two, to plan it for an update check,
+    /// which must fuse it as its run does.
+    pub(crate) fn translation(
+        &self,
+        fn_api_url: String,
+        descriptor_id_prefix: String,
+        environment_preference: EnvironmentPreference,
+    ) -> TranslateOptions {
+        TranslateOptions {
+            fn_api_url,
+            descriptor_id_prefix,
+            streaming: self.streaming,
+            drain: self.drain_on_start,
+            environment_preference,
+            fusion: if self.strict.is_some_and(|s| s.coders) {
+                Fusion::WithinRootTransforms
+            } else {
+                Fusion::Greedy
+            },
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
 use refract_store::savepoint_dir::SavepointDir;
-use refract_translate::{translate, EnvironmentPreference, Fusion, TranslateOptions};
+use refract_translate::{translate, EnvironmentPreference};
 use tracing::{info, warn};
 
 use super::job_options::JobOptions;
@@ -164,18 +164,11 @@ pub(super) async fn run_job(
             ),
         );
     }
-    let translation = TranslateOptions {
-        fn_api_url: fn_server.url(),
-        descriptor_id_prefix: job.id().to_string(),
-        streaming,
-        drain: options.drain_on_start,
+    let translation = options.translation(
+        fn_server.url(),
+        job.id().to_string(),
         environment_preference,
-        fusion: if strict.is_some_and(|s| s.coders) {
-            Fusion::WithinRootTransforms
-        } else {
-            Fusion::Greedy
-        },
-    };
+    );
     // Planning takes time and memory in proportion to the pipeline: off
     // the reactor, and only with one of the server's planning turns.
     let turn = {
@@ -229,13 +222,6 @@ pub(super) async fn run_job(
     };
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
-    // Unique name → transform id, to move a checkpoint's metrics onto this
-    // pipeline's ids.
-    let ids_by_name: HashMap<String, String> = translated
-        .unique_names
-        .iter()
-        .map(|(id, name)| (name.clone(), id.clone()))
-        .collect();
     // Each descriptor transform's stage and name, for worker log lines.
     let mut origins = TransformOrigins::new();
     for (idx, stage) in &translated.sdk_stages {
@@ -389,7 +375,7 @@ pub(super) async fn run_job(
                     // Durable from the cut on, in this pipeline's names.
                     engine.checkpoint_at_once();
                 }
-                crate::durability::restore_metrics(&job, &checkpoint.parts, renamed, &ids_by_name)?;
+                crate::durability::restore_metrics(&job, &checkpoint.parts, renamed)?;
                 if checkpoint.id > 0 {
                     view.observe_restore(checkpoint.id);
                     info!(

@@ -25,9 +25,7 @@ use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
-use refract_translate::{
-    state_compatibility, translate, EnvironmentPreference, Fusion, TranslateOptions,
-};
+use refract_translate::{state_compatibility, translate, EnvironmentPreference};
 
 use super::job_options::JobOptions;
 use crate::options::option_string;
@@ -118,18 +116,7 @@ fn plan(
     options: &JobOptions,
     preference: &EnvironmentPreference,
 ) -> Result<Plan, String> {
-    let translation = TranslateOptions {
-        fn_api_url: String::new(),
-        descriptor_id_prefix: "update".into(),
-        streaming: options.streaming,
-        drain: options.drain_on_start,
-        environment_preference: preference.clone(),
-        fusion: if options.strict.is_some_and(|s| s.coders) {
-            Fusion::WithinRootTransforms
-        } else {
-            Fusion::Greedy
-        },
-    };
+    let translation = options.translation(String::new(), "update".into(), preference.clone());
     translate(pipeline, &translation)
         .map(|t| t.plan)
         .map_err(|e| e.to_string())
