@@ -478,7 +478,7 @@ impl Coders {
 
 /// Most nodes of one engine coder tree (see [`Coders::engine`]); real
 /// coders the runner reads have a handful.
-const MAX_ENGINE_CODER_NODES: usize = 10_000;
+pub(crate) const MAX_ENGINE_CODER_NODES: usize = 10_000;
 
 /// Refuses coders that contain themselves (directly or through their
 /// components) or nest deeper than `max_depth`, walking every coder once

@@ -11,11 +11,13 @@
 //! value coder, or its input's windowing. Coders are compared as trees of
 //! URNs, payloads and components, whatever ids the SDK gave them.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
 use refract_proto::pipeline as pb;
 use refract_proto::urns;
 
+use crate::coders::MAX_ENGINE_CODER_NODES;
 use crate::payloads::{decode_pardo, state_coders};
 
 /// Every reason the state the transforms of `old` keep could not be read
@@ -52,6 +54,9 @@ struct Side<'a> {
     components: Option<&'a pb::Components>,
     /// Stateful ParDos and GroupByKeys by unique name.
     by_name: HashMap<&'a str, Keeper<'a>>,
+    /// A coder tree unfolded past its bounds since this was last reset
+    /// (see [`Side::coder_tree`]).
+    too_large: Cell<bool>,
 }
 
 /// A transform that keeps state by key: a GroupByKey, or a ParDo with
@@ -92,6 +97,7 @@ impl<'a> Side<'a> {
         Side {
             components,
             by_name,
+            too_large: Cell::new(false),
         }
     }
 
@@ -110,12 +116,21 @@ impl<'a> Side<'a> {
     }
 
     /// Coder `id` as a tree of URNs, payloads and components (`?` for a
-    /// coder the pipeline does not define).
+    /// coder the pipeline does not define). Components may share coders,
+    /// so a tree can unfold into far more nodes than the pipeline has
+    /// coders: past [`MAX_ENGINE_CODER_NODES`] nodes or [`MAX_CODER_DEPTH`]
+    /// levels it stops, and says so in `too_large`.
     fn coder_tree(&self, id: &str) -> String {
-        self.coder_tree_within(id, 0)
+        let mut budget = MAX_ENGINE_CODER_NODES;
+        self.coder_tree_within(id, 0, &mut budget)
     }
 
-    fn coder_tree_within(&self, id: &str, depth: usize) -> String {
+    fn coder_tree_within(&self, id: &str, depth: usize, budget: &mut usize) -> String {
+        if depth > MAX_CODER_DEPTH || *budget == 0 {
+            self.too_large.set(true);
+            return "...".into();
+        }
+        *budget -= 1;
         let Some(coder) = self.components.and_then(|c| c.coders.get(id)) else {
             return "?".into();
         };
@@ -124,11 +139,11 @@ impl<'a> Side<'a> {
         if let Some(spec) = spec.filter(|s| !s.payload.is_empty() && payload_is_stable(&s.urn)) {
             tree.push_str(&format!("#{:x}", hash(&spec.payload)));
         }
-        if !coder.component_coder_ids.is_empty() && depth < MAX_CODER_DEPTH {
+        if !coder.component_coder_ids.is_empty() {
             let parts: Vec<String> = coder
                 .component_coder_ids
                 .iter()
-                .map(|c| self.coder_tree_within(c, depth + 1))
+                .map(|c| self.coder_tree_within(c, depth + 1, budget))
                 .collect();
             tree.push_str(&format!("({})", parts.join(", ")));
         }
@@ -197,8 +212,8 @@ fn payload_is_stable(urn: &str) -> bool {
 /// The Python SDK's coder of pickled objects (its payload is a pickle).
 const PICKLED_PYTHON: &str = "beam:coder:pickled_python:v1";
 
-/// Nesting past which coder trees are not followed (a hostile pipeline
-/// may nest them deeply; validation caps it far below).
+/// Nesting past which coder trees are not compared (as the engine's own
+/// coders nest at most so deep).
 const MAX_CODER_DEPTH: usize = 64;
 
 /// What changed between `old` and `new`, two versions of transform
@@ -208,6 +223,8 @@ fn transform_changes(
     (old_side, old): (&Side<'_>, &Keeper<'_>),
     (new_side, new): (&Side<'_>, &Keeper<'_>),
 ) -> Vec<String> {
+    old_side.too_large.set(false);
+    new_side.too_large.set(false);
     let mut changes = Vec::new();
     let (Some(old_input), Some(new_input)) = (old_side.main_input(old), new_side.main_input(new))
     else {
@@ -245,6 +262,13 @@ fn transform_changes(
         if let Some(read) = now.get(&id) {
             compare(&format!("state '{id}'"), Some(kept), Some(read.clone()));
         }
+    }
+    if old_side.too_large.get() || new_side.too_large.get() {
+        // A cut-off tree could hide a change: refuse rather than guess.
+        return vec![format!(
+            "'{name}': its coders unfold into more than {MAX_ENGINE_CODER_NODES} coders or nest \
+             deeper than {MAX_CODER_DEPTH}, too many to compare"
+        )];
     }
     changes
 }
@@ -339,6 +363,22 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_coder_that_unfolds_without_end_is_refused_not_unfolded() {
+        // Each coder's two components are the next one: 2^40 nodes.
+        let mut old = pipeline("Count", urns::coder::STRING_UTF8, urns::coder::BYTES);
+        let coders = &mut old.components.as_mut().expect("components").coders;
+        coders.insert("key".into(), coder(urns::coder::KV, &["n0", "n0"]));
+        for i in 0..40 {
+            let next = format!("n{}", i + 1);
+            coders.insert(format!("n{i}"), coder(urns::coder::KV, &[&next, &next]));
+        }
+        coders.insert("n40".into(), coder(urns::coder::BYTES, &[]));
+        let refused = state_compatibility(&old, &old, &BTreeMap::new());
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].contains("too many to compare"), "{refused:?}");
     }
 
     #[test]
