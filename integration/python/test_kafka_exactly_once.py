@@ -36,7 +36,14 @@ from apache_beam.portability.api import beam_job_api_pb2
 from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 import xlang_services
-from refract_testlib import accepts, durable_server, free_port, job_state, wait_for_end
+from refract_testlib import (
+  accepts,
+  durable_server,
+  free_port,
+  job_messages,
+  job_state,
+  wait_for_end,
+)
 
 # The first run may build integration/java with an empty Maven cache.
 pytestmark = pytest.mark.timeout(600)
@@ -285,7 +292,7 @@ def worker_pool(tmp_path, java_classpath):
     yield 'localhost:%d' % port, pool
 
 
-def submit(java_classpath, endpoint, pool, bootstrap, log):
+def submit(java_classpath, endpoint, pool, bootstrap, log, extra=()):
   """Submits the streaming job with the Java client, which leaves once the
   server has it; returns the job id."""
   with open(log, 'wb') as out:
@@ -305,6 +312,7 @@ def submit(java_classpath, endpoint, pool, bootstrap, log):
         '--inputGroup=' + INPUT_GROUP,
         '--sinkGroup=' + SINK_GROUP,
         '--windowMillis=%d' % WINDOW_MS,
+        *extra,
       ],
       stdin=subprocess.DEVNULL,
       stdout=out,
@@ -331,8 +339,14 @@ def describe(got, want):
   return '\n'.join(lines)
 
 
+# 'shards': the job on three engine shards, each checkpoint an epoch all
+# three cut: the sink's transactions and the source's offsets follow the
+# epochs as they follow one engine's checkpoints.
+@pytest.mark.parametrize(
+  'extra', [(), ('--experiments=refract_shards=3',)], ids=['one_engine', 'shards']
+)
 def test_runner_killed_repeatedly_writes_each_window_exactly_once(
-  request, refract_bin, tmp_path, kafka, worker_pool, java_classpath
+  request, refract_bin, tmp_path, kafka, worker_pool, java_classpath, extra
 ):
   bootstrap, broker = kafka
   pool, pool_process = worker_pool
@@ -352,7 +366,9 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
   job = None
   started = time.monotonic()
   try:
-    job = submit(java_classpath, servers[-1].endpoint, pool, bootstrap, tmp_path / 'client.log')
+    job = submit(
+      java_classpath, servers[-1].endpoint, pool, bootstrap, tmp_path / 'client.log', extra
+    )
     producer.start()
     # The first results mean the workers are up and windows are closing;
     # the sink's writer has committed its first transaction and (its state
@@ -361,6 +377,9 @@ def test_runner_killed_repeatedly_writes_each_window_exactly_once(
     while reader.poll(0.5) == 0:
       assert time.monotonic() < deadline, 'no output within 90 s\n' + servers[-1].log_tail()
     time.sleep(1)
+    if extra:
+      said = job_messages(servers[-1].endpoint, job)
+      assert any('running on 3 engine shards' in m for m in said), said
     producer.go_on.set()
     note(started, 'first output; %d records produced' % producer.sent)
     offsets_seen = [offsets.committed()]

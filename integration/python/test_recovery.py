@@ -190,13 +190,22 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
 # bag per key that grows through the job to 1200 x 16 KiB, past the 4 MiB
 # share a 4m budget gives its stage, so it goes to disk beside the
 # checkpoints, which name it there; it must come back whole after each kill.
+# 'shards': the job on three engine shards, each checkpoint an epoch all
+# three cut, each kill resuming every shard from the same epoch ('shards_0s':
+# an epoch after every commit).
 @pytest.mark.parametrize(
-  'interval,keep_all_kb,extra',
-  [('200ms', 0, []), ('0s', 0, []), ('200ms', 16, ['--memory_budget', '4m'])],
-  ids=['200ms', '0s', 'state_on_disk'],
+  'interval,keep_all_kb,extra,experiments',
+  [
+    ('200ms', 0, [], []),
+    ('0s', 0, [], []),
+    ('200ms', 16, ['--memory_budget', '4m'], []),
+    ('200ms', 0, [], ['refract_shards=3']),
+    ('0s', 0, [], ['refract_shards=3']),
+  ],
+  ids=['200ms', '0s', 'state_on_disk', 'shards', 'shards_0s'],
 )
 def test_runner_killed_and_restarted_gives_the_same_results(
-  request, refract_bin, tmp_path, interval, keep_all_kb, extra
+  request, refract_bin, tmp_path, interval, keep_all_kb, extra, experiments
 ):
   output = tmp_path / 'out'
   output.mkdir()
@@ -210,7 +219,7 @@ def test_runner_killed_and_restarted_gives_the_same_results(
   ]
   request.node.refract_processes = servers
   try:
-    job = submit(servers[-1].endpoint, output, events=events, keep_all_kb=keep_all_kb)
+    job = submit(servers[-1].endpoint, output, *experiments, events=events, keep_all_kb=keep_all_kb)
     wait_for_results(output, servers[-1])
     kills = 0
     for attempt in range(3):

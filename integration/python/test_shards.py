@@ -121,19 +121,25 @@ def test_a_shard_count_out_of_range_is_refused_at_submission(refract_server):
       _ = p | beam.Create([1])
 
 
-def test_a_checkpointing_server_runs_shards_only_when_asked_for_memory(refract_bin, tmp_path):
+def test_a_checkpointing_server_checkpoints_shards_in_epochs(refract_bin, tmp_path):
+  """On a server with --state_dir a sharded job is checkpointed (each
+  checkpoint an epoch every shard cuts); asked for memory state, it is
+  not. Both give the single engine's results."""
   server = durable_server(
     refract_bin, str(tmp_path / 'state'), free_port(), tmp_path / 'refract-serve.log'
   )
   try:
-    refused = PipelineOptions(server.portable_args(SHARDS))
-    with pytest.raises(Exception, match='refract_state_store=memory'):
-      with beam.Pipeline(options=refused) as p:
-        _ = p | beam.Create([1])
-    in_memory = sharded(server, '--experiments=refract_state_store=memory')
-    with beam.Pipeline(options=in_memory) as p:
+    for extra, said in [
+      ((), 'each checkpoint an epoch every shard cuts'),
+      (('--experiments=refract_state_store=memory',), 'its state is not checkpointed'),
+    ]:
+      p = beam.Pipeline(options=sharded(server, *extra))
       sums = p | beam.Create([('a', 1), ('b', 2), ('a', 3)]) | beam.CombinePerKey(sum)
       assert_that(sums, equal_to([('a', 4), ('b', 2)]))
+      result = p.run()
+      assert result.wait_until_finish() == 'DONE'
+      messages = job_messages(server.endpoint, result._job_id)  # pylint: disable=protected-access
+      assert any(said in m for m in messages), messages
   finally:
     server.stop()
 

@@ -24,6 +24,9 @@ pub struct BundleInput {
     pub stage: StageIdx,
     /// Unique id of this bundle attempt (never reused).
     pub bundle_id: String,
+    /// On a job on shards, the shard whose engine runs the bundle: what
+    /// its commit does (its metrics) belongs to that shard's checkpoints.
+    pub shard: Option<crate::shards::ShardId>,
     /// Main-input elements: concatenated nested windowed values in the
     /// stage's input port coder. Each chunk holds whole elements; for
     /// splittable stages each chunk is exactly one element.

@@ -43,6 +43,8 @@ mod grouping_stage;
 mod part_name;
 mod pending;
 mod scheduling;
+mod shard_epochs;
+mod sharded_checkpoint;
 mod sharding;
 mod side_inputs;
 mod slot_groups;
@@ -67,6 +69,9 @@ use clock::ProcessingClock;
 use durability::Durability;
 use grouping_stage::GroupingState;
 use pending::{Overflow, Queued};
+pub use sharded_checkpoint::{
+    collect_epochs, split_sharded_checkpoint, EngineParts, ShardCheckpoints, SHARDED_FORMAT,
+};
 pub use sharding::run_shards;
 use slot_groups::SlotGroups;
 pub use snapshot::{
@@ -137,6 +142,18 @@ pub enum EngineError {
         failures: u32,
         /// How many were tolerated.
         tolerable: u32,
+    },
+    /// A shard could not cut a checkpoint epoch the others cut: the
+    /// epoch could never complete, so the run stops (and is retried from
+    /// the last complete one).
+    #[error("cutting checkpoint {epoch} on {shard}: {source}")]
+    ShardCut {
+        /// The shard.
+        shard: crate::shards::ShardId,
+        /// The epoch.
+        epoch: crate::shards::Epoch,
+        /// Why the cut failed.
+        source: SnapshotError,
     },
     /// The job was cancelled.
     #[error("cancelled")]
@@ -649,6 +666,7 @@ impl Engine {
                 );
                 self.summary.strict = self.strict.as_ref().map(|s| s.report().clone());
                 self.publish_stats(true);
+                self.send_last_cut()?;
                 self.finish_shard();
                 return Ok(self.summary);
             }

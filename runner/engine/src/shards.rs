@@ -47,6 +47,37 @@ use crate::key_groups::{slice_mask, KeyGroupSet, KEY_GROUPS};
 
 pub use exchange::ShardLink;
 
+/// A checkpoint epoch of a job on shards: every shard cuts epoch `n`
+/// once, and the job's checkpoint `n` is their cuts together (see
+/// `manager/shard_epochs.rs`). Counted from 1; [`Epoch::NONE`] is before
+/// the first.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// Before any epoch was cut.
+    pub const NONE: Epoch = Epoch(0);
+    /// Later than every epoch: what a finished shard counts as having cut.
+    pub const EVERY: Epoch = Epoch(u64::MAX);
+
+    /// The epoch after this one.
+    pub fn next(self) -> Epoch {
+        Epoch(self.0.saturating_add(1))
+    }
+
+    /// The epoch's number, which is also the number of the shard's
+    /// checkpoint sent for it.
+    pub fn number(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "epoch {}", self.0)
+    }
+}
+
 /// A shard's number within its job, from 0 to the number of shards less one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShardId(u32);

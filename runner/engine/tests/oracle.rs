@@ -111,8 +111,8 @@ use model::{
     StreamingReference, Timing,
 };
 use pipeline::{
-    run_batch, run_stream, sixty_inputs_in_fixed_windows, small_bundles_out_of_order, Run, Shape,
-    StreamEvent,
+    restore_across_shard_counts, run_batch, run_stream, sixty_inputs_in_fixed_windows,
+    small_bundles_out_of_order, Run, Shape, StreamEvent,
 };
 use wire::{decoded_input, kv_coder, window_coder_for};
 
@@ -233,10 +233,11 @@ fn shape() -> impl Strategy<Value = Shape> {
                     max_bundles_per_stage: per_stage,
                     streaming,
                     jitter,
-                    // Shards take no checkpoints yet.
-                    crash_at: crash_at.filter(|_| shards == 1),
+                    crash_at,
                     strict,
                     shards,
+                    // Half the sharded runs overlap their shards on threads.
+                    threads: 1 + (jitter % 2) as usize,
                     // Every other crash restores onto a renumbered plan.
                     renumber_on_restore: jitter % 2 == 1,
                 }
@@ -434,6 +435,8 @@ proptest! {
                 (5, 16, 2, true, Some(5), 1),
                 (3, 40, 3, false, None, 2),
                 (5, 16, 1, true, None, 3),
+                (3, 40, 3, false, Some(2), 2),
+                (5, 16, 2, true, Some(5), 3),
             ] {
                 let shape = Shape {
                     max_bundle_elements,
@@ -445,6 +448,7 @@ proptest! {
                     crash_at,
                     strict: None,
                     shards,
+                    threads: shards as usize,
                     renumber_on_restore: crash_at == Some(5),
                 };
                 let mut got = engine_run(&inputs, &strategy, &shape)?;
@@ -505,29 +509,108 @@ fn shards_give_the_panes_of_one_engine() {
 /// committed work is kept, in-flight work is redone once. The same when
 /// the new engine's plan numbers its stages otherwise (another build's
 /// fusion, a changed pipeline): stages are found by the transforms
-/// reading their input, not by number.
+/// reading their input, not by number. And the same on shards, whose
+/// checkpoints are epochs every shard cut.
 #[test]
 fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
     let (inputs, strategy) = sixty_inputs_in_fixed_windows();
     let straight = small_bundles_out_of_order();
     let want = run_batch(&inputs, &strategy, &straight).expect("straight run");
-    for renumber_on_restore in [false, true] {
+    for (renumber_on_restore, shards) in [(false, 1), (true, 1), (false, 2), (true, 3)] {
         let mut restored_runs = 0;
         for crash_at in [1, 2, 3, 5, 8, 13] {
             let shape = Shape {
                 crash_at: Some(crash_at),
                 renumber_on_restore,
+                shards,
                 ..straight.clone()
             };
             let got = run_batch(&inputs, &strategy, &shape).expect("crashed run");
-            assert_eq!(got.panes, want.panes, "crash at checkpoint {crash_at}");
+            assert_eq!(
+                got.panes, want.panes,
+                "crash at checkpoint {crash_at} on {shards} shard(s)"
+            );
             restored_runs += usize::from(got.restored);
         }
         assert!(
             restored_runs >= 4,
-            "only {restored_runs} runs crashed before they ended"
+            "only {restored_runs} runs on {shards} shard(s) crashed before they ended"
         );
     }
+}
+
+/// A checkpoint of shards that holds elements one shard sent before the
+/// epoch and another took after its cut (recorded beside that cut)
+/// restores exactly: every element reaches the sink once, neither lost
+/// nor taken twice. Panes fire per element here, so receiving shards
+/// commit (and start epochs) while the source's shard still sends, on
+/// threads of their own; the search stops once three such restores ran.
+#[test]
+fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
+    let (inputs, mut strategy) = sixty_inputs_in_fixed_windows();
+    strategy.trigger = RefTrigger::EveryN(1).to_engine();
+    let inputs: Vec<Input> = inputs
+        .into_iter()
+        .map(|i| Input {
+            key: b'a' + (i.id % 12) as u8,
+            ..i
+        })
+        .collect();
+    let mut want: Vec<i64> = inputs.iter().map(|i| i.id).collect();
+    want.sort_unstable();
+    let mut in_transit = 0;
+    'search: for jitter in 0..100 {
+        for crash_at in 1..16 {
+            let shape = Shape {
+                crash_at: Some(crash_at),
+                shards: 3,
+                threads: 3,
+                streaming: true,
+                max_bundle_elements: 2,
+                create_chunks: 12,
+                max_bundles_per_stage: 3,
+                jitter,
+                ..Shape::default()
+            };
+            let got = run_batch(&inputs, &strategy, &shape).expect("crashed run");
+            let mut values: Vec<i64> = got.panes.iter().flat_map(|p| p.values.clone()).collect();
+            values.sort_unstable();
+            assert_eq!(values, want, "{shape:?}");
+            in_transit += usize::from(got.restored_in_transit);
+            if in_transit >= 3 {
+                break 'search;
+            }
+        }
+    }
+    assert!(
+        in_transit >= 3,
+        "only {in_transit} restored checkpoints held elements in transit"
+    );
+}
+
+/// A checkpoint of shards restores onto as many shards only: each shard
+/// owns the key groups it owned when it cut, and a restore onto another
+/// count (or onto one engine) is refused, naming both counts.
+#[test]
+fn a_sharded_checkpoint_restores_only_onto_as_many_shards() {
+    let (inputs, strategy) = sixty_inputs_in_fixed_windows();
+    let shape = |shards| Shape {
+        shards,
+        ..small_bundles_out_of_order()
+    };
+    assert_eq!(
+        restore_across_shard_counts(&inputs, &strategy, &shape(3), 3, 2),
+        None
+    );
+    let error = restore_across_shard_counts(&inputs, &strategy, &shape(2), 3, 2)
+        .expect("3 shards onto 2 is refused");
+    assert!(
+        error.contains("on 3 engine shards, and this one runs on 2"),
+        "{error}"
+    );
+    let error = restore_across_shard_counts(&inputs, &strategy, &shape(1), 3, 2)
+        .expect("3 shards onto one engine is refused");
+    assert!(error.contains("refract_shards=3"), "{error}");
 }
 
 /// Strict mode runs bundles twice, cuts them small and reorders them, and
@@ -920,8 +1003,7 @@ proptest! {
             max_bundles_per_stage: 1,
             streaming,
             jitter,
-            // Shards take no checkpoints yet.
-            crash_at: crash_at.filter(|_| streaming && shards == 1),
+            crash_at: crash_at.filter(|_| streaming),
             shards,
             ..Shape::default()
         };

@@ -39,6 +39,7 @@ use tracing::{debug, warn};
 
 use crate::bundle_finalizations::BundleFinalizations;
 use crate::output_spill::{BundleOutputSpill, JobOutputSpill};
+use crate::shard_metrics::ShardMetrics;
 use crate::split_policy::SplitPolicy;
 use crate::stall_watch::{BundleWatch, StallPolicy};
 use crate::state_bridge::StateBridge;
@@ -66,6 +67,8 @@ pub struct HarnessExecutor {
     streaming: bool,
     /// How bundles without progress are found, and where they are listed.
     stall: Option<(StallPolicy, Arc<StalledBundles>)>,
+    /// On a job on shards: each shard's committed metrics, for its cuts.
+    shard_metrics: Option<Arc<ShardMetrics>>,
 }
 
 /// A deferred application (an SDK checkpoint or the residual of a split)
@@ -251,6 +254,7 @@ impl HarnessExecutor {
             finalizations: Arc::default(),
             streaming: false,
             stall: None,
+            shard_metrics: None,
         }
     }
 
@@ -280,6 +284,13 @@ impl HarnessExecutor {
     /// has run for a while.
     pub fn with_split_output_bytes(mut self, bytes: usize) -> Self {
         self.split_output_bytes = bytes as u64;
+        self
+    }
+
+    /// Keeps each shard's committed metrics in `metrics` too, as well as
+    /// the job's (a job on shards; see [`ShardMetrics`]).
+    pub fn with_shard_metrics(mut self, metrics: Arc<ShardMetrics>) -> Self {
+        self.shard_metrics = Some(metrics);
         self
     }
 
@@ -350,6 +361,7 @@ impl StageExecutor for HarnessExecutor {
         let output_spill = self.output_spill.clone();
         let finalizations = self.finalizations.clone();
         let stall = self.stall.clone();
+        let shard_metrics = self.shard_metrics.clone();
         let stage_name = self
             .stage_names
             .get(&input.stage)
@@ -369,6 +381,7 @@ impl StageExecutor for HarnessExecutor {
                 stall: stall
                     .as_ref()
                     .map(|(policy, stalled)| (*policy, &**stalled, &*stage_name)),
+                shard_metrics: shard_metrics.as_ref(),
             };
             let result = run_bundle(worker, &set, &stage, input, &job, rules, &finalizations).await;
             let error = result.as_ref().err().map(ToString::to_string);
@@ -466,6 +479,8 @@ struct BundleRules<'a> {
     /// The stall policy, the job's list of stalled bundles and the stage's
     /// name, when bundles are watched.
     stall: Option<(StallPolicy, &'a StalledBundles, &'a str)>,
+    /// Each shard's committed metrics, on a job on shards.
+    shard_metrics: Option<&'a Arc<ShardMetrics>>,
 }
 
 /// Runs one bundle of `stage` on `worker` (splitting one that takes long or
@@ -484,6 +499,7 @@ async fn run_bundle(
     let BundleInput {
         stage: stage_idx,
         bundle_id,
+        shard,
         elements,
         element_lengths,
         split_points,
@@ -554,7 +570,13 @@ async fn run_bundle(
     let mut output = bundle_output(stage, result, overflow, split_residuals);
     output.on_commit = Some({
         let job = job.clone();
-        CommitAction::new(move || job.metrics().commit(&metrics))
+        let shard_metrics = shard.zip(rules.shard_metrics.cloned());
+        CommitAction::new(move || {
+            job.metrics().commit(&metrics);
+            if let Some((shard, totals)) = shard_metrics {
+                totals.commit(shard, &metrics);
+            }
+        })
     });
     // Finalization (a source acknowledging what it read) waits until the
     // engine has made the bundle's effects durable.

@@ -12,6 +12,7 @@
 
 mod job_options;
 mod logs;
+mod resume;
 mod retry;
 mod run;
 mod sharded;
@@ -71,8 +72,8 @@ pub const BUNDLE_ATTEMPTS_EXPERIMENT: &str = "refract_bundle_attempts";
 /// process: `--experiments=refract_shards=N` (1 to 128; documented in
 /// docs/scaling.md). Each shard owns an equal run of the key groups of
 /// every keyed stage; the job's results are the same as on one engine.
-/// Such a job keeps its state in memory for now: a server that checkpoints
-/// jobs refuses it unless it also asks for `refract_state_store=memory`.
+/// On a server that checkpoints jobs, each checkpoint is an epoch every
+/// shard cuts, and a job resumes on as many shards as wrote it.
 pub const SHARDS_EXPERIMENT: &str = "refract_shards";
 
 /// The experiment choosing where one job keeps its state:
@@ -86,16 +87,8 @@ pub const STATE_STORE_EXPERIMENT: &str = "refract_state_store";
 /// has.
 fn job_durability(
     choice: StateStoreChoice,
-    sharded: bool,
     server: Option<&Arc<Durability>>,
 ) -> Result<Option<Arc<Durability>>, String> {
-    if sharded && choice != StateStoreChoice::Memory && server.is_some() {
-        return Err(format!(
-            "--experiments={SHARDS_EXPERIMENT}=N keeps the job's state in memory for now, and \
-             this runner checkpoints jobs (--state_dir): add \
-             --experiments={STATE_STORE_EXPERIMENT}=memory to run it without checkpoints"
-        ));
-    }
     match choice {
         StateStoreChoice::ServerDefault => Ok(server.cloned()),
         StateStoreChoice::Memory => Ok(None),
@@ -293,8 +286,7 @@ impl JobRunner for RefractRunner {
     fn validate(&self, pipeline: &Pipeline, options: &prost_types::Struct) -> Result<(), String> {
         validate(pipeline).map_err(|e| e.to_string())?;
         let options = JobOptions::read(options)?;
-        let sharded = options.shards.is_some();
-        job_durability(options.state_store, sharded, self.durability.as_ref()).map(|_| ())
+        job_durability(options.state_store, self.durability.as_ref()).map(|_| ())
     }
 
     fn replaced_job(
@@ -427,8 +419,7 @@ impl JobRunner for RefractRunner {
         let state_store = options
             .as_ref()
             .map_or(StateStoreChoice::ServerDefault, |o| o.state_store);
-        let sharded = options.as_ref().is_ok_and(|o| o.shards.is_some());
-        let durability = job_durability(state_store, sharded, self.durability.as_ref())
+        let durability = job_durability(state_store, self.durability.as_ref())
             .unwrap_or_else(|_| self.durability.clone());
         if durability.is_some() {
             // Before it can end: a failure then keeps what a resume needs.

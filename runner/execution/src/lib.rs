@@ -23,6 +23,7 @@ pub mod memory;
 mod options;
 pub mod output_spill;
 pub mod scratch_spill;
+pub mod shard_metrics;
 mod split_policy;
 pub mod stall_watch;
 mod state_bridge;

@@ -180,8 +180,9 @@ impl EngineBuilder {
     /// Run as one shard of a job ([`crate::shards`]): the engine owns the
     /// key groups `link`'s layout gives it, hands other elements to their
     /// shards, and reads watermarks over every shard. Run every shard's
-    /// engine together with [`super::run_shards`]. Not yet with
-    /// checkpoints, savepoints, durable state or state-backed outputs.
+    /// engine together with [`super::run_shards`]. Checkpoints go to the
+    /// shard's end of [`super::collect_epochs`]. Not yet with savepoints,
+    /// durable state or state-backed outputs.
     pub fn shard(mut self, link: ShardLink) -> Self {
         self.shard = Some(link);
         self
@@ -244,7 +245,12 @@ impl EngineBuilder {
     /// the error names the first one asked for.
     fn refuse_unsharded_parts(&self) -> Result<(), EngineError> {
         let refused = [
-            (self.checkpoints.is_some(), "checkpoints"),
+            (
+                self.checkpoints
+                    .as_ref()
+                    .is_some_and(|c| c.progress.is_none()),
+                "checkpoints without their writer's progress (see collect_epochs)",
+            ),
             (self.savepoints.is_some(), "savepoints"),
             (self.durable_state.is_some(), "a durable spill space"),
             (

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, SnapshotError};
 use crate::executor::CommitAction;
 use crate::plan::{StageIdx, StageKind};
 
@@ -41,6 +41,20 @@ impl CheckpointProgress {
             durable: n,
             finished: n,
         }
+    }
+}
+
+/// A periodic checkpoint cut and not sent yet: its parts, and where it
+/// cut each stage's queue (for stable input).
+pub(super) struct Taken {
+    pub(super) parts: Vec<(String, Bytes)>,
+    marks: Vec<(StageIdx, u64)>,
+}
+
+impl Taken {
+    /// Adds a part of the cut's owner.
+    pub(super) fn push(&mut self, name: String, bytes: Bytes) {
+        self.parts.push((name, bytes));
     }
 }
 
@@ -254,52 +268,86 @@ impl Engine {
                 None => {}
             }
         }
+        if self.shard.is_some() {
+            // On shards a checkpoint is an epoch every shard cuts.
+            return self.start_epoch();
+        }
         let number = self
             .durability
             .checkpoints
             .as_ref()
             .map_or(0, |sink| sink.sent + 1);
-        let parts = self.cut(Some(number));
-        if parts.is_ok() {
-            for s in &mut self.stages {
-                s.queue.pending.checkpoint_taken(number);
-                if let Some(g) = s.grouping_mut() {
-                    g.checkpoint_taken(number);
+        match self.cut_for_checkpoint(number) {
+            Ok(taken) => self.send_checkpoint(taken),
+            Err(error) => {
+                // The job goes on; the previous checkpoint stays the latest.
+                if let Some(sink) = &mut self.durability.checkpoints {
+                    sink.last = Instant::now();
                 }
+                warn!(%error, "cannot take a checkpoint");
             }
         }
-        let marks: Vec<(StageIdx, u64)> = self
+    }
+
+    /// Periodic checkpoint `number`, cut now: its parts, and where it cuts
+    /// the queues of stable-input stages.
+    pub(super) fn cut_for_checkpoint(&mut self, number: u64) -> Result<Taken, SnapshotError> {
+        let parts = self.cut(Some(number))?;
+        for s in &mut self.stages {
+            s.queue.pending.checkpoint_taken(number);
+            if let Some(g) = s.grouping_mut() {
+                g.checkpoint_taken(number);
+            }
+        }
+        let marks = self
             .stages
             .iter_enumerated()
             .map(|(idx, s)| (idx, s.queue.pending.checkpoint_mark()))
             .collect();
+        Ok(Taken { parts, marks })
+    }
+
+    /// Sends a checkpoint cut by [`Self::cut_for_checkpoint`] to the
+    /// writer, and keeps what waits for it to be durable.
+    pub(super) fn send_checkpoint(&mut self, Taken { parts, marks }: Taken) {
         let Some(sink) = &mut self.durability.checkpoints else {
             return;
         };
         sink.last = Instant::now();
-        match parts {
-            Ok(parts) => match sink.tx.try_send(parts) {
-                Ok(()) => {
-                    sink.sent += 1;
-                    sink.commits = 0;
-                    if sink.acked {
-                        sink.awaiting.push_back((sink.sent, marks));
-                    } else {
-                        let sent = sink.sent;
-                        self.made_durable(marks);
-                        self.spill_durable(sent);
-                    }
+        match sink.tx.try_send(parts) {
+            Ok(()) => {
+                sink.sent += 1;
+                sink.commits = 0;
+                if sink.acked {
+                    sink.awaiting.push_back((sink.sent, marks));
+                } else {
+                    let sent = sink.sent;
+                    self.made_durable(marks);
+                    self.spill_durable(sent);
                 }
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    debug!("previous checkpoint still being written; skipping this one");
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    debug!("nobody writes checkpoints any more");
-                }
-            },
-            // The job goes on; the previous checkpoint stays the latest.
-            Err(error) => tracing::warn!(%error, "cannot take a checkpoint"),
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                debug!("previous checkpoint still being written; skipping this one");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                debug!("nobody writes checkpoints any more");
+            }
         }
+    }
+
+    /// Sends parts that are no periodic checkpoint of their own (a
+    /// finished shard's last cut) to the writer, if it has room.
+    pub(super) fn send_checkpoint_parts(&mut self, parts: Vec<(String, Bytes)>) {
+        if let Some(sink) = &self.durability.checkpoints {
+            if let Err(error) = sink.tx.try_send(parts) {
+                debug!(%error, "the checkpoint writer took no more parts");
+            }
+        }
+    }
+
+    /// Whether checkpoints are taken at all.
+    pub(super) fn checkpoints_enabled(&self) -> bool {
+        self.durability.checkpoints.is_some()
     }
 
     /// The writer reported `progress` (or, with `None`, went away: nothing

@@ -515,6 +515,7 @@ impl Engine {
         let input = BundleInput {
             stage: idx,
             bundle_id: format!("{}-b{}", self.bundle_prefix, bundle),
+            shard: self.shard_id(),
             elements: chunks,
             element_lengths,
             split_points,

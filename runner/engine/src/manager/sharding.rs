@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::scheduling::element_key_group_index;
+use super::shard_epochs::EpochState;
 use super::stage_state::KindState;
 use super::{Engine, EngineError, RunSummary};
 use crate::coder::{decode_windowed_values, DecodedElement};
@@ -20,7 +21,7 @@ use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 
 /// What an engine keeps as one shard of a job.
 pub(super) struct Sharding {
-    link: ShardLink,
+    pub(super) link: ShardLink,
     /// Per PCollection: a keyed stage reads it, so each element goes to
     /// the shard owning its key.
     partitioned: PCollectionVec<bool>,
@@ -43,6 +44,8 @@ pub(super) struct Sharding {
     turn: bool,
     /// Parked on the board (and to be unparked once it has work).
     parked: bool,
+    /// Where this shard is in the job's checkpoint epochs.
+    pub(super) epochs: EpochState,
 }
 
 impl Engine {
@@ -86,6 +89,7 @@ impl Engine {
             outgoing: FxHashMap::default(),
             turn: false,
             parked: false,
+            epochs: EpochState::default(),
         });
     }
 
@@ -163,23 +167,31 @@ impl Engine {
         if received.stuck {
             return Err(EngineError::Stuck(self.describe_unfinished()));
         }
-        for delivery in received.deliveries {
-            match delivery {
-                Delivery::Owned {
-                    pcollection,
-                    elements,
-                } => {
-                    for e in self.decode_delivered(pcollection, &elements)? {
-                        self.queue_for_consumers(pcollection, e)?;
-                    }
+        self.take_handed(
+            received.deliveries,
+            received.newest_cut,
+            received.others_cut,
+        )
+    }
+
+    /// Puts what another shard handed this one where it goes: to the
+    /// stages reading it here, or to the side inputs.
+    pub(super) fn apply_delivery(&mut self, delivery: Delivery) -> Result<(), EngineError> {
+        match delivery {
+            Delivery::Owned {
+                pcollection,
+                elements,
+            } => {
+                for e in self.decode_delivered(pcollection, &elements)? {
+                    self.queue_for_consumers(pcollection, e)?;
                 }
-                Delivery::SideInput {
-                    pcollection,
-                    elements,
-                } => {
-                    for e in self.decode_delivered(pcollection, &elements)? {
-                        self.add_to_side_inputs(pcollection, &e)?;
-                    }
+            }
+            Delivery::SideInput {
+                pcollection,
+                elements,
+            } => {
+                for e in self.decode_delivered(pcollection, &elements)? {
+                    self.add_to_side_inputs(pcollection, &e)?;
                 }
             }
         }
@@ -205,28 +217,10 @@ impl Engine {
     /// this shard's output watermarks (in that order: see
     /// [`crate::shards`]).
     pub(super) fn publish_to_shards(&mut self) {
+        self.send_outgoing();
         let Some(shard) = self.shard.as_mut() else {
             return;
         };
-        let deliveries = shard
-            .outgoing
-            .drain()
-            .map(|((to, pcollection, side), bytes)| {
-                let elements = Bytes::from(bytes);
-                let delivery = if side {
-                    Delivery::SideInput {
-                        pcollection,
-                        elements,
-                    }
-                } else {
-                    Delivery::Owned {
-                        pcollection,
-                        elements,
-                    }
-                };
-                (to, delivery)
-            });
-        shard.link.send(deliveries);
         if shard.link.id() == ShardId::SOURCES && self.clock.is_scripted() {
             shard.link.publish_processing_time(self.clock.now());
         }
@@ -238,6 +232,23 @@ impl Engine {
         if let Some(shard) = &self.shard {
             shard.link.publish(published.into_iter());
         }
+    }
+
+    /// On a shard: sends what was gathered for other shards.
+    pub(super) fn send_outgoing(&mut self) {
+        let Some(shard) = self.shard.as_mut() else {
+            return;
+        };
+        if shard.outgoing.is_empty() {
+            return;
+        }
+        let deliveries = shard
+            .outgoing
+            .drain()
+            .map(|((to, pcollection, side), bytes)| {
+                (to, Delivery::new(pcollection, side, Bytes::from(bytes)))
+            });
+        shard.link.send(deliveries);
     }
 
     /// Whether stage `stage`'s queue on another shard is over its bound
@@ -269,6 +280,16 @@ impl Engine {
             }
             self.on_stage_finished(idx);
         }
+    }
+
+    /// This engine's shard, if it is one.
+    pub(super) fn shard_id(&self) -> Option<ShardId> {
+        self.shard.as_ref().map(|s| s.link.id())
+    }
+
+    /// How many shards the job runs on, if this engine is one of them.
+    pub(super) fn shard_count(&self) -> Option<u32> {
+        self.shard.as_ref().map(|s| s.link.layout().shards())
     }
 
     /// Whether stage finishing is told to side inputs as it happens here

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use super::grouping_stage::GroupingState;
 use super::part_name::PartName;
 use super::pending::SpilledQueue;
+use super::sharded_checkpoint::shards_of;
 use super::stage_map::{NameMapping, RecordedNames, StageMap};
 use super::stage_state::{Delayed, KindRecord};
 use super::stats::{CounterRecord, StageCounters};
@@ -446,7 +447,34 @@ impl Engine {
     /// [`Self::restore`] onto a new version of the pipeline, in which the
     /// transforms `renamed` names have new unique names (or, mapped to
     /// `""`, are removed, and what they held is dropped on purpose).
+    ///
+    /// A job on shards restores from a checkpoint of as many shards, each
+    /// shard from its own parts (see `manager/sharded_checkpoint.rs`).
     pub fn restore_renamed(
+        &mut self,
+        parts: &[(String, Bytes)],
+        renamed: &NameMapping,
+    ) -> Result<(), SnapshotError> {
+        let running_on = self.shard_count();
+        match (shards_of(parts)?, running_on) {
+            (None, None) => self.restore_engine_parts(parts, renamed),
+            (Some(wrote), Some(runs)) if wrote == runs => self.restore_shard(parts, renamed),
+            (Some(wrote), runs) => Err(SnapshotError::Mismatch(format!(
+                "it was written by a job on {wrote} engine shards, and this one runs on {}; a \
+                 checkpoint restores onto as many shards as wrote it \
+                 (--experiments=refract_shards={wrote})",
+                runs.unwrap_or(1)
+            ))),
+            (None, Some(runs)) => Err(SnapshotError::Mismatch(format!(
+                "it was written by a job on one engine, and this one runs on {runs} engine \
+                 shards; a checkpoint restores onto as many shards as wrote it"
+            ))),
+        }
+    }
+
+    /// [`Self::restore_renamed`] from one engine's parts (a job's, or one
+    /// shard's).
+    pub(super) fn restore_engine_parts(
         &mut self,
         parts: &[(String, Bytes)],
         renamed: &NameMapping,
@@ -484,9 +512,10 @@ impl Engine {
             .restore((engine.clock_offset, engine.frozen_clock));
         self.summary.bundles = engine.bundles;
         self.summary.peak_pending_bytes = engine.peak_pending_bytes as usize;
-        // Stages that had finished tell their side-input readers again.
+        // Stages that had finished tell their side-input readers again
+        // (on shards, once they have finished on every shard).
         for idx in self.stages.indices() {
-            if self.stages[idx].progress.output_wm >= MAX_TIMESTAMP {
+            if self.finishes_alone() && self.stages[idx].progress.output_wm >= MAX_TIMESTAMP {
                 self.on_stage_finished(idx);
             }
         }

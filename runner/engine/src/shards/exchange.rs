@@ -10,8 +10,12 @@
 //! still in its inbox.
 //!
 //! Every change that can give a shard work (elements handed over, a
-//! watermark moved, a shard finished) raises the board's *version*; a
-//! parked shard waits for the version to change.
+//! watermark moved, a shard finished, a checkpoint epoch cut) raises the
+//! board's *version*; a parked shard waits for the version to change.
+//!
+//! For checkpoints the board also keeps the last [`Epoch`] each shard cut,
+//! and tags each delivery with its sender's epoch when it was sent (see
+//! `manager/shard_epochs.rs` for how a shard uses the tags).
 
 use std::sync::Arc;
 
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::{ShardId, ShardLayout};
+use super::{Epoch, ShardId, ShardLayout};
 use crate::plan::{PCollectionIdx, StageVec};
 use crate::time::{Timestamp, MAX_TIMESTAMP, MIN_TIMESTAMP};
 
@@ -46,11 +50,56 @@ pub enum Delivery {
     },
 }
 
+impl Delivery {
+    /// Elements of `pcollection` for the receiver's side inputs
+    /// (`side_input`) or for its stages reading them.
+    pub fn new(pcollection: PCollectionIdx, side_input: bool, elements: Bytes) -> Self {
+        if side_input {
+            Delivery::SideInput {
+                pcollection,
+                elements,
+            }
+        } else {
+            Delivery::Owned {
+                pcollection,
+                elements,
+            }
+        }
+    }
+
+    /// The delivery's PCollection, whether it is for side inputs, and its
+    /// elements: what [`Delivery::new`] takes.
+    pub fn into_parts(self) -> (PCollectionIdx, bool, Bytes) {
+        match self {
+            Delivery::Owned {
+                pcollection,
+                elements,
+            } => (pcollection, false, elements),
+            Delivery::SideInput {
+                pcollection,
+                elements,
+            } => (pcollection, true, elements),
+        }
+    }
+}
+
+/// A delivery as the board holds it: with the last epoch its sender had
+/// cut when it sent it.
+#[derive(Debug, Clone)]
+pub struct Handed {
+    /// The sender's last cut epoch at the time: the delivery belongs to
+    /// the next one (its effects are in no earlier epoch's cut of the
+    /// sender).
+    pub epoch: Epoch,
+    /// What was handed over.
+    pub delivery: Delivery,
+}
+
 /// What a shard takes from the board in one step.
 #[derive(Debug)]
 pub struct Received {
     /// What other shards handed it, in the order they did.
-    pub deliveries: Vec<Delivery>,
+    pub deliveries: Vec<Handed>,
     /// Per stage, the least output watermark the *other* shards published
     /// (+∞ with no other shard).
     pub watermarks: StageVec<Timestamp>,
@@ -67,6 +116,11 @@ pub struct Received {
     /// Scripted processing time as the shard replaying the TestStream
     /// published it, if it did.
     pub processing_time: Option<Timestamp>,
+    /// The newest epoch any shard has cut.
+    pub newest_cut: Epoch,
+    /// The oldest epoch every *other* unfinished shard has cut (finished
+    /// shards and a lone shard count as having cut every epoch).
+    pub others_cut: Epoch,
 }
 
 /// What [`ShardLink::park`] found.
@@ -87,7 +141,9 @@ pub enum Parked {
 /// The shared board.
 struct Board {
     version: u64,
-    inboxes: Vec<Vec<Delivery>>,
+    inboxes: Vec<Vec<Handed>>,
+    /// Per shard, the last checkpoint epoch it cut.
+    cuts: Vec<Epoch>,
     /// Per shard, per stage, its published output watermark (−∞ where it
     /// published nothing yet) and whether the stage's queue there is over
     /// its bound.
@@ -165,6 +221,7 @@ impl ShardLink {
             board: Mutex::new(Board {
                 version: 0,
                 inboxes: vec![Vec::new(); n],
+                cuts: vec![Epoch::NONE; n],
                 published: vec![Vec::new(); n],
                 finished: vec![false; n],
                 parked: vec![false; n],
@@ -199,10 +256,11 @@ impl ShardLink {
     /// Hands `deliveries` to their shards (none to this one).
     pub fn send(&self, deliveries: impl IntoIterator<Item = (ShardId, Delivery)>) {
         let mut board = self.exchange.board.lock();
+        let epoch = board.cuts[self.id.index()];
         let mut any = false;
         for (to, delivery) in deliveries {
             if let Some(inbox) = board.inboxes.get_mut(to.index()) {
-                inbox.push(delivery);
+                inbox.push(Handed { epoch, delivery });
                 any = true;
             }
         }
@@ -235,6 +293,12 @@ impl ShardLink {
         if turn {
             board.turn = None;
         }
+        let newest_cut = board.cuts.iter().copied().max().unwrap_or(Epoch::NONE);
+        let others_cut = (0..board.cuts.len())
+            .filter(|&shard| shard != me && !board.finished[shard])
+            .map(|shard| board.cuts[shard])
+            .min()
+            .unwrap_or(Epoch::EVERY);
         Received {
             deliveries,
             watermarks,
@@ -243,7 +307,17 @@ impl ShardLink {
             stuck: board.stuck,
             turn,
             processing_time: board.processing_time,
+            newest_cut,
+            others_cut,
         }
+    }
+
+    /// This shard cut checkpoint epoch `epoch`: what it sends from now on
+    /// belongs to the next one. Wakes the others, who cut it too.
+    pub fn cut(&self, epoch: Epoch) {
+        let mut board = self.exchange.board.lock();
+        board.cuts[self.id.index()] = epoch;
+        board.bump(&self.exchange.version);
     }
 
     /// Publishes the scripted processing time of the shard replaying the
@@ -386,7 +460,7 @@ mod tests {
         let first = links[1].take(0).deliveries;
         let got: Vec<u8> = first
             .iter()
-            .map(|d| match d {
+            .map(|d| match &d.delivery {
                 Delivery::Owned { elements, .. } => elements[0],
                 Delivery::SideInput { .. } => 0,
             })
@@ -449,6 +523,26 @@ mod tests {
         links[0].unpark();
         let seen0 = links[0].take(1).version;
         assert_eq!(links[0].park(seen0, false, false), Parked::AllParked);
+    }
+
+    #[test]
+    fn deliveries_carry_their_senders_epoch_and_cuts_are_seen() {
+        let links = links(3);
+        let to = links[1].id();
+        links[0].send([(to, owned(1))]);
+        links[0].cut(Epoch::NONE.next());
+        links[0].send([(to, owned(2))]);
+        let took = links[1].take(0);
+        let epochs: Vec<Epoch> = took.deliveries.iter().map(|d| d.epoch).collect();
+        assert_eq!(epochs, [Epoch::NONE, Epoch::NONE.next()]);
+        assert_eq!(took.newest_cut, Epoch::NONE.next());
+        // Shard 2 has not cut: not every other shard has.
+        assert_eq!(took.others_cut, Epoch::NONE);
+        links[2].finish();
+        assert_eq!(links[1].take(0).others_cut, Epoch::NONE.next());
+        // With every other shard finished, every epoch counts as cut.
+        links[0].finish();
+        assert_eq!(links[1].take(0).others_cut, Epoch::EVERY);
     }
 
     #[test]

@@ -299,15 +299,24 @@ async fn a_bundle_failing_on_one_shard_fails_the_job_with_its_error() {
 #[tokio::test]
 async fn shards_refuse_what_they_cannot_do_yet() {
     let (plan, exec) = gbk_pipeline(Arc::default(), 0);
-    let link = ShardLink::in_process(ShardLayout::new(2).unwrap()).remove(0);
+    let exec: Arc<dyn StageExecutor> = Arc::new(exec);
+    let link = || ShardLink::in_process(ShardLayout::new(2).unwrap()).remove(0);
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
-    let error = Engine::builder(plan, Arc::new(exec), config(10), "s0", Arc::new(|| 0))
+    let error = Engine::builder(plan.clone(), exec.clone(), config(10), "s0", Arc::new(|| 0))
         .checkpoints(std::time::Duration::ZERO, tx, None)
-        .shard(link)
+        .shard(link())
         .build()
         .err()
-        .expect("checkpoints on shards are refused");
-    assert!(error.to_string().contains("checkpoints"), "{error}");
+        .expect("checkpoints without progress on shards are refused");
+    assert!(error.to_string().contains("progress"), "{error}");
+    let (_requests, savepoints) = tokio::sync::mpsc::channel(1);
+    let error = Engine::builder(plan, exec, config(10), "s0", Arc::new(|| 0))
+        .savepoints(savepoints)
+        .shard(link())
+        .build()
+        .err()
+        .expect("savepoints on shards are refused");
+    assert!(error.to_string().contains("savepoints"), "{error}");
 }
 
 /// A one-letter key that the second of two shards owns.

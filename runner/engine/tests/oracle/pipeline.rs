@@ -30,7 +30,8 @@ use parking_lot::Mutex;
 use refract_engine::coder::{decode_windowed_values, Coder};
 use refract_engine::executor::{BundleInput, BundleOutput, CommitAction, ExecError, StageExecutor};
 use refract_engine::manager::{
-    describe_checkpoint, run_shards, Engine, EngineConfig, EngineError, RunSummary, Strictness,
+    collect_epochs, describe_checkpoint, run_shards, split_sharded_checkpoint, CheckpointInfo,
+    Engine, EngineConfig, EngineError, RunSummary, Strictness,
 };
 use refract_engine::plan::{
     PCollection, PCollectionIdx, PCollectionVec, Plan, SdkStage, Stage, StageIdx, StageKind,
@@ -70,6 +71,8 @@ pub struct Shape {
     pub strict: Option<u64>,
     /// How many shards the job runs on (one engine each, in this process).
     pub shards: u32,
+    /// Threads a sharded run runs on (1: one thread, as unsharded runs).
+    pub threads: usize,
     /// With `crash_at`: the restored engine's plan numbers its stages in
     /// reverse, as another fusion of the pipeline would number them.
     pub renumber_on_restore: bool,
@@ -87,6 +90,7 @@ impl Default for Shape {
             crash_at: None,
             strict: None,
             shards: 1,
+            threads: 1,
             renumber_on_restore: false,
         }
     }
@@ -123,7 +127,7 @@ struct FakeSdk {
     /// Panes received, with the number of the bundle that received them:
     /// written when the engine commits the bundle, as a transactional sink
     /// does (a bundle strict mode runs twice counts once).
-    sink: Arc<Mutex<Vec<(u64, Pane)>>>,
+    sink: Arc<Mutex<Vec<(SinkBundle, Pane)>>>,
     /// The bundle-id prefixes of the sink's bundles: on a sharded run, the
     /// shards that fired panes.
     sink_prefixes: Arc<Mutex<std::collections::BTreeSet<String>>>,
@@ -168,16 +172,14 @@ impl FakeSdk {
     }
 
     fn sink(&self, input: &BundleInput) -> BundleOutput {
-        let bundle = bundle_number(&input.bundle_id);
-        if let Some((prefix, _)) = input.bundle_id.rsplit_once("-b") {
-            self.sink_prefixes.lock().insert(prefix.to_string());
-        }
+        let bundle = sink_bundle(&input.bundle_id);
+        self.sink_prefixes.lock().insert(bundle.0.clone());
         let mut panes = Vec::new();
         for chunk in &input.elements {
             panes.extend(
                 decode_panes(chunk, &self.window_coder)
                     .into_iter()
-                    .map(|p| (bundle, p)),
+                    .map(|p| (bundle.clone(), p)),
             );
         }
         let sink = self.sink.clone();
@@ -209,12 +211,21 @@ impl StageExecutor for FakeSdk {
     }
 }
 
-/// The number in a bundle id `{prefix}-b{n}`.
-fn bundle_number(bundle_id: &str) -> u64 {
+/// A sink bundle: its engine's bundle-id prefix (one per shard) and its
+/// number there.
+type SinkBundle = (String, u64);
+
+/// The prefix and number of a bundle id `{prefix}-b{n}`.
+fn sink_bundle(bundle_id: &str) -> SinkBundle {
     bundle_id
         .rsplit_once("-b")
-        .and_then(|(_, n)| n.parse().ok())
+        .and_then(|(prefix, n)| Some((prefix.to_string(), n.parse().ok()?)))
         .expect("bundle ids end in -b<number>")
+}
+
+/// The bundle-id prefix of shard `k`'s engine.
+fn shard_prefix(k: usize) -> String {
+    format!("oracle-s{k}")
 }
 
 /// The clock of every engine here: processing time stands still, so a run
@@ -247,16 +258,7 @@ async fn run_to_checkpoint(
         .checkpoints(Duration::ZERO, checkpoints, None)
         .build()?;
     let run = tokio::spawn(engine.run(cancelled));
-    let mut chosen = None;
-    let mut seen = 0;
-    while let Some(parts) = received.recv().await {
-        seen += 1;
-        if seen == n {
-            chosen = Some(parts);
-            let _ = cancel.send(true);
-            break;
-        }
-    }
+    let chosen = stop_at(&mut received, n, &cancel).await;
     let outcome = run.await.expect("the run does not panic");
     Ok(match chosen {
         Some(parts) => Cut::At(parts),
@@ -264,14 +266,49 @@ async fn run_to_checkpoint(
     })
 }
 
+/// The `n`th checkpoint written to `received`, cancelling the run as it
+/// comes (as a process dying right after writing it); `None` if the run
+/// ended before.
+async fn stop_at(
+    received: &mut tokio::sync::mpsc::Receiver<Vec<(String, Bytes)>>,
+    n: usize,
+    cancel: &watch::Sender<bool>,
+) -> Option<Vec<(String, Bytes)>> {
+    let mut seen = 0;
+    while let Some(parts) = received.recv().await {
+        seen += 1;
+        if seen == n {
+            let _ = cancel.send(true);
+            return Some(parts);
+        }
+    }
+    None
+}
+
 /// Keeps the panes of the sink bundles that checkpoint `parts` counts as
 /// done, dropping the others, as a crashed process would have lost their
-/// effects.
+/// effects (on shards, each shard's by its own cut).
 fn keep_committed(sdk: &FakeSdk, parts: &[(String, Bytes)]) {
-    let info = describe_checkpoint(parts).expect("a readable checkpoint");
-    sdk.sink
-        .lock()
-        .retain(|(b, _)| *b < info.next_bundle && !info.rerun_bundles.contains(b));
+    let cuts: Vec<(String, Vec<(String, Bytes)>)> =
+        match split_sharded_checkpoint(parts).expect("a readable checkpoint") {
+            Some(shards) => shards
+                .into_iter()
+                .enumerate()
+                .map(|(k, parts)| (shard_prefix(k), parts))
+                .collect(),
+            None => vec![("oracle".to_string(), parts.to_vec())],
+        };
+    let done: HashMap<String, CheckpointInfo> = cuts
+        .into_iter()
+        .map(|(prefix, parts)| {
+            let info = describe_checkpoint(&parts).expect("a readable cut");
+            (prefix, info)
+        })
+        .collect();
+    sdk.sink.lock().retain(|((prefix, b), _)| {
+        let info = &done[prefix];
+        *b < info.next_bundle && !info.rerun_bundles.contains(b)
+    });
 }
 
 /// A new engine of `plan` restored from `parts`, or why it does not
@@ -306,23 +343,35 @@ async fn run_engine(
     crash_at: Option<usize>,
     shards: u32,
     renumber: bool,
-) -> Result<(RunSummary, bool), EngineError> {
+) -> Result<(RunSummary, bool, bool), EngineError> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
-    if shards > 1 {
-        assert!(crash_at.is_none(), "shards take no checkpoints yet");
-        return Ok((run_sharded(plan, executor, config, shards).await?, false));
-    }
     let Some(crash_at) = crash_at else {
         let (_cancel, cancelled) = watch::channel(false);
+        if shards > 1 {
+            let engines = sharded_engines(plan, executor, config, shards, None)?;
+            return Ok((run_shards(engines, cancelled).await?, false, false));
+        }
         let engine = Engine::new(plan, executor, config, "oracle", fixed_clock())?;
-        return Ok((engine.run(cancelled).await?, false));
+        return Ok((engine.run(cancelled).await?, false, false));
     };
-    let parts =
-        match run_to_checkpoint(plan.clone(), executor.clone(), config.clone(), crash_at).await? {
-            Cut::At(parts) => parts,
-            // Nothing to recover.
-            Cut::Finished(outcome) => return Ok((outcome?, false)),
-        };
+    let cut = if shards > 1 {
+        run_sharded_to_checkpoint(
+            plan.clone(),
+            executor.clone(),
+            config.clone(),
+            shards,
+            crash_at,
+        )
+        .await?
+    } else {
+        run_to_checkpoint(plan.clone(), executor.clone(), config.clone(), crash_at).await?
+    };
+    let parts = match cut {
+        Cut::At(parts) => parts,
+        // Nothing to recover.
+        Cut::Finished(outcome) => return Ok((outcome?, false, false)),
+    };
+    let in_transit = parts.iter().any(|(name, _)| name.ends_with("/shard_inbox"));
     keep_committed(&sdk, &parts);
     let (plan, executor) = if renumber {
         let (plan, sdk) = renumbered(plan, &sdk);
@@ -330,9 +379,56 @@ async fn run_engine(
     } else {
         (plan, executor)
     };
-    let engine = restored_engine(plan, executor, config, &parts).expect("the checkpoint restores");
     let (_cancel, cancelled) = watch::channel(false);
-    Ok((engine.run(cancelled).await?, true))
+    if shards > 1 {
+        let engines = sharded_engines(plan, executor, config, shards, Some(&parts))
+            .map_err(|e| EngineError::InvalidPlan(e.to_string()))?;
+        return Ok((run_shards(engines, cancelled).await?, true, in_transit));
+    }
+    let engine = restored_engine(plan, executor, config, &parts).expect("the checkpoint restores");
+    Ok((engine.run(cancelled).await?, true, false))
+}
+
+/// Runs `plan` on `shards` engines, checkpointing continuously (one
+/// epoch after another), until the job's `n`th checkpoint.
+async fn run_sharded_to_checkpoint(
+    plan: Plan,
+    executor: Arc<dyn StageExecutor>,
+    config: EngineConfig,
+    shards: u32,
+    n: usize,
+) -> Result<Cut, EngineError> {
+    let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
+    let (ends, collector) = collect_epochs(shards, Vec::new(), checkpoints, None);
+    let collector = tokio::spawn(collector);
+    let layout = ShardLayout::new(shards).expect("a layout");
+    let engines = ShardLink::in_process(layout)
+        .into_iter()
+        .zip(ends)
+        .map(|(link, end)| {
+            let prefix = shard_prefix(link.id().index());
+            Engine::builder(
+                plan.clone(),
+                executor.clone(),
+                config.clone(),
+                prefix,
+                fixed_clock(),
+            )
+            .checkpoints(Duration::ZERO, end.tx, Some(end.progress))
+            .shard(link)
+            .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (cancel, cancelled) = watch::channel(false);
+    let run = tokio::spawn(run_shards(engines, cancelled));
+    let chosen = stop_at(&mut received, n, &cancel).await;
+    let outcome = run.await.expect("the run does not panic");
+    drop(received);
+    collector.await.expect("the collector does not panic");
+    Ok(match chosen {
+        Some(parts) => Cut::At(parts),
+        None => Cut::Finished(outcome),
+    })
 }
 
 /// `plan` with its stages in reverse order, and an SDK that runs them and
@@ -364,20 +460,22 @@ fn renumbered(plan: Plan, sdk: &FakeSdk) -> (Plan, Arc<FakeSdk>) {
     (plan, Arc::new(sdk))
 }
 
-/// Runs `plan` on `shards` engines joined in this process, all with one
-/// executor (as shards sharing one pool of workers would be).
-async fn run_sharded(
+/// The engines of `plan` on `shards` shards joined in this process, all
+/// with one executor (as shards sharing one pool of workers would be),
+/// restored from `parts` if given.
+fn sharded_engines(
     plan: Plan,
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
     shards: u32,
-) -> Result<RunSummary, EngineError> {
+    parts: Option<&[(String, Bytes)]>,
+) -> Result<Vec<Engine>, EngineError> {
     let layout = ShardLayout::new(shards).expect("a layout");
-    let engines = ShardLink::in_process(layout)
+    ShardLink::in_process(layout)
         .into_iter()
         .map(|link| {
-            let prefix = format!("oracle-s{}", link.id().index());
-            Engine::builder(
+            let prefix = shard_prefix(link.id().index());
+            let mut engine = Engine::builder(
                 plan.clone(),
                 executor.clone(),
                 config.clone(),
@@ -385,11 +483,15 @@ async fn run_sharded(
                 fixed_clock(),
             )
             .shard(link)
-            .build()
+            .build()?;
+            if let Some(parts) = parts {
+                engine
+                    .restore(parts)
+                    .map_err(|e| EngineError::InvalidPlan(format!("restoring a shard: {e}")))?;
+            }
+            Ok(engine)
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let (_cancel, cancelled) = watch::channel(false);
-    run_shards(engines, cancelled).await
+        .collect()
 }
 
 fn pcollection(id: &str, value_coder: Coder, window_coder: Coder) -> PCollection {
@@ -414,6 +516,9 @@ pub struct Run {
     pub dropped_late: u64,
     /// The run crashed and was finished by a restored engine.
     pub restored: bool,
+    /// The checkpoint it was restored from held elements in transit
+    /// between shards (a shard's `shard_inbox` part).
+    pub restored_in_transit: bool,
     /// What strict mode did, if it was on.
     pub strict: Option<refract_engine::manager::StrictReport>,
     /// How many engines (shards) ran sink bundles.
@@ -490,6 +595,21 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The runtime a run of `shape` runs on: shards on threads of their own
+/// when asked (so that one shard's work really overlaps another's cut),
+/// else one thread.
+fn runtime_for(shape: &Shape) -> tokio::runtime::Runtime {
+    if shape.shards > 1 && shape.threads > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(shape.threads)
+            .enable_time()
+            .build()
+            .expect("a tokio runtime")
+    } else {
+        runtime()
+    }
+}
+
 /// Builds source → window → gbk → sink after the given source stages
 /// (which produce PCollection 0, in the global window) and runs it.
 fn run(
@@ -500,7 +620,7 @@ fn run(
     shape: &Shape,
 ) -> Result<Run, EngineError> {
     let (plan, sdk, config) = harness(source_stages, roles, inputs, strategy, shape);
-    let runtime = runtime();
+    let runtime = runtime_for(shape);
     let run = run_engine(
         plan,
         sdk.clone(),
@@ -509,7 +629,7 @@ fn run(
         shape.shards,
         shape.renumber_on_restore,
     );
-    let (summary, restored) = runtime.block_on(async move {
+    let (summary, restored, restored_in_transit) = runtime.block_on(async move {
         tokio::time::timeout(Duration::from_secs(60), run)
             .await
             .map_err(|_| EngineError::Stuck("the run did not finish within 60 s".into()))?
@@ -519,6 +639,7 @@ fn run(
         panes: sink_panes(&sdk),
         dropped_late: summary.dropped_late,
         restored,
+        restored_in_transit,
         strict: summary.strict,
         sink_engines,
     })
@@ -601,6 +722,40 @@ pub fn batch_checkpoint(
     };
     keep_committed(&sdk, &parts);
     Some((parts, sink_panes(&sdk)))
+}
+
+/// Why a checkpoint of a batch run on `from` shards, cut at its
+/// `crash_at`th checkpoint, does not restore onto a run of `shape` (with
+/// its own number of shards); `None` if it does.
+pub fn restore_across_shard_counts(
+    inputs: &[Input],
+    strategy: &WindowingStrategy,
+    shape: &Shape,
+    from: u32,
+    crash_at: usize,
+) -> Option<String> {
+    let (sources, roles) = batch_sources();
+    let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
+    let executor: Arc<dyn StageExecutor> = sdk;
+    let cut = runtime()
+        .block_on(run_sharded_to_checkpoint(
+            plan.clone(),
+            executor.clone(),
+            config.clone(),
+            from,
+            crash_at,
+        ))
+        .expect("an engine");
+    let Cut::At(parts) = cut else {
+        panic!("the run ended before checkpoint {crash_at}");
+    };
+    if shape.shards > 1 {
+        sharded_engines(plan, executor, config, shape.shards, Some(&parts))
+            .err()
+            .map(|e| e.to_string())
+    } else {
+        restored_engine(plan, executor, config, &parts).err()
+    }
 }
 
 /// A batch run (as [`run_batch`]) finished in a new engine from the

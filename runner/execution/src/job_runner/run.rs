@@ -6,9 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use refract_engine::manager::{
-    Engine, EngineConfig, EngineError, NameMapping, RunSummary, StageStats,
-};
+use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
 use refract_engine::plan::StageKind;
 use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
@@ -26,13 +24,15 @@ use tracing::{info, warn};
 
 use super::job_options::JobOptions;
 use super::logs::TransformOrigins;
-use super::sharded::{run_on_shards, ShardedJob};
+use super::resume::resume;
+use super::sharded::{run_on_shards, ShardedCheckpoints, ShardedJob};
 use super::workers::WorkerStart;
 use super::JobError;
 use crate::durability::Durability;
 use crate::harness_executor::HarnessExecutor;
 use crate::memory::{Exhausted, MemoryGrant, MemoryLedger};
 use crate::output_spill::JobOutputSpill;
+use crate::shard_metrics::ShardMetrics;
 use crate::stall_watch::StallPolicy;
 use crate::worker_set::WorkerSet;
 
@@ -307,6 +307,12 @@ pub(super) async fn run_job(
                 max_pending_bytes,
             ));
         }
+        let shard_metrics = options
+            .shards
+            .map(|layout| Arc::new(ShardMetrics::new(layout)));
+        if let Some(metrics) = &shard_metrics {
+            executor = executor.with_shard_metrics(metrics.clone());
+        }
         let finalizations = executor.finalizations();
         let executor = Arc::new(executor);
         let state_backed_outputs = std::mem::take(&mut translated.state_backed_outputs);
@@ -315,18 +321,31 @@ pub(super) async fn run_job(
             Arc::new(move || crate::durability::metrics_part(&job))
         };
         let mut checkpoint_writer = None;
-        let summary = if let Some(layout) = options.shards {
+        let summary = if let (Some(layout), Some(metrics)) = (options.shards, shard_metrics) {
             facts.engine_ran = true;
+            let checkpoints = durability.as_ref().map(|durability| {
+                view.enable_checkpoints();
+                let writer = durability.checkpoint_writer(job.clone(), view.clone());
+                ShardedCheckpoints {
+                    writer,
+                    every: durability.interval(),
+                    tolerable_failures: durability.tolerable_failures(),
+                }
+            });
             run_on_shards(ShardedJob {
                 layout,
                 plan: translated.plan,
                 executor,
                 config,
                 job: &job,
+                view: &view,
                 stats,
                 spill: spill.clone().map(|store| (store, max_pending_bytes)),
                 savepoints: savepoint_rx,
-                checkpointed: durability.is_some() || latest_checkpoint.is_some(),
+                checkpoints,
+                resume_from: latest_checkpoint.as_ref(),
+                mapping: &options.transform_name_mapping,
+                metrics,
             })
             .await
         } else {
@@ -362,34 +381,21 @@ pub(super) async fn run_job(
                 checkpoint_writer = Some(writer.task);
             }
             let mut engine = builder.build()?;
-            if let Some(checkpoint) = latest_checkpoint {
-                // A savepoint (id 0) may be of an earlier version of the
-                // pipeline, named otherwise; the job's own checkpoints are
-                // of this one.
-                let renamed = match checkpoint.id {
-                    0 => &options.transform_name_mapping,
-                    _ => &NameMapping::new(),
-                };
-                engine.restore_renamed(&checkpoint.parts, renamed)?;
-                if checkpoint.id == 0 {
-                    // Durable from the cut on, in this pipeline's names.
-                    engine.checkpoint_at_once();
-                }
-                crate::durability::restore_metrics(&job, &checkpoint.parts, renamed)?;
-                if checkpoint.id > 0 {
-                    view.observe_restore(checkpoint.id);
-                    info!(
-                        checkpoint = checkpoint.id,
-                        "resuming from the job's checkpoint"
-                    );
-                    job.message(
-                        MessageImportance::JobMessageBasic,
-                        format!("resumed from checkpoint {}", checkpoint.id),
-                    );
-                }
+            if let Some(checkpoint) = &latest_checkpoint {
+                resume(
+                    std::slice::from_mut(&mut engine),
+                    checkpoint,
+                    &options.transform_name_mapping,
+                    &job,
+                    &view,
+                    None,
+                )?;
             }
             facts.engine_ran = true;
-            engine.run(job.cancel_requested()).await
+            engine
+                .run(job.cancel_requested())
+                .await
+                .map_err(JobError::from)
         };
         view.set_savepoint_channel(None);
         let spilled = summary.as_ref().map_or(true, |s| {

@@ -2,25 +2,32 @@
 //! (`--experiments=refract_shards=N`, see [`super::SHARDS_EXPERIMENT`]):
 //! one engine per shard over the same plan and the same SDK workers,
 //! joined by the in-process exchange, their stage snapshots added up into
-//! the job's. The step before shards on other hosts: the same engines, the
-//! same partitioning and watermarks, with the exchange in between.
+//! the job's, their cuts of each checkpoint epoch put together into the
+//! job's checkpoints. The step before shards on other hosts: the same
+//! engines, the same partitioning, watermarks and epochs, with the
+//! exchange in between.
 
 use std::sync::Arc;
 
 use refract_engine::executor::StageExecutor;
 use refract_engine::manager::{
-    run_shards, Engine, EngineConfig, EngineError, RunSummary, SavepointRequest, SnapshotError,
-    StageStats,
+    collect_epochs, run_shards, Engine, EngineConfig, NameMapping, RunSummary, SavepointRequest,
+    SnapshotError, StageStats,
 };
 use refract_engine::plan::Plan;
 use refract_engine::shards::{ShardLayout, ShardLink};
 use refract_engine::spill::SpillSpace;
 use refract_engine::time::wall_clock_ms;
 use refract_jobservice::Job;
+use refract_observability::insights::JobView;
 use refract_proto::job_api::job_message::MessageImportance;
+use refract_store::Checkpoint;
 use tokio::sync::{mpsc, watch};
 
-use super::SHARDS_EXPERIMENT;
+use super::resume::resume;
+use super::JobError;
+use crate::durability::{CheckpointWriter, METRICS_PART};
+use crate::shard_metrics::ShardMetrics;
 
 /// What a sharded run of one job needs.
 pub(super) struct ShardedJob<'a> {
@@ -34,17 +41,33 @@ pub(super) struct ShardedJob<'a> {
     /// The spill space and each stage's share of memory, if the job may
     /// spill.
     pub(super) spill: Option<(Arc<dyn SpillSpace>, usize)>,
-    /// Savepoint requests, each answered with a refusal: shards take no
-    /// checkpoints yet.
+    /// Savepoint requests, each answered with a refusal: shards take none
+    /// yet.
     pub(super) savepoints: mpsc::Receiver<SavepointRequest>,
-    /// The job writes checkpoints or starts from one, which shards do not
-    /// do yet (submission refuses such jobs; this is the last guard).
-    pub(super) checkpointed: bool,
+    /// How the job's checkpoints are written, if it is checkpointed.
+    pub(super) checkpoints: Option<ShardedCheckpoints>,
+    /// The checkpoint to start from, if any (see [`resume`]).
+    pub(super) resume_from: Option<&'a Checkpoint>,
+    /// How a savepoint's transforms are renamed.
+    pub(super) mapping: &'a NameMapping,
+    /// The job's view, which counts restores.
+    pub(super) view: &'a JobView,
+    /// Each shard's committed metrics, which its cuts hold.
+    pub(super) metrics: Arc<ShardMetrics>,
+}
+
+/// How a sharded job's checkpoints are written: each epoch, put together
+/// from every shard's cut (with that shard's committed metrics), goes to
+/// `writer`.
+pub(super) struct ShardedCheckpoints {
+    pub(super) writer: CheckpointWriter,
+    pub(super) every: std::time::Duration,
+    pub(super) tolerable_failures: u32,
 }
 
 /// Runs `sharded` to its end: the shards' summaries added up, or the
 /// first shard's failure.
-pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary, EngineError> {
+pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary, JobError> {
     let ShardedJob {
         layout,
         plan,
@@ -54,17 +77,21 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         stats,
         spill,
         savepoints,
-        checkpointed,
+        checkpoints,
+        resume_from,
+        mapping,
+        view,
+        metrics,
     } = sharded;
-    if checkpointed {
-        return Err(EngineError::Misconfigured(format!(
-            "--experiments={SHARDS_EXPERIMENT}=N cannot start from or write checkpoints yet"
-        )));
-    }
+    let durable = if checkpoints.is_some() {
+        "each checkpoint an epoch every shard cuts"
+    } else {
+        "its state is not checkpointed"
+    };
     job.message(
         MessageImportance::JobMessageBasic,
         format!(
-            "running on {} engine shards in this process; its state is not checkpointed",
+            "running on {} engine shards in this process; {durable}",
             layout.shards()
         ),
     );
@@ -76,9 +103,33 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         ..config
     };
     let spill = spill.map(|(store, limit_bytes)| (store, shard_share(limit_bytes, shards)));
+    let (mut ends, collector, writing) = match checkpoints {
+        Some(ShardedCheckpoints {
+            writer,
+            every,
+            tolerable_failures,
+        }) => {
+            let (ends, collector) = collect_epochs(
+                layout.shards(),
+                Vec::new(),
+                writer.tx,
+                Some(writer.progress),
+            );
+            let ends: Vec<_> = ends
+                .into_iter()
+                .map(|end| Some((end, every, tolerable_failures)))
+                .collect();
+            (ends, Some(tokio::spawn(collector)), Some(writer.task))
+        }
+        None => ((0..shards).map(|_| None).collect(), None, None),
+    };
     let mut engines = Vec::new();
     let mut snapshots = Vec::new();
-    for link in ShardLink::in_process(layout) {
+    for (link, checkpointing) in ShardLink::in_process(layout)
+        .into_iter()
+        .zip(ends.drain(..))
+    {
+        let link_id = link.id();
         let (tx, rx) = watch::channel(Vec::new());
         // Bundle ids are unique across the shards sharing the workers.
         let prefix = format!("{}-s{}", job.id(), link.id().index());
@@ -95,16 +146,32 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         if let Some((store, limit_bytes)) = &spill {
             builder = builder.spill(store.clone(), job.id().as_bytes(), *limit_bytes);
         }
+        if let Some((end, every, tolerable_failures)) = checkpointing {
+            builder = builder
+                .checkpoints(every, end.tx, Some(end.progress))
+                .tolerable_checkpoint_failures(tolerable_failures)
+                .extra_part(METRICS_PART, metrics.part(link_id));
+        }
         engines.push(builder.build()?);
         snapshots.push(rx);
+    }
+    if let Some(checkpoint) = resume_from {
+        resume(&mut engines, checkpoint, mapping, job, view, Some(&metrics))?;
     }
     let adding = tokio::spawn(add_up_snapshots(snapshots, stats));
     let refusing = tokio::spawn(refuse_savepoints(savepoints));
     let summary = run_shards(engines, job.cancel_requested()).await;
-    // Every shard's engine is gone: the last snapshots are in.
+    // Every shard's engine is gone: the last snapshots are in, and the
+    // collector hands the writer what it has and ends, then the writer.
     let _ = adding.await;
     refusing.abort();
-    summary
+    if let Some(collector) = collector {
+        let _ = collector.await;
+    }
+    if let Some(writing) = writing {
+        let _ = writing.await;
+    }
+    Ok(summary?)
 }
 
 /// One shard's part of a bound of `bytes` shared by `shards` shards (at

@@ -1,0 +1,292 @@
+//! Checkpoints of a job on shards: aligned epochs.
+//!
+//! A checkpoint of one engine is a cut of its state between two commits.
+//! A job on shards needs every shard's cut to agree on what crossed
+//! between them: an element handed from shard A to shard B must be in
+//! exactly one of the two cuts — in A's (not yet sent) or in B's (taken,
+//! or recorded as taken) — never in both and never in neither. Shards cut
+//! at different moments, so the exchange tags each delivery with the last
+//! [`Epoch`] its sender had cut when it sent it, and a shard at epoch `e`
+//! (its last cut) reads the tags of what it takes:
+//!
+//! * tagged `e`: sent after the sender's cut of `e`, as this shard's own
+//!   work since `e` is; it is taken as usual, and belongs to epoch `e+1`.
+//! * tagged `e+1`: the sender has cut epoch `e+1` already, and its cut
+//!   does not hold this. This shard cuts `e+1` first (so its cut does not
+//!   hold it either), then takes it.
+//! * tagged below `e`: sent before the sender cut `e`, so in neither cut
+//!   of `e` yet. It is taken, and also recorded beside this shard's cut of
+//!   `e` (the `shard_inbox` part), as in Chandy and Lamport's snapshots:
+//!   restoring puts it back.
+//!
+//! Any shard may start an epoch (its checkpoint is due and the previous
+//! one is written): it sends what it has for other shards, cuts, and
+//! marks the cut on the board, which wakes the others; each cuts the same
+//! epoch at its next take. A shard's cut of `e` is complete once every
+//! other shard has cut `e` (nothing sent before their cuts can still
+//! arrive after the take that shows it); then it goes to the collector
+//! (`sharded_checkpoint.rs`), which writes epoch `e` once every shard's
+//! cut is in. An epoch starts only when the previous one is written, so
+//! at most one is ever being cut, and the shards' cut numbers differ by
+//! at most one.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use super::checkpointing::Taken;
+use super::sharded_checkpoint::{shard_parts, FINAL_PART, INBOX_PART};
+use super::stage_map::NameMapping;
+use super::{Engine, EngineError, SnapshotError};
+use crate::plan::PCollectionIdx;
+use crate::shards::exchange::{Delivery, Handed};
+use crate::shards::Epoch;
+
+/// Where one shard is in its job's checkpoint epochs.
+#[derive(Default)]
+pub(super) struct EpochState {
+    /// The last epoch this shard cut.
+    cut: Epoch,
+    /// The newest epoch any shard had cut at this shard's last take.
+    newest: Epoch,
+    /// The epoch cut and not complete yet.
+    open: Option<OpenEpoch>,
+    /// Deliveries a restored cut recorded, taken at the first take.
+    restored: Vec<Delivery>,
+}
+
+/// A cut waiting for the other shards to cut the same epoch.
+struct OpenEpoch {
+    epoch: Epoch,
+    taken: Taken,
+    /// Deliveries sent before the epoch and taken after the cut.
+    inbox: Vec<Delivery>,
+}
+
+/// A delivery as a cut records it: by PCollection id, which outlives the
+/// plan's numbering.
+#[derive(Debug, Serialize, Deserialize)]
+struct InboxRecord {
+    pcollection: String,
+    side_input: bool,
+    elements: Vec<u8>,
+}
+
+impl Engine {
+    /// Takes `handed` in epoch order (see the module docs): `newest` is
+    /// the newest epoch any shard cut, `others_cut` the oldest every other
+    /// unfinished shard cut.
+    pub(super) fn take_handed(
+        &mut self,
+        handed: Vec<Handed>,
+        newest: Epoch,
+        others_cut: Epoch,
+    ) -> Result<(), EngineError> {
+        let Some(shard) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        for delivery in std::mem::take(&mut shard.epochs.restored) {
+            self.apply_delivery(delivery)?;
+        }
+        let Some(shard) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        shard.epochs.newest = shard.epochs.newest.max(newest);
+        let mine = shard.epochs.cut;
+        let mut after_next_cut = Vec::new();
+        for Handed { epoch, delivery } in handed {
+            if epoch > mine {
+                after_next_cut.push(delivery);
+                continue;
+            }
+            if epoch < mine {
+                if let Some(open) = self.shard.as_mut().and_then(|s| s.epochs.open.as_mut()) {
+                    open.inbox.push(delivery.clone());
+                }
+            }
+            self.apply_delivery(delivery)?;
+        }
+        // Nobody starts an epoch before every shard cut the one before:
+        // an open epoch is complete by the time a newer one shows.
+        self.send_epoch_if_complete(others_cut)?;
+        if newest > mine && self.checkpoints_enabled() {
+            self.cut_epoch().map_err(|source| EngineError::ShardCut {
+                shard: self.shard_id_or_sources(),
+                epoch: mine.next(),
+                source,
+            })?;
+        }
+        for delivery in after_next_cut {
+            self.apply_delivery(delivery)?;
+        }
+        self.send_epoch_if_complete(others_cut)
+    }
+
+    /// Sends the open epoch if every other shard has cut it
+    /// (`others_cut`): whatever they sent before was in this take.
+    fn send_epoch_if_complete(&mut self, others_cut: Epoch) -> Result<(), EngineError> {
+        let complete = self
+            .shard
+            .as_ref()
+            .and_then(|s| s.epochs.open.as_ref())
+            .is_some_and(|open| open.epoch <= others_cut);
+        if complete {
+            self.send_epoch()?;
+        }
+        Ok(())
+    }
+
+    /// A periodic checkpoint is due on this shard: starts the next epoch,
+    /// unless one is being cut. A failed cut leaves the board as it was:
+    /// the job goes on, and the previous epoch stays the latest.
+    pub(super) fn start_epoch(&mut self) {
+        let Some(shard) = &self.shard else {
+            return;
+        };
+        if shard.epochs.open.is_some() || shard.epochs.newest > shard.epochs.cut {
+            return;
+        }
+        if let Err(error) = self.cut_epoch() {
+            warn!(%error, "cannot start a checkpoint epoch");
+        }
+    }
+
+    /// Cuts the next epoch: sends what waits for other shards (it was
+    /// made before the cut), cuts, and marks the cut on the board.
+    fn cut_epoch(&mut self) -> Result<(), SnapshotError> {
+        self.send_outgoing();
+        let epoch = match &self.shard {
+            Some(shard) => shard.epochs.cut.next(),
+            None => return Ok(()),
+        };
+        let taken = self.cut_for_checkpoint(epoch.number())?;
+        if let Some(shard) = self.shard.as_mut() {
+            shard.link.cut(epoch);
+            shard.epochs.cut = epoch;
+            shard.epochs.newest = shard.epochs.newest.max(epoch);
+            shard.epochs.open = Some(OpenEpoch {
+                epoch,
+                taken,
+                inbox: Vec::new(),
+            });
+            debug!(shard = %shard.link.id(), %epoch, "cut a checkpoint epoch");
+        }
+        Ok(())
+    }
+
+    /// The open epoch is complete here: its cut, with the deliveries it
+    /// recorded, goes to the collector.
+    fn send_epoch(&mut self) -> Result<(), EngineError> {
+        let Some(open) = self.shard.as_mut().and_then(|s| s.epochs.open.take()) else {
+            return Ok(());
+        };
+        let OpenEpoch {
+            epoch,
+            mut taken,
+            inbox,
+        } = open;
+        if !inbox.is_empty() {
+            let bytes = self
+                .encode_inbox(inbox)
+                .map_err(|source| EngineError::ShardCut {
+                    shard: self.shard_id_or_sources(),
+                    epoch,
+                    source,
+                })?;
+            taken.push(INBOX_PART.to_string(), bytes);
+        }
+        self.send_checkpoint(taken);
+        Ok(())
+    }
+
+    /// This shard finished: the epoch it cut goes out as it is (nothing
+    /// more can arrive), then its last cut, which stands in for it in
+    /// every later epoch.
+    pub(super) fn send_last_cut(&mut self) -> Result<(), EngineError> {
+        if self.shard.is_none() || !self.checkpoints_enabled() {
+            return Ok(());
+        }
+        self.send_epoch()?;
+        let mut parts = self.cut(None).map_err(|source| EngineError::ShardCut {
+            shard: self.shard_id_or_sources(),
+            epoch: Epoch::EVERY,
+            source,
+        })?;
+        parts.push((FINAL_PART.to_string(), Bytes::new()));
+        self.send_checkpoint_parts(parts);
+        Ok(())
+    }
+
+    /// Restores this shard from its parts of the sharded checkpoint
+    /// `parts` (see [`Engine::restore_renamed`]); the deliveries its cut
+    /// recorded are taken at the first take.
+    pub(super) fn restore_shard(
+        &mut self,
+        parts: &[(String, Bytes)],
+        renamed: &NameMapping,
+    ) -> Result<(), SnapshotError> {
+        let Some(id) = self.shard.as_ref().map(|s| s.link.id()) else {
+            return Ok(());
+        };
+        let own = shard_parts(parts, id);
+        self.restore_engine_parts(&own, renamed)?;
+        let Some((_, bytes)) = own.iter().find(|(name, _)| name == INBOX_PART) else {
+            return Ok(());
+        };
+        let records: Vec<InboxRecord> =
+            postcard::from_bytes(bytes).map_err(|e| SnapshotError::Codec {
+                part: INBOX_PART.into(),
+                reason: e.to_string(),
+            })?;
+        let mut restored = Vec::with_capacity(records.len());
+        for record in records {
+            let pcollection = self.pcollection_by_id(&record.pcollection).ok_or_else(|| {
+                SnapshotError::Mismatch(format!(
+                    "elements in transit to {id} are of PCollection '{}', which this pipeline \
+                     does not have",
+                    record.pcollection
+                ))
+            })?;
+            let elements = Bytes::from(record.elements);
+            restored.push(Delivery::new(pcollection, record.side_input, elements));
+        }
+        if let Some(shard) = self.shard.as_mut() {
+            shard.epochs.restored = restored;
+        }
+        Ok(())
+    }
+
+    fn encode_inbox(&self, inbox: Vec<Delivery>) -> Result<Bytes, SnapshotError> {
+        let pcollections = &self.topology.plan.pcollections;
+        let records: Vec<InboxRecord> = inbox
+            .into_iter()
+            .map(|delivery| {
+                let (pcollection, side_input, elements) = delivery.into_parts();
+                InboxRecord {
+                    pcollection: pcollections[pcollection].id.clone(),
+                    side_input,
+                    elements: elements.to_vec(),
+                }
+            })
+            .collect();
+        postcard::to_allocvec(&records)
+            .map(Bytes::from)
+            .map_err(|e| SnapshotError::Codec {
+                part: INBOX_PART.into(),
+                reason: e.to_string(),
+            })
+    }
+
+    fn pcollection_by_id(&self, id: &str) -> Option<PCollectionIdx> {
+        self.topology
+            .plan
+            .pcollections
+            .iter_enumerated()
+            .find(|(_, p)| p.id == id)
+            .map(|(idx, _)| idx)
+    }
+
+    fn shard_id_or_sources(&self) -> crate::shards::ShardId {
+        self.shard_id().unwrap_or(crate::shards::ShardId::SOURCES)
+    }
+}

@@ -1,0 +1,149 @@
+//! The committed metrics of a job on shards, kept per shard as well as for
+//! the job.
+//!
+//! A checkpoint holds the metrics committed by the bundles it counts as
+//! done, so that a resumed job counts each bundle once. One engine reads
+//! the job's totals as it cuts; shards cut at different moments, so each
+//! shard's cut holds the totals of the bundles *its* engine committed, and
+//! a resume adds the shards' totals up into the job's.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+use refract_engine::manager::ExtraPart;
+use refract_engine::shards::{ShardId, ShardLayout};
+use refract_jobservice::{Job, JobMetrics};
+use refract_proto::job_api::MetricResults;
+use refract_proto::pipeline::MonitoringInfo;
+
+use crate::durability::{DurabilityError, METRICS_PART};
+
+/// Per shard, the metrics its engine's bundles committed.
+#[derive(Debug)]
+pub struct ShardMetrics {
+    shards: Vec<JobMetrics>,
+}
+
+impl ShardMetrics {
+    /// Empty totals for every shard of `layout`.
+    pub fn new(layout: ShardLayout) -> Self {
+        Self {
+            shards: layout.ids().map(|_| JobMetrics::default()).collect(),
+        }
+    }
+
+    /// Adds a committed bundle's metrics to `shard`'s totals.
+    pub fn commit(&self, shard: ShardId, infos: &[MonitoringInfo]) {
+        if let Some(totals) = self.shards.get(shard.index()) {
+            totals.commit(infos);
+        }
+    }
+
+    /// The checkpoint part of `shard`'s totals, read as its engine cuts.
+    pub fn part(self: &Arc<Self>, shard: ShardId) -> ExtraPart {
+        let metrics = self.clone();
+        Arc::new(move || {
+            let committed = metrics
+                .shards
+                .get(shard.index())
+                .map(JobMetrics::committed_infos)
+                .unwrap_or_default();
+            let results = MetricResults {
+                committed,
+                attempted: Vec::new(),
+            };
+            Bytes::from(results.encode_to_vec())
+        })
+    }
+
+    /// Puts each shard's totals back from its parts of a sharded checkpoint
+    /// (`shards`, in shard order), and their sum into `job`'s metrics. A
+    /// shard without a metrics part starts from zero.
+    pub fn restore(
+        &self,
+        job: &Job,
+        shards: &[Vec<(String, Bytes)>],
+    ) -> Result<(), DurabilityError> {
+        let all = self
+            .restore_shards(shards)
+            .map_err(|reason| DurabilityError::Record {
+                job: job.id().to_string(),
+                reason,
+            })?;
+        job.metrics().restore(&all);
+        Ok(())
+    }
+
+    /// Puts each shard's totals back (see [`Self::restore`]); every
+    /// shard's, for the job's.
+    fn restore_shards(
+        &self,
+        shards: &[Vec<(String, Bytes)>],
+    ) -> Result<Vec<MonitoringInfo>, String> {
+        let mut all = Vec::new();
+        for (totals, parts) in self.shards.iter().zip(shards) {
+            let infos = match parts.iter().find(|(name, _)| name == METRICS_PART) {
+                Some((_, bytes)) => {
+                    MetricResults::decode(bytes.as_ref())
+                        .map_err(|e| format!("a shard's checkpointed metrics: {e}"))?
+                        .committed
+                }
+                None => Vec::new(),
+            };
+            totals.restore(&infos);
+            all.extend(infos);
+        }
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use refract_engine::coder::encode_varint_u64;
+
+    fn counter(n: u64) -> MonitoringInfo {
+        let mut payload = Vec::new();
+        encode_varint_u64(n, &mut payload);
+        MonitoringInfo {
+            urn: "beam:metric:user:sum_int64:v1".into(),
+            r#type: "beam:metrics:sum_int64:v1".into(),
+            payload,
+            labels: [
+                ("PTRANSFORM".to_string(), "t".to_string()),
+                ("NAMESPACE".to_string(), "n".to_string()),
+                ("NAME".to_string(), "c".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_shards_part_holds_its_own_commits_and_a_restore_adds_them_up() {
+        let layout = ShardLayout::new(2).expect("a layout");
+        let metrics = Arc::new(ShardMetrics::new(layout));
+        let ids: Vec<ShardId> = layout.ids().collect();
+        metrics.commit(ids[0], &[counter(3)]);
+        metrics.commit(ids[1], &[counter(4)]);
+        metrics.commit(ids[1], &[counter(1)]);
+        let parts: Vec<Vec<(String, Bytes)>> = ids
+            .iter()
+            .map(|&id| vec![(METRICS_PART.to_string(), (metrics.part(id))())])
+            .collect();
+        let restored = ShardMetrics::new(layout);
+        let all = restored.restore_shards(&parts).expect("restored");
+        let (job, total) = (JobMetrics::default(), JobMetrics::default());
+        job.restore(&all);
+        total.commit(&[counter(8)]);
+        assert_eq!(job.committed_infos(), total.committed_infos());
+        let shard1 = JobMetrics::default();
+        shard1.commit(&[counter(5)]);
+        assert_eq!(
+            restored.shards[1].committed_infos(),
+            shard1.committed_infos()
+        );
+    }
+}
