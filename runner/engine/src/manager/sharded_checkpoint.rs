@@ -246,6 +246,11 @@ mod tests {
     #[test]
     fn a_sharded_checkpoint_splits_into_what_each_shard_cut() {
         let parts = assemble(&[cut("engine"), cut("stage/0")]).expect("assembled");
+        // Stores and savepoints hold these names and bytes: a change to
+        // them needs a new SHARDED_FORMAT and a reader of this one.
+        let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["shards", "shard/0/engine", "shard/1/stage/0"]);
+        assert_eq!(parts[0].1.as_ref(), [1, 2], "format 1, two shards");
         assert_eq!(shards_of(&parts).expect("readable"), Some(2));
         assert_eq!(shard_parts(&parts, ShardId::SOURCES), cut("engine"));
         let split = split_sharded_checkpoint(&parts)

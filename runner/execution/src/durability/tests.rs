@@ -677,3 +677,144 @@ async fn the_checkpoint_writer_writes_each_checkpoint_durably_and_reports_progre
         Some(Checkpoint { id: 2, parts })
     );
 }
+
+// What a server wrote persists past its binary: `tests/data/state_dir/v1`
+// is a state directory (its RocksDB files) that this build wrote, holding
+// one job's record and one checkpoint, and `tests/data/savepoints/v1.rfsp`
+// a savepoint file. Both hold the engine's kept checkpoint of format 5
+// (`runner/engine/tests/data/checkpoints/v5`), which the engine's fixture
+// tests restore and finish exactly. Every later build must read them: a
+// change to the record, the store's layout or the savepoint file that
+// breaks this needs a new version beside these and a reader for them.
+// Write them with `cargo test -p refract-execution kept_format -- --ignored`.
+
+/// Where the kept state directories and savepoints are.
+fn kept() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// The engine's kept checkpoint of format 5.
+fn engine_checkpoint_v5() -> Vec<(String, Bytes)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../engine/tests/data/checkpoints/v5");
+    let listing = std::fs::read_to_string(dir.join("parts")).unwrap();
+    listing
+        .lines()
+        .map(|line| {
+            let (name, file) = line.split_once(' ').unwrap();
+            let bytes = std::fs::read(dir.join(file)).unwrap();
+            (name.to_string(), Bytes::from(bytes))
+        })
+        .collect()
+}
+
+const KEPT_JOB_NAME: &str = "kept state dir";
+
+fn kept_options() -> prost_types::Struct {
+    options(&[("streaming", "true"), ("job_name", "kept")])
+}
+
+/// Copies the files of directory `from` into `to` (made), not following
+/// anything but plain files.
+fn copy_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_dir_of_the_kept_format_gives_back_its_job_and_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    // Opening writes into the directory: a copy, never the kept files.
+    copy_files(
+        &kept().join("state_dir/v1/db"),
+        &dir.path().join("state/db"),
+    );
+    let durability = open(&dir);
+    let jobs = durability.recovered_jobs().unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let job = &jobs[0];
+    assert_eq!(job.name, KEPT_JOB_NAME);
+    assert_eq!(job.pipeline, pipeline("Read kept"));
+    assert_eq!(job.options, kept_options());
+    assert_eq!(job.failed, None);
+    assert!(durability.can_resume(&job.id));
+    let checkpoint = durability.latest_checkpoint(&job.id).unwrap().unwrap();
+    assert_eq!(checkpoint.id, 1);
+    assert_eq!(checkpoint.parts, engine_checkpoint_v5());
+}
+
+#[test]
+fn a_savepoint_of_the_kept_format_reads_back_and_is_written_the_same() {
+    let kept_file = kept().join("savepoints/v1.rfsp");
+    let parts = engine_checkpoint_v5();
+    let read = refract_store::savepoint::read_savepoint(&kept_file, 1 << 30).unwrap();
+    assert_eq!(read, parts);
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("now.rfsp");
+    refract_store::savepoint::write_savepoint(&written, &parts).unwrap();
+    assert!(
+        std::fs::read(&written).unwrap() == std::fs::read(&kept_file).unwrap(),
+        "the savepoint file format changed: give it a new version (its magic) and keep \
+         reading this one"
+    );
+}
+
+/// Writes the kept state directory and savepoint (see above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes tests/data/state_dir/v1 and savepoints/v1.rfsp; run once per new version"]
+async fn write_the_kept_format_state_dir_and_savepoint() {
+    let state_dir = kept().join("state_dir/v1");
+    let savepoint = kept().join("savepoints/v1.rfsp");
+    assert!(
+        !state_dir.exists() && !savepoint.exists(),
+        "a version's files are never rewritten"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut service = JobService::start(Vec::new()).await;
+    let id = service
+        .client
+        .prepare(PrepareJobRequest {
+            pipeline: Some(pipeline("Read kept")),
+            pipeline_options: Some(kept_options()),
+            job_name: KEPT_JOB_NAME.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .preparation_id;
+    service
+        .client
+        .run(RunJobRequest {
+            preparation_id: id,
+            retrieval_token: String::new(),
+        })
+        .await
+        .unwrap();
+    let job = service.next_started().await;
+    let (view, _stats) = Insights::default().register(job.clone());
+    let durability = open(&dir);
+    durability.remember(&job).unwrap();
+    let writer = durability.checkpoint_writer(job.clone(), view);
+    writer.tx.send(engine_checkpoint_v5()).await.unwrap();
+    drop(writer.tx);
+    writer.task.await.unwrap();
+    drop(durability);
+    // The database's own files; its info log and lock are made on open.
+    let db = dir.path().join("state/db");
+    std::fs::create_dir_all(state_dir.join("db")).unwrap();
+    for entry in std::fs::read_dir(&db).unwrap() {
+        let name = entry.unwrap().file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("LOG") || name == "LOCK" {
+            continue;
+        }
+        std::fs::copy(db.join(&*name), state_dir.join("db").join(&*name)).unwrap();
+    }
+    std::fs::create_dir_all(savepoint.parent().unwrap()).unwrap();
+    refract_store::savepoint::write_savepoint(&savepoint, &engine_checkpoint_v5()).unwrap();
+}
