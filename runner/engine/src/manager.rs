@@ -42,6 +42,7 @@ mod durability;
 mod grouping_stage;
 mod part_name;
 mod pending;
+mod reshard;
 mod scheduling;
 mod shard_epochs;
 mod sharded_checkpoint;

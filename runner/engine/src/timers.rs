@@ -370,6 +370,27 @@ impl TimerStore {
         self.put(transform_id, family_id, TimeDomain::EventTime, timer, true)
     }
 
+    /// Adds the timers of `other` whose user key `keep` accepts (for
+    /// moving key groups between shards), each family's in its firing
+    /// order.
+    pub fn absorb_where(&mut self, other: &TimerStore, keep: impl Fn(&[u8]) -> bool) {
+        for family in &other.families {
+            for (slot, pending) in family.in_firing_order() {
+                if keep(&slot.user_key) {
+                    let mut timer = pending.timer.clone();
+                    timer.windows = smallvec::smallvec![slot.window.clone()];
+                    self.put(
+                        family.transform_id.as_str(),
+                        &family.family_id,
+                        pending.domain,
+                        timer,
+                        false,
+                    );
+                }
+            }
+        }
+    }
+
     /// Put back timers of a bundle that failed, unless a newer write replaced them.
     pub fn restore(&mut self, fired: Vec<(TimeDomain, FiredTimer)>) {
         for (domain, f) in fired {

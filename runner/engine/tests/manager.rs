@@ -14,6 +14,8 @@ mod failures;
 mod fixtures;
 #[path = "manager/grouping.rs"]
 mod grouping;
+#[path = "manager/resharding.rs"]
+mod resharding;
 #[path = "manager/shards.rs"]
 mod shards;
 #[path = "manager/side_inputs.rs"]

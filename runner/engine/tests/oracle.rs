@@ -111,7 +111,7 @@ use model::{
     StreamingReference, Timing,
 };
 use pipeline::{
-    restore_across_shard_counts, run_batch, run_stream, sixty_inputs_in_fixed_windows,
+    finish_on_other_shards, run_batch, run_stream, sixty_inputs_in_fixed_windows,
     small_bundles_out_of_order, Run, Shape, StreamEvent,
 };
 use wire::{decoded_input, kv_coder, window_coder_for};
@@ -539,14 +539,9 @@ fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
     }
 }
 
-/// A checkpoint of shards that holds elements one shard sent before the
-/// epoch and another took after its cut (recorded beside that cut)
-/// restores exactly: every element reaches the sink once, neither lost
-/// nor taken twice. Panes fire per element here, so receiving shards
-/// commit (and start epochs) while the source's shard still sends, on
-/// threads of their own; the search stops once three such restores ran.
-#[test]
-fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
+/// Sixty elements over twelve keys whose panes fire per element, and
+/// every element's value once, sorted: what a sink must have seen, once.
+fn twelve_keys_firing_per_element() -> (Vec<Input>, WindowingStrategy, Vec<i64>) {
     let (inputs, mut strategy) = sixty_inputs_in_fixed_windows();
     strategy.trigger = RefTrigger::EveryN(1).to_engine();
     let inputs: Vec<Input> = inputs
@@ -558,19 +553,40 @@ fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
         .collect();
     let mut want: Vec<i64> = inputs.iter().map(|i| i.id).collect();
     want.sort_unstable();
+    (inputs, strategy, want)
+}
+
+/// A streaming run on `shards` shards on three threads, in small bundles,
+/// three at a time: receiving shards commit while the source's shard still
+/// sends.
+fn per_element_on_threads(shards: u32, jitter: u64) -> Shape {
+    Shape {
+        shards,
+        threads: 3,
+        streaming: true,
+        max_bundle_elements: 2,
+        create_chunks: 12,
+        max_bundles_per_stage: 3,
+        jitter,
+        ..Shape::default()
+    }
+}
+
+/// A checkpoint of shards that holds elements one shard sent before the
+/// epoch and another took after its cut (recorded beside that cut)
+/// restores exactly: every element reaches the sink once, neither lost
+/// nor taken twice. Panes fire per element here, so receiving shards
+/// commit (and start epochs) while the source's shard still sends, on
+/// threads of their own; the search stops once three such restores ran.
+#[test]
+fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
+    let (inputs, strategy, want) = twelve_keys_firing_per_element();
     let mut in_transit = 0;
     'search: for jitter in 0..100 {
         for crash_at in 1..16 {
             let shape = Shape {
                 crash_at: Some(crash_at),
-                shards: 3,
-                threads: 3,
-                streaming: true,
-                max_bundle_elements: 2,
-                create_chunks: 12,
-                max_bundles_per_stage: 3,
-                jitter,
-                ..Shape::default()
+                ..per_element_on_threads(3, jitter)
             };
             let got = run_batch(&inputs, &strategy, &shape).expect("crashed run");
             let mut values: Vec<i64> = got.panes.iter().flat_map(|p| p.values.clone()).collect();
@@ -588,29 +604,74 @@ fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
     );
 }
 
-/// A checkpoint of shards restores onto as many shards only: each shard
-/// owns the key groups it owned when it cut, and a restore onto another
-/// count (or onto one engine) is refused, naming both counts.
+/// A checkpoint of shards restores onto another number of shards: each
+/// key group's panes, queued elements and elements in transit go to its
+/// new owner, and the run finishes with exactly the uninterrupted run's
+/// panes, scaling up and down, at several cuts. Onto one engine it is
+/// refused, naming the shards that wrote it.
 #[test]
-fn a_sharded_checkpoint_restores_only_onto_as_many_shards() {
+fn a_sharded_checkpoint_restores_onto_another_number_of_shards() {
     let (inputs, strategy) = sixty_inputs_in_fixed_windows();
-    let shape = |shards| Shape {
+    let straight = small_bundles_out_of_order();
+    let want = run_batch(&inputs, &strategy, &straight).expect("straight run");
+    let shape = |shards, threads| Shape {
         shards,
-        ..small_bundles_out_of_order()
+        threads,
+        ..straight.clone()
     };
-    assert_eq!(
-        restore_across_shard_counts(&inputs, &strategy, &shape(3), 3, 2),
-        None
-    );
-    let error = restore_across_shard_counts(&inputs, &strategy, &shape(2), 3, 2)
-        .expect("3 shards onto 2 is refused");
-    assert!(
-        error.contains("on 3 engine shards, and this one runs on 2"),
-        "{error}"
-    );
-    let error = restore_across_shard_counts(&inputs, &strategy, &shape(1), 3, 2)
-        .expect("3 shards onto one engine is refused");
+    for (from, to) in [(2, 3), (3, 2), (2, 5), (5, 2), (3, 3)] {
+        let mut restored = 0;
+        for crash_at in [1, 2, 4, 7] {
+            for threads in [1, 3] {
+                let shape = shape(to, threads);
+                let (got, moved) =
+                    finish_on_other_shards(&inputs, &strategy, &shape, from, crash_at)
+                        .unwrap_or_else(|e| panic!("{from} -> {to} at {crash_at}: {e}"));
+                assert_eq!(
+                    got, want.panes,
+                    "{from} -> {to} shards at checkpoint {crash_at}"
+                );
+                restored += usize::from(moved);
+            }
+        }
+        assert!(
+            restored >= 4,
+            "{from} -> {to}: only {restored} runs were restored"
+        );
+    }
+    let error = finish_on_other_shards(&inputs, &strategy, &shape(1, 1), 3, 2)
+        .expect_err("3 shards onto one engine is refused");
     assert!(error.contains("refract_shards=3"), "{error}");
+}
+
+/// The same for a streaming run whose panes fire per element while
+/// elements cross between shards: every element reaches the sink once
+/// after moving from 3 shards to 2 and from 2 to 4.
+#[test]
+fn a_streaming_sharded_checkpoint_moves_every_element_once() {
+    let (inputs, strategy, want) = twelve_keys_firing_per_element();
+    for (from, to) in [(3, 2), (2, 4)] {
+        let mut restored = 0;
+        for crash_at in [1, 3, 6, 10] {
+            for jitter in 0..4 {
+                let shape = per_element_on_threads(to, jitter);
+                let (panes, moved) =
+                    finish_on_other_shards(&inputs, &strategy, &shape, from, crash_at)
+                        .unwrap_or_else(|e| panic!("{from} -> {to} at {crash_at}: {e}"));
+                restored += usize::from(moved);
+                let mut values: Vec<i64> = panes.iter().flat_map(|p| p.values.clone()).collect();
+                values.sort_unstable();
+                assert_eq!(
+                    values, want,
+                    "{from} -> {to} at {crash_at}, jitter {jitter}"
+                );
+            }
+        }
+        assert!(
+            restored >= 4,
+            "{from} -> {to}: only {restored} runs were restored"
+        );
+    }
 }
 
 /// Strict mode runs bundles twice, cuts them small and reorders them, and

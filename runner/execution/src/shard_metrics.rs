@@ -76,13 +76,18 @@ impl ShardMetrics {
     }
 
     /// Puts each shard's totals back (see [`Self::restore`]); every
-    /// shard's, for the job's.
+    /// shard's, for the job's. A checkpoint of another number of shards
+    /// gives old shard `k`'s totals to shard `k % n`, as it gives its
+    /// unkeyed state: the job's sum is the same.
     fn restore_shards(
         &self,
         shards: &[Vec<(String, Bytes)>],
     ) -> Result<Vec<MonitoringInfo>, String> {
+        for totals in &self.shards {
+            totals.restore(&[]);
+        }
         let mut all = Vec::new();
-        for (totals, parts) in self.shards.iter().zip(shards) {
+        for (k, parts) in shards.iter().enumerate() {
             let infos = match parts.iter().find(|(name, _)| name == METRICS_PART) {
                 Some((_, bytes)) => {
                     MetricResults::decode(bytes.as_ref())
@@ -91,7 +96,9 @@ impl ShardMetrics {
                 }
                 None => Vec::new(),
             };
-            totals.restore(&infos);
+            if let Some(totals) = self.shards.get(k % self.shards.len().max(1)) {
+                totals.commit(&infos);
+            }
             all.extend(infos);
         }
         Ok(all)
@@ -135,6 +142,13 @@ mod tests {
             .collect();
         let restored = ShardMetrics::new(layout);
         let all = restored.restore_shards(&parts).expect("restored");
+        // Onto one shard fewer: shard 1's totals go to shard 0 as well.
+        let fewer = ShardMetrics::new(ShardLayout::new(1).expect("a layout"));
+        let summed = fewer.restore_shards(&parts).expect("restored");
+        assert_eq!(summed.len(), 2, "both shards' infos are there to add up");
+        let one = JobMetrics::default();
+        one.commit(&[counter(8)]);
+        assert_eq!(fewer.shards[0].committed_infos(), one.committed_infos());
         let (job, total) = (JobMetrics::default(), JobMetrics::default());
         job.restore(&all);
         total.commit(&[counter(8)]);

@@ -35,9 +35,13 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use super::checkpointing::Taken;
-use super::sharded_checkpoint::{shard_parts, FINAL_PART, INBOX_PART};
+use super::scheduling::element_key_group_index;
+use super::sharded_checkpoint::{
+    shard_parts, split_sharded_checkpoint, EngineParts, FINAL_PART, INBOX_PART,
+};
 use super::stage_map::NameMapping;
 use super::{Engine, EngineError, SnapshotError};
+use crate::coder::decode_windowed_values;
 use crate::plan::PCollectionIdx;
 use crate::shards::exchange::{Delivery, Handed};
 use crate::shards::Epoch;
@@ -61,6 +65,14 @@ struct OpenEpoch {
     taken: Taken,
     /// Deliveries sent before the epoch and taken after the cut.
     inbox: Vec<Delivery>,
+}
+
+/// The deliveries a cut's `shard_inbox` part records.
+fn decode_inbox(bytes: &[u8]) -> Result<Vec<InboxRecord>, SnapshotError> {
+    postcard::from_bytes(bytes).map_err(|e| SnapshotError::Codec {
+        part: INBOX_PART.into(),
+        reason: e.to_string(),
+    })
 }
 
 /// A delivery as a cut records it: by PCollection id, which outlives the
@@ -230,20 +242,38 @@ impl Engine {
         };
         let own = shard_parts(parts, id);
         self.restore_engine_parts(&own, renamed)?;
-        let Some((_, bytes)) = own.iter().find(|(name, _)| name == INBOX_PART) else {
+        self.restore_inbox(&own)
+    }
+
+    /// Restores this shard from a sharded checkpoint of another number of
+    /// shards, moving key groups (see `reshard.rs`).
+    pub(super) fn restore_resharded(
+        &mut self,
+        parts: &[(String, Bytes)],
+        renamed: &NameMapping,
+    ) -> Result<(), SnapshotError> {
+        let Some(old) = split_sharded_checkpoint(parts)? else {
+            return Err(SnapshotError::Mismatch(
+                "it was not written by a job on shards".into(),
+            ));
+        };
+        let cut = self.reshard_cut(&old)?;
+        self.restore_engine_parts(&cut, renamed)?;
+        self.restore_inbox(&cut)
+    }
+
+    /// Keeps the deliveries a restored cut recorded (its `shard_inbox`
+    /// part), for the first take.
+    fn restore_inbox(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
+        let Some((_, bytes)) = parts.iter().find(|(name, _)| name == INBOX_PART) else {
             return Ok(());
         };
-        let records: Vec<InboxRecord> =
-            postcard::from_bytes(bytes).map_err(|e| SnapshotError::Codec {
-                part: INBOX_PART.into(),
-                reason: e.to_string(),
-            })?;
-        let mut restored = Vec::with_capacity(records.len());
-        for record in records {
+        let mut restored = Vec::new();
+        for record in decode_inbox(bytes)? {
             let pcollection = self.pcollection_by_id(&record.pcollection).ok_or_else(|| {
                 SnapshotError::Mismatch(format!(
-                    "elements in transit to {id} are of PCollection '{}', which this pipeline \
-                     does not have",
+                    "elements in transit between shards are of PCollection '{}', which this \
+                     pipeline does not have",
                     record.pcollection
                 ))
             })?;
@@ -254,6 +284,71 @@ impl Engine {
             shard.epochs.restored = restored;
         }
         Ok(())
+    }
+
+    /// The elements in transit to this shard, from the cuts `old` of
+    /// another number of shards: those of keys whose group `owns` accepts,
+    /// from every old shard, and side-input elements from old shard
+    /// `primary` only (each old shard had every broadcast element, taken
+    /// or in transit).
+    pub(super) fn reshard_inbox(
+        &self,
+        old: &[EngineParts],
+        primary: usize,
+        owns: impl Fn(u32) -> bool,
+    ) -> Result<Option<(String, Bytes)>, SnapshotError> {
+        let mut kept = Vec::new();
+        for (k, cut) in old.iter().enumerate() {
+            let Some((_, bytes)) = cut.iter().find(|(name, _)| name == INBOX_PART) else {
+                continue;
+            };
+            for record in decode_inbox(bytes)? {
+                if record.side_input {
+                    if k == primary {
+                        kept.push(record);
+                    }
+                    continue;
+                }
+                let Some(pcollection) = self.pcollection_by_id(&record.pcollection) else {
+                    return Err(SnapshotError::Mismatch(format!(
+                        "elements in transit between shards are of PCollection '{}', which \
+                         this pipeline does not have",
+                        record.pcollection
+                    )));
+                };
+                let pc = &self.topology.plan.pcollections[pcollection];
+                let elements = decode_windowed_values(
+                    &Bytes::from(record.elements),
+                    &pc.value_coder,
+                    &pc.window_coder,
+                )
+                .map_err(|e| SnapshotError::Codec {
+                    part: INBOX_PART.into(),
+                    reason: e.to_string(),
+                })?;
+                let mut mine = Vec::new();
+                for e in elements {
+                    if owns(element_key_group_index(&pc.value_coder, &e)) {
+                        mine.extend_from_slice(&e.encoded);
+                    }
+                }
+                if !mine.is_empty() {
+                    kept.push(InboxRecord {
+                        pcollection: record.pcollection,
+                        side_input: false,
+                        elements: mine,
+                    });
+                }
+            }
+        }
+        if kept.is_empty() {
+            return Ok(None);
+        }
+        let bytes = postcard::to_allocvec(&kept).map_err(|e| SnapshotError::Codec {
+            part: INBOX_PART.into(),
+            reason: e.to_string(),
+        })?;
+        Ok(Some((INBOX_PART.to_string(), Bytes::from(bytes))))
     }
 
     fn encode_inbox(&self, inbox: Vec<Delivery>) -> Result<Bytes, SnapshotError> {

@@ -108,7 +108,7 @@ pub const OLDEST_SNAPSHOT_VERSION: u32 = 2;
 
 /// An element as a checkpoint keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ElementRecord {
+pub(super) struct ElementRecord {
     header: WindowedValueHeader,
     /// Where the value starts in `encoded` (it runs to the end).
     value_offset: u32,
@@ -124,7 +124,7 @@ impl ElementRecord {
         }
     }
 
-    fn into_element(self) -> DecodedElement {
+    pub(super) fn into_element(self) -> DecodedElement {
         DecodedElement::new(self.header, self.encoded, self.value_offset as usize)
     }
 }
@@ -132,29 +132,29 @@ impl ElementRecord {
 /// Engine-wide values, as every version since [`OLDEST_SNAPSHOT_VERSION`]
 /// starts them.
 #[derive(Debug, Serialize, Deserialize)]
-struct EngineRecord {
-    version: u32,
-    stage_names: Vec<String>,
-    next_bundle: u64,
-    clock_offset: i64,
-    frozen_clock: Option<Timestamp>,
-    bundles: u64,
-    peak_pending_bytes: u64,
+pub(super) struct EngineRecord {
+    pub(super) version: u32,
+    pub(super) stage_names: Vec<String>,
+    pub(super) next_bundle: u64,
+    pub(super) clock_offset: i64,
+    pub(super) frozen_clock: Option<Timestamp>,
+    pub(super) bundles: u64,
+    pub(super) peak_pending_bytes: u64,
     /// Bundles in flight at the cut, which a restored engine runs again.
-    rerun_bundles: Vec<u64>,
+    pub(super) rerun_bundles: Vec<u64>,
 }
 
 /// What version 5 added after the [`EngineRecord`]: the pipeline's names
 /// of its stages and transforms (see [`RecordedNames`]).
 #[derive(Debug, Serialize, Deserialize)]
-struct EngineNames {
-    stage_heads: Vec<Vec<String>>,
-    transforms: Vec<(String, String)>,
+pub(super) struct EngineNames {
+    pub(super) stage_heads: Vec<Vec<String>>,
+    pub(super) transforms: Vec<(String, String)>,
 }
 
 /// Reads the `engine` part of any version read: its record, and the names
 /// it recorded (none before version 5: stages are matched by name).
-fn decode_engine(bytes: &[u8]) -> Result<(EngineRecord, RecordedNames), SnapshotError> {
+pub(super) fn decode_engine(bytes: &[u8]) -> Result<(EngineRecord, RecordedNames), SnapshotError> {
     let codec = |e: postcard::Error| SnapshotError::Codec {
         part: PartName::Engine.to_string(),
         reason: e.to_string(),
@@ -205,20 +205,20 @@ pub fn describe_checkpoint(parts: &[(String, Bytes)]) -> Result<CheckpointInfo, 
 
 /// One stage's queue, timers and progress.
 #[derive(Debug, Serialize, Deserialize)]
-struct StageRecord<'a> {
-    pending: Vec<ElementRecord>,
+pub(super) struct StageRecord<'a> {
+    pub(super) pending: Vec<ElementRecord>,
     /// Residuals waiting to resume: (ms still to wait, element, hold).
-    delayed: Vec<(u64, ElementRecord, Timestamp)>,
-    grouping: Option<GroupingSnapshot>,
+    pub(super) delayed: Vec<(u64, ElementRecord, Timestamp)>,
+    pub(super) grouping: Option<GroupingSnapshot>,
     /// Borrowed from the stage unless bundles in flight gave timers back.
-    timers: Cow<'a, TimerStore>,
-    input_wm: Timestamp,
-    output_wm: Timestamp,
-    impulse_done: bool,
-    stream_cursor: u64,
-    stream_wm: Timestamp,
-    state_gc_wm: Timestamp,
-    counters: CounterRecord,
+    pub(super) timers: Cow<'a, TimerStore>,
+    pub(super) input_wm: Timestamp,
+    pub(super) output_wm: Timestamp,
+    pub(super) impulse_done: bool,
+    pub(super) stream_cursor: u64,
+    pub(super) stream_wm: Timestamp,
+    pub(super) state_gc_wm: Timestamp,
+    pub(super) counters: CounterRecord,
 }
 
 /// The spilled back of a stage's queue as a periodic checkpoint keeps it
@@ -233,7 +233,10 @@ struct QueueSpillRecord {
 /// Encodes `value` into a buffer of exactly its size: a part can be as
 /// large as a stage's user state, and a growing buffer would hold up to
 /// half as much again while it doubles.
-fn encode<T: Serialize>(part: PartName, value: &T) -> Result<(String, Bytes), SnapshotError> {
+pub(super) fn encode<T: Serialize>(
+    part: PartName,
+    value: &T,
+) -> Result<(String, Bytes), SnapshotError> {
     let part = part.to_string();
     let codec = |e: postcard::Error, part: String| SnapshotError::Codec {
         part,
@@ -459,10 +462,12 @@ impl Engine {
         match (shards_of(parts)?, running_on) {
             (None, None) => self.restore_engine_parts(parts, renamed),
             (Some(wrote), Some(runs)) if wrote == runs => self.restore_shard(parts, renamed),
+            // Key groups move to their new owners.
+            (Some(_), Some(_)) if renamed.is_empty() => self.restore_resharded(parts, renamed),
             (Some(wrote), runs) => Err(SnapshotError::Mismatch(format!(
                 "it was written by a job on {wrote} engine shards, and this one runs on {}; a \
-                 checkpoint restores onto as many shards as wrote it \
-                 (--experiments=refract_shards={wrote})",
+                 checkpoint moves onto another number of shards, but not onto one engine nor \
+                 with transforms renamed (--experiments=refract_shards={wrote})",
                 runs.unwrap_or(1)
             ))),
             (None, Some(runs)) => Err(SnapshotError::Mismatch(format!(
@@ -680,7 +685,7 @@ impl Engine {
 }
 
 /// The bytes of part `name`, or an error naming it.
-fn required(parts: &[(String, Bytes)], name: PartName) -> Result<&Bytes, SnapshotError> {
+pub(super) fn required(parts: &[(String, Bytes)], name: PartName) -> Result<&Bytes, SnapshotError> {
     find_part(parts, name)
         .ok_or_else(|| SnapshotError::Mismatch(format!("it has no part '{name}'")))
 }
@@ -694,9 +699,9 @@ fn optional<T: for<'a> Deserialize<'a>>(
 }
 
 /// One stage of a checkpoint, decoded.
-struct OldStage<'a> {
-    record: StageRecord<'a>,
-    user_state: UserStateSnapshot,
+pub(super) struct OldStage<'a> {
+    pub(super) record: StageRecord<'a>,
+    pub(super) user_state: UserStateSnapshot,
     spilled_queue: Option<QueueSpillRecord>,
     spilled_windows: Option<SpilledWindows>,
     spilled_bags: Option<SpilledBags>,
@@ -704,7 +709,7 @@ struct OldStage<'a> {
 
 impl<'a> OldStage<'a> {
     /// Stage `old` of the checkpoint `parts`.
-    fn decode(parts: &'a [(String, Bytes)], old: usize) -> Result<Self, SnapshotError> {
+    pub(super) fn decode(parts: &'a [(String, Bytes)], old: usize) -> Result<Self, SnapshotError> {
         let idx = StageIdx::new(old);
         let name = PartName::Stage(idx);
         let record = decode(name, required(parts, name)?)?;
@@ -746,7 +751,7 @@ impl<'a> OldStage<'a> {
 
     /// Whether it names data on the durable spill space, kept under its
     /// stage number.
-    fn names_spilled_data(&self) -> bool {
+    pub(super) fn names_spilled_data(&self) -> bool {
         self.spilled_queue.is_some()
             || self.spilled_windows.is_some()
             || self

@@ -95,6 +95,27 @@ impl UserStateSnapshot {
         self.bags.is_empty() && self.ordered_lists.is_empty() && self.multimaps.is_empty()
     }
 
+    /// Adds the cells of `other` that `keep` accepts (for moving key
+    /// groups between shards: each cell is one key's, on one shard), in
+    /// the checkpoint's order.
+    pub(crate) fn absorb_where(
+        &mut self,
+        other: UserStateSnapshot,
+        keep: impl Fn(&CellId) -> bool,
+    ) {
+        fn absorb<V>(
+            mine: &mut Vec<(CellId, V)>,
+            theirs: Vec<(CellId, V)>,
+            keep: &impl Fn(&CellId) -> bool,
+        ) {
+            mine.extend(theirs.into_iter().filter(|(cell, _)| keep(cell)));
+            mine.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        absorb(&mut self.bags, other.bags, &keep);
+        absorb(&mut self.ordered_lists, other.ordered_lists, &keep);
+        absorb(&mut self.multimaps, other.multimaps, &keep);
+    }
+
     /// Moves every cell to the id `rename` gives its transform (see
     /// [`crate::timers::TimerStore::rename_transforms`]); fails with the
     /// first transform that has a cell and no new id.

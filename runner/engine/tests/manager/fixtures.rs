@@ -13,7 +13,7 @@ pub(crate) use futures::FutureExt;
 pub(crate) use parking_lot::Mutex;
 pub(crate) use refract_engine::coder::{
     decode_timers, decode_windowed_values, encode_varint_i64, encode_windowed_value, Coder,
-    PaneInfo, TimerValue, WindowedValueHeader,
+    DecodedElement, PaneInfo, TimerValue, WindowedValueHeader,
 };
 pub(crate) use refract_engine::executor::{
     BundleInput, BundleOutput, ExecError, StageExecutor, TimerInput,
@@ -177,19 +177,7 @@ pub(crate) fn gbk_pipeline(records: Records, failing_sink_attempts: usize) -> (P
         stages: vec![
             impulse_stage(),
             sdk_stage("source", vec![0], vec![1]),
-            Stage {
-                name: "gbk".into(),
-                kind: StageKind::GroupByKey(WindowingStrategy {
-                    window_fn: WindowFn::Fixed {
-                        size: 10,
-                        offset: 0,
-                    },
-                    ..WindowingStrategy::global_default()
-                }),
-                inputs: vec![PCollectionIdx::new(1)],
-                side_inputs: vec![],
-                outputs: vec![PCollectionIdx::new(2)],
-            },
+            fixed_window_gbk(1, 2),
             sdk_stage("sink", vec![2], vec![]),
         ]
         .into(),
@@ -285,6 +273,110 @@ pub(crate) async fn run_on_shards(
         })
         .collect::<Result<Vec<_>, _>>()?;
     run_shards(engines, cancelled).await
+}
+
+/// A GroupByKey into 10 ms fixed windows, from PCollection `input` into
+/// `output`.
+pub(crate) fn fixed_window_gbk(input: usize, output: usize) -> Stage {
+    Stage {
+        name: "gbk".into(),
+        kind: StageKind::GroupByKey(WindowingStrategy {
+            window_fn: WindowFn::Fixed {
+                size: 10,
+                offset: 0,
+            },
+            ..WindowingStrategy::global_default()
+        }),
+        inputs: vec![PCollectionIdx::new(input)],
+        side_inputs: vec![],
+        outputs: vec![PCollectionIdx::new(output)],
+    }
+}
+
+/// impulse -> source (stage 1) -> keyed stage `keyed` (stage 2: user state,
+/// and transform `t`'s event-time timer family `family`) -> GroupByKey
+/// into 10 ms windows -> sink (stage 4), over `KV<bytes, varint>`
+/// PCollections `kvs` and `fired`, grouped into `grouped`.
+pub(crate) fn keyed_timer_plan(keyed: &str, family: &str) -> Plan {
+    let family = TimerFamily {
+        transform_id: "t".into(),
+        family_id: family.into(),
+        domain: TimeDomain::EventTime,
+        key_coder: Coder::Bytes,
+        window_coder: Coder::IntervalWindow,
+    };
+    Plan {
+        pcollections: vec![
+            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
+            pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("fired", kv_bytes_varint(), Coder::IntervalWindow),
+            pc("grouped", grouped_coder(), Coder::IntervalWindow),
+        ]
+        .into(),
+        stages: vec![
+            impulse_stage(),
+            sdk_stage("source", vec![0], vec![1]),
+            Stage {
+                kind: StageKind::Sdk(SdkStage {
+                    stateful: true,
+                    timer_families: vec![family],
+                    ..SdkStage::default()
+                }),
+                ..sdk_stage(keyed, vec![1], vec![2])
+            },
+            fixed_window_gbk(2, 3),
+            sdk_stage("sink", vec![3], vec![]),
+        ]
+        .into(),
+        names: Default::default(),
+    }
+}
+
+/// Appends `KV(key, value)` (the key nested-encoded, as a timer carries
+/// it) at time `at` in `windows` to `out`.
+pub(crate) fn encode_keyed(key: &[u8], value: i64, at: i64, windows: &[Window], out: &mut Vec<u8>) {
+    let mut v = key.to_vec();
+    encode_varint_i64(value, &mut v);
+    let header = WindowedValueHeader {
+        timestamp: at,
+        windows: windows.iter().cloned().collect(),
+        pane: PaneInfo::NO_FIRING,
+    };
+    encode_windowed_value(&header, &Coder::IntervalWindow, &v, out).unwrap();
+}
+
+/// Appends to `set` an event-time timer of element `e`'s key (of a
+/// `KV<bytes, varint>`) at the end of its window; returns the key.
+pub(crate) fn timer_at_window_end(e: &DecodedElement, set: &mut Vec<u8>) -> Bytes {
+    let key_len = kv_bytes_varint().kv_key_len(e.value()).unwrap();
+    let key = e.value_bytes().slice(..key_len);
+    let end = e.header.windows[0].max_timestamp();
+    TimerValue {
+        user_key: key.clone(),
+        dynamic_tag: String::new(),
+        windows: e.header.windows.clone(),
+        clear: false,
+        fire_timestamp: end,
+        hold_timestamp: end,
+        pane: PaneInfo::NO_FIRING,
+    }
+    .encode(&Coder::IntervalWindow, set)
+    .unwrap();
+    key
+}
+
+/// What the keyed stage of [`keyed_timer_plan`] returns: `out` into its
+/// output, and the timers `set` in `family`.
+pub(crate) fn keyed_stage_output(out: Vec<u8>, family: &str, set: Vec<u8>) -> BundleOutput {
+    BundleOutput {
+        outputs: vec![(PCollectionIdx::new(2), Bytes::from(out))],
+        timers: vec![TimerInput {
+            transform_id: "t".into(),
+            family_id: family.into(),
+            data: Bytes::from(set),
+        }],
+        ..Default::default()
+    }
 }
 
 /// The impulse, into PCollection 0.

@@ -28,51 +28,7 @@ fn timers_pipeline(
     records: Records,
     shards_seen: Arc<Mutex<BTreeSet<String>>>,
 ) -> (Plan, FakeExecutor) {
-    let family = TimerFamily {
-        transform_id: "t".into(),
-        family_id: "user".into(),
-        domain: TimeDomain::EventTime,
-        key_coder: Coder::Bytes,
-        window_coder: Coder::IntervalWindow,
-    };
-    let window_strategy = WindowingStrategy {
-        window_fn: WindowFn::Fixed {
-            size: 10,
-            offset: 0,
-        },
-        ..WindowingStrategy::global_default()
-    };
-    let plan = Plan {
-        pcollections: vec![
-            pc("impulse", Coder::Bytes, Coder::GlobalWindow),
-            pc("kvs", kv_bytes_varint(), Coder::IntervalWindow),
-            pc("fired", kv_bytes_varint(), Coder::IntervalWindow),
-            pc("grouped", grouped_coder(), Coder::IntervalWindow),
-        ]
-        .into(),
-        stages: vec![
-            impulse_stage(),
-            sdk_stage("source", vec![0], vec![1]),
-            Stage {
-                kind: StageKind::Sdk(SdkStage {
-                    stateful: true,
-                    timer_families: vec![family],
-                    ..SdkStage::default()
-                }),
-                ..sdk_stage("timers", vec![1], vec![2])
-            },
-            Stage {
-                name: "gbk".into(),
-                kind: StageKind::GroupByKey(window_strategy),
-                inputs: vec![PCollectionIdx::new(2)],
-                side_inputs: vec![],
-                outputs: vec![PCollectionIdx::new(3)],
-            },
-            sdk_stage("sink", vec![3], vec![]),
-        ]
-        .into(),
-        names: Default::default(),
-    };
+    let plan = keyed_timer_plan("timers", "user");
     let source: StageFn = Arc::new(|_| {
         let mut out = Vec::new();
         for i in 0..96i64 {
@@ -98,43 +54,22 @@ fn timers_pipeline(
             for e in
                 decode_windowed_values(chunk, &kv_bytes_varint(), &Coder::IntervalWindow).unwrap()
             {
-                let key_len = kv_bytes_varint().kv_key_len(e.value()).unwrap();
-                let end = e.header.windows[0].max_timestamp();
-                TimerValue {
-                    user_key: e.value_bytes().slice(..key_len),
-                    dynamic_tag: String::new(),
-                    windows: e.header.windows.clone(),
-                    clear: false,
-                    fire_timestamp: end,
-                    hold_timestamp: end,
-                    pane: PaneInfo::NO_FIRING,
-                }
-                .encode(&Coder::IntervalWindow, &mut set)
-                .unwrap();
+                timer_at_window_end(&e, &mut set);
             }
         }
         let mut out = Vec::new();
         for fired in &input.timers {
             for t in decode_timers(&fired.data, &Coder::Bytes, &Coder::IntervalWindow).unwrap() {
-                let mut v = t.user_key.to_vec();
-                encode_varint_i64(t.fire_timestamp, &mut v);
-                let header = WindowedValueHeader {
-                    timestamp: t.fire_timestamp,
-                    windows: t.windows.clone(),
-                    pane: PaneInfo::NO_FIRING,
-                };
-                encode_windowed_value(&header, &Coder::IntervalWindow, &v, &mut out).unwrap();
+                encode_keyed(
+                    &t.user_key,
+                    t.fire_timestamp,
+                    t.fire_timestamp,
+                    &t.windows,
+                    &mut out,
+                );
             }
         }
-        Ok(BundleOutput {
-            outputs: vec![(PCollectionIdx::new(2), Bytes::from(out))],
-            timers: vec![TimerInput {
-                transform_id: "t".into(),
-                family_id: "user".into(),
-                data: Bytes::from(set),
-            }],
-            ..Default::default()
-        })
+        Ok(keyed_stage_output(out, "user", set))
     });
     let sink: StageFn = Arc::new(move |input| {
         record_groups(input, &records);

@@ -724,20 +724,23 @@ pub fn batch_checkpoint(
     Some((parts, sink_panes(&sdk)))
 }
 
-/// Why a checkpoint of a batch run on `from` shards, cut at its
-/// `crash_at`th checkpoint, does not restore onto a run of `shape` (with
-/// its own number of shards); `None` if it does.
-pub fn restore_across_shard_counts(
+/// A batch run on `from` shards cut at its `crash_at`th checkpoint (as a
+/// process dying there), then finished from that checkpoint by the engines
+/// of `shape` (on its own number of shards): the sink's panes, sorted, and
+/// whether it was restored (not if it ended before that checkpoint), or
+/// why the checkpoint does not restore there.
+pub fn finish_on_other_shards(
     inputs: &[Input],
     strategy: &WindowingStrategy,
     shape: &Shape,
     from: u32,
     crash_at: usize,
-) -> Option<String> {
+) -> Result<(Vec<Pane>, bool), String> {
     let (sources, roles) = batch_sources();
     let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
-    let executor: Arc<dyn StageExecutor> = sdk;
-    let cut = runtime()
+    let executor: Arc<dyn StageExecutor> = sdk.clone();
+    let runtime = runtime_for(shape);
+    let cut = runtime
         .block_on(run_sharded_to_checkpoint(
             plan.clone(),
             executor.clone(),
@@ -746,16 +749,31 @@ pub fn restore_across_shard_counts(
             crash_at,
         ))
         .expect("an engine");
-    let Cut::At(parts) = cut else {
-        panic!("the run ended before checkpoint {crash_at}");
+    let parts = match cut {
+        Cut::At(parts) => parts,
+        Cut::Finished(outcome) => {
+            outcome.map_err(|e| e.to_string())?;
+            return Ok((sink_panes(&sdk), false));
+        }
     };
-    if shape.shards > 1 {
-        sharded_engines(plan, executor, config, shape.shards, Some(&parts))
-            .err()
-            .map(|e| e.to_string())
+    keep_committed(&sdk, &parts);
+    let (_cancel, cancelled) = watch::channel(false);
+    let finished = if shape.shards > 1 {
+        let engines = sharded_engines(plan, executor, config, shape.shards, Some(&parts))
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), run_shards(engines, cancelled)).await
+        })
     } else {
-        restored_engine(plan, executor, config, &parts).err()
-    }
+        let engine = restored_engine(plan, executor, config, &parts)?;
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), engine.run(cancelled)).await
+        })
+    };
+    finished
+        .map_err(|_| "the restored run did not finish within 60 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((sink_panes(&sdk), true))
 }
 
 /// A batch run (as [`run_batch`]) finished in a new engine from the

@@ -33,6 +33,38 @@ impl GroupingSnapshot {
     pub(crate) fn is_empty(&self) -> bool {
         self.panes.is_empty() && self.unmerged.is_empty()
     }
+
+    /// The keys `keep` accepts of every snapshot in `parts`, in one (for
+    /// moving key groups between shards): their panes and windows waiting
+    /// to merge, the late data dropped by those whose count goes with it
+    /// (the `bool`), and the least of their watermarks. `None` without
+    /// parts.
+    pub(crate) fn merged_where(
+        parts: Vec<(GroupingSnapshot, bool)>,
+        keep: impl Fn(&[u8]) -> bool,
+    ) -> Option<GroupingSnapshot> {
+        let mut merged: Option<GroupingSnapshot> = None;
+        for (part, counts) in parts {
+            let into = merged.get_or_insert_with(|| GroupingSnapshot {
+                panes: Vec::new(),
+                dropped_late: 0,
+                output_watermark: part.output_watermark,
+                unmerged: Vec::new(),
+            });
+            into.panes
+                .extend(part.panes.into_iter().filter(|(key, _)| keep(key)));
+            into.unmerged
+                .extend(part.unmerged.into_iter().filter(|key| keep(key)));
+            if counts {
+                into.dropped_late += part.dropped_late;
+            }
+            into.output_watermark = into.output_watermark.min(part.output_watermark);
+        }
+        if let Some(merged) = &mut merged {
+            merged.panes.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        merged
+    }
 }
 
 impl GroupingBuffer {
