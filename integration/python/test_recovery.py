@@ -284,6 +284,29 @@ def test_harness_killed_gives_the_same_results(request, refract_bin, tmp_path):
   assert read_results(output) == expected_results(EVENTS)
 
 
+def stop_with_savepoint(refract_bin, job, savepoint, ui):
+  """Runs `refract savepoint JOB --path NAME --stop` against the UI at
+  `ui`, which writes `savepoint` in the server's savepoint directory;
+  checks that it succeeded and returns the finished process."""
+  done = subprocess.run(
+    [
+      refract_bin,
+      'savepoint',
+      job,
+      '--path',
+      savepoint.name,
+      '--stop',
+      '--ui_endpoint',
+      ui[len('http://') :],
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert done.returncode == 0, done.stderr + done.stdout
+  return done
+
+
 @pytest.mark.parametrize('changed', [False, True], ids=['same', 'changed'])
 def test_stop_with_savepoint_and_start_again_gives_the_same_results(
   request, refract_bin, tmp_path, changed
@@ -308,22 +331,7 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
     job = submit(server.endpoint, output, events=events)
     wait_for_results(output, server)
     # A file name: the server writes it in its savepoint directory.
-    done = subprocess.run(
-      [
-        refract_bin,
-        'savepoint',
-        job,
-        '--path',
-        savepoint.name,
-        '--stop',
-        '--ui_endpoint',
-        ui[len('http://') :],
-      ],
-      capture_output=True,
-      text=True,
-      timeout=60,
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = stop_with_savepoint(refract_bin, job, savepoint, ui)
     assert 'written to %s' % savepoint in done.stdout, done.stdout
     assert wait_for_end(server, job) == 'CANCELLED'
     assert read_results(output) != expected_results(events), (
@@ -364,12 +372,56 @@ def test_stop_with_savepoint_and_start_again_gives_the_same_results(
   assert read_results(output) == expected_results(events)
 
 
-def submit_update(endpoint, output, events):
+def test_a_job_on_shards_rescales_through_a_savepoint(request, refract_bin, tmp_path):
+  """A stateful streaming job on two engine shards is stopped with a
+  savepoint (an epoch every shard cuts, after which all of them stop) and
+  started from it on three shards: each key's state, timers and waiting
+  elements move to the shard that now owns its key group, and the counters
+  go on. Results and counters are exact."""
+  output = tmp_path / 'out'
+  output.mkdir()
+  savepoints = tmp_path / 'savepoints'
+  server, ui = ui_server(
+    refract_bin,
+    tmp_path / 'refract.log',
+    extra_args=[
+      '--savepoint_dir',
+      str(savepoints),
+      '--state_dir',
+      str(tmp_path / 'state'),
+      '--checkpoint_interval',
+      '200ms',
+    ],
+  )
+  server.wait_ready()
+  request.node.refract_processes = [server]
+  savepoint = savepoints / 'sharded.savepoint'
+  events = 3 * EVENTS
+  try:
+    job = submit(server.endpoint, output, 'refract_shards=2', events=events)
+    wait_for_results(output, server)
+    stop_with_savepoint(refract_bin, job, savepoint, ui)
+    assert wait_for_end(server, job) == 'CANCELLED'
+    assert read_results(output) != expected_results(events), (
+      'the job ended before its savepoint; nothing left to resume'
+    )
+    resume = 'refract_savepoint=%s' % savepoint
+    again = submit(server.endpoint, output, 'refract_shards=3', resume, events=events)
+    assert wait_for_end(server, again) == 'DONE', server.log_tail()
+    assert distinct_events(server.endpoint, again) == events
+  finally:
+    server.stop()
+    kill_group(server)
+  assert read_results(output) == expected_results(events)
+
+
+def submit_update(endpoint, output, events, *experiments):
   """Submits the pipeline's next version as an update of the job named
   `counts`, its stateful DoFn renamed with a mapping: the new job's id."""
   return submit(
     endpoint,
     output,
+    *experiments,
     events=events,
     changed=True,
     stateful_name='Counted',
@@ -468,6 +520,54 @@ def test_an_update_on_a_durable_server_survives_a_kill_after_it(request, refract
     for s in servers:
       s.stop()
       kill_group(s)
+  assert read_results(output) == expected_results(events)
+
+
+def test_a_job_on_shards_is_updated_and_rescaled(request, refract_bin, tmp_path):
+  """`--update` of a checkpointed job on two shards: the next version of
+  the pipeline (a step added, the stateful DoFn renamed with a mapping)
+  on the same shards, then the same pipeline on three shards; each takes
+  over an epoch of the job it replaces. Changing the pipeline and the
+  number of shards at once is refused while the job runs on."""
+  output = tmp_path / 'out'
+  output.mkdir()
+  server = durable_server(refract_bin, tmp_path / 'state', free_port(), tmp_path / 'refract.log')
+  request.node.refract_processes = [server]
+  events = 4 * EVENTS
+  two = 'refract_shards=2'
+  try:
+    first = submit(server.endpoint, output, two, events=events, job_name='counts')
+    wait_for_results(output, server)
+    both = run_pipeline(
+      server.endpoint,
+      output,
+      'refract_shards=3',
+      events=events,
+      changed=True,
+      job_name='counts',
+      update=True,
+    )
+    assert both.returncode != 0
+    assert 'same pipeline, fused the same way' in both.stderr, both.stderr[-3000:]
+    assert job_state(server.endpoint, first) == 'RUNNING'
+    second = submit_update(server.endpoint, output, events, two)
+    assert wait_for_end(server, first) == 'UPDATED', server.log_tail()
+    third = submit(
+      server.endpoint,
+      output,
+      'refract_shards=3',
+      events=events,
+      changed=True,
+      stateful_name='Counted',
+      job_name='counts',
+      update=True,
+    )
+    assert wait_for_end(server, second) == 'UPDATED', server.log_tail()
+    assert wait_for_end(server, third) == 'DONE', server.log_tail()
+    assert distinct_events(server.endpoint, third, step='Counted') == events
+  finally:
+    server.stop()
+    kill_group(server)
   assert read_results(output) == expected_results(events)
 
 

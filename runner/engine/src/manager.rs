@@ -70,6 +70,7 @@ use clock::ProcessingClock;
 use durability::Durability;
 use grouping_stage::GroupingState;
 use pending::{Overflow, Queued};
+pub use shard_epochs::EpochRequest;
 pub use sharded_checkpoint::{
     collect_epochs, split_sharded_checkpoint, EngineParts, ShardCheckpoints, SHARDED_FORMAT,
 };
@@ -593,6 +594,7 @@ impl Engine {
         let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
         let mut drain = self.drain.take();
         let mut savepoints = self.durability.savepoints.take();
+        let mut epoch_requests = self.durability.epoch_requests.take();
         let mut progress = self
             .durability
             .checkpoints
@@ -604,6 +606,33 @@ impl Engine {
                 return Err(EngineError::Cancelled);
             }
             self.take_from_shards()?;
+            if self.stopped_after_epoch() {
+                info!("stopped after the epoch a savepoint asked for");
+                return Err(EngineError::Cancelled);
+            }
+            if self.frozen_for_stop() {
+                // Only the exchange (or a cancel) can move it on.
+                let seen = self.shard_seen();
+                let woken = async {
+                    match shard_wake.as_mut() {
+                        Some(wake) => {
+                            if wake.wait_for(|&v| v != seen).await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = woken => continue,
+                    changed = cancel.changed() => {
+                        if changed.is_err() || *cancel.borrow() {
+                            return Err(EngineError::Cancelled);
+                        }
+                        continue;
+                    }
+                }
+            }
             if !self.draining && drain.as_ref().is_some_and(|d| *d.borrow()) {
                 info!("draining");
                 self.draining = true;
@@ -761,6 +790,17 @@ impl Engine {
                             }
                         }
                         None => savepoints = None,
+                    }
+                }
+                request = async {
+                    match epoch_requests.as_mut() {
+                        Some(requests) => requests.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    match request {
+                        Some(request) => self.request_epoch(request),
+                        None => epoch_requests = None,
                     }
                 }
                 _ = async {

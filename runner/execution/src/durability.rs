@@ -22,6 +22,7 @@ use refract_engine::manager::{describe_checkpoint, CheckpointProgress, NameMappi
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::MetricResults;
+use refract_proto::pipeline::MonitoringInfo;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
 use refract_store::{Checkpoint, Store, StoreError};
@@ -435,8 +436,22 @@ pub fn restore_metrics(
     parts: &[(String, Bytes)],
     renamed: &NameMapping,
 ) -> Result<(), DurabilityError> {
+    if let Some(committed) = checkpointed_metrics(job, parts, renamed)? {
+        job.metrics().restore(&committed);
+    }
+    Ok(())
+}
+
+/// The committed metrics an engine checkpoint holds (`None` without
+/// them), moved to this pipeline's transform ids as [`restore_metrics`]
+/// moves them.
+pub fn checkpointed_metrics(
+    job: &Job,
+    parts: &[(String, Bytes)],
+    renamed: &NameMapping,
+) -> Result<Option<Vec<MonitoringInfo>>, DurabilityError> {
     let Some((_, bytes)) = parts.iter().find(|(name, _)| name == METRICS_PART) else {
-        return Ok(());
+        return Ok(None);
     };
     let unreadable = |reason: String| DurabilityError::Record {
         job: job.id().to_string(),
@@ -472,8 +487,7 @@ pub fn restore_metrics(
             },
             None => true,
         });
-    job.metrics().restore(&results.committed);
-    Ok(())
+    Ok(Some(results.committed))
 }
 
 /// The label naming a metric's transform, by its id.

@@ -15,6 +15,7 @@ mod logs;
 mod resume;
 mod retry;
 mod run;
+mod shard_savepoints;
 mod sharded;
 mod strict;
 mod update;

@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
-use refract_engine::manager::ExtraPart;
+use refract_engine::manager::{ExtraPart, NameMapping};
 use refract_engine::shards::{ShardId, ShardLayout};
 use refract_jobservice::{Job, JobMetrics};
 use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::MonitoringInfo;
 
-use crate::durability::{DurabilityError, METRICS_PART};
+use crate::durability::{checkpointed_metrics, DurabilityError};
 
 /// Per shard, the metrics its engine's bundles committed.
 #[derive(Debug)]
@@ -58,50 +58,39 @@ impl ShardMetrics {
     }
 
     /// Puts each shard's totals back from its parts of a sharded checkpoint
-    /// (`shards`, in shard order), and their sum into `job`'s metrics. A
-    /// shard without a metrics part starts from zero.
+    /// (`shards`, in shard order; moved to this pipeline's transform ids,
+    /// with `renamed`, as one engine's are), and their sum into `job`'s
+    /// metrics. A shard without a metrics part starts from zero.
     pub fn restore(
         &self,
         job: &Job,
         shards: &[Vec<(String, Bytes)>],
+        renamed: &NameMapping,
     ) -> Result<(), DurabilityError> {
-        let all = self
-            .restore_shards(shards)
-            .map_err(|reason| DurabilityError::Record {
-                job: job.id().to_string(),
-                reason,
-            })?;
-        job.metrics().restore(&all);
+        let mut per_shard = Vec::with_capacity(shards.len());
+        for parts in shards {
+            per_shard.push(checkpointed_metrics(job, parts, renamed)?.unwrap_or_default());
+        }
+        job.metrics().restore(&self.restore_shards(per_shard));
         Ok(())
     }
 
-    /// Puts each shard's totals back (see [`Self::restore`]); every
-    /// shard's, for the job's. A checkpoint of another number of shards
-    /// gives old shard `k`'s totals to shard `k % n`, as it gives its
-    /// unkeyed state: the job's sum is the same.
-    fn restore_shards(
-        &self,
-        shards: &[Vec<(String, Bytes)>],
-    ) -> Result<Vec<MonitoringInfo>, String> {
+    /// Puts each shard's totals back from the old shards' (in shard
+    /// order); returns them all, for the job's. A checkpoint of another
+    /// number of shards gives old shard `k`'s totals to shard `k % n`, as
+    /// it gives its unkeyed state: the job's sum is the same.
+    fn restore_shards(&self, per_shard: Vec<Vec<MonitoringInfo>>) -> Vec<MonitoringInfo> {
         for totals in &self.shards {
             totals.restore(&[]);
         }
         let mut all = Vec::new();
-        for (k, parts) in shards.iter().enumerate() {
-            let infos = match parts.iter().find(|(name, _)| name == METRICS_PART) {
-                Some((_, bytes)) => {
-                    MetricResults::decode(bytes.as_ref())
-                        .map_err(|e| format!("a shard's checkpointed metrics: {e}"))?
-                        .committed
-                }
-                None => Vec::new(),
-            };
+        for (k, infos) in per_shard.into_iter().enumerate() {
             if let Some(totals) = self.shards.get(k % self.shards.len().max(1)) {
                 totals.commit(&infos);
             }
             all.extend(infos);
         }
-        Ok(all)
+        all
     }
 }
 
@@ -136,15 +125,17 @@ mod tests {
         metrics.commit(ids[0], &[counter(3)]);
         metrics.commit(ids[1], &[counter(4)]);
         metrics.commit(ids[1], &[counter(1)]);
-        let parts: Vec<Vec<(String, Bytes)>> = ids
-            .iter()
-            .map(|&id| vec![(METRICS_PART.to_string(), (metrics.part(id))())])
-            .collect();
+        let decoded = |id: ShardId| {
+            MetricResults::decode((metrics.part(id))().as_ref())
+                .expect("a metrics part")
+                .committed
+        };
+        let per_shard: Vec<Vec<MonitoringInfo>> = ids.iter().map(|&id| decoded(id)).collect();
         let restored = ShardMetrics::new(layout);
-        let all = restored.restore_shards(&parts).expect("restored");
+        let all = restored.restore_shards(per_shard.clone());
         // Onto one shard fewer: shard 1's totals go to shard 0 as well.
         let fewer = ShardMetrics::new(ShardLayout::new(1).expect("a layout"));
-        let summed = fewer.restore_shards(&parts).expect("restored");
+        let summed = fewer.restore_shards(per_shard);
         assert_eq!(summed.len(), 2, "both shards' infos are there to add up");
         let one = JobMetrics::default();
         one.commit(&[counter(8)]);

@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::ClockFn;
 use super::{
-    CheckpointProgress, Engine, EngineConfig, EngineError, ExtraPart, SavepointRequest, StageStats,
+    CheckpointProgress, Engine, EngineConfig, EngineError, EpochRequest, ExtraPart,
+    SavepointRequest, StageStats,
 };
 use crate::executor::StageExecutor;
 use crate::plan::{PCollectionIdx, Plan};
@@ -52,6 +53,7 @@ pub struct EngineBuilder {
     checkpoints: Option<CheckpointSetting>,
     tolerable_checkpoint_failures: Option<u32>,
     savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+    epoch_requests: Option<mpsc::Receiver<EpochRequest>>,
     shard: Option<ShardLink>,
 }
 
@@ -78,6 +80,7 @@ impl EngineBuilder {
             checkpoints: None,
             tolerable_checkpoint_failures: None,
             savepoints: None,
+            epoch_requests: None,
             shard: None,
         }
     }
@@ -177,6 +180,14 @@ impl EngineBuilder {
         self
     }
 
+    /// On a shard with checkpoints: answer each request on `requests` with
+    /// the epoch that holds the job as of then (see [`EpochRequest`]): a
+    /// savepoint of a job on shards.
+    pub fn epoch_requests(mut self, requests: mpsc::Receiver<EpochRequest>) -> Self {
+        self.epoch_requests = Some(requests);
+        self
+    }
+
     /// Run as one shard of a job ([`crate::shards`]): the engine owns the
     /// key groups `link`'s layout gives it, hands other elements to their
     /// shards, and reads watermarks over every shard. Run every shard's
@@ -207,6 +218,15 @@ impl EngineBuilder {
         }
         if self.shard.is_some() {
             self.refuse_unsharded_parts()?;
+        } else if self.epoch_requests.is_some() {
+            return Err(EngineError::Misconfigured(
+                "epoch requests are for the shards of a job".to_string(),
+            ));
+        }
+        if self.epoch_requests.is_some() && self.checkpoints.is_none() {
+            return Err(EngineError::Misconfigured(
+                "epoch requests need checkpoints, which the epochs go to".to_string(),
+            ));
         }
         let mut engine = Engine::new(
             self.plan,
@@ -238,6 +258,7 @@ impl EngineBuilder {
             }
         }
         engine.durability.savepoints = self.savepoints;
+        engine.durability.epoch_requests = self.epoch_requests;
         Ok(engine)
     }
 

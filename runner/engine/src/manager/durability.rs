@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::checkpointing::CheckpointSink;
-use super::{ExtraPart, SavepointRequest};
+use super::{EpochRequest, ExtraPart, SavepointRequest};
 use crate::spill::SpillSpace;
 
 /// The engine's durable side, each part optional (see
@@ -20,6 +20,9 @@ pub(super) struct Durability {
     pub(super) checkpoints: Option<CheckpointSink>,
     /// Requests for a checkpoint now (savepoints); the run loop takes it.
     pub(super) savepoints: Option<mpsc::Receiver<SavepointRequest>>,
+    /// On a shard: requests for an epoch now (savepoints of the job); the
+    /// run loop takes it.
+    pub(super) epoch_requests: Option<mpsc::Receiver<EpochRequest>>,
     /// Parts checkpoints carry for the engine's owner, by name.
     pub(super) extra_parts: Vec<(String, ExtraPart)>,
     /// The spill space and the job's space in it, once spilling is on:

@@ -46,6 +46,19 @@ use crate::plan::PCollectionIdx;
 use crate::shards::exchange::{Delivery, Handed};
 use crate::shards::Epoch;
 
+/// A request to one shard of a job for an epoch now (a savepoint): it
+/// answers with the epoch that will hold the job as of now, which the
+/// epochs' collector then puts together. With `stop`, every shard stops
+/// once its cut of that epoch is complete, so that nothing happens between
+/// the savepoint and the stop.
+#[derive(Debug)]
+pub struct EpochRequest {
+    /// Stop every shard after the epoch.
+    pub stop: bool,
+    /// Where the epoch's number goes, once it is cut here.
+    pub cut: tokio::sync::oneshot::Sender<Epoch>,
+}
+
 /// Where one shard is in its job's checkpoint epochs.
 #[derive(Default)]
 pub(super) struct EpochState {
@@ -57,6 +70,12 @@ pub(super) struct EpochState {
     open: Option<OpenEpoch>,
     /// Deliveries a restored cut recorded, taken at the first take.
     restored: Vec<Delivery>,
+    /// Requests for an epoch not answered yet.
+    requested: Vec<EpochRequest>,
+    /// The epoch after which this shard stops, as the board said.
+    stop_after: Option<Epoch>,
+    /// The last epoch whose cut this shard sent.
+    sent: Epoch,
 }
 
 /// A cut waiting for the other shards to cut the same epoch.
@@ -93,6 +112,7 @@ impl Engine {
         handed: Vec<Handed>,
         newest: Epoch,
         others_cut: Epoch,
+        stop_after: Option<Epoch>,
     ) -> Result<(), EngineError> {
         let Some(shard) = self.shard.as_mut() else {
             return Ok(());
@@ -104,6 +124,7 @@ impl Engine {
             return Ok(());
         };
         shard.epochs.newest = shard.epochs.newest.max(newest);
+        shard.epochs.stop_after = stop_after;
         let mine = shard.epochs.cut;
         let mut after_next_cut = Vec::new();
         for Handed { epoch, delivery } in handed {
@@ -131,7 +152,78 @@ impl Engine {
         for delivery in after_next_cut {
             self.apply_delivery(delivery)?;
         }
-        self.send_epoch_if_complete(others_cut)
+        self.send_epoch_if_complete(others_cut)?;
+        self.answer_epoch_requests();
+        Ok(())
+    }
+
+    /// Takes a request for an epoch now (see [`EpochRequest`]).
+    pub(super) fn request_epoch(&mut self, request: EpochRequest) {
+        if let Some(shard) = self.shard.as_mut() {
+            shard.epochs.requested.push(request);
+        }
+        self.answer_epoch_requests();
+    }
+
+    /// Answers the requests for an epoch: one without stop with the epoch
+    /// this shard has open (its cut is as recent as the request's wish:
+    /// nothing this shard did since is lost, it is redone from there), or
+    /// with a new one cut now; with stop, always a new one, whose stop the
+    /// board holds before anyone cuts it (so that every shard stops at its
+    /// cut), once no epoch is being cut.
+    fn answer_epoch_requests(&mut self) {
+        let Some(shard) = self.shard.as_ref() else {
+            return;
+        };
+        if shard.epochs.requested.is_empty() || !self.checkpoints_enabled() {
+            return;
+        }
+        if shard.epochs.newest > shard.epochs.cut {
+            return;
+        }
+        let stops = shard.epochs.requested.iter().any(|r| r.stop);
+        if stops && shard.epochs.open.is_some() {
+            return;
+        }
+        if shard.epochs.open.is_none() {
+            if stops {
+                shard.link.stop_after(shard.epochs.cut.next());
+            }
+            if let Err(error) = self.cut_epoch() {
+                warn!(%error, "cannot cut the epoch a savepoint asked for");
+                return;
+            }
+        }
+        let Some(shard) = self.shard.as_mut() else {
+            return;
+        };
+        let epoch = shard.epochs.cut;
+        for request in shard.epochs.requested.drain(..) {
+            let _ = request.cut.send(epoch);
+        }
+    }
+
+    /// Whether this shard cut the epoch the job stops after and waits for
+    /// the others' cuts: nothing more runs here (as nothing runs after one
+    /// engine's savepoint with stop); it only takes what they sent before
+    /// their cuts.
+    pub(super) fn frozen_for_stop(&self) -> bool {
+        self.shard.as_ref().is_some_and(|s| {
+            s.epochs
+                .stop_after
+                .is_some_and(|stop| stop <= s.epochs.cut && stop > s.epochs.sent)
+        })
+    }
+
+    /// Whether this shard's cut of the epoch the job stops after went out:
+    /// the run ends here (as a single engine's does after a savepoint with
+    /// stop).
+    pub(super) fn stopped_after_epoch(&self) -> bool {
+        self.shard.as_ref().is_some_and(|s| {
+            s.epochs
+                .stop_after
+                .is_some_and(|stop| stop <= s.epochs.sent)
+        })
     }
 
     /// Sends the open epoch if every other shard has cut it
@@ -208,6 +300,9 @@ impl Engine {
             taken.push(INBOX_PART.to_string(), bytes);
         }
         self.send_checkpoint(taken);
+        if let Some(shard) = self.shard.as_mut() {
+            shard.epochs.sent = epoch;
+        }
         Ok(())
     }
 

@@ -171,6 +171,7 @@ impl Engine {
             received.deliveries,
             received.newest_cut,
             received.others_cut,
+            received.stop_after,
         )
     }
 
@@ -383,9 +384,18 @@ pub async fn run_shards(
                 match joined {
                     Ok(Ok(part)) => summary.add(part),
                     Ok(Err(error)) => {
-                        if failure.is_none() {
-                            failure = Some(error);
-                            let _ = stop.send(true);
+                        // A shard stopping after a savepoint's epoch (or
+                        // cancelled with the others) stops none: each
+                        // stops once its own cut is out.
+                        let cancelled = matches!(error, EngineError::Cancelled);
+                        if failure.is_none() || !cancelled {
+                            if !cancelled {
+                                let _ = stop.send(true);
+                            }
+                            if failure.as_ref().is_none_or(|f| matches!(f, EngineError::Cancelled))
+                            {
+                                failure = Some(error);
+                            }
                         }
                     }
                     Err(join) => std::panic::resume_unwind(join.into_panic()),

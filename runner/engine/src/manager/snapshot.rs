@@ -59,9 +59,9 @@ pub enum SnapshotError {
         /// What went wrong.
         reason: String,
     },
-    /// The job runs on several shards, which take no checkpoints yet.
-    #[error("a job running on several shards (refract_shards) cannot take savepoints yet")]
-    OnShards,
+    /// No savepoint could be taken (why is in the text).
+    #[error("no savepoint: {0}")]
+    NotTaken(String),
     /// The checkpoint was taken of a different pipeline.
     #[error("the checkpoint does not belong to this pipeline: {0}")]
     Mismatch(String),

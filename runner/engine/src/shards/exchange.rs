@@ -121,6 +121,9 @@ pub struct Received {
     /// The oldest epoch every *other* unfinished shard has cut (finished
     /// shards and a lone shard count as having cut every epoch).
     pub others_cut: Epoch,
+    /// The epoch after which every shard stops (a savepoint with stop),
+    /// if one was asked for.
+    pub stop_after: Option<Epoch>,
 }
 
 /// What [`ShardLink::park`] found.
@@ -144,6 +147,8 @@ struct Board {
     inboxes: Vec<Vec<Handed>>,
     /// Per shard, the last checkpoint epoch it cut.
     cuts: Vec<Epoch>,
+    /// Every shard stops once its cut of this epoch is complete.
+    stop_after: Option<Epoch>,
     /// Per shard, per stage, its published output watermark (−∞ where it
     /// published nothing yet) and whether the stage's queue there is over
     /// its bound.
@@ -222,6 +227,7 @@ impl ShardLink {
                 version: 0,
                 inboxes: vec![Vec::new(); n],
                 cuts: vec![Epoch::NONE; n],
+                stop_after: None,
                 published: vec![Vec::new(); n],
                 finished: vec![false; n],
                 parked: vec![false; n],
@@ -309,7 +315,16 @@ impl ShardLink {
             processing_time: board.processing_time,
             newest_cut,
             others_cut,
+            stop_after: board.stop_after,
         }
+    }
+
+    /// Every shard is to stop once its cut of `epoch` is complete (a
+    /// savepoint with stop): wakes them all.
+    pub fn stop_after(&self, epoch: Epoch) {
+        let mut board = self.exchange.board.lock();
+        board.stop_after = Some(board.stop_after.map_or(epoch, |e| e.min(epoch)));
+        board.bump(&self.exchange.version);
     }
 
     /// This shard cut checkpoint epoch `epoch`: what it sends from now on
@@ -543,6 +558,11 @@ mod tests {
         // With every other shard finished, every epoch counts as cut.
         links[0].finish();
         assert_eq!(links[1].take(0).others_cut, Epoch::EVERY);
+        // A stop after an epoch is every shard's, the earliest asked.
+        assert_eq!(links[1].take(0).stop_after, None);
+        links[2].stop_after(Epoch::NONE.next().next());
+        links[0].stop_after(Epoch::NONE.next());
+        assert_eq!(links[1].take(0).stop_after, Some(Epoch::NONE.next()));
     }
 
     #[test]

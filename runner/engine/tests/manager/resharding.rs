@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use refract_engine::executor::CommitAction;
-use refract_engine::manager::{collect_epochs, describe_checkpoint, split_sharded_checkpoint};
+use refract_engine::manager::{
+    collect_epochs, describe_checkpoint, split_sharded_checkpoint, EpochRequest,
+};
 
 use super::fixtures::*;
 
@@ -63,6 +65,9 @@ fn bag_and_timer_pipeline(committed: Committed) -> (Plan, FakeExecutor) {
         })
     };
     let bags: StageFn = Arc::new(move |input| {
+        // Each bundle takes a little while, as an SDK's would: the job
+        // lasts long enough for the checkpoints it is cut at.
+        std::thread::sleep(Duration::from_millis(1));
         let mut set = Vec::new();
         for chunk in &input.elements {
             for e in
@@ -124,12 +129,14 @@ fn bag_and_timer_pipeline(committed: Committed) -> (Plan, FakeExecutor) {
     (plan, exec)
 }
 
-/// The engines of `shards` shards, with checkpoints if `checkpoints`.
+/// The engines of `shards` shards, with checkpoints to `checkpoints` if
+/// given, shard 0 taking epoch requests from `requests` if given.
 fn engines(
     plan: &Plan,
     exec: &Arc<FakeExecutor>,
     shards: u32,
     mut checkpoints: Option<Vec<refract_engine::manager::ShardCheckpoints>>,
+    mut requests: Option<tokio::sync::mpsc::Receiver<EpochRequest>>,
 ) -> Vec<Engine> {
     ShardLink::in_process(ShardLayout::new(shards).unwrap())
         .into_iter()
@@ -146,9 +153,43 @@ fn engines(
                 let end = ends.remove(0);
                 builder = builder.checkpoints(Duration::ZERO, end.tx, Some(end.progress));
             }
+            if link.id().index() == 0 {
+                if let Some(requests) = requests.take() {
+                    builder = builder.epoch_requests(requests);
+                }
+            }
             builder.shard(link).build().unwrap()
         })
         .collect()
+}
+
+/// Finishes the job from the sharded checkpoint `parts` on `to` shards,
+/// after dropping what the sink committed that the checkpoint does not
+/// count as done (lost with the process that stopped): what the sink
+/// committed in all (see [`results`]).
+async fn finish_on(
+    parts: &[(String, Bytes)],
+    to: u32,
+    plan: &Plan,
+    exec: &Arc<FakeExecutor>,
+    committed: &Committed,
+) -> Vec<(String, Window, i64)> {
+    let shards = split_sharded_checkpoint(parts).unwrap().unwrap();
+    let done: Vec<_> = shards
+        .iter()
+        .map(|p| describe_checkpoint(p).unwrap())
+        .collect();
+    committed.lock().retain(|(prefix, b, ..)| {
+        let info = &done[prefix[1..].parse::<usize>().unwrap()];
+        *b < info.next_bundle && !info.rerun_bundles.contains(b)
+    });
+    let mut moved = engines(plan, exec, to, None, None);
+    for engine in &mut moved {
+        engine.restore(parts).unwrap();
+    }
+    let (_cancel, cancelled) = watch::channel(false);
+    run_shards(moved, cancelled).await.unwrap();
+    results(committed)
 }
 
 /// (key, window, count) as the sink committed them, sorted.
@@ -168,7 +209,7 @@ async fn keyed_state_timers_and_buffers_move_to_their_new_shards() {
     let (plan, exec) = bag_and_timer_pipeline(committed.clone());
     let exec = Arc::new(exec);
     let (_cancel, cancelled) = watch::channel(false);
-    run_shards(engines(&plan, &exec, 2, None), cancelled)
+    run_shards(engines(&plan, &exec, 2, None, None), cancelled)
         .await
         .unwrap();
     let want = results(&committed);
@@ -188,7 +229,7 @@ async fn keyed_state_timers_and_buffers_move_to_their_new_shards() {
             let collector = tokio::spawn(collector);
             let (cancel, cancelled) = watch::channel(false);
             let run = tokio::spawn(run_shards(
-                engines(&plan, &exec, from, Some(ends)),
+                engines(&plan, &exec, from, Some(ends), None),
                 cancelled,
             ));
             let mut cut = None;
@@ -209,29 +250,73 @@ async fn keyed_state_timers_and_buffers_move_to_their_new_shards() {
                 outcome.unwrap();
                 continue;
             };
-            // What the cut does not count as done is lost with the process.
-            let shards = split_sharded_checkpoint(&parts).unwrap().unwrap();
-            let done: Vec<_> = shards
-                .iter()
-                .map(|p| describe_checkpoint(p).unwrap())
-                .collect();
-            committed.lock().retain(|(prefix, b, ..)| {
-                let info = &done[prefix[1..].parse::<usize>().unwrap()];
-                *b < info.next_bundle && !info.rerun_bundles.contains(b)
-            });
-            let mut moved = engines(&plan, &exec, to, None);
-            for engine in &mut moved {
-                engine.restore(&parts).unwrap();
-            }
-            let (_cancel, cancelled) = watch::channel(false);
-            run_shards(moved, cancelled).await.unwrap();
-            assert_eq!(
-                results(&committed),
-                want,
-                "{from} -> {to} shards at checkpoint {crash_at}"
-            );
+            let got = finish_on(&parts, to, &plan, &exec, &committed).await;
+            assert_eq!(got, want, "{from} -> {to} shards at checkpoint {crash_at}");
             restored += 1;
         }
         assert!(restored >= 3, "{from} -> {to}: only {restored} restores");
     }
+}
+
+/// A savepoint of a job on shards: an epoch asked for now, after which
+/// every shard stops (so nothing happens between the savepoint and the
+/// stop); the job then finishes from it on another number of shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_epoch_stops_every_shard_and_moves_to_other_shards() {
+    let committed: Committed = Arc::default();
+    let (plan, exec) = bag_and_timer_pipeline(committed.clone());
+    let (_cancel, cancelled) = watch::channel(false);
+    run_shards(engines(&plan, &Arc::new(exec), 2, None, None), cancelled)
+        .await
+        .unwrap();
+    let want = results(&committed);
+
+    let mut saved = 0;
+    for (from, to, after) in [(3, 2, 1), (3, 2, 3), (2, 3, 2), (2, 4, 4)] {
+        committed.lock().clear();
+        let (plan, exec) = bag_and_timer_pipeline(committed.clone());
+        let exec = Arc::new(exec);
+        let (out, mut written) = tokio::sync::mpsc::channel(1);
+        let (ends, collector) = collect_epochs(from, Vec::new(), out, None);
+        let collector = tokio::spawn(collector);
+        let (requests, received) = tokio::sync::mpsc::channel(1);
+        let running = engines(&plan, &exec, from, Some(ends), Some(received));
+        let (_cancel, cancelled) = watch::channel(false);
+        let run = tokio::spawn(run_shards(running, cancelled));
+        let mut epochs = Vec::new();
+        for _ in 0..after {
+            if let Some(parts) = written.recv().await {
+                epochs.push(parts);
+            }
+        }
+        let (cut, epoch) = tokio::sync::oneshot::channel();
+        let asked = requests
+            .send(EpochRequest { stop: true, cut })
+            .await
+            .is_ok();
+        let epoch = match (asked, epoch.await) {
+            (true, Ok(epoch)) => epoch,
+            // The job ended first.
+            _ => continue,
+        };
+        while (epochs.len() as u64) < epoch.number() {
+            epochs.push(written.recv().await.expect("the savepoint's epoch"));
+        }
+        let parts = epochs.pop().unwrap();
+        let outcome = run.await.unwrap();
+        assert!(
+            matches!(outcome, Err(EngineError::Cancelled)),
+            "every shard stopped after the savepoint: {outcome:?}"
+        );
+        drop(written);
+        collector.await.unwrap();
+        let got = finish_on(&parts, to, &plan, &exec, &committed).await;
+        let after = format!("savepoint after {after} epochs on {from} shards");
+        assert_eq!(got, want, "{after}, finished on {to}");
+        saved += 1;
+    }
+    assert!(
+        saved >= 2,
+        "only {saved} savepoints were taken before the job ended"
+    );
 }

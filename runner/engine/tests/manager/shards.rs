@@ -245,13 +245,29 @@ async fn shards_refuse_what_they_cannot_do_yet() {
         .expect("checkpoints without progress on shards are refused");
     assert!(error.to_string().contains("progress"), "{error}");
     let (_requests, savepoints) = tokio::sync::mpsc::channel(1);
-    let error = Engine::builder(plan, exec, config(10), "s0", Arc::new(|| 0))
+    let error = Engine::builder(plan.clone(), exec.clone(), config(10), "s0", Arc::new(|| 0))
         .savepoints(savepoints)
         .shard(link())
         .build()
         .err()
         .expect("savepoints on shards are refused");
     assert!(error.to_string().contains("savepoints"), "{error}");
+    // Epochs on request go to checkpoints, and are a shard's.
+    let (_requests, epochs) = tokio::sync::mpsc::channel(1);
+    let error = Engine::builder(plan.clone(), exec.clone(), config(10), "s0", Arc::new(|| 0))
+        .epoch_requests(epochs)
+        .shard(link())
+        .build()
+        .err()
+        .expect("epoch requests without checkpoints are refused");
+    assert!(error.to_string().contains("need checkpoints"), "{error}");
+    let (_requests, epochs) = tokio::sync::mpsc::channel(1);
+    let error = Engine::builder(plan, exec, config(10), "s0", Arc::new(|| 0))
+        .epoch_requests(epochs)
+        .build()
+        .err()
+        .expect("epoch requests off shards are refused");
+    assert!(error.to_string().contains("shards of a job"), "{error}");
 }
 
 /// A one-letter key that the second of two shards owns.

@@ -40,7 +40,7 @@ pub(super) fn resume(
         }
     }
     match (split_sharded_checkpoint(&checkpoint.parts)?, shard_metrics) {
-        (Some(shards), Some(metrics)) => metrics.restore(job, &shards)?,
+        (Some(shards), Some(metrics)) => metrics.restore(job, &shards, renamed)?,
         _ => crate::durability::restore_metrics(job, &checkpoint.parts, renamed)?,
     }
     if checkpoint.id > 0 {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use refract_engine::executor::StageExecutor;
 use refract_engine::manager::{
     collect_epochs, run_shards, Engine, EngineConfig, NameMapping, RunSummary, SavepointRequest,
-    SnapshotError, StageStats,
+    StageStats,
 };
 use refract_engine::plan::Plan;
 use refract_engine::shards::{ShardLayout, ShardLink};
@@ -25,6 +25,7 @@ use refract_store::Checkpoint;
 use tokio::sync::{mpsc, watch};
 
 use super::resume::resume;
+use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
 use super::JobError;
 use crate::durability::{CheckpointWriter, METRICS_PART};
 use crate::shard_metrics::ShardMetrics;
@@ -41,8 +42,8 @@ pub(super) struct ShardedJob<'a> {
     /// The spill space and each stage's share of memory, if the job may
     /// spill.
     pub(super) spill: Option<(Arc<dyn SpillSpace>, usize)>,
-    /// Savepoint requests, each answered with a refusal: shards take none
-    /// yet.
+    /// Savepoint requests, each answered with an epoch cut for it (a
+    /// refusal if the job is not checkpointed).
     pub(super) savepoints: mpsc::Receiver<SavepointRequest>,
     /// How the job's checkpoints are written, if it is checkpointed.
     pub(super) checkpoints: Option<ShardedCheckpoints>,
@@ -103,25 +104,42 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         ..config
     };
     let spill = spill.map(|(store, limit_bytes)| (store, shard_share(limit_bytes, shards)));
-    let (mut ends, collector, writing) = match checkpoints {
+    // Savepoints are epochs shard 0 cuts on request, taken on their way
+    // to the writer; without checkpoints there are none.
+    let (epoch_requests, epoch_requests_rx) = mpsc::channel(4);
+    let mut epoch_requests_rx = Some(epoch_requests_rx);
+    let (mut ends, collector, writing, savepointing) = match checkpoints {
         Some(ShardedCheckpoints {
             writer,
             every,
             tolerable_failures,
         }) => {
+            let (to_writer, assembled, passing) = pass_epochs(writer.tx);
             let (ends, collector) = collect_epochs(
                 layout.shards(),
                 Vec::new(),
-                writer.tx,
+                to_writer,
                 Some(writer.progress),
             );
             let ends: Vec<_> = ends
                 .into_iter()
                 .map(|end| Some((end, every, tolerable_failures)))
                 .collect();
-            (ends, Some(tokio::spawn(collector)), Some(writer.task))
+            let savepointing =
+                tokio::spawn(answer_savepoints(savepoints, epoch_requests, assembled));
+            (
+                ends,
+                Some(tokio::spawn(collector)),
+                Some((passing, writer.task)),
+                savepointing,
+            )
         }
-        None => ((0..shards).map(|_| None).collect(), None, None),
+        None => (
+            (0..shards).map(|_| None).collect(),
+            None,
+            None,
+            tokio::spawn(refuse_savepoints(savepoints)),
+        ),
     };
     let mut engines = Vec::new();
     let mut snapshots = Vec::new();
@@ -151,6 +169,11 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
                 .checkpoints(every, end.tx, Some(end.progress))
                 .tolerable_checkpoint_failures(tolerable_failures)
                 .extra_part(METRICS_PART, metrics.part(link_id));
+            if link_id.index() == 0 {
+                if let Some(requests) = epoch_requests_rx.take() {
+                    builder = builder.epoch_requests(requests);
+                }
+            }
         }
         engines.push(builder.build()?);
         snapshots.push(rx);
@@ -159,18 +182,18 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         resume(&mut engines, checkpoint, mapping, job, view, Some(&metrics))?;
     }
     let adding = tokio::spawn(add_up_snapshots(snapshots, stats));
-    let refusing = tokio::spawn(refuse_savepoints(savepoints));
     let summary = run_shards(engines, job.cancel_requested()).await;
     // Every shard's engine is gone: the last snapshots are in, and the
     // collector hands the writer what it has and ends, then the writer.
     let _ = adding.await;
-    refusing.abort();
     if let Some(collector) = collector {
         let _ = collector.await;
     }
-    if let Some(writing) = writing {
+    if let Some((passing, writing)) = writing {
+        let _ = passing.await;
         let _ = writing.await;
     }
+    savepointing.abort();
     Ok(summary?)
 }
 
@@ -200,13 +223,6 @@ async fn add_up_snapshots(
     while changed.recv().await.is_some() {
         let parts: Vec<Vec<StageStats>> = shards.iter().map(|s| s.borrow().clone()).collect();
         job.send_replace(StageStats::across_shards(&parts));
-    }
-}
-
-/// Answers every savepoint request with [`SnapshotError::OnShards`].
-async fn refuse_savepoints(mut requests: mpsc::Receiver<SavepointRequest>) {
-    while let Some(request) = requests.recv().await {
-        let _ = request.reply.send(Err(SnapshotError::OnShards));
     }
 }
 

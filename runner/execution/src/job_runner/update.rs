@@ -84,14 +84,24 @@ pub(super) fn replaced_job(
         }
     };
     let running = JobOptions::read(old.options())?;
-    if running.shards.is_some() || asked.shards.is_some() {
+    check_shards(old, &running, &asked)?;
+    let old_plan = plan(old.pipeline(), &running, preference)?;
+    let new_plan = plan(pipeline, &asked, preference)?;
+    let moves_shards = running.shards.map(|l| l.shards()) != asked.shards.map(|l| l.shards());
+    let stage_names = |plan: &Plan| {
+        plan.stages
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    if moves_shards && stage_names(&old_plan) != stage_names(&new_plan) {
         return Err(format!(
-            "--update of job {}: a job on several shards (refract_shards) cannot be updated yet",
+            "--update of job {} is refused: its state moves to another number of shards only \
+             into the same pipeline, fused the same way; change the pipeline and the number \
+             of shards one after the other",
             old.id()
         ));
     }
-    let old_plan = plan(old.pipeline(), &running, preference)?;
-    let new_plan = plan(pipeline, &asked, preference)?;
     let mut refusals = check_update(&old_plan, &new_plan, &asked.transform_name_mapping)
         .err()
         .unwrap_or_default();
@@ -120,6 +130,35 @@ fn plan(
     translate(pipeline, &translation)
         .map(|t| t.plan)
         .map_err(|e| e.to_string())
+}
+
+/// Whether the job on `old` (run with `running`) can hand its state to a
+/// job run with `asked`: a job on shards hands over an epoch, which needs
+/// its checkpoints on; an epoch moves onto another number of shards, but
+/// not onto one engine (nor one engine's cut onto shards), and not with
+/// transforms renamed at the same time.
+fn check_shards(old: &Job, running: &JobOptions, asked: &JobOptions) -> Result<(), String> {
+    let refused = |why: &str| Err(format!("--update of job {} is refused: {why}", old.id()));
+    match (running.shards, asked.shards) {
+        (None, None) => Ok(()),
+        (Some(_), _) if !old.is_durable() => refused(
+            "it runs on several shards (refract_shards) and is not checkpointed; a job on \
+             shards is updated only on a server with --state_dir",
+        ),
+        (Some(from), Some(to))
+            if from.shards() != to.shards() && !asked.transform_name_mapping.is_empty() =>
+        {
+            refused(
+                "it would move to another number of shards and rename transforms at once; \
+                 do one, then the other",
+            )
+        }
+        (Some(_), Some(_)) => Ok(()),
+        (Some(_), None) | (None, Some(_)) => refused(
+            "a job's state moves between numbers of shards, but not between one engine and \
+             shards (refract_shards)",
+        ),
+    }
 }
 
 /// Takes over from `old` for `job`: claims it, stops it right after a
