@@ -26,9 +26,17 @@
 //! other shard has cut `e` (nothing sent before their cuts can still
 //! arrive after the take that shows it); then it goes to the collector
 //! (`sharded_checkpoint.rs`), which writes epoch `e` once every shard's
-//! cut is in. An epoch starts only when the previous one is written, so
-//! at most one is ever being cut, and the shards' cut numbers differ by
-//! at most one.
+//! cut is in. A shard starts an epoch only once its own cut of the
+//! previous one went out, which needs every shard to have cut that one:
+//! the shards' cut numbers differ by at most one, and a shard that sees a
+//! newer epoch sends its open one first. Periodic epochs also wait until
+//! the previous one is written; a savepoint's does not.
+//!
+//! A savepoint is an epoch shard 0 cuts when asked ([`EpochRequest`]).
+//! With stop, shard 0 puts the stop on the board before it cuts, so every
+//! shard learns of it by the time it cuts: from its cut on it runs nothing
+//! more (it only takes what others sent before their cuts, for its cut's
+//! record), and it stops once its cut went out.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

@@ -107,8 +107,8 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
     // Savepoints are epochs shard 0 cuts on request, taken on their way
     // to the writer; without checkpoints there are none.
     let (epoch_requests, epoch_requests_rx) = mpsc::channel(4);
-    let mut epoch_requests_rx = Some(epoch_requests_rx);
-    let (mut ends, collector, writing, savepointing) = match checkpoints {
+    let epoch_requests_rx = Some(epoch_requests_rx);
+    let (ends, collector, writing, savepointing) = match checkpoints {
         Some(ShardedCheckpoints {
             writer,
             every,
@@ -141,43 +141,15 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
             tokio::spawn(refuse_savepoints(savepoints)),
         ),
     };
-    let mut engines = Vec::new();
-    let mut snapshots = Vec::new();
-    for (link, checkpointing) in ShardLink::in_process(layout)
-        .into_iter()
-        .zip(ends.drain(..))
-    {
-        let link_id = link.id();
-        let (tx, rx) = watch::channel(Vec::new());
-        // Bundle ids are unique across the shards sharing the workers.
-        let prefix = format!("{}-s{}", job.id(), link.id().index());
-        let mut builder = Engine::builder(
-            plan.clone(),
-            executor.clone(),
-            config.clone(),
-            prefix,
-            Arc::new(wall_clock_ms),
-        )
-        .drain(job.drain_requested())
-        .stats(tx)
-        .shard(link);
-        if let Some((store, limit_bytes)) = &spill {
-            builder = builder.spill(store.clone(), job.id().as_bytes(), *limit_bytes);
-        }
-        if let Some((end, every, tolerable_failures)) = checkpointing {
-            builder = builder
-                .checkpoints(every, end.tx, Some(end.progress))
-                .tolerable_checkpoint_failures(tolerable_failures)
-                .extra_part(METRICS_PART, metrics.part(link_id));
-            if link_id.index() == 0 {
-                if let Some(requests) = epoch_requests_rx.take() {
-                    builder = builder.epoch_requests(requests);
-                }
-            }
-        }
-        engines.push(builder.build()?);
-        snapshots.push(rx);
-    }
+    let parts = ShardParts {
+        plan: &plan,
+        executor: &executor,
+        config: &config,
+        job,
+        spill: spill.as_ref(),
+        metrics: &metrics,
+    };
+    let (mut engines, snapshots) = parts.engines(layout, ends, epoch_requests_rx)?;
     if let Some(checkpoint) = resume_from {
         resume(&mut engines, checkpoint, mapping, job, view, Some(&metrics))?;
     }
@@ -195,6 +167,75 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
     }
     savepointing.abort();
     Ok(summary?)
+}
+
+/// What every shard's engine of one job is built from.
+struct ShardParts<'a> {
+    plan: &'a Plan,
+    executor: &'a Arc<dyn StageExecutor>,
+    config: &'a EngineConfig,
+    job: &'a Job,
+    spill: Option<&'a (Arc<dyn SpillSpace>, usize)>,
+    metrics: &'a Arc<ShardMetrics>,
+}
+
+/// Where one shard publishes its stage snapshots.
+type StageSnapshots = watch::Receiver<Vec<StageStats>>;
+
+/// A shard's checkpointing: its end of the collector, the interval and
+/// the failed writes tolerated.
+type ShardCheckpointing = (
+    refract_engine::manager::ShardCheckpoints,
+    std::time::Duration,
+    u32,
+);
+
+impl ShardParts<'_> {
+    /// The engine of every shard of `layout` (each with its end of the
+    /// collector in `ends`, if checkpointed; shard 0 taking epoch
+    /// requests), and where each publishes its stage snapshots.
+    fn engines(
+        &self,
+        layout: ShardLayout,
+        ends: Vec<Option<ShardCheckpointing>>,
+        mut epoch_requests: Option<mpsc::Receiver<refract_engine::manager::EpochRequest>>,
+    ) -> Result<(Vec<Engine>, Vec<StageSnapshots>), JobError> {
+        let mut engines = Vec::new();
+        let mut snapshots = Vec::new();
+        for (link, checkpointing) in ShardLink::in_process(layout).into_iter().zip(ends) {
+            let link_id = link.id();
+            let (tx, rx) = watch::channel(Vec::new());
+            // Bundle ids are unique across the shards sharing the workers.
+            let prefix = format!("{}-s{}", self.job.id(), link_id.index());
+            let mut builder = Engine::builder(
+                self.plan.clone(),
+                self.executor.clone(),
+                self.config.clone(),
+                prefix,
+                Arc::new(wall_clock_ms),
+            )
+            .drain(self.job.drain_requested())
+            .stats(tx)
+            .shard(link);
+            if let Some((store, limit_bytes)) = self.spill {
+                builder = builder.spill(store.clone(), self.job.id().as_bytes(), *limit_bytes);
+            }
+            if let Some((end, every, tolerable_failures)) = checkpointing {
+                builder = builder
+                    .checkpoints(every, end.tx, Some(end.progress))
+                    .tolerable_checkpoint_failures(tolerable_failures)
+                    .extra_part(METRICS_PART, self.metrics.part(link_id));
+                if link_id.index() == 0 {
+                    if let Some(requests) = epoch_requests.take() {
+                        builder = builder.epoch_requests(requests);
+                    }
+                }
+            }
+            engines.push(builder.build()?);
+            snapshots.push(rx);
+        }
+        Ok((engines, snapshots))
+    }
 }
 
 /// One shard's part of a bound of `bytes` shared by `shards` shards (at
