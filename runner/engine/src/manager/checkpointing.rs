@@ -249,9 +249,9 @@ impl Engine {
                 // checkpoint stays the latest until they are worked off.
                 Some((idx, what)) => {
                     if !waits {
-                        info!(stage = %self.topology.plan.stages[idx].name, what,
-                              "periodic checkpoints wait while this stage has data on the \
-                               spill space");
+                        let stage = &self.topology.plan.stages[idx].name;
+                        let why = "periodic checkpoints wait while this stage has spilled data";
+                        info!(%stage, what, "{why}");
                     }
                     if let Some(sink) = &mut self.durability.checkpoints {
                         sink.waiting_for_spill = true;
@@ -458,8 +458,14 @@ impl Engine {
     /// checkpoints are not acknowledged, else after the next checkpoint
     /// (which will hold this commit) is written.
     pub(super) fn when_durable(&mut self, action: CommitAction) {
+        // On a shard, sends lag cuts: an epoch cut and not yet sent does
+        // not hold this commit either.
+        let cut = self.last_epoch_cut();
         match &mut self.durability.checkpoints {
-            Some(sink) if sink.acked => sink.after_durable.push_back((sink.sent + 1, action)),
+            Some(sink) if sink.acked => {
+                let holding = cut.map_or(sink.sent, |cut| cut.max(sink.sent)) + 1;
+                sink.after_durable.push_back((holding, action));
+            }
             _ => action.run(),
         }
     }

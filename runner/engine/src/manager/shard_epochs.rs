@@ -223,6 +223,12 @@ impl Engine {
         })
     }
 
+    /// On a shard, the number of the last epoch it cut (a commit now is
+    /// in the next one only); `None` for a single engine.
+    pub(super) fn last_epoch_cut(&self) -> Option<u64> {
+        self.shard.as_ref().map(|s| s.epochs.cut.number())
+    }
+
     /// Whether this shard's cut of the epoch the job stops after went out:
     /// the run ends here (as a single engine's does after a savepoint with
     /// stop).
