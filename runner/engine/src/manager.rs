@@ -666,7 +666,9 @@ impl Engine {
                     .iter()
                     .map(|(_, n)| n)
                     .sum();
-                self.run_every_after_durable();
+                if self.shard.is_none() {
+                    self.run_every_after_durable();
+                }
                 self.summary.spilled_bytes = self
                     .stages
                     .iter()
@@ -698,6 +700,7 @@ impl Engine {
                 self.publish_stats(true);
                 self.send_last_cut()?;
                 self.finish_shard();
+                self.finalize_after_last_cut(progress, &mut cancel).await?;
                 return Ok(self.summary);
             }
             let next_wakeup = self.next_wakeup();

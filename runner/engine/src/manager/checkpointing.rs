@@ -470,6 +470,14 @@ impl Engine {
         }
     }
 
+    /// How many checkpoints were sent to the writer, and whether actions
+    /// wait for them to be durable (`None` without acknowledged
+    /// checkpoints).
+    pub(super) fn waiting_for_durability(&self) -> Option<(u64, bool)> {
+        let sink = self.durability.checkpoints.as_ref().filter(|s| s.acked)?;
+        Some((sink.sent, !sink.after_durable.is_empty()))
+    }
+
     /// The job is done: nothing will be redone, so its outputs are final
     /// whatever was written.
     pub(super) fn run_every_after_durable(&mut self) {

@@ -40,6 +40,7 @@
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::checkpointing::Taken;
@@ -48,7 +49,7 @@ use super::sharded_checkpoint::{
     shard_parts, split_sharded_checkpoint, EngineParts, FINAL_PART, INBOX_PART,
 };
 use super::stage_map::NameMapping;
-use super::{Engine, EngineError, SnapshotError};
+use super::{CheckpointProgress, Engine, EngineError, SnapshotError};
 use crate::coder::decode_windowed_values;
 use crate::plan::PCollectionIdx;
 use crate::shards::exchange::{Delivery, Handed};
@@ -335,6 +336,45 @@ impl Engine {
         })?;
         parts.push((FINAL_PART.to_string(), Bytes::new()));
         self.send_checkpoint_parts(parts);
+        Ok(())
+    }
+
+    /// On a shard that finished: its end is not the job's (another shard
+    /// may still fail, and the job resume from the last written epoch), so
+    /// what its bundles finalize waits until the epoch holding its last
+    /// cut — the next one written after the epochs it sent — is durable,
+    /// or the writer is gone. A single engine runs them as it ends.
+    pub(super) async fn finalize_after_last_cut(
+        &mut self,
+        mut progress: Option<watch::Receiver<CheckpointProgress>>,
+        cancel: &mut watch::Receiver<bool>,
+    ) -> Result<(), EngineError> {
+        if self.shard.is_none() {
+            return Ok(());
+        }
+        let Some((sent, true)) = self.waiting_for_durability() else {
+            self.run_every_after_durable();
+            return Ok(());
+        };
+        while let Some(watching) = progress.as_mut() {
+            let durable = watching.borrow_and_update().durable;
+            if durable > sent {
+                break;
+            }
+            tokio::select! {
+                changed = watching.changed() => {
+                    if changed.is_err() {
+                        progress = None;
+                    }
+                }
+                changed = cancel.changed() => {
+                    if changed.is_err() || *cancel.borrow() {
+                        return Err(EngineError::Cancelled);
+                    }
+                }
+            }
+        }
+        self.run_every_after_durable();
         Ok(())
     }
 

@@ -142,8 +142,9 @@ pub struct ShardCheckpoints {
 /// each shard's engine is built with, in shard order, and the task to
 /// run. Each epoch goes to `out` with `extra_parts` read as it goes;
 /// `writer` is the writer's progress (without, an epoch counts as durable
-/// once `out` took it). The task ends when a shard's engine is gone
-/// without a last cut (no later epoch can be complete) or `out` closes.
+/// once `out` took it). The task stops collecting when a shard's engine is
+/// gone without a last cut (no later epoch can be complete) or `out`
+/// closes, and ends once the writer's progress has ended too.
 pub fn collect_epochs(
     shards: u32,
     extra_parts: Vec<(String, ExtraPart)>,
@@ -174,8 +175,12 @@ pub fn collect_epochs(
         // durable.
         let own_progress = relay.is_none().then_some(progress_tx);
         assemble_epochs(&mut receivers, &extra_parts, &out, own_progress).await;
+        // The writer still reports the last epochs it was given: shards
+        // that finished wait for the one holding their last cut. It ends
+        // once `out` is gone and it wrote them.
+        drop(out);
         if let Some(relay) = relay {
-            relay.abort();
+            let _ = relay.await;
         }
     };
     (ends, task)

@@ -3,11 +3,12 @@
 //! move to the shard now owning its key group, and the job finishes with
 //! what one engine gives.
 
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use refract_engine::executor::CommitAction;
 use refract_engine::manager::{
-    collect_epochs, describe_checkpoint, split_sharded_checkpoint, EpochRequest,
+    collect_epochs, describe_checkpoint, split_sharded_checkpoint, CheckpointProgress, EpochRequest,
 };
 
 use super::fixtures::*;
@@ -37,6 +38,20 @@ fn encoded_window(window: &Window) -> Bytes {
 /// setting a timer at the window's end, which emits `KV(key, bag size)`
 /// -> GroupByKey -> sink, which records what it commits.
 fn bag_and_timer_pipeline(committed: Committed) -> (Plan, FakeExecutor) {
+    bag_and_timer_pipeline_finalizing(committed, None)
+}
+
+/// Bundles of the keyed stage finalized: (engine prefix, bundle number,
+/// epochs durable then).
+type Finalized = Arc<Mutex<Vec<(String, u64, u64)>>>;
+
+/// [`bag_and_timer_pipeline`], whose keyed stage asks for each bundle to
+/// be finalized once durable, recording it in `finalized` with the count
+/// of durable epochs `durable` holds then.
+fn bag_and_timer_pipeline_finalizing(
+    committed: Committed,
+    finalizing: Option<(Finalized, Arc<AtomicU64>)>,
+) -> (Plan, FakeExecutor) {
     let plan = keyed_timer_plan("bags", "end");
     let source: StageFn = Arc::new(|_| {
         let mut out = Vec::new();
@@ -99,7 +114,16 @@ fn bag_and_timer_pipeline(committed: Committed) -> (Plan, FakeExecutor) {
                 );
             }
         }
-        Ok(keyed_stage_output(out, "end", set))
+        let mut output = keyed_stage_output(out, "end", set);
+        if let Some((finalized, durable)) = finalizing.clone() {
+            let (prefix, number) = input.bundle_id.rsplit_once("-b").unwrap();
+            let (prefix, number) = (prefix.to_string(), number.parse::<u64>().unwrap());
+            output.on_durable = Some(CommitAction::new(move || {
+                let now = durable.load(AtomicOrdering::SeqCst);
+                finalized.lock().push((prefix, number, now));
+            }));
+        }
+        Ok(output)
     });
     let sink: StageFn = Arc::new(move |input| {
         let (prefix, number) = input.bundle_id.rsplit_once("-b").unwrap();
@@ -319,4 +343,62 @@ async fn a_savepoint_epoch_stops_every_shard_and_moves_to_other_shards() {
         saved >= 2,
         "only {saved} savepoints were taken before the job ended"
     );
+}
+
+/// Finalization on shards (a source acknowledging what it read) runs only
+/// once an epoch holding the bundle's commit is durable: a bundle that
+/// committed after its shard cut an epoch is in the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalization_on_shards_waits_for_an_epoch_holding_the_commit() {
+    let finalized: Finalized = Arc::default();
+    let durable = Arc::new(AtomicU64::new(0));
+    let (plan, exec) = bag_and_timer_pipeline_finalizing(
+        Arc::default(),
+        Some((finalized.clone(), durable.clone())),
+    );
+    let exec = Arc::new(exec);
+    let (out, mut written) = tokio::sync::mpsc::channel(1);
+    let (progress, writer_progress) = watch::channel(CheckpointProgress::default());
+    let (ends, collector) = collect_epochs(3, Vec::new(), out, Some(writer_progress));
+    let collector = tokio::spawn(collector);
+    // The writer: each epoch is durable a moment after it arrives.
+    let writer = tokio::spawn({
+        let durable = durable.clone();
+        async move {
+            let mut epochs = Vec::new();
+            while let Some(parts) = written.recv().await {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                epochs.push(parts);
+                let n = epochs.len() as u64;
+                durable.store(n, AtomicOrdering::SeqCst);
+                progress.send_replace(CheckpointProgress::all_durable(n));
+            }
+            epochs
+        }
+    });
+    let (_cancel, cancelled) = watch::channel(false);
+    run_shards(engines(&plan, &exec, 3, Some(ends), None), cancelled)
+        .await
+        .unwrap();
+    collector.await.unwrap();
+    let epochs = writer.await.unwrap();
+    let finalized = finalized.lock().clone();
+    assert!(!finalized.is_empty());
+    // Finalized at the end of the run (nothing left to redo) counts too.
+    let mut checked = 0;
+    for (prefix, bundle, durable) in finalized {
+        let Some(parts) = epochs.get((durable as usize).wrapping_sub(1)) else {
+            continue;
+        };
+        let shards = split_sharded_checkpoint(parts).unwrap().unwrap();
+        let shard = prefix[1..].parse::<usize>().unwrap();
+        let info = describe_checkpoint(&shards[shard]).unwrap();
+        assert!(
+            bundle < info.next_bundle && !info.rerun_bundles.contains(&bundle),
+            "bundle {bundle} of {prefix} finalized when epoch {durable} was durable, \
+             which does not hold it"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0, "no finalization ran while the job ran");
 }
