@@ -321,6 +321,19 @@ pub struct Engine {
     shard: Option<sharding::Sharding>,
 }
 
+/// Resolves once the shards' board (`wake`) has a version other than
+/// `seen`; never for a single engine, or once the board is gone.
+async fn board_changed(wake: Option<&mut watch::Receiver<u64>>, seen: u64) {
+    match wake {
+        Some(wake) => {
+            if wake.wait_for(|&v| v != seen).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
 /// A request for a checkpoint of the running engine, answered with its
 /// parts (see [`EngineBuilder::savepoints`]).
 #[derive(Debug)]
@@ -613,16 +626,7 @@ impl Engine {
             if self.frozen_for_stop() {
                 // Only the exchange (or a cancel) can move it on.
                 let seen = self.shard_seen();
-                let woken = async {
-                    match shard_wake.as_mut() {
-                        Some(wake) => {
-                            if wake.wait_for(|&v| v != seen).await.is_err() {
-                                std::future::pending::<()>().await;
-                            }
-                        }
-                        None => std::future::pending::<()>().await,
-                    }
-                };
+                let woken = board_changed(shard_wake.as_mut(), seen);
                 tokio::select! {
                     _ = woken => continue,
                     changed = cancel.changed() => {
@@ -760,16 +764,7 @@ impl Engine {
                     }
                     self.checkpoint_progress(reported)?;
                 }
-                _ = async {
-                    match shard_wake.as_mut() {
-                        Some(wake) => {
-                            if wake.wait_for(|&v| v != seen).await.is_err() {
-                                std::future::pending::<()>().await;
-                            }
-                        }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => {}
+                _ = board_changed(shard_wake.as_mut(), seen) => {}
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
                         return Err(EngineError::Cancelled);

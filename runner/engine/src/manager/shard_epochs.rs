@@ -419,13 +419,7 @@ impl Engine {
         };
         let mut restored = Vec::new();
         for record in decode_inbox(bytes)? {
-            let pcollection = self.pcollection_by_id(&record.pcollection).ok_or_else(|| {
-                SnapshotError::Mismatch(format!(
-                    "elements in transit between shards are of PCollection '{}', which this \
-                     pipeline does not have",
-                    record.pcollection
-                ))
-            })?;
+            let pcollection = self.pcollection_in_transit(&record.pcollection)?;
             let elements = Bytes::from(record.elements);
             restored.push(Delivery::new(pcollection, record.side_input, elements));
         }
@@ -458,13 +452,7 @@ impl Engine {
                     }
                     continue;
                 }
-                let Some(pcollection) = self.pcollection_by_id(&record.pcollection) else {
-                    return Err(SnapshotError::Mismatch(format!(
-                        "elements in transit between shards are of PCollection '{}', which \
-                         this pipeline does not have",
-                        record.pcollection
-                    )));
-                };
+                let pcollection = self.pcollection_in_transit(&record.pcollection)?;
                 let pc = &self.topology.plan.pcollections[pcollection];
                 let elements = decode_windowed_values(
                     &Bytes::from(record.elements),
@@ -521,13 +509,21 @@ impl Engine {
             })
     }
 
-    fn pcollection_by_id(&self, id: &str) -> Option<PCollectionIdx> {
+    /// The PCollection a cut's recorded delivery is of, by its id; a
+    /// pipeline without it cannot take the checkpoint.
+    fn pcollection_in_transit(&self, id: &str) -> Result<PCollectionIdx, SnapshotError> {
         self.topology
             .plan
             .pcollections
             .iter_enumerated()
             .find(|(_, p)| p.id == id)
             .map(|(idx, _)| idx)
+            .ok_or_else(|| {
+                SnapshotError::Mismatch(format!(
+                    "elements in transit between shards are of PCollection '{id}', which this \
+                     pipeline does not have"
+                ))
+            })
     }
 
     fn shard_id_or_sources(&self) -> crate::shards::ShardId {
