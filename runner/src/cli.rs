@@ -53,6 +53,11 @@ pub enum Command {
     /// web UI port); with --stop, end the job right after it. Start the
     /// same pipeline from it with `--experiments=refract_savepoint=FILE`.
     Savepoint(SavepointArgs),
+    /// Move a running job onto another number of engine shards, under its
+    /// id: it stops at a savepoint and goes on from it, each key group's
+    /// state on the shard owning it now. A job on shards moves only on a
+    /// server with --state_dir.
+    Rescale(RescaleArgs),
     /// Run a Python pipeline on Refract: on the server at --job_endpoint,
     /// else on one listening at 127.0.0.1:8073, else on one started for the
     /// run. Shows each stage's progress, then the job's metrics.
@@ -232,6 +237,17 @@ pub struct JobArgs {
     /// The job service to talk to.
     #[arg(long = "job_endpoint", default_value = "127.0.0.1:8073")]
     pub job_endpoint: String,
+}
+
+/// Flags of `refract rescale`.
+#[derive(Debug, Clone, Args)]
+pub struct RescaleArgs {
+    /// Which job, on which server.
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// The number of engine shards to run on: 1 (one engine) to 128.
+    #[arg(long = "shards", value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub shards: u32,
 }
 
 /// Flags of the job server.

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use refract_observability::job_api_text::{message_level, state_name};
 use refract_proto::admin::refract_admin_client::RefractAdminClient;
 use refract_proto::admin::{
-    DeleteJobRequest, DescribeJobRequest, ListJobsRequest, ResumeJobRequest,
+    DeleteJobRequest, DescribeJobRequest, ListJobsRequest, RescaleJobRequest, ResumeJobRequest,
 };
 use refract_proto::job_api::job_service_client::JobServiceClient;
 use refract_proto::job_api::{
@@ -17,7 +17,7 @@ use refract_proto::job_api::{
 };
 use refract_proto::tonic::transport::Channel;
 
-use crate::cli::{JobArgs, JobsArgs, LogsArgs, SavepointArgs};
+use crate::cli::{JobArgs, JobsArgs, LogsArgs, RescaleArgs, SavepointArgs};
 
 /// A Job API client for `endpoint` (`host:port`, or a URL).
 pub(crate) async fn connect(endpoint: &str) -> Result<JobServiceClient<Channel>> {
@@ -114,6 +114,24 @@ pub async fn resume(args: JobArgs) -> Result<()> {
     Ok(())
 }
 
+/// Move a running job onto another number of engine shards, under its id.
+pub async fn rescale(args: RescaleArgs) -> Result<()> {
+    let mut admin = connect_admin(&args.job.job_endpoint).await?;
+    let moved = admin
+        .rescale_job(RescaleJobRequest {
+            job_id: args.job.job_id.clone(),
+            shards: args.shards,
+        })
+        .await
+        .map_err(|s| anyhow!("rescale failed: {}", s.message()))?
+        .into_inner();
+    println!(
+        "{}: moved from {} to {} shards",
+        args.job.job_id, moved.shards_before, moved.shards
+    );
+    Ok(())
+}
+
 /// Delete an ended job.
 pub async fn delete(args: JobArgs) -> Result<()> {
     let mut admin = connect_admin(&args.job_endpoint).await?;
@@ -156,6 +174,9 @@ async fn describe_lines(endpoint: &str, job_id: &str) -> Vec<String> {
         lines.push(format!(
             "  resumable: `refract resume {job_id}` starts it again from its latest checkpoint"
         ));
+    }
+    if description.shards > 1 {
+        lines.push(format!("  shards: {}", description.shards));
     }
     if !description.replaces.is_empty() {
         lines.push(format!("  replaces: {} (--update)", description.replaces));

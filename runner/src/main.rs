@@ -129,6 +129,7 @@ fn main() -> Result<()> {
         Some(Command::Status(job)) => return block_on(client::status(job)),
         Some(Command::Logs(logs)) => return block_on(client::logs(logs)),
         Some(Command::Savepoint(args)) => return block_on(client::savepoint(args)),
+        Some(Command::Rescale(args)) => return block_on(client::rescale(args)),
         Some(Command::Pools(command)) => return block_on(refract::pools_command::run(command)),
         Some(Command::WorkerPool(mut pool)) => {
             pool.token_from_env = pool_token?;

@@ -124,6 +124,9 @@ pub struct ShardLayout {
 }
 
 impl ShardLayout {
+    /// One shard owning every key group: what one engine is.
+    pub const ONE: ShardLayout = ShardLayout { shards: 1 };
+
     /// A layout of `shards` shards (1 to [`KEY_GROUPS`]).
     pub fn new(shards: u32) -> Result<Self, ShardError> {
         if (1..=KEY_GROUPS).contains(&shards) {

@@ -238,8 +238,10 @@ fn shape() -> impl Strategy<Value = Shape> {
                     shards,
                     // Half the sharded runs overlap their shards on threads.
                     threads: 1 + (jitter % 2) as usize,
-                    // Every other crash restores onto a renumbered plan.
+                    // Every other crash restores onto a renumbered plan,
+                    // the others onto 1 to 3 shards.
                     renumber_on_restore: jitter % 2 == 1,
+                    restore_on: (jitter % 2 == 0).then_some(1 + (jitter / 2 % 3) as u32),
                 }
             },
         )
@@ -450,6 +452,7 @@ proptest! {
                     shards,
                     threads: shards as usize,
                     renumber_on_restore: crash_at == Some(5),
+                    restore_on: None,
                 };
                 let mut got = engine_run(&inputs, &strategy, &shape)?;
                 mask_is_last_unless_zero_lateness(&mut got, strategy.allowed_lateness);
@@ -607,8 +610,8 @@ fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
 /// A checkpoint of shards restores onto another number of shards: each
 /// key group's panes, queued elements and elements in transit go to its
 /// new owner, and the run finishes with exactly the uninterrupted run's
-/// panes, scaling up and down, at several cuts. Onto one engine it is
-/// refused, naming the shards that wrote it.
+/// panes, scaling up and down, at several cuts — and between one engine
+/// (a layout of one shard) and shards, both ways.
 #[test]
 fn a_sharded_checkpoint_restores_onto_another_number_of_shards() {
     let (inputs, strategy) = sixty_inputs_in_fixed_windows();
@@ -619,7 +622,17 @@ fn a_sharded_checkpoint_restores_onto_another_number_of_shards() {
         threads,
         ..straight.clone()
     };
-    for (from, to) in [(2, 3), (3, 2), (2, 5), (5, 2), (3, 3)] {
+    // One engine is one shard: a job moves onto shards and back.
+    for (from, to) in [
+        (2, 3),
+        (3, 2),
+        (2, 5),
+        (5, 2),
+        (3, 3),
+        (1, 3),
+        (3, 1),
+        (2, 1),
+    ] {
         let mut restored = 0;
         for crash_at in [1, 2, 4, 7] {
             for threads in [1, 3] {
@@ -639,18 +652,16 @@ fn a_sharded_checkpoint_restores_onto_another_number_of_shards() {
             "{from} -> {to}: only {restored} runs were restored"
         );
     }
-    let error = finish_on_other_shards(&inputs, &strategy, &shape(1, 1), 3, 2)
-        .expect_err("3 shards onto one engine is refused");
-    assert!(error.contains("refract_shards=3"), "{error}");
 }
 
 /// The same for a streaming run whose panes fire per element while
 /// elements cross between shards: every element reaches the sink once
-/// after moving from 3 shards to 2 and from 2 to 4.
+/// after moving from 3 shards to 2, from 2 to 4, from one engine to 3
+/// shards and from 2 shards to one engine.
 #[test]
 fn a_streaming_sharded_checkpoint_moves_every_element_once() {
     let (inputs, strategy, want) = twelve_keys_firing_per_element();
-    for (from, to) in [(3, 2), (2, 4)] {
+    for (from, to) in [(3, 2), (2, 4), (1, 3), (2, 1)] {
         let mut restored = 0;
         for crash_at in [1, 3, 6, 10] {
             for jitter in 0..4 {
@@ -1044,7 +1055,9 @@ proptest! {
 
     /// A TestStream of element batches and watermark advances through the
     /// whole engine gives the reference's panes, whether triggers are
-    /// evaluated per element (streaming) or per bundle of the upstream stage.
+    /// evaluated per element (streaming) or per bundle of the upstream stage,
+    /// on one engine or shards, and restored after a crash onto as many
+    /// shards or another number (one engine among them).
     #[test]
     fn engine_with_test_stream_matches_streaming_reference(
         case in stream_case(triggers(), all_output_times()),
@@ -1053,6 +1066,7 @@ proptest! {
         jitter in any::<u64>(),
         crash_at in proptest::option::of(1usize..10),
         shards in prop_oneof![2 => Just(1u32), 1 => 2u32..=3],
+        restore_on in prop_oneof![2 => Just(None), 1 => (1u32..=3).prop_map(Some)],
     ) {
         let events = script(&case.ops);
         // One bundle at a time keeps the elements in script order, which
@@ -1066,6 +1080,7 @@ proptest! {
             jitter,
             crash_at: crash_at.filter(|_| streaming),
             shards,
+            restore_on,
             ..Shape::default()
         };
         let Run { panes: mut got, dropped_late, .. } = run_stream(&events, &case.strategy, &shape)

@@ -64,6 +64,11 @@ struct JobRecord {
     /// deleted; a server started on the directory lists it, failed.
     #[prost(string, optional, tag = "5")]
     failed: Option<String>,
+    /// Set once the job was moved onto another number of engine shards
+    /// (`refract rescale`): the number it runs on since (1: one engine),
+    /// which its options no longer say.
+    #[prost(uint32, optional, tag = "6")]
+    shards: Option<u32>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -164,6 +169,8 @@ impl Durability {
     /// Records `job` so that a later server can take it over (a resumed
     /// job's record loses its failure).
     pub fn remember(&self, job: &Job) -> Result<(), DurabilityError> {
+        // A rescaled job keeps its number of shards across attempts.
+        let shards = self.rescaled_shards(job.id())?;
         let record = JobRecord {
             name: job.name().to_string(),
             pipeline: job.pipeline().encode_to_vec(),
@@ -181,8 +188,50 @@ impl Durability {
                 })
                 .collect(),
             failed: None,
+            shards,
         };
         Ok(self.store.put_job(job.id(), &record.encode_to_vec())?)
+    }
+
+    /// The number of engine shards `job_id` was moved onto, if it was
+    /// (see [`Self::record_rescale`]).
+    pub fn rescaled_shards(&self, job_id: &str) -> Result<Option<u32>, DurabilityError> {
+        let Some(bytes) = self.store.job(job_id)? else {
+            return Ok(None);
+        };
+        let record = JobRecord::decode(bytes.as_ref()).map_err(|e| DurabilityError::Record {
+            job: job_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(record.shards)
+    }
+
+    /// Makes the cut `parts` of job `job_id`, taken as it stopped to move
+    /// onto `shards` engine shards, its latest checkpoint, then notes the
+    /// new number in its record: a restart from here on resumes it on
+    /// those shards (a crash between the two, on the old ones). Returns
+    /// the checkpoint's id.
+    pub fn record_rescale(
+        &self,
+        job_id: &str,
+        parts: Vec<(String, Bytes)>,
+        shards: u32,
+    ) -> Result<u64, DurabilityError> {
+        let written = self.store.checkpoint(job_id, parts)?;
+        let Some(bytes) = self.store.job(job_id)? else {
+            return Err(DurabilityError::Record {
+                job: job_id.to_string(),
+                reason: "the job has no record".into(),
+            });
+        };
+        let mut record =
+            JobRecord::decode(bytes.as_ref()).map_err(|e| DurabilityError::Record {
+                job: job_id.to_string(),
+                reason: e.to_string(),
+            })?;
+        record.shards = Some(shards);
+        self.store.put_job(job_id, &record.encode_to_vec())?;
+        Ok(written.id)
     }
 
     /// Notes in `job_id`'s record that it failed with `error`: the record

@@ -12,6 +12,7 @@
 
 mod job_options;
 mod logs;
+mod rescale;
 mod resume;
 mod retry;
 mod run;
@@ -24,8 +25,9 @@ mod workers;
 use std::sync::Arc;
 
 use refract_engine::manager::{EngineConfig, EngineError, SnapshotError};
+use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
-use refract_jobservice::{Job, JobRunner};
+use refract_jobservice::{Job, JobRunner, RescaleError};
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::{BundleRecorder, OtlpExport};
 use refract_pools::WorkerPools;
@@ -45,6 +47,7 @@ use crate::durability::{Durability, DurabilityError};
 use crate::memory::MemoryLedger;
 use crate::stall_watch::StallPolicy;
 use job_options::{JobOptions, StateStoreChoice};
+use rescale::{RescaleDesk, RescaleInbox};
 use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
 use workers::WorkerCounts;
@@ -169,6 +172,8 @@ pub struct RefractRunner {
     savepoints: Option<Arc<SavepointDir>>,
     /// How bundles without progress are found and handled, if they are.
     stall: Option<StallPolicy>,
+    /// Running jobs' requests to move onto another number of shards.
+    rescales: Arc<RescaleDesk>,
 }
 
 impl RefractRunner {
@@ -189,6 +194,7 @@ impl RefractRunner {
             asked_default_workers: None,
             savepoints: None,
             stall: Some(StallPolicy::default()),
+            rescales: Arc::default(),
         }
     }
 
@@ -322,6 +328,7 @@ impl JobRunner for RefractRunner {
 
     fn describe(&self, job: &Job, description: &mut refract_proto::admin::JobDescription) {
         description.resumable = job.state() == job_state::Enum::Failed && self.resumable(job);
+        description.shards = self.rescales.shards(job.id()).unwrap_or(0);
         let Some(view) = self.insights.job(job.id()) else {
             return;
         };
@@ -374,6 +381,15 @@ impl JobRunner for RefractRunner {
         pools.add(spec).map_err(|e| e.to_string())
     }
 
+    fn rescale(
+        &self,
+        job: Arc<Job>,
+        shards: u32,
+    ) -> futures::future::BoxFuture<'static, Result<u32, RescaleError>> {
+        let desk = self.rescales.clone();
+        Box::pin(async move { desk.ask(job.id(), shards).await })
+    }
+
     fn remove_pool(&self, spec: &str) -> bool {
         self.pools.as_ref().is_some_and(|p| p.remove(spec))
     }
@@ -383,7 +399,7 @@ impl JobRunner for RefractRunner {
         let config = self.engine_config.clone();
         // Checked at submission (`validate`); a recovered job whose
         // options no longer read fails with the reason when it runs.
-        let options = JobOptions::read(job.options());
+        let mut options = JobOptions::read(job.options());
         let counts = WorkerCounts::choose(
             options.as_ref().ok().and_then(|o| o.worker_parallelism),
             self.default_workers,
@@ -422,10 +438,19 @@ impl JobRunner for RefractRunner {
             .map_or(StateStoreChoice::ServerDefault, |o| o.state_store);
         let durability = job_durability(state_store, self.durability.as_ref())
             .unwrap_or_else(|_| self.durability.clone());
-        if durability.is_some() {
+        if let Some(durability) = &durability {
             // Before it can end: a failure then keeps what a resume needs.
             job.mark_durable();
+            // A job moved onto another number of shards stays there.
+            if let (Ok(options), Ok(Some(n))) = (&mut options, durability.rescaled_shards(job.id()))
+            {
+                options.shards = ShardLayout::new(n).ok().filter(|l| l.shards() > 1);
+            }
         }
+        let inbox = self.rescales.open(
+            job.id(),
+            options.as_ref().map_or(1, |o| rescale::count(o.shards)),
+        );
         activity.job_started();
         tokio::spawn(
             async move {
@@ -443,8 +468,11 @@ impl JobRunner for RefractRunner {
                 let outcome = match (options, handed_over) {
                     (Ok(options), Ok(handed_over)) => {
                         resources.handed_over = handed_over;
-                        run_with_retries(&job, &options, &fn_server, config, resources, watchers)
-                            .await
+                        let mut inbox = inbox;
+                        run_with_retries(
+                            &job, options, &fn_server, config, resources, watchers, &mut inbox,
+                        )
+                        .await
                     }
                     (Err(reason), _) | (_, Err(reason)) => {
                         Err(EngineError::InvalidPlan(reason).into())
@@ -560,11 +588,12 @@ async fn keep_failed(durability: &Arc<Durability>, job: &Arc<Job>, error: &str) 
 /// never started. A cancel during the wait ends it cancelled.
 async fn run_with_retries(
     job: &Arc<Job>,
-    options: &JobOptions,
+    mut options: JobOptions,
     fn_server: &Arc<FnApiServer>,
     config: EngineConfig,
-    resources: JobResources,
+    mut resources: JobResources,
     watchers: JobWatchers,
+    inbox: &mut RescaleInbox,
 ) -> Result<(), JobError> {
     let mut backoff = Backoff::default();
     let mut cancel = job.cancel_requested();
@@ -574,7 +603,7 @@ async fn run_with_retries(
             engine_ran: false,
             attempt: backoff.attempts(),
         };
-        let outcome = run_job(
+        let attempt = run_job(
             job.clone(),
             options.clone(),
             fn_server.clone(),
@@ -582,8 +611,20 @@ async fn run_with_retries(
             resources.clone(),
             watchers.clone(),
             &mut facts,
-        )
-        .await;
+        );
+        let (outcome, moved) =
+            rescale::run_taking_requests(attempt, inbox, &watchers.view, job, options.shards).await;
+        if let Some(moved) = moved {
+            if rescale::stopped_to_move(&outcome, job) {
+                watchers.view.clear_workers();
+                let next =
+                    rescale::carry_out(moved, job, inbox, watchers.durability.as_ref()).await;
+                options.shards = next.shards;
+                resources.handed_over = next.handed_over;
+                continue;
+            }
+            moved.refuse(format!("job {} ended before it moved", job.id()));
+        }
         let error = match outcome {
             Err(error) if error.may_pass() => error,
             other => return other,

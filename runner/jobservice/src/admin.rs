@@ -9,13 +9,13 @@ use refract_proto::admin::refract_admin_server::RefractAdmin;
 use refract_proto::admin::{
     AddPoolRequest, AddPoolResponse, DeleteJobRequest, DeleteJobResponse, DescribeJobRequest,
     GetServerInfoRequest, JobDescription, JobSummary, ListJobsRequest, ListJobsResponse,
-    ListPoolsRequest, ListPoolsResponse, RemovePoolRequest, RemovePoolResponse, ResumeJobRequest,
-    ResumeJobResponse, ServerInfo,
+    ListPoolsRequest, ListPoolsResponse, RemovePoolRequest, RemovePoolResponse, RescaleJobRequest,
+    RescaleJobResponse, ResumeJobRequest, ResumeJobResponse, ServerInfo,
 };
 use refract_proto::tonic::{self, Request, Response, Status};
 
 use crate::registry::JobRegistry;
-use crate::{is_terminal, JobRunner, JobState};
+use crate::{is_terminal, JobRunner, JobState, RescaleError};
 
 /// Jobs in one `ListJobs` page unless it asks for fewer.
 const DEFAULT_PAGE: usize = 100;
@@ -229,5 +229,33 @@ impl RefractAdmin for AdminService {
             return Err(Status::not_found(format!("no worker pool {spec:?}")));
         }
         Ok(Response::new(RemovePoolResponse {}))
+    }
+
+    async fn rescale_job(
+        &self,
+        request: Request<RescaleJobRequest>,
+    ) -> Result<Response<RescaleJobResponse>, Status> {
+        let request = request.into_inner();
+        let job = self.job(&request.job_id)?;
+        if job.state() != JobState::Running {
+            return Err(Status::failed_precondition(format!(
+                "job {} is {:?}; only a running job moves between shards",
+                job.id(),
+                job.state()
+            )));
+        }
+        let before = self
+            .runner
+            .rescale(Arc::clone(&job), request.shards)
+            .await
+            .map_err(|e| match e {
+                RescaleError::Invalid(text) => Status::invalid_argument(text),
+                RescaleError::Refused(text) => Status::failed_precondition(text),
+            })?;
+        tracing::info!(job_id = %job.id(), from = before, to = request.shards, "job rescaled");
+        Ok(Response::new(RescaleJobResponse {
+            shards_before: before,
+            shards: request.shards,
+        }))
     }
 }

@@ -40,5 +40,5 @@ pub use metrics::{
 };
 pub use planning::PlanningTurn;
 pub use registry::is_safe_job_id;
-pub use runner::JobRunner;
+pub use runner::{JobRunner, RescaleError};
 pub use server::serve;

@@ -2,9 +2,23 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use refract_proto::{pipeline::Pipeline, prost_types};
 
 use crate::Job;
+
+/// Why a job was not moved onto another number of shards; it runs on as
+/// it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RescaleError {
+    /// The request itself is wrong (a number of shards out of range).
+    #[error("{0}")]
+    Invalid(String),
+    /// This job cannot move now (not running, not on a server that keeps
+    /// what moving needs, already on that many shards).
+    #[error("{0}")]
+    Refused(String),
+}
 
 /// Implemented by the runner: the job service handles the Job API and calls
 /// into this trait for everything that needs knowledge of execution.
@@ -84,5 +98,20 @@ pub trait JobRunner: Send + Sync + 'static {
     /// known.
     fn remove_pool(&self, _spec: &str) -> bool {
         false
+    }
+
+    /// Moves running `job` onto `shards` engine shards (`RescaleJob`):
+    /// once it runs on them, the number it ran on before. No runner
+    /// rescales by default.
+    fn rescale(
+        &self,
+        _job: Arc<Job>,
+        _shards: u32,
+    ) -> BoxFuture<'static, Result<u32, RescaleError>> {
+        Box::pin(async {
+            Err(RescaleError::Refused(
+                "this server does not move jobs between shards".into(),
+            ))
+        })
     }
 }

@@ -1,5 +1,5 @@
-//! A sharded checkpoint restored onto another number of shards: each new
-//! shard's cut made from the old shards' cuts, by key group.
+//! A checkpoint restored onto another number of shards: each new shard's
+//! cut made from the old shards' cuts, by key group.
 //!
 //! What a shard holds is of two kinds. *Keyed* state — a keyed stage's
 //! queued elements, its GroupByKey panes, timers and user state, and
@@ -11,6 +11,11 @@
 //! plan's names) comes from one old shard, sources' progress from shard
 //! 0's (the shard that runs them), and watermarks are the least over
 //! every old shard, as each shard saw them while the job ran.
+//!
+//! One engine is the one shard of a layout of one: its checkpoint is read
+//! as one old shard's cut, and a single engine restoring a sharded
+//! checkpoint makes the cut of the shard owning every key group. So a job
+//! moves between one engine and shards, both ways.
 //!
 //! Only a checkpoint of this pipeline, fused as this plan is, moves so:
 //! the stages are matched by number.
@@ -86,15 +91,14 @@ impl Engine {
     /// [`Engine::restore_engine_parts`] restores, with the elements in
     /// transit to this shard.
     pub(super) fn reshard_cut(&self, old: &[EngineParts]) -> Result<EngineParts, SnapshotError> {
-        let Some((layout, me)) = self.shard.as_ref().map(|s| (s.link.layout(), s.link.id())) else {
-            return Err(SnapshotError::Mismatch(format!(
-                "it was written by a job on {} engine shards, and this one runs on one engine",
-                old.len()
-            )));
+        // One engine is the one shard of a layout of one.
+        let (layout, me) = match self.shard.as_ref() {
+            Some(shard) => (shard.link.layout(), shard.link.id()),
+            None => (ShardLayout::ONE, ShardId::SOURCES),
         };
-        if old.len() < 2 {
+        if old.is_empty() {
             return Err(SnapshotError::Mismatch(
-                "a sharded checkpoint of fewer than two shards".into(),
+                "a sharded checkpoint of no shards".into(),
             ));
         }
         let from = Sources { old, layout, me };

@@ -53,7 +53,7 @@ use super::{CheckpointProgress, Engine, EngineError, SnapshotError};
 use crate::coder::decode_windowed_values;
 use crate::plan::PCollectionIdx;
 use crate::shards::exchange::{Delivery, Handed};
-use crate::shards::Epoch;
+use crate::shards::{Epoch, ShardId};
 
 /// A request to one shard of a job for an epoch now (a savepoint): it
 /// answers with the epoch that will hold the job as of now, which the
@@ -394,25 +394,30 @@ impl Engine {
         self.restore_inbox(&own)
     }
 
-    /// Restores this shard from a sharded checkpoint of another number of
-    /// shards, moving key groups (see `reshard.rs`).
+    /// Restores this shard (or this one engine) from a checkpoint of
+    /// another number of shards (or of one engine, read as one shard
+    /// owning every key group), moving key groups (see `reshard.rs`).
     pub(super) fn restore_resharded(
         &mut self,
         parts: &[(String, Bytes)],
         renamed: &NameMapping,
     ) -> Result<(), SnapshotError> {
-        let Some(old) = split_sharded_checkpoint(parts)? else {
-            return Err(SnapshotError::Mismatch(
-                "it was not written by a job on shards".into(),
-            ));
+        let old = match split_sharded_checkpoint(parts)? {
+            Some(old) => old,
+            None => vec![parts.to_vec()],
         };
         let cut = self.reshard_cut(&old)?;
         self.restore_engine_parts(&cut, renamed)?;
+        if self.shard_id().is_some_and(|id| id != ShardId::SOURCES) {
+            // A one-engine cut's sources' progress is shard 0's alone.
+            self.leave_sources_to_shard_zero();
+        }
         self.restore_inbox(&cut)
     }
 
     /// Keeps the deliveries a restored cut recorded (its `shard_inbox`
-    /// part), for the first take.
+    /// part), for a shard's first take; one engine, which takes nothing
+    /// from others, queues them at once.
     fn restore_inbox(&mut self, parts: &[(String, Bytes)]) -> Result<(), SnapshotError> {
         let Some((_, bytes)) = parts.iter().find(|(name, _)| name == INBOX_PART) else {
             return Ok(());
@@ -423,8 +428,17 @@ impl Engine {
             let elements = Bytes::from(record.elements);
             restored.push(Delivery::new(pcollection, record.side_input, elements));
         }
-        if let Some(shard) = self.shard.as_mut() {
-            shard.epochs.restored = restored;
+        match self.shard.as_mut() {
+            Some(shard) => shard.epochs.restored = restored,
+            None => {
+                for delivery in restored {
+                    self.apply_delivery(delivery)
+                        .map_err(|e| SnapshotError::Codec {
+                            part: INBOX_PART.into(),
+                            reason: e.to_string(),
+                        })?;
+                }
+            }
         }
         Ok(())
     }
@@ -527,6 +541,6 @@ impl Engine {
     }
 
     fn shard_id_or_sources(&self) -> crate::shards::ShardId {
-        self.shard_id().unwrap_or(crate::shards::ShardId::SOURCES)
+        self.shard_id().unwrap_or(ShardId::SOURCES)
     }
 }

@@ -68,16 +68,10 @@ impl Engine {
             .map(|c| !c.side_inputs.is_empty())
             .collect();
         if link.id() != ShardId::SOURCES {
-            for s in &mut self.stages {
-                match &mut s.kind {
-                    KindState::Impulse { emitted } => *emitted = true,
-                    KindState::TestStream(cursor) => cursor.skip_all(),
-                    _ => {}
-                }
-            }
+            self.leave_sources_to_shard_zero();
         }
         debug!(shard = %link.id(), shards = link.layout().shards(), "engine runs as a shard");
-        let n = plan.stages.len();
+        let n = self.topology.plan.stages.len();
         self.shard = Some(Sharding {
             link,
             partitioned,
@@ -91,6 +85,18 @@ impl Engine {
             parked: false,
             epochs: EpochState::default(),
         });
+    }
+
+    /// Marks this engine's sources done: on every shard but
+    /// [`ShardId::SOURCES`] they are, from the start and after a restore.
+    pub(super) fn leave_sources_to_shard_zero(&mut self) {
+        for s in &mut self.stages {
+            match &mut s.kind {
+                KindState::Impulse { emitted } => *emitted = true,
+                KindState::TestStream(cursor) => cursor.skip_all(),
+                _ => {}
+            }
+        }
     }
 
     /// Stage `stage`'s output watermark over the whole job: its own, and

@@ -254,6 +254,14 @@ pub(super) fn encode<T: Serialize>(
 }
 
 /// The bytes of part `name`, if the checkpoint has it.
+/// How many engines ran a job, in words: `Some(n)` shards, or one engine.
+fn engines_text(shards: Option<u32>) -> String {
+    match shards {
+        Some(n) => format!("{n} engine shards"),
+        None => "one engine".to_string(),
+    }
+}
+
 fn find_part(parts: &[(String, Bytes)], name: PartName) -> Option<&Bytes> {
     let name = name.to_string();
     parts.iter().find(|(n, _)| *n == name).map(|(_, b)| b)
@@ -462,17 +470,18 @@ impl Engine {
         match (shards_of(parts)?, running_on) {
             (None, None) => self.restore_engine_parts(parts, renamed),
             (Some(wrote), Some(runs)) if wrote == runs => self.restore_shard(parts, renamed),
-            // Key groups move to their new owners.
-            (Some(_), Some(_)) if renamed.is_empty() => self.restore_resharded(parts, renamed),
-            (Some(wrote), runs) => Err(SnapshotError::Mismatch(format!(
-                "it was written by a job on {wrote} engine shards, and this one runs on {}; a \
-                 checkpoint moves onto another number of shards, but not onto one engine nor \
-                 with transforms renamed (--experiments=refract_shards={wrote})",
-                runs.unwrap_or(1)
-            ))),
-            (None, Some(runs)) => Err(SnapshotError::Mismatch(format!(
-                "it was written by a job on one engine, and this one runs on {runs} engine \
-                 shards; a checkpoint restores onto as many shards as wrote it"
+            // Key groups move to their new owners; one engine counts as
+            // one shard owning them all.
+            (wrote, runs) if renamed.is_empty() => {
+                debug_assert_ne!(wrote.unwrap_or(1), runs.unwrap_or(1));
+                self.restore_resharded(parts, renamed)
+            }
+            (wrote, runs) => Err(SnapshotError::Mismatch(format!(
+                "it was written by a job on {}, and this one runs on {}; a checkpoint moves \
+                 onto another number of shards, but not with transforms renamed at the same \
+                 time",
+                engines_text(wrote),
+                engines_text(runs),
             ))),
         }
     }

@@ -76,6 +76,9 @@ pub struct Shape {
     /// With `crash_at`: the restored engine's plan numbers its stages in
     /// reverse, as another fusion of the pipeline would number them.
     pub renumber_on_restore: bool,
+    /// With `crash_at`: how many shards finish the run from the checkpoint
+    /// (one engine for 1); `None`: as many as ran it.
+    pub restore_on: Option<u32>,
 }
 
 impl Default for Shape {
@@ -92,6 +95,7 @@ impl Default for Shape {
             shards: 1,
             threads: 1,
             renumber_on_restore: false,
+            restore_on: None,
         }
     }
 }
@@ -341,7 +345,7 @@ async fn run_engine(
     sdk: Arc<FakeSdk>,
     config: EngineConfig,
     crash_at: Option<usize>,
-    shards: u32,
+    (shards, restore_on): (u32, u32),
     renumber: bool,
 ) -> Result<(RunSummary, bool, bool), EngineError> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
@@ -380,8 +384,8 @@ async fn run_engine(
         (plan, executor)
     };
     let (_cancel, cancelled) = watch::channel(false);
-    if shards > 1 {
-        let engines = sharded_engines(plan, executor, config, shards, Some(&parts))
+    if restore_on > 1 {
+        let engines = sharded_engines(plan, executor, config, restore_on, Some(&parts))
             .map_err(|e| EngineError::InvalidPlan(e.to_string()))?;
         return Ok((run_shards(engines, cancelled).await?, true, in_transit));
     }
@@ -626,7 +630,7 @@ fn run(
         sdk.clone(),
         config,
         shape.crash_at,
-        shape.shards,
+        (shape.shards, shape.restore_on.unwrap_or(shape.shards)),
         shape.renumber_on_restore,
     );
     let (summary, restored, restored_in_transit) = runtime.block_on(async move {
@@ -724,9 +728,10 @@ pub fn batch_checkpoint(
     Some((parts, sink_panes(&sdk)))
 }
 
-/// A batch run on `from` shards cut at its `crash_at`th checkpoint (as a
-/// process dying there), then finished from that checkpoint by the engines
-/// of `shape` (on its own number of shards): the sink's panes, sorted, and
+/// A batch run on `from` shards (one engine for 1) cut at its `crash_at`th
+/// checkpoint (as a process dying there), then finished from that
+/// checkpoint by the engines of `shape` (on its own number of shards, one
+/// engine for 1): the sink's panes, sorted, and
 /// whether it was restored (not if it ended before that checkpoint), or
 /// why the checkpoint does not restore there.
 pub fn finish_on_other_shards(
@@ -740,14 +745,22 @@ pub fn finish_on_other_shards(
     let (plan, sdk, config) = harness(sources, roles, inputs, strategy, shape);
     let executor: Arc<dyn StageExecutor> = sdk.clone();
     let runtime = runtime_for(shape);
+    // One shard is one engine, without a link.
     let cut = runtime
-        .block_on(run_sharded_to_checkpoint(
-            plan.clone(),
-            executor.clone(),
-            config.clone(),
-            from,
-            crash_at,
-        ))
+        .block_on(async {
+            if from > 1 {
+                run_sharded_to_checkpoint(
+                    plan.clone(),
+                    executor.clone(),
+                    config.clone(),
+                    from,
+                    crash_at,
+                )
+                .await
+            } else {
+                run_to_checkpoint(plan.clone(), executor.clone(), config.clone(), crash_at).await
+            }
+        })
         .expect("an engine");
     let parts = match cut {
         Cut::At(parts) => parts,

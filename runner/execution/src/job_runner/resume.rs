@@ -4,6 +4,7 @@
 //! part of a sharded checkpoint.
 
 use refract_engine::manager::{split_sharded_checkpoint, Engine, NameMapping};
+use refract_engine::shards::ShardLayout;
 use refract_jobservice::Job;
 use refract_observability::insights::JobView;
 use refract_proto::job_api::job_message::MessageImportance;
@@ -39,9 +40,17 @@ pub(super) fn resume(
             engine.checkpoint_at_once();
         }
     }
+    // Metrics move with the state: a one-engine checkpoint's are one old
+    // shard's, and one engine adds up every old shard's.
     match (split_sharded_checkpoint(&checkpoint.parts)?, shard_metrics) {
         (Some(shards), Some(metrics)) => metrics.restore(job, &shards, renamed)?,
-        _ => crate::durability::restore_metrics(job, &checkpoint.parts, renamed)?,
+        (Some(shards), None) => {
+            ShardMetrics::new(ShardLayout::ONE).restore(job, &shards, renamed)?
+        }
+        (None, Some(metrics)) => {
+            metrics.restore(job, std::slice::from_ref(&checkpoint.parts), renamed)?
+        }
+        (None, None) => crate::durability::restore_metrics(job, &checkpoint.parts, renamed)?,
     }
     if checkpoint.id > 0 {
         view.observe_restore(checkpoint.id);

@@ -134,31 +134,24 @@ fn plan(
 
 /// Whether the job on `old` (run with `running`) can hand its state to a
 /// job run with `asked`: a job on shards hands over an epoch, which needs
-/// its checkpoints on; an epoch moves onto another number of shards, but
-/// not onto one engine (nor one engine's cut onto shards), and not with
-/// transforms renamed at the same time.
+/// its checkpoints on; its state moves onto another number of shards (one
+/// engine among them), but not with transforms renamed at the same time.
 fn check_shards(old: &Job, running: &JobOptions, asked: &JobOptions) -> Result<(), String> {
     let refused = |why: &str| Err(format!("--update of job {} is refused: {why}", old.id()));
-    match (running.shards, asked.shards) {
-        (None, None) => Ok(()),
-        (Some(_), _) if !old.is_durable() => refused(
+    let count = |o: &JobOptions| o.shards.map_or(1, |l| l.shards());
+    if running.shards.is_some() && !old.is_durable() {
+        return refused(
             "it runs on several shards (refract_shards) and is not checkpointed; a job on \
              shards is updated only on a server with --state_dir",
-        ),
-        (Some(from), Some(to))
-            if from.shards() != to.shards() && !asked.transform_name_mapping.is_empty() =>
-        {
-            refused(
-                "it would move to another number of shards and rename transforms at once; \
-                 do one, then the other",
-            )
-        }
-        (Some(_), Some(_)) => Ok(()),
-        (Some(_), None) | (None, Some(_)) => refused(
-            "a job's state moves between numbers of shards, but not between one engine and \
-             shards (refract_shards)",
-        ),
+        );
     }
+    if count(running) != count(asked) && !asked.transform_name_mapping.is_empty() {
+        return refused(
+            "it would move to another number of shards and rename transforms at once; \
+             do one, then the other",
+        );
+    }
+    Ok(())
 }
 
 /// Takes over from `old` for `job`: claims it, stops it right after a

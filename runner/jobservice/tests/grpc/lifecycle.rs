@@ -647,3 +647,58 @@ async fn deleting_a_recovered_job_with_a_path_like_id_removes_nothing_outside_it
         b"live"
     );
 }
+
+#[tokio::test]
+async fn a_rescale_needs_a_running_job_and_a_runner_that_moves_it() {
+    let server = Server::start().await;
+    let mut jobs = server.jobs().await;
+    let mut admin = refract_proto::admin::refract_admin_client::RefractAdminClient::connect(
+        format!("http://{}", server.addr),
+    )
+    .await
+    .unwrap();
+    let rescale = |job_id: &str| refract_proto::admin::RescaleJobRequest {
+        job_id: job_id.to_string(),
+        shards: 2,
+    };
+    let unknown = admin.rescale_job(rescale("no-such-job")).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    let id = prepare_impulse_job(&mut jobs, "hang").await;
+    let prepared = admin.rescale_job(rescale(&id)).await.unwrap_err();
+    assert_eq!(prepared.code(), Code::FailedPrecondition, "{prepared:?}");
+    assert!(
+        prepared.message().contains("only a running job"),
+        "{prepared:?}"
+    );
+    jobs.run(RunJobRequest {
+        preparation_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut state = State::Stopped;
+    for _ in 0..100 {
+        state = State::try_from(
+            jobs.get_state(GetJobStateRequest { job_id: id.clone() })
+                .await
+                .unwrap()
+                .into_inner()
+                .state,
+        )
+        .unwrap();
+        if state == State::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, State::Running);
+    // This test's runner, like any by default, moves no job.
+    let refused = admin.rescale_job(rescale(&id)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("does not move jobs between shards"),
+        "{refused:?}"
+    );
+}
