@@ -14,6 +14,8 @@
 #   - a JDK (17+) and Maven, for the Java SDK tests (integration/java);
 #   - Chromium, for the headless browser test of the web UI;
 #   - Go, to build the OpenTelemetry Collector of the OTLP test;
+#   - SeaweedFS (built with Go), the S3-compatible object store of the
+#     checkpoint store tests;
 #   - the clippy and rustfmt components of the Rust toolchain;
 #   - a Python virtualenv at $REFRACT_VENV (default ~/.cache/refract/venv,
 #     never inside the clone) with the packages in integration/requirements.txt
@@ -177,6 +179,12 @@ if ! venv_ok; then
   quiet "$REFRACT_PY" -c 'import apache_beam, pytest, pytest_timeout, parameterized, hamcrest, tenacity, kafka, ray'
   quiet "$REFRACT_VENV/bin/ruff" --version
   echo "$stamp" >"$stamp_file"
+fi
+
+# SeaweedFS, the S3-compatible server of the checkpoint store tests: built
+# once from the Go module proxy (several minutes), then cached.
+if command -v go >/dev/null 2>&1; then
+  quiet "$here/seaweedfs/build-seaweedfs.sh"
 fi
 
 if [ "$print_env" -eq 1 ]; then

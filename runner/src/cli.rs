@@ -384,6 +384,15 @@ pub struct ServeArgs {
     /// resumes the jobs that had not ended. Default: in memory only.
     #[arg(long = "state_dir")]
     pub state_dir: Option<PathBuf>,
+    /// Keep job records and checkpoints in object storage instead of
+    /// `STATE_DIR/db`: `s3://BUCKET/PREFIX`, reached as the `AWS_*`
+    /// environment variables say (`AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, and `AWS_ENDPOINT_URL` for
+    /// an S3-compatible server). A server started on the same URL resumes
+    /// the jobs that had not ended. Needs `--state_dir`, which keeps staged
+    /// files, savepoints and histories.
+    #[arg(long = "checkpoint_store", requires = "state_dir")]
+    pub checkpoint_store: Option<String>,
     /// How often running jobs checkpoint with `--state_dir` (Go duration);
     /// `0` checkpoints after every bundle commit, as often as the disk
     /// keeps up (bundles committed meanwhile share the next write).

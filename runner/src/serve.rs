@@ -203,9 +203,17 @@ fn open_durability(args: &ServeArgs) -> Result<Option<Arc<Durability>>> {
     let every = parse_go_duration(&args.checkpoint_interval)
         .map_err(anyhow::Error::msg)
         .context("--checkpoint_interval")?;
-    let durability = Durability::open(dir, every)
-        .with_context(|| format!("opening the state directory {}", dir.display()))?
-        .with_tolerable_failures(args.tolerable_checkpoint_failures);
+    let durability = match &args.checkpoint_store {
+        Some(url) => {
+            let store = refract_store::Store::open_url(url)
+                .with_context(|| format!("opening the checkpoint store {url}"))?;
+            info!(checkpoint_store = %url, "job records and checkpoints go to object storage");
+            Durability::open_with(dir, store, every)
+        }
+        None => Durability::open(dir, every),
+    }
+    .with_context(|| format!("opening the state directory {}", dir.display()))?
+    .with_tolerable_failures(args.tolerable_checkpoint_failures);
     info!(state_dir = %dir.display(), checkpoint_interval = ?every, "keeping jobs durably");
     Ok(Some(Arc::new(durability)))
 }

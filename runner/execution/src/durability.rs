@@ -110,6 +110,23 @@ impl Durability {
         })
     }
 
+    /// Keeps records and checkpoints in `store` (object storage, say)
+    /// rather than under `state_dir`, which still holds the histories.
+    pub fn open_with(
+        state_dir: &Path,
+        store: Store,
+        interval: Duration,
+    ) -> Result<Self, DurabilityError> {
+        refract_private_dirs::create_private_dir_all(state_dir)
+            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
+        Ok(Durability {
+            store: Arc::new(store),
+            interval,
+            tolerable_failures: 0,
+            history_dir: state_dir.join("history"),
+        })
+    }
+
     /// The same store, whose jobs stop after more than `n` failed
     /// checkpoint writes in a row (by default, after the first).
     pub fn with_tolerable_failures(mut self, n: u32) -> Self {

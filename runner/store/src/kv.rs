@@ -68,10 +68,10 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// The entries whose keys start with `prefix`, in key order.
-fn under<'a>(
-    entries: &'a BTreeMap<Vec<u8>, Bytes>,
+pub(crate) fn under<'a, V>(
+    entries: &'a BTreeMap<Vec<u8>, V>,
     prefix: &'a [u8],
-) -> impl Iterator<Item = (&'a Vec<u8>, &'a Bytes)> {
+) -> impl Iterator<Item = (&'a Vec<u8>, &'a V)> {
     entries
         .range(prefix.to_vec()..)
         .take_while(move |(k, _)| k.starts_with(prefix))

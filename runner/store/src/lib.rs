@@ -15,8 +15,9 @@
 //! checkpoint is ever kept.
 //!
 //! The logic is written once over a tiny key-value interface ([`Kv`]) with
-//! two backends: [`MemoryKv`] (tests, and servers without `--state_dir`)
-//! and [`RocksKv`] (RocksDB, synced writes).
+//! three backends: [`MemoryKv`] (tests, and servers without `--state_dir`),
+//! [`RocksKv`] (RocksDB, synced writes) and [`ObjectKv`] (a bucket of an
+//! S3-compatible object store, `--checkpoint_store`).
 //!
 //! A job may also keep state *beside* its checkpoints (user state too large
 //! for memory, [`Store::put_state`]): entries it writes once and deletes
@@ -38,6 +39,8 @@
 
 mod kv;
 mod manifest;
+mod object_kv;
+mod object_url;
 pub mod savepoint;
 pub mod savepoint_dir;
 mod spill;
@@ -53,6 +56,8 @@ use thiserror::Error;
 
 pub use kv::{Deletion, Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
+pub use object_kv::ObjectKv;
+pub use object_url::ObjectUrl;
 pub use savepoint::{read_savepoint, write_savepoint};
 pub use savepoint_dir::SavepointDir;
 pub use spill::SpillDb;
@@ -210,6 +215,13 @@ impl Store {
     /// A RocksDB store in `dir` (created if missing).
     pub fn open(dir: &std::path::Path) -> Result<Self, StoreError> {
         Ok(Store::new(RocksKv::open(dir)?))
+    }
+
+    /// A store in the object storage `url` names (`s3://BUCKET/PREFIX`;
+    /// see [`ObjectUrl::connect`]).
+    pub fn open_url(url: &str) -> Result<Self, StoreError> {
+        let url: ObjectUrl = url.parse()?;
+        Ok(Store::new(ObjectKv::open(url.connect()?, &url.prefix)?))
     }
 
     /// Saves `job`'s record (replacing an earlier one).
