@@ -25,7 +25,6 @@ mod workers;
 use std::sync::Arc;
 
 use refract_engine::manager::{EngineConfig, EngineError, SnapshotError};
-use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
 use refract_jobservice::{Job, JobRunner, RescaleError};
 use refract_observability::insights::Insights;
@@ -399,7 +398,7 @@ impl JobRunner for RefractRunner {
         let config = self.engine_config.clone();
         // Checked at submission (`validate`); a recovered job whose
         // options no longer read fails with the reason when it runs.
-        let mut options = JobOptions::read(job.options());
+        let options = JobOptions::read(job.options());
         let counts = WorkerCounts::choose(
             options.as_ref().ok().and_then(|o| o.worker_parallelism),
             self.default_workers,
@@ -438,14 +437,9 @@ impl JobRunner for RefractRunner {
             .map_or(StateStoreChoice::ServerDefault, |o| o.state_store);
         let durability = job_durability(state_store, self.durability.as_ref())
             .unwrap_or_else(|_| self.durability.clone());
-        if let Some(durability) = &durability {
+        if durability.is_some() {
             // Before it can end: a failure then keeps what a resume needs.
             job.mark_durable();
-            // A job moved onto another number of shards stays there.
-            if let (Ok(options), Ok(Some(n))) = (&mut options, durability.rescaled_shards(job.id()))
-            {
-                options.shards = ShardLayout::new(n).ok().filter(|l| l.shards() > 1);
-            }
         }
         let inbox = self.rescales.open(
             job.id(),
@@ -466,9 +460,17 @@ impl JobRunner for RefractRunner {
                     None => Ok(None),
                 };
                 let outcome = match (options, handed_over) {
-                    (Ok(options), Ok(handed_over)) => {
+                    (Ok(mut options), Ok(handed_over)) => {
                         resources.handed_over = handed_over;
                         let mut inbox = inbox;
+                        // A job moved onto another number of shards stays
+                        // there (its record says so).
+                        if let Some(shards) =
+                            rescale::recorded_shards(durability.as_ref(), &job).await
+                        {
+                            options.shards = shards;
+                            inbox.set_shards(rescale::count(shards));
+                        }
                         run_with_retries(
                             &job, options, &fn_server, config, resources, watchers, &mut inbox,
                         )

@@ -118,6 +118,13 @@ pub(super) struct RescaleInbox {
     shards: Arc<AtomicU32>,
 }
 
+impl RescaleInbox {
+    /// The job runs on `n` shards now.
+    pub(super) fn set_shards(&self, n: u32) {
+        self.shards.store(n, Ordering::Relaxed);
+    }
+}
+
 impl Drop for RescaleInbox {
     fn drop(&mut self) {
         let mut open = self.desk.open.lock();
@@ -249,6 +256,28 @@ fn shards_text(n: u32) -> String {
     }
 }
 
+/// The shards durable `job` was moved onto (`Some(None)`: one engine), as
+/// its record says; `None` if it never moved (or the record is not read).
+pub(super) async fn recorded_shards(
+    durability: Option<&Arc<Durability>>,
+    job: &Job,
+) -> Option<Option<ShardLayout>> {
+    let (store, id) = (durability?.clone(), job.id().to_string());
+    let read = tokio::task::spawn_blocking(move || store.rescaled_shards(&id)).await;
+    match read {
+        Ok(Ok(Some(n))) => Some(ShardLayout::new(n).ok().filter(|l| l.shards() > 1)),
+        Ok(Ok(None)) => None,
+        Ok(Err(error)) => {
+            warn!(%error, "cannot read whether the job was moved onto other shards");
+            None
+        }
+        Err(error) => {
+            warn!(%error, "reading whether the job was moved onto other shards crashed");
+            None
+        }
+    }
+}
+
 /// Whether an attempt that ended with `outcome` stopped for a move (not
 /// for a cancel of the job, nor for a failure).
 pub(super) fn stopped_to_move(outcome: &Result<(), JobError>, job: &Job) -> bool {
@@ -310,7 +339,7 @@ pub(super) async fn carry_out(
         }
         None => Some(Arc::new(cut)),
     };
-    inbox.shards.store(to, Ordering::Relaxed);
+    inbox.set_shards(to);
     job.message(
         MessageImportance::JobMessageBasic,
         format!(
