@@ -253,7 +253,6 @@ pub(super) fn encode<T: Serialize>(
     }
 }
 
-/// The bytes of part `name`, if the checkpoint has it.
 /// How many engines ran a job, in words: `Some(n)` shards, or one engine.
 fn engines_text(shards: Option<u32>) -> String {
     match shards {
@@ -262,6 +261,7 @@ fn engines_text(shards: Option<u32>) -> String {
     }
 }
 
+/// The bytes of part `name`, if the checkpoint has it.
 fn find_part(parts: &[(String, Bytes)], name: PartName) -> Option<&Bytes> {
     let name = name.to_string();
     parts.iter().find(|(n, _)| *n == name).map(|(_, b)| b)
@@ -472,10 +472,7 @@ impl Engine {
             (Some(wrote), Some(runs)) if wrote == runs => self.restore_shard(parts, renamed),
             // Key groups move to their new owners; one engine counts as
             // one shard owning them all.
-            (wrote, runs) if renamed.is_empty() => {
-                debug_assert_ne!(wrote.unwrap_or(1), runs.unwrap_or(1));
-                self.restore_resharded(parts, renamed)
-            }
+            (_, _) if renamed.is_empty() => self.restore_resharded(parts, renamed),
             (wrote, runs) => Err(SnapshotError::Mismatch(format!(
                 "it was written by a job on {}, and this one runs on {}; a checkpoint moves \
                  onto another number of shards, but not with transforms renamed at the same \
