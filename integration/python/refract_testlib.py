@@ -22,6 +22,16 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 READY_TIMEOUT_S = 60
 
 
+def built_binary(env_var, build_script):
+  """A tool binary a test needs: the path in `env_var` if set, else the one
+  `build_script` prints last (it builds once, then answers from a cache)."""
+  path = os.environ.get(env_var)
+  if path:
+    return path
+  built = subprocess.run([build_script], capture_output=True, text=True, check=True)
+  return built.stdout.strip().splitlines()[-1]
+
+
 def free_port():
   """A TCP port that is free on 127.0.0.1 right now (for the tests, the
   benchmarks and integration/beam_test_modules.py alike)."""

@@ -7,11 +7,10 @@ cached), or named by $REFRACT_WEED.
 
 import json
 import os
-import subprocess
 import time
 import urllib.request
 
-from refract_testlib import RefractProcess, free_port
+from refract_testlib import RefractProcess, built_binary, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.path.join(os.path.dirname(HERE), 'seaweedfs', 'build-seaweedfs.sh')
@@ -20,11 +19,7 @@ SECRET_KEY = 'refracttestsecret0123456789'
 
 
 def weed_binary():
-  path = os.environ.get('REFRACT_WEED')
-  if path:
-    return path
-  built = subprocess.run([BUILD], capture_output=True, text=True, check=True)
-  return built.stdout.strip().splitlines()[-1]
+  return built_binary('REFRACT_WEED', BUILD)
 
 
 class SeaweedS3:

@@ -10,7 +10,6 @@ bundle spans hang under the job's span.
 
 import os
 import re
-import subprocess
 import time
 import urllib.request
 
@@ -18,7 +17,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from refract_testlib import RefractProcess, free_port, ui_server
+from refract_testlib import RefractProcess, built_binary, free_port, ui_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.path.join(os.path.dirname(HERE), 'otel', 'build-collector.sh')
@@ -47,11 +46,7 @@ service:
 
 
 def collector_binary():
-  path = os.environ.get('REFRACT_OTELCOL')
-  if path:
-    return path
-  built = subprocess.run([BUILD], capture_output=True, text=True, check=True)
-  return built.stdout.strip().splitlines()[-1]
+  return built_binary('REFRACT_OTELCOL', BUILD)
 
 
 def parse_debug_output(text):

@@ -64,9 +64,9 @@ struct JobRecord {
     /// deleted; a server started on the directory lists it, failed.
     #[prost(string, optional, tag = "5")]
     failed: Option<String>,
-    /// Set once the job was moved onto another number of engine shards
-    /// (`refract rescale`): the number it runs on since (1: one engine),
-    /// which its options no longer say.
+    /// The number of engine shards the job runs on (1: one engine), which
+    /// its options no longer say once it was moved (`refract rescale`).
+    /// Absent in records of earlier versions: then its options say.
     #[prost(uint32, optional, tag = "6")]
     shards: Option<u32>,
 }
@@ -100,14 +100,9 @@ impl Durability {
     /// Opens the store under `state_dir` (created if missing); jobs will
     /// checkpoint every `interval`.
     pub fn open(state_dir: &Path, interval: Duration) -> Result<Self, DurabilityError> {
-        refract_private_dirs::create_private_dir_all(state_dir)
-            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
-        Ok(Durability {
-            store: Arc::new(Store::open(&state_dir.join("db"))?),
-            interval,
-            tolerable_failures: 0,
-            history_dir: state_dir.join("history"),
-        })
+        create_state_dir(state_dir)?;
+        let store = Store::open(&state_dir.join("db"))?;
+        Ok(Self::over(state_dir, store, interval))
     }
 
     /// Keeps records and checkpoints in `store` (object storage, say)
@@ -117,14 +112,18 @@ impl Durability {
         store: Store,
         interval: Duration,
     ) -> Result<Self, DurabilityError> {
-        refract_private_dirs::create_private_dir_all(state_dir)
-            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
-        Ok(Durability {
+        create_state_dir(state_dir)?;
+        Ok(Self::over(state_dir, store, interval))
+    }
+
+    /// Jobs kept in `store`, their histories under `state_dir`.
+    fn over(state_dir: &Path, store: Store, interval: Duration) -> Self {
+        Durability {
             store: Arc::new(store),
             interval,
             tolerable_failures: 0,
             history_dir: state_dir.join("history"),
-        })
+        }
     }
 
     /// The same store, whose jobs stop after more than `n` failed
@@ -183,11 +182,10 @@ impl Durability {
         Ok(jobs)
     }
 
-    /// Records `job` so that a later server can take it over (a resumed
-    /// job's record loses its failure).
-    pub fn remember(&self, job: &Job) -> Result<(), DurabilityError> {
-        // A rescaled job keeps its number of shards across attempts.
-        let shards = self.rescaled_shards(job.id())?;
+    /// Records `job`, running on `shards` engine shards (1: one engine),
+    /// so that a later server can take it over on as many (a resumed job's
+    /// record loses its failure).
+    pub fn remember(&self, job: &Job, shards: u32) -> Result<(), DurabilityError> {
         let record = JobRecord {
             name: job.name().to_string(),
             pipeline: job.pipeline().encode_to_vec(),
@@ -205,14 +203,14 @@ impl Durability {
                 })
                 .collect(),
             failed: None,
-            shards,
+            shards: Some(shards),
         };
         Ok(self.store.put_job(job.id(), &record.encode_to_vec())?)
     }
 
-    /// The number of engine shards `job_id` was moved onto, if it was
-    /// (see [`Self::record_rescale`]).
-    pub fn rescaled_shards(&self, job_id: &str) -> Result<Option<u32>, DurabilityError> {
+    /// The number of engine shards `job_id`'s record says it runs on, if
+    /// it says (see [`Self::remember`] and [`Self::record_rescale`]).
+    pub fn recorded_shards(&self, job_id: &str) -> Result<Option<u32>, DurabilityError> {
         let Some(bytes) = self.store.job(job_id)? else {
             return Ok(None);
         };
@@ -439,6 +437,13 @@ impl Durability {
         });
         CheckpointWriter { tx, progress, task }
     }
+}
+
+/// Creates `state_dir` (private) if it is missing.
+fn create_state_dir(state_dir: &Path) -> Result<(), DurabilityError> {
+    refract_private_dirs::create_private_dir_all(state_dir)
+        .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;
+    Ok(())
 }
 
 /// A record's job, pipeline and options, or why they cannot be read.

@@ -77,6 +77,13 @@ struct Index {
 }
 
 impl Index {
+    /// The next write's sequence number, taken.
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        seq
+    }
+
     /// Applies `head`'s deletions then its puts; returns the values
     /// objects that hold no live key any more.
     fn apply(&mut self, head: &Head) -> Vec<u64> {
@@ -335,8 +342,7 @@ impl ObjectKv {
     fn take_snapshot(&self) -> Result<(), StoreError> {
         let (seq, head, old) = {
             let mut index = self.index.lock();
-            let seq = index.next;
-            index.next += 1;
+            let seq = index.take_seq();
             (seq, index.snapshot(), std::mem::take(&mut index.heads))
         };
         if let Err(error) = self.put(self.head_path(seq), encode_head(&head).into()) {
@@ -390,12 +396,7 @@ impl Kv for ObjectKv {
 
     fn write(&self, puts: Vec<(Vec<u8>, Bytes)>, deletes: Vec<Deletion>) -> Result<(), StoreError> {
         let _one_at_a_time = self.writing.lock();
-        let seq = {
-            let mut index = self.index.lock();
-            let seq = index.next;
-            index.next += 1;
-            seq
-        };
+        let seq = self.index.lock().take_seq();
         let mut head = Head {
             snapshot: false,
             deletes,

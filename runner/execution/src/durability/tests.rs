@@ -233,8 +233,8 @@ async fn a_remembered_job_comes_back_after_the_store_is_reopened() {
         .await;
 
     let durability = open(&dir);
-    durability.remember(&submitted).unwrap();
-    durability.remember(&taken_over).unwrap();
+    durability.remember(&submitted, 1).unwrap();
+    durability.remember(&taken_over, 1).unwrap();
     drop(durability);
 
     let durability = open(&dir);
@@ -260,7 +260,7 @@ async fn a_failed_job_keeps_its_record_and_checkpoint_and_a_forgotten_one_leaves
 
     let durability = open(&dir);
     for job in [&failing, &finished] {
-        durability.remember(job).unwrap();
+        durability.remember(job, 1).unwrap();
         durability
             .store
             .checkpoint(job.id(), parts.clone())
@@ -291,7 +291,7 @@ async fn a_failed_job_keeps_its_record_and_checkpoint_and_a_forgotten_one_leaves
     assert_eq!(durability.latest_checkpoint(finished.id()).unwrap(), None);
 
     // A resumed job's record loses its failure.
-    durability.remember(&failing).unwrap();
+    durability.remember(&failing, 1).unwrap();
     let jobs = durability.recovered_jobs().unwrap();
     assert_eq!(find(&jobs, failing.id()).failed, None);
 }
@@ -367,7 +367,7 @@ async fn a_done_job_whose_removal_fails_is_never_resumed_and_removed_later() {
         history_dir: dir.path().join("history"),
     };
     for job in [&done, &unmarked] {
-        durability.remember(job).unwrap();
+        durability.remember(job, 1).unwrap();
     }
 
     // The removal fails; the mark goes through: forgotten all the same.
@@ -399,7 +399,7 @@ async fn an_unreadable_record_is_listed_failed_with_the_reason_and_the_others_co
     let good = service.submit("good", options(&[("project", "p")])).await;
 
     let durability = open(&dir);
-    durability.remember(&good).unwrap();
+    durability.remember(&good, 1).unwrap();
     // Not a record at all, and a record whose pipeline is not one (a
     // disk error, a bug, another version's encoding).
     durability
@@ -798,7 +798,7 @@ async fn write_the_kept_format_state_dir_and_savepoint() {
     let job = service.next_started().await;
     let (view, _stats) = Insights::default().register(job.clone());
     let durability = open(&dir);
-    durability.remember(&job).unwrap();
+    durability.remember(&job, 1).unwrap();
     let writer = durability.checkpoint_writer(job.clone(), view);
     writer.tx.send(engine_checkpoint_v5()).await.unwrap();
     drop(writer.tx);

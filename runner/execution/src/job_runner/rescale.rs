@@ -166,6 +166,12 @@ pub(super) fn count(shards: Option<ShardLayout>) -> u32 {
     shards.map_or(1, |l| l.shards())
 }
 
+/// The shards `n` counts ([`count`] undone): `None` for one engine, and
+/// for a number no layout has.
+fn layout_of(n: u32) -> Option<ShardLayout> {
+    ShardLayout::new(n).ok().filter(|l| l.shards() > 1)
+}
+
 /// Runs `attempt` of `job` (on `shards`) to its end, taking `inbox`'s
 /// requests meanwhile: the first one that can be served stops the attempt
 /// at a savepoint. Returns the attempt's outcome, and the move if its
@@ -256,16 +262,17 @@ fn shards_text(n: u32) -> String {
     }
 }
 
-/// The shards durable `job` was moved onto (`Some(None)`: one engine), as
-/// its record says; `None` if it never moved (or the record is not read).
+/// The shards durable `job` runs on as its record says (`Some(None)`: one
+/// engine), which differ from its options' once it was moved; `None` if
+/// the record does not say (or is not read).
 pub(super) async fn recorded_shards(
     durability: Option<&Arc<Durability>>,
     job: &Job,
 ) -> Option<Option<ShardLayout>> {
     let (store, id) = (durability?.clone(), job.id().to_string());
-    let read = tokio::task::spawn_blocking(move || store.rescaled_shards(&id)).await;
+    let read = tokio::task::spawn_blocking(move || store.recorded_shards(&id)).await;
     match read {
-        Ok(Ok(Some(n))) => Some(ShardLayout::new(n).ok().filter(|l| l.shards() > 1)),
+        Ok(Ok(Some(n))) => Some(layout_of(n)),
         Ok(Ok(None)) => None,
         Ok(Err(error)) => {
             warn!(%error, "cannot read whether the job was moved onto other shards");
@@ -303,7 +310,6 @@ pub(super) async fn carry_out(
         cut,
         answer,
     } = moved;
-    let layout = |n: u32| ShardLayout::new(n).ok().filter(|l| l.shards() > 1);
     let handed_over = match durability {
         Some(durability) => {
             let (store, id) = (durability.clone(), job.id().to_string());
@@ -331,7 +337,7 @@ pub(super) async fn carry_out(
                 job.message(MessageImportance::JobMessageWarning, why.clone());
                 let _ = answer.send(Err(RescaleError::Refused(why)));
                 return NextAttempt {
-                    shards: layout(from),
+                    shards: layout_of(from),
                     handed_over: None,
                 };
             }
@@ -350,7 +356,7 @@ pub(super) async fn carry_out(
     );
     let _ = answer.send(Ok(from));
     NextAttempt {
-        shards: layout(to),
+        shards: layout_of(to),
         handed_over,
     }
 }

@@ -118,8 +118,9 @@ pub(super) async fn run_job(
     let mut latest_checkpoint = match &durability {
         Some(durability) => {
             let (store, recorded) = (durability.clone(), job.clone());
+            let shards = super::rescale::count(options.shards);
             tokio::task::spawn_blocking(move || {
-                store.remember(&recorded)?;
+                store.remember(&recorded, shards)?;
                 store.latest_checkpoint(recorded.id())
             })
             .await
