@@ -157,6 +157,15 @@ pub enum EngineError {
         /// Why the cut failed.
         source: SnapshotError,
     },
+    /// Another shard handed this one elements of a PCollection the plan
+    /// does not have: the shards do not run the same plan.
+    #[error("{shard} was handed elements of PCollection #{index}, which its plan does not have")]
+    UnknownDelivery {
+        /// The shard.
+        shard: crate::shards::ShardId,
+        /// The index it was handed.
+        index: usize,
+    },
     /// The job was cancelled.
     #[error("cancelled")]
     Cancelled,

@@ -37,9 +37,17 @@
 //!
 //! One shard is the common case, and the same code: an engine without a
 //! [`ShardLink`] partitions nothing and reads only its own watermarks.
-//! [`exchange`] is the in-process exchange between shards of one process.
+//! [`exchange`] is what a shard's engine exchanges, through one of two
+//! exchanges: the in-process board ([`ShardLink::in_process`]), or the
+//! [`peer`] frame protocol that a transport carries between processes.
 
+mod board;
+mod channels;
 pub mod exchange;
+pub mod frames;
+pub mod peer;
+pub mod quiet;
+mod views;
 
 use thiserror::Error;
 
@@ -70,6 +78,11 @@ impl Epoch {
     pub fn number(self) -> u64 {
         self.0
     }
+
+    /// The epoch numbered `number`: what a transport reads off the wire.
+    pub fn from_number(number: u64) -> Epoch {
+        Epoch(number)
+    }
 }
 
 impl std::fmt::Display for Epoch {
@@ -89,6 +102,17 @@ impl ShardId {
     /// The shard's number, as an index.
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+
+    /// Shard number `number` of `layout`, if the layout has it: what a
+    /// transport reads off the wire.
+    pub fn of(layout: ShardLayout, number: u32) -> Option<ShardId> {
+        (number < layout.shards()).then_some(ShardId(number))
+    }
+
+    /// The shard's number, as sent on the wire.
+    pub fn number(self) -> u32 {
+        self.0
     }
 
     /// Where this shard of a job whose spill prefix is `job_prefix` spills:

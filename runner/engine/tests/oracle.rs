@@ -242,6 +242,8 @@ fn shape() -> impl Strategy<Value = Shape> {
                     // the others onto 1 to 3 shards.
                     renumber_on_restore: jitter % 2 == 1,
                     restore_on: (jitter % 2 == 0).then_some(1 + (jitter / 2 % 3) as u32),
+                    // Half the sharded runs exchange through frames.
+                    frames: jitter / 8 % 2 == 1,
                 }
             },
         )
@@ -453,6 +455,8 @@ proptest! {
                     threads: shards as usize,
                     renumber_on_restore: crash_at == Some(5),
                     restore_on: None,
+                    // The sharded runs of every other case exchange frames.
+                    frames: jitter % 2 == 1,
                 };
                 let mut got = engine_run(&inputs, &strategy, &shape)?;
                 mask_is_last_unless_zero_lateness(&mut got, strategy.allowed_lateness);
@@ -491,10 +495,18 @@ fn shards_give_the_panes_of_one_engine() {
     let want = run_batch(&inputs, &strategy, &one).expect("one engine");
     assert_eq!(want.sink_engines, 1);
     assert!(!want.panes.is_empty());
-    for (shards, strict) in [(2, None), (3, None), (2, Some(7)), (3, Some(8))] {
+    for (shards, strict, frames) in [
+        (2, None, false),
+        (3, None, false),
+        (2, Some(7), false),
+        (3, Some(8), false),
+        (2, None, true),
+        (3, Some(8), true),
+    ] {
         let shape = Shape {
             shards,
             strict,
+            frames,
             ..one.clone()
         };
         let got = run_batch(&inputs, &strategy, &shape).expect("a sharded run");
@@ -513,19 +525,27 @@ fn shards_give_the_panes_of_one_engine() {
 /// the new engine's plan numbers its stages otherwise (another build's
 /// fusion, a changed pipeline): stages are found by the transforms
 /// reading their input, not by number. And the same on shards, whose
-/// checkpoints are epochs every shard cut.
+/// checkpoints are epochs every shard cut, over the board or frames.
 #[test]
 fn a_run_restored_from_a_mid_run_checkpoint_gives_the_same_panes() {
     let (inputs, strategy) = sixty_inputs_in_fixed_windows();
     let straight = small_bundles_out_of_order();
     let want = run_batch(&inputs, &strategy, &straight).expect("straight run");
-    for (renumber_on_restore, shards) in [(false, 1), (true, 1), (false, 2), (true, 3)] {
+    for (renumber_on_restore, shards, frames) in [
+        (false, 1, false),
+        (true, 1, false),
+        (false, 2, false),
+        (true, 3, false),
+        (false, 2, true),
+        (true, 3, true),
+    ] {
         let mut restored_runs = 0;
         for crash_at in [1, 2, 3, 5, 8, 13] {
             let shape = Shape {
                 crash_at: Some(crash_at),
                 renumber_on_restore,
                 shards,
+                frames,
                 ..straight.clone()
             };
             let got = run_batch(&inputs, &strategy, &shape).expect("crashed run");
@@ -580,15 +600,23 @@ fn per_element_on_threads(shards: u32, jitter: u64) -> Shape {
 /// restores exactly: every element reaches the sink once, neither lost
 /// nor taken twice. Panes fire per element here, so receiving shards
 /// commit (and start epochs) while the source's shard still sends, on
-/// threads of their own; the search stops once three such restores ran.
+/// threads of their own; the search stops once three such restores ran,
+/// over the board and over frames.
 #[test]
 fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
+    for frames in [false, true] {
+        elements_in_transit_restore_exactly(frames);
+    }
+}
+
+fn elements_in_transit_restore_exactly(frames: bool) {
     let (inputs, strategy, want) = twelve_keys_firing_per_element();
     let mut in_transit = 0;
     'search: for jitter in 0..100 {
         for crash_at in 1..16 {
             let shape = Shape {
                 crash_at: Some(crash_at),
+                frames,
                 ..per_element_on_threads(3, jitter)
             };
             let got = run_batch(&inputs, &strategy, &shape).expect("crashed run");
@@ -603,7 +631,7 @@ fn a_sharded_checkpoint_with_elements_in_transit_restores_exactly() {
     }
     assert!(
         in_transit >= 3,
-        "only {in_transit} restored checkpoints held elements in transit"
+        "only {in_transit} restored checkpoints held elements in transit (frames: {frames})"
     );
 }
 
@@ -665,7 +693,10 @@ fn a_streaming_sharded_checkpoint_moves_every_element_once() {
         let mut restored = 0;
         for crash_at in [1, 3, 6, 10] {
             for jitter in 0..4 {
-                let shape = per_element_on_threads(to, jitter);
+                let shape = Shape {
+                    frames: jitter % 2 == 1,
+                    ..per_element_on_threads(to, jitter)
+                };
                 let (panes, moved) =
                     finish_on_other_shards(&inputs, &strategy, &shape, from, crash_at)
                         .unwrap_or_else(|e| panic!("{from} -> {to} at {crash_at}: {e}"));

@@ -112,6 +112,9 @@ impl Engine {
     /// a visited set, not by recursion: a chain of them is as long as the
     /// pipeline, and a diamond of them would be walked once per path.
     pub(super) fn backpressured(&self, idx: StageIdx) -> bool {
+        if self.exchange_holds_back(idx) {
+            return true;
+        }
         let mut todo: SmallVec<[StageIdx; 4]> = SmallVec::new();
         todo.push(idx);
         let mut seen: FxHashSet<StageIdx> = FxHashSet::default();

@@ -540,7 +540,7 @@ impl Engine {
             })
     }
 
-    fn shard_id_or_sources(&self) -> crate::shards::ShardId {
+    pub(super) fn shard_id_or_sources(&self) -> crate::shards::ShardId {
         self.shard_id().unwrap_or(ShardId::SOURCES)
     }
 }

@@ -31,6 +31,9 @@ pub(super) struct Sharding {
     others: StageVec<Timestamp>,
     /// Per stage, whether its queue on another shard is over its bound.
     over_elsewhere: StageVec<bool>,
+    /// The exchange holds as much of this shard's output for others as
+    /// its flow control allows.
+    exchange_full: bool,
     /// The board's version at the last take.
     seen: u64,
     /// Per stage, whether the side inputs reading its outputs were told
@@ -78,6 +81,7 @@ impl Engine {
             broadcast,
             others: StageVec::from(vec![MIN_TIMESTAMP; n]),
             over_elsewhere: StageVec::from(vec![false; n]),
+            exchange_full: false,
             seen: 0,
             finished_everywhere: StageVec::from(vec![false; n]),
             outgoing: FxHashMap::default(),
@@ -162,6 +166,7 @@ impl Engine {
         let received = shard.link.take(self.topology.plan.stages.len());
         shard.others = received.watermarks;
         shard.over_elsewhere = received.over;
+        shard.exchange_full = received.exchange_full;
         shard.seen = received.version;
         shard.turn |= received.turn;
         if let (Some(now), false) = (
@@ -184,6 +189,13 @@ impl Engine {
     /// Puts what another shard handed this one where it goes: to the
     /// stages reading it here, or to the side inputs.
     pub(super) fn apply_delivery(&mut self, delivery: Delivery) -> Result<(), EngineError> {
+        let (pcoll, _, _) = delivery.parts();
+        if self.topology.plan.pcollections.get(pcoll).is_none() {
+            return Err(EngineError::UnknownDelivery {
+                shard: self.shard_id_or_sources(),
+                index: pcoll.index(),
+            });
+        }
         match delivery {
             Delivery::Owned {
                 pcollection,
@@ -262,6 +274,19 @@ impl Engine {
     /// (never for a single engine).
     pub(super) fn over_elsewhere(&self, stage: StageIdx) -> bool {
         self.shard.as_ref().is_some_and(|s| s.over_elsewhere[stage])
+    }
+
+    /// Whether stage `stage` sends output to other shards while the
+    /// exchange holds all its flow control allows: it waits, as for a
+    /// full queue (never for a single engine).
+    pub(super) fn exchange_holds_back(&self, stage: StageIdx) -> bool {
+        self.shard.as_ref().is_some_and(|s| {
+            s.exchange_full
+                && self.topology.plan.stages[stage]
+                    .outputs
+                    .iter()
+                    .any(|&p| s.partitioned[p] || s.broadcast[p])
+        })
     }
 
     /// Marks ready the side inputs whose producer has finished on every

@@ -243,7 +243,8 @@ pub(crate) async fn run(
 }
 
 /// Runs `plan` on `shards` engines sharing `exec` and reading `clock`
-/// (one shard: a single engine); bundle ids start with `s{shard}`.
+/// (one shard: a single engine), joined by the in-process board; bundle
+/// ids start with `s{shard}`.
 pub(crate) async fn run_on_shards(
     plan: Plan,
     exec: Arc<FakeExecutor>,
@@ -251,13 +252,42 @@ pub(crate) async fn run_on_shards(
     shards: u32,
     clock: ClockFn,
 ) -> Result<RunSummary, EngineError> {
+    run_sharded(plan, exec, cfg, shards, clock, false).await
+}
+
+/// [`run_on_shards`], with the shards exchanging through the frame
+/// protocol over channels instead.
+pub(crate) async fn run_on_frames(
+    plan: Plan,
+    exec: Arc<FakeExecutor>,
+    cfg: EngineConfig,
+    shards: u32,
+    clock: ClockFn,
+) -> Result<RunSummary, EngineError> {
+    run_sharded(plan, exec, cfg, shards, clock, true).await
+}
+
+async fn run_sharded(
+    plan: Plan,
+    exec: Arc<FakeExecutor>,
+    cfg: EngineConfig,
+    shards: u32,
+    clock: ClockFn,
+    frames: bool,
+) -> Result<RunSummary, EngineError> {
     let (_cancel, cancelled) = watch::channel(false);
     if shards == 1 {
         return Engine::new(plan, exec, cfg, "s0", clock)?
             .run(cancelled)
             .await;
     }
-    let engines = ShardLink::in_process(ShardLayout::new(shards).unwrap())
+    let layout = ShardLayout::new(shards).unwrap();
+    let links = if frames {
+        ShardLink::over_channels(layout)
+    } else {
+        ShardLink::in_process(layout)
+    };
+    let engines = links
         .into_iter()
         .map(|link| {
             let prefix = format!("s{}", link.id().index());

@@ -109,6 +109,17 @@ async fn keyed_timers_fire_on_their_shard_and_group_as_on_one_engine() {
     }
     assert_eq!(results[1], results[0], "two shards");
     assert_eq!(results[2], results[0], "three shards");
+    // The same over frames.
+    let records: Records = Arc::default();
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let (plan, exec) = timers_pipeline(records.clone(), seen.clone());
+    run_on_frames(plan, Arc::new(exec), config(7), 3, Arc::new(|| 0))
+        .await
+        .unwrap();
+    assert_eq!(seen.lock().len(), 3, "every shard ran timers");
+    let mut got = records.lock().clone();
+    got.sort_by(|a, b| (&a.0, &a.2.max_timestamp()).cmp(&(&b.0, &b.2.max_timestamp())));
+    assert_eq!(got, results[0], "three shards over frames");
 }
 
 /// What the consumer saw: (shard, key, what the side input read).
@@ -116,6 +127,15 @@ type SideReads = Arc<Mutex<Vec<(String, Vec<u8>, Vec<u8>)>>>;
 
 #[tokio::test]
 async fn side_inputs_reach_every_shard_whole() {
+    side_inputs_reach_every_shard(false).await;
+}
+
+#[tokio::test]
+async fn side_inputs_reach_every_shard_whole_over_frames() {
+    side_inputs_reach_every_shard(true).await;
+}
+
+async fn side_inputs_reach_every_shard(frames: bool) {
     // impulse -> source (24 keys) -> keyed consumer reading side input "s";
     // impulse -> start -> side (1, 2, 3). The side input is made a stage
     // later than the main input, on shard 0: the other shards must wait
@@ -202,9 +222,12 @@ async fn side_inputs_reach_every_shard_whole() {
         .collect(),
         bundles: AtomicUsize::new(0),
     };
-    run_on_shards(plan, Arc::new(exec), config(4), 3, Arc::new(|| 0))
-        .await
-        .unwrap();
+    if frames {
+        run_on_frames(plan, Arc::new(exec), config(4), 3, Arc::new(|| 0)).await
+    } else {
+        run_on_shards(plan, Arc::new(exec), config(4), 3, Arc::new(|| 0)).await
+    }
+    .unwrap();
     let seen = seen.lock();
     assert_eq!(seen.len(), 24, "each key once: {seen:?}");
     assert!(
@@ -223,12 +246,18 @@ async fn side_inputs_reach_every_shard_whole() {
 
 #[tokio::test]
 async fn a_bundle_failing_on_one_shard_fails_the_job_with_its_error() {
-    let (plan, exec) = gbk_pipeline(Arc::default(), usize::MAX);
-    let error = run_on_shards(plan, Arc::new(exec), fast_retries(100), 2, Arc::new(|| 0))
-        .await
+    for frames in [false, true] {
+        let (plan, exec) = gbk_pipeline(Arc::default(), usize::MAX);
+        let exec = Arc::new(exec);
+        let error = if frames {
+            run_on_frames(plan, exec, fast_retries(100), 2, Arc::new(|| 0)).await
+        } else {
+            run_on_shards(plan, exec, fast_retries(100), 2, Arc::new(|| 0)).await
+        }
         .unwrap_err();
-    assert!(matches!(error, EngineError::BundleFailed { .. }), "{error}");
-    assert!(error.to_string().contains("boom"), "{error}");
+        assert!(matches!(error, EngineError::BundleFailed { .. }), "{error}");
+        assert!(error.to_string().contains("boom"), "{error}");
+    }
 }
 
 #[tokio::test]
@@ -286,7 +315,8 @@ fn key_of_shard_one() -> String {
 
 #[tokio::test]
 async fn processing_time_timers_on_another_shard_follow_the_test_stream() {
-    processing_time_moves_only_by_test_stream_events(2, &key_of_shard_one()).await;
+    processing_time_moves_only_by_test_stream_events(2, &key_of_shard_one(), false).await;
+    processing_time_moves_only_by_test_stream_events(2, &key_of_shard_one(), true).await;
 }
 
 // Four threads: the fake sink sleeps on its thread, on each shard.

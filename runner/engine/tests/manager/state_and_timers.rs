@@ -333,14 +333,18 @@ async fn timers_due_together_fire_in_bundles_of_the_element_bound() {
 
 #[tokio::test]
 async fn a_test_stream_pipeline_moves_processing_time_only_by_its_events() {
-    processing_time_moves_only_by_test_stream_events(1, "k").await;
+    processing_time_moves_only_by_test_stream_events(1, "k", false).await;
 }
 
 /// A TestStream moves processing time only by its events: a timer set
 /// 10 s ahead fires after 15 s of stream time, not after 5, however fast
 /// the wall clock runs; on `shards` shards, with one-letter `key`'s timer
-/// on whichever shard owns it.
-pub(super) async fn processing_time_moves_only_by_test_stream_events(shards: u32, key: &str) {
+/// on whichever shard owns it (`frames`: the shards exchanging frames).
+pub(super) async fn processing_time_moves_only_by_test_stream_events(
+    shards: u32,
+    key: &str,
+    frames: bool,
+) {
     use std::sync::atomic::AtomicI64;
     // A wall clock that runs fast: a second per reading.
     let wall = Arc::new(AtomicI64::new(1_000_000));
@@ -415,9 +419,15 @@ pub(super) async fn processing_time_moves_only_by_test_stream_events(shards: u32
             .collect(),
         bundles: AtomicUsize::new(0),
     });
-    run_on_shards(plan, exec, config(10), shards, Arc::new(read_wall))
-        .await
-        .unwrap();
+    if frames {
+        run_on_frames(plan, exec, config(10), shards, Arc::new(read_wall))
+            .await
+            .unwrap();
+    } else {
+        run_on_shards(plan, exec, config(10), shards, Arc::new(read_wall))
+            .await
+            .unwrap();
+    }
     // 5 s of stream time is not enough, whatever the wall clock did; the
     // second advance is.
     assert_eq!(

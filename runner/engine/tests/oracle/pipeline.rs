@@ -79,6 +79,10 @@ pub struct Shape {
     /// With `crash_at`: how many shards finish the run from the checkpoint
     /// (one engine for 1); `None`: as many as ran it.
     pub restore_on: Option<u32>,
+    /// Shards exchange through the frame protocol, carried by channels
+    /// and tasks (as a network carries it), instead of the in-process
+    /// board.
+    pub frames: bool,
 }
 
 impl Default for Shape {
@@ -96,6 +100,7 @@ impl Default for Shape {
             threads: 1,
             renumber_on_restore: false,
             restore_on: None,
+            frames: false,
         }
     }
 }
@@ -347,12 +352,13 @@ async fn run_engine(
     crash_at: Option<usize>,
     (shards, restore_on): (u32, u32),
     renumber: bool,
+    frames: bool,
 ) -> Result<(RunSummary, bool, bool), EngineError> {
     let executor: Arc<dyn StageExecutor> = sdk.clone();
     let Some(crash_at) = crash_at else {
         let (_cancel, cancelled) = watch::channel(false);
         if shards > 1 {
-            let engines = sharded_engines(plan, executor, config, shards, None)?;
+            let engines = sharded_engines(plan, executor, config, shards, frames, None)?;
             return Ok((run_shards(engines, cancelled).await?, false, false));
         }
         let engine = Engine::new(plan, executor, config, "oracle", fixed_clock())?;
@@ -364,6 +370,7 @@ async fn run_engine(
             executor.clone(),
             config.clone(),
             shards,
+            frames,
             crash_at,
         )
         .await?
@@ -385,7 +392,7 @@ async fn run_engine(
     };
     let (_cancel, cancelled) = watch::channel(false);
     if restore_on > 1 {
-        let engines = sharded_engines(plan, executor, config, restore_on, Some(&parts))
+        let engines = sharded_engines(plan, executor, config, restore_on, frames, Some(&parts))
             .map_err(|e| EngineError::InvalidPlan(e.to_string()))?;
         return Ok((run_shards(engines, cancelled).await?, true, in_transit));
     }
@@ -400,13 +407,13 @@ async fn run_sharded_to_checkpoint(
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
     shards: u32,
+    frames: bool,
     n: usize,
 ) -> Result<Cut, EngineError> {
     let (checkpoints, mut received) = tokio::sync::mpsc::channel(1);
     let (ends, collector) = collect_epochs(shards, Vec::new(), checkpoints, None);
     let collector = tokio::spawn(collector);
-    let layout = ShardLayout::new(shards).expect("a layout");
-    let engines = ShardLink::in_process(layout)
+    let engines = links(shards, frames)
         .into_iter()
         .zip(ends)
         .map(|(link, end)| {
@@ -433,6 +440,17 @@ async fn run_sharded_to_checkpoint(
         Some(parts) => Cut::At(parts),
         None => Cut::Finished(outcome),
     })
+}
+
+/// The links of `shards` shards: over the frame protocol if `frames`,
+/// else the in-process board. (In a Tokio runtime.)
+fn links(shards: u32, frames: bool) -> Vec<ShardLink> {
+    let layout = ShardLayout::new(shards).expect("a layout");
+    if frames {
+        ShardLink::over_channels(layout)
+    } else {
+        ShardLink::in_process(layout)
+    }
 }
 
 /// `plan` with its stages in reverse order, and an SDK that runs them and
@@ -472,10 +490,10 @@ fn sharded_engines(
     executor: Arc<dyn StageExecutor>,
     config: EngineConfig,
     shards: u32,
+    frames: bool,
     parts: Option<&[(String, Bytes)]>,
 ) -> Result<Vec<Engine>, EngineError> {
-    let layout = ShardLayout::new(shards).expect("a layout");
-    ShardLink::in_process(layout)
+    links(shards, frames)
         .into_iter()
         .map(|link| {
             let prefix = shard_prefix(link.id().index());
@@ -632,6 +650,7 @@ fn run(
         shape.crash_at,
         (shape.shards, shape.restore_on.unwrap_or(shape.shards)),
         shape.renumber_on_restore,
+        shape.frames,
     );
     let (summary, restored, restored_in_transit) = runtime.block_on(async move {
         tokio::time::timeout(Duration::from_secs(60), run)
@@ -754,6 +773,7 @@ pub fn finish_on_other_shards(
                     executor.clone(),
                     config.clone(),
                     from,
+                    shape.frames,
                     crash_at,
                 )
                 .await
@@ -772,8 +792,16 @@ pub fn finish_on_other_shards(
     keep_committed(&sdk, &parts);
     let (_cancel, cancelled) = watch::channel(false);
     let finished = if shape.shards > 1 {
-        let engines = sharded_engines(plan, executor, config, shape.shards, Some(&parts))
-            .map_err(|e| e.to_string())?;
+        let _runtime = runtime.enter();
+        let engines = sharded_engines(
+            plan,
+            executor,
+            config,
+            shape.shards,
+            shape.frames,
+            Some(&parts),
+        )
+        .map_err(|e| e.to_string())?;
         runtime.block_on(async {
             tokio::time::timeout(Duration::from_secs(60), run_shards(engines, cancelled)).await
         })
