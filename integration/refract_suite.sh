@@ -9,7 +9,7 @@
 # BIN defaults to $REFRACT_BIN, then $CARGO_TARGET_DIR/release/refract.
 # REFRACT_SUITE_EXPERIMENTS (comma-separated) adds experiments to every
 # pipeline: REFRACT_SUITE_EXPERIMENTS=refract_shards=3 runs the suite on
-# three engine shards.
+# three engine shards (add refract_shard_exchange=grpc for the gRPC exchange).
 # Fails when any test fails, hits the per-test timeout or crashes the
 # runner, or when fewer tests pass than integration/refract_suite_bar.
 # shellcheck source-path=SCRIPTDIR

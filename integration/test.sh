@@ -16,7 +16,8 @@
 #    pass bar from integration/prism_suite_bar.
 # 6. Beam's shared cases without Prism's opt-outs via
 #    integration/refract_suite.sh (bar in integration/refract_suite_bar),
-#    then the same on three engine shards (refract_shards=3).
+#    then the same on three engine shards exchanging over gRPC (refract_shards=3,
+#    refract_shard_exchange=grpc)
 # 7. Beam's cross-language suite via integration/xlang_suite.sh: Python
 #    pipelines whose transforms a second SDK process expands and runs
 #    (bar in integration/xlang_suite_bar).
@@ -144,8 +145,8 @@ REFRACT_RECORD=$record REFRACT_REPORT_DIR=$work/refract-suite \
   "$here/refract_suite.sh" "$bin" ||
   failed_steps+=("RefractRunnerTest suite (bar $(cat "$here/refract_suite_bar"))")
 
-echo "== RefractRunnerTest suite again, every pipeline on three engine shards"
-REFRACT_SUITE_EXPERIMENTS=refract_shards=3 REFRACT_RECORD=$record \
+echo "== RefractRunnerTest suite again, every pipeline on three engine shards over gRPC"
+REFRACT_SUITE_EXPERIMENTS=refract_shards=3,refract_shard_exchange=grpc REFRACT_RECORD=$record \
   REFRACT_REPORT_DIR=$work/refract-suite-shards "$here/refract_suite.sh" "$bin" ||
   failed_steps+=("RefractRunnerTest suite on three shards (bar $(cat "$here/refract_suite_bar"))")
 

@@ -1,15 +1,22 @@
-//! Compiles Refract's own protos (the admin API); Beam's come generated
-//! from the `beam-proto` crate.
+//! Compiles Refract's own protos (the admin API, the exchange between
+//! shards); Beam's come generated from the `beam-proto` crate.
 
 fn main() {
-    let proto = "refract/admin/v1/admin.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    let protos = [
+        "refract/admin/v1/admin.proto",
+        "refract/exchange/v1/exchange.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
     if let Err(error) = tonic_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_protos(&[proto], &["."])
+        // Elements cross the exchange without a copy into a Vec.
+        .bytes([".refract.exchange.v1.Deliver.elements"])
+        .compile_protos(&protos, &["."])
     {
-        panic!("compiling {proto}: {error}");
+        panic!("compiling {protos:?}: {error}");
     }
 }

@@ -192,7 +192,8 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
 # checkpoints, which name it there; it must come back whole after each kill.
 # 'shards': the job on three engine shards, each checkpoint an epoch all
 # three cut, each kill resuming every shard from the same epoch ('shards_0s':
-# an epoch after every commit).
+# an epoch after every commit; 'shards_grpc': the shards exchanging over
+# gRPC).
 @pytest.mark.parametrize(
   'interval,keep_all_kb,extra,experiments',
   [
@@ -201,8 +202,9 @@ def test_straight_run_matches_the_model(request, refract_bin, tmp_path):
     ('200ms', 16, ['--memory_budget', '4m'], []),
     ('200ms', 0, [], ['refract_shards=3']),
     ('0s', 0, [], ['refract_shards=3']),
+    ('200ms', 0, [], ['refract_shards=3', 'refract_shard_exchange=grpc']),
   ],
-  ids=['200ms', '0s', 'state_on_disk', 'shards', 'shards_0s'],
+  ids=['200ms', '0s', 'state_on_disk', 'shards', 'shards_0s', 'shards_grpc'],
 )
 def test_runner_killed_and_restarted_gives_the_same_results(
   request, refract_bin, tmp_path, interval, keep_all_kb, extra, experiments

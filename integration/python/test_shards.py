@@ -2,7 +2,9 @@
 the real Python SDK: the keyed work of each pipeline is split over three
 engines by key group, elements cross between them, and every result is the
 one a single engine gives. Each pipeline checks its own output with
-`assert_that`, so a lost, duplicated or early-fired element fails it.
+`assert_that`, so a lost, duplicated or early-fired element fails it. The
+shards exchange through the in-process board, and (`grpc`) through the
+frame protocol over gRPC on the loopback interface, as between hosts.
 """
 
 import apache_beam as beam
@@ -19,15 +21,21 @@ SHARDS = '--experiments=refract_shards=3'
 WORDS = ['w%02d' % (i % 40) for i in range(2000)]
 
 
-def sharded(server, *extra):
-  return PipelineOptions(server.portable_args(SHARDS, *extra))
+EXCHANGES = pytest.mark.parametrize('exchange', ['board', 'grpc'])
 
 
-def test_grouping_combining_and_side_inputs_match_one_engine(refract_server):
+def sharded(server, *extra, exchange='board'):
+  return PipelineOptions(
+    server.portable_args(SHARDS, '--experiments=refract_shard_exchange=' + exchange, *extra)
+  )
+
+
+@EXCHANGES
+def test_grouping_combining_and_side_inputs_match_one_engine(refract_server, exchange):
   counts = {}
   for w in WORDS:
     counts[w] = counts.get(w, 0) + 1
-  p = beam.Pipeline(options=sharded(refract_server))
+  p = beam.Pipeline(options=sharded(refract_server, exchange=exchange))
   words = p | 'Words' >> beam.Create(WORDS)
   weights = p | 'Weights' >> beam.Create([('w%02d' % i, i) for i in range(40)])
   pairs = words | 'Pair' >> beam.Map(lambda w: (w, 1))
@@ -52,7 +60,8 @@ def test_grouping_combining_and_side_inputs_match_one_engine(refract_server):
   result = p.run()
   assert result.wait_until_finish() == 'DONE'
   said = job_messages(refract_server.endpoint, result._job_id)  # pylint: disable=protected-access
-  assert any('running on 3 engine shards' in m for m in said), said
+  joined = {'board': 'joined in memory', 'grpc': 'exchanging over gRPC'}[exchange]
+  assert any('running on 3 engine shards' in m and joined in m for m in said), said
 
 
 class SumAtWindowEnd(beam.DoFn):
@@ -78,12 +87,13 @@ class SumAtWindowEnd(beam.DoFn):
     bag.clear()
 
 
-def test_state_and_timers_fire_once_per_key_and_window(refract_server):
+@EXCHANGES
+def test_state_and_timers_fire_once_per_key_and_window(refract_server, exchange):
   elements = [('k%d' % (i % 12), i) for i in range(600)]
   want = {}
   for k, i in elements:
     want[(k, i // 100)] = want.get((k, i // 100), 0) + i
-  with beam.Pipeline(options=sharded(refract_server)) as p:
+  with beam.Pipeline(options=sharded(refract_server, exchange=exchange)) as p:
     sums = (
       p
       | beam.Create(elements)
@@ -96,11 +106,12 @@ def test_state_and_timers_fire_once_per_key_and_window(refract_server):
     assert_that(sums, equal_to(list(want.items())))
 
 
-def test_session_windows_merge_on_their_keys_shard(refract_server):
+@EXCHANGES
+def test_session_windows_merge_on_their_keys_shard(refract_server, exchange):
   # Per key, bursts of events 1 s apart, bursts 100 s apart: one session
   # per burst.
   events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
-  with beam.Pipeline(options=sharded(refract_server)) as p:
+  with beam.Pipeline(options=sharded(refract_server, exchange=exchange)) as p:
     sessions = (
       p
       | beam.Create(events)
@@ -129,11 +140,12 @@ def test_a_checkpointing_server_checkpoints_shards_in_epochs(refract_bin, tmp_pa
     refract_bin, str(tmp_path / 'state'), free_port(), tmp_path / 'refract-serve.log'
   )
   try:
-    for extra, said in [
-      ((), 'each checkpoint an epoch every shard cuts'),
-      (('--experiments=refract_state_store=memory',), 'its state is not checkpointed'),
+    for extra, exchange, said in [
+      ((), 'board', 'each checkpoint an epoch every shard cuts'),
+      ((), 'grpc', 'each checkpoint an epoch every shard cuts'),
+      (('--experiments=refract_state_store=memory',), 'board', 'its state is not checkpointed'),
     ]:
-      p = beam.Pipeline(options=sharded(server, *extra))
+      p = beam.Pipeline(options=sharded(server, *extra, exchange=exchange))
       sums = p | beam.Create([('a', 1), ('b', 2), ('a', 3)]) | beam.CombinePerKey(sum)
       assert_that(sums, equal_to([('a', 4), ('b', 2)]))
       result = p.run()

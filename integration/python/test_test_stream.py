@@ -19,16 +19,26 @@ from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 
 
-@pytest.fixture(params=[1, 3], ids=['one-engine', 'three-shards'])
+@pytest.fixture(
+  params=[(1, None), (3, 'board'), (3, 'grpc')],
+  ids=['one-engine', 'three-shards', 'three-shards-grpc'],
+)
 def shards(request):
   """Each pipeline runs on one engine and on three shards
   (`refract_shards`), where the stream is replayed by shard 0 and each
-  event applied only once every shard is quiet."""
+  event applied only once every shard is quiet: shards joined in memory,
+  and exchanging over gRPC (where the quiet detector decides it)."""
   return request.param
 
 
 def streaming_options(server, shards):
-  sharding = ['--experiments=refract_shards=%d' % shards] if shards > 1 else []
+  count, exchange = shards
+  sharding = []
+  if count > 1:
+    sharding = [
+      '--experiments=refract_shards=%d' % count,
+      '--experiments=refract_shard_exchange=' + exchange,
+    ]
   return PipelineOptions(server.portable_args('--streaming', *sharding))
 
 

@@ -23,3 +23,11 @@ pub mod admin {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("refract.admin.v1");
 }
+
+/// The exchange between a job's engine shards
+/// (`proto/refract/exchange/v1/exchange.proto`): the frame protocol over
+/// gRPC, served by `refract-exchange`.
+pub mod exchange {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("refract.exchange.v1");
+}

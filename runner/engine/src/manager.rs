@@ -166,6 +166,15 @@ pub enum EngineError {
         /// The index it was handed.
         index: usize,
     },
+    /// The exchange between the job's shards lost a connection: the
+    /// run stops (and is retried from its last checkpoint).
+    #[error("{shard} lost its exchange with the other shards: {why}")]
+    ExchangeLost {
+        /// The shard.
+        shard: crate::shards::ShardId,
+        /// What the transport said.
+        why: String,
+    },
     /// The job was cancelled.
     #[error("cancelled")]
     Cancelled,

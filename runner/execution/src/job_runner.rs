@@ -79,6 +79,13 @@ pub const BUNDLE_ATTEMPTS_EXPERIMENT: &str = "refract_bundle_attempts";
 /// shard cuts, and a job resumes on as many shards as wrote it.
 pub const SHARDS_EXPERIMENT: &str = "refract_shards";
 
+/// The experiment choosing how a job's shards exchange elements and
+/// watermarks: `--experiments=refract_shard_exchange=board` (the default)
+/// joins them by one lock in memory; `=grpc` by the frame protocol over
+/// gRPC on the loopback interface, the transport shards on other hosts
+/// use (documented in docs/scaling.md). Only with `refract_shards`.
+pub const SHARD_EXCHANGE_EXPERIMENT: &str = "refract_shard_exchange";
+
 /// The experiment choosing where one job keeps its state:
 /// `--experiments=refract_state_store=memory` keeps it in memory on a
 /// server with `--state_dir` (nothing checkpointed, nothing resumed);
@@ -122,6 +129,9 @@ pub(super) enum JobError {
     /// what and why are in the text).
     #[error("{0}")]
     Savepoint(String),
+    /// The exchange between the job's shards could not start.
+    #[error("{0}")]
+    Exchange(#[from] refract_exchange::ExchangeError),
 }
 
 impl JobError {
@@ -131,12 +141,13 @@ impl JobError {
     /// checkpoint that cannot be read, a DoFn that keeps failing.
     fn may_pass(&self) -> bool {
         match self {
-            JobError::Harness(_) => true,
+            JobError::Harness(_) | JobError::Exchange(_) => true,
             JobError::Engine(e) => matches!(
                 e,
                 EngineError::Spill { .. }
                     | EngineError::OutputSpill { .. }
                     | EngineError::CheckpointsFailing { .. }
+                    | EngineError::ExchangeLost { .. }
             ),
             JobError::Durability(DurabilityError::Store(StoreError::Backend(_))) => true,
             JobError::Translate(_)

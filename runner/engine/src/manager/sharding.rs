@@ -158,7 +158,7 @@ impl Engine {
 
     /// On a shard: takes what other shards handed this one and their
     /// watermarks. Fails the run if every shard is parked with nothing to
-    /// do (the job is stuck).
+    /// do (the job is stuck), or if the exchange lost a connection.
     pub(super) fn take_from_shards(&mut self) -> Result<(), EngineError> {
         let Some(shard) = self.shard.as_mut() else {
             return Ok(());
@@ -174,6 +174,12 @@ impl Engine {
             shard.link.id() == ShardId::SOURCES,
         ) {
             self.clock.follow(now);
+        }
+        if let Some(why) = received.lost {
+            return Err(EngineError::ExchangeLost {
+                shard: self.shard_id_or_sources(),
+                why,
+            });
         }
         if received.stuck {
             return Err(EngineError::Stuck(self.describe_unfinished()));

@@ -124,6 +124,7 @@ impl ExchangeEnd for BoardEnd {
             others_cut: board.published.others_cut(me),
             stop_after: board.stop_after,
             exchange_full: false,
+            lost: None,
         }
     }
 

@@ -149,6 +149,9 @@ pub struct Received {
     /// its flow control allows: producers whose output goes to other
     /// shards wait (never for the in-process board).
     pub exchange_full: bool,
+    /// The exchange lost this shard's connection to another, and why: the
+    /// run cannot go on (it is retried from its last checkpoint).
+    pub lost: Option<String>,
 }
 
 /// What [`ShardLink::park`] found.

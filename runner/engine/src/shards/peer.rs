@@ -79,6 +79,8 @@ struct PeerBoard {
     received: Vec<u64>,
     parked: bool,
     finished: bool,
+    /// Why the transport can no longer carry this shard's frames.
+    lost: Option<String>,
 }
 
 impl PeerBoard {
@@ -98,6 +100,14 @@ pub struct PeerEnd {
     board: Mutex<PeerBoard>,
     version: watch::Sender<u64>,
     wire: Arc<dyn FrameWire>,
+}
+
+impl std::fmt::Debug for PeerEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerEnd")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PeerEnd {
@@ -120,6 +130,7 @@ impl PeerEnd {
                 received: vec![0; n],
                 parked: false,
                 finished: false,
+                lost: None,
             }),
             version: watch::channel(0).0,
             wire,
@@ -180,6 +191,17 @@ impl PeerEnd {
         self.board.lock().bump(&self.version);
     }
 
+    /// The transport can no longer carry frames between this shard and
+    /// another, for `why`: the engine's next take fails its run (the
+    /// first reason is kept).
+    pub fn lose(&self, why: String) {
+        let mut board = self.board.lock();
+        if board.lost.is_none() && !board.finished {
+            board.lost = Some(why);
+        }
+        board.bump(&self.version);
+    }
+
     /// This shard.
     pub fn id(&self) -> ShardId {
         self.id
@@ -235,6 +257,7 @@ impl ExchangeEnd for PeerEnd {
             others_cut: board.published.others_cut(me),
             stop_after: board.stop_after,
             exchange_full: self.wire.full(),
+            lost: board.lost.clone(),
         }
     }
 

@@ -15,7 +15,7 @@ use super::strict::strictness;
 use super::workers::job_worker_parallelism;
 use super::{
     BUNDLE_ATTEMPTS_EXPERIMENT, DRAIN_ON_START, SAVEPOINT_EXPERIMENT, SHARDS_EXPERIMENT,
-    STATE_STORE_EXPERIMENT,
+    SHARD_EXCHANGE_EXPERIMENT, STATE_STORE_EXPERIMENT,
 };
 use crate::options::{experiment_value, has_experiment, option_bool, option_name_map};
 
@@ -46,6 +46,18 @@ pub(crate) struct JobOptions {
     /// `--experiments=refract_shards=N` with N above 1: the shards the job
     /// runs on.
     pub(crate) shards: Option<ShardLayout>,
+    /// `--experiments=refract_shard_exchange=...`: how the shards
+    /// exchange.
+    pub(crate) shard_exchange: ShardExchange,
+}
+
+/// How a job's shards exchange (see [`SHARD_EXCHANGE_EXPERIMENT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShardExchange {
+    /// One lock in memory (`=board`, the default).
+    Board,
+    /// The frame protocol over gRPC on the loopback interface (`=grpc`).
+    Grpc,
 }
 
 /// Where a job asks to keep its state (`--experiments=refract_state_store`).
@@ -73,6 +85,7 @@ impl JobOptions {
             update: option_bool(options, "update"),
             drain_on_start: has_experiment(options, DRAIN_ON_START),
             shards: shards(options)?,
+            shard_exchange: shard_exchange(options)?,
         })
     }
 
@@ -132,6 +145,31 @@ fn shards(options: &prost_types::Struct) -> Result<Option<ShardLayout>, String> 
                 .map_err(|e| format!("--experiments={SHARDS_EXPERIMENT}={n}: {e}"))
         })?;
     Ok((layout.shards() > 1).then_some(layout))
+}
+
+/// How a job's shards exchange (see [`SHARD_EXCHANGE_EXPERIMENT`]); a
+/// choice for a job without shards is refused, since it would do nothing.
+fn shard_exchange(options: &prost_types::Struct) -> Result<ShardExchange, String> {
+    let Some(asked) = experiment_value(options, SHARD_EXCHANGE_EXPERIMENT) else {
+        return Ok(ShardExchange::Board);
+    };
+    let exchange = match asked.as_str() {
+        "board" => ShardExchange::Board,
+        "grpc" => ShardExchange::Grpc,
+        _ => {
+            return Err(format!(
+                "--experiments={SHARD_EXCHANGE_EXPERIMENT}={asked}: expected board or grpc"
+            ))
+        }
+    };
+    if shards(options)?.is_none() {
+        return Err(format!(
+            "--experiments={SHARD_EXCHANGE_EXPERIMENT}={asked} chooses how a job's shards \
+             exchange, and the job runs on one engine (add --experiments={SHARDS_EXPERIMENT}=N, \
+             N above 1)"
+        ));
+    }
+    Ok(exchange)
 }
 
 /// The attempts a job's options ask for (see [`BUNDLE_ATTEMPTS_EXPERIMENT`]),
@@ -205,6 +243,7 @@ mod tests {
                 update: false,
                 drain_on_start: false,
                 shards: None,
+                shard_exchange: ShardExchange::Board,
             }
         );
     }
@@ -241,6 +280,7 @@ mod tests {
                 "refract_savepoint=/tmp/sp",
                 "drain_on_start",
                 "refract_shards=3",
+                "refract_shard_exchange=grpc",
             ]),
         ]))
         .expect("readable");
@@ -251,6 +291,28 @@ mod tests {
         assert_eq!(read.state_store, StateStoreChoice::RocksDb);
         assert_eq!(read.savepoint.as_deref(), Some("/tmp/sp"));
         assert_eq!(read.shards.map(|l| l.shards()), Some(3));
+        assert_eq!(read.shard_exchange, ShardExchange::Grpc);
+    }
+
+    #[test]
+    fn a_shard_exchange_is_board_or_grpc_and_needs_shards() {
+        let asking = |asked: &[&str]| options(&[experiments(asked)]);
+        assert_eq!(shard_exchange(&asking(&[])), Ok(ShardExchange::Board));
+        assert_eq!(
+            shard_exchange(&asking(&[
+                "refract_shards=2",
+                "refract_shard_exchange=board"
+            ])),
+            Ok(ShardExchange::Board)
+        );
+        let e = shard_exchange(&asking(&["refract_shards=2", "refract_shard_exchange=udp"]))
+            .expect_err("no such exchange");
+        assert!(
+            e.contains("refract_shard_exchange=udp: expected board or grpc"),
+            "{e}"
+        );
+        let e = shard_exchange(&asking(&["refract_shard_exchange=grpc"])).expect_err("one engine");
+        assert!(e.contains("refract_shards=N"), "{e}");
     }
 
     #[test]

@@ -347,6 +347,7 @@ pub(super) async fn run_job(
                 resume_from: latest_checkpoint.as_ref(),
                 mapping: &options.transform_name_mapping,
                 metrics,
+                exchange: options.shard_exchange,
             })
             .await
         } else {

@@ -1,11 +1,12 @@
 //! A job on several engine shards in this process
 //! (`--experiments=refract_shards=N`, see [`super::SHARDS_EXPERIMENT`]):
 //! one engine per shard over the same plan and the same SDK workers,
-//! joined by the in-process exchange, their stage snapshots added up into
-//! the job's, their cuts of each checkpoint epoch put together into the
-//! job's checkpoints. The step before shards on other hosts: the same
-//! engines, the same partitioning, watermarks and epochs, with the
-//! exchange in between.
+//! joined by the in-process board or by the frame protocol over gRPC on
+//! the loopback interface ([`super::SHARD_EXCHANGE_EXPERIMENT`]), their
+//! stage snapshots added up into the job's, their cuts of each checkpoint
+//! epoch put together into the job's checkpoints. The step before shards
+//! on other hosts: the same engines, the same partitioning, watermarks and
+//! epochs, and with gRPC the same transport.
 
 use std::sync::Arc;
 
@@ -18,12 +19,14 @@ use refract_engine::plan::Plan;
 use refract_engine::shards::{ShardLayout, ShardLink};
 use refract_engine::spill::SpillSpace;
 use refract_engine::time::wall_clock_ms;
+use refract_exchange::{LoopbackExchange, DEFAULT_WINDOW_BYTES};
 use refract_jobservice::Job;
 use refract_observability::insights::JobView;
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_store::Checkpoint;
 use tokio::sync::{mpsc, watch};
 
+use super::job_options::ShardExchange;
 use super::resume::resume;
 use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
 use super::JobError;
@@ -55,6 +58,8 @@ pub(super) struct ShardedJob<'a> {
     pub(super) view: &'a JobView,
     /// Each shard's committed metrics, which its cuts hold.
     pub(super) metrics: Arc<ShardMetrics>,
+    /// How the shards exchange.
+    pub(super) exchange: ShardExchange,
 }
 
 /// How a sharded job's checkpoints are written: each epoch, put together
@@ -83,16 +88,21 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         mapping,
         view,
         metrics,
+        exchange,
     } = sharded;
     let durable = if checkpoints.is_some() {
         "each checkpoint an epoch every shard cuts"
     } else {
         "its state is not checkpointed"
     };
+    let joined = match exchange {
+        ShardExchange::Board => "joined in memory",
+        ShardExchange::Grpc => "exchanging over gRPC on the loopback interface",
+    };
     job.message(
         MessageImportance::JobMessageBasic,
         format!(
-            "running on {} engine shards in this process; {durable}",
+            "running on {} engine shards in this process, {joined}; {durable}",
             layout.shards()
         ),
     );
@@ -149,7 +159,18 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         spill: spill.as_ref(),
         metrics: &metrics,
     };
-    let (mut engines, snapshots) = parts.engines(layout, ends, epoch_requests_rx)?;
+    // What may be in flight between two shards: one queue's bound.
+    let (links, loopback) = match exchange {
+        ShardExchange::Board => (ShardLink::in_process(layout), None),
+        ShardExchange::Grpc => {
+            let window = config
+                .max_pending_bytes
+                .clamp(64 << 10, DEFAULT_WINDOW_BYTES);
+            let (loopback, links) = LoopbackExchange::start(layout, window).await?;
+            (links, Some(loopback))
+        }
+    };
+    let (mut engines, snapshots) = parts.engines(links, ends, epoch_requests_rx)?;
     if let Some(checkpoint) = resume_from {
         resume(&mut engines, checkpoint, mapping, job, view, Some(&metrics))?;
     }
@@ -166,6 +187,7 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         let _ = writing.await;
     }
     savepointing.abort();
+    drop(loopback);
     Ok(summary?)
 }
 
@@ -191,18 +213,18 @@ type ShardCheckpointing = (
 );
 
 impl ShardParts<'_> {
-    /// The engine of every shard of `layout` (each with its end of the
+    /// The engine of every shard on `links` (each with its end of the
     /// collector in `ends`, if checkpointed; shard 0 taking epoch
     /// requests), and where each publishes its stage snapshots.
     fn engines(
         &self,
-        layout: ShardLayout,
+        links: Vec<ShardLink>,
         ends: Vec<Option<ShardCheckpointing>>,
         mut epoch_requests: Option<mpsc::Receiver<refract_engine::manager::EpochRequest>>,
     ) -> Result<(Vec<Engine>, Vec<StageSnapshots>), JobError> {
         let mut engines = Vec::new();
         let mut snapshots = Vec::new();
-        for (link, checkpointing) in ShardLink::in_process(layout).into_iter().zip(ends) {
+        for (link, checkpointing) in links.into_iter().zip(ends) {
             let link_id = link.id();
             let (tx, rx) = watch::channel(Vec::new());
             // Bundle ids are unique across the shards sharing the workers.
