@@ -10,6 +10,7 @@ in user state): its results and counters must be exactly the model's.
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -94,6 +95,55 @@ def test_a_job_resumes_from_checkpoints_in_object_storage(request, refract_bin, 
     assert wait_for_end(servers[-1], job) == 'DONE', servers[-1].log_tail()
     assert 'resuming from the job' in servers[-1].log_tail(100_000)
     assert distinct_events(servers[-1].endpoint, job) == events
+  finally:
+    for server in servers:
+      server.stop()
+      kill_group(server)
+    s3.stop()
+  assert read_results(output) == expected_results(events)
+
+
+def test_a_job_resumes_on_another_host_with_its_staged_files(request, refract_bin, tmp_path):
+  """The server is killed mid-job and its state directory removed, and a
+  server with another, empty one (another host's) takes the job over from
+  the bucket alone:
+  the files staged for the job come from the bucket too, the job ends
+  DONE with exact results, and its staged files leave the bucket with
+  it."""
+  s3 = SeaweedS3(tmp_path / 's3').start()
+  output = tmp_path / 'out'
+  output.mkdir()
+  port = free_port()
+  servers = []
+  request.node.refract_processes = servers
+  events = 3 * EVENTS
+  try:
+    servers.append(
+      object_store_server(refract_bin, s3, tmp_path / 'host-a', port, tmp_path / 'refract-a.log')
+    )
+    job = submit(servers[-1].endpoint, output, events=events)
+    wait_for_results(output, servers[-1])
+    wait_for_checkpoints(refract_bin, servers[-1], job)
+    staged = s3.objects('jobs/staged/%s' % job)
+    assert staged, 'no staged file reached the bucket'
+    servers[-1].proc.send_signal(signal.SIGKILL)
+    servers[-1].proc.wait()
+    kill_group(servers[-1])
+    # The host is gone, and its disk with it.
+    shutil.rmtree(tmp_path / 'host-a')
+    servers.append(
+      object_store_server(refract_bin, s3, tmp_path / 'host-b', port, tmp_path / 'refract-b.log')
+    )
+    assert wait_for_end(servers[-1], job) == 'DONE', servers[-1].log_tail()
+    log = servers[-1].log_tail(100_000)
+    assert 'fetched a staged file from the checkpoint store' in log, log
+    assert distinct_events(servers[-1].endpoint, job) == events
+    # Deleted with the job, here and in the bucket, once it is forgotten.
+    deadline = time.monotonic() + 30
+    while s3.objects('jobs/staged/%s' % job) and time.monotonic() < deadline:
+      time.sleep(0.5)
+    assert not s3.objects('jobs/staged/%s' % job)
+    assert not (tmp_path / 'host-b' / 'staged' / job).exists()
   finally:
     for server in servers:
       server.stop()

@@ -207,8 +207,11 @@ fn open_durability(args: &ServeArgs) -> Result<Option<Arc<Durability>>> {
         Some(url) => {
             let store = refract_store::Store::open_url(url)
                 .with_context(|| format!("opening the checkpoint store {url}"))?;
-            info!(checkpoint_store = %url, "job records and checkpoints go to object storage");
-            Durability::open_with(dir, store, every)
+            let files = refract_store::ObjectFiles::open_url(url)
+                .with_context(|| format!("opening the checkpoint store {url}"))?;
+            info!(checkpoint_store = %url,
+                  "job records, checkpoints and staged files go to object storage");
+            Durability::open_with(dir, store, Some(files), every)
         }
         None => Durability::open(dir, every),
     }

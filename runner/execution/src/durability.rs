@@ -25,7 +25,7 @@ use refract_proto::job_api::MetricResults;
 use refract_proto::pipeline::MonitoringInfo;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost_types;
-use refract_store::{Checkpoint, Store, StoreError};
+use refract_store::{Checkpoint, ObjectFiles, Store, StoreError};
 use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
@@ -94,6 +94,10 @@ pub struct Durability {
     tolerable_failures: u32,
     /// Where ended jobs' histories are written (`STATE_DIR/history`).
     history_dir: PathBuf,
+    /// Where jobs' staged files are kept in object storage, with the
+    /// records, if they are; and where they are fetched to on a host
+    /// that does not have them (`STATE_DIR/staged/JOB`).
+    files: Option<(ObjectFiles, PathBuf)>,
 }
 
 impl Durability {
@@ -106,14 +110,19 @@ impl Durability {
     }
 
     /// Keeps records and checkpoints in `store` (object storage, say)
-    /// rather than under `state_dir`, which still holds the histories.
+    /// rather than under `state_dir`, which still holds the histories;
+    /// and the files staged for each job in `files`, if given, so that a
+    /// server on another host resumes the job with them.
     pub fn open_with(
         state_dir: &Path,
         store: Store,
+        files: Option<ObjectFiles>,
         interval: Duration,
     ) -> Result<Self, DurabilityError> {
         create_state_dir(state_dir)?;
-        Ok(Self::over(state_dir, store, interval))
+        let mut durability = Self::over(state_dir, store, interval);
+        durability.files = files.map(|files| (files, state_dir.join("staged")));
+        Ok(durability)
     }
 
     /// Jobs kept in `store`, their histories under `state_dir`.
@@ -123,6 +132,7 @@ impl Durability {
             interval,
             tolerable_failures: 0,
             history_dir: state_dir.join("history"),
+            files: None,
         }
     }
 
@@ -155,14 +165,19 @@ impl Durability {
                 continue;
             }
             match decode_record(&id, &bytes) {
-                Ok((record, pipeline, options)) => jobs.push(RecoveredJob {
-                    id,
-                    name: record.name,
-                    pipeline,
-                    options,
-                    staged: record.staged.into_iter().map(staged_artifact).collect(),
-                    failed: record.failed,
-                }),
+                Ok((record, pipeline, options)) => {
+                    let mut staged: Vec<StagedArtifact> =
+                        record.staged.into_iter().map(staged_artifact).collect();
+                    let fetched = self.fetch_staged(&id, &mut staged);
+                    jobs.push(RecoveredJob {
+                        id,
+                        name: record.name,
+                        pipeline,
+                        options,
+                        staged,
+                        failed: record.failed.or(fetched.err()),
+                    })
+                }
                 Err(error) => {
                     tracing::error!(job = %id, %error,
                                     "skipping a job whose record cannot be read");
@@ -182,10 +197,53 @@ impl Durability {
         Ok(jobs)
     }
 
+    /// Fetches from object storage the staged files of `job` that are
+    /// not where `staged` says (another host wrote the record), and points
+    /// `staged` at the copies; why not, if one cannot be fetched.
+    fn fetch_staged(&self, job: &str, staged: &mut [StagedArtifact]) -> Result<(), String> {
+        let Some((files, staged_dir)) = &self.files else {
+            return Ok(());
+        };
+        let here = |s: &StagedArtifact| std::fs::metadata(&s.path).is_ok_and(|m| m.len() == s.len);
+        if staged.iter().all(here) {
+            return Ok(());
+        }
+        let dir = staged_dir.join(job);
+        refract_private_dirs::create_private_dir_all(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        for artifact in staged.iter_mut().filter(|s| !here(s)) {
+            let to = dir.join(&artifact.sha256);
+            // A copy fetched by an earlier start here is whole: a fetch
+            // renames its file into place only once checked.
+            let fetched_before = std::fs::metadata(&to).is_ok_and(|m| m.len() == artifact.len);
+            if !fetched_before {
+                files
+                    .download(job, &artifact.sha256, to.clone())
+                    .map_err(|e| {
+                        format!(
+                            "its staged file {} is neither here nor fetched from the checkpoint \
+                             store: {e}",
+                            artifact.path.display()
+                        )
+                    })?;
+            }
+            tracing::info!(job, file = %to.display(), "fetched a staged file from the checkpoint store");
+            artifact.path = to;
+        }
+        Ok(())
+    }
+
     /// Records `job`, running on `shards` engine shards (1: one engine),
     /// so that a later server can take it over on as many (a resumed job's
-    /// record loses its failure).
+    /// record loses its failure). With staged files kept in object
+    /// storage, the job's go there first (those already there are not
+    /// sent again), so that a record never names a file the store lacks.
     pub fn remember(&self, job: &Job, shards: u32) -> Result<(), DurabilityError> {
+        if let Some((files, _)) = &self.files {
+            for staged in job.artifacts().staged() {
+                files.upload(job.id(), &staged.sha256, staged.len, staged.path)?;
+            }
+        }
         let record = JobRecord {
             name: job.name().to_string(),
             pipeline: job.pipeline().encode_to_vec(),
@@ -328,6 +386,9 @@ impl Durability {
     /// next start, so the caller should try again.
     pub fn forget(&self, job_id: &str) -> Result<(), DurabilityError> {
         let marked = self.store.mark_ended(job_id);
+        if marked.is_ok() {
+            self.forget_staged(job_id);
+        }
         match (self.store.remove_job(job_id), marked) {
             (Ok(()), _) => Ok(()),
             (Err(removal), Ok(())) => {
@@ -340,12 +401,27 @@ impl Durability {
         }
     }
 
+    /// Deletes an ended job's staged files from object storage and its
+    /// fetched copies here, as far as it can.
+    fn forget_staged(&self, job_id: &str) {
+        if let Some((files, staged_dir)) = &self.files {
+            files.delete_job(job_id);
+            let dir = staged_dir.join(job_id);
+            if dir.exists() {
+                if let Err(error) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(job_id, %error, "cannot remove the job's fetched staged files");
+                }
+            }
+        }
+    }
+
     /// Removes what jobs marked ended still keep (their removal failed
     /// before); they are never resumed. Returns their ids.
     fn sweep_ended(&self) -> Result<std::collections::HashSet<String>, DurabilityError> {
         let ended: std::collections::HashSet<String> =
             self.store.ended_jobs()?.into_iter().collect();
         for id in &ended {
+            self.forget_staged(id);
             match self.store.remove_job(id) {
                 Ok(()) => {
                     tracing::info!(job_id = %id, "removed an ended job an earlier server could not")

@@ -39,7 +39,9 @@
 
 mod kv;
 mod manifest;
+mod object_files;
 mod object_kv;
+mod object_runtime;
 mod object_url;
 pub mod savepoint;
 pub mod savepoint_dir;
@@ -56,6 +58,7 @@ use thiserror::Error;
 
 pub use kv::{Deletion, Kv, MemoryKv, RocksKv};
 use manifest::{Manifest, PartRef};
+pub use object_files::ObjectFiles;
 pub use object_kv::ObjectKv;
 pub use object_url::ObjectUrl;
 pub use savepoint::{read_savepoint, write_savepoint};

@@ -35,6 +35,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parking_lot::Mutex;
 
 use crate::kv::{under, Deletion, Kv};
+use crate::object_runtime::{backend, ObjectRuntime};
 use crate::StoreError;
 
 /// Writes between two snapshots of the index.
@@ -141,7 +142,7 @@ pub struct ObjectKv {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     /// The object store's calls run here, whatever thread asks.
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: ObjectRuntime,
     index: Mutex<Index>,
     /// One write at a time, in sequence order.
     writing: Mutex<()>,
@@ -156,19 +157,6 @@ impl std::fmt::Debug for ObjectKv {
     }
 }
 
-impl Drop for ObjectKv {
-    fn drop(&mut self) {
-        // Dropped on any thread, an async one included.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-fn backend(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("object store: {what}: {e}"))
-}
-
 /// The sequence number an object's name ends with.
 fn sequence_of(path: &Path) -> Option<u64> {
     path.filename()?.parse().ok()
@@ -179,16 +167,10 @@ impl ObjectKv {
     /// reads the heads, and deletes what earlier servers left behind
     /// (heads a snapshot stands for, values no key names).
     pub fn open(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Self, StoreError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("refract-object-store")
-            .enable_all()
-            .build()
-            .map_err(|e| backend("starting its runtime", e))?;
         let kv = ObjectKv {
             store,
             prefix: Path::from(prefix),
-            runtime: Some(runtime),
+            runtime: ObjectRuntime::new()?,
             index: Mutex::default(),
             writing: Mutex::new(()),
         };
@@ -201,12 +183,7 @@ impl ObjectKv {
         &self,
         work: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let runtime = self
-            .runtime
-            .as_ref()
-            .ok_or_else(|| backend("closed", "no runtime"))?;
-        futures::executor::block_on(runtime.spawn(work))
-            .map_err(|e| backend("a call crashed", e))?
+        self.runtime.run(work)
     }
 
     fn head_path(&self, seq: u64) -> Path {

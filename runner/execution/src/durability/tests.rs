@@ -365,6 +365,7 @@ async fn a_done_job_whose_removal_fails_is_never_resumed_and_removed_later() {
         interval: Duration::from_secs(5),
         tolerable_failures: 0,
         history_dir: dir.path().join("history"),
+        files: None,
     };
     for job in [&done, &unmarked] {
         durability.remember(job, 1).unwrap();
@@ -817,4 +818,102 @@ async fn write_the_kept_format_state_dir_and_savepoint() {
     }
     std::fs::create_dir_all(savepoint.parent().unwrap()).unwrap();
     refract_store::savepoint::write_savepoint(&savepoint, &engine_checkpoint_v5()).unwrap();
+}
+
+/// A job taken over from an earlier server whose staged file is at
+/// `path`, holding `bytes`.
+fn taken_over_with_file(id: &str, path: &std::path::Path, bytes: &[u8]) -> RecoveredJob {
+    use sha2::Digest;
+    let sha256: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    RecoveredJob {
+        id: id.into(),
+        name: "staged".into(),
+        pipeline: pipeline("Read lines"),
+        options: options(&[("streaming", "true")]),
+        staged: vec![StagedArtifact {
+            type_urn: urns::artifact::FILE.into(),
+            type_payload: Vec::new(),
+            path: path.to_path_buf(),
+            sha256,
+            len: bytes.len() as u64,
+        }],
+        failed: None,
+    }
+}
+
+/// A durability over `bucket` (records and staged files), its state
+/// directory `state`.
+fn over_bucket(bucket: &Arc<dyn object_store::ObjectStore>, state: &std::path::Path) -> Durability {
+    let store = Store::new(refract_store::ObjectKv::open(bucket.clone(), "jobs").unwrap());
+    let files = ObjectFiles::new(bucket.clone(), "jobs").unwrap();
+    Durability::open_with(state, store, Some(files), Duration::from_secs(5)).unwrap()
+}
+
+/// A bucket in memory holding job `id`, remembered by a server on host A
+/// with a staged file holding `bytes`; and host A's state directory,
+/// which still has the file.
+async fn remembered_on_host_a(
+    dir: &tempfile::TempDir,
+    id: &str,
+    bytes: &[u8],
+) -> (Arc<dyn object_store::ObjectStore>, std::path::PathBuf) {
+    let bucket: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::memory::InMemory::new());
+    let host_a = dir.path().join("host-a");
+    std::fs::create_dir_all(&host_a).unwrap();
+    let file = host_a.join("pipeline.whl");
+    std::fs::write(&file, bytes).unwrap();
+    let mut service = JobService::start(vec![taken_over_with_file(id, &file, bytes)]).await;
+    let job = service.next_started().await;
+    let a = over_bucket(&bucket, &host_a);
+    tokio::task::block_in_place(|| a.remember(&job, 1)).unwrap();
+    (bucket, host_a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_files_follow_a_job_to_another_host_through_object_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bucket, host_a) = remembered_on_host_a(&dir, "staged-1", b"the pipeline's wheel").await;
+    // Host A is gone, and its disk with it.
+    std::fs::remove_dir_all(&host_a).unwrap();
+    let host_b = dir.path().join("host-b");
+    let b = over_bucket(&bucket, &host_b);
+    let jobs = tokio::task::block_in_place(|| b.recovered_jobs()).unwrap();
+    let recovered = find(&jobs, "staged-1");
+    assert_eq!(recovered.failed, None);
+    let fetched = &recovered.staged[0].path;
+    assert!(
+        fetched.starts_with(host_b.join("staged").join("staged-1")),
+        "{fetched:?}"
+    );
+    assert_eq!(std::fs::read(fetched).unwrap(), b"the pipeline's wheel");
+    // Forgotten, the job's files go from the bucket and from here: a
+    // third host finds the job gone.
+    tokio::task::block_in_place(|| b.forget("staged-1")).unwrap();
+    assert!(!host_b.join("staged").join("staged-1").exists());
+    let c = over_bucket(&bucket, &dir.path().join("host-c"));
+    assert!(tokio::task::block_in_place(|| c.recovered_jobs())
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_file_neither_here_nor_in_the_bucket_fails_the_job_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bucket, host_a) = remembered_on_host_a(&dir, "lost-1", b"wheel").await;
+    // Someone emptied the job's staged files from the bucket.
+    ObjectFiles::new(bucket.clone(), "jobs")
+        .unwrap()
+        .delete_job("lost-1");
+    std::fs::remove_dir_all(&host_a).unwrap();
+    let b = over_bucket(&bucket, &dir.path().join("host-b"));
+    let jobs = tokio::task::block_in_place(|| b.recovered_jobs()).unwrap();
+    let failed = find(&jobs, "lost-1").failed.clone().unwrap_or_default();
+    assert!(
+        failed.contains("is neither here nor fetched from the checkpoint store"),
+        "{failed}"
+    );
 }
