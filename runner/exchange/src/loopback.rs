@@ -30,6 +30,7 @@ pub struct LoopbackExchange {
     host: ExchangeHost,
     key: SessionKey,
     stop: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl LoopbackExchange {
@@ -56,7 +57,7 @@ impl LoopbackExchange {
         let host = ExchangeHost::default();
         let (stop, stopped) = oneshot::channel::<()>();
         let service = host.service();
-        tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
@@ -104,6 +105,7 @@ impl LoopbackExchange {
                 host,
                 key,
                 stop: Some(stop),
+                server: Some(server),
             },
             links,
         ))
@@ -112,6 +114,18 @@ impl LoopbackExchange {
     /// Where its server listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stops the server once its streams ended (they end with their
+    /// shards' ends, so drop the links first), and waits until it did.
+    pub async fn stop(mut self) {
+        self.host.remove(&self.key);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
     }
 }
 

@@ -93,6 +93,57 @@ async fn header<T>(
     }
 }
 
+/// Applies the frames of the stream from `from` to `end`, in order,
+/// until the stream ends, breaks (which fails the shard's run), or brings
+/// a malformed frame (likewise). Once the shard's engine is gone, what
+/// still arrives is dropped with its credit given back, so that its sender
+/// never waits on a shard that will not take.
+async fn take_frames(
+    mut inbound: Streaming<pb::FrameMessage>,
+    from: refract_engine::shards::ShardId,
+    end: std::sync::Weak<refract_engine::shards::peer::PeerEnd>,
+    credit: &mpsc::UnboundedSender<u64>,
+) {
+    let mut reader = FrameReader::default();
+    loop {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            // The sender is done: its engine is gone.
+            Ok(None) => return,
+            Err(status) => {
+                if let Some(end) = end.upgrade() {
+                    end.lose(format!("the stream from {from} broke: {status}"));
+                }
+                return;
+            }
+        };
+        let frame = match reader.read(message) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => continue,
+            Err(error) => {
+                warn!(%from, %error, "a malformed frame: the shard's run fails");
+                if let Some(end) = end.upgrade() {
+                    end.lose(format!("{from} sent {error}"));
+                }
+                return;
+            }
+        };
+        let charge = frame.charge() as u64;
+        match end.upgrade() {
+            // A delivery's credit goes back once the engine takes it; any
+            // other frame is applied at once.
+            Some(end) if matches!(frame, Frame::Deliver(_)) => end.receive(from, frame),
+            Some(end) => {
+                end.receive(from, frame);
+                let _ = credit.send(charge);
+            }
+            None => {
+                let _ = credit.send(charge);
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl ShardExchange for ExchangeService {
     type FramesStream = Answers<pb::Credit>;
@@ -118,44 +169,13 @@ impl ShardExchange for ExchangeService {
         let (credit_tx, credit_rx) = mpsc::unbounded_channel();
         local.credit.open(from, to, credit_tx.clone())?;
         let end = local.end.clone();
+        let routes = local.credit.clone();
         debug!(%from, %to, "a shard's frames stream opened");
         tokio::spawn(async move {
-            let mut reader = FrameReader::default();
-            loop {
-                let message = match inbound.message().await {
-                    Ok(Some(message)) => message,
-                    // The sender is done: its engine is gone.
-                    Ok(None) => return,
-                    Err(status) => {
-                        if let Some(end) = end.upgrade() {
-                            end.lose(format!("the stream from {from} broke: {status}"));
-                        }
-                        return;
-                    }
-                };
-                let Some(end) = end.upgrade() else {
-                    // This shard's engine is gone: nothing more to take.
-                    return;
-                };
-                match reader.read(message) {
-                    Ok(Some(frame)) => {
-                        let charge = frame.charge();
-                        let delivery = matches!(frame, Frame::Deliver(_));
-                        end.receive(from, frame);
-                        // A delivery's credit goes back once the engine
-                        // takes it; any other frame is applied at once.
-                        if !delivery {
-                            let _ = credit_tx.send(charge as u64);
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        warn!(%from, %to, %error, "a malformed frame: the shard's run fails");
-                        end.lose(format!("{from} sent {error}"));
-                        return;
-                    }
-                }
-            }
+            take_frames(inbound, from, end, &credit_tx).await;
+            // The credit stream ends with the frames stream, so that the
+            // call completes on both sides.
+            routes.close(from, &credit_tx);
         });
         let credit = UnboundedReceiverStream::new(credit_rx)
             .map(|bytes| pb::Credit { bytes })
@@ -184,11 +204,12 @@ impl ShardExchange for ExchangeService {
                     Ok(report) => session.report(from, report),
                     Err(error) => {
                         warn!(%from, %error, "a malformed report: its stream is dropped");
-                        session.close_reports(from);
-                        return;
+                        break;
                     }
                 }
             }
+            // The note stream ends with the report stream.
+            session.close_reports(from);
         });
         let notes = UnboundedReceiverStream::new(notes_rx)
             .map(note_message)

@@ -82,6 +82,17 @@ impl CreditRoutes {
         Ok(())
     }
 
+    /// The stream from `from` whose credit went down `route` ended: its
+    /// credit stream ends too, once the stream's own task lets go of its
+    /// copy of `route` (a newer stream's route stays).
+    pub fn close(&self, from: ShardId, route: &mpsc::UnboundedSender<u64>) {
+        if let Some(slot) = self.routes.lock().get_mut(from.index()) {
+            if slot.as_ref().is_some_and(|open| open.same_channel(route)) {
+                *slot = None;
+            }
+        }
+    }
+
     /// Gives `bytes` of credit back to `from`'s stream, if it is open.
     pub fn give(&self, from: ShardId, bytes: usize) {
         if let Some(Some(route)) = self.routes.lock().get(from.index()) {

@@ -208,3 +208,30 @@ async fn streams_of_no_session_here_are_refused_and_harm_nothing() {
     let took = take_until(&links[1], 0, |r| !r.deliveries.is_empty()).await;
     assert!(took.iter().all(|r| r.lost.is_none()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_exchange_lets_go_of_its_port() {
+    let (exchange, links) = LoopbackExchange::start(layout(3), 64 << 10)
+        .await
+        .expect("an exchange");
+    let addr = exchange.addr();
+    for link in &links {
+        link.publish([(1, false)].into_iter());
+    }
+    links[0].send([(shard(1), owned(vec![1; 100]))]);
+    take_until(&links[1], 1, |r| !r.deliveries.is_empty()).await;
+    // Every stream ends with its shard, so the server, which waits for
+    // its calls to complete, stops; and nothing listens there any more.
+    drop(links);
+    tokio::time::timeout(Duration::from_secs(10), exchange.stop())
+        .await
+        .expect("the server stops once its shards are gone");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the exchange still listens on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

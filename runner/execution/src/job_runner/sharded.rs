@@ -187,9 +187,20 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         let _ = writing.await;
     }
     savepointing.abort();
-    drop(loopback);
+    if let Some(loopback) = loopback {
+        // Its streams ended with the shards' engines.
+        if tokio::time::timeout(EXCHANGE_STOP, loopback.stop())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the shards' exchange server did not stop within 10 s");
+        }
+    }
     Ok(summary?)
 }
+
+/// How long the end of a run waits for its exchange's server to stop.
+const EXCHANGE_STOP: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What every shard's engine of one job is built from.
 struct ShardParts<'a> {
