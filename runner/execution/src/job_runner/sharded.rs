@@ -159,17 +159,7 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
         spill: spill.as_ref(),
         metrics: &metrics,
     };
-    // What may be in flight between two shards: one queue's bound.
-    let (links, loopback) = match exchange {
-        ShardExchange::Board => (ShardLink::in_process(layout), None),
-        ShardExchange::Grpc => {
-            let window = config
-                .max_pending_bytes
-                .clamp(64 << 10, DEFAULT_WINDOW_BYTES);
-            let (loopback, links) = LoopbackExchange::start(layout, window).await?;
-            (links, Some(loopback))
-        }
-    };
+    let (links, loopback) = join_shards(layout, exchange, config.max_pending_bytes).await?;
     let (mut engines, snapshots) = parts.engines(links, ends, epoch_requests_rx)?;
     if let Some(checkpoint) = resume_from {
         resume(&mut engines, checkpoint, mapping, job, view, Some(&metrics))?;
@@ -188,15 +178,39 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
     }
     savepointing.abort();
     if let Some(loopback) = loopback {
-        // Its streams ended with the shards' engines.
-        if tokio::time::timeout(EXCHANGE_STOP, loopback.stop())
-            .await
-            .is_err()
-        {
-            tracing::warn!("the shards' exchange server did not stop within 10 s");
-        }
+        stop_exchange(loopback).await;
     }
     Ok(summary?)
+}
+
+/// The links of `layout`'s shards over `exchange`, and the loopback
+/// exchange carrying them, if any, to stop once the shards are done.
+/// What may be in flight from one shard to all the others is one queue's
+/// bound (`queue_bound`), shared by its streams.
+async fn join_shards(
+    layout: ShardLayout,
+    exchange: ShardExchange,
+    queue_bound: usize,
+) -> Result<(Vec<ShardLink>, Option<LoopbackExchange>), JobError> {
+    Ok(match exchange {
+        ShardExchange::Board => (ShardLink::in_process(layout), None),
+        ShardExchange::Grpc => {
+            let others = (layout.shards() as usize).saturating_sub(1).max(1);
+            let window = (queue_bound / others).clamp(64 << 10, DEFAULT_WINDOW_BYTES);
+            let (loopback, links) = LoopbackExchange::start(layout, window).await?;
+            (links, Some(loopback))
+        }
+    })
+}
+
+/// Stops `loopback`, whose streams ended with the shards' engines.
+async fn stop_exchange(loopback: LoopbackExchange) {
+    if tokio::time::timeout(EXCHANGE_STOP, loopback.stop())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the shards' exchange server did not stop within 10 s");
+    }
 }
 
 /// How long the end of a run waits for its exchange's server to stop.
