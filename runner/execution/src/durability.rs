@@ -208,7 +208,8 @@ impl Durability {
         if staged.iter().all(here) {
             return Ok(());
         }
-        let dir = staged_dir.join(job);
+        let dir = fetched_dir(staged_dir, job)
+            .ok_or_else(|| format!("its id {job:?} cannot name a directory"))?;
         refract_private_dirs::create_private_dir_all(&dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         for artifact in staged.iter_mut().filter(|s| !here(s)) {
@@ -406,7 +407,9 @@ impl Durability {
     fn forget_staged(&self, job_id: &str) {
         if let Some((files, staged_dir)) = &self.files {
             files.delete_job(job_id);
-            let dir = staged_dir.join(job_id);
+            let Some(dir) = fetched_dir(staged_dir, job_id) else {
+                return;
+            };
             if dir.exists() {
                 if let Err(error) = std::fs::remove_dir_all(&dir) {
                     tracing::warn!(job_id, %error, "cannot remove the job's fetched staged files");
@@ -516,6 +519,13 @@ impl Durability {
 }
 
 /// Creates `state_dir` (private) if it is missing.
+/// Where `job`'s fetched staged files go under `staged_dir`; none for an
+/// id that would reach outside it.
+fn fetched_dir(staged_dir: &Path, job: &str) -> Option<PathBuf> {
+    let plain = !job.is_empty() && job != "." && job != ".." && !job.contains(['/', '\\', '\0']);
+    plain.then(|| staged_dir.join(job))
+}
+
 fn create_state_dir(state_dir: &Path) -> Result<(), DurabilityError> {
     refract_private_dirs::create_private_dir_all(state_dir)
         .map_err(|e| StoreError::Backend(format!("creating {}: {e}", state_dir.display())))?;

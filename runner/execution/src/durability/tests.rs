@@ -917,3 +917,12 @@ async fn a_staged_file_neither_here_nor_in_the_bucket_fails_the_job_saying_so() 
         "{failed}"
     );
 }
+
+#[test]
+fn fetched_staged_files_stay_under_their_directory() {
+    let root = std::path::Path::new("/state/staged");
+    assert_eq!(fetched_dir(root, "job-1"), Some(root.join("job-1")));
+    for id in ["", ".", "..", "../x", "a/b", "a\\b", "a\0b"] {
+        assert_eq!(fetched_dir(root, id), None, "{id:?}");
+    }
+}
