@@ -204,7 +204,7 @@ impl Durability {
         let Some((files, staged_dir)) = &self.files else {
             return Ok(());
         };
-        let here = |s: &StagedArtifact| std::fs::metadata(&s.path).is_ok_and(|m| m.len() == s.len);
+        let here = |s: &StagedArtifact| whole_at(&s.path, s.len);
         if staged.iter().all(here) {
             return Ok(());
         }
@@ -216,8 +216,7 @@ impl Durability {
             let to = dir.join(&artifact.sha256);
             // A copy fetched by an earlier start here is whole: a fetch
             // renames its file into place only once checked.
-            let fetched_before = std::fs::metadata(&to).is_ok_and(|m| m.len() == artifact.len);
-            if !fetched_before {
+            if !whole_at(&to, artifact.len) {
                 files
                     .download(job, &artifact.sha256, to.clone())
                     .map_err(|e| {
@@ -519,6 +518,11 @@ impl Durability {
 }
 
 /// Creates `state_dir` (private) if it is missing.
+/// Whether a staged file of `len` bytes is at `path`.
+fn whole_at(path: &Path, len: u64) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() == len)
+}
+
 /// Where `job`'s fetched staged files go under `staged_dir`; none for an
 /// id that would reach outside it.
 fn fetched_dir(staged_dir: &Path, job: &str) -> Option<PathBuf> {

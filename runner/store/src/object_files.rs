@@ -129,11 +129,7 @@ impl ObjectFiles {
                     .map_err(|e| backend(&what, e))?;
             }
             sink.sync_all().await.map_err(|e| backend(&what, e))?;
-            let got: String = digest
-                .finalize()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let got = hex::encode(digest.finalize());
             if got != want {
                 let _ = tokio::fs::remove_file(&partial).await;
                 return Err(backend(&what, format!("its SHA-256 is {got}, not {want}")));
@@ -172,10 +168,7 @@ mod tests {
     use super::*;
 
     fn sha256_hex(bytes: &[u8]) -> String {
-        Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex::encode(Sha256::digest(bytes))
     }
 
     #[test]

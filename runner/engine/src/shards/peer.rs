@@ -207,6 +207,18 @@ impl PeerEnd {
         self.id
     }
 
+    /// Takes the inbox's deliveries out, giving their credit back to
+    /// their senders.
+    fn empty_inbox(&self, board: &mut PeerBoard) -> Vec<Handed> {
+        for (from, charge) in board.inbox_charge.iter_mut().enumerate() {
+            if *charge > 0 {
+                self.wire
+                    .taken(ShardId(from as u32), std::mem::take(charge));
+            }
+        }
+        std::mem::take(&mut board.inbox)
+    }
+
     /// Sends `frame` to every other shard.
     fn broadcast(&self, board: &mut PeerBoard, frame: Frame) {
         let me = self.id.index();
@@ -238,13 +250,7 @@ impl ExchangeEnd for PeerEnd {
     fn take(&self, stages: usize) -> Received {
         let mut board = self.board.lock();
         let me = self.id.index();
-        let deliveries = std::mem::take(&mut board.inbox);
-        for (from, charge) in board.inbox_charge.iter_mut().enumerate() {
-            if *charge > 0 {
-                self.wire
-                    .taken(ShardId(from as u32), std::mem::take(charge));
-            }
-        }
+        let deliveries = self.empty_inbox(&mut board);
         Received {
             deliveries,
             watermarks: board.published.others_watermarks(me, stages),
@@ -295,13 +301,7 @@ impl ExchangeEnd for PeerEnd {
         board.published.finish(self.id.index());
         self.broadcast(&mut board, Frame::Finished);
         // Deliveries left in the inbox will never be taken here.
-        board.inbox.clear();
-        for (from, charge) in board.inbox_charge.iter_mut().enumerate() {
-            if *charge > 0 {
-                self.wire
-                    .taken(ShardId(from as u32), std::mem::take(charge));
-            }
-        }
+        self.empty_inbox(&mut board);
         self.wire.to_detector(Report::Finished {
             sent: board.sent.clone(),
         });

@@ -824,10 +824,7 @@ async fn write_the_kept_format_state_dir_and_savepoint() {
 /// `path`, holding `bytes`.
 fn taken_over_with_file(id: &str, path: &std::path::Path, bytes: &[u8]) -> RecoveredJob {
     use sha2::Digest;
-    let sha256: String = sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256 = hex::encode(sha2::Sha256::digest(bytes));
     RecoveredJob {
         id: id.into(),
         name: "staged".into(),
