@@ -35,6 +35,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.portability.api import endpoints_pb2
 
+from refract_testlib import accepts
 from refract_testlib import children_by_parent
 from refract_testlib import free_port
 from refract_testlib import read_log_tail
@@ -268,8 +269,13 @@ def test_one_pool_per_node_following_nodes_that_join_and_leave(cluster, client_p
   """Through a Ray Client address, as `--worker_pool ray://HEAD:PORT`."""
   cluster.add_node(**NODE)
   first = [n.node_id for n in cluster.list_all_nodes()]
+  head_ip = cluster.head_node.node_ip_address
+  # The head starts its Ray Client server as a process of its own, which
+  # may still be importing when the cluster is up: a user's sidecar is
+  # pointed at a head that serves.
+  wait_until('the Ray Client server listening', lambda: accepts(client_port, head_ip), 60)
   started = time.monotonic()
-  sidecar = sidecar_for('ray://%s:%d' % (cluster.head_node.node_ip_address, client_port))
+  sidecar = sidecar_for('ray://%s:%d' % (head_ip, client_port))
 
   adds = expect_adds(sidecar, first, FIRST_POOLS_S)
   print('first pools up in %.1fs' % (time.monotonic() - started))
