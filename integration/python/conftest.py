@@ -12,11 +12,16 @@ import sys
 
 import pytest
 
+import xlang_services
 from refract_testlib import RefractServer
+from refract_testlib import accepts
+from refract_testlib import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'integration', 'wordcount'))
+# integration/java's worker pool (see `worker_pool`).
+POOL_MAIN = 'org.refract.examples.ProcessWorkerPool'
 
 
 @pytest.fixture(scope='session')
@@ -50,6 +55,32 @@ def refract_server(request, refract_bin, tmp_path):
       % (exit_code, server.log_tail()),
       pytrace=False,
     )
+
+
+@pytest.fixture
+def java_classpath():
+  """integration/java's classpath, built with Maven when needed."""
+  return xlang_services.common_sh('refract_java_classpath')
+
+
+@pytest.fixture
+def worker_pool(tmp_path, java_classpath):
+  """A Java worker pool in a process of its own, which outlives the runner
+  and the clients that submit to it: ProcessWorkerPool (integration/java),
+  which starts each SDK worker as a JVM of its own, as Beam's Java container
+  does in worker-pool mode. (Beam's ExternalWorkerService runs them as
+  threads sharing one executor, which the first worker to end shuts down:
+  it cannot serve a restarted runner.) Yields (address, process)."""
+  port = free_port()
+  pool = xlang_services.ServiceProcess(
+    'Java worker pool',
+    ['java', '-Xmx256m', '-cp', java_classpath, POOL_MAIN, port, '512m'],
+    tmp_path / 'worker-pool.log',
+  )
+  with xlang_services._running(  # pylint: disable=protected-access
+    pool, lambda: accepts(port)
+  ):
+    yield 'localhost:%d' % port, pool
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -319,6 +319,44 @@ def ui_server(refract_bin, log_path, extra_args=()):
   return server, 'http://127.0.0.1:%d' % ui_port
 
 
+def refract_cli(binary, server, *args, check=True):
+  """Runs `refract ARGS --job_endpoint` against `server`: the finished
+  process (its exit code checked unless `check` is false)."""
+  done = subprocess.run(
+    [binary, *args, '--job_endpoint', server.endpoint], capture_output=True, text=True, timeout=60
+  )
+  if check:
+    assert done.returncode == 0, done.stderr + done.stdout
+  return done
+
+
+def submit_java(java_classpath, main, endpoint, pool, log, *args):
+  """Runs Java pipeline `main` (integration/java) with PortableRunner to
+  its submission, its workers from the EXTERNAL worker pool at `pool`,
+  its output in file `log`: (exit code, what it printed)."""
+  with open(log, 'wb') as out:
+    done = subprocess.run(
+      [
+        'java',
+        '-cp',
+        java_classpath,
+        main,
+        '--runner=PortableRunner',
+        '--jobEndpoint=' + endpoint,
+        '--defaultEnvironmentType=EXTERNAL',
+        '--defaultEnvironmentConfig=' + pool,
+        *args,
+      ],
+      stdin=subprocess.DEVNULL,
+      stdout=out,
+      stderr=subprocess.STDOUT,
+      timeout=180,
+      check=False,
+    )
+  with open(log, encoding='utf-8', errors='replace') as f:
+    return done.returncode, f.read()
+
+
 def job_state(endpoint, job_id):
   with grpc.insecure_channel(endpoint) as channel:
     stub = beam_job_api_pb2_grpc.JobServiceStub(channel)

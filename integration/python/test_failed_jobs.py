@@ -13,6 +13,7 @@ from refract_testlib import committed_counter
 from refract_testlib import durable_server
 from refract_testlib import free_port
 from refract_testlib import job_state
+from refract_testlib import refract_cli
 from refract_testlib import wait_for_end
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,15 +21,6 @@ PIPELINE = os.path.join(HERE, 'resumable_pipeline.py')
 BOOT = os.path.join(os.path.dirname(HERE), 'python_boot.sh')
 NUMBERS = 3000
 POISON_AT = 1000  # key 1
-
-
-def refract(binary, server, *args, check=True):
-  done = subprocess.run(
-    [binary, *args, '--job_endpoint', server.endpoint], capture_output=True, text=True, timeout=60
-  )
-  if check:
-    assert done.returncode == 0, done.stderr + done.stdout
-  return done
 
 
 def expected():
@@ -86,10 +78,10 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(request, refract_bin, 
     job = done.stdout.strip().splitlines()[-1]
     assert wait_for_end(servers[-1], job) == 'FAILED', servers[-1].log_tail()
 
-    status = refract(refract_bin, servers[-1], 'status', job).stdout
+    status = refract_cli(refract_bin, servers[-1], 'status', job).stdout
     assert 'failed: ' in status and 'poisoned at %d' % POISON_AT in status, status
     assert 'refract resume %s' % job in status, status
-    logs = refract(refract_bin, servers[-1], 'logs', job).stdout
+    logs = refract_cli(refract_bin, servers[-1], 'logs', job).stdout
     assert 'record and latest checkpoint are kept' in logs, logs
     history = state_dir / 'history' / ('%s.json' % job)
     assert json.loads(history.read_text())['state'] == 'FAILED'
@@ -101,14 +93,14 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(request, refract_bin, 
       durable_server(refract_bin, state_dir, port, tmp_path / 'refract-1.log', interval='0s')
     )
     assert job_state(servers[-1].endpoint, job) == 'FAILED'
-    listed = refract(refract_bin, servers[-1], 'jobs').stdout
+    listed = refract_cli(refract_bin, servers[-1], 'jobs').stdout
     assert any(line.split('\t')[:2] == [job, 'FAILED'] for line in listed.splitlines()), listed
 
     poison.unlink()
-    resumed = refract(refract_bin, servers[-1], 'resume', job).stdout
+    resumed = refract_cli(refract_bin, servers[-1], 'resume', job).stdout
     assert resumed.startswith(job + ': '), resumed
     assert wait_for_end(servers[-1], job) == 'DONE', servers[-1].log_tail()
-    logs = refract(refract_bin, servers[-1], 'logs', job).stdout
+    logs = refract_cli(refract_bin, servers[-1], 'logs', job).stdout
     resumed_from = [line for line in logs.splitlines() if 'resumed from checkpoint' in line]
     assert resumed_from, logs
     assert read_results(output) == expected()
@@ -116,12 +108,12 @@ def test_a_failed_job_is_kept_resumed_exactly_and_deleted(request, refract_bin, 
     assert committed_counter(servers[-1].endpoint, job, 'applied') == NUMBERS
 
     # Finished: nothing of it is kept but its history; delete forgets it.
-    refract(refract_bin, servers[-1], 'delete', job)
-    gone = refract(refract_bin, servers[-1], 'status', job, check=False)
+    refract_cli(refract_bin, servers[-1], 'delete', job)
+    gone = refract_cli(refract_bin, servers[-1], 'status', job, check=False)
     assert gone.returncode != 0 and 'no job' in gone.stderr, gone.stderr
     servers[-1].stop()
     servers.append(durable_server(refract_bin, state_dir, port, tmp_path / 'refract-2.log'))
-    listed = refract(refract_bin, servers[-1], 'jobs').stdout
+    listed = refract_cli(refract_bin, servers[-1], 'jobs').stdout
     assert job not in listed, listed
   finally:
     for s in servers:
@@ -137,8 +129,8 @@ def test_only_ended_jobs_can_be_deleted_and_only_failed_ones_resumed(refract_ser
   result = p.run()
   result.wait_until_finish()
   job = result._job_id
-  refused = refract(refract_bin, refract_server, 'resume', job, check=False)
+  refused = refract_cli(refract_bin, refract_server, 'resume', job, check=False)
   assert refused.returncode != 0 and 'only a failed job' in refused.stderr, refused.stderr
-  refract(refract_bin, refract_server, 'delete', job)
-  listed = refract(refract_bin, refract_server, 'jobs').stdout
+  refract_cli(refract_bin, refract_server, 'delete', job)
+  listed = refract_cli(refract_bin, refract_server, 'jobs').stdout
   assert job not in listed, listed

@@ -25,7 +25,6 @@ partition far ahead in event time closes them all.
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -37,11 +36,11 @@ from apache_beam.portability.api import beam_job_api_pb2_grpc
 
 import xlang_services
 from refract_testlib import (
-  accepts,
   durable_server,
   free_port,
   job_messages,
   job_state,
+  submit_java,
   wait_for_end,
 )
 
@@ -49,7 +48,6 @@ from refract_testlib import (
 pytestmark = pytest.mark.timeout(600)
 
 PIPELINE_MAIN = 'org.refract.examples.KafkaExactlyOnce'
-POOL_MAIN = 'org.refract.examples.ProcessWorkerPool'
 INPUT_TOPIC = 'eos-input'
 OUTPUT_TOPIC = 'eos-output'
 INPUT_GROUP = 'refract-eos-input'
@@ -262,67 +260,30 @@ def kill_and_restart(servers, refract_bin, state_dir, port, log):
 
 
 @pytest.fixture
-def java_classpath():
-  return xlang_services.common_sh('refract_java_classpath')
-
-
-@pytest.fixture
 def kafka(tmp_path):
   processes = []
   with xlang_services.kafka_broker(tmp_path, process=processes) as bootstrap:
     yield bootstrap, processes[0]
 
 
-@pytest.fixture
-def worker_pool(tmp_path, java_classpath):
-  """A Java worker pool in a process of its own, which outlives the runner:
-  ProcessWorkerPool (integration/java), which starts each SDK worker as a
-  JVM of its own, as Beam's Java container does in worker-pool mode. (Beam's
-  ExternalWorkerService runs them as threads sharing one executor, which the
-  first worker to end shuts down: it cannot serve a restarted runner.)"""
-  port = free_port()
-  pool = xlang_services.ServiceProcess(
-    'Java worker pool',
-    ['java', '-Xmx256m', '-cp', java_classpath, POOL_MAIN, port, '512m'],
-    tmp_path / 'worker-pool.log',
-  )
-  with xlang_services._running(  # pylint: disable=protected-access
-    pool, lambda: accepts(port)
-  ):
-    yield 'localhost:%d' % port, pool
-
-
 def submit(java_classpath, endpoint, pool, bootstrap, log, extra=()):
   """Submits the streaming job with the Java client, which leaves once the
   server has it; returns the job id."""
-  with open(log, 'wb') as out:
-    done = subprocess.run(
-      [
-        'java',
-        '-cp',
-        java_classpath,
-        PIPELINE_MAIN,
-        '--runner=PortableRunner',
-        '--jobEndpoint=' + endpoint,
-        '--defaultEnvironmentType=EXTERNAL',
-        '--defaultEnvironmentConfig=' + pool,
-        '--bootstrapServers=' + bootstrap,
-        '--inputTopic=' + INPUT_TOPIC,
-        '--outputTopic=' + OUTPUT_TOPIC,
-        '--inputGroup=' + INPUT_GROUP,
-        '--sinkGroup=' + SINK_GROUP,
-        '--windowMillis=%d' % WINDOW_MS,
-        *extra,
-      ],
-      stdin=subprocess.DEVNULL,
-      stdout=out,
-      stderr=subprocess.STDOUT,
-      timeout=180,
-      check=False,
-    )
-  with open(log, encoding='utf-8', errors='replace') as f:
-    text = f.read()
-  assert done.returncode == 0 and 'submitted' in text, text[-4000:]
+  code, text = submit_java(
+    java_classpath,
+    PIPELINE_MAIN,
+    endpoint,
+    pool,
+    log,
+    '--bootstrapServers=' + bootstrap,
+    '--inputTopic=' + INPUT_TOPIC,
+    '--outputTopic=' + OUTPUT_TOPIC,
+    '--inputGroup=' + INPUT_GROUP,
+    '--sinkGroup=' + SINK_GROUP,
+    '--windowMillis=%d' % WINDOW_MS,
+    *extra,
+  )
+  assert code == 0 and 'submitted' in text, text[-4000:]
   return only_job(endpoint)
 
 

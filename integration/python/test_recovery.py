@@ -28,6 +28,7 @@ from refract_testlib import (
   durable_server,
   free_port,
   job_state,
+  refract_cli,
   ui_server,
   wait_for_end,
 )
@@ -480,12 +481,7 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
     assert wait_for_end(server, new) == 'DONE', server.log_tail()
     assert distinct_events(server.endpoint, new, step='Counted') == events
     # `refract jobs` links the two.
-    listed = subprocess.run(
-      [refract_bin, 'jobs', '--job_endpoint', server.endpoint],
-      capture_output=True,
-      text=True,
-      timeout=30,
-    ).stdout
+    listed = refract_cli(refract_bin, server, 'jobs').stdout
     assert '%s\tUPDATED\tjob\treplaced by %s' % (old, new) in listed, listed
     assert '%s\tDONE\tjob\treplaces %s' % (new, old) in listed, listed
   finally:

@@ -79,7 +79,7 @@ use slot_groups::SlotGroups;
 pub use snapshot::{
     describe_checkpoint, CheckpointInfo, SnapshotError, OLDEST_SNAPSHOT_VERSION, SNAPSHOT_VERSION,
 };
-pub use stage_map::{check_update, NameMapping};
+pub use stage_map::{check_update, renamed_name, NameMapping};
 use stage_state::{KindState, StageState};
 pub use stats::StageStats;
 pub use strict::{Replay, StrictReport, Strictness};

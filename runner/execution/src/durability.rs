@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
-use refract_engine::manager::{describe_checkpoint, CheckpointProgress, NameMapping};
+use refract_engine::manager::{describe_checkpoint, renamed_name, CheckpointProgress, NameMapping};
 use refract_jobservice::{Job, RecoveredJob, StagedArtifact};
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::MetricResults;
@@ -630,10 +630,7 @@ pub fn checkpointed_metrics(
         job.metrics().transform_ids_by_name()
     };
     let new_id = |old_id: &str| match old_names.get(old_id) {
-        Some(name) => {
-            let name = renamed.get(name).unwrap_or(name);
-            new_ids.get(name).cloned()
-        }
+        Some(name) => renamed_name(renamed, name).and_then(|name| new_ids.get(&name).cloned()),
         None => Some(old_id.to_string()),
     };
     results

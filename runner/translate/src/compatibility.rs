@@ -14,6 +14,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
+use refract_engine::manager::renamed_name;
 use refract_proto::pipeline as pb;
 use refract_proto::urns;
 
@@ -21,8 +22,9 @@ use crate::coders::MAX_ENGINE_CODER_NODES;
 use crate::payloads::{decode_pardo, state_coders};
 
 /// Every reason the state the transforms of `old` keep could not be read
-/// by those of `new` (`renamed`: old unique name → new, `""`: removed),
-/// each naming its transform; empty when it can.
+/// by those of `new` (`renamed`: old unique name or prefix → new, `""`:
+/// removed, read by [`renamed_name`]), each naming its transform; empty
+/// when it can.
 pub fn state_compatibility(
     old: &pb::Pipeline,
     new: &pb::Pipeline,
@@ -31,12 +33,10 @@ pub fn state_compatibility(
     let (old_side, new_side) = (Side::of(old), Side::of(new));
     let mut refusals = Vec::new();
     for (name, transform) in &old_side.by_name {
-        let now_named = match renamed.get(*name) {
-            Some(to) if to.is_empty() => continue,
-            Some(to) => to.as_str(),
-            None => name,
+        let Some(now_named) = renamed_name(renamed, name) else {
+            continue;
         };
-        let Some(now) = new_side.by_name.get(now_named) else {
+        let Some(now) = new_side.by_name.get(now_named.as_str()) else {
             continue;
         };
         refusals.extend(transform_changes(

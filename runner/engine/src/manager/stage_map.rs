@@ -22,9 +22,12 @@
 //! no counterpart.
 //!
 //! A name mapping ([`NameMapping`], `--transform_name_mapping`) renames
-//! the checkpoint's transforms first; a transform mapped to `""` is
-//! removed, and a stage all of whose heads are removed is dropped with
-//! what it held. [`check_update`] is the same map made before a running
+//! the checkpoint's transforms first. As Dataflow's, it maps name
+//! prefixes: an entry for a composite transform renames every transform
+//! nested in it (`"Count": "Counted"` makes `Count/ParMultiDo(Fn)`
+//! `Counted/ParMultiDo(Fn)`), whole path segments only, the longest entry
+//! winning. A transform mapped to `""` is removed, and a stage all of
+//! whose heads are removed is dropped with what it held. [`check_update`] is the same map made before a running
 //! job is stopped for an update, as if every stage held something.
 //!
 //! A checkpoint of a format before names were recorded maps by identical
@@ -93,9 +96,32 @@ pub(super) struct StageMap {
     names_recorded: bool,
 }
 
-/// Old unique name → new unique name, as `--transform_name_mapping`
-/// gives it; an empty new name removes the transform on purpose.
+/// Old unique name (or prefix) → new unique name (or prefix), as
+/// `--transform_name_mapping` gives it; an empty new name removes the
+/// transform, and every transform nested in it, on purpose.
 pub type NameMapping = BTreeMap<String, String>;
+
+/// What the transform `name` is called after `renamed` (`None`: removed
+/// on purpose): the longest entry that is `name` or a whole-segment
+/// prefix of it (`A` is a prefix of `A/B`, not of `AB`) swaps that
+/// prefix. The one reading of a mapping, for state and metrics alike.
+pub fn renamed_name(renamed: &NameMapping, name: &str) -> Option<String> {
+    let entry = renamed
+        .iter()
+        .filter(|(from, _)| is_within(name, from))
+        .max_by_key(|(from, _)| from.len());
+    match entry {
+        None => Some(name.to_string()),
+        Some((_, to)) if to.is_empty() => None,
+        Some((from, to)) => Some(format!("{to}{}", &name[from.len()..])),
+    }
+}
+
+/// Whether `name` is transform `prefix` or nested in it.
+fn is_within(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
 
 impl StageMap {
     /// Maps `recorded` onto `plan`, with the transforms `renamed` names
@@ -136,15 +162,11 @@ impl StageMap {
             .iter_enumerated()
             .flat_map(|(idx, s)| crate::plan::fused_transform_names(&s.name).map(move |n| (n, idx)))
             .collect();
-        check_mapping(recorded, &old_heads, renamed, |name| {
-            head_owner.contains_key(name) || runs_in.contains_key(name)
+        check_mapping(recorded, &old_heads, renamed, |prefix| {
+            (head_owner.keys().chain(runs_in.keys())).any(|name| is_within(name, prefix))
         })?;
         // A name as the new pipeline calls it; `None`: removed on purpose.
-        let renamed_to = |name: &str| match renamed.get(name) {
-            Some(to) if to.is_empty() => None,
-            Some(to) => Some(to.clone()),
-            None => Some(name.to_string()),
-        };
+        let renamed_to = |name: &str| renamed_name(renamed, name);
         let mut targets = Vec::with_capacity(old_heads.len());
         let mut fused_behind = Vec::with_capacity(old_heads.len());
         let mut dropped = Vec::with_capacity(old_heads.len());
@@ -352,19 +374,23 @@ pub fn check_update(old: &Plan, new: &Plan, renamed: &NameMapping) -> Result<(),
 }
 
 /// Refuses a mapping that renames a transform the checkpoint does not
-/// have, or to one the pipeline (`has`) does not have: a typo would
-/// otherwise drop or misplace state without a word.
+/// have (nor any nested in it), or to one the pipeline (`has`, given a
+/// prefix) does not have: a typo would otherwise drop or misplace state
+/// without a word.
 fn check_mapping(
     recorded: &RecordedNames,
     old_heads: &[Vec<String>],
     renamed: &NameMapping,
     has: impl Fn(&str) -> bool,
 ) -> Result<(), String> {
-    let known = |name: &str| {
-        old_heads.iter().flatten().any(|h| h == name)
-            || recorded.transforms.iter().any(|(_, n)| n == name)
+    let known = |prefix: &str| {
+        old_heads.iter().flatten().any(|h| is_within(h, prefix))
+            || recorded
+                .transforms
+                .iter()
+                .any(|(_, n)| is_within(n, prefix))
             || (recorded.stage_names.iter())
-                .any(|s| crate::plan::fused_transform_names(s).any(|n| n == name))
+                .any(|s| crate::plan::fused_transform_names(s).any(|n| is_within(n, prefix)))
     };
     for (from, to) in renamed {
         if !known(from) {
@@ -503,6 +529,49 @@ mod tests {
         let nowhere = StageMap::new(&names, &new, &mapping(&[("Count", "Counter")]))
             .expect_err("a name the pipeline lacks");
         assert!(nowhere.contains("'Counter'"), "{nowhere}");
+    }
+
+    #[test]
+    fn a_mapping_of_a_composite_renames_what_is_nested_in_it() {
+        // Java names a ParDo's primitive after its composite.
+        let old = plan(
+            &[("Count/ParMultiDo(Fn)", &["Count/ParMultiDo(Fn)"])],
+            &[("t1", "Count/ParMultiDo(Fn)"), ("t2", "Counter/Sum")],
+        );
+        let new = plan(
+            &[("Counted/ParMultiDo(Fn)", &["Counted/ParMultiDo(Fn)"])],
+            &[("t5", "Counted/ParMultiDo(Fn)")],
+        );
+        let names = RecordedNames::of(&old);
+        let by_prefix: NameMapping = [("Count".to_string(), "Counted".to_string())].into();
+        let map = StageMap::new(&names, &new, &by_prefix).expect("a map");
+        assert_eq!(map.targets(0), [idx(0)]);
+        assert_eq!(map.rename(&"t1".into()), Some("t5".into()));
+        // Whole segments only: "Count" is no prefix of "Counter/Sum".
+        assert_eq!(map.rename(&"t2".into()), None);
+        assert!(map.knew("Counted/ParMultiDo(Fn)") && map.knew("Counter/Sum"));
+        // The longest entry wins; "" removes what is nested too.
+        let longest: NameMapping = [
+            ("Count".to_string(), "Gone".to_string()),
+            (
+                "Count/ParMultiDo(Fn)".to_string(),
+                "Counted/ParMultiDo(Fn)".to_string(),
+            ),
+        ]
+        .into();
+        assert_eq!(
+            renamed_name(&longest, "Count/ParMultiDo(Fn)").as_deref(),
+            Some("Counted/ParMultiDo(Fn)")
+        );
+        let dropped: NameMapping = [("Count".to_string(), String::new())].into();
+        assert_eq!(renamed_name(&dropped, "Count/ParMultiDo(Fn)"), None);
+        assert_eq!(
+            renamed_name(&dropped, "Counter").as_deref(),
+            Some("Counter")
+        );
+        let typo: NameMapping = [("Coun".to_string(), "Counted".to_string())].into();
+        let refused = StageMap::new(&names, &new, &typo).expect_err("no transform 'Coun'");
+        assert!(refused.contains("'Coun'"), "{refused}");
     }
 
     #[test]
