@@ -16,6 +16,10 @@
 //! * [`server`]: the receiving side, a gRPC service that admits a stream
 //!   only for a session it hosts, named by a random secret;
 //! * [`session`]: what a process hosts of one job run's session;
+//! * [`join`]: a process's shards joining a session;
+//! * [`listener`]: the server a process's shards are reached at;
+//! * [`liveness`]: pings on every connection, so that a peer whose host
+//!   went away or whose link was cut is noticed within seconds;
 //! * [`loopback`]: a whole session in one process over the loopback
 //!   interface.
 //!
@@ -25,10 +29,15 @@
 
 pub mod codec;
 pub mod error;
+pub mod join;
+pub mod listener;
+pub mod liveness;
 pub mod loopback;
 pub mod server;
 pub mod session;
 pub mod wire;
 
 pub use error::ExchangeError;
+pub use join::{join_session, Joining};
+pub use listener::ExchangeServer;
 pub use loopback::{LoopbackExchange, DEFAULT_WINDOW_BYTES};

@@ -4,19 +4,16 @@
 //! listens on 127.0.0.1 only, for one random session key.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use refract_engine::shards::{ShardLayout, ShardLink};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Channel, Endpoint};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::error::ExchangeError;
-use crate::server::ExchangeHost;
-use crate::session::{CreditRoutes, HostedSession, LocalShard, SessionKey};
-use crate::wire::{local_end, Routes};
+use crate::join::{join_session, Joining};
+use crate::listener::ExchangeServer;
+use crate::liveness::channel_to;
+use crate::session::SessionKey;
+use crate::wire::Routes;
 
 /// Credit per stream unless told otherwise: what may be in flight from
 /// one shard to another before its producers wait.
@@ -27,10 +24,8 @@ pub const DEFAULT_WINDOW_BYTES: usize = 4 << 20;
 #[derive(Debug)]
 pub struct LoopbackExchange {
     addr: SocketAddr,
-    host: ExchangeHost,
+    server: Option<ExchangeServer>,
     key: SessionKey,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl LoopbackExchange {
@@ -41,71 +36,31 @@ impl LoopbackExchange {
         layout: ShardLayout,
         window: usize,
     ) -> Result<(LoopbackExchange, Vec<ShardLink>), ExchangeError> {
-        let listen = "127.0.0.1:0";
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| ExchangeError::Listen {
-                addr: listen.into(),
-                source,
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ExchangeError::Listen {
-                addr: listen.into(),
-                source,
-            })?;
-        let host = ExchangeHost::default();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let service = host.service();
-        let server = tokio::spawn(async move {
-            let served = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await;
-            if let Err(error) = served {
-                warn!(%error, "the loopback exchange's server stopped");
-            }
-        });
-        let channel = channel_to(addr)?;
+        let server = ExchangeServer::bind("127.0.0.1:0").await?;
+        let channel = channel_to(server.addr())?;
         let routes = Routes {
             shards: vec![channel.clone(); layout.shards() as usize],
             detector: channel,
         };
         let key = SessionKey::random()?;
-        let mut ends = Vec::new();
-        let mut local = Vec::new();
-        let mut unopened = Vec::new();
-        for id in layout.ids() {
-            let credit = Arc::new(CreditRoutes::new(layout.shards() as usize));
-            let (end, streams) = local_end(id, layout, &key, &routes, window, credit.clone());
-            unopened.push(streams);
-            local.push((
-                id,
-                LocalShard {
-                    end: Arc::downgrade(&end),
-                    credit,
-                },
-            ));
-            ends.push(end);
-        }
-        host.insert(
-            key.clone(),
-            Arc::new(HostedSession::new(layout, local, true)),
+        let local: Vec<_> = layout.ids().collect();
+        let links = join_session(
+            server.host(),
+            Joining {
+                key: &key,
+                layout,
+                local: &local,
+                routes: &routes,
+                window,
+                detector: true,
+            },
         );
-        for streams in unopened {
-            streams.open();
-        }
-        debug!(%addr, shards = layout.shards(), "a loopback exchange started");
-        let links = ends.iter().map(|end| end.link(layout)).collect();
+        debug!(addr = %server.addr(), shards = layout.shards(), "a loopback exchange started");
         Ok((
             LoopbackExchange {
-                addr,
-                host,
-                key,
-                stop: Some(stop),
+                addr: server.addr(),
                 server: Some(server),
+                key,
             },
             links,
         ))
@@ -119,28 +74,17 @@ impl LoopbackExchange {
     /// Stops the server once its streams ended (they end with their
     /// shards' ends, so drop the links first), and waits until it did.
     pub async fn stop(mut self) {
-        self.host.remove(&self.key);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
         if let Some(server) = self.server.take() {
-            let _ = server.await;
+            server.host().remove(&self.key);
+            server.stop().await;
         }
     }
 }
 
 impl Drop for LoopbackExchange {
     fn drop(&mut self) {
-        self.host.remove(&self.key);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Some(server) = &self.server {
+            server.host().remove(&self.key);
         }
     }
-}
-
-/// A channel to the exchange server at `addr`, connected on first use.
-fn channel_to(addr: SocketAddr) -> Result<Channel, ExchangeError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| ExchangeError::Malformed(format!("an exchange address: {e}")))?;
-    Ok(endpoint.tcp_nodelay(true).connect_lazy())
 }
