@@ -101,6 +101,7 @@ def run_pipeline(
   job_name=None,
   update=False,
   string_keys=False,
+  pause=None,
 ):
   """Runs recovery_pipeline.py to its submission: the finished process."""
   return subprocess.run(
@@ -124,7 +125,8 @@ def run_pipeline(
     + (['--transform_name_mapping', json.dumps(mapping)] if mapping else [])
     + (['--job_name', job_name] if job_name else [])
     + (['--update'] if update else [])
-    + (['--string_keys'] if string_keys else []),
+    + (['--string_keys'] if string_keys else [])
+    + (['--pause', str(pause)] if pause else []),
     capture_output=True,
     text=True,
     timeout=120,
@@ -418,6 +420,12 @@ def test_a_job_on_shards_rescales_through_a_savepoint(request, refract_bin, tmp_
   assert read_results(output) == expected_results(events)
 
 
+# The source's pause between steps in the update tests: slow enough that a
+# job outlasts the several clients (a few seconds each, more on a loaded
+# machine) that try to update it while it runs.
+UPDATE_PAUSE = 0.12
+
+
 def submit_update(endpoint, output, events, *experiments):
   """Submits the pipeline's next version as an update of the job named
   `counts`, its stateful DoFn renamed with a mapping: the new job's id."""
@@ -431,6 +439,7 @@ def submit_update(endpoint, output, events, *experiments):
     mapping={'DedupCount': 'Counted'},
     job_name='counts',
     update=True,
+    pause=UPDATE_PAUSE,
   )
 
 
@@ -450,7 +459,7 @@ def test_update_replaces_the_running_job_carrying_its_state(request, refract_bin
   request.node.refract_processes = [server]
   events = 3 * EVENTS
   try:
-    old = submit(server.endpoint, output, events=events, job_name='counts')
+    old = submit(server.endpoint, output, events=events, job_name='counts', pause=UPDATE_PAUSE)
     wait_for_results(output, server)
     nameless = run_pipeline(server.endpoint, output, events=events, job_name='other', update=True)
     assert nameless.returncode != 0
@@ -504,7 +513,7 @@ def test_an_update_on_a_durable_server_survives_a_kill_after_it(request, refract
   servers = [durable_server(refract_bin, state_dir, port, tmp_path / 'refract-0.log', '1h')]
   request.node.refract_processes = servers
   try:
-    old = submit(servers[-1].endpoint, output, events=events, job_name='counts')
+    old = submit(servers[-1].endpoint, output, events=events, job_name='counts', pause=UPDATE_PAUSE)
     wait_for_results(output, servers[-1])
     new = submit_update(servers[-1].endpoint, output, events)
     assert wait_for_end(servers[-1], old) == 'UPDATED', servers[-1].log_tail()
@@ -534,7 +543,9 @@ def test_a_job_on_shards_is_updated_and_rescaled(request, refract_bin, tmp_path)
   events = 4 * EVENTS
   two = 'refract_shards=2'
   try:
-    first = submit(server.endpoint, output, two, events=events, job_name='counts')
+    first = submit(
+      server.endpoint, output, two, events=events, job_name='counts', pause=UPDATE_PAUSE
+    )
     wait_for_results(output, server)
     both = run_pipeline(
       server.endpoint,
@@ -559,6 +570,7 @@ def test_a_job_on_shards_is_updated_and_rescaled(request, refract_bin, tmp_path)
       stateful_name='Counted',
       job_name='counts',
       update=True,
+      pause=UPDATE_PAUSE,
     )
     assert wait_for_end(server, second) == 'UPDATED', server.log_tail()
     assert wait_for_end(server, third) == 'DONE', server.log_tail()

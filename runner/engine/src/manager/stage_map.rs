@@ -27,8 +27,9 @@
 //! nested in it (`"Count": "Counted"` makes `Count/ParMultiDo(Fn)`
 //! `Counted/ParMultiDo(Fn)`), whole path segments only, the longest entry
 //! winning. A transform mapped to `""` is removed, and a stage all of
-//! whose heads are removed is dropped with what it held. [`check_update`] is the same map made before a running
-//! job is stopped for an update, as if every stage held something.
+//! whose heads are removed is dropped with what it held.
+//! [`check_update`] is the same map made before a running job is
+//! stopped for an update, as if every stage held something.
 //!
 //! A checkpoint of a format before names were recorded maps by identical
 //! stage names, as it was restored when it was written.
