@@ -18,8 +18,9 @@
 //! * [`session`]: what a process hosts of one job run's session;
 //! * [`join`]: a process's shards joining a session;
 //! * [`listener`]: the server a process's shards are reached at;
-//! * [`liveness`]: pings on every connection, so that a peer whose host
-//!   went away or whose link was cut is noticed within seconds;
+//! * [`connection`]: how connections are made: pings, so that a peer
+//!   whose host went away or whose link was cut is noticed within
+//!   seconds, and HTTP/2 windows above the exchange's credit;
 //! * [`loopback`]: a whole session in one process over the loopback
 //!   interface.
 //!
@@ -28,10 +29,10 @@
 //! second one is refused.
 
 pub mod codec;
+pub mod connection;
 pub mod error;
 pub mod join;
 pub mod listener;
-pub mod liveness;
 pub mod loopback;
 pub mod server;
 pub mod session;
@@ -40,4 +41,5 @@ pub mod wire;
 pub use error::ExchangeError;
 pub use join::{join_session, Joining};
 pub use listener::ExchangeServer;
-pub use loopback::{LoopbackExchange, DEFAULT_WINDOW_BYTES};
+pub use loopback::LoopbackExchange;
+pub use wire::DEFAULT_WINDOW_BYTES;

@@ -1,6 +1,6 @@
 //! An exchange server listening on a socket: the receiving side of a
 //! process's shards, serving every session its [`ExchangeHost`] hosts,
-//! with the pings of [`crate::liveness`].
+//! with the pings of [`crate::connection`].
 
 use std::net::SocketAddr;
 
@@ -9,8 +9,8 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{debug, warn};
 
+use crate::connection::server_builder;
 use crate::error::ExchangeError;
-use crate::liveness::server_builder;
 use crate::server::ExchangeHost;
 
 /// A running exchange server; it stops when stopped or dropped.

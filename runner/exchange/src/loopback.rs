@@ -8,16 +8,12 @@ use std::net::SocketAddr;
 use refract_engine::shards::{ShardLayout, ShardLink};
 use tracing::debug;
 
+use crate::connection::channel_to;
 use crate::error::ExchangeError;
 use crate::join::{join_session, Joining};
 use crate::listener::ExchangeServer;
-use crate::liveness::channel_to;
 use crate::session::SessionKey;
 use crate::wire::Routes;
-
-/// Credit per stream unless told otherwise: what may be in flight from
-/// one shard to another before its producers wait.
-pub const DEFAULT_WINDOW_BYTES: usize = 4 << 20;
 
 /// A running loopback exchange: its server stops, and its session is
 /// forgotten, when it is dropped.

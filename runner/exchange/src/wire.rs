@@ -25,6 +25,10 @@ use tracing::debug;
 use crate::codec::{frame_messages, read_note, report_message, MAX_CHUNK_BYTES};
 use crate::session::{CreditRoutes, SessionKey};
 
+/// Credit per stream unless told otherwise, and at most: what may be in
+/// flight from one shard to another before its producers wait.
+pub const DEFAULT_WINDOW_BYTES: usize = 4 << 20;
+
 /// How often, and how far apart, a stream is tried again while its
 /// receiver is not listening yet.
 const CONNECT_ATTEMPTS: u32 = 20;

@@ -3,7 +3,7 @@
 //! them through a TCP relay the test controls. Frames cross while the
 //! relay forwards; once it stops forwarding without closing anything, as a
 //! cut link or a vanished host does, both shards' runs are failed by the
-//! pings of `liveness`, not left waiting on a quiet peer.
+//! pings of `connection`, not left waiting on a quiet peer.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers, not only #[test] fns
 
 use std::net::SocketAddr;
@@ -15,7 +15,7 @@ use bytes::Bytes;
 use refract_engine::plan::PCollectionIdx;
 use refract_engine::shards::exchange::Delivery;
 use refract_engine::shards::{ShardId, ShardLayout, ShardLink};
-use refract_exchange::liveness::{channel_to, DETECTION_BOUND};
+use refract_exchange::connection::{channel_to, DETECTION_BOUND};
 use refract_exchange::session::SessionKey;
 use refract_exchange::wire::Routes;
 use refract_exchange::{join_session, ExchangeServer, Joining};
