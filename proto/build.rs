@@ -1,10 +1,11 @@
 //! Compiles Refract's own protos (the admin API, the exchange between
-//! shards); Beam's come generated from the `beam-proto` crate.
+//! shards, the control plane of shard hosts); Beam's come generated from the `beam-proto` crate.
 
 fn main() {
     let protos = [
         "refract/admin/v1/admin.proto",
         "refract/exchange/v1/exchange.proto",
+        "refract/hosts/v1/hosts.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

@@ -30,13 +30,17 @@ def sharded(server, *extra, exchange='board'):
   )
 
 
-@EXCHANGES
-def test_grouping_combining_and_side_inputs_match_one_engine(refract_server, exchange):
+def count_and_weigh_words(p, words_source=None):
+  """Adds to `p` the word counts of WORDS three ways, each checked with
+  `assert_that`: lifted CombinePerKey, Reshuffle and GroupByKey, and the
+  counts weighed by an AsDict side input. `words_source` may stand
+  between the words and the counting (a counting DoFn, say)."""
   counts = {}
   for w in WORDS:
     counts[w] = counts.get(w, 0) + 1
-  p = beam.Pipeline(options=sharded(refract_server, exchange=exchange))
   words = p | 'Words' >> beam.Create(WORDS)
+  if words_source is not None:
+    words = words | 'Through' >> words_source
   weights = p | 'Weights' >> beam.Create([('w%02d' % i, i) for i in range(40)])
   pairs = words | 'Pair' >> beam.Map(lambda w: (w, 1))
   # Lifted: a partial combine before the shuffle, the rest after it.
@@ -57,6 +61,12 @@ def test_grouping_combining_and_side_inputs_match_one_engine(refract_server, exc
     equal_to([(w, n * int(w[1:])) for w, n in counts.items()]),
     label='Weighted',
   )
+
+
+@EXCHANGES
+def test_grouping_combining_and_side_inputs_match_one_engine(refract_server, exchange):
+  p = beam.Pipeline(options=sharded(refract_server, exchange=exchange))
+  count_and_weigh_words(p)
   result = p.run()
   assert result.wait_until_finish() == 'DONE'
   said = job_messages(refract_server.endpoint, result._job_id)  # pylint: disable=protected-access
@@ -87,23 +97,29 @@ class SumAtWindowEnd(beam.DoFn):
     bag.clear()
 
 
-@EXCHANGES
-def test_state_and_timers_fire_once_per_key_and_window(refract_server, exchange):
+def sum_at_window_ends(p):
+  """Adds to `p` per-key sums of 600 numbers in 100 s windows, kept in a
+  bag and emitted by an event-time timer, checked with `assert_that`."""
   elements = [('k%d' % (i % 12), i) for i in range(600)]
   want = {}
   for k, i in elements:
     want[(k, i // 100)] = want.get((k, i // 100), 0) + i
+  sums = (
+    p
+    | 'Numbers' >> beam.Create(elements)
+    | 'Stamp' >> beam.Map(lambda kv: window.TimestampedValue(kv, kv[1]))
+    | 'Window' >> beam.WindowInto(window.FixedWindows(100))
+    | 'Sum' >> beam.ParDo(SumAtWindowEnd())
+    | 'WithWindow'
+    >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: ((kv[0], int(w.start) // 100), kv[1]))
+  )
+  assert_that(sums, equal_to(list(want.items())), label='Sums')
+
+
+@EXCHANGES
+def test_state_and_timers_fire_once_per_key_and_window(refract_server, exchange):
   with beam.Pipeline(options=sharded(refract_server, exchange=exchange)) as p:
-    sums = (
-      p
-      | beam.Create(elements)
-      | 'Stamp' >> beam.Map(lambda kv: window.TimestampedValue(kv, kv[1]))
-      | 'Window' >> beam.WindowInto(window.FixedWindows(100))
-      | 'Sum' >> beam.ParDo(SumAtWindowEnd())
-      | 'WithWindow'
-      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: ((kv[0], int(w.start) // 100), kv[1]))
-    )
-    assert_that(sums, equal_to(list(want.items())))
+    sum_at_window_ends(p)
 
 
 @EXCHANGES

@@ -31,3 +31,11 @@ pub mod exchange {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("refract.exchange.v1");
 }
+
+/// The control plane between a coordinator and its shard hosts
+/// (`proto/refract/hosts/v1/hosts.proto`): which shards of which job run
+/// where, and what they report back; served by `refract-hosts`.
+pub mod hosts {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("refract.hosts.v1");
+}

@@ -71,6 +71,66 @@ pub enum Command {
     /// pool of their own.
     #[command(name = "worker-pool")]
     WorkerPool(WorkerPoolArgs),
+    /// Run engine shards of jobs for a coordinator elsewhere (`serve
+    /// --shard_listen`): attach to it, start SDK workers and engines here
+    /// for the shards it places on this host, and exchange elements with
+    /// the other hosts' shards directly.
+    Shard(ShardArgs),
+}
+
+/// Flags of `refract shard`.
+#[derive(Debug, Clone, Args)]
+pub struct ShardArgs {
+    /// The coordinator's shard port, `HOST:PORT` (its `serve
+    /// --shard_listen`). Re-attaches when it restarts.
+    #[arg(long = "coordinator")]
+    pub coordinator: String,
+    /// A file holding the cluster's shared secret (at least 16 bytes; the
+    /// coordinator's `--shard_secret_file` holds the same): this host
+    /// proves it to the coordinator, which proves it back before the
+    /// host takes its work.
+    #[arg(long = "secret_file")]
+    pub secret_file: PathBuf,
+    /// Where this host's exchange server listens, `HOST:PORT` (port 0:
+    /// any free port). Other hosts' shards send to it: an address only
+    /// the cluster's network reaches.
+    #[arg(long = "listen", default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// The `HOST:PORT` other hosts reach the exchange server at (a pod's
+    /// DNS name, say); default: the address it listens on, which must
+    /// then be a specific one.
+    #[arg(long = "advertise")]
+    pub advertise: Option<String>,
+    /// This host's name in the coordinator's logs and messages (default:
+    /// the advertised address).
+    #[arg(long = "name")]
+    pub name: Option<String>,
+    /// Where this host's SDK workers reach its Fn API.
+    #[arg(long = "fn_api_host", default_value = "127.0.0.1")]
+    pub fn_api_host: String,
+    /// SDK workers started per environment of a job's run here, as
+    /// `serve --sdk_worker_parallelism` (0: one per core, one for SDKs
+    /// that run bundles in parallel).
+    #[arg(long = "sdk_worker_parallelism", default_value_t = 0)]
+    pub sdk_worker_parallelism: usize,
+    /// Which alternative to start when an environment offers several,
+    /// as `serve --environment_preference`.
+    #[arg(
+        long = "environment_preference",
+        default_value = "external,process,docker"
+    )]
+    pub environment_preference: refract_translate::EnvironmentPreference,
+    /// How long an SDK worker may go without answering before it is
+    /// declared lost (Go duration), as `serve --worker_liveness_timeout`.
+    #[arg(long = "worker_liveness_timeout", default_value = "12s", value_parser = parse_go_duration)]
+    pub worker_liveness_timeout: std::time::Duration,
+    /// Where runs keep the files their jobs staged while they run
+    /// (default: a temporary directory removed at exit).
+    #[arg(long = "work_dir")]
+    pub work_dir: Option<PathBuf>,
+    /// Log level: debug, info, warn or error.
+    #[arg(long = "log_level", default_value = "info")]
+    pub log_level: String,
 }
 
 /// Who of this host's users may connect to a server's ports, as flags
@@ -444,6 +504,16 @@ pub struct ServeArgs {
     /// removed, this long after it was prepared (Go duration).
     #[arg(long = "prepared_job_timeout", default_value = "1h", value_parser = parse_go_duration)]
     pub prepared_job_timeout: std::time::Duration,
+    /// Coordinate shard hosts: listen on `HOST:PORT` for `refract shard
+    /// --coordinator` processes, and run every job's engine shards on
+    /// them (one per attached host, or `--experiments=refract_shards=N`
+    /// spread over them), none here. Needs `--shard_secret_file`.
+    #[arg(long = "shard_listen", requires = "shard_secret_file")]
+    pub shard_listen: Option<String>,
+    /// A file holding the secret shard hosts must prove (at least 16
+    /// bytes; each host's `--secret_file` holds the same).
+    #[arg(long = "shard_secret_file", requires = "shard_listen")]
+    pub shard_secret_file: Option<PathBuf>,
     /// Where GroupByKey buffers larger than their memory share spill (a
     /// RocksDB database, emptied at start). Default: `STATE_DIR/spill` with
     /// `--state_dir`, else a temporary directory removed at exit.

@@ -144,6 +144,15 @@ fn main() -> Result<()> {
                 },
             ));
         }
+        Some(Command::Shard(shard)) => {
+            init_command_logging(&shard.log_level);
+            return multi_thread_runtime()?.block_on(refract::shard_command::run(shard, async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate_signal() => {}
+                }
+            }));
+        }
         Some(Command::Run(run)) => {
             // An embedded server's routine logs would bury the progress;
             // its workers' lines are the job's messages, which the

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use refract_execution::activity::Activity;
 use refract_execution::durability::Durability;
-use refract_execution::job_runner::RefractRunner;
+use refract_execution::job_runner::{RefractRunner, ShardHostsAccess};
 use refract_execution::memory::MemoryLedger;
 use refract_execution::scratch_spill::ScratchSpillSpace;
 use refract_execution::stall_watch::StallPolicy;
+use refract_hosts::{ClusterSecret, CoordinatorServer};
 use refract_jobservice::{serve, JobServiceConfig};
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::{self, OtlpExport};
@@ -96,7 +97,13 @@ pub async fn start(
     let spill = ScratchSpillSpace::open(&spill_dir)
         .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let savepoints = savepoint_dir(args);
-    let runner = job_runner(args, fn_server, savepoints.clone(), spill)?;
+    let coordinator = start_coordinator(args).await?;
+    let runner = job_runner(args, fn_server, savepoints.clone(), spill)?.with_shard_hosts(
+        coordinator.as_ref().map(|c| ShardHostsAccess {
+            directory: c.directory().clone(),
+            exchange: c.exchange().clone(),
+        }),
+    );
     let insights = runner.insights();
     let otlp = start_otlp(args, &insights)?;
     let recovered = match &durability {
@@ -144,6 +151,7 @@ pub async fn start(
             }
         };
         let served = serve(listener, runner, config, shutdown).await;
+        drop(coordinator);
         drop(remove_spill);
         drop(remove_staging);
         let _ = ui_stop.send(());
@@ -163,6 +171,23 @@ pub async fn start(
         stop: Some(stop),
         finished,
     })
+}
+
+/// The listener for shard hosts of `--shard_listen`, if given.
+async fn start_coordinator(args: &ServeArgs) -> Result<Option<CoordinatorServer>> {
+    let (Some(listen), Some(secret_file)) = (&args.shard_listen, &args.shard_secret_file) else {
+        return Ok(None);
+    };
+    if args.state_dir.is_some() {
+        anyhow::bail!(
+            "--shard_listen with --state_dir: jobs on shard hosts are not checkpointed yet \
+             (docs/scaling.md); start the coordinator without --state_dir"
+        );
+    }
+    let secret = ClusterSecret::read(secret_file)?;
+    let coordinator = CoordinatorServer::bind(listen, secret).await?;
+    info!(shard_listen = %coordinator.addr(), "coordinating shard hosts: jobs run their shards on them");
+    Ok(Some(coordinator))
 }
 
 /// The Fn API server every job's SDK workers connect to, on

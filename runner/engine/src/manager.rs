@@ -81,7 +81,7 @@ pub use snapshot::{
 };
 pub use stage_map::{check_update, renamed_name, NameMapping};
 use stage_state::{KindState, StageState};
-pub use stats::StageStats;
+pub use stats::{stage_kind_named, StageStats, STAGE_KINDS};
 pub use strict::{Replay, StrictReport, Strictness};
 use topology::Topology;
 

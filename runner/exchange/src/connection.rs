@@ -44,8 +44,16 @@ const CONNECTION_WINDOW_BYTES: u32 = 4 * STREAM_WINDOW_BYTES;
 /// A channel to the exchange server at `addr`, connected on first use,
 /// pinging its peer, with windows above the exchange's credit.
 pub fn channel_to(addr: SocketAddr) -> Result<Channel, ExchangeError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| ExchangeError::Malformed(format!("an exchange address: {e}")))?;
+    channel_to_address(&addr.to_string())
+}
+
+/// A lazily connecting channel to the exchange server at `address`
+/// (`host:port`, a name the resolver knows or an IP address), with the
+/// same pings and windows as [`channel_to`]: shards placed by Kubernetes
+/// reach each other by their pods' names.
+pub fn channel_to_address(address: &str) -> Result<Channel, ExchangeError> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| ExchangeError::Malformed(format!("an exchange address '{address}': {e}")))?;
     Ok(endpoint
         .tcp_nodelay(true)
         .http2_keep_alive_interval(PING_EVERY)

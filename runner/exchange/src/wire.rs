@@ -239,7 +239,7 @@ impl Stream {
 }
 
 /// Opens a stream with `open`, trying again while the receiver is not
-/// listening yet (its process may still be starting).
+/// ready yet (see [`receiver_not_ready`]).
 async fn open_with_retries<M, R, F, Fut>(
     stream: &Stream,
     header: M,
@@ -257,9 +257,7 @@ where
         let _ = tx.try_send(header.clone());
         match open(ReceiverStream::new(rx)).await {
             Ok(response) => return Ok((tx, response.into_inner())),
-            Err(status)
-                if status.code() == tonic::Code::Unavailable && attempt + 1 < CONNECT_ATTEMPTS =>
-            {
+            Err(status) if receiver_not_ready(&status) && attempt + 1 < CONNECT_ATTEMPTS => {
                 attempt += 1;
                 debug!(to = stream.header.to, %status, "the exchange stream waits for its receiver");
                 tokio::time::sleep(CONNECT_PAUSE).await;
@@ -267,6 +265,16 @@ where
             Err(status) => return Err(status),
         }
     }
+}
+
+/// Whether a stream was refused because its receiver is not there yet:
+/// its server is not listening (its process is starting), or it does not
+/// host the session yet (its host is joining the run a moment later).
+fn receiver_not_ready(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::PermissionDenied
+    )
 }
 
 /// Carries one shard's frames to another in order, spending credit.

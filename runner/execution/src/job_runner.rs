@@ -10,8 +10,11 @@
 //! a job that resumes from its checkpoints. A failed durable job keeps its
 //! record and latest checkpoint, to be resumed or deleted.
 
+mod host_reports;
+mod hosted;
 mod job_options;
 mod logs;
+mod on_hosts;
 mod rescale;
 mod resume;
 mod retry;
@@ -51,6 +54,8 @@ use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
 use workers::WorkerCounts;
 
+pub use hosted::{RunStop, ShardHostRunner};
+pub use on_hosts::ShardHostsAccess;
 pub use strict::{STRICT_EXPERIMENT, STRICT_SEED_EXPERIMENT};
 
 /// The experiment that starts a job draining (documented in
@@ -132,6 +137,21 @@ pub(super) enum JobError {
     /// The exchange between the job's shards could not start.
     #[error("{0}")]
     Exchange(#[from] refract_exchange::ExchangeError),
+    /// A shard host's part of the run failed: its text is the host's
+    /// (for a failing DoFn, the SDK's own).
+    #[error("{text}")]
+    OnHost {
+        /// What failed, as the host said.
+        text: String,
+        /// Whether the host judged that trying again may succeed.
+        may_pass: bool,
+    },
+    /// A shard host with a part in the run is gone.
+    #[error("{0}")]
+    HostLost(String),
+    /// The control plane to the shard hosts failed.
+    #[error("{0}")]
+    Hosts(#[from] refract_hosts::HostsError),
 }
 
 impl JobError {
@@ -141,7 +161,11 @@ impl JobError {
     /// checkpoint that cannot be read, a DoFn that keeps failing.
     fn may_pass(&self) -> bool {
         match self {
-            JobError::Harness(_) | JobError::Exchange(_) => true,
+            JobError::Harness(_)
+            | JobError::Exchange(_)
+            | JobError::HostLost(_)
+            | JobError::Hosts(_) => true,
+            JobError::OnHost { may_pass, .. } => *may_pass,
             JobError::Engine(e) => matches!(
                 e,
                 EngineError::Spill { .. }
@@ -155,6 +179,13 @@ impl JobError {
             | JobError::Restore(_)
             | JobError::Savepoint(_) => false,
         }
+    }
+}
+
+impl JobError {
+    /// Whether the run ended because it was cancelled.
+    fn is_cancelled(&self) -> bool {
+        matches!(self, JobError::Engine(EngineError::Cancelled))
     }
 }
 
@@ -184,6 +215,8 @@ pub struct RefractRunner {
     stall: Option<StallPolicy>,
     /// Running jobs' requests to move onto another number of shards.
     rescales: Arc<RescaleDesk>,
+    /// The shard hosts this server coordinates, if any.
+    shard_hosts: Option<ShardHostsAccess>,
 }
 
 impl RefractRunner {
@@ -205,6 +238,7 @@ impl RefractRunner {
             savepoints: None,
             stall: Some(StallPolicy::default()),
             rescales: Arc::default(),
+            shard_hosts: None,
         }
     }
 
@@ -212,6 +246,13 @@ impl RefractRunner {
     /// refract_savepoint=FILE`); without it, asking to fails the job.
     pub fn with_savepoints(mut self, dir: Option<Arc<SavepointDir>>) -> Self {
         self.savepoints = dir;
+        self
+    }
+
+    /// Run every job's shards on the shard hosts attached to this
+    /// coordinator (see [`refract_hosts`]), none of them here.
+    pub fn with_shard_hosts(mut self, hosts: Option<ShardHostsAccess>) -> Self {
+        self.shard_hosts = hosts;
         self
     }
 
@@ -425,6 +466,7 @@ impl JobRunner for RefractRunner {
             savepoints: self.savepoints.clone(),
             stall: self.stall,
             handed_over: None,
+            shard_hosts: self.shard_hosts.clone(),
         };
         let insights = self.insights.clone();
         let span = tracing::info_span!("job", id = %job.id());

@@ -118,6 +118,40 @@ impl Job {
         }
     }
 
+    /// A job as a shard host runs part of it for a coordinator: listed by
+    /// no job service here, its staged files the ones the host fetched
+    /// into `artifact_dir` (`staged`, with their paths there), moved to
+    /// `RUNNING` at once. The host forwards its messages and metrics to
+    /// the coordinator, whose job is the one clients see, and raises its
+    /// cancel and drain flags when the coordinator says so
+    /// ([`Job::request_cancel`], [`Job::request_drain`]). Its files go
+    /// when it ends.
+    pub fn on_shard_host(
+        id: String,
+        name: String,
+        pipeline: Pipeline,
+        options: prost_types::Struct,
+        artifact_dir: PathBuf,
+        staged: &[crate::StagedArtifact],
+    ) -> std::sync::Arc<Job> {
+        let job = Job::new(
+            id,
+            name,
+            pipeline,
+            options,
+            JobSettings {
+                artifact_dir,
+                message_retention: MessageRetention::events(10_000),
+                retain_artifacts: false,
+                planning: std::sync::Arc::new(crate::planning::PlanningSlots::new(1, 0)),
+            },
+        );
+        job.artifacts.adopt(staged);
+        job.set_state(JobState::Starting);
+        job.set_state(JobState::Running);
+        std::sync::Arc::new(job)
+    }
+
     /// A turn to translate this job's pipeline, from the turns `Prepare`
     /// validates pipelines with: planning holds the pipeline several
     /// times over, so only a few are planned at once, however many jobs
@@ -336,8 +370,9 @@ impl Job {
         self.log.read_from(cursor)
     }
 
-    /// Wakes whenever history is appended.
-    pub(crate) fn watch_events(&self) -> watch::Receiver<u64> {
+    /// Wakes whenever history is appended (for readers of
+    /// [`Job::history`] that follow it).
+    pub fn watch_events(&self) -> watch::Receiver<u64> {
         self.log.subscribe()
     }
 
@@ -355,7 +390,7 @@ impl Job {
     /// Handles a Cancel request and returns the resulting state: a job that
     /// never ran is cancelled at once; a running one gets its cancel flag
     /// raised and moves to `CANCELLING`; a finished one is left alone.
-    pub(crate) fn request_cancel(&self) -> JobState {
+    pub fn request_cancel(&self) -> JobState {
         if self
             .transition_from(JobState::Stopped, JobState::Cancelled)
             .is_ok()
@@ -375,7 +410,7 @@ impl Job {
 
     /// Handles a Drain request and returns the resulting state: only a
     /// starting or running job can drain; others are left as they are.
-    pub(crate) fn request_drain(&self) -> JobState {
+    pub fn request_drain(&self) -> JobState {
         let current = self.state();
         if matches!(current, JobState::Starting | JobState::Running) {
             self.drain.send_replace(true);

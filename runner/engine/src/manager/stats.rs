@@ -160,6 +160,15 @@ impl StageCounters {
     }
 }
 
+/// Every name [`StageStats::kind`] takes.
+pub const STAGE_KINDS: [&str; 5] = ["sdk", "group_by_key", "flatten", "impulse", "test_stream"];
+
+/// The kind named `name`, as [`StageStats::kind`] holds it, for snapshots
+/// that crossed a process boundary; `None` for a name no stage has.
+pub fn stage_kind_named(name: &str) -> Option<&'static str> {
+    STAGE_KINDS.iter().copied().find(|kind| *kind == name)
+}
+
 fn kind_name(kind: &StageKind) -> &'static str {
     match kind {
         StageKind::Sdk(_) => "sdk",

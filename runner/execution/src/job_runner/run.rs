@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use refract_engine::manager::{Engine, EngineConfig, EngineError, RunSummary, StageStats};
+use refract_engine::plan::StageIdx;
 use refract_engine::plan::StageKind;
 use refract_engine::shards::ShardLayout;
 use refract_engine::spill::SpillSpace;
@@ -19,11 +20,14 @@ use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_sdk_harness::FnApiServer;
 use refract_store::savepoint_dir::SavepointDir;
-use refract_translate::{translate, EnvironmentPreference};
+use refract_translate::{
+    translate, EnvironmentPreference, SdkStageDescriptor, Translated, WindowMerger,
+};
 use tracing::{info, warn};
 
 use super::job_options::JobOptions;
 use super::logs::TransformOrigins;
+use super::on_hosts::{run_on_hosts, OnHosts, ShardHostsAccess};
 use super::resume::resume;
 use super::sharded::{run_on_shards, ShardedCheckpoints, ShardedJob};
 use super::workers::WorkerStart;
@@ -83,6 +87,9 @@ pub(super) struct JobResources {
     pub(super) stall: Option<StallPolicy>,
     /// The cut of the job this one updates, if it does (see `update.rs`).
     pub(super) handed_over: Option<super::update::HandedOver>,
+    /// The server's shard hosts, if it coordinates some: the job's shards
+    /// run there, and no worker or engine runs here.
+    pub(super) shard_hosts: Option<ShardHostsAccess>,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -106,6 +113,7 @@ pub(super) async fn run_job(
         savepoints,
         stall,
         handed_over,
+        shard_hosts,
     } = resources;
     let JobWatchers {
         stats,
@@ -223,47 +231,33 @@ pub(super) async fn run_job(
     };
     job.metrics()
         .set_transform_names(translated.unique_names.clone());
-    // Each descriptor transform's stage and name, for worker log lines.
-    let mut origins = TransformOrigins::new();
-    for (idx, stage) in &translated.sdk_stages {
-        let stage_name: Arc<str> = translated
-            .plan
-            .stages
-            .get(*idx)
-            .map_or_else(|| Arc::from(""), |s| Arc::from(s.name.as_str()));
-        for id in stage.descriptor.transforms.keys() {
-            let name = translated
-                .unique_names
-                .get(id)
-                .cloned()
-                .unwrap_or_else(|| id.clone());
-            origins.insert(id.clone(), (stage_name.clone(), name));
-        }
+    if let Some(hosts) = &shard_hosts {
+        facts.engine_ran = true;
+        let summary = run_on_hosts(OnHosts {
+            hosts,
+            job: &job,
+            layout: options.shards,
+            config: &config,
+            stats,
+            attempt: facts.attempt,
+        })
+        .await?;
+        // Each host told the job what its shards spilled and dropped.
+        info!(
+            bundles = summary.bundles,
+            "the shard hosts finished the job's run"
+        );
+        return Ok(());
     }
-    let origins = Arc::new(origins);
-    let mut stages = HashMap::new();
-    let mut environments: HashSet<String> = HashSet::new();
-    let mut descriptor_ids = Vec::new();
-    for (idx, stage) in translated.sdk_stages {
-        fn_server.register_descriptor(stage.descriptor.clone());
-        descriptor_ids.push(stage.descriptor.id.clone());
-        if let Some(drain) = &stage.drain_descriptor {
-            fn_server.register_descriptor(drain.clone());
-            descriptor_ids.push(drain.id.clone());
-        }
-        environments.insert(stage.environment_id.clone());
-        stages.insert(idx, Arc::new(stage));
-    }
-    let mut mergers = HashMap::new();
-    for (idx, merger) in translated.window_mergers {
-        fn_server.register_descriptor(merger.descriptor.clone());
-        descriptor_ids.push(merger.descriptor.id.clone());
-        environments.insert(merger.environment_id.clone());
-        mergers.insert(idx, Arc::new(merger));
-    }
+    let RegisteredStages {
+        stages,
+        mergers,
+        env_ids,
+        descriptor_ids,
+        origins,
+        stage_names,
+    } = register_stages(&fn_server, &mut translated);
     let mut started: Vec<Arc<WorkerSet>> = Vec::new();
-    let mut env_ids: Vec<String> = environments.into_iter().collect();
-    env_ids.sort();
     // Open before the workers start: a savepoint asked for while the job
     // is RUNNING but its workers still boot waits for the engine instead
     // of failing.
@@ -282,12 +276,6 @@ pub(super) async fn run_job(
             attempt: facts.attempt,
         };
         let workers = start.start(&env_ids, &mut started).await?;
-        let stage_names = translated
-            .plan
-            .stages
-            .iter_enumerated()
-            .map(|(idx, stage)| (idx, stage.name.clone()))
-            .collect();
         // Up to `max_bundles_per_stage` bundles of a stage run at once, and
         // their outputs wait until each commits: together they stay within
         // the stage's queue bound, in memory, so a bundle is split once its
@@ -435,6 +423,81 @@ pub(super) async fn run_job(
     result
 }
 
+/// A translated job's SDK side, registered with the Fn API server.
+pub(super) struct RegisteredStages {
+    /// The SDK stages and window mergers, by stage.
+    pub(super) stages: HashMap<StageIdx, Arc<SdkStageDescriptor>>,
+    pub(super) mergers: HashMap<StageIdx, Arc<WindowMerger>>,
+    /// The environments they run in, sorted.
+    pub(super) env_ids: Vec<String>,
+    /// What to forget once the job's run ends.
+    pub(super) descriptor_ids: Vec<String>,
+    /// Each descriptor transform's stage and name, for worker log lines.
+    pub(super) origins: Arc<TransformOrigins>,
+    /// Each stage's name, for the executor's messages.
+    pub(super) stage_names: HashMap<StageIdx, String>,
+}
+
+/// Registers `translated`'s SDK stages and window mergers (taken out of
+/// it) with `fn_server`, so that workers can fetch their descriptors.
+pub(super) fn register_stages(
+    fn_server: &FnApiServer,
+    translated: &mut Translated,
+) -> RegisteredStages {
+    let mut origins = TransformOrigins::new();
+    for (idx, stage) in &translated.sdk_stages {
+        let stage_name: Arc<str> = translated
+            .plan
+            .stages
+            .get(*idx)
+            .map_or_else(|| Arc::from(""), |s| Arc::from(s.name.as_str()));
+        for id in stage.descriptor.transforms.keys() {
+            let name = translated
+                .unique_names
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| id.clone());
+            origins.insert(id.clone(), (stage_name.clone(), name));
+        }
+    }
+    let mut stages = HashMap::new();
+    let mut environments: HashSet<String> = HashSet::new();
+    let mut descriptor_ids = Vec::new();
+    for (idx, stage) in std::mem::take(&mut translated.sdk_stages) {
+        fn_server.register_descriptor(stage.descriptor.clone());
+        descriptor_ids.push(stage.descriptor.id.clone());
+        if let Some(drain) = &stage.drain_descriptor {
+            fn_server.register_descriptor(drain.clone());
+            descriptor_ids.push(drain.id.clone());
+        }
+        environments.insert(stage.environment_id.clone());
+        stages.insert(idx, Arc::new(stage));
+    }
+    let mut mergers = HashMap::new();
+    for (idx, merger) in std::mem::take(&mut translated.window_mergers) {
+        fn_server.register_descriptor(merger.descriptor.clone());
+        descriptor_ids.push(merger.descriptor.id.clone());
+        environments.insert(merger.environment_id.clone());
+        mergers.insert(idx, Arc::new(merger));
+    }
+    let mut env_ids: Vec<String> = environments.into_iter().collect();
+    env_ids.sort();
+    let stage_names = translated
+        .plan
+        .stages
+        .iter_enumerated()
+        .map(|(idx, stage)| (idx, stage.name.clone()))
+        .collect();
+    RegisteredStages {
+        stage_names,
+        stages,
+        mergers,
+        env_ids,
+        descriptor_ids,
+        origins: Arc::new(origins),
+    }
+}
+
 /// The parts of the savepoint a new job asked to start from, read from
 /// the server's savepoint directory only; a cancel while it is read ends
 /// the job at once.
@@ -494,7 +557,7 @@ async fn admit(
 }
 
 /// Logs what the engine did, and tells the job what went to disk.
-fn report_summary(job: &Job, summary: &RunSummary) {
+pub(super) fn report_summary(job: &Job, summary: &RunSummary) {
     info!(
         bundles = summary.bundles,
         dropped_late = summary.dropped_late,

@@ -195,12 +195,19 @@ async fn join_shards(
     Ok(match exchange {
         ShardExchange::Board => (ShardLink::in_process(layout), None),
         ShardExchange::Grpc => {
-            let others = (layout.shards() as usize).saturating_sub(1).max(1);
-            let window = (queue_bound / others).clamp(64 << 10, DEFAULT_WINDOW_BYTES);
+            let window = exchange_window(layout, queue_bound);
             let (loopback, links) = LoopbackExchange::start(layout, window).await?;
             (links, Some(loopback))
         }
     })
+}
+
+/// The credit of each of a shard's outbound streams when what may be in
+/// flight from it to all the others is one queue's bound (`queue_bound`),
+/// shared by its streams.
+pub(super) fn exchange_window(layout: ShardLayout, queue_bound: usize) -> usize {
+    let others = (layout.shards() as usize).saturating_sub(1).max(1);
+    (queue_bound / others).clamp(64 << 10, DEFAULT_WINDOW_BYTES)
 }
 
 /// Stops `loopback`, whose streams ended with the shards' engines.
@@ -217,21 +224,21 @@ async fn stop_exchange(loopback: LoopbackExchange) {
 const EXCHANGE_STOP: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What every shard's engine of one job is built from.
-struct ShardParts<'a> {
-    plan: &'a Plan,
-    executor: &'a Arc<dyn StageExecutor>,
-    config: &'a EngineConfig,
-    job: &'a Job,
-    spill: Option<&'a (Arc<dyn SpillSpace>, usize)>,
-    metrics: &'a Arc<ShardMetrics>,
+pub(super) struct ShardParts<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) executor: &'a Arc<dyn StageExecutor>,
+    pub(super) config: &'a EngineConfig,
+    pub(super) job: &'a Job,
+    pub(super) spill: Option<&'a (Arc<dyn SpillSpace>, usize)>,
+    pub(super) metrics: &'a Arc<ShardMetrics>,
 }
 
 /// Where one shard publishes its stage snapshots.
-type StageSnapshots = watch::Receiver<Vec<StageStats>>;
+pub(super) type StageSnapshots = watch::Receiver<Vec<StageStats>>;
 
 /// A shard's checkpointing: its end of the collector, the interval and
 /// the failed writes tolerated.
-type ShardCheckpointing = (
+pub(super) type ShardCheckpointing = (
     refract_engine::manager::ShardCheckpoints,
     std::time::Duration,
     u32,
@@ -241,7 +248,7 @@ impl ShardParts<'_> {
     /// The engine of every shard on `links` (each with its end of the
     /// collector in `ends`, if checkpointed; shard 0 taking epoch
     /// requests), and where each publishes its stage snapshots.
-    fn engines(
+    pub(super) fn engines(
         &self,
         links: Vec<ShardLink>,
         ends: Vec<Option<ShardCheckpointing>>,
@@ -287,13 +294,13 @@ impl ShardParts<'_> {
 
 /// One shard's part of a bound of `bytes` shared by `shards` shards (at
 /// least a byte).
-fn shard_share(bytes: usize, shards: usize) -> usize {
+pub(super) fn shard_share(bytes: usize, shards: usize) -> usize {
     (bytes / shards.max(1)).max(1)
 }
 
 /// Publishes the job's stage snapshots, added up from its shards', each
 /// time a shard publishes, until every shard's engine is gone.
-async fn add_up_snapshots(
+pub(super) async fn add_up_snapshots(
     shards: Vec<watch::Receiver<Vec<StageStats>>>,
     job: watch::Sender<Vec<StageStats>>,
 ) {

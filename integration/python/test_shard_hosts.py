@@ -1,0 +1,306 @@
+"""A job's engine shards in other processes: a coordinator (`refract serve
+--shard_listen`) and three shard hosts (`refract shard --coordinator`),
+each with its own Fn API, SDK workers, engines and exchange server. The
+coordinator runs no worker and no engine of the job; the hosts' shards
+exchange elements and watermarks with each other directly. Every pipeline
+checks its own output with `assert_that`, so a lost, duplicated or
+early-fired element fails it.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+from refract_testlib import (
+  RefractProcess,
+  RefractServer,
+  committed_counter,
+  free_port,
+  job_messages,
+  wait_for_end,
+)
+from test_shards import WORDS, count_and_weigh_words, sum_at_window_ends
+
+HOSTS = 3
+
+
+class ShardCluster:
+  """A coordinator and its shard hosts, each a process of its own."""
+
+  def __init__(self, refract_bin, tmp_path):
+    self.binary = refract_bin
+    self.tmp = tmp_path
+    self.secret = tmp_path / 'cluster-secret'
+    self.secret.write_text(os.urandom(24).hex() + '\n')
+    os.chmod(self.secret, 0o600)
+    self.shard_port = free_port()
+    self.coordinator = RefractServer(
+      refract_bin,
+      tmp_path / 'coordinator.log',
+      extra_args=[
+        '--shard_listen',
+        '127.0.0.1:%d' % self.shard_port,
+        '--shard_secret_file',
+        self.secret,
+        '--serve_http=false',
+      ],
+    )
+    self.hosts = []
+
+  def start_host(self, name, secret=None):
+    host = RefractProcess(
+      [
+        self.binary,
+        'shard',
+        '--coordinator',
+        '127.0.0.1:%d' % self.shard_port,
+        '--secret_file',
+        secret or self.secret,
+        '--name',
+        name,
+      ],
+      self.tmp / ('%s.log' % name),
+    )
+    self.hosts.append(host)
+    return host
+
+  def attached(self):
+    return len(re.findall('a shard host attached', self.coordinator.log_tail(10**7)))
+
+  def detached(self):
+    return len(re.findall('a shard host detached', self.coordinator.log_tail(10**7)))
+
+  def wait_attached(self, count, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while self.attached() - self.detached() < count:
+      if time.monotonic() > deadline:
+        raise AssertionError(
+          '%d shard hosts did not attach; log:\n%s' % (count, self.coordinator.log_tail())
+        )
+      time.sleep(0.1)
+
+  def wait_for_log(self, process, text, timeout_s=60):
+    """Waits until `text` is in `process`'s log."""
+    deadline = time.monotonic() + timeout_s
+    while text not in process.log_tail(10**7):
+      assert time.monotonic() < deadline, process.log_tail()
+      time.sleep(0.1)
+
+  def options(self, *extra):
+    return PipelineOptions(self.coordinator.portable_args(*extra))
+
+  def stop(self):
+    for host in self.hosts:
+      host.stop()
+    self.coordinator.stop()
+
+
+@pytest.fixture
+def cluster(request, refract_bin, tmp_path):
+  cluster = ShardCluster(refract_bin, tmp_path)
+  request.node.refract_processes = [cluster.coordinator]
+  try:
+    cluster.coordinator.wait_ready()
+    for n in range(HOSTS):
+      request.node.refract_processes.append(cluster.start_host('host%d' % n))
+    cluster.wait_attached(HOSTS)
+    yield cluster
+  finally:
+    cluster.stop()
+
+
+class CountElements(beam.DoFn):
+  def __init__(self):
+    self.seen = Metrics.counter('hosts', 'seen')
+
+  def process(self, element):
+    self.seen.inc()
+    yield element
+
+
+def test_pipelines_on_shard_hosts_match_one_engine(cluster):
+  p = beam.Pipeline(options=cluster.options())
+  count_and_weigh_words(p, beam.ParDo(CountElements()))
+  result = p.run()
+  assert result.wait_until_finish() == 'DONE'
+  job_id = result._job_id  # pylint: disable=protected-access
+  said = job_messages(cluster.coordinator.endpoint, job_id)
+  assert any('running on 3 engine shards on 3 shard host(s)' in m for m in said), said
+  # The hosts' committed metrics add up on the coordinator.
+  assert committed_counter(cluster.coordinator.endpoint, job_id, 'seen') == len(WORDS)
+  # No SDK worker ran on the coordinator: every worker connected to a host.
+  coordinator_log = cluster.coordinator.log_tail(10**7)
+  assert 'worker connected' not in coordinator_log
+  for host in cluster.hosts:
+    assert 'worker connected' in host.log_tail(10**7), host.log_tail()
+
+
+def test_state_timers_and_sessions_on_shard_hosts(cluster):
+  events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
+  with beam.Pipeline(options=cluster.options()) as p:
+    sum_at_window_ends(p)
+    sessions = (
+      p
+      | 'Events' >> beam.Create(events)
+      | 'StampEvents' >> beam.Map(lambda kv: window.TimestampedValue((kv[0], 1), kv[1]))
+      | 'Sessions' >> beam.WindowInto(window.Sessions(10))
+      | 'CountSessions' >> beam.CombinePerKey(sum)
+      | 'Spans'
+      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], int(w.start), int(w.end), kv[1]))
+    )
+    want_sessions = [('u%d' % u, b * 100, b * 100 + 14, 5) for u in range(9) for b in range(3)]
+    assert_that(sessions, equal_to(want_sessions), label='Sessions')
+
+
+def fail_on_seven(n):
+  if n == 7:
+    raise ValueError('seven is not allowed on a shard host')
+  return n
+
+
+def test_a_failing_dofn_fails_the_job_with_the_sdks_error(cluster):
+  p = beam.Pipeline(options=cluster.options())
+  _ = (
+    p
+    | beam.Create(range(20))
+    | beam.Map(lambda n: (n % 3, n))
+    | beam.GroupByKey()
+    | beam.FlatMap(lambda kv: kv[1])
+    | beam.Map(fail_on_seven)
+  )
+  with pytest.raises(Exception, match='seven is not allowed on a shard host'):
+    p.run().wait_until_finish()
+  # The hosts stay attached, ready for the next job.
+  cluster.wait_attached(HOSTS)
+
+
+def slow_identity(n):
+  time.sleep(0.02)
+  return n
+
+
+def slow_grouping(options, count):
+  """A pipeline grouping `count` numbers after 20 ms of work on each,
+  spread over the shards by a Reshuffle."""
+  p = beam.Pipeline(options=options)
+  _ = (
+    p
+    | beam.Create(range(count))
+    | beam.Reshuffle()
+    | beam.Map(slow_identity)
+    | beam.Map(lambda n: (n % 50, n))
+    | beam.GroupByKey()
+  )
+  return p
+
+
+def test_a_killed_shard_host_fails_its_run_and_the_next_job_runs_on_the_rest(cluster):
+  result = slow_grouping(cluster.options(), 3000).run()
+  job_id = result._job_id  # pylint: disable=protected-access
+  # Kill a host once its shards are working.
+  victim = cluster.hosts[1]
+  cluster.wait_for_log(victim, 'running shards')
+  time.sleep(1.0)
+  killed_at = time.monotonic()
+  os.killpg(victim.proc.pid, signal.SIGKILL)
+  state = wait_for_end(cluster.coordinator, job_id, timeout_s=60)
+  ended_after = time.monotonic() - killed_at
+  assert state == 'FAILED'
+  assert ended_after < 15, ended_after
+  said = ' '.join(job_messages(cluster.coordinator.endpoint, job_id))
+  assert 'was lost' in said or 'lost its exchange' in said, said
+  # The next job is placed on the two hosts left.
+  cluster.wait_attached(HOSTS - 1)
+  with beam.Pipeline(options=cluster.options()) as p:
+    sums = p | beam.Create(range(100)) | beam.Map(lambda n: (n % 4, n)) | beam.CombinePerKey(sum)
+    assert_that(sums, equal_to([(k, sum(range(k, 100, 4))) for k in range(4)]))
+
+
+def test_cancelling_a_job_stops_its_shards_on_every_host(cluster):
+  result = slow_grouping(cluster.options('--streaming'), 100000).run()
+  job_id = result._job_id  # pylint: disable=protected-access
+  for host in cluster.hosts:
+    cluster.wait_for_log(host, 'running shards')
+  result.cancel()
+  assert wait_for_end(cluster.coordinator, job_id, timeout_s=60) == 'CANCELLED'
+  for host in cluster.hosts:
+    cluster.wait_for_log(host, "a run's part", timeout_s=30)
+
+
+def test_a_host_without_the_secret_is_refused(cluster, tmp_path):
+  wrong = tmp_path / 'wrong-secret'
+  wrong.write_text('not-the-cluster-secret-at-all\n')
+  stranger = cluster.start_host('stranger', secret=wrong)
+  cluster.wait_for_log(stranger, 'cannot attach', timeout_s=30)
+  assert 'does not match' in stranger.log_tail(10**7)
+  assert cluster.attached() == HOSTS
+
+
+def test_a_coordinator_that_does_not_know_the_secret_gets_no_host(refract_bin, tmp_path):
+  # A stranger listening where hosts look for their coordinator, with a
+  # secret of its own: the host refuses to take its work.
+  mine = tmp_path / 'mine'
+  mine.write_text('the-hosts-own-secret-0123456789\n')
+  theirs = tmp_path / 'theirs'
+  theirs.write_text('a-strangers-secret-0123456789\n')
+  cluster = ShardCluster(refract_bin, tmp_path)
+  cluster.coordinator.stop()
+  port = cluster.shard_port
+  stranger = RefractServer(
+    refract_bin,
+    tmp_path / 'stranger.log',
+    extra_args=['--shard_listen', '127.0.0.1:%d' % port, '--shard_secret_file', theirs],
+  )
+  try:
+    stranger.wait_ready()
+    host = cluster.start_host('careful', secret=mine)
+    cluster.wait_for_log(host, 'cannot attach', timeout_s=30)
+  finally:
+    for h in cluster.hosts:
+      h.stop()
+    stranger.stop()
+  assert 'a shard host attached' not in stranger.log_tail(10**7)
+
+
+def test_bad_shard_flags_exit_with_a_reason(refract_bin, tmp_path):
+  secret = tmp_path / 'secret'
+  secret.write_text('short\n')
+  run = subprocess.run(
+    [refract_bin, 'shard', '--coordinator', '127.0.0.1:1', '--secret_file', secret],
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
+  assert run.returncode != 0
+  assert 'at least 16' in run.stderr, run.stderr
+  run = subprocess.run([refract_bin, 'shard'], capture_output=True, text=True, timeout=30)
+  assert run.returncode != 0
+  assert '--coordinator' in run.stderr, run.stderr
+  secret.write_text('long-enough-secret-0123456789\n')
+  run = subprocess.run(
+    [
+      refract_bin,
+      'serve',
+      '--job_port',
+      '0',
+      '--shard_listen',
+      '127.0.0.1:0',
+      '--shard_secret_file',
+      secret,
+      '--state_dir',
+      tmp_path / 'state',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
+  assert run.returncode != 0
+  assert 'not checkpointed yet' in run.stderr, run.stderr
