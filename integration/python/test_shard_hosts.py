@@ -7,6 +7,7 @@ checks its own output with `assert_that`, so a lost, duplicated or
 early-fired element fails it.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from refract_testlib import (
   job_messages,
   wait_for_end,
 )
+import test_recovery as recovery
 from test_shards import WORDS, count_and_weigh_words, sum_at_window_ends
 
 HOSTS = 3
@@ -35,7 +37,7 @@ HOSTS = 3
 class ShardCluster:
   """A coordinator and its shard hosts, each a process of its own."""
 
-  def __init__(self, refract_bin, tmp_path):
+  def __init__(self, refract_bin, tmp_path, extra_args=()):
     self.binary = refract_bin
     self.tmp = tmp_path
     self.secret = tmp_path / 'cluster-secret'
@@ -51,7 +53,8 @@ class ShardCluster:
         '--shard_secret_file',
         self.secret,
         '--serve_http=false',
-      ],
+      ]
+      + list(extra_args),
     )
     self.hosts = []
 
@@ -103,9 +106,10 @@ class ShardCluster:
     self.coordinator.stop()
 
 
-@pytest.fixture
-def cluster(request, refract_bin, tmp_path):
-  cluster = ShardCluster(refract_bin, tmp_path)
+@contextlib.contextmanager
+def running_cluster(request, refract_bin, tmp_path, extra_args=()):
+  """A coordinator with HOSTS shard hosts attached."""
+  cluster = ShardCluster(refract_bin, tmp_path, extra_args)
   request.node.refract_processes = [cluster.coordinator]
   try:
     cluster.coordinator.wait_ready()
@@ -115,6 +119,12 @@ def cluster(request, refract_bin, tmp_path):
     yield cluster
   finally:
     cluster.stop()
+
+
+@pytest.fixture
+def cluster(request, refract_bin, tmp_path):
+  with running_cluster(request, refract_bin, tmp_path) as cluster:
+    yield cluster
 
 
 class CountElements(beam.DoFn):
@@ -284,23 +294,29 @@ def test_bad_shard_flags_exit_with_a_reason(refract_bin, tmp_path):
   run = subprocess.run([refract_bin, 'shard'], capture_output=True, text=True, timeout=30)
   assert run.returncode != 0
   assert '--coordinator' in run.stderr, run.stderr
-  secret.write_text('long-enough-secret-0123456789\n')
-  run = subprocess.run(
-    [
-      refract_bin,
-      'serve',
-      '--job_port',
-      '0',
-      '--shard_listen',
-      '127.0.0.1:0',
-      '--shard_secret_file',
-      secret,
-      '--state_dir',
-      tmp_path / 'state',
-    ],
-    capture_output=True,
-    text=True,
-    timeout=30,
-  )
-  assert run.returncode != 0
-  assert 'not checkpointed yet' in run.stderr, run.stderr
+
+
+def test_a_killed_host_under_a_checkpointed_job_is_recovered_on_the_rest(
+  request, refract_bin, tmp_path
+):
+  # The streaming recovery pipeline (an unbounded source, windows, user
+  # state, a file per window and key) on three hosts, checkpointing in
+  # epochs every 200 ms; one host is killed with its workers mid-job. The
+  # job goes on from the last complete epoch on the two hosts left, its
+  # key groups moved to them, with the model's results and every event
+  # counted once.
+  state = ['--state_dir', tmp_path / 'state', '--checkpoint_interval', '200ms']
+  with running_cluster(request, refract_bin, tmp_path, state) as cluster:
+    output = tmp_path / 'out'
+    output.mkdir()
+    endpoint = cluster.coordinator.endpoint
+    job = recovery.submit(endpoint, output)
+    recovery.wait_for_results(output, cluster.coordinator)
+    os.killpg(cluster.hosts[1].proc.pid, signal.SIGKILL)
+    assert wait_for_end(cluster.coordinator, job, timeout_s=180) == 'DONE'
+    assert recovery.distinct_events(endpoint, job) == recovery.EVENTS
+    said = ' '.join(job_messages(endpoint, job))
+    assert 'was lost' in said or 'lost its exchange' in said, said
+    assert 'resumed from checkpoint' in said, said
+    assert 'on 2 shard host(s)' in said, said
+  assert recovery.read_results(output) == recovery.expected_results(recovery.EVENTS)

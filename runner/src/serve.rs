@@ -178,12 +178,6 @@ async fn start_coordinator(args: &ServeArgs) -> Result<Option<CoordinatorServer>
     let (Some(listen), Some(secret_file)) = (&args.shard_listen, &args.shard_secret_file) else {
         return Ok(None);
     };
-    if args.state_dir.is_some() {
-        anyhow::bail!(
-            "--shard_listen with --state_dir: jobs on shard hosts are not checkpointed yet \
-             (docs/scaling.md); start the coordinator without --state_dir"
-        );
-    }
     let secret = ClusterSecret::read(secret_file)?;
     let coordinator = CoordinatorServer::bind(listen, secret).await?;
     info!(shard_listen = %coordinator.addr(), "coordinating shard hosts: jobs run their shards on them");

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use refract_execution::job_runner::{RunStop, ShardHostRunner};
+use refract_engine::manager::CheckpointProgress;
+use refract_execution::job_runner::{RunControl, RunStop, ShardHostRunner};
 use refract_hosts::{attach, Attachment, ClusterSecret, Commands};
 use refract_proto::hosts::host_command;
 use refract_sdk_harness::FnApiServer;
@@ -109,7 +110,7 @@ async fn serve_commands(
     mut commands: Commands,
     runner: &ShardHostRunner,
 ) {
-    let mut runs: HashMap<String, watch::Sender<RunStop>> = HashMap::new();
+    let mut runs: HashMap<String, Control> = HashMap::new();
     loop {
         let command = match commands.message().await {
             Ok(Some(command)) => command,
@@ -119,24 +120,37 @@ async fn serve_commands(
                 break;
             }
         };
-        runs.retain(|_, stop| !stop.is_closed());
+        runs.retain(|_, control| !control.stop.is_closed());
         match command.body {
             Some(host_command::Body::Run(run)) => {
                 let (stop, stopped) = watch::channel(RunStop::Running);
-                runs.insert(run.run.clone(), stop);
+                let (progress, progress_rx) = watch::channel(CheckpointProgress::default());
+                runs.insert(run.run.clone(), Control { stop, progress });
                 let reporter = attachment.reporter(&run.run);
                 let (runner, attachment) = (runner.clone(), attachment.clone());
                 info!(run = %run.run, job = %run.job_id, shards = ?run.local, "running shards");
+                let control = RunControl {
+                    stop: stopped,
+                    progress: progress_rx,
+                };
                 tokio::spawn(async move {
-                    runner.run(run, &attachment, reporter, stopped).await;
+                    runner.run(run, &attachment, reporter, control).await;
                 });
             }
             Some(host_command::Body::Stop(stop)) => {
-                if let Some(tx) = runs.get(&stop.run) {
-                    let _ = tx.send(if stop.drain {
+                if let Some(control) = runs.get(&stop.run) {
+                    let _ = control.stop.send(if stop.drain {
                         RunStop::Drain
                     } else {
                         RunStop::Cancel
+                    });
+                }
+            }
+            Some(host_command::Body::Progress(progress)) => {
+                if let Some(control) = runs.get(&progress.run) {
+                    let _ = control.progress.send(CheckpointProgress {
+                        durable: progress.durable,
+                        finished: progress.finished,
                     });
                 }
             }
@@ -145,7 +159,13 @@ async fn serve_commands(
             }
         }
     }
-    for stop in runs.values() {
-        let _ = stop.send(RunStop::Cancel);
+    for control in runs.values() {
+        let _ = control.stop.send(RunStop::Cancel);
     }
+}
+
+/// How the coordinator's commands reach one run here.
+struct Control {
+    stop: watch::Sender<RunStop>,
+    progress: watch::Sender<CheckpointProgress>,
 }

@@ -54,7 +54,7 @@ use retry::Backoff;
 use run::{run_job, AttemptFacts, JobResources, JobWatchers};
 use workers::WorkerCounts;
 
-pub use hosted::{RunStop, ShardHostRunner};
+pub use hosted::{RunControl, RunStop, ShardHostRunner};
 pub use on_hosts::ShardHostsAccess;
 pub use strict::{STRICT_EXPERIMENT, STRICT_SEED_EXPERIMENT};
 

@@ -40,6 +40,16 @@ impl ShardMetrics {
         }
     }
 
+    /// The totals of `shards` together: what a process hosting only
+    /// those shards of a job counts as its part of the job's metrics.
+    pub fn totals_of(&self, shards: &[ShardId]) -> Vec<MonitoringInfo> {
+        shards
+            .iter()
+            .filter_map(|shard| self.shards.get(shard.index()))
+            .flat_map(JobMetrics::committed_infos)
+            .collect()
+    }
+
     /// The checkpoint part of `shard`'s totals, read as its engine cuts.
     pub fn part(self: &Arc<Self>, shard: ShardId) -> ExtraPart {
         let metrics = self.clone();

@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use refract_engine::manager::{run_shards, EngineConfig, EngineError, RunSummary, StageStats};
+use bytes::Bytes;
+use refract_engine::manager::{
+    run_shards, CheckpointProgress, EngineConfig, EngineError, RunSummary, ShardCheckpoints,
+    StageStats,
+};
 use refract_engine::shards::{ShardId, ShardLayout, ShardLink};
 use refract_exchange::connection::channel_to_address;
 use refract_exchange::server::ExchangeHost;
@@ -20,20 +24,22 @@ use refract_hosts::{Attachment, RunReporter};
 use refract_jobservice::{Job, JobEvent, StagedArtifact};
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::BundleRecorder;
-use refract_proto::hosts::{run_report, JobMessage, Metrics, RunShards};
+use refract_proto::hosts::{run_report, CutPiece, JobMessage, Metrics, RunShards};
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost::Message;
 use refract_proto::prost_types;
 use refract_sdk_harness::FnApiServer;
+use refract_store::Checkpoint;
 use refract_translate::{translate, EnvironmentPreference};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::host_reports::{encode_metrics, ended, stage_numbers};
 use super::job_options::JobOptions;
+use super::resume::resume;
 use super::run::{register_stages, report_summary, RegisteredStages};
-use super::sharded::{add_up_snapshots, ShardParts};
+use super::sharded::{add_up_snapshots, ShardCheckpointing, ShardParts};
 use super::workers::{WorkerCounts, WorkerStart};
 use super::JobError;
 use crate::harness_executor::HarnessExecutor;
@@ -52,6 +58,15 @@ pub enum RunStop {
     Drain,
     /// Cancel it.
     Cancel,
+}
+
+/// What the coordinator tells a run on this host after it started.
+#[derive(Debug, Clone)]
+pub struct RunControl {
+    /// Whether to stop it.
+    pub stop: watch::Receiver<RunStop>,
+    /// How far the job's checkpoints have got, for a checkpointed run.
+    pub progress: watch::Receiver<CheckpointProgress>,
 }
 
 /// Runs the shards a coordinator places on this host.
@@ -105,22 +120,24 @@ impl ShardHostRunner {
     }
 
     /// Runs `command` to its end, reporting on `reporter` (the job's
-    /// messages, metrics and stage numbers as it goes, then how it ended);
-    /// `stop` says when the coordinator cancels or drains it.
+    /// messages, metrics, stage numbers and checkpoint cuts as it goes,
+    /// then how it ended); `control` says when the coordinator cancels or
+    /// drains it, and how far its checkpoints have got.
     pub async fn run(
         &self,
         command: RunShards,
         attachment: &Attachment,
         reporter: RunReporter,
-        stop: watch::Receiver<RunStop>,
+        control: RunControl,
     ) {
         let part = Part {
             dir: self.work_dir.join(safe_name(&command.run)),
             command,
             attachment,
             reporter: &reporter,
+            progress: control.progress,
         };
-        let outcome = self.run_part(&part, stop).await;
+        let outcome = self.run_part(&part, control.stop).await;
         let run = &part.command.run;
         match &outcome {
             Ok(_) => info!(%run, "a run's part ended"),
@@ -317,6 +334,9 @@ impl ShardHostRunner {
         };
         let workers = start.start(&registered.env_ids, started).await?;
         let bundle_output_bytes = config.max_pending_bytes / config.max_bundles_per_stage.max(1);
+        let layout =
+            ShardLayout::new(part.command.shards).map_err(|e| invalid("the run's shards", e))?;
+        let metrics = Arc::new(ShardMetrics::new(layout));
         let executor = HarnessExecutor::new(
             registered.stages.clone(),
             registered.mergers.clone(),
@@ -326,12 +346,10 @@ impl ShardHostRunner {
             BundleRecorder::new(view.clone(), None),
         )
         .with_split_output_bytes(bundle_output_bytes)
-        .with_streaming(config.streaming);
+        .with_streaming(config.streaming)
+        .with_shard_metrics(metrics.clone());
         let finalizations = executor.finalizations();
         let executor: Arc<dyn refract_engine::executor::StageExecutor> = Arc::new(executor);
-        let layout =
-            ShardLayout::new(part.command.shards).map_err(|e| invalid("the run's shards", e))?;
-        let metrics = Arc::new(ShardMetrics::new(layout));
         let parts = ShardParts {
             plan: &translated.plan,
             executor: &executor,
@@ -340,8 +358,31 @@ impl ShardHostRunner {
             spill: None,
             metrics: &metrics,
         };
-        let ends = links.iter().map(|_| None).collect();
-        let (engines, snapshots) = parts.engines(links, ends, None)?;
+        let local: Vec<ShardId> = links.iter().map(ShardLink::id).collect();
+        let (ends, forwarding_cuts) = checkpointing(part, &local);
+        let (mut engines, snapshots) = parts.engines(links, ends, None)?;
+        if !part.command.resume.is_empty() {
+            let checkpoint = Checkpoint {
+                id: part.command.resume_id,
+                parts: part
+                    .command
+                    .resume
+                    .iter()
+                    .map(|p| (p.name.clone(), Bytes::from(p.data.clone())))
+                    .collect(),
+            };
+            let mapping = &options.transform_name_mapping;
+            resume(
+                &mut engines,
+                &checkpoint,
+                mapping,
+                job,
+                &view,
+                Some(&metrics),
+            )?;
+            // This host's part of the job's metrics: its own shards' only.
+            job.metrics().restore(&metrics.totals_of(&local));
+        }
         let (stats, stats_rx) = watch::channel(Vec::new());
         let adding = tokio::spawn(add_up_snapshots(snapshots, stats));
         let reporting = tokio::spawn(report_progress(
@@ -352,6 +393,10 @@ impl ShardHostRunner {
         let summary = run_shards(engines, job.cancel_requested()).await;
         let _ = adding.await;
         reporting.abort();
+        // The engines are gone: their last cuts are on their way.
+        for forwarding in forwarding_cuts {
+            let _ = forwarding.await;
+        }
         let unfinished = finalizations.wait(Duration::from_secs(30)).await;
         if unfinished > 0 {
             warn!(
@@ -370,6 +415,8 @@ struct Part<'a> {
     reporter: &'a RunReporter,
     /// Where its staged files go; removed when it ends.
     dir: PathBuf,
+    /// How far the job's checkpoints have got.
+    progress: watch::Receiver<CheckpointProgress>,
 }
 
 /// A run's pipeline, translated and registered here, with the engine's
@@ -403,6 +450,88 @@ async fn fetch_staged(part: &Part<'_>) -> Result<Vec<StagedArtifact>, JobError> 
         });
     }
     Ok(staged)
+}
+
+/// The checkpointing of each of `part`'s shards here (`local`), if the run
+/// is checkpointed: their ends, whose cuts go to the coordinator, and the
+/// tasks sending them.
+fn checkpointing(
+    part: &Part<'_>,
+    local: &[ShardId],
+) -> (
+    Vec<Option<ShardCheckpointing>>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    if !part.command.checkpointed {
+        return (local.iter().map(|_| None).collect(), Vec::new());
+    }
+    let every = Duration::from_millis(part.command.checkpoint_every_ms.max(1));
+    let mut forwarding = Vec::new();
+    let ends = local
+        .iter()
+        .map(|shard| {
+            let (tx, rx) = mpsc::channel(1);
+            forwarding.push(tokio::spawn(forward_cuts(
+                shard.number(),
+                rx,
+                part.reporter.clone(),
+            )));
+            let end = ShardCheckpoints {
+                tx,
+                progress: part.progress.clone(),
+            };
+            Some((end, every, part.command.tolerable_checkpoint_failures))
+        })
+        .collect();
+    (ends, forwarding)
+}
+
+/// Bytes of a cut's part per piece.
+const CUT_PIECE_BYTES: usize = 4 << 20;
+
+/// Sends each cut of `shard` to the coordinator, in pieces, until its
+/// engine is gone.
+async fn forward_cuts(
+    shard: u32,
+    mut cuts: mpsc::Receiver<Vec<(String, Bytes)>>,
+    reporter: RunReporter,
+) {
+    while let Some(cut) = cuts.recv().await {
+        for (name, bytes) in cut {
+            let mut pieces = bytes.chunks(CUT_PIECE_BYTES).peekable();
+            if pieces.peek().is_none() {
+                let piece = CutPiece {
+                    shard,
+                    part: name.clone(),
+                    part_done: true,
+                    ..CutPiece::default()
+                };
+                if !reporter.send(run_report::Body::Cut(piece)).await {
+                    return;
+                }
+            }
+            while let Some(data) = pieces.next() {
+                let piece = CutPiece {
+                    shard,
+                    part: name.clone(),
+                    data: data.to_vec(),
+                    part_done: pieces.peek().is_none(),
+                    cut_done: false,
+                };
+                if !reporter.send(run_report::Body::Cut(piece)).await {
+                    return;
+                }
+            }
+        }
+        let done = CutPiece {
+            shard,
+            cut_done: true,
+            ..CutPiece::default()
+        };
+        if !reporter.send(run_report::Body::Cut(done)).await {
+            return;
+        }
+    }
 }
 
 /// A run this host cannot start, saying what of it and why.

@@ -15,7 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use refract_engine::manager::{EngineConfig, EngineError, RunSummary, StageStats};
+use bytes::Bytes;
+use refract_engine::manager::{
+    collect_epochs, CheckpointProgress, EngineConfig, EngineError, RunSummary, ShardCheckpoints,
+    StageStats,
+};
 use refract_engine::shards::ShardLayout;
 use refract_exchange::connection::channel_to_address;
 use refract_exchange::server::ExchangeHost;
@@ -23,16 +27,19 @@ use refract_exchange::session::SessionKey;
 use refract_exchange::wire::Routes;
 use refract_exchange::{join_session, Joining};
 use refract_hosts::{HostDirectory, HostId, HostInfo, RunEvent, RunHandle};
-use refract_jobservice::Job;
-use refract_proto::hosts::{host_command, run_ended, run_report, RunShards, StagedFile, StopRun};
+use refract_jobservice::{Job, StagedArtifact};
+use refract_proto::hosts::{
+    host_command, run_ended, run_report, CheckpointPart, CutPiece, RunShards, StagedFile, StopRun,
+};
 use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::pipeline::MonitoringInfo;
 use refract_proto::prost::Message;
-use tokio::sync::watch;
+use refract_store::Checkpoint;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::host_reports::{decode_metrics, stage_stats, summary};
-use super::sharded::{exchange_window, shard_share};
+use super::sharded::{exchange_window, shard_share, ShardedCheckpoints};
 use super::JobError;
 
 /// How long the end of a failed run waits for the other hosts' parts to
@@ -63,6 +70,11 @@ pub(super) struct OnHosts<'a> {
     pub(super) stats: watch::Sender<Vec<StageStats>>,
     /// Which attempt of the job this is.
     pub(super) attempt: u32,
+    /// How the job's checkpoints are written, if it is checkpointed:
+    /// each epoch is put together from the hosts' cuts of it.
+    pub(super) checkpoints: Option<ShardedCheckpoints>,
+    /// The checkpoint to start from, if any.
+    pub(super) resume_from: Option<&'a Checkpoint>,
 }
 
 /// Runs `on` to its end: the hosts' summaries added up, or the first
@@ -87,33 +99,13 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     let placement: Vec<&HostInfo> = (0..layout.shards() as usize)
         .map(|shard| &hosts[shard % hosts.len()])
         .collect();
-    let key = SessionKey::random()?;
     let routes: Vec<String> = placement
         .iter()
         .map(|h| h.exchange_address.clone())
         .collect();
     let max_pending_bytes = shard_share(on.config.max_pending_bytes, layout.shards() as usize);
     let window = exchange_window(layout, max_pending_bytes);
-    // The coordinator hosts the run's quiet detector, and no shard.
-    let channels = routes
-        .iter()
-        .map(|address| channel_to_address(address))
-        .collect::<Result<Vec<_>, _>>()?;
-    let detector_routes = Routes {
-        detector: channels[0].clone(),
-        shards: channels,
-    };
-    let _links = join_session(
-        &on.hosts.exchange,
-        Joining {
-            key: &key,
-            layout,
-            local: &[],
-            routes: &detector_routes,
-            window,
-            detector: true,
-        },
-    );
+    let key = host_detector(&on.hosts.exchange, layout, &routes, window)?;
     let run = format!("{}-r{}", job.id(), RUNS.fetch_add(1, Ordering::Relaxed));
     let staged = job.artifacts().staged();
     let handle = on.hosts.directory.open_run(
@@ -124,38 +116,15 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
             .map(|a| (a.sha256.clone(), a.path.clone()))
             .collect(),
     );
-    let mut parts: BTreeMap<HostId, (String, Vec<u32>)> = BTreeMap::new();
-    for (shard, host) in placement.iter().enumerate() {
-        parts
-            .entry(host.id)
-            .or_insert_with(|| (host.name.clone(), Vec::new()))
-            .1
-            .push(shard as u32);
-    }
+    let parts = parts_by_host(&placement);
     let base = RunShards {
         run: run.clone(),
-        job_id: job.id().to_string(),
-        job_name: job.name().to_string(),
-        attempt: on.attempt,
-        pipeline: job.pipeline().encode_to_vec(),
-        options: job.options().encode_to_vec(),
-        staged: staged
-            .iter()
-            .map(|a| StagedFile {
-                type_urn: a.type_urn.clone(),
-                type_payload: a.type_payload.clone(),
-                sha256: a.sha256.clone(),
-                len: a.len,
-            })
-            .collect(),
         shards: layout.shards(),
-        local: Vec::new(),
         routes,
         session: key.as_str().to_string(),
         window: window as u64,
-        streaming: on.config.streaming,
-        max_attempts: on.config.max_attempts,
         max_pending_bytes: max_pending_bytes as u64,
+        ..run_command(&on, &staged)
     };
     let placed: Vec<String> = parts
         .values()
@@ -171,7 +140,14 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
         ),
     );
     info!(run = %run, shards = layout.shards(), hosts = parts.len(), "a run placed on shard hosts");
-    let mut following = Following::new(job, on.stats, parts.keys().copied());
+    let (epochs, collecting) = collect_cuts(on.checkpoints, layout);
+    let placed_shards = placement.iter().map(|h| h.id).collect();
+    let mut following = Following::new(job, on.stats, parts.keys().copied(), placed_shards, epochs);
+    if on.resume_from.is_some() {
+        // The hosts restore the checkpoint's metrics with its state, each
+        // its own shards' part.
+        following.base_metrics.clear();
+    }
     for (host, (_, shards)) in &parts {
         let command = RunShards {
             local: shards.clone(),
@@ -184,7 +160,179 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     }
     let outcome = following.follow(handle, cancel).await;
     on.hosts.exchange.remove(&key);
+    // Every cut's way to the collector is closed: it hands the writer
+    // what it has and ends, then the writer.
+    if let Some((collector, writer)) = collecting {
+        let _ = collector.await;
+        let _ = writer.await;
+    }
     outcome
+}
+
+/// Where the hosts' cuts of each checkpoint epoch go: each shard's end of
+/// the collector, the cut each shard is sending, and how far the writing
+/// has got.
+struct Epochs {
+    ends: Vec<mpsc::Sender<Vec<(String, Bytes)>>>,
+    cutting: HashMap<u32, Cutting>,
+    /// How far the writing has got, until the collector ends.
+    progress: Option<watch::Receiver<CheckpointProgress>>,
+}
+
+/// A cut on its way from a host: the parts in, and the part coming.
+#[derive(Default)]
+struct Cutting {
+    parts: Vec<(String, Bytes)>,
+    part: Vec<u8>,
+}
+
+impl Epochs {
+    fn new(ends: Vec<ShardCheckpoints>) -> Self {
+        let progress = ends.first().map(|end| end.progress.clone());
+        Epochs {
+            ends: ends.into_iter().map(|end| end.tx).collect(),
+            cutting: HashMap::new(),
+            progress,
+        }
+    }
+
+    /// Takes a piece of `shard`'s cut in; a whole cut goes to the
+    /// collector (waiting while it is behind).
+    async fn take(&mut self, piece: CutPiece) {
+        let cutting = self.cutting.entry(piece.shard).or_default();
+        cutting.part.extend_from_slice(&piece.data);
+        if piece.part_done {
+            let part = Bytes::from(std::mem::take(&mut cutting.part));
+            cutting.parts.push((piece.part, part));
+        }
+        if piece.cut_done {
+            let cut = std::mem::take(&mut cutting.parts);
+            if let Some(end) = self.ends.get(piece.shard as usize) {
+                let _ = end.send(cut).await;
+            }
+        }
+    }
+}
+
+/// Joins the run's exchange session on the coordinator, which hosts its
+/// quiet detector and no shard; the session's key.
+fn host_detector(
+    exchange: &ExchangeHost,
+    layout: ShardLayout,
+    routes: &[String],
+    window: usize,
+) -> Result<SessionKey, JobError> {
+    let key = SessionKey::random()?;
+    let channels = routes
+        .iter()
+        .map(|address| channel_to_address(address))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = channels.first().cloned() else {
+        return Err(EngineError::InvalidPlan("a run of no shard".into()).into());
+    };
+    let routes = Routes {
+        detector: first,
+        shards: channels,
+    };
+    let _links = join_session(
+        exchange,
+        Joining {
+            key: &key,
+            layout,
+            local: &[],
+            routes: &routes,
+            window,
+            detector: true,
+        },
+    );
+    Ok(key)
+}
+
+/// Each host of `placement` (shard `i` on `placement[i]`) with its name
+/// and the shards placed on it.
+fn parts_by_host(placement: &[&HostInfo]) -> BTreeMap<HostId, (String, Vec<u32>)> {
+    let mut parts: BTreeMap<HostId, (String, Vec<u32>)> = BTreeMap::new();
+    for (shard, host) in placement.iter().enumerate() {
+        parts
+            .entry(host.id)
+            .or_insert_with(|| (host.name.clone(), Vec::new()))
+            .1
+            .push(shard as u32);
+    }
+    parts
+}
+
+/// What every host's command of a run of `on` says about the job: the
+/// pipeline, its options and staged files, the engine's settings, the
+/// checkpointing and the checkpoint to start from.
+fn run_command(on: &OnHosts<'_>, staged: &[StagedArtifact]) -> RunShards {
+    let job = on.job;
+    let checkpointing = on.checkpoints.as_ref().map(|c| {
+        (
+            u64::try_from(c.every.as_millis()).unwrap_or(u64::MAX),
+            c.tolerable_failures,
+        )
+    });
+    RunShards {
+        job_id: job.id().to_string(),
+        job_name: job.name().to_string(),
+        attempt: on.attempt,
+        pipeline: job.pipeline().encode_to_vec(),
+        options: job.options().encode_to_vec(),
+        staged: staged
+            .iter()
+            .map(|a| StagedFile {
+                type_urn: a.type_urn.clone(),
+                type_payload: a.type_payload.clone(),
+                sha256: a.sha256.clone(),
+                len: a.len,
+            })
+            .collect(),
+        streaming: on.config.streaming,
+        max_attempts: on.config.max_attempts,
+        checkpointed: checkpointing.is_some(),
+        checkpoint_every_ms: checkpointing.map_or(0, |(every, _)| every),
+        tolerable_checkpoint_failures: checkpointing.map_or(0, |(_, n)| n),
+        resume_id: on.resume_from.map_or(0, |c| c.id),
+        resume: on
+            .resume_from
+            .map(|c| {
+                c.parts
+                    .iter()
+                    .map(|(name, data)| CheckpointPart {
+                        name: name.clone(),
+                        data: data.to_vec(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ..RunShards::default()
+    }
+}
+
+/// The collector of a checkpointed run's epochs (started), where the
+/// hosts' cuts go, and the collector's and the writer's tasks.
+type Collecting = (
+    Option<Epochs>,
+    Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>,
+);
+
+/// Starts collecting the epochs of a run on `layout`, if `checkpoints`.
+fn collect_cuts(checkpoints: Option<ShardedCheckpoints>, layout: ShardLayout) -> Collecting {
+    let Some(checkpoints) = checkpoints else {
+        return (None, None);
+    };
+    let (ends, collector) = collect_epochs(
+        layout.shards(),
+        Vec::new(),
+        checkpoints.writer.tx,
+        Some(checkpoints.writer.progress),
+    );
+    let collector = tokio::spawn(collector);
+    (
+        Some(Epochs::new(ends)),
+        Some((collector, checkpoints.writer.task)),
+    )
 }
 
 /// `1, 3, 5`.
@@ -211,6 +359,10 @@ struct Following<'a> {
     summary: RunSummary,
     failure: Option<JobError>,
     stopping: bool,
+    /// The host each shard was placed on.
+    placement: Vec<HostId>,
+    /// Where checkpoint cuts go, if the run is checkpointed.
+    epochs: Option<Epochs>,
 }
 
 impl<'a> Following<'a> {
@@ -218,6 +370,8 @@ impl<'a> Following<'a> {
         job: &'a Arc<Job>,
         stats: watch::Sender<Vec<StageStats>>,
         hosts: impl Iterator<Item = HostId>,
+        placement: Vec<HostId>,
+        epochs: Option<Epochs>,
     ) -> Self {
         Following {
             job,
@@ -229,6 +383,8 @@ impl<'a> Following<'a> {
             summary: RunSummary::default(),
             failure: None,
             stopping: false,
+            placement,
+            epochs,
         }
     }
 
@@ -260,11 +416,26 @@ impl<'a> Following<'a> {
                     None => std::future::pending().await,
                 }
             };
+            let mut progress = self.epochs.as_ref().and_then(|e| e.progress.clone());
+            let progressed = async {
+                match &mut progress {
+                    Some(progress) => progress.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 event = handle.events.recv() => match event {
-                    Some(event) => self.take(event),
+                    Some(event) => self.take(event).await,
                     None => break,
                 },
+                going = progressed => {
+                    if going {
+                        self.pass_progress(&handle).await;
+                    } else if let Some(epochs) = &mut self.epochs {
+                        // The collector is done: nothing will progress.
+                        epochs.progress = None;
+                    }
+                }
                 _ = async { let _ = cancel.wait_for(|c| *c).await; }, if !cancel_told => {
                     cancel_told = true;
                     self.fail(EngineError::Cancelled.into());
@@ -310,8 +481,26 @@ impl<'a> Following<'a> {
         }
     }
 
+    /// Tells every host whose part runs how far the checkpoints got.
+    async fn pass_progress(&mut self, handle: &RunHandle) {
+        let Some(progress) = self.epochs.as_mut().and_then(|e| e.progress.as_mut()) else {
+            return;
+        };
+        let now = *progress.borrow_and_update();
+        for host in self.pending.clone() {
+            let progress = refract_proto::hosts::CheckpointProgress {
+                run: handle.run().to_string(),
+                durable: now.durable,
+                finished: now.finished,
+            };
+            let _ = handle
+                .send(host, host_command::Body::Progress(progress))
+                .await;
+        }
+    }
+
     /// Takes one event of the run in.
-    fn take(&mut self, event: RunEvent) {
+    async fn take(&mut self, event: RunEvent) {
         match event {
             RunEvent::HostLost(host) => {
                 if self.pending.remove(&host) {
@@ -339,6 +528,15 @@ impl<'a> Following<'a> {
                     self.snapshots.insert(host, stage_stats(&numbers));
                     let parts: Vec<Vec<StageStats>> = self.snapshots.values().cloned().collect();
                     self.stats.send_replace(StageStats::across_shards(&parts));
+                }
+                run_report::Body::Cut(piece) => {
+                    let placed = self.placement.get(piece.shard as usize) == Some(&host);
+                    match &mut self.epochs {
+                        Some(epochs) if placed => epochs.take(piece).await,
+                        _ => {
+                            warn!(%host, shard = piece.shard, "a cut of a shard not placed on its host, or of a run without checkpoints; dropped")
+                        }
+                    }
                 }
                 run_report::Body::Ended(ended) => {
                     if !self.pending.remove(&host) {

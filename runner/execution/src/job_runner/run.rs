@@ -233,6 +233,14 @@ pub(super) async fn run_job(
         .set_transform_names(translated.unique_names.clone());
     if let Some(hosts) = &shard_hosts {
         facts.engine_ran = true;
+        let checkpoints = durability.as_ref().map(|durability| {
+            view.enable_checkpoints();
+            ShardedCheckpoints {
+                writer: durability.checkpoint_writer(job.clone(), view.clone()),
+                every: durability.interval(),
+                tolerable_failures: durability.tolerable_failures(),
+            }
+        });
         let summary = run_on_hosts(OnHosts {
             hosts,
             job: &job,
@@ -240,6 +248,8 @@ pub(super) async fn run_job(
             config: &config,
             stats,
             attempt: facts.attempt,
+            checkpoints,
+            resume_from: latest_checkpoint.as_ref(),
         })
         .await?;
         // Each host told the job what its shards spilled and dropped.
