@@ -31,6 +31,17 @@ def documents(name):
     return [d for d in yaml.safe_load_all(f) if d]
 
 
+def the(kind, name, manifest):
+  (found,) = [d for d in documents(manifest) if d['kind'] == kind and d['metadata']['name'] == name]
+  return found
+
+
+def shard_host_labels():
+  return the('StatefulSet', 'refract-shard', 'refract-shards.yaml')['spec']['template']['metadata'][
+    'labels'
+  ]
+
+
 def refract_container():
   (deployment,) = [
     d
@@ -48,6 +59,14 @@ def test_each_manifest_is_kubernetes_yaml_of_the_kinds_documented():
     if name.endswith('.yaml')
   }
   assert kinds['refract.yaml'] == ['Deployment', 'Namespace', 'PersistentVolumeClaim', 'Service']
+  assert kinds['refract-shards.yaml'] == [
+    'Deployment',
+    'NetworkPolicy',
+    'PersistentVolumeClaim',
+    'Service',
+    'Service',
+    'StatefulSet',
+  ]
   for name, found in kinds.items():
     if name.endswith('-pool.yaml'):
       assert found == ['Deployment', 'NetworkPolicy', 'Service'], name
@@ -120,7 +139,7 @@ def test_the_server_and_the_java_pools_share_one_token_secret():
   )
 
 
-def test_only_the_server_may_call_the_pools():
+def test_only_the_server_and_the_shard_hosts_may_call_the_pools():
   (deployment,) = [d for d in documents('refract.yaml') if d['kind'] == 'Deployment']
   server_labels = deployment['spec']['template']['metadata']['labels']
   for name in ['java-pool.yaml', 'python-pool.yaml']:
@@ -133,8 +152,8 @@ def test_only_the_server_may_call_the_pools():
     )
     assert spec['policyTypes'] == ['Ingress'], name
     (rule,) = spec['ingress']
-    (source,) = rule['from']
-    assert source['podSelector']['matchLabels'] == server_labels, name
+    sources = [source['podSelector']['matchLabels'] for source in rule['from']]
+    assert sources == [server_labels, shard_host_labels()], name
     assert rule['ports'] == [{'port': 'pool'}], name
 
 
@@ -225,3 +244,70 @@ def test_the_java_pools_arguments_start_a_refract_worker_pool(refract_bin, tmp_p
     proc.terminate()
     proc.wait(timeout=20)
   assert proc.returncode == 0, log.read_text()
+
+
+def substituted(args, values):
+  """`args` with each of `values`' keys replaced by its value."""
+  out = []
+  for arg in args:
+    for old, new in values.items():
+      arg = arg.replace(old, new)
+    out.append(arg)
+  return out
+
+
+def test_the_shard_manifests_start_a_coordinator_and_a_host_that_attaches(
+  request, refract_bin, tmp_path
+):
+  """The coordinator's and the shard StatefulSet's arguments, with this
+  machine's addresses, ports and paths: the host attaches under its pod's
+  name, proving the secret both mount, and says where it is reached."""
+  deployment = the('Deployment', 'refract-coordinator', 'refract-shards.yaml')
+  (coordinator,) = deployment['spec']['template']['spec']['containers']
+  statefulset = the('StatefulSet', 'refract-shard', 'refract-shards.yaml')
+  (host,) = statefulset['spec']['template']['spec']['containers']
+  service = the('Service', 'refract-coordinator', 'refract-shards.yaml')
+  (shards_port,) = [p for p in service['spec']['ports'] if p['name'] == 'shards']
+  secret = tmp_path / 'secret'
+  secret.write_text('a-cluster-secret-for-the-manifest-test\n')
+  secret.chmod(0o600)
+  coordinator_port, exchange_port = free_port(), free_port()
+  values = {
+    '/etc/refract/cluster/secret': str(secret),
+    '/var/lib/refract/state': str(tmp_path / 'state'),
+    '0.0.0.0:%d' % shards_port['port']: '127.0.0.1:%d' % coordinator_port,
+    'refract-coordinator.refract.svc.cluster.local:%d' % shards_port['port']: '127.0.0.1:%d'
+    % coordinator_port,
+    '$(POD_NAME).refract-shard.refract.svc.cluster.local:8200': '127.0.0.1:%d' % exchange_port,
+    '0.0.0.0:8200': '127.0.0.1:%d' % exchange_port,
+    '$(POD_NAME)': 'refract-shard-0',
+    '$(POD_IP)': '127.0.0.1',
+    '--host=0.0.0.0': '--host=127.0.0.1',
+  }
+  assert coordinator['args'][0] == 'serve'
+  server = RefractServer(
+    refract_bin,
+    tmp_path / 'coordinator.log',
+    extra_args=substituted(coordinator['args'][1:], values) + ['--serve_http=false'],
+  )
+  assert host['args'][0] == 'shard'
+  log = tmp_path / 'host.log'
+  with serving(request, server), open(log, 'w') as out:
+    proc = subprocess.Popen(
+      [refract_bin] + substituted(host['args'], values),
+      stdout=out,
+      stderr=subprocess.STDOUT,
+      env=container_env(host),
+    )
+    try:
+      deadline = time.monotonic() + 30
+      while 'a shard host attached' not in server.log_tail(10**6):
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, (server.log_tail(), log.read_text())
+        time.sleep(0.1)
+      attached = [line for line in server.log_tail(10**6).splitlines() if 'attached' in line]
+      assert 'name=refract-shard-0' in attached[0], attached
+      assert 'exchange=127.0.0.1:%d' % exchange_port in attached[0], attached
+    finally:
+      proc.terminate()
+      proc.wait(timeout=20)

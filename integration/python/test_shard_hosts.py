@@ -29,6 +29,7 @@ from refract_testlib import (
   wait_for_end,
 )
 import test_recovery as recovery
+import test_rescale as rescaling
 from test_shards import WORDS, count_and_weigh_words, sum_at_window_ends
 
 HOSTS = 3
@@ -44,19 +45,30 @@ class ShardCluster:
     self.secret.write_text(os.urandom(24).hex() + '\n')
     os.chmod(self.secret, 0o600)
     self.shard_port = free_port()
+    self.coordinator_args = [
+      '--shard_listen',
+      '127.0.0.1:%d' % self.shard_port,
+      '--shard_secret_file',
+      self.secret,
+      '--serve_http=false',
+    ] + list(extra_args)
     self.coordinator = RefractServer(
-      refract_bin,
-      tmp_path / 'coordinator.log',
-      extra_args=[
-        '--shard_listen',
-        '127.0.0.1:%d' % self.shard_port,
-        '--shard_secret_file',
-        self.secret,
-        '--serve_http=false',
-      ]
-      + list(extra_args),
+      refract_bin, tmp_path / 'coordinator.log', extra_args=self.coordinator_args
     )
     self.hosts = []
+
+  def restart_coordinator(self):
+    """Kills the coordinator (SIGKILL) and starts another on the same ports
+    and flags, as its orchestrator would."""
+    os.killpg(self.coordinator.proc.pid, signal.SIGKILL)
+    self.coordinator.proc.wait()
+    self.coordinator.stop()
+    self.coordinator = RefractServer(
+      self.binary,
+      self.tmp / 'coordinator-2.log',
+      port=self.coordinator.port,
+      extra_args=self.coordinator_args,
+    ).wait_ready()
 
   def start_host(self, name, secret=None):
     host = RefractProcess(
@@ -143,7 +155,7 @@ def test_pipelines_on_shard_hosts_match_one_engine(cluster):
   assert result.wait_until_finish() == 'DONE'
   job_id = result._job_id  # pylint: disable=protected-access
   said = job_messages(cluster.coordinator.endpoint, job_id)
-  assert any('running on 3 engine shards on 3 shard host(s)' in m for m in said), said
+  assert any('running on 3 engine shards on 3 shard hosts' in m for m in said), said
   # The hosts' committed metrics add up on the coordinator.
   assert committed_counter(cluster.coordinator.endpoint, job_id, 'seen') == len(WORDS)
   # No SDK worker ran on the coordinator: every worker connected to a host.
@@ -318,5 +330,55 @@ def test_a_killed_host_under_a_checkpointed_job_is_recovered_on_the_rest(
     said = ' '.join(job_messages(endpoint, job))
     assert 'was lost' in said or 'lost its exchange' in said, said
     assert 'resumed from checkpoint' in said, said
-    assert 'on 2 shard host(s)' in said, said
+    assert 'on 2 shard hosts' in said, said
   assert recovery.read_results(output) == recovery.expected_results(recovery.EVENTS)
+
+
+def test_a_killed_coordinator_is_restarted_and_resumes_the_job_on_its_hosts(
+  request, refract_bin, tmp_path
+):
+  # The coordinator is killed mid-job and started again on its state
+  # directory: the hosts cancel what they ran, attach to the new one, and
+  # it resumes the job from its latest checkpoint on them.
+  state = ['--state_dir', tmp_path / 'state', '--checkpoint_interval', '200ms']
+  with running_cluster(request, refract_bin, tmp_path, state) as cluster:
+    output = tmp_path / 'out'
+    output.mkdir()
+    job = recovery.submit(cluster.coordinator.endpoint, output)
+    recovery.wait_for_results(output, cluster.coordinator)
+    cluster.restart_coordinator()
+    request.node.refract_processes[0] = cluster.coordinator
+    cluster.wait_attached(HOSTS)
+    endpoint = cluster.coordinator.endpoint
+    assert wait_for_end(cluster.coordinator, job, timeout_s=180) == 'DONE'
+    assert recovery.distinct_events(endpoint, job) == recovery.EVENTS
+    said = ' '.join(job_messages(endpoint, job))
+    assert 'resumed from checkpoint' in said, said
+  assert recovery.read_results(output) == recovery.expected_results(recovery.EVENTS)
+
+
+def test_a_job_on_hosts_is_rescaled_2_3_1_with_exact_results(request, refract_bin, tmp_path):
+  # A checkpointed streaming job asks for 2 shards over the 3 hosts; it is
+  # moved onto 3 shards, then onto one, each time stopping at an epoch shard
+  # 0 cuts for the savepoint and going on from it with every key group on
+  # its new owner, placed over the hosts again.
+  state = ['--state_dir', tmp_path / 'state', '--checkpoint_interval', '200ms']
+  events = 4 * recovery.EVENTS
+  with running_cluster(request, refract_bin, tmp_path, state) as cluster:
+    output = tmp_path / 'out'
+    output.mkdir()
+    endpoint = cluster.coordinator.endpoint
+    server = cluster.coordinator
+    job = recovery.submit(endpoint, output, 'refract_shards=2', events=events)
+    recovery.wait_for_results(output, server)
+    rescaling.moved(refract_bin, endpoint, job, 3, server)
+    rescaling.more_results(output, server)
+    rescaling.moved(refract_bin, endpoint, job, 1, server)
+    rescaling.more_results(output, server)
+    assert wait_for_end(server, job, timeout_s=180) == 'DONE'
+    assert recovery.distinct_events(endpoint, job) == events
+    said = job_messages(endpoint, job)
+    for placed in ['running on 2 engine shards', 'running on 3 engine shards on 3 shard hosts']:
+      assert any(placed in m for m in said), said
+    assert any('running on 1 engine shard on 1 shard host' in m for m in said), said
+  assert recovery.read_results(output) == recovery.expected_results(events)

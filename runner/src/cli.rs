@@ -105,9 +105,21 @@ pub struct ShardArgs {
     /// the advertised address).
     #[arg(long = "name")]
     pub name: Option<String>,
-    /// Where this host's SDK workers reach its Fn API.
+    /// Where this host's SDK workers reach its Fn API: an address of this
+    /// host that the pools of `--worker_pool` reach, if it uses any.
     #[arg(long = "fn_api_host", default_value = "127.0.0.1")]
     pub fn_api_host: String,
+    /// A pool of SDK workers this host starts its runs' workers on, as
+    /// `serve --worker_pool` (repeatable).
+    #[arg(long = "worker_pool")]
+    pub worker_pool: Vec<refract_pools::PoolSpec>,
+    /// A file (mode 600) holding the token of the pools (`refract
+    /// worker-pool --token_file`), as `serve --worker_pool_token_file`.
+    #[arg(long = "worker_pool_token_file")]
+    pub worker_pool_token_file: Option<PathBuf>,
+    /// The token `$REFRACT_POOL_TOKEN` held when the process started.
+    #[arg(skip)]
+    pub worker_pool_token_from_env: Option<refract_sdk_harness::PoolToken>,
     /// SDK workers started per environment of a job's run here, as
     /// `serve --sdk_worker_parallelism` (0: one per core, one for SDKs
     /// that run bundles in parallel).

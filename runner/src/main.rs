@@ -144,7 +144,8 @@ fn main() -> Result<()> {
                 },
             ));
         }
-        Some(Command::Shard(shard)) => {
+        Some(Command::Shard(mut shard)) => {
+            shard.worker_pool_token_from_env = pool_token?;
             init_command_logging(&shard.log_level);
             return multi_thread_runtime()?.block_on(refract::shard_command::run(shard, async {
                 tokio::select! {

@@ -14,9 +14,10 @@ use anyhow::{Context, Result};
 use refract_engine::manager::CheckpointProgress;
 use refract_execution::job_runner::{RunControl, RunStop, ShardHostRunner};
 use refract_hosts::{attach, Attachment, ClusterSecret, Commands};
+use refract_pools::WorkerPools;
 use refract_proto::hosts::host_command;
 use refract_sdk_harness::FnApiServer;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::cli::ShardArgs;
@@ -47,6 +48,10 @@ pub async fn run(args: ShardArgs, shutdown: impl Future<Output = ()>) -> Result<
     )
     .await
     .with_context(|| format!("starting the Fn API server on {}", args.fn_api_host))?;
+    fn_server.set_pool_token(refract_sdk_harness::PoolToken::from_file_or(
+        args.worker_pool_token_file.as_deref(),
+        args.worker_pool_token_from_env.as_ref(),
+    )?);
     let (work_dir, _remove_work_dir) = match &args.work_dir {
         Some(dir) => (dir.clone(), None),
         None => {
@@ -59,6 +64,17 @@ pub async fn run(args: ShardArgs, shutdown: impl Future<Output = ()>) -> Result<
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
     };
+    let pools = if args.worker_pool.is_empty() {
+        None
+    } else {
+        let pools = WorkerPools::new(workers, std::path::PathBuf::from("python3"));
+        for spec in &args.worker_pool {
+            pools
+                .add(spec.clone())
+                .with_context(|| format!("--worker_pool {spec}"))?;
+        }
+        Some(pools)
+    };
     let runner = ShardHostRunner::new(
         fn_server,
         exchange.host().clone(),
@@ -66,7 +82,8 @@ pub async fn run(args: ShardArgs, shutdown: impl Future<Output = ()>) -> Result<
         work_dir,
     )
     .with_workers(workers, args.sdk_worker_parallelism > 0)
-    .with_environment_preference(args.environment_preference.clone());
+    .with_environment_preference(args.environment_preference.clone())
+    .with_pools(pools);
     info!(exchange = %advertise, coordinator = %args.coordinator, "a shard host is up");
     tokio::select! {
         _ = shutdown => {}
@@ -125,13 +142,22 @@ async fn serve_commands(
             Some(host_command::Body::Run(run)) => {
                 let (stop, stopped) = watch::channel(RunStop::Running);
                 let (progress, progress_rx) = watch::channel(CheckpointProgress::default());
-                runs.insert(run.run.clone(), Control { stop, progress });
+                let (cuts, cut_requests) = mpsc::channel(4);
+                runs.insert(
+                    run.run.clone(),
+                    Control {
+                        stop,
+                        progress,
+                        cuts,
+                    },
+                );
                 let reporter = attachment.reporter(&run.run);
                 let (runner, attachment) = (runner.clone(), attachment.clone());
                 info!(run = %run.run, job = %run.job_id, shards = ?run.local, "running shards");
                 let control = RunControl {
                     stop: stopped,
                     progress: progress_rx,
+                    cut_requests,
                 };
                 tokio::spawn(async move {
                     runner.run(run, &attachment, reporter, control).await;
@@ -154,6 +180,12 @@ async fn serve_commands(
                     });
                 }
             }
+            Some(host_command::Body::CutEpoch(cut)) => {
+                if let Some(control) = runs.get(&cut.run) {
+                    // A full queue: the requester hears no epoch came.
+                    let _ = control.cuts.try_send((cut.request, cut.stop));
+                }
+            }
             Some(host_command::Body::Welcome(_)) | None => {
                 warn!("an unexpected command from the coordinator; ignoring it");
             }
@@ -168,4 +200,5 @@ async fn serve_commands(
 struct Control {
     stop: watch::Sender<RunStop>,
     progress: watch::Sender<CheckpointProgress>,
+    cuts: mpsc::Sender<(u64, bool)>,
 }

@@ -675,6 +675,7 @@ async fn run_with_retries(
                 let next =
                     rescale::carry_out(moved, job, inbox, watchers.durability.as_ref()).await;
                 options.shards = next.shards;
+                options.shards_chosen = true;
                 resources.handed_over = next.handed_over;
                 continue;
             }

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use refract_engine::manager::{
-    run_shards, CheckpointProgress, EngineConfig, EngineError, RunSummary, ShardCheckpoints,
-    StageStats,
+    run_shards, CheckpointProgress, EngineConfig, EngineError, EpochRequest, RunSummary,
+    ShardCheckpoints, StageStats,
 };
 use refract_engine::shards::{ShardId, ShardLayout, ShardLink};
 use refract_exchange::connection::channel_to_address;
@@ -24,7 +25,8 @@ use refract_hosts::{Attachment, RunReporter};
 use refract_jobservice::{Job, JobEvent, StagedArtifact};
 use refract_observability::insights::Insights;
 use refract_observability::telemetry::BundleRecorder;
-use refract_proto::hosts::{run_report, CutPiece, JobMessage, Metrics, RunShards};
+use refract_pools::WorkerPools;
+use refract_proto::hosts::{run_report, CutPiece, EpochCut, JobMessage, Metrics, RunShards};
 use refract_proto::job_api::job_state::Enum as JobState;
 use refract_proto::pipeline::Pipeline;
 use refract_proto::prost::Message;
@@ -32,7 +34,7 @@ use refract_proto::prost_types;
 use refract_sdk_harness::FnApiServer;
 use refract_store::Checkpoint;
 use refract_translate::{translate, EnvironmentPreference};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use super::host_reports::{encode_metrics, ended, stage_numbers};
@@ -61,12 +63,15 @@ pub enum RunStop {
 }
 
 /// What the coordinator tells a run on this host after it started.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RunControl {
     /// Whether to stop it.
     pub stop: watch::Receiver<RunStop>,
     /// How far the job's checkpoints have got, for a checkpointed run.
     pub progress: watch::Receiver<CheckpointProgress>,
+    /// Requests to cut an epoch now (request number, and whether to stop
+    /// after it), for the host of shard 0.
+    pub cut_requests: mpsc::Receiver<(u64, bool)>,
 }
 
 /// Runs the shards a coordinator places on this host.
@@ -80,6 +85,7 @@ pub struct ShardHostRunner {
     default_workers: usize,
     asked_workers: Option<usize>,
     environment_preference: EnvironmentPreference,
+    pools: Option<Arc<WorkerPools>>,
 }
 
 impl ShardHostRunner {
@@ -102,7 +108,15 @@ impl ShardHostRunner {
             default_workers: 1,
             asked_workers: None,
             environment_preference: EnvironmentPreference::default(),
+            pools: None,
         }
+    }
+
+    /// Start the workers of environments that `pools` serve on those
+    /// pools (see [`refract_pools`]).
+    pub fn with_pools(mut self, pools: Option<Arc<WorkerPools>>) -> Self {
+        self.pools = pools;
+        self
     }
 
     /// SDK workers per environment when a job does not ask (one per core
@@ -136,6 +150,7 @@ impl ShardHostRunner {
             attachment,
             reporter: &reporter,
             progress: control.progress,
+            cut_requests: Mutex::new(Some(control.cut_requests)),
         };
         let outcome = self.run_part(&part, control.stop).await;
         let run = &part.command.run;
@@ -328,7 +343,7 @@ impl ShardHostRunner {
             origins: &registered.origins,
             workers_per_env: counts.local,
             asked_workers: counts.pooled,
-            pools: None,
+            pools: self.pools.as_ref(),
             view: &view,
             attempt: part.command.attempt,
         };
@@ -360,29 +375,21 @@ impl ShardHostRunner {
         };
         let local: Vec<ShardId> = links.iter().map(ShardLink::id).collect();
         let (ends, forwarding_cuts) = checkpointing(part, &local);
-        let (mut engines, snapshots) = parts.engines(links, ends, None)?;
-        if !part.command.resume.is_empty() {
-            let checkpoint = Checkpoint {
-                id: part.command.resume_id,
-                parts: part
-                    .command
-                    .resume
-                    .iter()
-                    .map(|p| (p.name.clone(), Bytes::from(p.data.clone())))
-                    .collect(),
-            };
-            let mapping = &options.transform_name_mapping;
-            resume(
-                &mut engines,
-                &checkpoint,
-                mapping,
-                job,
-                &view,
-                Some(&metrics),
-            )?;
-            // This host's part of the job's metrics: its own shards' only.
-            job.metrics().restore(&metrics.totals_of(&local));
-        }
+        let (epoch_requests, answering) = epoch_answering(part, &local);
+        let built =
+            parts
+                .engines(links, ends, epoch_requests)
+                .and_then(|(mut engines, snapshots)| {
+                    resume_part(part, &mut engines, (options, job, &view), &metrics, &local)?;
+                    Ok((engines, snapshots))
+                });
+        let (engines, snapshots) = match built {
+            Ok(built) => built,
+            Err(e) => {
+                answering.inspect(tokio::task::JoinHandle::abort);
+                return Err(e);
+            }
+        };
         let (stats, stats_rx) = watch::channel(Vec::new());
         let adding = tokio::spawn(add_up_snapshots(snapshots, stats));
         let reporting = tokio::spawn(report_progress(
@@ -393,6 +400,9 @@ impl ShardHostRunner {
         let summary = run_shards(engines, job.cancel_requested()).await;
         let _ = adding.await;
         reporting.abort();
+        if let Some(answering) = answering {
+            answering.abort();
+        }
         // The engines are gone: their last cuts are on their way.
         for forwarding in forwarding_cuts {
             let _ = forwarding.await;
@@ -417,6 +427,8 @@ struct Part<'a> {
     dir: PathBuf,
     /// How far the job's checkpoints have got.
     progress: watch::Receiver<CheckpointProgress>,
+    /// Requests to cut an epoch now, taken by the run's shard 0.
+    cut_requests: Mutex<Option<mpsc::Receiver<(u64, bool)>>>,
 }
 
 /// A run's pipeline, translated and registered here, with the engine's
@@ -484,6 +496,80 @@ fn checkpointing(
         })
         .collect();
     (ends, forwarding)
+}
+
+/// Where shard 0's engine takes the epoch requests of savepoints, if
+/// shard 0 is here (`local`) and the run is checkpointed, and the task
+/// passing the coordinator's requests on.
+fn epoch_answering(
+    part: &Part<'_>,
+    local: &[ShardId],
+) -> (
+    Option<mpsc::Receiver<EpochRequest>>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let zero_here = local.iter().any(|shard| shard.number() == 0);
+    match part.cut_requests.lock().take() {
+        Some(requests) if zero_here && part.command.checkpointed => {
+            let (tx, rx) = mpsc::channel(4);
+            let answering = tokio::spawn(answer_cut_requests(requests, tx, part.reporter.clone()));
+            (Some(rx), Some(answering))
+        }
+        _ => (None, None),
+    }
+}
+
+/// Restores `engines` (the shards here, `local`) from the checkpoint the
+/// run starts from, if any, and makes the host's part of the job's
+/// metrics its own shards' only.
+fn resume_part(
+    part: &Part<'_>,
+    engines: &mut [refract_engine::manager::Engine],
+    (options, job, view): (&JobOptions, &Job, &refract_observability::insights::JobView),
+    metrics: &ShardMetrics,
+    local: &[ShardId],
+) -> Result<(), JobError> {
+    if part.command.resume.is_empty() {
+        return Ok(());
+    }
+    let checkpoint = Checkpoint {
+        id: part.command.resume_id,
+        parts: part
+            .command
+            .resume
+            .iter()
+            .map(|p| (p.name.clone(), Bytes::from(p.data.clone())))
+            .collect(),
+    };
+    let mapping = &options.transform_name_mapping;
+    resume(engines, &checkpoint, mapping, job, view, Some(metrics))?;
+    job.metrics().restore(&metrics.totals_of(local));
+    Ok(())
+}
+
+/// Passes each request to cut an epoch on to shard 0's engine, and tells
+/// the coordinator which epoch it cut.
+async fn answer_cut_requests(
+    mut requests: mpsc::Receiver<(u64, bool)>,
+    engine: mpsc::Sender<EpochRequest>,
+    reporter: RunReporter,
+) {
+    while let Some((request, stop)) = requests.recv().await {
+        let (cut, epoch) = oneshot::channel();
+        if engine.send(EpochRequest { stop, cut }).await.is_err() {
+            return;
+        }
+        let Ok(epoch) = epoch.await else {
+            return;
+        };
+        let answer = EpochCut {
+            request,
+            epoch: epoch.number(),
+        };
+        if !reporter.send(run_report::Body::EpochCut(answer)).await {
+            return;
+        }
+    }
 }
 
 /// Bytes of a cut's part per piece.

@@ -46,6 +46,10 @@ pub(crate) struct JobOptions {
     /// `--experiments=refract_shards=N` with N above 1: the shards the job
     /// runs on.
     pub(crate) shards: Option<ShardLayout>,
+    /// Whether the number of shards was chosen (by the experiment, even
+    /// as 1, or by a rescale), rather than left to the server: on shard
+    /// hosts an unchosen number is one shard per host.
+    pub(crate) shards_chosen: bool,
     /// `--experiments=refract_shard_exchange=...`: how the shards
     /// exchange.
     pub(crate) shard_exchange: ShardExchange,
@@ -85,8 +89,19 @@ impl JobOptions {
             update: option_bool(options, "update"),
             drain_on_start: has_experiment(options, DRAIN_ON_START),
             shards: shards(options)?,
+            shards_chosen: experiment_value(options, SHARDS_EXPERIMENT).is_some(),
             shard_exchange: shard_exchange(options)?,
         })
+    }
+
+    /// The shards a run on shard hosts asks for: the chosen number (one
+    /// engine as one shard), or `None` for one per host.
+    pub(crate) fn shards_on_hosts(&self) -> Option<ShardLayout> {
+        match (self.shards, self.shards_chosen) {
+            (Some(layout), _) => Some(layout),
+            (None, true) => Some(ShardLayout::ONE),
+            (None, false) => None,
+        }
     }
 
     /// How a job with these options is translated: for its run (workers
@@ -243,6 +258,7 @@ mod tests {
                 update: false,
                 drain_on_start: false,
                 shards: None,
+                shards_chosen: false,
                 shard_exchange: ShardExchange::Board,
             }
         );
@@ -319,6 +335,12 @@ mod tests {
     fn shards_are_one_to_128_and_one_is_a_single_engine() {
         let asking = |n: &str| options(&[experiments(&[&format!("refract_shards={n}")])]);
         assert_eq!(shards(&asking("1")), Ok(None));
+        // On shard hosts, a job that asked for one shard gets one, and
+        // one that asked for none gets one per host.
+        let one = JobOptions::read(&asking("1")).expect("readable");
+        assert_eq!(one.shards_on_hosts(), Some(ShardLayout::ONE));
+        let unasked = JobOptions::read(&Struct::default()).expect("readable");
+        assert_eq!(unasked.shards_on_hosts(), None);
         assert_eq!(
             shards(&asking("128")).map(|l| l.map(|l| l.shards())),
             Ok(Some(128))

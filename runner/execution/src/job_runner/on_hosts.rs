@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use refract_engine::manager::{
-    collect_epochs, CheckpointProgress, EngineConfig, EngineError, RunSummary, ShardCheckpoints,
-    StageStats,
+    collect_epochs, CheckpointProgress, EngineConfig, EngineError, EpochRequest, RunSummary,
+    SavepointRequest, ShardCheckpoints, StageStats,
 };
+use refract_engine::shards::Epoch;
 use refract_engine::shards::ShardLayout;
 use refract_exchange::connection::channel_to_address;
 use refract_exchange::server::ExchangeHost;
@@ -35,10 +36,11 @@ use refract_proto::job_api::job_message::MessageImportance;
 use refract_proto::pipeline::MonitoringInfo;
 use refract_proto::prost::Message;
 use refract_store::Checkpoint;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use super::host_reports::{decode_metrics, stage_stats, summary};
+use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
 use super::sharded::{exchange_window, shard_share, ShardedCheckpoints};
 use super::JobError;
 
@@ -75,6 +77,10 @@ pub(super) struct OnHosts<'a> {
     pub(super) checkpoints: Option<ShardedCheckpoints>,
     /// The checkpoint to start from, if any.
     pub(super) resume_from: Option<&'a Checkpoint>,
+    /// Savepoint requests (`refract savepoint`, a rescale, an update),
+    /// each answered with an epoch shard 0 cuts for it, or refused when
+    /// the job is not checkpointed.
+    pub(super) savepoints: mpsc::Receiver<SavepointRequest>,
 }
 
 /// Runs `on` to its end: the hosts' summaries added up, or the first
@@ -133,15 +139,26 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     job.message(
         MessageImportance::JobMessageBasic,
         format!(
-            "running on {} engine shards on {} shard host(s): {}",
-            layout.shards(),
-            parts.len(),
+            "running on {} on {}: {}",
+            counted(layout.shards() as usize, "engine shard"),
+            counted(parts.len(), "shard host"),
             placed.join(", ")
         ),
     );
     info!(run = %run, shards = layout.shards(), hosts = parts.len(), "a run placed on shard hosts");
-    let (epochs, collecting) = collect_cuts(on.checkpoints, layout);
+    let collecting = Collecting::start(on.checkpoints, layout, on.savepoints);
+    let (epochs, tasks) = match collecting {
+        Some(c) => (
+            Some((c.epochs, c.epoch_requests)),
+            Some((c.collector, c.passing, c.writer, c.savepointing)),
+        ),
+        None => (None, None),
+    };
     let placed_shards = placement.iter().map(|h| h.id).collect();
+    let epochs = epochs.map(|(mut epochs, requests)| {
+        epochs.requests = Some(requests);
+        epochs
+    });
     let mut following = Following::new(job, on.stats, parts.keys().copied(), placed_shards, epochs);
     if on.resume_from.is_some() {
         // The hosts restore the checkpoint's metrics with its state, each
@@ -162,9 +179,11 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     on.hosts.exchange.remove(&key);
     // Every cut's way to the collector is closed: it hands the writer
     // what it has and ends, then the writer.
-    if let Some((collector, writer)) = collecting {
+    if let Some((collector, passing, writer, savepointing)) = tasks {
         let _ = collector.await;
+        let _ = passing.await;
         let _ = writer.await;
+        savepointing.abort();
     }
     outcome
 }
@@ -173,6 +192,11 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
 /// the collector, the cut each shard is sending, and how far the writing
 /// has got.
 struct Epochs {
+    /// Savepoints' requests for an epoch, until the savepoints end.
+    requests: Option<mpsc::Receiver<EpochRequest>>,
+    /// Requests sent to shard 0's host, by number, waiting for its cut.
+    asked: HashMap<u64, oneshot::Sender<Epoch>>,
+    next_request: u64,
     ends: Vec<mpsc::Sender<Vec<(String, Bytes)>>>,
     cutting: HashMap<u32, Cutting>,
     /// How far the writing has got, until the collector ends.
@@ -190,6 +214,9 @@ impl Epochs {
     fn new(ends: Vec<ShardCheckpoints>) -> Self {
         let progress = ends.first().map(|end| end.progress.clone());
         Epochs {
+            requests: None,
+            asked: HashMap::new(),
+            next_request: 0,
             ends: ends.into_iter().map(|end| end.tx).collect(),
             cutting: HashMap::new(),
             progress,
@@ -310,29 +337,55 @@ fn run_command(on: &OnHosts<'_>, staged: &[StagedArtifact]) -> RunShards {
     }
 }
 
-/// The collector of a checkpointed run's epochs (started), where the
-/// hosts' cuts go, and the collector's and the writer's tasks.
-type Collecting = (
-    Option<Epochs>,
-    Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)>,
-);
+/// A checkpointed run's epoch collection, started: where the hosts'
+/// cuts go, where savepoints ask shard 0 for an epoch, and the tasks
+/// (collector, passing on to the writer, writer, answering savepoints).
+struct Collecting {
+    epochs: Epochs,
+    epoch_requests: mpsc::Receiver<EpochRequest>,
+    collector: tokio::task::JoinHandle<()>,
+    passing: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+    savepointing: tokio::task::JoinHandle<()>,
+}
 
-/// Starts collecting the epochs of a run on `layout`, if `checkpoints`.
-fn collect_cuts(checkpoints: Option<ShardedCheckpoints>, layout: ShardLayout) -> Collecting {
-    let Some(checkpoints) = checkpoints else {
-        return (None, None);
-    };
-    let (ends, collector) = collect_epochs(
-        layout.shards(),
-        Vec::new(),
-        checkpoints.writer.tx,
-        Some(checkpoints.writer.progress),
-    );
-    let collector = tokio::spawn(collector);
-    (
-        Some(Epochs::new(ends)),
-        Some((collector, checkpoints.writer.task)),
-    )
+impl Collecting {
+    /// Starts collecting the epochs of a run on `layout`, if it is
+    /// checkpointed; else refuses its savepoints.
+    fn start(
+        checkpoints: Option<ShardedCheckpoints>,
+        layout: ShardLayout,
+        savepoints: mpsc::Receiver<SavepointRequest>,
+    ) -> Option<Collecting> {
+        let Some(checkpoints) = checkpoints else {
+            tokio::spawn(refuse_savepoints(savepoints));
+            return None;
+        };
+        let (to_writer, assembled, passing) = pass_epochs(checkpoints.writer.tx);
+        let (ends, collector) = collect_epochs(
+            layout.shards(),
+            Vec::new(),
+            to_writer,
+            Some(checkpoints.writer.progress),
+        );
+        let (epoch_tx, epoch_requests) = mpsc::channel(4);
+        Some(Collecting {
+            epochs: Epochs::new(ends),
+            epoch_requests,
+            collector: tokio::spawn(collector),
+            passing,
+            writer: checkpoints.writer.task,
+            savepointing: tokio::spawn(answer_savepoints(savepoints, epoch_tx, assembled)),
+        })
+    }
+}
+
+/// `1 thing`, `2 things`.
+fn counted(n: usize, thing: &str) -> String {
+    match n {
+        1 => format!("1 {thing}"),
+        n => format!("{n} {thing}s"),
+    }
 }
 
 /// `1, 3, 5`.
@@ -423,10 +476,22 @@ impl<'a> Following<'a> {
                     None => std::future::pending().await,
                 }
             };
+            let mut requests = self.epochs.as_mut().and_then(|e| e.requests.take());
+            let requested = async {
+                match &mut requests {
+                    Some(requests) => requests.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 event = handle.events.recv() => match event {
                     Some(event) => self.take(event).await,
                     None => break,
+                },
+                request = requested => match request {
+                    Some(request) => self.ask_shard_zero(&handle, request).await,
+                    // The savepoints ended: no more requests.
+                    None => requests = None,
                 },
                 going = progressed => {
                     if going {
@@ -448,6 +513,9 @@ impl<'a> Following<'a> {
                     warn!(hosts = self.pending.len(), "shard hosts did not stop their parts within 30 s");
                     break;
                 }
+            }
+            if let Some(epochs) = &mut self.epochs {
+                epochs.requests = requests;
             }
             if self.failure.is_some() && !self.stopping {
                 self.stop_all(&handle, false).await;
@@ -478,6 +546,29 @@ impl<'a> Following<'a> {
             {
                 self.pending.remove(&host);
             }
+        }
+    }
+
+    /// Asks shard 0's host to cut the epoch `request` wants.
+    async fn ask_shard_zero(&mut self, handle: &RunHandle, request: EpochRequest) {
+        let (Some(epochs), Some(&host)) = (&mut self.epochs, self.placement.first()) else {
+            return;
+        };
+        epochs.next_request += 1;
+        let number = epochs.next_request;
+        let cut = refract_proto::hosts::CutEpoch {
+            run: handle.run().to_string(),
+            request: number,
+            stop: request.stop,
+        };
+        // A request the host does not get is dropped: its requester hears
+        // that the engines ended before it.
+        if handle
+            .send(host, host_command::Body::CutEpoch(cut))
+            .await
+            .is_ok()
+        {
+            epochs.asked.insert(number, request.cut);
         }
     }
 
@@ -535,6 +626,14 @@ impl<'a> Following<'a> {
                         Some(epochs) if placed => epochs.take(piece).await,
                         _ => {
                             warn!(%host, shard = piece.shard, "a cut of a shard not placed on its host, or of a run without checkpoints; dropped")
+                        }
+                    }
+                }
+                run_report::Body::EpochCut(cut) => {
+                    let answered = self.placement.first() == Some(&host);
+                    if let (Some(epochs), true) = (&mut self.epochs, answered) {
+                        if let Some(asked) = epochs.asked.remove(&cut.request) {
+                            let _ = asked.send(Epoch::from_number(cut.epoch));
                         }
                     }
                 }

@@ -241,17 +241,22 @@ pub(super) async fn run_job(
                 tolerable_failures: durability.tolerable_failures(),
             }
         });
+        let (savepoint_tx, savepoints) = tokio::sync::mpsc::channel(4);
+        view.set_savepoint_channel(Some(savepoint_tx));
         let summary = run_on_hosts(OnHosts {
             hosts,
             job: &job,
-            layout: options.shards,
+            layout: options.shards_on_hosts(),
             config: &config,
             stats,
             attempt: facts.attempt,
             checkpoints,
             resume_from: latest_checkpoint.as_ref(),
+            savepoints,
         })
-        .await?;
+        .await;
+        view.set_savepoint_channel(None);
+        let summary = summary?;
         // Each host told the job what its shards spilled and dropped.
         info!(
             bundles = summary.bundles,
