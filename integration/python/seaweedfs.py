@@ -25,17 +25,23 @@ def weed_binary():
 class SeaweedS3:
   """`weed server` with its master, volume, filer and S3 gateway on free
   loopback ports, data under `root`; `start` waits until `bucket` exists
-  and the S3 port answers."""
+  and the S3 port answers.
 
-  def __init__(self, root, bucket='refract'):
+  On a virtual host (netns_hosts), `host` is where it runs (on the host's
+  address) and `client` the host its readiness is checked from."""
+
+  def __init__(self, root, bucket='refract', host=None, client=None):
     self.root = root
     self.bucket = bucket
     self.ports = {name: free_port() for name in ('master', 'volume', 'filer', 's3')}
     self.process = None
+    self.host = host
+    self.client = client
+    self.ip = host.address if host is not None else '127.0.0.1'
 
   @property
   def endpoint(self):
-    return 'http://127.0.0.1:%d' % self.ports['s3']
+    return 'http://%s:%d' % (self.ip, self.ports['s3'])
 
   def env(self):
     """The environment a Refract server reaches the bucket with."""
@@ -62,8 +68,8 @@ class SeaweedS3:
       weed_binary(),
       'server',
       '-dir=%s' % data,
-      '-ip=127.0.0.1',
-      '-ip.bind=127.0.0.1',
+      '-ip=%s' % self.ip,
+      '-ip.bind=%s' % self.ip,
       '-master.port=%d' % p['master'],
       '-master.port.grpc=%d' % grpc['master'],
       '-volume.port=%d' % p['volume'],
@@ -79,22 +85,29 @@ class SeaweedS3:
       '-s3.port.lance=0',
       '-s3.config=%s' % config,
     ]
-    self.process = RefractProcess(argv, self.root / 'weed.log')
+    if self.host is None:
+      self.process = RefractProcess(argv, self.root / 'weed.log')
+      running = self.process.proc
+    else:
+      running = self.host.popen(argv, log=self.root / 'weed.log')
     deadline = time.monotonic() + timeout_s
     while True:
       try:
-        self._make_bucket()
-        if self._s3_answers():
+        if self._reached(self._make_bucket) is None and self._reached(self._s3_answers):
           return self
       except OSError:
         pass
-      if time.monotonic() > deadline or self.process.proc.poll() is not None:
+      if time.monotonic() > deadline or running.poll() is not None:
         raise AssertionError('SeaweedFS did not start:\n' + self.log_tail())
       time.sleep(0.5)
 
+  def _reached(self, fn):
+    """fn(), from where the store is reached."""
+    return fn() if self.client is None else self.client.in_namespace(fn)
+
   def _make_bucket(self):
     # A bucket is a directory under the filer's /buckets.
-    url = 'http://127.0.0.1:%d/buckets/%s/?op=mkdir' % (self.ports['filer'], self.bucket)
+    url = 'http://%s:%d/buckets/%s/?op=mkdir' % (self.ip, self.ports['filer'], self.bucket)
     try:
       with urllib.request.urlopen(urllib.request.Request(url, method='POST'), timeout=5):
         pass
@@ -113,20 +126,25 @@ class SeaweedS3:
   def objects(self, prefix):
     """The names of the objects under `prefix` in the bucket (through the
     filer, which lists directories)."""
-    url = 'http://127.0.0.1:%d/buckets/%s/%s/?limit=10000' % (
+    url = 'http://%s:%d/buckets/%s/%s/?limit=10000' % (
+      self.ip,
       self.ports['filer'],
       self.bucket,
       prefix.strip('/'),
     )
     request = urllib.request.Request(url, headers={'Accept': 'application/json'})
-    try:
-      with urllib.request.urlopen(request, timeout=10) as response:
-        listing = json.load(response)
-    except urllib.error.HTTPError as e:
-      if e.code == 404:
-        return []
-      raise
-    return [e['FullPath'].rsplit('/', 1)[-1] for e in listing.get('Entries') or []]
+
+    def listing():
+      try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+          return json.load(response)
+      except urllib.error.HTTPError as e:
+        if e.code == 404:
+          return {}
+        raise
+
+    found = self._reached(listing)
+    return [e['FullPath'].rsplit('/', 1)[-1] for e in found.get('Entries') or []]
 
   def log_tail(self):
     path = self.root / 'weed.log'

@@ -102,9 +102,12 @@ def run_pipeline(
   update=False,
   string_keys=False,
   pause=None,
+  host=None,
 ):
-  """Runs recovery_pipeline.py to its submission: the finished process."""
-  return subprocess.run(
+  """Runs recovery_pipeline.py to its submission (on virtual host `host`,
+  if given): the finished process."""
+  run = subprocess.run if host is None else host.run
+  return run(
     [
       sys.executable,
       PIPELINE,

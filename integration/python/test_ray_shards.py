@@ -1,0 +1,111 @@
+"""Shard hosts placed by Ray (integration/ray/ray_shards.py) on a local
+Ray cluster of several nodes (ray.cluster_utils.Cluster, as the pool tests
+start it): one `refract shard` per node, as an actor pinned to it, attached
+to a coordinator; jobs run one shard per host; a node that joins gets a
+host, a node removed takes its host along (Ray's failure detection), and
+the next job runs on the hosts left. Without Ray these tests skip.
+"""
+
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+try:
+  import ray  # noqa: F401  pylint: disable=unused-import
+except ImportError as e:
+  pytest.skip(
+    'cannot import ray (%s): pip install -r integration/ray/requirements.txt' % e,
+    allow_module_level=True,
+  )
+
+from refract_testlib import accepts, free_port, job_messages, read_log_tail, stop_process_group
+from test_ray_pools import NODE, start_cluster, wait_until
+from test_shard_hosts import ShardCluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLACER = os.path.join(os.path.dirname(HERE), 'ray', 'ray_shards.py')
+# From the placer's start: connecting, an actor process per node.
+FIRST_HOSTS_S = 120
+
+
+@pytest.fixture
+def ray_cluster():
+  """A Ray cluster of one head node, with its Ray Client server's port."""
+  port = free_port()
+  made = start_cluster(port)
+  try:
+    yield made, port
+  finally:
+    made.shutdown()
+
+
+def hosts_in(said):
+  for message in said:
+    if 'running on' in message and 'shard host' in message:
+      return message
+  raise AssertionError(said)
+
+
+def test_one_shard_host_per_ray_node_following_nodes(request, refract_bin, tmp_path, ray_cluster):
+  cluster, port = ray_cluster
+  cluster.add_node(**NODE)
+  head_ip = cluster.head_node.node_ip_address
+  wait_until('the Ray Client server listening', lambda: accepts(port, head_ip), 60)
+  shards = ShardCluster(refract_bin, tmp_path)
+  request.node.refract_processes = [shards.coordinator]
+  placer_log = tmp_path / 'ray_shards.log'
+  placer = None
+  try:
+    shards.coordinator.wait_ready()
+    with open(placer_log, 'wb') as log:
+      placer = subprocess.Popen(
+        [
+          sys.executable,
+          PLACER,
+          '--address',
+          'ray://%s:%d' % (head_ip, port),
+          '--refract',
+          refract_bin,
+          '--poll_interval',
+          '0.5',
+          '--',
+          '--coordinator',
+          '127.0.0.1:%d' % shards.shard_port,
+          '--secret_file',
+          shards.secret,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+      )
+    shards.wait_attached(2, timeout_s=FIRST_HOSTS_S)
+    p = beam.Pipeline(options=shards.options())
+    sums = p | beam.Create(range(100)) | beam.Map(lambda x: (x % 5, x)) | beam.CombinePerKey(sum)
+    assert_that(sums, equal_to([(k, sum(range(k, 100, 5))) for k in range(5)]))
+    result = p.run()
+    assert result.wait_until_finish() == 'DONE'
+    said = job_messages(shards.coordinator.endpoint, result._job_id)  # pylint: disable=protected-access
+    assert '2 engine shards on 2 shard hosts' in hosts_in(said)
+
+    node = cluster.add_node(**NODE)
+    shards.wait_attached(3, timeout_s=60)
+    cluster.remove_node(node)
+    # Ray ends the node's actor, and its host goes with the actor's process.
+    wait_until('the removed node\'s host detached', lambda: shards.detached() >= 1, 30)
+    shards.wait_attached(2)
+    with beam.Pipeline(options=shards.options()) as p:
+      sums = p | beam.Create(range(50)) | beam.Map(lambda x: (x % 5, x)) | beam.CombinePerKey(sum)
+      assert_that(sums, equal_to([(k, sum(range(k, 50, 5))) for k in range(5)]))
+    # The placer's end takes every host along.
+    placer.stdin.close()
+    assert placer.wait(timeout=30) == 0, read_log_tail(placer_log)
+    wait_until('every host detached', lambda: shards.attached() - shards.detached() == 0, 30)
+  finally:
+    if placer is not None and placer.poll() is None:
+      stop_process_group(placer)
+    shards.stop()
