@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use refract_engine::manager::CheckpointProgress;
 use refract_execution::job_runner::{RunControl, RunStop, ShardHostRunner};
+use refract_execution::scratch_spill::ScratchSpillSpace;
 use refract_hosts::{attach, Attachment, ClusterSecret, Commands};
 use refract_pools::WorkerPools;
 use refract_proto::hosts::host_command;
@@ -75,12 +76,16 @@ pub async fn run(args: ShardArgs, shutdown: impl Future<Output = ()>) -> Result<
         }
         Some(pools)
     };
+    let spill_dir = work_dir.join("spill");
+    let spill = ScratchSpillSpace::open(&spill_dir)
+        .with_context(|| format!("opening the spill directory {}", spill_dir.display()))?;
     let runner = ShardHostRunner::new(
         fn_server,
         exchange.host().clone(),
         args.coordinator.clone(),
         work_dir,
     )
+    .with_spill(Arc::new(spill))
     .with_workers(workers, args.sdk_worker_parallelism > 0)
     .with_environment_preference(args.environment_preference.clone())
     .with_pools(pools);

@@ -16,6 +16,7 @@ use refract_engine::manager::{
     ShardCheckpoints, StageStats,
 };
 use refract_engine::shards::{ShardId, ShardLayout, ShardLink};
+use refract_engine::spill::SpillSpace;
 use refract_exchange::connection::channel_to_address;
 use refract_exchange::server::ExchangeHost;
 use refract_exchange::session::SessionKey;
@@ -40,11 +41,12 @@ use tracing::{info, warn};
 use super::host_reports::{encode_metrics, ended, stage_numbers};
 use super::job_options::JobOptions;
 use super::resume::resume;
-use super::run::{register_stages, report_summary, RegisteredStages};
+use super::run::{reclaim_job_spill, register_stages, report_summary, RegisteredStages};
 use super::sharded::{add_up_snapshots, ShardCheckpointing, ShardParts};
 use super::workers::{WorkerCounts, WorkerStart};
 use super::JobError;
 use crate::harness_executor::HarnessExecutor;
+use crate::output_spill::JobOutputSpill;
 use crate::shard_metrics::ShardMetrics;
 use crate::worker_set::WorkerSet;
 
@@ -86,6 +88,7 @@ pub struct ShardHostRunner {
     asked_workers: Option<usize>,
     environment_preference: EnvironmentPreference,
     pools: Option<Arc<WorkerPools>>,
+    spill: Option<Arc<dyn SpillSpace>>,
 }
 
 impl ShardHostRunner {
@@ -109,7 +112,15 @@ impl ShardHostRunner {
             asked_workers: None,
             environment_preference: EnvironmentPreference::default(),
             pools: None,
+            spill: None,
         }
+    }
+
+    /// Where GroupByKey buffers, queues and bundle outputs past their
+    /// share of memory go, as on a server (see [`crate::scratch_spill`]).
+    pub fn with_spill(mut self, spill: Arc<dyn SpillSpace>) -> Self {
+        self.spill = Some(spill);
+        self
     }
 
     /// Start the workers of environments that `pools` serve on those
@@ -352,7 +363,7 @@ impl ShardHostRunner {
         let layout =
             ShardLayout::new(part.command.shards).map_err(|e| invalid("the run's shards", e))?;
         let metrics = Arc::new(ShardMetrics::new(layout));
-        let executor = HarnessExecutor::new(
+        let mut executor = HarnessExecutor::new(
             registered.stages.clone(),
             registered.mergers.clone(),
             workers,
@@ -363,6 +374,17 @@ impl ShardHostRunner {
         .with_split_output_bytes(bundle_output_bytes)
         .with_streaming(config.streaming)
         .with_shard_metrics(metrics.clone());
+        let spill = self
+            .spill
+            .clone()
+            .map(|store| (store, config.max_pending_bytes));
+        if let Some((store, bytes)) = &spill {
+            executor = executor.with_output_spill(JobOutputSpill::new(
+                store.clone(),
+                job.id().as_bytes(),
+                *bytes,
+            ));
+        }
         let finalizations = executor.finalizations();
         let executor: Arc<dyn refract_engine::executor::StageExecutor> = Arc::new(executor);
         let parts = ShardParts {
@@ -370,7 +392,7 @@ impl ShardHostRunner {
             executor: &executor,
             config: &config,
             job,
-            spill: None,
+            spill: spill.as_ref(),
             metrics: &metrics,
         };
         let local: Vec<ShardId> = links.iter().map(ShardLink::id).collect();
@@ -406,6 +428,9 @@ impl ShardHostRunner {
         // The engines are gone: their last cuts are on their way.
         for forwarding in forwarding_cuts {
             let _ = forwarding.await;
+        }
+        if let Some((store, _)) = &spill {
+            reclaim_job_spill(store.as_ref(), job.id(), Some(layout));
         }
         let unfinished = finalizations.wait(Duration::from_secs(30)).await;
         if unfinished > 0 {

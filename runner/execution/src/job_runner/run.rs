@@ -646,7 +646,7 @@ pub(super) fn report_summary(job: &Job, summary: &RunSummary) {
 /// and bundle outputs forget their parts as they read them without
 /// compacting (cheap, but the space stays until RocksDB compacts those
 /// files); one compaction over the job's whole space when it ends does it.
-fn reclaim_job_spill(store: &dyn SpillSpace, job_id: &str, shards: Option<ShardLayout>) {
+pub(super) fn reclaim_job_spill(store: &dyn SpillSpace, job_id: &str, shards: Option<ShardLayout>) {
     let job = job_id.as_bytes();
     let shard_prefixes = shards
         .iter()
