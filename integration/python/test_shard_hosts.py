@@ -387,12 +387,6 @@ def test_a_job_on_hosts_is_rescaled_2_3_1_with_exact_results(request, refract_bi
   assert recovery.read_results(output) == recovery.expected_results(events)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason='known bug: over the gRPC exchange (shard hosts, or refract_shard_exchange=grpc in '
-  'one process) a GroupByKey that spills under a small budget is declared stuck once it '
-  'starts handing out its groups; the in-process board passes (docs/scaling.md)',
-)
 def test_a_groupbykey_past_the_memory_budget_spills_on_the_hosts(request, refract_bin, tmp_path):
   # 96 MiB grouped under 1 000 keys with a 16 MiB budget on the
   # coordinator: each host's share of it is small, its buffers spill to

@@ -172,13 +172,19 @@ def test_a_checkpointing_server_checkpoints_shards_in_epochs(refract_bin, tmp_pa
     server.stop()
 
 
-def test_a_groupbykey_past_the_memory_budget_spills_on_every_shard(request, refract_bin, tmp_path):
+@EXCHANGES
+def test_a_groupbykey_past_the_memory_budget_spills_on_every_shard(
+  request, refract_bin, tmp_path, exchange
+):
   """96 MiB grouped under 1 000 keys with a 16 MiB budget on three shards:
   each shard's buffers spill under a prefix of its own, the pipeline
-  checks every value came back once, and the spill space is given back."""
+  checks every value came back once, and the spill space is given back.
+  Over gRPC, a shard whose output waits for the exchange's credit parks
+  as one woken later (the credit wakes it), not as a stuck one."""
   spill_dir = tmp_path / 'spill'
   extra = ['--memory_budget', '16m', '--serve_http=false', '--spill_dir', str(spill_dir)]
-  args = [96, 64, 1000, 0, 0, 0, 0, 'fixed', SHARDS]
+  exchanging = '--experiments=refract_shard_exchange=' + exchange
+  args = [96, 64, 1000, 0, 0, 0, 0, 'fixed', SHARDS, exchanging]
   finished = finished_line(request, refract_bin, tmp_path, extra, 'gbk_spill_pipeline.py', args)
   assert spilled_bytes(finished, 'spilled_bytes') > 0, finished
   assert sum(f.stat().st_size for f in spill_dir.rglob('*.sst')) < 1 << 20

@@ -745,7 +745,10 @@ impl Engine {
                 // A quiet shard parks and waits for the others; a single
                 // engine with nothing due, or every shard parked with
                 // nothing due, is stuck.
-                match self.park(next_wakeup.is_some()) {
+                // Output waiting for the exchange's credit is woken by
+                // that credit, which no frame count shows the detector.
+                let waking = next_wakeup.is_some() || self.exchange_full();
+                match self.park(waking) {
                     Some(Parked::Changed | Parked::YourTurn) => continue,
                     Some(Parked::Waiting) => {}
                     None if next_wakeup.is_some() => {}
@@ -896,15 +899,22 @@ impl Engine {
             .all(|s| s.progress.output_wm >= MAX_TIMESTAMP)
     }
 
-    fn describe_unfinished(&self) -> String {
+    pub(super) fn describe_unfinished(&self) -> String {
         let names: Vec<String> = self
             .topology.order
             .iter()
             .filter(|&&i| self.stages[i].progress.output_wm < MAX_TIMESTAMP)
             .map(|&i| {
                 let s = &self.stages[i];
+                let held = if self.exchange_holds_back(i) {
+                    ", held back by the exchange".to_string()
+                } else if self.backpressured(i) {
+                    format!(", held back by {}", self.holding_back(i))
+                } else {
+                    String::new()
+                };
                 format!(
-                    "stage '{}' (input watermark {}, output watermark {}, {} pending elements, {} timers)",
+                    "stage '{}' (input watermark {}, output watermark {}, {} pending elements, {} timers{held})",
                     self.topology.plan.stages[i].name,
                     s.progress.input_wm,
                     s.progress.output_wm,

@@ -136,6 +136,29 @@ impl Engine {
         false
     }
 
+    /// Which consumer of `idx`'s outputs holds it back, in words (for a
+    /// stuck job's description).
+    pub(super) fn holding_back(&self, idx: StageIdx) -> String {
+        for &p in &self.topology.plan.stages[idx].outputs {
+            for &c in &self.topology.consumers[p].stages {
+                let name = &self.topology.plan.stages[c].name;
+                if matches!(self.own_backlog(c), Backlog::Over) {
+                    let queue = &self.stages[c].queue;
+                    return format!(
+                        "'{name}', whose queue here holds {} bytes ({} in bundles) past its bound of {}",
+                        queue.backlog_bytes(),
+                        queue.in_flight(),
+                        self.config.max_pending_bytes
+                    );
+                }
+                if self.over_elsewhere(c) {
+                    return format!("'{name}', over its bound on another shard");
+                }
+            }
+        }
+        "a consumer further down over its bound".to_string()
+    }
+
     /// How consumer `c`'s backlog bears on its producers: its own, or, on
     /// a shard, its copy's on another shard being over its bound (a
     /// producer here may be sending to it).

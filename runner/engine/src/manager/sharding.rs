@@ -282,6 +282,12 @@ impl Engine {
         self.shard.as_ref().is_some_and(|s| s.over_elsewhere[stage])
     }
 
+    /// Whether frames this shard sent wait for the exchange's credit (as
+    /// of the last take): the credit's return will wake it.
+    pub(super) fn exchange_full(&self) -> bool {
+        self.shard.as_ref().is_some_and(|s| s.exchange_full)
+    }
+
     /// Whether stage `stage` sends output to other shards while the
     /// exchange holds all its flow control allows: it waits, as for a
     /// full queue (never for a single engine).
