@@ -28,6 +28,7 @@ from refract_testlib import (
   free_port,
   job_messages,
   spilled_bytes,
+  submit_java,
   wait_for_end,
 )
 import test_recovery as recovery
@@ -408,3 +409,38 @@ def test_a_groupbykey_past_the_memory_budget_spills_on_the_hosts(request, refrac
       assert finished, host.log_tail()
       spilled.append(spilled_bytes(finished[-1], 'spilled_bytes'))
   assert all(n > 0 for n in spilled), spilled
+
+
+def test_javas_word_count_on_shard_hosts_counts_every_word(
+  cluster, worker_pool, java_classpath, tmp_path
+):
+  # Java's WordCount (its finalisation uses side inputs and a GroupByKey)
+  # with its workers from a Java worker pool: each host starts its own
+  # workers there, and the counts are the text's.
+  words = ['alpha', 'beta', 'gamma', 'delta', "o'neil"]
+  lines = [' '.join(words[(i + j) % len(words)] for j in range(i % 7 + 1)) for i in range(2000)]
+  text = tmp_path / 'words.txt'
+  text.write_text('\n'.join(lines) + '\n')
+  want = {}
+  for line in lines:
+    for word in line.split():
+      want[word] = want.get(word, 0) + 1
+  output = tmp_path / 'counts.txt'
+  pool, _ = worker_pool
+  code, printed = submit_java(
+    java_classpath,
+    'org.refract.examples.WordCount',
+    cluster.coordinator.endpoint,
+    pool,
+    tmp_path / 'java-client.log',
+    '--input=%s' % text,
+    '--output=%s' % output,
+  )
+  assert code == 0, printed[-3000:] + cluster.coordinator.log_tail()
+  got = {}
+  for line in output.read_text().splitlines():
+    word, count = line.rsplit(': ', 1)
+    got[word] = int(count)
+  assert got == want
+  attached = sum('worker connected' in h.log_tail(10**7) for h in cluster.hosts)
+  assert attached == HOSTS, 'a host started no Java worker'
