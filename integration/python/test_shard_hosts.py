@@ -20,7 +20,6 @@ import pytest
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
-from apache_beam.transforms import window
 from refract_testlib import (
   RefractProcess,
   RefractServer,
@@ -33,7 +32,7 @@ from refract_testlib import (
 )
 import test_recovery as recovery
 import test_rescale as rescaling
-from test_shards import WORDS, count_and_weigh_words, sum_at_window_ends
+from test_shards import WORDS, count_and_weigh_words, count_sessions, sum_at_window_ends
 
 HOSTS = 3
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,15 +122,15 @@ class ShardCluster:
 
 
 @contextlib.contextmanager
-def running_cluster(request, refract_bin, tmp_path, extra_args=()):
-  """A coordinator with HOSTS shard hosts attached."""
+def running_cluster(request, refract_bin, tmp_path, extra_args=(), hosts=HOSTS):
+  """A coordinator with `hosts` shard hosts attached."""
   cluster = ShardCluster(refract_bin, tmp_path, extra_args)
   request.node.refract_processes = [cluster.coordinator]
   try:
     cluster.coordinator.wait_ready()
-    for n in range(HOSTS):
+    for n in range(hosts):
       request.node.refract_processes.append(cluster.start_host('host%d' % n))
-    cluster.wait_attached(HOSTS)
+    cluster.wait_attached(hosts)
     yield cluster
   finally:
     cluster.stop()
@@ -170,20 +169,9 @@ def test_pipelines_on_shard_hosts_match_one_engine(cluster):
 
 
 def test_state_timers_and_sessions_on_shard_hosts(cluster):
-  events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
   with beam.Pipeline(options=cluster.options()) as p:
     sum_at_window_ends(p)
-    sessions = (
-      p
-      | 'Events' >> beam.Create(events)
-      | 'StampEvents' >> beam.Map(lambda kv: window.TimestampedValue((kv[0], 1), kv[1]))
-      | 'Sessions' >> beam.WindowInto(window.Sessions(10))
-      | 'CountSessions' >> beam.CombinePerKey(sum)
-      | 'Spans'
-      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], int(w.start), int(w.end), kv[1]))
-    )
-    want_sessions = [('u%d' % u, b * 100, b * 100 + 14, 5) for u in range(9) for b in range(3)]
-    assert_that(sessions, equal_to(want_sessions), label='Sessions')
+    count_sessions(p)
 
 
 def fail_on_seven(n):
@@ -388,6 +376,35 @@ def test_a_job_on_hosts_is_rescaled_2_3_1_with_exact_results(request, refract_bi
   assert recovery.read_results(output) == recovery.expected_results(events)
 
 
+def test_a_job_left_one_shard_per_host_follows_a_host_that_joins(request, refract_bin, tmp_path):
+  # A checkpointed streaming job that did not choose its number of shards
+  # runs one per host: on two, then, once a third host attaches, on three,
+  # moved at a savepoint with its key groups, under its id.
+  state = ['--state_dir', tmp_path / 'state', '--checkpoint_interval', '200ms']
+  events = 3 * recovery.EVENTS
+  with running_cluster(request, refract_bin, tmp_path, state, hosts=2) as cluster:
+    output = tmp_path / 'out'
+    output.mkdir()
+    endpoint = cluster.coordinator.endpoint
+    job = recovery.submit(endpoint, output, events=events)
+    recovery.wait_for_results(output, cluster.coordinator)
+    request.node.refract_processes.append(cluster.start_host('joiner'))
+    cluster.wait_attached(3)
+    moved = 'runs on 3 shards from its savepoint (moved from 2 shards)'
+    deadline = time.monotonic() + 60
+    while not any(moved in m for m in job_messages(endpoint, job)):
+      assert time.monotonic() < deadline, cluster.coordinator.log_tail()
+      time.sleep(0.2)
+    rescaling.more_results(output, cluster.coordinator)
+    assert wait_for_end(cluster.coordinator, job, timeout_s=180) == 'DONE'
+    assert recovery.distinct_events(endpoint, job) == events
+    said = job_messages(endpoint, job)
+    for placed in ['on 2 engine shards on 2 shard hosts', 'on 3 engine shards on 3 shard hosts']:
+      assert any(placed in m for m in said), said
+    assert 'worker connected' in cluster.hosts[-1].log_tail(10**7)
+  assert recovery.read_results(output) == recovery.expected_results(events)
+
+
 def test_a_groupbykey_past_the_memory_budget_spills_on_the_hosts(request, refract_bin, tmp_path):
   # 96 MiB grouped under 1 000 keys with a 16 MiB budget on the
   # coordinator: each host's share of it is small, its buffers spill to
@@ -411,20 +428,36 @@ def test_a_groupbykey_past_the_memory_budget_spills_on_the_hosts(request, refrac
   assert all(n > 0 for n in spilled), spilled
 
 
+def word_text(folder):
+  """Writes 2 000 lines of words (one with a quote) to `folder`/words.txt:
+  the file, and how often each word is in it."""
+  words = ['alpha', 'beta', 'gamma', 'delta', "o'neil"]
+  lines = [' '.join(words[(i + j) % len(words)] for j in range(i % 7 + 1)) for i in range(2000)]
+  text = folder / 'words.txt'
+  text.write_text('\n'.join(lines) + '\n')
+  want = {}
+  for line in lines:
+    for word in line.split():
+      want[word] = want.get(word, 0) + 1
+  return text, want
+
+
+def read_word_counts(output):
+  """The `word: count` lines Java's WordCount wrote to `output`."""
+  got = {}
+  for line in output.read_text().splitlines():
+    word, count = line.rsplit(': ', 1)
+    got[word] = int(count)
+  return got
+
+
 def test_javas_word_count_on_shard_hosts_counts_every_word(
   cluster, worker_pool, java_classpath, tmp_path
 ):
   # Java's WordCount (its finalisation uses side inputs and a GroupByKey)
   # with its workers from a Java worker pool: each host starts its own
   # workers there, and the counts are the text's.
-  words = ['alpha', 'beta', 'gamma', 'delta', "o'neil"]
-  lines = [' '.join(words[(i + j) % len(words)] for j in range(i % 7 + 1)) for i in range(2000)]
-  text = tmp_path / 'words.txt'
-  text.write_text('\n'.join(lines) + '\n')
-  want = {}
-  for line in lines:
-    for word in line.split():
-      want[word] = want.get(word, 0) + 1
+  text, want = word_text(tmp_path)
   output = tmp_path / 'counts.txt'
   pool, _ = worker_pool
   code, printed = submit_java(
@@ -437,10 +470,6 @@ def test_javas_word_count_on_shard_hosts_counts_every_word(
     '--output=%s' % output,
   )
   assert code == 0, printed[-3000:] + cluster.coordinator.log_tail()
-  got = {}
-  for line in output.read_text().splitlines():
-    word, count = line.rsplit(': ', 1)
-    got[word] = int(count)
-  assert got == want
+  assert read_word_counts(output) == want
   attached = sum('worker connected' in h.log_tail(10**7) for h in cluster.hosts)
   assert attached == HOSTS, 'a host started no Java worker'

@@ -122,23 +122,28 @@ def test_state_and_timers_fire_once_per_key_and_window(refract_server, exchange)
     sum_at_window_ends(p)
 
 
+def count_sessions(p):
+  """Adds to `p` per-key session counts: per key, bursts of events 1 s
+  apart, bursts 100 s apart, so one session per burst, each merged on its
+  key's shard; checked with `assert_that`."""
+  events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
+  sessions = (
+    p
+    | 'SessionEvents' >> beam.Create(events)
+    | 'StampSessionEvents' >> beam.Map(lambda kv: window.TimestampedValue((kv[0], 1), kv[1]))
+    | 'Sessions' >> beam.WindowInto(window.Sessions(10))
+    | 'CountSessions' >> beam.CombinePerKey(sum)
+    | 'SessionSpans'
+    >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], int(w.start), int(w.end), kv[1]))
+  )
+  want = [('u%d' % u, b * 100, b * 100 + 14, 5) for u in range(9) for b in range(3)]
+  assert_that(sessions, equal_to(want), label='SessionsChecked')
+
+
 @EXCHANGES
 def test_session_windows_merge_on_their_keys_shard(refract_server, exchange):
-  # Per key, bursts of events 1 s apart, bursts 100 s apart: one session
-  # per burst.
-  events = [('u%d' % u, burst * 100 + i) for u in range(9) for burst in range(3) for i in range(5)]
   with beam.Pipeline(options=sharded(refract_server, exchange=exchange)) as p:
-    sessions = (
-      p
-      | beam.Create(events)
-      | 'Stamp' >> beam.Map(lambda kv: window.TimestampedValue((kv[0], 1), kv[1]))
-      | 'Sessions' >> beam.WindowInto(window.Sessions(10))
-      | 'Count' >> beam.CombinePerKey(sum)
-      | 'Spans'
-      >> beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], int(w.start), int(w.end), kv[1]))
-    )
-    want = [('u%d' % u, b * 100, b * 100 + 14, 5) for u in range(9) for b in range(3)]
-    assert_that(sessions, equal_to(want))
+    count_sessions(p)
 
 
 def test_a_shard_count_out_of_range_is_refused_at_submission(refract_server):

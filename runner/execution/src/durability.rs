@@ -280,17 +280,21 @@ impl Durability {
     }
 
     /// Makes the cut `parts` of job `job_id`, taken as it stopped to move
-    /// onto `shards` engine shards, its latest checkpoint, then notes the
-    /// new number in its record: a restart from here on resumes it on
-    /// those shards (a crash between the two, on the old ones). Returns
-    /// the checkpoint's id.
+    /// onto other engine shards, its latest checkpoint, then notes their
+    /// number, if it was chosen (`shards`), in its record: a restart from
+    /// here on resumes it on those shards (a crash between the two, on the
+    /// old ones). A job following its shard hosts keeps none. Returns the
+    /// checkpoint's id.
     pub fn record_rescale(
         &self,
         job_id: &str,
         parts: Vec<(String, Bytes)>,
-        shards: u32,
+        shards: Option<u32>,
     ) -> Result<u64, DurabilityError> {
         let written = self.store.checkpoint(job_id, parts)?;
+        let Some(shards) = shards else {
+            return Ok(written.id);
+        };
         let Some(bytes) = self.store.job(job_id)? else {
             return Err(DurabilityError::Record {
                 job: job_id.to_string(),

@@ -467,6 +467,7 @@ impl JobRunner for RefractRunner {
             stall: self.stall,
             handed_over: None,
             shard_hosts: self.shard_hosts.clone(),
+            placement: None,
         };
         let insights = self.insights.clone();
         let span = tracing::info_span!("job", id = %job.id());
@@ -652,6 +653,9 @@ async fn run_with_retries(
 ) -> Result<(), JobError> {
     let mut backoff = Backoff::default();
     let mut cancel = job.cancel_requested();
+    if resources.shard_hosts.is_some() {
+        resources.placement = Some(inbox.placement());
+    }
     loop {
         let mut facts = AttemptFacts {
             streaming: options.streaming,
@@ -668,14 +672,16 @@ async fn run_with_retries(
             &mut facts,
         );
         let (outcome, moved) =
-            rescale::run_taking_requests(attempt, inbox, &watchers.view, job, options.shards).await;
+            rescale::run_taking_requests(attempt, inbox, &watchers.view, job).await;
         if let Some(moved) = moved {
             if rescale::stopped_to_move(&outcome, job) {
                 watchers.view.clear_workers();
                 let next =
                     rescale::carry_out(moved, job, inbox, watchers.durability.as_ref()).await;
-                options.shards = next.shards;
-                options.shards_chosen = true;
+                if !next.follows_hosts {
+                    options.shards = next.shards;
+                    options.shards_chosen = true;
+                }
                 resources.handed_over = next.handed_over;
                 continue;
             }

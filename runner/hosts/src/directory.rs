@@ -128,6 +128,12 @@ impl HostDirectory {
             .collect()
     }
 
+    /// A receiver that sees every attach and detach from now on, for runs
+    /// that follow the hosts as they come and go.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     /// The attached hosts once there is at least one; `None` if `cancel`
     /// turns true first.
     pub async fn hosts_when_any(

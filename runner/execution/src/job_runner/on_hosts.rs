@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use refract_engine::key_groups::KEY_GROUPS;
 use refract_engine::manager::{
     collect_epochs, CheckpointProgress, EngineConfig, EngineError, EpochRequest, RunSummary,
     SavepointRequest, ShardCheckpoints, StageStats,
@@ -40,6 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use super::host_reports::{decode_metrics, stage_stats, summary};
+use super::rescale::HostPlacement;
 use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
 use super::sharded::{exchange_window, shard_share, ShardedCheckpoints};
 use super::JobError;
@@ -47,6 +49,10 @@ use super::JobError;
 /// How long the end of a failed run waits for the other hosts' parts to
 /// stop before it gives up on them.
 const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// How long the attached hosts must stay as they are before a run follows
+/// the ones that joined.
+const JOIN_SETTLE: Duration = Duration::from_secs(1);
 
 /// Runs on this coordinator, numbered.
 static RUNS: AtomicU64 = AtomicU64::new(0);
@@ -81,6 +87,9 @@ pub(super) struct OnHosts<'a> {
     /// each answered with an epoch shard 0 cuts for it, or refused when
     /// the job is not checkpointed.
     pub(super) savepoints: mpsc::Receiver<SavepointRequest>,
+    /// Where the run says how many shards it placed, and asks to follow
+    /// hosts that join (when the job left its number to the hosts).
+    pub(super) placement: Option<HostPlacement>,
 }
 
 /// Runs `on` to its end: the hosts' summaries added up, or the first
@@ -99,8 +108,7 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     };
     let layout = match on.layout {
         Some(layout) => layout,
-        None => ShardLayout::new(hosts.len().min(128) as u32)
-            .map_err(|e| EngineError::InvalidPlan(e.to_string()))?,
+        None => one_per_host(hosts.len())?,
     };
     let placement: Vec<&HostInfo> = (0..layout.shards() as usize)
         .map(|shard| &hosts[shard % hosts.len()])
@@ -146,6 +154,9 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
         ),
     );
     info!(run = %run, shards = layout.shards(), hosts = parts.len(), "a run placed on shard hosts");
+    // A job that left its number of shards to the hosts, and can move
+    // (it is checkpointed), follows hosts that join.
+    let follows_joins = on.layout.is_none() && on.checkpoints.is_some();
     let collecting = Collecting::start(on.checkpoints, layout, on.savepoints);
     let (epochs, tasks) = match collecting {
         Some(c) => (
@@ -175,7 +186,23 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
             following.pending.remove(host);
         }
     }
+    let joins = match &on.placement {
+        Some(placement) => {
+            placement.placed(layout.shards());
+            follows_joins.then(|| {
+                tokio::spawn(follow_joining_hosts(
+                    on.hosts.directory.clone(),
+                    layout.shards(),
+                    placement.clone(),
+                ))
+            })
+        }
+        None => None,
+    };
     let outcome = following.follow(handle, cancel).await;
+    if let Some(joins) = joins {
+        joins.abort();
+    }
     on.hosts.exchange.remove(&key);
     // Every cut's way to the collector is closed: it hands the writer
     // what it has and ends, then the writer.
@@ -186,6 +213,45 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
         savepointing.abort();
     }
     outcome
+}
+
+/// The layout of one shard per attached host (up to one key group each).
+fn one_per_host(hosts: usize) -> Result<ShardLayout, JobError> {
+    let shards = u32::try_from(hosts).unwrap_or(u32::MAX).min(KEY_GROUPS);
+    ShardLayout::new(shards).map_err(|e| EngineError::InvalidPlan(e.to_string()).into())
+}
+
+/// Waits until more hosts are attached than the run's `placed` shards
+/// (the attached set left to settle for [`JOIN_SETTLE`] after each change,
+/// so hosts starting together move the job once), then asks the job to
+/// move onto one shard per host.
+async fn follow_joining_hosts(
+    directory: Arc<HostDirectory>,
+    placed: u32,
+    placement: HostPlacement,
+) {
+    let mut changes = directory.changes();
+    loop {
+        let attached = directory.hosts().len();
+        if attached > placed as usize {
+            match one_per_host(attached) {
+                Ok(layout) if layout.shards() > placed => {
+                    info!(
+                        placed,
+                        attached, "shard hosts joined: moving the job onto one shard per host"
+                    );
+                    placement.follow(layout.shards()).await;
+                    return;
+                }
+                // As many shards as key groups already.
+                _ => return,
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(JOIN_SETTLE).await;
+    }
 }
 
 /// Where the hosts' cuts of each checkpoint epoch go: each shard's end of

@@ -16,6 +16,13 @@
 //! A job on two or more shards takes savepoints only with checkpoints on
 //! (a server with `--state_dir`); the savepoint's refusal says so, and the
 //! job runs on as it was.
+//!
+//! A checkpointed job on shard hosts that did not choose its number of
+//! shards runs one shard per host, and follows the hosts: when more have
+//! attached than it runs on, its run asks here to move onto one per host
+//! ([`HostPlacement::follow`]), the same way, keeping no number in its
+//! record. (Hosts that leave end their runs, which resume from the latest
+//! checkpoint on the hosts left.)
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,6 +49,9 @@ const QUEUED_REQUESTS: usize = 4;
 /// One request to move a job onto `to` shards, and where its answer goes.
 pub(super) struct RescaleRequest {
     to: u32,
+    /// Asked by a run following its shard hosts (see the module docs):
+    /// the job goes on one shard per host, not on a chosen number.
+    follows_hosts: bool,
     answer: oneshot::Sender<Result<u32, RescaleError>>,
 }
 
@@ -96,9 +106,13 @@ impl RescaleDesk {
         let not_running = || RescaleError::Refused(format!("job {job_id} is not running"));
         let tx = tx.ok_or_else(not_running)?;
         let (answer, answered) = oneshot::channel();
-        tx.send(RescaleRequest { to, answer })
-            .await
-            .map_err(|_| not_running())?;
+        tx.send(RescaleRequest {
+            to,
+            follows_hosts: false,
+            answer,
+        })
+        .await
+        .map_err(|_| not_running())?;
         answered.await.unwrap_or_else(|_| {
             Err(RescaleError::Refused(format!(
                 "job {job_id} ended before it moved"
@@ -123,6 +137,60 @@ impl RescaleInbox {
     pub(super) fn set_shards(&self, n: u32) {
         self.shards.store(n, Ordering::Relaxed);
     }
+
+    /// The handle a run on shard hosts says through how many shards it
+    /// placed, and asks through to follow hosts that join.
+    pub(super) fn placement(&self) -> HostPlacement {
+        HostPlacement {
+            job_id: self.job_id.clone(),
+            requests: self.tx.clone(),
+            shards: self.shards.clone(),
+        }
+    }
+
+    /// The number of shards the job runs on now.
+    fn shards_now(&self) -> u32 {
+        self.shards.load(Ordering::Relaxed)
+    }
+}
+
+/// A run on shard hosts' way into its job's rescale inbox (see
+/// [`RescaleInbox::placement`]).
+#[derive(Debug, Clone)]
+pub(super) struct HostPlacement {
+    job_id: String,
+    requests: mpsc::Sender<RescaleRequest>,
+    shards: Arc<AtomicU32>,
+}
+
+impl HostPlacement {
+    /// The run was placed on `shards` shards (one per host when the job
+    /// did not choose).
+    pub(super) fn placed(&self, shards: u32) {
+        self.shards.store(shards, Ordering::Relaxed);
+    }
+
+    /// Asks the job to move onto `to` shards, one per attached host, and
+    /// waits for the answer, which is logged: the job's messages say what
+    /// a move does.
+    pub(super) async fn follow(&self, to: u32) {
+        let (answer, answered) = oneshot::channel();
+        let request = RescaleRequest {
+            to,
+            follows_hosts: true,
+            answer,
+        };
+        if self.requests.send(request).await.is_err() {
+            return;
+        }
+        match answered.await {
+            Ok(Ok(from)) => info!(job = %self.job_id, from, to, "the job follows its shard hosts"),
+            Ok(Err(refused)) => {
+                info!(job = %self.job_id, to, %refused, "the job stays on its shard hosts")
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 impl Drop for RescaleInbox {
@@ -142,6 +210,7 @@ impl Drop for RescaleInbox {
 pub(super) struct Move {
     from: u32,
     to: u32,
+    follows_hosts: bool,
     cut: Vec<(String, Bytes)>,
     answer: oneshot::Sender<Result<u32, RescaleError>>,
 }
@@ -157,6 +226,9 @@ impl Move {
 pub(super) struct NextAttempt {
     /// Its shards (`None`: one engine).
     pub(super) shards: Option<ShardLayout>,
+    /// Whether it goes on following its shard hosts: one shard per host,
+    /// its number not chosen.
+    pub(super) follows_hosts: bool,
     /// The cut to start from, when it is not the job's latest checkpoint.
     pub(super) handed_over: Option<HandedOver>,
 }
@@ -172,19 +244,17 @@ fn layout_of(n: u32) -> Option<ShardLayout> {
     ShardLayout::new(n).ok().filter(|l| l.shards() > 1)
 }
 
-/// Runs `attempt` of `job` (on `shards`) to its end, taking `inbox`'s
-/// requests meanwhile: the first one that can be served stops the attempt
-/// at a savepoint. Returns the attempt's outcome, and the move if its
-/// savepoint was taken.
+/// Runs `attempt` of `job` to its end, taking `inbox`'s requests
+/// meanwhile: the first one that can be served stops the attempt at a
+/// savepoint. Returns the attempt's outcome, and the move if its savepoint
+/// was taken.
 pub(super) async fn run_taking_requests(
     attempt: impl Future<Output = Result<(), JobError>>,
     inbox: &mut RescaleInbox,
     view: &Arc<JobView>,
     job: &Job,
-    shards: Option<ShardLayout>,
 ) -> (Result<(), JobError>, Option<Move>) {
     tokio::pin!(attempt);
-    let from = count(shards);
     let mut underway: Option<(RescaleRequest, tokio::task::JoinHandle<_>)> = None;
     let mut taken: Option<Move> = None;
     loop {
@@ -205,6 +275,7 @@ pub(super) async fn run_taking_requests(
                     ))));
                     continue;
                 }
+                let from = inbox.shards_now();
                 if let Err(refusal) = check(job.id(), from, request.to) {
                     let _ = request.answer.send(Err(refusal));
                     continue;
@@ -229,7 +300,13 @@ pub(super) async fn run_taking_requests(
                 let Some((request, _)) = underway.take() else { continue };
                 match cut.map_err(|e| format!("the savepoint crashed: {e}")) {
                     Ok(Ok(cut)) => {
-                        taken = Some(Move { from, to: request.to, cut, answer: request.answer });
+                        taken = Some(Move {
+                            from: inbox.shards_now(),
+                            to: request.to,
+                            follows_hosts: request.follows_hosts,
+                            cut,
+                            answer: request.answer,
+                        });
                     }
                     Ok(Err(why)) | Err(why) => {
                         let why = format!("job {} runs on as it was: {why}", job.id());
@@ -307,14 +384,17 @@ pub(super) async fn carry_out(
     let Move {
         from,
         to,
+        follows_hosts,
         cut,
         answer,
     } = moved;
+    // A job following its hosts keeps no number in its record.
+    let recorded = (!follows_hosts).then_some(to);
     let handed_over = match durability {
         Some(durability) => {
             let (store, id) = (durability.clone(), job.id().to_string());
             let written =
-                tokio::task::spawn_blocking(move || store.record_rescale(&id, cut, to)).await;
+                tokio::task::spawn_blocking(move || store.record_rescale(&id, cut, recorded)).await;
             let error = match written {
                 Ok(Ok(checkpoint)) => {
                     info!(
@@ -338,6 +418,7 @@ pub(super) async fn carry_out(
                 let _ = answer.send(Err(RescaleError::Refused(why)));
                 return NextAttempt {
                     shards: layout_of(from),
+                    follows_hosts,
                     handed_over: None,
                 };
             }
@@ -357,6 +438,7 @@ pub(super) async fn carry_out(
     let _ = answer.send(Ok(from));
     NextAttempt {
         shards: layout_of(to),
+        follows_hosts,
         handed_over,
     }
 }
@@ -394,6 +476,29 @@ mod tests {
         assert_eq!(request.to, 1);
         let _ = request.answer.send(Ok(3));
         assert_eq!(asking.await.expect("no panic"), Ok(3));
+    }
+
+    #[tokio::test]
+    async fn a_run_on_hosts_says_where_it_placed_and_asks_to_follow_them() {
+        let desk = Arc::new(RescaleDesk::default());
+        let mut inbox = desk.open("job", 1);
+        let placement = inbox.placement();
+        placement.placed(2);
+        assert_eq!(desk.shards("job"), Some(2));
+        let following = tokio::spawn(async move { placement.follow(3).await });
+        let request = inbox.rx.recv().await.expect("a request");
+        assert_eq!((request.to, request.follows_hosts), (3, true));
+        let _ = request.answer.send(Ok(2));
+        following.await.expect("no panic");
+        // A rescale asked by a user chooses the number.
+        let asking = tokio::spawn({
+            let desk = desk.clone();
+            async move { desk.ask("job", 1).await }
+        });
+        let request = inbox.rx.recv().await.expect("a request");
+        assert!(!request.follows_hosts);
+        let _ = request.answer.send(Ok(2));
+        assert_eq!(asking.await.expect("no panic"), Ok(2));
     }
 
     #[test]

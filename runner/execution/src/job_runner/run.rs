@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use super::job_options::JobOptions;
 use super::logs::TransformOrigins;
 use super::on_hosts::{run_on_hosts, OnHosts, ShardHostsAccess};
+use super::rescale::HostPlacement;
 use super::resume::resume;
 use super::sharded::{run_on_shards, ShardedCheckpoints, ShardedJob};
 use super::workers::WorkerStart;
@@ -90,6 +91,9 @@ pub(super) struct JobResources {
     /// The server's shard hosts, if it coordinates some: the job's shards
     /// run there, and no worker or engine runs here.
     pub(super) shard_hosts: Option<ShardHostsAccess>,
+    /// How a run on the shard hosts tells the job's rescale inbox where it
+    /// was placed, and asks it to follow hosts that join.
+    pub(super) placement: Option<HostPlacement>,
 }
 
 /// One attempt at `job` (see the module docs); `facts` learns what the
@@ -114,6 +118,7 @@ pub(super) async fn run_job(
         stall,
         handed_over,
         shard_hosts,
+        placement,
     } = resources;
     let JobWatchers {
         stats,
@@ -253,6 +258,7 @@ pub(super) async fn run_job(
             checkpoints,
             resume_from: latest_checkpoint.as_ref(),
             savepoints,
+            placement,
         })
         .await;
         view.set_savepoint_channel(None);
