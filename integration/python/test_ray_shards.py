@@ -2,8 +2,10 @@
 Ray cluster of several nodes (ray.cluster_utils.Cluster, as the pool tests
 start it): one `refract shard` per node, as an actor pinned to it, attached
 to a coordinator; jobs run one shard per host; a node that joins gets a
-host, a node removed takes its host along (Ray's failure detection), and
-the next job runs on the hosts left. Without Ray these tests skip.
+host, a node removed takes its host along (Ray's failure detection). A
+checkpointed streaming job running meanwhile follows them: onto the new
+node's host at a savepoint, and back onto the hosts left from its last
+checkpoint, with the model's results. Without Ray these tests skip.
 
 The pipelines run in processes of their own: Ray forks this process to
 start a node, and a fork of a process whose gRPC threads (a LOOPBACK
@@ -24,7 +26,15 @@ except ImportError as e:
     allow_module_level=True,
   )
 
-from refract_testlib import accepts, free_port, read_log_tail, stop_process_group
+import test_recovery as recovery
+from refract_testlib import (
+  accepts,
+  free_port,
+  job_messages,
+  read_log_tail,
+  stop_process_group,
+  wait_for_end,
+)
 from test_ray_pools import NODE, start_cluster, wait_until
 from test_shard_hosts import ShardCluster
 
@@ -81,12 +91,19 @@ def run_sums(shards, n):
   return placed[-1]
 
 
+def said(shards, job, text):
+  """Whether the job's messages hold `text`."""
+  return any(text in m for m in job_messages(shards.coordinator.endpoint, job))
+
+
+@pytest.mark.timeout(300)
 def test_one_shard_host_per_ray_node_following_nodes(request, refract_bin, tmp_path, ray_cluster):
   cluster, port = ray_cluster
   cluster.add_node(**NODE)
   head_ip = cluster.head_node.node_ip_address
   wait_until('the Ray Client server listening', lambda: accepts(port, head_ip), 60)
-  shards = ShardCluster(refract_bin, tmp_path)
+  state = ['--state_dir', tmp_path / 'state', '--checkpoint_interval', '200ms']
+  shards = ShardCluster(refract_bin, tmp_path, state)
   request.node.refract_processes = [shards.coordinator]
   placer_log = tmp_path / 'ray_shards.log'
   placer = None
@@ -117,12 +134,25 @@ def test_one_shard_host_per_ray_node_following_nodes(request, refract_bin, tmp_p
     shards.wait_attached(2, timeout_s=FIRST_HOSTS_S)
     assert 'shards=2 hosts=2' in run_sums(shards, 100)
 
+    # A streaming job, checkpointed, its number of shards left to the
+    # hosts: it runs on the two nodes' hosts.
+    output = tmp_path / 'out'
+    output.mkdir()
+    events = 4 * recovery.EVENTS
+    job = recovery.submit(shards.coordinator.endpoint, output, events=events)
+    recovery.wait_for_results(output, shards.coordinator)
     node = cluster.add_node(**NODE)
     shards.wait_attached(3, timeout_s=60)
+    moved = 'runs on 3 shards from its savepoint (moved from 2 shards)'
+    wait_until('the job moved onto the new host', lambda: said(shards, job, moved), 60)
     cluster.remove_node(node)
     # Ray ends the node's actor, and its host goes with the actor's process.
     wait_until('the removed node\'s host detached', lambda: shards.detached() >= 1, 30)
     shards.wait_attached(2)
+    assert wait_for_end(shards.coordinator, job, timeout_s=180) == 'DONE'
+    assert recovery.distinct_events(shards.coordinator.endpoint, job) == events
+    assert said(shards, job, 'on 2 engine shards on 2 shard hosts')
+    assert recovery.read_results(output) == recovery.expected_results(events)
     assert 'shards=2 hosts=2' in run_sums(shards, 50)
     # The placer's end takes every host along.
     placer.stdin.close()
