@@ -115,10 +115,31 @@ class ShardCluster:
   def options(self, *extra):
     return PipelineOptions(self.coordinator.portable_args(*extra))
 
+  def submit_recovery_job(self, output):
+    """Submits the streaming recovery pipeline: its job id, once it wrote
+    its first result and its first checkpoint (so that a failure from
+    here on has one to resume from)."""
+    endpoint = self.coordinator.endpoint
+    job = recovery.submit(endpoint, output)
+    recovery.wait_for_results(output, self.coordinator)
+    deadline = time.monotonic() + 60
+    while True:
+      status = rescaling.status(self.binary, endpoint, job)
+      if checkpoints_written(status) > 0:
+        return job
+      assert time.monotonic() < deadline, status + self.coordinator.log_tail()
+      time.sleep(0.2)
+
   def stop(self):
     for host in self.hosts:
       host.stop()
     self.coordinator.stop()
+
+
+def checkpoints_written(status):
+  """How many checkpoints `refract status` says the job wrote."""
+  written = re.search(r'checkpoints: (\d+) written', status)
+  return int(written.group(1)) if written else 0
 
 
 @contextlib.contextmanager
@@ -314,8 +335,7 @@ def test_a_killed_host_under_a_checkpointed_job_is_recovered_on_the_rest(
     output = tmp_path / 'out'
     output.mkdir()
     endpoint = cluster.coordinator.endpoint
-    job = recovery.submit(endpoint, output)
-    recovery.wait_for_results(output, cluster.coordinator)
+    job = cluster.submit_recovery_job(output)
     os.killpg(cluster.hosts[1].proc.pid, signal.SIGKILL)
     assert wait_for_end(cluster.coordinator, job, timeout_s=180) == 'DONE'
     assert recovery.distinct_events(endpoint, job) == recovery.EVENTS
@@ -336,8 +356,7 @@ def test_a_killed_coordinator_is_restarted_and_resumes_the_job_on_its_hosts(
   with running_cluster(request, refract_bin, tmp_path, state) as cluster:
     output = tmp_path / 'out'
     output.mkdir()
-    job = recovery.submit(cluster.coordinator.endpoint, output)
-    recovery.wait_for_results(output, cluster.coordinator)
+    job = cluster.submit_recovery_job(output)
     cluster.restart_coordinator()
     request.node.refract_processes[0] = cluster.coordinator
     cluster.wait_attached(HOSTS)

@@ -32,7 +32,7 @@ import test_rescale as rescaling
 from conftest import POOL_MAIN
 from refract_testlib import read_log_tail
 from seaweedfs import SeaweedS3
-from test_shard_hosts import read_word_counts, word_text
+from test_shard_hosts import checkpoints_written, read_word_counts, word_text
 
 OK, WHY = netns_hosts.available()
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)
@@ -185,8 +185,7 @@ class NetnsCluster:
       done = self.coord.run(
         [self.binary, 'status', job, '--job_endpoint', self.endpoint], timeout=30
       )
-      written = re.search(r'checkpoints: (\d+) written', done.stdout)
-      if written and int(written.group(1)) > 0:
+      if checkpoints_written(done.stdout) > 0:
         return
       assert time.monotonic() < deadline, done.stdout + done.stderr + self.log_tail()
       time.sleep(0.2)
