@@ -222,15 +222,17 @@ fn one_per_host(hosts: usize) -> Result<ShardLayout, JobError> {
 }
 
 /// Waits until more hosts are attached than the run's `placed` shards
-/// (the attached set left to settle for [`JOIN_SETTLE`] after each change,
-/// so hosts starting together move the job once), then asks the job to
-/// move onto one shard per host.
+/// (the attached set left to settle for [`JOIN_SETTLE`] first and after
+/// each change, so hosts attaching together, as after a coordinator's
+/// restart, move the job once), then asks the job to move onto one shard
+/// per host.
 async fn follow_joining_hosts(
     directory: Arc<HostDirectory>,
     placed: u32,
     placement: HostPlacement,
 ) {
     let mut changes = directory.changes();
+    tokio::time::sleep(JOIN_SETTLE).await;
     loop {
         let attached = directory.hosts().len();
         if attached > placed as usize {

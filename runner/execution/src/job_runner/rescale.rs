@@ -46,6 +46,9 @@ use crate::durability::Durability;
 /// Rescale requests a job's task takes at once (more wait to be sent).
 const QUEUED_REQUESTS: usize = 4;
 
+/// How long an attempt that ended during a savepoint waits for the cut.
+const CUT_AFTER_END: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One request to move a job onto `to` shards, and where its answer goes.
 pub(super) struct RescaleRequest {
     to: u32,
@@ -53,6 +56,19 @@ pub(super) struct RescaleRequest {
     /// the job goes on one shard per host, not on a chosen number.
     follows_hosts: bool,
     answer: oneshot::Sender<Result<u32, RescaleError>>,
+}
+
+impl RescaleRequest {
+    /// The move this request makes from `from` shards, its savepoint cut.
+    fn taken(self, from: u32, cut: Vec<(String, Bytes)>) -> Move {
+        Move {
+            from,
+            to: self.to,
+            follows_hosts: self.follows_hosts,
+            cut,
+            answer: self.answer,
+        }
+    }
 }
 
 /// A running job's way to its rescale requests, and how many shards it
@@ -261,10 +277,16 @@ pub(super) async fn run_taking_requests(
         tokio::select! {
             outcome = &mut attempt => {
                 if let Some((request, savepoint)) = underway {
-                    savepoint.abort();
-                    let _ = request.answer.send(Err(RescaleError::Refused(format!(
-                        "job {} ended before its savepoint", job.id()
-                    ))));
+                    // The savepoint stops the attempt once it is cut, so the
+                    // attempt may end before its cut is read here.
+                    match tokio::time::timeout(CUT_AFTER_END, savepoint).await {
+                        Ok(Ok(Ok(cut))) => taken = Some(request.taken(inbox.shards_now(), cut)),
+                        _ => {
+                            let _ = request.answer.send(Err(RescaleError::Refused(format!(
+                                "job {} ended before its savepoint", job.id()
+                            ))));
+                        }
+                    }
                 }
                 return (outcome, taken);
             }
@@ -299,15 +321,7 @@ pub(super) async fn run_taking_requests(
             } => {
                 let Some((request, _)) = underway.take() else { continue };
                 match cut.map_err(|e| format!("the savepoint crashed: {e}")) {
-                    Ok(Ok(cut)) => {
-                        taken = Some(Move {
-                            from: inbox.shards_now(),
-                            to: request.to,
-                            follows_hosts: request.follows_hosts,
-                            cut,
-                            answer: request.answer,
-                        });
-                    }
+                    Ok(Ok(cut)) => taken = Some(request.taken(inbox.shards_now(), cut)),
                     Ok(Err(why)) | Err(why) => {
                         let why = format!("job {} runs on as it was: {why}", job.id());
                         warn!(error = %why, "a rescale was refused");
