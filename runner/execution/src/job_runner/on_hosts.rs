@@ -42,7 +42,7 @@ use tracing::{info, warn};
 
 use super::host_reports::{decode_metrics, stage_stats, summary};
 use super::rescale::HostPlacement;
-use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
+use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints, StopAnswer};
 use super::sharded::{exchange_window, shard_share, ShardedCheckpoints};
 use super::JobError;
 
@@ -53,6 +53,9 @@ const STOP_WAIT: Duration = Duration::from_secs(30);
 /// How long the attached hosts must stay as they are before a run follows
 /// the ones that joined.
 const JOIN_SETTLE: Duration = Duration::from_secs(1);
+
+/// How long the end of a run stopped by a savepoint waits for its answer.
+const STOP_ANSWER_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs on this coordinator, numbered.
 static RUNS: AtomicU64 = AtomicU64::new(0);
@@ -97,13 +100,7 @@ pub(super) struct OnHosts<'a> {
 pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError> {
     let job = on.job;
     let mut cancel = job.cancel_requested();
-    if on.hosts.directory.hosts().is_empty() {
-        job.message(
-            MessageImportance::JobMessageBasic,
-            "waiting for a shard host to attach (`refract shard --coordinator ADDR`)",
-        );
-    }
-    let Some(hosts) = on.hosts.directory.hosts_when_any(&mut cancel).await else {
+    let Some(hosts) = hosts_to_place(&on, &mut cancel).await else {
         return Err(EngineError::Cancelled.into());
     };
     let layout = match on.layout {
@@ -161,7 +158,7 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
     let (epochs, tasks) = match collecting {
         Some(c) => (
             Some((c.epochs, c.epoch_requests)),
-            Some((c.collector, c.passing, c.writer, c.savepointing)),
+            Some((c.collector, c.passing, c.writer, c.savepointing, c.stopping)),
         ),
         None => (None, None),
     };
@@ -204,15 +201,59 @@ pub(super) async fn run_on_hosts(on: OnHosts<'_>) -> Result<RunSummary, JobError
         joins.abort();
     }
     on.hosts.exchange.remove(&key);
-    // Every cut's way to the collector is closed: it hands the writer
-    // what it has and ends, then the writer.
-    if let Some((collector, passing, writer, savepointing)) = tasks {
-        let _ = collector.await;
-        let _ = passing.await;
-        let _ = writer.await;
-        savepointing.abort();
+    if let Some(tasks) = tasks {
+        finish_collecting(tasks).await;
     }
     outcome
+}
+
+/// Ends a run's epoch collection once every cut's way to the collector
+/// is closed: the collector hands the writer what it has and ends, then
+/// the writer; a savepoint that stopped the run is answered first.
+async fn finish_collecting(
+    (collector, passing, writer, mut savepointing, stopping): (
+        tokio::task::JoinHandle<()>,
+        tokio::task::JoinHandle<()>,
+        tokio::task::JoinHandle<()>,
+        tokio::task::JoinHandle<()>,
+        StopAnswer,
+    ),
+) {
+    let _ = collector.await;
+    let _ = passing.await;
+    let _ = writer.await;
+    // The savepoint's epoch is assembled now: its answer carries the cut
+    // a rescale moves with.
+    if stopping.asked() {
+        let _ = tokio::time::timeout(STOP_ANSWER_WAIT, &mut savepointing).await;
+    }
+    savepointing.abort();
+}
+
+/// The hosts to place `on`'s run over, once one is attached (saying so
+/// while none is); `None` if the job is cancelled first.
+async fn hosts_to_place(
+    on: &OnHosts<'_>,
+    cancel: &mut watch::Receiver<bool>,
+) -> Option<Vec<HostInfo>> {
+    let directory = &on.hosts.directory;
+    let waited = directory.hosts().is_empty();
+    if waited {
+        on.job.message(
+            MessageImportance::JobMessageBasic,
+            "waiting for a shard host to attach (`refract shard --coordinator ADDR`)",
+        );
+    }
+    let hosts = directory.hosts_when_any(cancel).await?;
+    if !(waited && on.layout.is_none()) {
+        return Some(hosts);
+    }
+    // Hosts attach together (after a coordinator's restart): a run of one
+    // shard per host waits for the rest of them, rather than moving onto
+    // them right after it starts.
+    tokio::time::sleep(JOIN_SETTLE).await;
+    let now = directory.hosts();
+    Some(if now.is_empty() { hosts } else { now })
 }
 
 /// The layout of one shard per attached host (up to one key group each).
@@ -415,6 +456,7 @@ struct Collecting {
     passing: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<()>,
     savepointing: tokio::task::JoinHandle<()>,
+    stopping: StopAnswer,
 }
 
 impl Collecting {
@@ -437,13 +479,20 @@ impl Collecting {
             Some(checkpoints.writer.progress),
         );
         let (epoch_tx, epoch_requests) = mpsc::channel(4);
+        let stopping = StopAnswer::default();
         Some(Collecting {
             epochs: Epochs::new(ends),
             epoch_requests,
             collector: tokio::spawn(collector),
             passing,
             writer: checkpoints.writer.task,
-            savepointing: tokio::spawn(answer_savepoints(savepoints, epoch_tx, assembled)),
+            savepointing: tokio::spawn(answer_savepoints(
+                savepoints,
+                epoch_tx,
+                assembled,
+                stopping.clone(),
+            )),
+            stopping,
         })
     }
 }

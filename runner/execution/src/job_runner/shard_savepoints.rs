@@ -78,12 +78,19 @@ pub(super) fn pass_epochs(writer: mpsc::Sender<EngineParts>) -> PassingEpochs {
 
 /// Answers each savepoint request with the epoch shard 0 cuts for it
 /// (through `epochs`), once assembled.
+///
+/// A request that stops the run ends the task once answered, so that the
+/// run's end can wait for that answer (see [`StopAnswer`]).
 pub(super) async fn answer_savepoints(
     mut requests: mpsc::Receiver<SavepointRequest>,
     epochs: mpsc::Sender<EpochRequest>,
     assembled: Arc<AssembledEpochs>,
+    stopping: StopAnswer,
 ) {
     while let Some(SavepointRequest { stop, reply }) = requests.recv().await {
+        if stop {
+            stopping.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let (cut, epoch) = oneshot::channel();
         let gone = || SnapshotError::NotTaken("the job's engines ended before it".to_string());
         if epochs.send(EpochRequest { stop, cut }).await.is_err() {
@@ -95,6 +102,21 @@ pub(super) async fn answer_savepoints(
             Err(_) => None,
         };
         let _ = reply.send(parts.ok_or_else(gone));
+        if stop {
+            return;
+        }
+    }
+}
+
+/// Whether a savepoint that stops the run was asked for: its answer comes
+/// as the run ends, which must then wait for it rather than drop it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct StopAnswer(Arc<std::sync::atomic::AtomicBool>);
+
+impl StopAnswer {
+    /// Whether a stopping savepoint is being answered.
+    pub(super) fn asked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::job_options::ShardExchange;
 use super::resume::resume;
-use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints};
+use super::shard_savepoints::{answer_savepoints, pass_epochs, refuse_savepoints, StopAnswer};
 use super::JobError;
 use crate::durability::{CheckpointWriter, METRICS_PART};
 use crate::shard_metrics::ShardMetrics;
@@ -135,8 +135,12 @@ pub(super) async fn run_on_shards(sharded: ShardedJob<'_>) -> Result<RunSummary,
                 .into_iter()
                 .map(|end| Some((end, every, tolerable_failures)))
                 .collect();
-            let savepointing =
-                tokio::spawn(answer_savepoints(savepoints, epoch_requests, assembled));
+            let savepointing = tokio::spawn(answer_savepoints(
+                savepoints,
+                epoch_requests,
+                assembled,
+                StopAnswer::default(),
+            ));
             (
                 ends,
                 Some(tokio::spawn(collector)),
